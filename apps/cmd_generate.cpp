@@ -1,0 +1,159 @@
+// `troupe generate`: one prompt, one sequence, on this machine's CPU.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "gpu/generate.h"
+#include "gpu/tokenizer.h"
+
+namespace troupe::app {
+
+namespace {
+
+struct GenerateOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string prompt;
+  std::string prompt_ids;
+  int max_tokens = 64;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  bool print_ids = false;
+  bool echo = false;
+  std::string dtype = "f32";
+  int threads = 0;
+};
+
+std::vector<int> parse_ids(const std::string& text, const char* option) {
+  std::vector<int> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) throw UsageError(std::string(option) + ": empty id in '" + text + "'");
+    const std::string tok = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != tok.size() || v < INT32_MIN || v > INT32_MAX)
+      throw UsageError(std::string(option) + ": '" + tok + "' is not an integer token id");
+    ids.push_back(int(v));
+  }
+  if (ids.empty()) throw UsageError(std::string(option) + ": no token ids given");
+  return ids;
+}
+
+void run_generate(const GenerateOptions& o) {
+  if (o.max_tokens < 1)
+    throw UsageError("--max-tokens must be at least 1, got " + std::to_string(o.max_tokens));
+  if (!o.prompt.empty() && !o.prompt_ids.empty())
+    throw UsageError("give either --prompt or --prompt-ids, not both");
+  if (o.prompt.empty() && o.prompt_ids.empty())
+    throw UsageError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
+  const auto dtype = parse_dtype(o.dtype);
+  if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+
+  const std::filesystem::path model_path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
+  auto model = Model::load(model_path, *dtype);
+  const ModelConfig& cfg = model->config();
+  spdlog::info("loaded {}: dim {}, {} layers, {} heads ({} kv), vocab {}, context {}, {} weights, {} MiB",
+               model_path.string(), cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+               cfg.vocab_size, cfg.max_seq_len, dtype_name(*dtype), model->weight_bytes() >> 20);
+
+  std::optional<Tokenizer> tokenizer;
+  const auto tok_path = resolve_tokenizer(model->tokenizer_path(), o.tokenizer);
+  const bool need_tokenizer = !o.prompt.empty() || !o.print_ids;
+  if (need_tokenizer) {
+    if (tok_path.empty())
+      throw UsageError("model " + model_path.string() +
+                       " has no tokenizer.model beside it: pass --tokenizer PATH, or use "
+                       "--prompt-ids and --ids");
+    tokenizer = Tokenizer::load(tok_path);
+    if (tokenizer->vocab_size() != cfg.vocab_size)
+      throw UsageError("tokenizer " + tok_path.string() + " has " +
+                       std::to_string(tokenizer->vocab_size()) + " pieces but the model has " +
+                       std::to_string(cfg.vocab_size));
+  }
+
+  GenerateRequest req;
+  req.prompt = o.prompt.empty() ? parse_ids(o.prompt_ids, "--prompt-ids")
+                                : tokenizer->encode(o.prompt, /*add_bos=*/true);
+  req.max_tokens = o.max_tokens;
+  req.sampling.temperature = o.temperature;
+  req.sampling.top_p = o.top_p;
+  req.sampling.top_k = o.top_k;
+  req.sampling.seed = o.seed ? *o.seed : std::random_device{}();
+  try {
+    validate_request(cfg, req);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string(o.prompt.empty() ? "--prompt-ids: " : "--prompt: ") + e.what());
+  }
+  { Sampler check(req.sampling); }  // rejects bad sampling parameters before any work
+
+  std::optional<TextStreamer> streamer;
+  if (!o.print_ids) {
+    streamer.emplace(*tokenizer);
+    if (o.echo) std::cout << o.prompt << std::flush;
+  }
+  auto on_token = [&](int id) {
+    if (streamer) std::cout << streamer->put(id) << std::flush;
+    return true;
+  };
+  const GenerateResult r = generate(*model, threads, req, on_token);
+  if (o.print_ids) {
+    for (size_t i = 0; i < r.ids.size(); ++i) std::cout << (i ? "," : "") << r.ids[i];
+    std::cout << "\n";
+  } else {
+    std::cout << streamer->finish() << "\n";
+  }
+  const double decode_tps = r.ids.size() > 1 && r.decode_s > 0 ? double(r.ids.size()) / r.decode_s : 0;
+  const double prefill_tps = r.prefill_s > 0 ? double(req.prompt.size()) / r.prefill_s : 0;
+  std::fprintf(stderr,
+               "prompt tokens: %zu, generated tokens: %zu (%s), prefill %.1f tokens/s, decode %.1f "
+               "tokens/s, %d threads, %s weights, seed %llu\n",
+               req.prompt.size(), r.ids.size(), r.finish_reason.c_str(), prefill_tps, decode_tps,
+               threads, dtype_name(*dtype), static_cast<unsigned long long>(req.sampling.seed));
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto opts = std::make_shared<GenerateOptions>();
+  auto* cmd = app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
+  cmd->add_option("--model,-m", opts->model,
+                  "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: models/fortune)");
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "SentencePiece tokenizer.model (default: the one beside the model)");
+  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (BOS is prepended)");
+  cmd->add_option("--prompt-ids", opts->prompt_ids,
+                  "Prompt as comma-separated token ids, e.g. 1,300,40 (for models without a tokenizer)");
+  cmd->add_option("--max-tokens,-n", opts->max_tokens, "Maximum tokens to generate (>= 1)")
+      ->capture_default_str();
+  cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature; 0 means greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-p", opts->top_p, "Nucleus sampling: keep the smallest set with this mass")
+      ->capture_default_str();
+  cmd->add_option("--top-k", opts->top_k, "Keep only the k most likely tokens (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Random seed; the same seed gives the same text (default: random, printed)");
+  cmd->add_flag("--ids", opts->print_ids, "Print the generated ids as one comma-separated line instead of text");
+  cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
+  cmd->add_option("--dtype", opts->dtype, "Weights in memory: f32 | f16 | bf16")->capture_default_str();
+  cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores)");
+  cmd->callback([opts] { run_generate(*opts); });
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,54 @@
+#pragma once
+// A checkpoint as it lies on disk: config plus row-major tensor views in the
+// file's dtype ([out, in] for matrices, as Hugging Face and llama2.c store
+// them). The compute model packs these into its own layout.
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu/model_config.h"
+#include "gpu/tensor.h"
+
+namespace troupe {
+
+// Any problem with a checkpoint file: missing, truncated, corrupt, wrong shape.
+// The message names the file and the problem.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LayerTensors {
+  Tensor attn_norm;  // [dim]
+  Tensor wq;         // [n_heads*head_dim, dim]
+  Tensor wk;         // [n_kv_heads*head_dim, dim]
+  Tensor wv;         // [n_kv_heads*head_dim, dim]
+  Tensor wo;         // [dim, n_heads*head_dim]
+  Tensor ffn_norm;   // [dim]
+  Tensor w_gate;     // [hidden, dim]
+  Tensor w_up;       // [hidden, dim]
+  Tensor w_down;     // [dim, hidden]
+};
+
+struct Checkpoint {
+  ModelConfig config;
+  std::filesystem::path source;  // what was loaded
+  Tensor tok_embedding;          // [vocab, dim]
+  std::vector<LayerTensors> layers;
+  Tensor final_norm;             // [dim]
+  Tensor classifier;             // [vocab, dim]; same memory as tok_embedding when tied
+  std::filesystem::path tokenizer_path;  // tokenizer.model beside the weights, if present
+};
+
+// Loads a llama2.c `.bin` (legacy version-0) file or a Hugging Face
+// directory (config.json + model.safetensors or a sharded index).
+// Files are memory-mapped; the returned tensors keep the mappings alive.
+// Throws CheckpointError.
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+Checkpoint load_llama2c(const std::filesystem::path& file);
+Checkpoint load_hf_dir(const std::filesystem::path& dir);
+
+}  // namespace troupe

@@ -1,0 +1,99 @@
+#include "gpu/cpu/gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+
+namespace troupe {
+
+namespace {
+
+Isa detect_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+std::atomic<Isa>& active() {
+  static std::atomic<Isa> isa{best_isa()};
+  return isa;
+}
+
+float load_weight(const PackedMatrix& w, int p, size_t index) {
+  switch (w.dtype()) {
+    case DType::F32: return static_cast<const float*>(w.panel(p))[index];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa best_isa() {
+  static const Isa isa = detect_isa();
+  return isa;
+}
+
+Isa active_isa() { return active().load(std::memory_order_relaxed); }
+
+void force_isa(Isa isa) {
+  if (int(isa) > int(best_isa()))
+    throw std::invalid_argument(std::string("this CPU does not support ") + isa_name(isa));
+  active().store(isa);
+}
+
+void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
+                        float* y, int ldy) {
+  const int K = w.cols();
+  for (int p = p0; p < p1; ++p) {
+    for (int lane = 0; lane < kPanel; ++lane) {
+      const int n = p * kPanel + lane;
+      if (n >= w.rows()) break;
+      for (int m = 0; m < M; ++m) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k)
+          acc = std::fma(x[size_t(m) * size_t(ldx) + size_t(k)],
+                         load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);
+        y[size_t(m) * size_t(ldy) + size_t(n)] = acc;
+      }
+    }
+  }
+}
+
+void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
+                 int ldy) {
+  switch (active_isa()) {
+    case Isa::Avx512: return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+    case Isa::Avx2: return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+    case Isa::Scalar: return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy);
+  }
+}
+
+void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
+            int ldy) {
+  const int panels = w.panels();
+  // Chunks of 4 panels (64 columns) keep the AVX-512 kernel on its widest
+  // path; more chunks than threads lets fast threads take over slow ones.
+  constexpr int kChunk = 4;
+  const int chunks = (panels + kChunk - 1) / kChunk;
+  pool.parallel_for(chunks, [&](int c, int) {
+    const int p0 = c * kChunk, p1 = std::min(panels, p0 + kChunk);
+    gemm_panels(x, M, ldx, w, p0, p1, y, ldy);
+  });
+}
+
+}  // namespace troupe

@@ -1,0 +1,27 @@
+#pragma once
+// y = x W^T over packed weights. Every output element is the same sequential
+// FMA chain over k whatever the ISA, batch size or thread split (see
+// packed_matrix.h), so the scalar reference matches the SIMD kernels exactly.
+#include "gpu/cpu/packed_matrix.h"
+#include "gpu/cpu/thread_pool.h"
+
+namespace troupe {
+
+enum class Isa { Scalar, Avx2, Avx512 };
+const char* isa_name(Isa isa);
+Isa best_isa();            // what this CPU supports
+Isa active_isa();          // what the kernels use now (best_isa() unless forced)
+void force_isa(Isa isa);   // for tests and benchmarks; throws if unsupported
+
+// Rows m < M of x (row stride ldx) times panels [p0, p1) of w, written to the
+// matching columns of y (row stride ldy). Columns past w.rows() are not written.
+void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
+                 int ldy);
+void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
+                        float* y, int ldy);
+
+// The whole product, split over the pool's threads by panels.
+void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
+            int ldy);
+
+}  // namespace troupe

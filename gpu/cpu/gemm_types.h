@@ -1,0 +1,28 @@
+#pragma once
+// Plain data shared with the per-ISA kernel files. Those files are compiled
+// with wider ISA flags, so they must not instantiate inline library code that
+// the linker could merge into baseline code: they see only this POD.
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/dtype.h"
+
+namespace troupe {
+
+constexpr int kPanel = 16;
+
+struct PanelsRef {
+  const void* data;  // panel 0; panel p starts p * cols * kPanel elements later
+  int rows;          // N
+  int cols;          // K
+  DType dtype;
+};
+
+namespace detail {
+using GemmFn = void (*)(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
+                        float* y, int ldy);
+GemmFn gemm_avx2();
+GemmFn gemm_avx512();
+}  // namespace detail
+
+}  // namespace troupe

@@ -1,0 +1,46 @@
+#pragma once
+// Element-wise and per-row kernels of the decoder. Each works on one token's
+// row, in a fixed summation order, so a token's result never depends on
+// which other tokens share the step.
+#include <cstddef>
+#include <vector>
+
+#include "gpu/model_config.h"
+
+namespace troupe::kernels {
+
+// sum_i a[i] * b[i], 8 lanes then a fixed reduction tree.
+float dot(const float* a, const float* b, int n);
+// y += alpha * x
+void axpy(float alpha, const float* x, float* y, int n);
+// y *= alpha
+void scale(float alpha, float* y, int n);
+
+// out = x / sqrt(mean(x^2) + eps) * w   (out may alias x)
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
+
+// Softmax in place over n values.
+void softmax(float* x, int n);
+
+// out[i] = silu(gate[i]) * up[i]   (out may alias gate)
+void silu_mul(const float* gate, const float* up, float* out, int n);
+
+// Rotary embedding tables: cos/sin of pos * theta^(-2i/head_dim) for
+// i < head_dim/2, computed in f32 as llama2.c's run.c does.
+class RopeTable {
+ public:
+  RopeTable() = default;
+  RopeTable(int max_pos, int head_dim, float theta);
+  const float* cos(int pos) const { return cos_.data() + size_t(pos) * size_t(half_); }
+  const float* sin(int pos) const { return sin_.data() + size_t(pos) * size_t(half_); }
+  int half() const { return half_; }
+
+ private:
+  int half_ = 0;
+  std::vector<float> cos_, sin_;
+};
+
+// Rotates n_heads heads of head_dim each, stored contiguously at v.
+void rope(float* v, int n_heads, int head_dim, int pos, const RopeTable& table, RopeLayout layout);
+
+}  // namespace troupe::kernels

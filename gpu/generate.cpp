@@ -1,0 +1,84 @@
+#include "gpu/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace troupe {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void validate_request(const ModelConfig& c, const GenerateRequest& req) {
+  if (req.prompt.empty()) throw std::invalid_argument("the prompt is empty");
+  if (int(req.prompt.size()) > c.max_seq_len)
+    throw std::invalid_argument("the prompt has " + std::to_string(req.prompt.size()) +
+                                " tokens, more than the model's context of " +
+                                std::to_string(c.max_seq_len));
+  for (int id : req.prompt)
+    if (id < 0 || id >= c.vocab_size)
+      throw std::invalid_argument("prompt token id " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                  ")");
+  if (req.max_tokens < 1)
+    throw std::invalid_argument("max_tokens must be at least 1, got " +
+                                std::to_string(req.max_tokens));
+  if (req.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
+}
+
+GenerateResult generate(const Model& model, KvCache& cache, ThreadPool& pool, Workspace& ws,
+                        const GenerateRequest& req, const std::function<bool(int)>& on_token) {
+  const ModelConfig& c = model.config();
+  validate_request(c, req);
+  Sampler sampler(req.sampling);
+  GenerateResult res;
+  SequenceCache seq;
+  std::vector<float> logits(size_t(c.vocab_size));
+  auto step = [&](std::span<const int> tokens, bool want_logits) {
+    StepInput in{&seq, tokens, want_logits};
+    model.forward(std::span<const StepInput>(&in, 1), cache, pool, ws, logits.data());
+  };
+  try {
+    auto t0 = std::chrono::steady_clock::now();
+    const std::span<const int> prompt(req.prompt);
+    for (size_t off = 0; off < prompt.size(); off += size_t(req.prefill_chunk)) {
+      const size_t n = std::min(prompt.size() - off, size_t(req.prefill_chunk));
+      step(prompt.subspan(off, n), off + n == prompt.size());
+    }
+    res.prefill_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    res.finish_reason = "length";
+    for (;;) {
+      const int next = sampler.sample(logits);
+      if (req.stop_at_eos && c.is_eos(next)) {
+        res.finish_reason = "stop";
+        break;
+      }
+      res.ids.push_back(next);
+      if (on_token && !on_token(next)) break;
+      if (int(res.ids.size()) >= req.max_tokens || seq.length >= c.max_seq_len) break;
+      step(std::span<const int>(&next, 1), true);
+    }
+    res.decode_s = seconds_since(t0);
+  } catch (...) {
+    cache.release(seq);
+    throw;
+  }
+  cache.release(seq);
+  return res;
+}
+
+GenerateResult generate(const Model& model, int threads, const GenerateRequest& req,
+                        const std::function<bool(int)>& on_token) {
+  const ModelConfig& c = model.config();
+  constexpr int kBlock = 16;
+  KvCache cache = KvCache::for_model(c, kBlock, (c.max_seq_len + kBlock - 1) / kBlock);
+  ThreadPool pool(threads);
+  Workspace ws;
+  return generate(model, cache, pool, ws, req, on_token);
+}
+
+}  // namespace troupe

@@ -1,0 +1,65 @@
+#pragma once
+// Paged KV cache: one pre-allocated pool of blocks of `block_tokens`
+// positions for every layer; each sequence owns a block table. Nothing is
+// allocated while decoding.
+#include <cstddef>
+#include <vector>
+
+#include "gpu/block_allocator.h"
+#include "gpu/model_config.h"
+#include "gpu/tensor.h"
+
+namespace troupe {
+
+struct SequenceCache {
+  std::vector<int> blocks;  // block ids, in position order
+  int length = 0;           // positions filled
+};
+
+class KvCache {
+ public:
+  // kv_heads/head_dim describe what this cache stores (a shard may hold a
+  // subset of the model's kv heads).
+  KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks);
+  static KvCache for_model(const ModelConfig& c, int block_tokens, int num_blocks) {
+    return KvCache(c.n_layers, c.kv_dim(), block_tokens, num_blocks);
+  }
+  // Blocks that fit in `bytes` for this model.
+  static int blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes);
+
+  int block_tokens() const { return block_tokens_; }
+  int kv_dim() const { return kv_dim_; }
+  const BlockAllocator& allocator() const { return alloc_; }
+  size_t bytes_per_token() const { return size_t(n_layers_) * 2 * size_t(kv_dim_) * sizeof(float); }
+  size_t total_bytes() const { return storage_.nbytes(); }
+
+  // Blocks `seq` still needs to hold `tokens` positions.
+  int blocks_needed(const SequenceCache& seq, int tokens) const;
+  // Grows the table to hold `tokens` positions; all or nothing (KvCacheFull).
+  void reserve(SequenceCache& seq, int tokens);
+  // Returns all of seq's blocks and empties it.
+  void release(SequenceCache& seq);
+
+  // Row of position `pos` of `seq` in layer `layer`: kv_dim floats.
+  float* key(int layer, const SequenceCache& seq, int pos) {
+    return slot(layer, 0, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
+  }
+  float* value(int layer, const SequenceCache& seq, int pos) {
+    return slot(layer, 1, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
+  }
+
+ private:
+  float* slot(int layer, int kv, int block, int offset) {
+    const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
+    const size_t index = ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) *
+                             per_block +
+                         size_t(offset) * size_t(kv_dim_);
+    return storage_.data_mut<float>() + index;
+  }
+
+  int n_layers_, kv_dim_, block_tokens_, num_blocks_;
+  BlockAllocator alloc_;
+  Tensor storage_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,261 @@
+// Hugging Face Llama checkpoints: config.json plus model.safetensors, or a
+// model.safetensors.index.json whose weight_map spreads tensors over shards.
+#include <spdlog/spdlog.h>
+
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/checkpoint.h"
+#include "gpu/loaders/mmap_file.h"
+#include "gpu/loaders/safetensors.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+[[noreturn]] void fail(const fs::path& path, const std::string& what) {
+  throw CheckpointError(path.string() + ": " + what);
+}
+
+json read_json(const fs::path& path) {
+  const auto file = MappedFile::open(path);
+  const char* begin = reinterpret_cast<const char*>(file->data());
+  try {
+    return json::parse(begin, begin + file->size());
+  } catch (const json::exception& e) {
+    fail(path, std::string("malformed JSON: ") + e.what());
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return Tensor::view(nullptr, shape, DType::F32).shape_str();
+}
+
+// Typed access to config.json; every complaint names the file and the key.
+// An absent key and an explicit null both mean "use the default".
+class ConfigReader {
+ public:
+  ConfigReader(fs::path path, const json& j) : path_(std::move(path)), j_(j) {
+    if (!j_.is_object()) fail(path_, "must hold a JSON object");
+  }
+
+  const json* get(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  int integer(const char* key, std::optional<int> fallback = std::nullopt) const {
+    const json* v = get(key);
+    if (!v) {
+      if (!fallback) fail(path_, "missing required key \"" + std::string(key) + "\"");
+      return *fallback;
+    }
+    return to_int(key, *v);
+  }
+
+  float number(const char* key, float fallback) const {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_number()) wrong_type(key, "a number", *v);
+    return v->get<float>();
+  }
+
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) wrong_type(key, "true or false", *v);
+    return v->get<bool>();
+  }
+
+  // An id or a list of ids, as Hugging Face allows for eos_token_id.
+  std::vector<int> ids(const char* key, std::vector<int> fallback) const {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_array()) return {to_int(key, *v)};
+    std::vector<int> out;
+    for (const json& e : *v) out.push_back(to_int(key, e));
+    return out;
+  }
+
+  [[noreturn]] void unsupported(const char* key, const json& v, const std::string& why) const {
+    fail(path_, "\"" + std::string(key) + "\": " + v.dump() + " is not supported (" + why + ")");
+  }
+
+ private:
+  int to_int(const char* key, const json& v) const {
+    if (!v.is_number_integer()) wrong_type(key, "an integer", v);
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
+                               : v.get<int64_t>() < std::numeric_limits<int>::min())
+      fail(path_, "\"" + std::string(key) + "\" is out of range: " + v.dump());
+    return v.get<int>();
+  }
+
+  [[noreturn]] void wrong_type(const char* key, const char* want, const json& v) const {
+    fail(path_, "\"" + std::string(key) + "\" must be " + want + ", got " + v.dump());
+  }
+
+  fs::path path_;
+  const json& j_;
+};
+
+// Refuses features this runtime's Llama does not implement, rather than
+// silently computing something else.
+void check_supported(const ConfigReader& c) {
+  if (const json* v = c.get("rope_scaling"))
+    c.unsupported("rope_scaling", *v, "only plain RoPE is implemented; it must be null");
+  if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
+    c.unsupported("hidden_act", *v, "only silu is implemented");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (c.boolean(key, false)) c.unsupported(key, true, "bias terms are not implemented");
+}
+
+ModelConfig parse_config(const fs::path& path) {
+  const json j = read_json(path);
+  const ConfigReader c(path, j);
+  check_supported(c);
+  // Defaults are those of transformers' LlamaConfig, except for the
+  // structural sizes, which a real checkpoint always states.
+  ModelConfig cfg;
+  cfg.dim = c.integer("hidden_size");
+  cfg.hidden_dim = c.integer("intermediate_size");
+  cfg.n_layers = c.integer("num_hidden_layers");
+  cfg.n_heads = c.integer("num_attention_heads");
+  cfg.n_kv_heads = c.integer("num_key_value_heads", cfg.n_heads);
+  if (cfg.n_heads <= 0)
+    fail(path, "\"num_attention_heads\" must be positive, got " + std::to_string(cfg.n_heads));
+  cfg.head_dim = c.integer("head_dim", cfg.dim / cfg.n_heads);
+  cfg.vocab_size = c.integer("vocab_size");
+  cfg.max_seq_len = c.integer("max_position_embeddings", 2048);
+  cfg.norm_eps = c.number("rms_norm_eps", 1e-6f);
+  cfg.rope_theta = c.number("rope_theta", 10000.0f);
+  cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
+  cfg.bos_id = c.integer("bos_token_id", 1);
+  cfg.eos_ids = c.ids("eos_token_id", {2});
+  cfg.rope = RopeLayout::RotateHalf;
+  try {
+    cfg.validate(path.string());
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(e.what());
+  }
+  return cfg;
+}
+
+// Where each tensor lives: one model.safetensors, or the shards that
+// model.safetensors.index.json names.
+class WeightSource {
+ public:
+  explicit WeightSource(const fs::path& dir) {
+    const fs::path single = dir / "model.safetensors";
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(single)) {
+      files_.emplace("model.safetensors", read_safetensors(single));
+    } else if (fs::exists(index)) {
+      load_index(dir, index);
+    } else {
+      fail(dir, "has neither model.safetensors nor model.safetensors.index.json");
+    }
+  }
+
+  // The tensor `name`, after checking that its shape is `expected`.
+  Tensor get(const std::string& name, const std::vector<int64_t>& expected) const {
+    const SafetensorsFile& file = file_for(name);
+    const Tensor* t = file.find(name);
+    if (!t) {
+      if (index_path_.empty()) fail(file.path, "tensor '" + name + "' is missing");
+      fail(file.path, "tensor '" + name + "' is missing, though " + index_path_.string() +
+                          " places it in this shard");
+    }
+    if (t->shape() != expected)
+      fail(file.path, "tensor '" + name + "' has shape " + t->shape_str() + ", expected " +
+                          shape_text(expected) + " from config.json");
+    return *t;
+  }
+
+ private:
+  void load_index(const fs::path& dir, const fs::path& index) {
+    index_path_ = index;
+    const json j = read_json(index);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(index, "must hold an object with a \"weight_map\" object");
+    for (const auto& [name, shard] : j["weight_map"].items()) {
+      if (!shard.is_string())
+        fail(index, "weight_map entry for '" + name + "' must be a file name string");
+      const fs::path rel = shard.get<std::string>();
+      check_shard_name(index, name, rel);
+      weight_map_[name] = rel.string();
+      if (files_.count(rel.string())) continue;
+      if (!fs::is_regular_file(dir / rel))
+        fail(index, "weight_map places tensor '" + name + "' in shard " + (dir / rel).string() +
+                        ", which does not exist");
+      files_.emplace(rel.string(), read_safetensors(dir / rel));
+    }
+  }
+
+  // Shards must sit inside the checkpoint directory.
+  static void check_shard_name(const fs::path& index, const std::string& tensor,
+                               const fs::path& rel) {
+    bool escapes = rel.empty() || rel.is_absolute();
+    for (const auto& part : rel) escapes = escapes || part == "..";
+    if (escapes)
+      fail(index, "weight_map entry for '" + tensor + "' names \"" + rel.string() +
+                      "\", which is not a file inside the checkpoint directory");
+  }
+
+  const SafetensorsFile& file_for(const std::string& name) const {
+    if (index_path_.empty()) return files_.begin()->second;
+    auto it = weight_map_.find(name);
+    if (it == weight_map_.end()) fail(index_path_, "tensor '" + name + "' is missing from weight_map");
+    return files_.at(it->second);
+  }
+
+  fs::path index_path_;  // empty for a single-file checkpoint
+  std::map<std::string, std::string> weight_map_;
+  std::map<std::string, SafetensorsFile> files_;  // by name relative to the directory
+};
+
+LayerTensors load_layer(const WeightSource& w, const ModelConfig& c, int i) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
+  LayerTensors l;
+  l.attn_norm = w.get(p + "input_layernorm.weight", {dim});
+  l.wq = w.get(p + "self_attn.q_proj.weight", {q, dim});
+  l.wk = w.get(p + "self_attn.k_proj.weight", {kv, dim});
+  l.wv = w.get(p + "self_attn.v_proj.weight", {kv, dim});
+  l.wo = w.get(p + "self_attn.o_proj.weight", {dim, q});
+  l.ffn_norm = w.get(p + "post_attention_layernorm.weight", {dim});
+  l.w_gate = w.get(p + "mlp.gate_proj.weight", {hidden, dim});
+  l.w_up = w.get(p + "mlp.up_proj.weight", {hidden, dim});
+  l.w_down = w.get(p + "mlp.down_proj.weight", {dim, hidden});
+  return l;
+}
+
+}  // namespace
+
+Checkpoint load_hf_dir(const fs::path& dir) {
+  if (!fs::is_directory(dir)) fail(dir, "is not a directory");
+  const fs::path config_path = dir / "config.json";
+  if (!fs::exists(config_path))
+    fail(dir, "has no config.json, so it is not a Hugging Face checkpoint directory");
+
+  Checkpoint ck;
+  ck.source = dir;
+  ck.config = parse_config(config_path);
+  const ModelConfig& c = ck.config;
+  const WeightSource weights(dir);
+  ck.tok_embedding = weights.get("model.embed_tokens.weight", {c.vocab_size, c.dim});
+  for (int i = 0; i < c.n_layers; ++i) ck.layers.push_back(load_layer(weights, c, i));
+  ck.final_norm = weights.get("model.norm.weight", {c.dim});
+  ck.classifier =
+      c.tied_classifier ? ck.tok_embedding : weights.get("lm_head.weight", {c.vocab_size, c.dim});
+  if (fs::is_regular_file(dir / "tokenizer.model")) ck.tokenizer_path = dir / "tokenizer.model";
+  spdlog::debug("{}: loaded Hugging Face checkpoint ({} layers)", dir.string(), c.n_layers);
+  return ck;
+}
+
+}  // namespace troupe

@@ -1,0 +1,48 @@
+#include "gpu/model_config.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace troupe {
+
+void ModelConfig::validate(const std::string& source) const {
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(source + ": " + what);
+  };
+  auto positive = [&](const char* name, int v) {
+    if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  };
+  positive("dim", dim);
+  positive("hidden_dim", hidden_dim);
+  positive("n_layers", n_layers);
+  positive("n_heads", n_heads);
+  positive("n_kv_heads", n_kv_heads);
+  positive("head_dim", head_dim);
+  positive("vocab_size", vocab_size);
+  positive("max_seq_len", max_seq_len);
+  if (dim % n_heads != 0)
+    fail("hidden size " + std::to_string(dim) + " is not divisible by the number of heads " +
+         std::to_string(n_heads));
+  if (n_heads % n_kv_heads != 0)
+    fail("the number of kv heads " + std::to_string(n_kv_heads) +
+         " does not divide the number of heads " + std::to_string(n_heads));
+  if (head_dim % 2 != 0) fail("head_dim " + std::to_string(head_dim) + " must be even for RoPE");
+  if (!(rope_theta > 0)) fail("rope_theta must be positive");
+  if (!(norm_eps > 0)) fail("rms_norm_eps must be positive");
+  // Guard against absurd sizes that would overflow index arithmetic.
+  const double big = 1ull << 40;
+  if (double(vocab_size) * dim > big || double(hidden_dim) * dim > big ||
+      double(q_dim()) * dim > big)
+    fail("tensor sizes are absurdly large");
+  if (bos_id < 0 || bos_id >= vocab_size)
+    fail("bos_token_id " + std::to_string(bos_id) + " is outside the vocabulary");
+  for (int e : eos_ids)
+    if (e < 0 || e >= vocab_size)
+      fail("eos_token_id " + std::to_string(e) + " is outside the vocabulary");
+}
+
+bool ModelConfig::is_eos(int id) const {
+  return std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
+}
+
+}  // namespace troupe

@@ -1,0 +1,35 @@
+#pragma once
+// Hyper-parameters of a LLaMA-family decoder, as read from a checkpoint.
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+// How RoPE pairs the elements of a head: llama2.c rotates adjacent pairs
+// (2i, 2i+1); Hugging Face Llama rotates (i, i + head_dim/2).
+enum class RopeLayout { Interleaved, RotateHalf };
+
+struct ModelConfig {
+  int dim = 0;          // hidden size
+  int hidden_dim = 0;   // FFN intermediate size
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_seq_len = 0;  // context length
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  bool tied_classifier = true;
+  RopeLayout rope = RopeLayout::Interleaved;
+  int bos_id = 1;
+  std::vector<int> eos_ids{2};
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  // Throws std::invalid_argument naming `source` and the inconsistent fields.
+  void validate(const std::string& source) const;
+  bool is_eos(int id) const;
+};
+
+}  // namespace troupe

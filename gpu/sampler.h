@@ -1,0 +1,67 @@
+#pragma once
+// Picks the next token id from a row of logits: greedy, or temperature +
+// top-k + top-p (nucleus) sampling driven by a seeded, portable RNG.
+#include <array>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace troupe {
+
+struct SamplingParams {
+  float temperature = 1;  // <= 0: greedy
+  float top_p = 1;        // in (0, 1]; 1: off
+  int top_k = 0;          // 0: off
+  uint64_t seed = 0;
+};
+
+// xoshiro256** (Blackman & Vigna), seeded through splitmix64. Written out here
+// because the standard engines' distributions are implementation-defined:
+// a request must sample the same ids on any machine and after a failover.
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed);
+  explicit Xoshiro256(const std::array<uint64_t, 4>& state) : s_(state) {}
+
+  uint64_t next();
+  // Uniform in [0, 1) with 53 random bits.
+  double next_double() { return double(next() >> 11) * 0x1.0p-53; }
+
+  const std::array<uint64_t, 4>& state() const { return s_; }
+
+ private:
+  std::array<uint64_t, 4> s_;
+};
+
+uint64_t splitmix64(uint64_t& state);
+
+// Index of the largest value, the lowest index on ties; NaN never wins.
+// Throws std::invalid_argument when empty or all NaN.
+int argmax(std::span<const float> logits);
+
+class Sampler {
+ public:
+  // Throws std::invalid_argument naming the parameter: temperature < 0 (or
+  // NaN), top_p outside (0, 1], top_k < 0.
+  explicit Sampler(const SamplingParams& params = {});
+
+  // Greedy draws no random number; every other call draws exactly one, so a
+  // sampler rebuilt from params().seed and advanced n draws continues the
+  // same sequence. NaN logits count as -inf; if some logits are +inf the
+  // lowest such id is returned. Throws std::invalid_argument on empty input.
+  int sample(std::span<const float> logits);
+
+  const SamplingParams& params() const { return params_; }
+  const Xoshiro256& rng() const { return rng_; }
+  void set_rng(const Xoshiro256& rng) { rng_ = rng; }
+
+ private:
+  SamplingParams params_;
+  Xoshiro256 rng_;
+  // Reused between calls so sampling a 32k vocabulary allocates nothing.
+  std::vector<std::pair<float, int>> cand_;
+  std::vector<double> weight_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,66 @@
+#include "gpu/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace troupe {
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return data_ || !shape_.empty() ? n : 0;
+}
+
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  const size_t bytes = (t.nbytes() + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  t.owner_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::view(const void* data, std::vector<int64_t> shape, DType dtype,
+                    std::shared_ptr<const void> keepalive) {
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.owner_ = std::move(keepalive);
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  if (shape_.empty() || begin < 0 || end > shape_[0] || begin > end)
+    throw std::out_of_range("Tensor::rows(" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") out of " + shape_str());
+  int64_t row = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) row *= shape_[i];
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.data_ = static_cast<const char*>(data_) + size_t(begin * row) * dtype_size(dtype_);
+  return t;
+}
+
+std::vector<float> Tensor::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  convert_to_f32(data_, dtype_, out.data(), out.size());
+  return out;
+}
+
+std::string Tensor::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape_[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace troupe

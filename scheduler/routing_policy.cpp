@@ -1,0 +1,284 @@
+#include "scheduler/routing_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <tuple>
+
+namespace troupe {
+namespace {
+
+// Live replicas ordered by index, so that a choice never depends on the order
+// in which the caller happened to list them.
+std::vector<const ReplicaLoad*> live_by_index(const std::vector<ReplicaLoad>& replicas) {
+  std::vector<const ReplicaLoad*> live;
+  live.reserve(replicas.size());
+  for (const ReplicaLoad& r : replicas) {
+    if (r.live) live.push_back(&r);
+  }
+  std::sort(live.begin(), live.end(),
+            [](const ReplicaLoad* a, const ReplicaLoad* b) { return a->index < b->index; });
+  return live;
+}
+
+// Outstanding requests first; prompt tokens still to prefill break ties
+// because they are work the replica must do before it can start ours.
+bool less_loaded(const ReplicaLoad& a, const ReplicaLoad& b) {
+  return std::tie(a.outstanding, a.queued_tokens, a.index) <
+         std::tie(b.outstanding, b.queued_tokens, b.index);
+}
+
+bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
+
+}  // namespace
+
+// ---- round_robin ----
+
+std::optional<size_t> RoundRobinPolicy::choose(const std::vector<ReplicaLoad>& replicas,
+                                               const RequestInfo& /*req*/, double /*now_s*/) {
+  const std::vector<const ReplicaLoad*> live = live_by_index(replicas);
+  if (live.empty()) return std::nullopt;
+  // The next index after the last one chosen, wrapping: keeps the rotation
+  // fair when replicas die, come back or are listed in another order.
+  const ReplicaLoad* pick = live.front();
+  if (last_) {
+    for (const ReplicaLoad* r : live) {
+      if (r->index > *last_) {
+        pick = r;
+        break;
+      }
+    }
+  }
+  last_ = pick->index;
+  return pick->index;
+}
+
+// ---- least_outstanding ----
+
+std::optional<size_t> LeastOutstandingPolicy::choose(const std::vector<ReplicaLoad>& replicas,
+                                                     const RequestInfo& /*req*/,
+                                                     double /*now_s*/) {
+  const ReplicaLoad* best = nullptr;
+  for (const ReplicaLoad& r : replicas) {
+    if (r.live && (best == nullptr || less_loaded(r, *best))) best = &r;
+  }
+  if (best == nullptr) return std::nullopt;
+  return best->index;
+}
+
+// ---- power_of_two ----
+
+std::optional<size_t> PowerOfTwoPolicy::choose(const std::vector<ReplicaLoad>& replicas,
+                                               const RequestInfo& /*req*/, double /*now_s*/) {
+  const std::vector<const ReplicaLoad*> live = live_by_index(replicas);
+  if (live.empty()) return std::nullopt;
+  if (live.size() == 1) return live.front()->index;
+  const uint64_t n = live.size();
+  const uint64_t a = rng_.below(n);
+  uint64_t b = rng_.below(n - 1);
+  if (b >= a) ++b;  // distinct from a, still uniform over the others
+  const ReplicaLoad& ra = *live[a];
+  const ReplicaLoad& rb = *live[b];
+  return less_loaded(rb, ra) ? rb.index : ra.index;
+}
+
+// ---- latency_aware ----
+
+void LatencyAwareOptions::validate() const {
+  auto fail = [](const char* field, const char* rule) {
+    throw std::invalid_argument(std::string("routing.latency_aware.") + field + " must be " + rule);
+  };
+  if (!(std::isfinite(ema_alpha) && ema_alpha > 0 && ema_alpha <= 1)) fail("ema_alpha", "in (0, 1]");
+  if (!finite_positive(prior_step_s)) fail("prior_step_s", "> 0");
+  if (!finite_positive(prior_prefill_tokens_per_s)) fail("prior_prefill_tokens_per_s", "> 0");
+  if (!(std::isfinite(batch_cost_per_seq) && batch_cost_per_seq >= 0)) {
+    fail("batch_cost_per_seq", ">= 0");
+  }
+  if (!(std::isfinite(stale_after_s) && stale_after_s >= 0)) fail("stale_after_s", ">= 0");
+  if (!finite_positive(forget_tau_s)) fail("forget_tau_s", "> 0");
+  if (!(std::isfinite(probe_interval_s) && probe_interval_s >= 0)) {
+    fail("probe_interval_s", ">= 0");
+  }
+  if (probe_every_requests == 0) fail("probe_every_requests", ">= 1");
+}
+
+LatencyAwarePolicy::LatencyAwarePolicy(LatencyAwareOptions options) : opt_(options) {
+  opt_.validate();
+}
+
+LatencyAwarePolicy::ReplicaStats& LatencyAwarePolicy::stats(size_t index) {
+  if (index >= stats_.size()) stats_.resize(index + 1);
+  return stats_[index];
+}
+
+const LatencyAwarePolicy::ReplicaStats* LatencyAwarePolicy::find_stats(size_t index) const {
+  return index < stats_.size() ? &stats_[index] : nullptr;
+}
+
+double LatencyAwarePolicy::batch_factor(double batch) const {
+  return 1.0 + opt_.batch_cost_per_seq * std::max(0.0, batch - 1.0);
+}
+
+double LatencyAwarePolicy::freshness(double last_at, double now_s) const {
+  const double age = now_s - last_at;
+  if (age <= opt_.stale_after_s) return 1.0;
+  return std::exp(-(age - opt_.stale_after_s) / opt_.forget_tau_s);
+}
+
+// An unmeasured replica is assumed to be like the others that are measured
+// now (same hardware is the common case); with none measured, the option.
+double LatencyAwarePolicy::prior_unit_step_s(double now_s) const {
+  double sum = 0;
+  size_t n = 0;
+  for (const ReplicaStats& s : stats_) {
+    if (s.unit_step_ema && now_s - s.last_step_at <= opt_.stale_after_s) {
+      sum += *s.unit_step_ema;
+      ++n;
+    }
+  }
+  return n > 0 ? sum / double(n) : opt_.prior_step_s;
+}
+
+double LatencyAwarePolicy::unit_step_s(size_t index, double now_s) const {
+  const double prior = prior_unit_step_s(now_s);
+  const ReplicaStats* s = find_stats(index);
+  if (s == nullptr || !s->unit_step_ema) return prior;
+  return prior + (*s->unit_step_ema - prior) * freshness(s->last_step_at, now_s);
+}
+
+double LatencyAwarePolicy::prefill_tokens_per_s(size_t index, double now_s) const {
+  // Without a prefill measurement, assume prefill is as much slower or faster
+  // than the prior as this replica's decode steps are.
+  const double scaled_prior =
+      opt_.prior_prefill_tokens_per_s * opt_.prior_step_s / unit_step_s(index, now_s);
+  const ReplicaStats* s = find_stats(index);
+  if (s == nullptr || !s->prefill_rate_ema) return scaled_prior;
+  return scaled_prior +
+         (*s->prefill_rate_ema - scaled_prior) * freshness(s->last_prefill_at, now_s);
+}
+
+double LatencyAwarePolicy::estimate_finish_s(const ReplicaLoad& r, const RequestInfo& req,
+                                             double now_s) const {
+  const size_t max_batch = std::max<size_t>(1, r.max_batch_sequences);
+  const size_t waiting = r.outstanding > r.running ? r.outstanding - r.running : 0;
+  const size_t free_slots = max_batch > r.running ? max_batch - r.running : 0;
+  const size_t position = waiting + 1;  // our place among those waiting for a slot
+  const double join_batch = double(std::min(max_batch, r.running + position));
+  const double step_s = unit_step_s(r.index, now_s) * batch_factor(join_batch);
+
+  const double prefill_s =
+      double(r.queued_tokens + req.prompt_tokens) / prefill_tokens_per_s(r.index, now_s);
+
+  // With the batch full, slots free up at about max_batch / mean_length per
+  // step; mean length from what this policy dispatched there, else ours.
+  double wait_steps = 0;
+  if (position > free_slots) {
+    const ReplicaStats* s = find_stats(r.index);
+    const double mean_len = (s != nullptr && s->tracked > 0)
+                                ? s->tracked_max_tokens / double(s->tracked)
+                                : double(std::max<size_t>(1, req.max_tokens));
+    wait_steps = double(position - free_slots) * mean_len / double(max_batch);
+  }
+
+  const double transfer_s = std::max(0.0, r.transfer_cost_s.value_or(0.0));
+  return transfer_s + prefill_s + wait_steps * step_s + double(req.max_tokens) * step_s;
+}
+
+// Only replicas measured before are probed: an unmeasured one is already
+// assumed to be as fast as the others, so it gets traffic without a probe.
+std::optional<size_t> LatencyAwarePolicy::probe_target(const std::vector<ReplicaLoad>& replicas,
+                                                       double now_s) {
+  if (opt_.probe_interval_s <= 0 || ++since_probe_ < opt_.probe_every_requests) {
+    return std::nullopt;
+  }
+  const ReplicaLoad* target = nullptr;
+  for (const ReplicaLoad& r : replicas) {
+    const ReplicaStats* s = find_stats(r.index);
+    if (!r.live || r.outstanding > 0 || s == nullptr || !s->unit_step_ema) continue;
+    if (now_s - s->last_step_at < opt_.probe_interval_s) continue;
+    if (s->last_probe_at && now_s - *s->last_probe_at < opt_.probe_interval_s) continue;
+    if (target == nullptr || r.index < target->index) target = &r;
+  }
+  if (target == nullptr) return std::nullopt;
+  since_probe_ = 0;
+  stats(target->index).last_probe_at = now_s;
+  return target->index;
+}
+
+std::optional<size_t> LatencyAwarePolicy::choose(const std::vector<ReplicaLoad>& replicas,
+                                                 const RequestInfo& req, double now_s) {
+  if (std::optional<size_t> probe = probe_target(replicas, now_s)) return probe;
+  const ReplicaLoad* best = nullptr;
+  double best_s = 0;
+  for (const ReplicaLoad& r : replicas) {
+    if (!r.live) continue;
+    const double t = estimate_finish_s(r, req, now_s);
+    if (best == nullptr || t < best_s || (t == best_s && r.index < best->index)) {
+      best = &r;
+      best_s = t;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return best->index;
+}
+
+void LatencyAwarePolicy::on_dispatch(size_t replica, const RequestInfo& req, double /*now_s*/) {
+  ReplicaStats& s = stats(replica);
+  ++s.tracked;
+  s.tracked_max_tokens += double(req.max_tokens);
+}
+
+void LatencyAwarePolicy::on_complete(size_t replica, const RequestInfo& req, double /*now_s*/) {
+  ReplicaStats& s = stats(replica);
+  if (s.tracked == 0) return;  // completion we never saw dispatched (e.g. after a restart)
+  --s.tracked;
+  s.tracked_max_tokens =
+      s.tracked == 0 ? 0.0 : std::max(0.0, s.tracked_max_tokens - double(req.max_tokens));
+}
+
+void LatencyAwarePolicy::on_step(size_t replica, double step_time_s, size_t batch_size,
+                                 double now_s) {
+  if (!(std::isfinite(step_time_s) && step_time_s >= 0) || batch_size == 0) return;
+  const double unit = step_time_s / batch_factor(double(batch_size));
+  // Blend into the value currently believed (which may have faded toward the
+  // prior), so one sample after a long silence counts for more.
+  const double base = unit_step_s(replica, now_s);
+  ReplicaStats& s = stats(replica);
+  s.unit_step_ema = s.unit_step_ema ? opt_.ema_alpha * unit + (1 - opt_.ema_alpha) * base : unit;
+  s.last_step_at = now_s;
+}
+
+void LatencyAwarePolicy::on_prefill(size_t replica, size_t tokens, double seconds,
+                                    double now_s) {
+  if (tokens == 0 || !finite_positive(seconds)) return;
+  const double rate = double(tokens) / seconds;
+  const double base = prefill_tokens_per_s(replica, now_s);
+  ReplicaStats& s = stats(replica);
+  s.prefill_rate_ema =
+      s.prefill_rate_ema ? opt_.ema_alpha * rate + (1 - opt_.ema_alpha) * base : rate;
+  s.last_prefill_at = now_s;
+}
+
+// ---- factory ----
+
+const std::vector<std::string>& routing_policy_names() {
+  static const std::vector<std::string> names{"round_robin", "least_outstanding", "power_of_two",
+                                              "latency_aware"};
+  return names;
+}
+
+std::unique_ptr<RoutingPolicy> make_routing_policy(std::string_view name, uint64_t seed,
+                                                   const LatencyAwareOptions& latency) {
+  if (name == "round_robin") return std::make_unique<RoundRobinPolicy>();
+  if (name == "least_outstanding") return std::make_unique<LeastOutstandingPolicy>();
+  if (name == "power_of_two") return std::make_unique<PowerOfTwoPolicy>(seed);
+  if (name == "latency_aware") return std::make_unique<LatencyAwarePolicy>(latency);
+  std::string known;
+  for (const std::string& n : routing_policy_names()) {
+    known += known.empty() ? n : ", " + n;
+  }
+  throw std::invalid_argument("unknown routing policy '" + std::string(name) +
+                              "'; known policies: " + known);
+}
+
+}  // namespace troupe

@@ -1,0 +1,38 @@
+#pragma once
+// Helpers shared by the tests: paths to bundled data, temp dirs, running the CLI.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace troupe::test {
+
+std::filesystem::path source_dir();
+std::filesystem::path model_path(const std::string& name);  // models/NAME
+std::filesystem::path data_path(const std::string& name);   // tests/data/NAME
+
+// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::string& bytes);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+// Runs argv (no shell), capturing stdout and stderr; kills it after timeout_s.
+CommandResult run_command(const std::vector<std::string>& argv, int timeout_s = 120);
+
+}  // namespace troupe::test

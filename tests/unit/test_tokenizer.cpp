@@ -1,0 +1,330 @@
+#include "gpu/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+std::filesystem::path fortune_tokenizer() {
+  return test::model_path("fortune") / "tokenizer.model";
+}
+
+const Tokenizer& fortune() {
+  static const Tokenizer tok = Tokenizer::load(fortune_tokenizer());
+  return tok;
+}
+
+// Strings whose round trip must be exact: punctuation, digits, newlines,
+// repeated spaces, and non-ASCII text that this 2000-piece model can only
+// spell with byte-fallback pieces.
+const std::vector<std::string>& samples() {
+  static const std::vector<std::string> s = {
+      "Hello, world!",
+      "The year 1984: 42 + 17 = 59.",
+      "line one\nline two\n\nline four",
+      "café — naïve ☃",
+      "  leading, trailing  and  double spaces  ",
+      "\"quotes\" (parens) [brackets] {braces} <angles> ~`!@#$%^&*_-=|\\/?;:'",
+      "日本語のテキスト 🎉 emoji, Ελληνικά, русский",
+      "You will be married within a year. -- fortune(6)",
+      "a",
+      "\n",
+  };
+  return s;
+}
+
+// Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 1, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (int k = 1; k <= n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// Streams ids one at a time; returns every chunk, finish() last.
+std::vector<std::string> stream(const Tokenizer& tok, const std::vector<int>& ids) {
+  TextStreamer streamer(tok);
+  std::vector<std::string> chunks;
+  for (int id : ids) chunks.push_back(streamer.put(id));
+  chunks.push_back(streamer.finish());
+  return chunks;
+}
+
+std::string concat(const std::vector<std::string>& chunks) {
+  std::string out;
+  for (const auto& c : chunks) out += c;
+  return out;
+}
+
+std::string hex_of(const std::string& s) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+    out += ' ';
+  }
+  return out;
+}
+
+std::string ids_str(const std::vector<int>& ids) {
+  std::string out;
+  for (int id : ids) out += std::to_string(id) + " ";
+  return out;
+}
+
+TEST(Tokenizer, LoadsFortuneModel) {
+  const Tokenizer& tok = fortune();
+  EXPECT_EQ(tok.vocab_size(), 2000);
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  EXPECT_TRUE(tok.is_control(1));
+  EXPECT_FALSE(tok.is_control(100));
+  EXPECT_EQ(tok.piece(13), "<0x0A>");
+}
+
+TEST(Tokenizer, RoundTripsText) {
+  const Tokenizer& tok = fortune();
+  for (const auto& text : samples()) {
+    const auto ids = tok.encode(text, /*add_bos=*/false);
+    EXPECT_FALSE(ids.empty()) << text;
+    for (int id : ids) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, tok.vocab_size());
+    }
+    EXPECT_EQ(tok.decode(ids), text) << "ids: " << ids_str(ids);
+  }
+}
+
+TEST(Tokenizer, NonAsciiUsesByteFallback) {
+  const Tokenizer& tok = fortune();
+  const auto ids = tok.encode("☃", false);
+  // U+2603 is E2 98 83; the model has no piece for it.
+  int bytes = 0;
+  for (int id : ids) bytes += tok.piece(id).rfind("<0x", 0) == 0;
+  EXPECT_EQ(bytes, 3) << ids_str(ids);
+  EXPECT_EQ(tok.decode(ids), "☃");
+}
+
+TEST(Tokenizer, AddsBosWhenAsked) {
+  const Tokenizer& tok = fortune();
+  for (const auto& text : samples()) {
+    const auto plain = tok.encode(text, false);
+    const auto with_bos = tok.encode(text, true);
+    ASSERT_EQ(with_bos.size(), plain.size() + 1);
+    EXPECT_EQ(with_bos[0], 1);
+    EXPECT_EQ(std::vector<int>(with_bos.begin() + 1, with_bos.end()), plain);
+    // BOS is a control piece: it decodes to nothing.
+    EXPECT_EQ(tok.decode(with_bos), text);
+  }
+  EXPECT_TRUE(tok.encode("", false).empty());
+  EXPECT_EQ(tok.encode("", true), std::vector<int>{1});
+  EXPECT_EQ(tok.decode({}), "");
+}
+
+TEST(Tokenizer, DecodeRejectsOutOfRangeIds) {
+  const Tokenizer& tok = fortune();
+  for (int bad : {2000, -1, 1 << 30}) {
+    try {
+      (void)tok.decode({5, bad, 7});
+      FAIL() << "no throw for " << bad;
+    } catch (const std::out_of_range& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::to_string(bad)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("2000"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_THROW((void)tok.piece(2000), std::out_of_range);
+  EXPECT_THROW((void)tok.is_control(-3), std::out_of_range);
+}
+
+TEST(Tokenizer, MissingFileNamesThePath) {
+  test::TempDir dir;
+  const auto path = dir / "no-such-tokenizer.model";
+  try {
+    (void)Tokenizer::load(path);
+    FAIL() << "no throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tokenizer, CorruptFilesNameThePath) {
+  test::TempDir dir;
+  const std::string good = test::read_file(fortune_tokenizer());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"garbage.model", "this is not a protobuf"},
+      {"empty.model", ""},
+      {"truncated.model", good.substr(0, good.size() / 3)},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const auto path = dir / name;
+    test::write_file(path, bytes);
+    try {
+      (void)Tokenizer::load(path);
+      FAIL() << "no throw for " << name;
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find("not a valid SentencePiece model"), std::string::npos) << msg;
+    }
+  }
+  // A directory: SentencePiece's own Load() would abort the process here.
+  try {
+    (void)Tokenizer::load(dir.path());
+    FAIL() << "no throw for a directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.path().string()), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tokenizer, CopiesShareTheModel) {
+  Tokenizer copy = fortune();
+  EXPECT_EQ(copy.encode("Hello", true), fortune().encode("Hello", true));
+}
+
+TEST(TextStreamer, ConcatenationEqualsDecodeOfEncodedText) {
+  const Tokenizer& tok = fortune();
+  for (const auto& text : samples()) {
+    for (bool bos : {false, true}) {
+      const auto ids = tok.encode(text, bos);
+      const auto chunks = stream(tok, ids);
+      EXPECT_EQ(concat(chunks), tok.decode(ids)) << "ids: " << ids_str(ids);
+      EXPECT_EQ(concat(chunks), text);
+      // Valid input never yields a chunk that splits a character.
+      for (const auto& c : chunks) EXPECT_TRUE(valid_utf8(c)) << hex_of(c) << " in " << text;
+      EXPECT_EQ(chunks.back(), "") << "nothing should be held back at the end of " << text;
+    }
+  }
+}
+
+TEST(TextStreamer, MultiByteCharacterComesOutWhenComplete) {
+  const Tokenizer& tok = fortune();
+  const auto ids = tok.encode("a☃b", true);
+  const auto chunks = stream(tok, ids);
+  // Find the chunk holding the snowman: the two byte pieces before it are silent.
+  size_t at = 0;
+  while (at < chunks.size() && chunks[at].find("☃") == std::string::npos) ++at;
+  ASSERT_LT(at, chunks.size());
+  ASSERT_GE(at, 2u);
+  EXPECT_EQ(tok.piece(ids[at]), "<0x83>");
+  EXPECT_EQ(chunks[at - 1], "");
+  EXPECT_EQ(chunks[at - 2], "");
+  EXPECT_EQ(concat(chunks), "a☃b");
+}
+
+TEST(TextStreamer, LeadingSpaceMatchesWholeDecode) {
+  const Tokenizer& tok = fortune();
+  // "▁the" alone at the start loses its space; after BOS too; after a lone "▁"
+  // it keeps it; mid-text it keeps it.
+  const int the = tok.encode("the", false).at(0);
+  ASSERT_EQ(tok.piece(the), "▁the");
+  const int space = tok.encode(" ", false).at(0);
+  const std::vector<std::vector<int>> cases = {
+      {the}, {1, the}, {1, 1, the, the}, {space, the}, {1, space, the}, {space, space, the},
+      {the, space, the}, {2, the}, {the, 2, the}, {0, the},
+  };
+  for (const auto& ids : cases) {
+    EXPECT_EQ(concat(stream(tok, ids)), tok.decode(ids)) << "ids: " << ids_str(ids);
+  }
+  EXPECT_EQ(concat(stream(tok, {1, the})), "the");
+}
+
+TEST(TextStreamer, ConcatenationEqualsDecodeOfRandomIds) {
+  const Tokenizer& tok = fortune();
+  // Random ids hit every case the model can emit: control and unknown pieces,
+  // stray continuation bytes, truncated and overlong sequences, and runs of
+  // bytes that form valid characters (biased towards byte pieces for those).
+  uint64_t state = 12345;
+  auto next = [&state](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  const int byte0 = 3;  // <0x00>
+  ASSERT_EQ(tok.piece(byte0), "<0x00>");
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<int> ids;
+    const int len = 1 + int(next(40));
+    for (int i = 0; i < len; ++i) {
+      const auto kind = next(10);
+      if (kind < 4) {
+        ids.push_back(int(next(tok.vocab_size())));
+      } else if (kind < 6) {
+        ids.push_back(byte0 + 0x80 + int(next(64)));  // continuation
+      } else if (kind < 8) {
+        ids.push_back(byte0 + 0xC0 + int(next(64)));  // lead (some invalid)
+      } else if (kind < 9) {
+        ids.push_back(int(next(3)));  // unk / BOS / EOS
+      } else {
+        const auto s = tok.encode(samples()[next(samples().size())], false);
+        ids.insert(ids.end(), s.begin(), s.end());
+      }
+    }
+    const auto chunks = stream(tok, ids);
+    ASSERT_EQ(concat(chunks), tok.decode(ids)) << "ids: " << ids_str(ids);
+  }
+}
+
+TEST(TextStreamer, IncompleteTailIsFlushedByFinish) {
+  const Tokenizer& tok = fortune();
+  const int e2 = 3 + 0xE2, x98 = 3 + 0x98;
+  const std::vector<int> ids = {tok.encode("a", false).at(0), e2, x98};
+  TextStreamer s(tok);
+  EXPECT_EQ(s.put(ids[0]), "a");
+  EXPECT_EQ(s.put(ids[1]), "");
+  EXPECT_EQ(s.put(ids[2]), "");
+  const std::string rest = s.finish();
+  EXPECT_EQ("a" + rest, tok.decode(ids));
+  EXPECT_NE(rest, "");  // U+FFFD for the broken bytes, as decode() gives
+  // finish() resets: the next text starts fresh (its leading space dropped).
+  const int the = tok.encode("the", false).at(0);
+  EXPECT_EQ(s.put(the), "the");
+}
+
+TEST(TextStreamer, BadIdThrowsAndLeavesStateAlone) {
+  const Tokenizer& tok = fortune();
+  const auto ids = tok.encode("Hello there", true);
+  TextStreamer s(tok);
+  std::string out = s.put(ids[0]);
+  EXPECT_THROW((void)s.put(2000), std::out_of_range);
+  EXPECT_THROW((void)s.put(-1), std::out_of_range);
+  for (size_t i = 1; i < ids.size(); ++i) out += s.put(ids[i]);
+  out += s.finish();
+  EXPECT_EQ(out, "Hello there");
+}
+
+}  // namespace
+}  // namespace troupe
