@@ -75,8 +75,7 @@ void run_generate(const GenerateOptions& o) {
 
   std::optional<Tokenizer> tokenizer;
   const auto tok_path = resolve_tokenizer(model->tokenizer_path(), o.tokenizer);
-  const bool need_tokenizer = !o.prompt.empty() || !o.print_ids;
-  if (need_tokenizer) {
+  auto load_tokenizer = [&] {
     if (tok_path.empty())
       throw UsageError("model " + model_path.string() +
                        " has no tokenizer.model beside it: pass --tokenizer PATH, or use "
@@ -86,11 +85,17 @@ void run_generate(const GenerateOptions& o) {
       throw UsageError("tokenizer " + tok_path.string() + " has " +
                        std::to_string(tokenizer->vocab_size()) + " pieces but the model has " +
                        std::to_string(cfg.vocab_size));
-  }
+  };
+  if (!o.prompt.empty()) load_tokenizer();
 
   GenerateRequest req;
   req.prompt = o.prompt.empty() ? parse_ids(o.prompt_ids, "--prompt-ids")
                                 : tokenizer->encode(o.prompt, /*add_bos=*/true);
+  if (spdlog::should_log(spdlog::level::debug)) {
+    std::string ids;
+    for (int id : req.prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    spdlog::debug("prompt ids: {}", ids);
+  }
   req.max_tokens = o.max_tokens;
   req.sampling.temperature = o.temperature;
   req.sampling.top_p = o.top_p;
@@ -102,6 +107,7 @@ void run_generate(const GenerateOptions& o) {
     throw UsageError(std::string(o.prompt.empty() ? "--prompt-ids: " : "--prompt: ") + e.what());
   }
   { Sampler check(req.sampling); }  // rejects bad sampling parameters before any work
+  if (!o.print_ids && !tokenizer) load_tokenizer();
 
   std::optional<TextStreamer> streamer;
   if (!o.print_ids) {

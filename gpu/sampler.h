@@ -60,8 +60,8 @@ class Sampler {
   SamplingParams params_;
   Xoshiro256 rng_;
   // Reused between calls so sampling a 32k vocabulary allocates nothing.
-  std::vector<std::pair<float, int>> cand_;
-  std::vector<double> weight_;
+  std::vector<float> weight_;                // per id, unnormalized
+  std::vector<std::pair<float, int>> cand_;  // (logit, id), for top-k / top-p
 };
 
 }  // namespace troupe

@@ -59,7 +59,9 @@ int utf8_sequence_length(int lead) {
   return 1;
 }
 
-bool is_continuation(int byte) { return (byte & 0xC0) == 0x80; }
+bool is_continuation(int byte) {
+  return (byte & 0xC0) == 0x80;
+}
 
 }  // namespace
 
@@ -103,8 +105,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
 void Tokenizer::check_id(int id) const {
   if (id < 0 || id >= impl_->vocab) {
     throw std::out_of_range("tokenizer: token id " + std::to_string(id) +
-                            " is outside the vocabulary [0, " + std::to_string(impl_->vocab) +
-                            ")");
+                            " is outside the vocabulary [0, " + std::to_string(impl_->vocab) + ")");
   }
 }
 
@@ -125,9 +126,15 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
   return decode_checked(ids);
 }
 
-int Tokenizer::vocab_size() const { return impl_->vocab; }
-int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
-int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+int Tokenizer::vocab_size() const {
+  return impl_->vocab;
+}
+int Tokenizer::bos_id() const {
+  return impl_->sp.bos_id();
+}
+int Tokenizer::eos_id() const {
+  return impl_->sp.eos_id();
+}
 
 bool Tokenizer::is_control(int id) const {
   check_id(id);
@@ -149,8 +156,8 @@ int Tokenizer::byte_value(int id) const {
     if (ec != std::errc() || end != p.data() + 5) value = -1;
   }
   if (value < 0) {
-    throw std::runtime_error("tokenizer: byte piece " + std::to_string(id) + " is spelled '" +
-                             p + "', not <0xNN> (" + impl_->name + ")");
+    throw std::runtime_error("tokenizer: byte piece " + std::to_string(id) + " is spelled '" + p +
+                             "', not <0xNN> (" + impl_->name + ")");
   }
   return value;
 }
@@ -205,12 +212,17 @@ std::string TextStreamer::put(int id) {
   const bool is_byte = tok_.byte_value(id) >= 0;
   if (is_byte && tail_is_incomplete_utf8()) return {};
 
-  std::string text = tok_.decode_checked(window_);
-  if (text.compare(0, text_.size(), text_) != 0) {
-    // Cannot happen with SentencePiece's decoder as it is; failing loudly beats
-    // streaming text that differs from decode().
+  std::string text;
+  try {
+    text = tok_.decode_checked(window_);
+    if (text.compare(0, text_.size(), text_) != 0) {
+      // Cannot happen with SentencePiece's decoder as it is; failing loudly
+      // beats streaming text that differs from decode().
+      throw std::logic_error("TextStreamer: decoded text of the window changed retroactively");
+    }
+  } catch (...) {
     window_.pop_back();
-    throw std::logic_error("TextStreamer: decoded text of the window changed retroactively");
+    throw;
   }
   std::string out = text.substr(text_.size());
 
@@ -224,8 +236,9 @@ std::string TextStreamer::put(int id) {
   if (start != std::string::npos && start > 0) {
     std::vector<int> tail(window_.begin() + static_cast<std::ptrdiff_t>(start), window_.end());
     std::string standalone = tok_.decode_checked(tail);
-    // Empty text (a lone "▁" at the start) would leave the leading-space rule
-    // armed for the next piece, unlike in the full text, so it cannot anchor.
+    // Empty text (a lone "▁", stripped at the start) cannot be checked against
+    // the full text, and SentencePiece versions differ on whether it ends the
+    // leading-space rule, so it does not anchor.
     if (!standalone.empty() && text.size() >= standalone.size() &&
         text.compare(text.size() - standalone.size(), standalone.size(), standalone) == 0) {
       window_ = std::move(tail);

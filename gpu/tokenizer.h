@@ -1,7 +1,6 @@
 #pragma once
 // Text <-> token ids through a SentencePiece model (tokenizer.model), plus a
 // streaming decoder that turns ids into text as they are generated.
-#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>

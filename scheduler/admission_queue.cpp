@@ -63,9 +63,8 @@ AdmissionQueue::AdmissionQueue(AdmissionQueueOptions options) : opt_(std::move(o
   opt_.validate();
   levels_.resize(opt_.priority_levels);
   for (size_t i = 0; i < levels_.size(); ++i) {
-    levels_[i].opt = opt_.levels.empty()
-                         ? PriorityLevelOptions{opt_.max_wait_s, opt_.on_timeout, 0}
-                         : opt_.levels[i];
+    levels_[i].opt = opt_.levels.empty() ? PriorityLevelOptions{opt_.max_wait_s, opt_.on_timeout, 0}
+                                         : opt_.levels[i];
   }
 }
 
@@ -93,8 +92,7 @@ void AdmissionQueue::apply_timeouts(double now_s) {
   for (size_t l = 0; l < levels_.size(); ++l) {
     Level& level = levels_[l];
     if (level.opt.max_wait_s <= 0) continue;
-    while (!level.fresh.empty() &&
-           now_s - level.fresh.front().enqueued_at > level.opt.max_wait_s) {
+    while (!level.fresh.empty() && now_s - level.fresh.front().enqueued_at > level.opt.max_wait_s) {
       const uint64_t id = level.fresh.front().id;
       if (level.opt.on_timeout == TimeoutAction::Reject) {
         expired_.push_back(id);

@@ -33,7 +33,7 @@ struct PriorityLevelOptions {
 };
 
 struct AdmissionQueueOptions {
-  size_t max_size = 256;     // all levels together
+  size_t max_size = 256;       // all levels together
   size_t priority_levels = 2;  // valid priorities: 0 .. priority_levels - 1
   // Defaults for every level; `levels` (if not empty, one entry per level,
   // index = priority) overrides them.

@@ -28,7 +28,9 @@ bool less_loaded(const ReplicaLoad& a, const ReplicaLoad& b) {
          std::tie(b.outstanding, b.queued_tokens, b.index);
 }
 
-bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
+bool finite_positive(double x) {
+  return std::isfinite(x) && x > 0;
+}
 
 }  // namespace
 
@@ -56,8 +58,7 @@ std::optional<size_t> RoundRobinPolicy::choose(const std::vector<ReplicaLoad>& r
 // ---- least_outstanding ----
 
 std::optional<size_t> LeastOutstandingPolicy::choose(const std::vector<ReplicaLoad>& replicas,
-                                                     const RequestInfo& /*req*/,
-                                                     double /*now_s*/) {
+                                                     const RequestInfo& /*req*/, double /*now_s*/) {
   const ReplicaLoad* best = nullptr;
   for (const ReplicaLoad& r : replicas) {
     if (r.live && (best == nullptr || less_loaded(r, *best))) best = &r;
@@ -88,7 +89,8 @@ void LatencyAwareOptions::validate() const {
   auto fail = [](const char* field, const char* rule) {
     throw std::invalid_argument(std::string("routing.latency_aware.") + field + " must be " + rule);
   };
-  if (!(std::isfinite(ema_alpha) && ema_alpha > 0 && ema_alpha <= 1)) fail("ema_alpha", "in (0, 1]");
+  if (!(std::isfinite(ema_alpha) && ema_alpha > 0 && ema_alpha <= 1))
+    fail("ema_alpha", "in (0, 1]");
   if (!finite_positive(prior_step_s)) fail("prior_step_s", "> 0");
   if (!finite_positive(prior_prefill_tokens_per_s)) fail("prior_prefill_tokens_per_s", "> 0");
   if (!(std::isfinite(batch_cost_per_seq) && batch_cost_per_seq >= 0)) {
@@ -238,7 +240,7 @@ void LatencyAwarePolicy::on_complete(size_t replica, const RequestInfo& req, dou
 
 void LatencyAwarePolicy::on_step(size_t replica, double step_time_s, size_t batch_size,
                                  double now_s) {
-  if (!(std::isfinite(step_time_s) && step_time_s >= 0) || batch_size == 0) return;
+  if (!finite_positive(step_time_s) || batch_size == 0) return;
   const double unit = step_time_s / batch_factor(double(batch_size));
   // Blend into the value currently believed (which may have faded toward the
   // prior), so one sample after a long silence counts for more.
@@ -248,8 +250,7 @@ void LatencyAwarePolicy::on_step(size_t replica, double step_time_s, size_t batc
   s.last_step_at = now_s;
 }
 
-void LatencyAwarePolicy::on_prefill(size_t replica, size_t tokens, double seconds,
-                                    double now_s) {
+void LatencyAwarePolicy::on_prefill(size_t replica, size_t tokens, double seconds, double now_s) {
   if (tokens == 0 || !finite_positive(seconds)) return;
   const double rate = double(tokens) / seconds;
   const double base = prefill_tokens_per_s(replica, now_s);

@@ -17,12 +17,12 @@ namespace troupe {
 
 // What the router knows about one replica when it routes a request.
 struct ReplicaLoad {
-  size_t index = 0;                 // stable replica id; what choose() returns
-  bool live = true;                 // false: dead, restarting or given up on
-  size_t outstanding = 0;           // dispatched and not yet complete (waiting + running)
-  size_t queued_tokens = 0;         // prompt tokens waiting for prefill there
-  size_t running = 0;               // sequences in its running batch
-  size_t max_batch_sequences = 1;   // its batch capacity
+  size_t index = 0;                       // stable replica id; what choose() returns
+  bool live = true;                       // false: dead, restarting or given up on
+  size_t outstanding = 0;                 // dispatched and not yet complete (waiting + running)
+  size_t queued_tokens = 0;               // prompt tokens waiting for prefill there
+  size_t running = 0;                     // sequences in its running batch
+  size_t max_batch_sequences = 1;         // its batch capacity
   std::optional<double> transfer_cost_s;  // cost to move this request there (remote node)
 };
 
@@ -139,8 +139,7 @@ class LatencyAwarePolicy : public RoutingPolicy {
 
   // Expected seconds until `req` would finish on `replica` (exposed for
   // tests, metrics and the simulator's traces).
-  double estimate_finish_s(const ReplicaLoad& replica, const RequestInfo& req,
-                           double now_s) const;
+  double estimate_finish_s(const ReplicaLoad& replica, const RequestInfo& req, double now_s) const;
   // One-sequence step time currently assumed for replica `index`.
   double unit_step_s(size_t index, double now_s) const;
 

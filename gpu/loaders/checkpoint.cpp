@@ -15,7 +15,8 @@ Checkpoint load_checkpoint(const fs::path& path) {
   // check with a baffling message.
   if (path.extension() == ".safetensors" || path.extension() == ".json")
     throw CheckpointError(path.string() +
-                          ": is part of a Hugging Face checkpoint; pass its directory instead");
+                          ": looks like one file of a Hugging Face checkpoint; pass the directory "
+                          "that holds config.json instead");
   return load_llama2c(path);
 }
 

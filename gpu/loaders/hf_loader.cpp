@@ -33,6 +33,14 @@ json read_json(const fs::path& path) {
   }
 }
 
+// Built by appending: GCC 12 warns falsely (-Wrestrict) on `"\"" + string`.
+std::string quoted(const char* key) {
+  std::string s = "\"";
+  s += key;
+  s += '"';
+  return s;
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   return Tensor::view(nullptr, shape, DType::F32).shape_str();
 }
@@ -53,7 +61,7 @@ class ConfigReader {
   int integer(const char* key, std::optional<int> fallback = std::nullopt) const {
     const json* v = get(key);
     if (!v) {
-      if (!fallback) fail(path_, "missing required key \"" + std::string(key) + "\"");
+      if (!fallback) fail(path_, "missing required key " + quoted(key));
       return *fallback;
     }
     return to_int(key, *v);
@@ -84,7 +92,7 @@ class ConfigReader {
   }
 
   [[noreturn]] void unsupported(const char* key, const json& v, const std::string& why) const {
-    fail(path_, "\"" + std::string(key) + "\": " + v.dump() + " is not supported (" + why + ")");
+    fail(path_, quoted(key) + ": " + v.dump() + " is not supported (" + why + ")");
   }
 
  private:
@@ -92,12 +100,12 @@ class ConfigReader {
     if (!v.is_number_integer()) wrong_type(key, "an integer", v);
     if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
                                : v.get<int64_t>() < std::numeric_limits<int>::min())
-      fail(path_, "\"" + std::string(key) + "\" is out of range: " + v.dump());
+      fail(path_, quoted(key) + " is out of range: " + v.dump());
     return v.get<int>();
   }
 
   [[noreturn]] void wrong_type(const char* key, const char* want, const json& v) const {
-    fail(path_, "\"" + std::string(key) + "\" must be " + want + ", got " + v.dump());
+    fail(path_, quoted(key) + " must be " + want + ", got " + v.dump());
   }
 
   fs::path path_;
@@ -210,7 +218,8 @@ class WeightSource {
   const SafetensorsFile& file_for(const std::string& name) const {
     if (index_path_.empty()) return files_.begin()->second;
     auto it = weight_map_.find(name);
-    if (it == weight_map_.end()) fail(index_path_, "tensor '" + name + "' is missing from weight_map");
+    if (it == weight_map_.end())
+      fail(index_path_, "tensor '" + name + "' is missing from weight_map");
     return files_.at(it->second);
   }
 

@@ -38,10 +38,11 @@ int32_t read_i32_le(const uint8_t* p) {
 // Bounds well above any real llama2.c export, low enough that every size
 // computed from them fits comfortably in 64 bits.
 void check_field(const fs::path& path, const char* name, int64_t v, int64_t limit) {
-  if (v <= 0) fail(path, "header field " + std::string(name) + " must be positive, got " +
-                             std::to_string(v));
+  if (v <= 0)
+    fail(path, "llama2.c header field " + std::string(name) + " must be positive, got " +
+                   std::to_string(v));
   if (v > limit)
-    fail(path, "header field " + std::string(name) + " = " + std::to_string(v) +
+    fail(path, "llama2.c header field " + std::string(name) + " = " + std::to_string(v) +
                    " is implausibly large (limit " + std::to_string(limit) + ")");
 }
 
@@ -74,13 +75,13 @@ Header parse_header(const MappedFile& file) {
 // Floats in the file after the header, in run.c's order.
 uint64_t expected_floats(const Header& h) {
   const uint64_t L = h.n_layers, dim = h.dim, hid = h.hidden_dim, kv = h.kv_dim();
-  uint64_t n = h.vocab_size * dim;                  // token_embedding
-  n += L * dim * 2;                                 // rms_att, rms_ffn
-  n += L * dim * dim * 2 + L * dim * kv * 2;        // wq, wo, wk, wv
-  n += L * hid * dim * 3;                           // w1, w2, w3
-  n += dim;                                         // rms_final
-  n += uint64_t(h.seq_len) * h.head_size();         // freq_cis real + imag (head_size/2 each)
-  if (!h.tied) n += h.vocab_size * dim;             // wcls
+  uint64_t n = h.vocab_size * dim;            // token_embedding
+  n += L * dim * 2;                           // rms_att, rms_ffn
+  n += L * dim * dim * 2 + L * dim * kv * 2;  // wq, wo, wk, wv
+  n += L * hid * dim * 3;                     // w1, w2, w3
+  n += dim;                                   // rms_final
+  n += uint64_t(h.seq_len) * h.head_size();   // freq_cis real + imag (head_size/2 each)
+  if (!h.tied) n += h.vocab_size * dim;       // wcls
   return n;
 }
 
@@ -97,8 +98,8 @@ void check_size(const MappedFile& file, const Header& h) {
   const uint64_t have = file.size();
   if (want == have) return;
   fail(file.path(), "expected " + std::to_string(want) + " bytes for a llama2.c checkpoint with " +
-                        header_text(h) + ", but the file is " + std::to_string(have) +
-                        " bytes (" + (have < want ? "truncated" : "trailing bytes") + ")");
+                        header_text(h) + ", but the file is " + std::to_string(have) + " bytes (" +
+                        (have < want ? "truncated" : "trailing bytes") + ")");
 }
 
 // Hands out consecutive f32 arrays of the (already size-checked) file.

@@ -18,7 +18,9 @@ namespace {
   throw CheckpointError(path.string() + ": " + what);
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 // Closes the descriptor on every path out of open(); the mapping does not need it.
 struct FdGuard {
@@ -47,8 +49,8 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& 
   const size_t size = size_t(st.st_size);
 
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
-  if (p == MAP_FAILED) fail(path, "cannot memory-map " + std::to_string(size) + " bytes: " +
-                                      errno_text(errno));
+  if (p == MAP_FAILED)
+    fail(path, "cannot memory-map " + std::to_string(size) + " bytes: " + errno_text(errno));
   std::unique_ptr<MappedFile> owner;
   try {
     owner.reset(new MappedFile(path, static_cast<const uint8_t*>(p), size));
@@ -59,6 +61,8 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& 
   return std::shared_ptr<const MappedFile>(std::move(owner));
 }
 
-MappedFile::~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
+MappedFile::~MappedFile() {
+  ::munmap(const_cast<uint8_t*>(data_), size_);
+}
 
 }  // namespace troupe

@@ -36,9 +36,12 @@ std::optional<DType> safetensors_dtype(const std::string& name) {
 
 const char* safetensors_dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
   }
   return "?";
 }
@@ -101,8 +104,8 @@ std::vector<int64_t> parse_shape(const std::filesystem::path& path, const std::s
   return shape;
 }
 
-TensorEntry parse_entry(const std::filesystem::path& path, const std::string& name,
-                        const json& v, uint64_t data_bytes) {
+TensorEntry parse_entry(const std::filesystem::path& path, const std::string& name, const json& v,
+                        uint64_t data_bytes) {
   if (!v.is_object()) fail(path, "header entry '" + name + "' must be an object");
   const std::string where = "tensor '" + name + "'";
   for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -133,9 +136,8 @@ TensorEntry parse_entry(const std::filesystem::path& path, const std::string& na
   const uint64_t numel = checked_numel(path, name, e.shape);
   const uint64_t want = numel * dtype_size(*dtype);  // numel is bounded well below overflow
   if (e.end - e.begin != want)
-    fail(path, where + " of dtype " + dt.get<std::string>() + " and shape " +
-                   shape_text(e.shape) + " needs " +
-                   std::to_string(want) + " bytes, but its data_offsets span " +
+    fail(path, where + " of dtype " + dt.get<std::string>() + " and shape " + shape_text(e.shape) +
+                   " needs " + std::to_string(want) + " bytes, but its data_offsets span " +
                    std::to_string(e.end - e.begin));
   return e;
 }
@@ -224,7 +226,10 @@ void check_writable(const std::filesystem::path& path,
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") fail(path, "a tensor cannot be named \"__metadata__\"");
     if (!seen.insert(name).second) fail(path, "tensor '" + name + "' is given twice");
-    if (t.empty() && t.numel() != 0) fail(path, "tensor '" + name + "' has no data");
+    // Only a tensor with a zero dimension may lack memory; a default Tensor
+    // would otherwise be written as a scalar with no bytes.
+    if (t.empty() && (t.shape().empty() || t.numel() != 0))
+      fail(path, "tensor '" + name + "' has no data");
   }
 }
 
@@ -282,7 +287,8 @@ void write_safetensors(const std::filesystem::path& path,
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) fail(path, "cannot create " + tmp.string());
     uint8_t prefix[kLengthPrefixBytes];
-    for (size_t i = 0; i < kLengthPrefixBytes; ++i) prefix[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+    for (size_t i = 0; i < kLengthPrefixBytes; ++i)
+      prefix[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
     f.write(reinterpret_cast<const char*>(prefix), sizeof prefix);
     f.write(header.data(), std::streamsize(header.size()));
     for (size_t i : order) {

@@ -125,7 +125,7 @@ TEST(AdmissionQueue, KeepActionServesLateRequestsAfterTimelyOnes) {
   AdmissionQueue q(opts(10, 2, 1.0, TimeoutAction::Keep));
   q.push(1, 0, 0.0);  // will be late
   q.push(2, 0, 1.5);
-  q.push(3, 1, 0.0);  // late too, but a higher level
+  q.push(3, 1, 0.0);                   // late too, but a higher level
   EXPECT_TRUE(q.expire(2.0).empty());  // nothing is rejected
   EXPECT_EQ(q.size(), 3u);
   EXPECT_EQ(q.size_by_priority(0), 2u);
@@ -163,7 +163,7 @@ TEST(AdmissionQueue, RemoveTakesOutFreshDelayedAndUncollectedExpired) {
   q.push(2, 0, 5.0);
   q.push(3, 1, 0.0);
   q.push(4, 1, 5.0);
-  q.pop(5.0);  // 1 expires (held for expire()), 3 is delayed; pops 4
+  q.pop(5.0);                // 1 expires (held for expire()), 3 is delayed; pops 4
   EXPECT_TRUE(q.remove(3));  // delayed
   EXPECT_TRUE(q.remove(2));  // fresh
   EXPECT_TRUE(q.remove(1));  // expired, not yet collected: never reported

@@ -36,7 +36,8 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-::testing::AssertionResult mentions(const std::string& msg, std::initializer_list<std::string> parts) {
+::testing::AssertionResult mentions(const std::string& msg,
+                                    std::initializer_list<std::string> parts) {
   for (const auto& p : parts)
     if (msg.find(p) == std::string::npos)
       return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << p << "\"";
@@ -240,8 +241,7 @@ TEST(HfLoader, LoadsUntiedModelWithItsOwnSettings) {
   EXPECT_FALSE(ck.config.tied_classifier);
   EXPECT_EQ(ck.config.eos_ids, std::vector<int>{2});
   EXPECT_TRUE(ck.tokenizer_path.empty());
-  for (const auto& [name, t] : hf_named(ck))
-    EXPECT_TRUE(same_bytes(t, by_name(ts, name))) << name;
+  for (const auto& [name, t] : hf_named(ck)) EXPECT_TRUE(same_bytes(t, by_name(ts, name))) << name;
 }
 
 TEST(HfLoader, AppliesHuggingFaceDefaults) {
@@ -317,7 +317,7 @@ TEST(HfLoader, LoadsShardedCheckpoint) {
 
 // ---- bad configs
 
-class HfBadInput : public ::testing::Test {
+class HfLoaderBadInput : public ::testing::Test {
  protected:
   // Writes `cfg` with tensors that fit tiny_config() and returns the load error.
   std::string config_error(const json& cfg) {
@@ -335,21 +335,22 @@ class HfBadInput : public ::testing::Test {
   TempDir dir_;
 };
 
-TEST_F(HfBadInput, MissingPathAndDirectoryWithoutConfig) {
+TEST_F(HfLoaderBadInput, MissingPathAndDirectoryWithoutConfig) {
   const fs::path missing = dir_ / "nope";
-  EXPECT_TRUE(mentions(error_of([&] { load_checkpoint(missing); }), {missing.string(), "does not exist"}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_checkpoint(missing); }), {missing.string(), "does not exist"}));
   EXPECT_TRUE(mentions(error_of([&] { load_checkpoint(dir_.path()); }),
                        {dir_.path().string(), "no config.json"}));
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(missing); }), {missing.string()}));
 }
 
-TEST_F(HfBadInput, NoWeightsFile) {
+TEST_F(HfLoaderBadInput, NoWeightsFile) {
   test::write_file(dir_ / "config.json", tiny_config().dump());
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
                        {dir_.path().string(), "model.safetensors"}));
 }
 
-TEST_F(HfBadInput, MalformedConfigJson) {
+TEST_F(HfLoaderBadInput, MalformedConfigJson) {
   test::write_file(dir_ / "config.json", "{\"hidden_size\": 8,");
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }), {config_file(), "malformed"}));
   test::write_file(dir_ / "config.json", "[8]");
@@ -358,40 +359,48 @@ TEST_F(HfBadInput, MalformedConfigJson) {
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }), {config_file(), "empty"}));
 }
 
-TEST_F(HfBadInput, WrongTypesNameTheKey) {
-  EXPECT_TRUE(mentions(with("hidden_size", "big"), {config_file(), "hidden_size", "integer", "big"}));
+TEST_F(HfLoaderBadInput, WrongTypesNameTheKey) {
+  EXPECT_TRUE(
+      mentions(with("hidden_size", "big"), {config_file(), "hidden_size", "integer", "big"}));
   EXPECT_TRUE(mentions(with("num_attention_heads", 2.5), {config_file(), "num_attention_heads"}));
   EXPECT_TRUE(mentions(with("tie_word_embeddings", "yes"), {config_file(), "tie_word_embeddings"}));
   EXPECT_TRUE(mentions(with("rms_norm_eps", "small"), {config_file(), "rms_norm_eps", "number"}));
-  EXPECT_TRUE(mentions(with("eos_token_id", json::array({2, "x"})), {config_file(), "eos_token_id"}));
-  EXPECT_TRUE(mentions(with("vocab_size", 1000000000000), {config_file(), "vocab_size", "out of range"}));
-  EXPECT_TRUE(mentions(with("num_hidden_layers", json::object()), {config_file(), "num_hidden_layers"}));
+  EXPECT_TRUE(
+      mentions(with("eos_token_id", json::array({2, "x"})), {config_file(), "eos_token_id"}));
+  EXPECT_TRUE(
+      mentions(with("vocab_size", 1000000000000), {config_file(), "vocab_size", "out of range"}));
+  EXPECT_TRUE(
+      mentions(with("num_hidden_layers", json::object()), {config_file(), "num_hidden_layers"}));
 }
 
-TEST_F(HfBadInput, MissingRequiredKey) {
+TEST_F(HfLoaderBadInput, MissingRequiredKey) {
   json cfg = tiny_config();
   cfg.erase("intermediate_size");
   EXPECT_TRUE(mentions(config_error(cfg), {config_file(), "missing", "intermediate_size"}));
 }
 
-TEST_F(HfBadInput, UnsupportedFeatures) {
+TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
   EXPECT_TRUE(mentions(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}),
                        {config_file(), "rope_scaling", "not supported"}));
-  EXPECT_TRUE(mentions(with("hidden_act", "gelu"), {config_file(), "hidden_act", "gelu", "not supported"}));
-  EXPECT_TRUE(mentions(with("attention_bias", true), {config_file(), "attention_bias", "not supported"}));
+  EXPECT_TRUE(
+      mentions(with("hidden_act", "gelu"), {config_file(), "hidden_act", "gelu", "not supported"}));
+  EXPECT_TRUE(
+      mentions(with("attention_bias", true), {config_file(), "attention_bias", "not supported"}));
 }
 
-TEST_F(HfBadInput, InconsistentDimensions) {
+TEST_F(HfLoaderBadInput, InconsistentDimensions) {
   EXPECT_TRUE(mentions(with("hidden_size", 9), {config_file(), "9", "not divisible", "heads 2"}));
-  EXPECT_TRUE(mentions(with("num_key_value_heads", 3), {config_file(), "kv heads 3", "does not divide"}));
+  EXPECT_TRUE(
+      mentions(with("num_key_value_heads", 3), {config_file(), "kv heads 3", "does not divide"}));
   EXPECT_TRUE(mentions(with("num_hidden_layers", 0), {config_file(), "n_layers", "positive"}));
-  EXPECT_TRUE(mentions(with("num_attention_heads", 0), {config_file(), "num_attention_heads", "positive"}));
+  EXPECT_TRUE(
+      mentions(with("num_attention_heads", 0), {config_file(), "num_attention_heads", "positive"}));
   EXPECT_TRUE(mentions(with("bos_token_id", 99), {config_file(), "bos_token_id 99"}));
 }
 
 // ---- bad tensors
 
-TEST_F(HfBadInput, MissingTensor) {
+TEST_F(HfLoaderBadInput, MissingTensor) {
   const json cfg = tiny_config();
   NamedTensors ts = tiny_tensors(cfg);
   drop(ts, "model.layers.1.mlp.up_proj.weight");
@@ -400,7 +409,7 @@ TEST_F(HfBadInput, MissingTensor) {
                        {weights_file(), "model.layers.1.mlp.up_proj.weight", "missing"}));
 }
 
-TEST_F(HfBadInput, UntiedWithoutLmHead) {
+TEST_F(HfLoaderBadInput, UntiedWithoutLmHead) {
   const json cfg = tiny_config();
   NamedTensors ts = tiny_tensors(cfg);
   drop(ts, "lm_head.weight");
@@ -409,7 +418,7 @@ TEST_F(HfBadInput, UntiedWithoutLmHead) {
                        {weights_file(), "lm_head.weight", "missing"}));
 }
 
-TEST_F(HfBadInput, TensorOfWrongShape) {
+TEST_F(HfLoaderBadInput, TensorOfWrongShape) {
   const json cfg = tiny_config();
   NamedTensors ts = tiny_tensors(cfg);
   for (auto& [n, t] : ts)
@@ -420,12 +429,13 @@ TEST_F(HfBadInput, TensorOfWrongShape) {
                         "expected [4, 8]"}));
 }
 
-TEST_F(HfBadInput, CorruptWeightsFile) {
+TEST_F(HfLoaderBadInput, CorruptWeightsFile) {
   const json cfg = tiny_config();
   write_model(dir_.path(), cfg, tiny_tensors(cfg));
   const std::string bytes = test::read_file(dir_ / "model.safetensors");
   test::write_file(dir_ / "model.safetensors", bytes.substr(0, bytes.size() - 10));
-  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }), {weights_file(), "past the end"}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_hf_dir(dir_.path()); }), {weights_file(), "past the end"}));
 }
 
 // Writes the tiny model as two shards plus an index whose weight_map is
@@ -445,22 +455,22 @@ std::string sharded_error(const TempDir& dir, const std::function<void(json&)>& 
   return error_of([&] { load_checkpoint(dir.path()); });
 }
 
-TEST_F(HfBadInput, ShardedIndexProblems) {
+TEST_F(HfLoaderBadInput, ShardedIndexProblems) {
   const std::string index = (dir_ / "model.safetensors.index.json").string();
-  EXPECT_TRUE(mentions(sharded_error(dir_, [](json& j) {
-                         j["weight_map"]["model.norm.weight"] = "c.safetensors";
-                       }),
-                       {index, (dir_ / "c.safetensors").string(), "does not exist"}));
   EXPECT_TRUE(mentions(
-      sharded_error(dir_, [](json& j) { j["weight_map"].erase("model.layers.1.mlp.down_proj.weight"); }),
+      sharded_error(dir_, [](json& j) { j["weight_map"]["model.norm.weight"] = "c.safetensors"; }),
+      {index, (dir_ / "c.safetensors").string(), "does not exist"}));
+  EXPECT_TRUE(mentions(
+      sharded_error(dir_,
+                    [](json& j) { j["weight_map"].erase("model.layers.1.mlp.down_proj.weight"); }),
       {index, "model.layers.1.mlp.down_proj.weight", "weight_map"}));
   EXPECT_TRUE(mentions(
       sharded_error(dir_, [](json& j) { j["weight_map"]["model.norm.weight"] = "a.safetensors"; }),
       {(dir_ / "a.safetensors").string(), "model.norm.weight", "missing", index}));
-  EXPECT_TRUE(mentions(sharded_error(dir_, [](json& j) {
-                         j["weight_map"]["model.norm.weight"] = "../b.safetensors";
-                       }),
-                       {index, "../b.safetensors", "inside the checkpoint directory"}));
+  EXPECT_TRUE(mentions(
+      sharded_error(dir_,
+                    [](json& j) { j["weight_map"]["model.norm.weight"] = "../b.safetensors"; }),
+      {index, "../b.safetensors", "inside the checkpoint directory"}));
   EXPECT_TRUE(mentions(sharded_error(dir_, [](json& j) { j["weight_map"] = json::array(); }),
                        {index, "weight_map"}));
 }

@@ -32,7 +32,8 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-::testing::AssertionResult mentions(const std::string& msg, std::initializer_list<std::string> parts) {
+::testing::AssertionResult mentions(const std::string& msg,
+                                    std::initializer_list<std::string> parts) {
   for (const auto& p : parts)
     if (msg.find(p) == std::string::npos)
       return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << p << "\"";
@@ -100,8 +101,9 @@ TEST(Llama2cLoader, LoadsStories260K) {
   const std::string bytes = test::read_file(path);
   EXPECT_EQ(std::memcmp(ck.tok_embedding.raw(), bytes.data() + 28, ck.tok_embedding.nbytes()), 0);
   const size_t freq_bytes = 512 * 8 * 4;  // real + imag, seq_len * head_size/2 each
-  EXPECT_EQ(std::memcmp(ck.final_norm.raw(), bytes.data() + bytes.size() - freq_bytes - 64 * 4, 64 * 4),
-            0);
+  EXPECT_EQ(
+      std::memcmp(ck.final_norm.raw(), bytes.data() + bytes.size() - freq_bytes - 64 * 4, 64 * 4),
+      0);
 }
 
 TEST(Llama2cLoader, LoadsFortuneAndFindsTokenizerOneLevelUp) {
@@ -164,7 +166,8 @@ TEST(Llama2cLoader, EveryArraySitsAtItsOffset) {
 TEST(Llama2cLoader, MissingPath) {
   TempDir dir;
   const fs::path missing = dir / "nope.bin";
-  EXPECT_TRUE(mentions(error_of([&] { load_llama2c(missing); }), {missing.string(), "does not exist"}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_llama2c(missing); }), {missing.string(), "does not exist"}));
   EXPECT_TRUE(
       mentions(error_of([&] { load_checkpoint(missing); }), {missing.string(), "does not exist"}));
 }
@@ -174,7 +177,8 @@ TEST(Llama2cLoader, EmptyFileAndDirectory) {
   test::write_file(dir / "empty.bin", "");
   EXPECT_TRUE(mentions(error_of([&] { load_checkpoint(dir / "empty.bin"); }),
                        {(dir / "empty.bin").string(), "empty"}));
-  EXPECT_TRUE(mentions(error_of([&] { load_llama2c(dir.path()); }), {dir.path().string(), "directory"}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_llama2c(dir.path()); }), {dir.path().string(), "directory"}));
 }
 
 TEST(Llama2cLoader, TruncatedAtManySizes) {
@@ -186,8 +190,8 @@ TEST(Llama2cLoader, TruncatedAtManySizes) {
     EXPECT_TRUE(mentions(error_of([&] { load_llama2c(path); }),
                          {path.string(), std::to_string(size) + " bytes", "header", "truncated"}));
   }
-  for (size_t size : {size_t(28), size_t(29), size_t(4096), full.size() / 2, full.size() - 4,
-                      full.size() - 1}) {
+  for (size_t size :
+       {size_t(28), size_t(29), size_t(4096), full.size() / 2, full.size() - 4, full.size() - 1}) {
     SCOPED_TRACE(size);
     test::write_file(path, full.substr(0, size));
     EXPECT_TRUE(mentions(error_of([&] { load_checkpoint(path); }),
@@ -217,8 +221,8 @@ std::string header_error(const TempDir& dir, const Dims& d) {
 TEST(Llama2cLoader, ZeroOrNegativeHeaderFields) {
   TempDir dir;
   const std::string file = (dir / "h.bin").string();
-  const char* names[] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
-                         "seq_len"};
+  const char* names[] = {"dim",        "hidden_dim", "n_layers", "n_heads",
+                         "n_kv_heads", "vocab_size", "seq_len"};
   for (int field = 0; field < 7; ++field) {
     for (int32_t bad : {0, -1, INT32_MIN}) {
       if (field == 5 && bad != 0) continue;  // a negative vocab_size is legal: untied
@@ -236,8 +240,9 @@ TEST(Llama2cLoader, ZeroOrNegativeHeaderFields) {
 TEST(Llama2cLoader, AbsurdHeaderValuesDoNotOverflow) {
   TempDir dir;
   const std::string file = (dir / "h.bin").string();
-  EXPECT_TRUE(mentions(header_error(dir, {INT32_MAX, INT32_MAX, INT32_MAX, 1, 1, INT32_MAX, INT32_MAX}),
-                       {file, "dim", "implausibly large"}));
+  EXPECT_TRUE(
+      mentions(header_error(dir, {INT32_MAX, INT32_MAX, INT32_MAX, 1, 1, INT32_MAX, INT32_MAX}),
+               {file, "dim", "implausibly large"}));
   // Largest values the bounds allow still give an exact, non-wrapping size.
   const std::string msg = header_error(dir, {65536, 262144, 1024, 4096, 4096, -(1 << 22), 1 << 22});
   EXPECT_TRUE(mentions(msg, {file, "expected ", "truncated"}));

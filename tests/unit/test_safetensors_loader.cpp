@@ -33,7 +33,8 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-::testing::AssertionResult mentions(const std::string& msg, std::initializer_list<std::string> parts) {
+::testing::AssertionResult mentions(const std::string& msg,
+                                    std::initializer_list<std::string> parts) {
   for (const auto& p : parts)
     if (msg.find(p) == std::string::npos)
       return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << p << "\"";
@@ -124,7 +125,8 @@ TEST(SafetensorsLoader, F16AndBf16ConvertToF32) {
   const auto path = dir / "half.safetensors";
   // Bit patterns written by hand: 1, -2.5, 0.15625, 65504 (largest f16), 2^-10,
   // 2^-24 (smallest subnormal), -0.
-  const Tensor h = u16_tensor({7}, DType::F16, {0x3C00, 0xC100, 0x3100, 0x7BFF, 0x1400, 0x0001, 0x8000});
+  const Tensor h =
+      u16_tensor({7}, DType::F16, {0x3C00, 0xC100, 0x3100, 0x7BFF, 0x1400, 0x0001, 0x8000});
   // 1, -3, 1024, 3.140625, 2^-126 (smallest normal).
   const Tensor bf = u16_tensor({5, 1}, DType::BF16, {0x3F80, 0xC040, 0x4480, 0x4049, 0x0080});
   const Tensor f = f32_tensor({3}, 0.5f);
@@ -138,7 +140,8 @@ TEST(SafetensorsLoader, F16AndBf16ConvertToF32) {
   const std::vector<float> want_h{1.0f, -2.5f, 0.15625f, 65504.0f, 0x1p-10f, 0x1p-24f, -0.0f};
   EXPECT_EQ(hv, want_h);
   EXPECT_TRUE(std::signbit(hv[6]));
-  EXPECT_EQ(st.find("bf")->to_f32(), (std::vector<float>{1.0f, -3.0f, 1024.0f, 3.140625f, 0x1p-126f}));
+  EXPECT_EQ(st.find("bf")->to_f32(),
+            (std::vector<float>{1.0f, -3.0f, 1024.0f, 3.140625f, 0x1p-126f}));
   EXPECT_EQ(st.find("f")->to_f32(), (std::vector<float>{0.5f, 1.5f, 2.5f}));
   // Every tensor is aligned to its element size, though 7 f16 elements
   // leave the region's end at an odd multiple of 2.
@@ -162,10 +165,9 @@ TEST(SafetensorsLoader, CopiesMisalignedTensors) {
 
 TEST(SafetensorsLoader, AcceptsOverlappingAndEmptyTensors) {
   TempDir dir;
-  const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
-      R"("z":{"dtype":"BF16","shape":[0,4],"data_offsets":[8,8]}})";
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
+                             R"("z":{"dtype":"BF16","shape":[0,4],"data_offsets":[8,8]}})";
   test::write_file(dir / "m.safetensors", raw_file(header, f32_bytes({2.0f, 4.0f})));
   const SafetensorsFile st = read_safetensors(dir / "m.safetensors");
   EXPECT_EQ(st.find("a")->to_f32(), st.find("b")->to_f32());
@@ -181,8 +183,8 @@ TEST(SafetensorsLoader, ReadsBundledFortuneModel) {
 
 TEST_F(SafetensorsBadInput, MissingFile) {
   const auto missing = dir_ / "nope.safetensors";
-  EXPECT_TRUE(mentions(error_of([&] { read_safetensors(missing); }),
-                       {missing.string(), "does not exist"}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { read_safetensors(missing); }), {missing.string(), "does not exist"}));
 }
 
 TEST_F(SafetensorsBadInput, EmptyFile) {
@@ -203,24 +205,25 @@ TEST_F(SafetensorsBadInput, HeaderLengthLargerThanFile) {
 }
 
 TEST_F(SafetensorsBadInput, MalformedJson) {
-  EXPECT_TRUE(mentions(read_error(raw_file("{\"w\": {\"dtype\": ", "")),
-                       {file_.string(), "malformed"}));
+  EXPECT_TRUE(
+      mentions(read_error(raw_file("{\"w\": {\"dtype\": ", "")), {file_.string(), "malformed"}));
   EXPECT_TRUE(mentions(read_error(raw_file("[1, 2]", "")), {file_.string(), "must be an object"}));
   EXPECT_TRUE(mentions(read_error(raw_file("{\"w\": 3}", "")), {file_.string(), "'w'"}));
 }
 
 TEST_F(SafetensorsBadInput, OffsetsOutOfRange) {
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[4],"data_offsets":[0,16]})",
-                                  f32_bytes({1, 2, 3})),
-                       {file_.string(), "'w'", "past the end", "12 bytes"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[8,4]})",
-                                  f32_bytes({1, 2, 3})),
-                       {file_.string(), "'w'", "begin after end"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[-4,0]})",
-                                  f32_bytes({1})),
-                       {file_.string(), "'w'", "negative"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0]})", f32_bytes({1})),
-                       {file_.string(), "'w'", "data_offsets"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[4],"data_offsets":[0,16]})", f32_bytes({1, 2, 3})),
+      {file_.string(), "'w'", "past the end", "12 bytes"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[8,4]})", f32_bytes({1, 2, 3})),
+      {file_.string(), "'w'", "begin after end"}));
+  EXPECT_TRUE(
+      mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[-4,0]})", f32_bytes({1})),
+               {file_.string(), "'w'", "negative"}));
+  EXPECT_TRUE(
+      mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0]})", f32_bytes({1})),
+               {file_.string(), "'w'", "data_offsets"}));
   EXPECT_TRUE(
       mentions(one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,18446744073709551615]})",
                           f32_bytes({1})),
@@ -228,39 +231,40 @@ TEST_F(SafetensorsBadInput, OffsetsOutOfRange) {
 }
 
 TEST_F(SafetensorsBadInput, ByteSizeDisagreesWithShape) {
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})",
-                                  f32_bytes({1, 2, 3, 4})),
-                       {file_.string(), "'w'", "[2, 3]", "needs 24 bytes", "span 16"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"BF16","shape":[4],"data_offsets":[0,16]})",
-                                  f32_bytes({1, 2, 3, 4})),
-                       {file_.string(), "needs 8 bytes"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})", f32_bytes({1, 2, 3, 4})),
+      {file_.string(), "'w'", "[2, 3]", "needs 24 bytes", "span 16"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"BF16","shape":[4],"data_offsets":[0,16]})", f32_bytes({1, 2, 3, 4})),
+      {file_.string(), "needs 8 bytes"}));
 }
 
 TEST_F(SafetensorsBadInput, UnsupportedDtype) {
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"I64","shape":[2],"data_offsets":[0,16]})",
-                                  f32_bytes({1, 2, 3, 4})),
-                       {file_.string(), "'w'", "I64", "not supported"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":7,"shape":[2],"data_offsets":[0,8]})", f32_bytes({1, 2})),
-                       {file_.string(), "'w'", "dtype"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"I64","shape":[2],"data_offsets":[0,16]})", f32_bytes({1, 2, 3, 4})),
+      {file_.string(), "'w'", "I64", "not supported"}));
+  EXPECT_TRUE(
+      mentions(one_tensor(R"({"dtype":7,"shape":[2],"data_offsets":[0,8]})", f32_bytes({1, 2})),
+               {file_.string(), "'w'", "dtype"}));
 }
 
 TEST_F(SafetensorsBadInput, BadShapes) {
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})",
-                                  f32_bytes({1, 2})),
-                       {file_.string(), "'w'", "negative"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})",
-                                  f32_bytes({1, 2})),
-                       {file_.string(), "'w'", "integer"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":"2","data_offsets":[0,8]})",
-                                  f32_bytes({1, 2})),
-                       {file_.string(), "'w'", "shape"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})", f32_bytes({1, 2})),
+      {file_.string(), "'w'", "negative"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})", f32_bytes({1, 2})),
+      {file_.string(), "'w'", "integer"}));
+  EXPECT_TRUE(
+      mentions(one_tensor(R"({"dtype":"F32","shape":"2","data_offsets":[0,8]})", f32_bytes({1, 2})),
+               {file_.string(), "'w'", "shape"}));
   // Products that wrap around 64 bits must not sneak past the size check.
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296,1],"data_offsets":[0,0]})",
-                                  ""),
-                       {file_.string(), "'w'", "absurdly large"}));
-  EXPECT_TRUE(mentions(one_tensor(R"({"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]})",
-                                  ""),
-                       {file_.string(), "'w'", "absurdly large"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296,1],"data_offsets":[0,0]})", ""),
+      {file_.string(), "'w'", "absurdly large"}));
+  EXPECT_TRUE(mentions(
+      one_tensor(R"({"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]})", ""),
+      {file_.string(), "'w'", "absurdly large"}));
 }
 
 TEST_F(SafetensorsBadInput, MissingFieldsAndBadMetadata) {
@@ -270,21 +274,31 @@ TEST_F(SafetensorsBadInput, MissingFieldsAndBadMetadata) {
                        {file_.string(), "__metadata__", "format"}));
 }
 
-TEST(SafetensorsWriter, RefusesDuplicateAndReservedNames) {
+TEST(SafetensorsWriter, RefusesDuplicateReservedAndEmpty) {
   TempDir dir;
   const auto path = dir / "w.safetensors";
   const Tensor t = f32_tensor({1}, 0.0f);
-  EXPECT_TRUE(mentions(error_of([&] { write_safetensors(path, {{"a", t}, {"a", t}}); }),
+  EXPECT_TRUE(mentions(error_of([&] {
+                         write_safetensors(path, {{"a", t}, {"a", t}});
+                       }),
                        {path.string(), "'a'", "twice"}));
-  EXPECT_TRUE(mentions(error_of([&] { write_safetensors(path, {{"__metadata__", t}}); }),
+  EXPECT_TRUE(mentions(error_of([&] {
+                         write_safetensors(path, {{"__metadata__", t}});
+                       }),
                        {path.string(), "__metadata__"}));
+  EXPECT_TRUE(mentions(error_of([&] {
+                         write_safetensors(path, {{"e", Tensor()}});
+                       }),
+                       {path.string(), "'e'", "no data"}));
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 TEST(SafetensorsWriter, ReportsUnwritablePath) {
   TempDir dir;
   const auto path = dir / "no-such-dir" / "w.safetensors";
-  EXPECT_TRUE(mentions(error_of([&] { write_safetensors(path, {{"a", f32_tensor({1}, 0)}}); }),
+  EXPECT_TRUE(mentions(error_of([&] {
+                         write_safetensors(path, {{"a", f32_tensor({1}, 0)}});
+                       }),
                        {path.string()}));
 }
 

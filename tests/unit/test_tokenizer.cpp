@@ -1,5 +1,3 @@
-#include "gpu/tokenizer.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/tokenizer.h"
 #include "support/test_support.h"
 
 namespace troupe {
@@ -254,8 +253,16 @@ TEST(TextStreamer, LeadingSpaceMatchesWholeDecode) {
   ASSERT_EQ(tok.piece(the), "▁the");
   const int space = tok.encode(" ", false).at(0);
   const std::vector<std::vector<int>> cases = {
-      {the}, {1, the}, {1, 1, the, the}, {space, the}, {1, space, the}, {space, space, the},
-      {the, space, the}, {2, the}, {the, 2, the}, {0, the},
+      {the},
+      {1, the},
+      {1, 1, the, the},
+      {space, the},
+      {1, space, the},
+      {space, space, the},
+      {the, space, the},
+      {2, the},
+      {the, 2, the},
+      {0, the},
   };
   for (const auto& ids : cases) {
     EXPECT_EQ(concat(stream(tok, ids)), tok.decode(ids)) << "ids: " << ids_str(ids);

@@ -1,0 +1,149 @@
+// The packed GEMM against a naive reference and OpenBLAS, per ISA and dtype,
+// and the property the whole engine leans on: results do not depend on the
+// batch size, the thread split or the ISA.
+#include <cblas.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gpu/cpu/gemm.h"
+
+namespace troupe {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out{Isa::Scalar};
+  if (int(best_isa()) >= int(Isa::Avx2)) out.push_back(Isa::Avx2);
+  if (best_isa() == Isa::Avx512) out.push_back(Isa::Avx512);
+  return out;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { force_isa(best_isa()); }
+};
+
+struct Shape {
+  int M, N, K;
+};
+
+class GemmTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(GemmTest, MatchesNaiveAndOpenBlasAndIsBitIdenticalAcrossIsas) {
+  const auto [M, N, K] = GetParam();
+  const auto x = random_vec(size_t(M) * K, 1);
+  const auto w = random_vec(size_t(N) * K, 2, 0.5f);
+  const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::F32);
+  std::vector<float> ref(size_t(M) * N);
+  gemm_panels_scalar(x.data(), M, K, packed, 0, packed.panels(), ref.data(), N);
+
+  // Naive double-precision check of the reference itself.
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int k = 0; k < K; ++k) acc += double(x[size_t(m) * K + k]) * w[size_t(n) * K + k];
+      ASSERT_NEAR(ref[size_t(m) * N + n], acc, 1e-4 * std::sqrt(double(K)));
+    }
+  // OpenBLAS agrees within f32 rounding.
+  std::vector<float> blas(size_t(M) * N);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(), K,
+              0.0f, blas.data(), N);
+  for (size_t i = 0; i < blas.size(); ++i) ASSERT_NEAR(ref[i], blas[i], 1e-4f * std::sqrt(float(K)));
+
+  IsaGuard guard;
+  ThreadPool pool(3);
+  for (Isa isa : supported_isas()) {
+    force_isa(isa);
+    std::vector<float> y(size_t(M) * N, -1.0f);
+    matmul(pool, x.data(), M, K, packed, y.data(), N);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(y[i], ref[i]) << isa_name(isa) << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
+                         ::testing::Values(Shape{1, 16, 8}, Shape{1, 5, 3}, Shape{2, 33, 17},
+                                           Shape{3, 64, 64}, Shape{5, 100, 31}, Shape{7, 129, 40},
+                                           Shape{13, 80, 192}, Shape{64, 200, 96},
+                                           Shape{1, 2000, 192}));
+
+TEST(Gemm, RowsDoNotDependOnBatchSize) {
+  const int N = 77, K = 150, M = 23;
+  const auto x = random_vec(size_t(M) * K, 3);
+  const auto w = random_vec(size_t(N) * K, 4);
+  const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::F32);
+  ThreadPool pool(2);
+  std::vector<float> all(size_t(M) * N);
+  matmul(pool, x.data(), M, K, packed, all.data(), N);
+  for (int m = 0; m < M; ++m) {
+    std::vector<float> one(N);
+    matmul(pool, x.data() + size_t(m) * K, 1, K, packed, one.data(), N);
+    for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(m) * N + n]);
+  }
+}
+
+TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
+  const int M = 9, N = 70, K = 130;
+  const auto x = random_vec(size_t(M) * K, 5);
+  auto w = random_vec(size_t(N) * K, 6);
+  IsaGuard guard;
+  ThreadPool pool(2);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    // Round the weights through the 16-bit type, then the f32 product of the
+    // rounded weights must equal the 16-bit product exactly.
+    std::vector<uint16_t> w16(w.size());
+    convert_from_f32(w.data(), dt, w16.data(), w.size());
+    std::vector<float> rounded(w.size());
+    convert_to_f32(w16.data(), dt, rounded.data(), w.size());
+    const auto p16 = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+    const auto p32 = PackedMatrix::pack({Tensor::view(rounded.data(), {N, K}, DType::F32)}, DType::F32);
+    EXPECT_EQ(p16.bytes() * 2, p32.bytes());
+    std::vector<float> ref(size_t(M) * N);
+    gemm_panels_scalar(x.data(), M, K, p32, 0, p32.panels(), ref.data(), N);
+    for (Isa isa : supported_isas()) {
+      force_isa(isa);
+      std::vector<float> y(size_t(M) * N);
+      matmul(pool, x.data(), M, K, p16, y.data(), N);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], ref[i]) << dtype_name(dt) << " " << isa_name(isa);
+    }
+  }
+}
+
+TEST(Gemm, StackedBlocksAndRowReadBack) {
+  const int K = 20;
+  const auto a = random_vec(size_t(5) * K, 7), b = random_vec(size_t(19) * K, 8);
+  const auto p = PackedMatrix::pack({Tensor::view(a.data(), {5, K}, DType::F32),
+                                     Tensor::view(b.data(), {19, K}, DType::F32)},
+                                    DType::F32);
+  ASSERT_EQ(p.rows(), 24);
+  std::vector<float> row(K);
+  p.row_to_f32(3, row.data());
+  for (int k = 0; k < K; ++k) EXPECT_EQ(row[k], a[size_t(3) * K + k]);
+  p.row_to_f32(5 + 17, row.data());
+  for (int k = 0; k < K; ++k) EXPECT_EQ(row[k], b[size_t(17) * K + k]);
+  EXPECT_THROW(p.row_to_f32(24, row.data()), std::out_of_range);
+}
+
+TEST(ThreadPoolTest, RunsEveryTaskOnce) {
+  ThreadPool pool(4);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::atomic<int>> hits(37);
+    pool.parallel_for(37, [&](int t, int thread) {
+      ASSERT_GE(thread, 0);
+      ASSERT_LT(thread, 4);
+      hits[size_t(t)].fetch_add(1);
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,262 @@
+// End-to-end correctness of the decoder: reference ids, loader agreement,
+// batched == one-by-one, thread counts, 16-bit weights, step errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/generate.h"
+#include "gpu/synth_model.h"
+#include "gpu/tokenizer.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+std::vector<int> greedy(const Model& m, const std::vector<int>& prompt, int n, int threads = 2) {
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.max_tokens = n;
+  req.sampling.temperature = 0;
+  req.stop_at_eos = false;
+  return generate(m, threads, req).ids;
+}
+
+// Logits of the last prompt token, prompt fed in one step.
+std::vector<float> last_logits(const Model& m, const std::vector<int>& prompt) {
+  KvCache cache = KvCache::for_model(m.config(), 16, (m.config().max_seq_len + 15) / 16);
+  ThreadPool pool(2);
+  Workspace ws;
+  SequenceCache seq;
+  std::vector<float> logits(size_t(m.config().vocab_size));
+  StepInput in{&seq, prompt, true};
+  m.forward({&in, 1}, cache, pool, ws, logits.data());
+  return logits;
+}
+
+TEST(Stories260K, GreedyIdsMatchLlama2cReference) {
+  auto model = Model::load(test::model_path("stories260K") / "stories260K.bin", DType::F32);
+  const auto ref = nlohmann::json::parse(test::read_file(test::data_path("stories260K_expected.json")));
+  ASSERT_GE(ref["cases"].size(), 3u);
+  for (const auto& c : ref["cases"]) {
+    const auto prompt = c["prompt_ids"].get<std::vector<int>>();
+    const auto want = c["ids"].get<std::vector<int>>();
+    EXPECT_EQ(greedy(*model, prompt, int(want.size())), want) << c["prompt_ids"].dump();
+  }
+}
+
+TEST(Fortune, HfAndLlama2cCheckpointsGiveTheSameLogitsAndIds) {
+  auto hf = Model::load(test::model_path("fortune"), DType::F32);
+  auto l2c = Model::load(test::model_path("fortune") / "llama2c" / "model.bin", DType::F32);
+  const std::vector<int> prompt{1, 450, 1593, 310, 1834, 338, 5, 77};
+  const auto a = last_logits(*hf, prompt), b = last_logits(*l2c, prompt);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
+  EXPECT_EQ(greedy(*hf, {1, 450}, 48), greedy(*l2c, {1, 450}, 48));
+}
+
+TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
+  auto model = Model::load(test::model_path("fortune"), DType::F32);
+  auto tok = Tokenizer::load(model->tokenizer_path());
+  const auto golden = nlohmann::json::parse(test::read_file(test::data_path("fortune_greedy.json")));
+  const auto prompt = tok.encode(golden["prompt"].get<std::string>(), true);
+  EXPECT_EQ(prompt, golden["prompt_ids"].get<std::vector<int>>());
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.max_tokens = golden["max_tokens"].get<int>();
+  req.sampling.temperature = 0;
+  const auto r = generate(*model, 2, req);
+  EXPECT_EQ(r.ids, golden["ids"].get<std::vector<int>>());
+  EXPECT_EQ(tok.decode(r.ids), golden["text"].get<std::string>());
+}
+
+// A ragged batch: sequences at different positions, some prefilling a chunk,
+// some decoding one token, in one step, must equal each run alone.
+void check_batched_equals_single(const Model& m, int threads) {
+  const auto& c = m.config();
+  std::vector<std::vector<int>> prompts;
+  for (int s = 0; s < 5; ++s) {
+    std::vector<int> p;
+    for (int i = 0; i < 3 + 7 * s; ++i) p.push_back((i * 37 + s * 11 + 1) % c.vocab_size);
+    prompts.push_back(p);
+  }
+  const int extra = 6;  // decode steps after the prompt
+  // Alone: each sequence prefilled at once, then decoded token by token.
+  std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+  {
+    KvCache cache = KvCache::for_model(c, 4, 512);
+    ThreadPool pool(threads);
+    Workspace ws;
+    std::vector<float> logits(size_t(c.vocab_size));
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SequenceCache seq;
+      StepInput in{&seq, prompts[s], true};
+      m.forward({&in, 1}, cache, pool, ws, logits.data());
+      alone[s].push_back(logits);
+      for (int k = 0; k < extra; ++k) {
+        const int next = argmax(logits);
+        StepInput d{&seq, {&next, 1}, true};
+        m.forward({&d, 1}, cache, pool, ws, logits.data());
+        alone[s].push_back(logits);
+      }
+      cache.release(seq);
+    }
+  }
+  // Batched: sequence s joins at step s (so prefills overlap other decodes),
+  // and prompts are fed in chunks of 5 tokens.
+  KvCache cache = KvCache::for_model(c, 4, 512);
+  ThreadPool pool(threads);
+  Workspace ws;
+  std::vector<SequenceCache> seqs(prompts.size());
+  std::vector<size_t> fed(prompts.size(), 0);
+  std::vector<std::vector<std::vector<float>>> batched(prompts.size());
+  std::vector<int> next_tok(prompts.size());
+  for (int step = 0; step < 40; ++step) {
+    std::vector<StepInput> ins;
+    std::vector<size_t> who;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      if (int(s) > step || batched[s].size() > size_t(extra)) continue;
+      if (fed[s] < prompts[s].size()) {
+        const size_t n = std::min<size_t>(5, prompts[s].size() - fed[s]);
+        const bool last = fed[s] + n == prompts[s].size();
+        ins.push_back({&seqs[s], std::span<const int>(prompts[s]).subspan(fed[s], n), last});
+        fed[s] += n;
+      } else {
+        ins.push_back({&seqs[s], {&next_tok[s], 1}, true});
+      }
+      who.push_back(s);
+    }
+    if (ins.empty()) break;
+    std::vector<float> logits(ins.size() * size_t(c.vocab_size));
+    m.forward(ins, cache, pool, ws, logits.data());
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (!ins[i].want_logits) continue;
+      const std::vector<float> row(logits.begin() + long(i * size_t(c.vocab_size)),
+                                   logits.begin() + long((i + 1) * size_t(c.vocab_size)));
+      batched[who[i]].push_back(row);
+      next_tok[who[i]] = argmax(row);
+    }
+  }
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ(batched[s].size(), alone[s].size()) << "sequence " << s;
+    for (size_t k = 0; k < alone[s].size(); ++k)
+      for (size_t i = 0; i < alone[s][k].size(); ++i)
+        ASSERT_EQ(batched[s][k][i], alone[s][k][i]) << "seq " << s << " step " << k << " logit " << i;
+  }
+}
+
+TEST(BatchedForward, MixedPrefillAndDecodeEqualsOneByOneStories) {
+  auto m = Model::load(test::model_path("stories260K") / "stories260K.bin", DType::F32);
+  check_batched_equals_single(*m, 2);
+}
+
+TEST(BatchedForward, MixedPrefillAndDecodeEqualsOneByOneGqaRandomModel) {
+  Model m(synth_checkpoint(synth_preset("tiny"), 7, DType::F32), DType::F32);
+  check_batched_equals_single(m, 3);
+}
+
+TEST(BatchedForward, SixteenBitWeightsBatchedEqualsOneByOne) {
+  Model m(synth_checkpoint(synth_preset("tiny"), 8, DType::F32), DType::BF16);
+  check_batched_equals_single(m, 2);
+}
+
+TEST(BatchedForward, ThreadCountDoesNotChangeLogits) {
+  auto m = Model::load(test::model_path("fortune"), DType::F32);
+  const std::vector<int> prompt{1, 450, 1593, 310, 1834, 338, 5, 77, 900, 12};
+  std::vector<std::vector<float>> outs;
+  for (int threads : {1, 2, 5}) {
+    KvCache cache = KvCache::for_model(m->config(), 16, 32);
+    ThreadPool pool(threads);
+    Workspace ws;
+    SequenceCache seq;
+    std::vector<float> logits(size_t(m->config().vocab_size));
+    StepInput in{&seq, prompt, true};
+    m->forward({&in, 1}, cache, pool, ws, logits.data());
+    outs.push_back(logits);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0], outs[2]);
+}
+
+// 16-bit weights: logits stay within 2% of the f32 logits' spread (max |diff|
+// / (max - min) of the f32 logits), and the greedy continuation of the
+// trained model agrees for its first tokens.
+TEST(SixteenBitWeights, LogitsWithinToleranceOfF32) {
+  auto ck = load_checkpoint(test::model_path("fortune"));
+  Model f32(ck, DType::F32), bf16(ck, DType::BF16), f16(ck, DType::F16);
+  EXPECT_LT(double(bf16.weight_bytes()), 0.51 * double(f32.weight_bytes()));
+  const std::vector<int> prompt{1, 450, 1593, 310, 1834, 338};
+  const auto ref = last_logits(f32, prompt);
+  const auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
+  const float spread = *mx - *mn;
+  for (const Model* m : {&bf16, &f16}) {
+    const auto got = last_logits(*m, prompt);
+    float worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
+    EXPECT_LT(worst / spread, m == &f16 ? 0.002f : 0.02f) << dtype_name(m->weight_dtype());
+    EXPECT_EQ(argmax(got), argmax(ref));
+  }
+  EXPECT_EQ(greedy(f16, prompt, 8), greedy(f32, prompt, 8));
+}
+
+TEST(StepErrors, BadIdsContextOverflowAndFullCacheAreCleanErrors) {
+  Model m(synth_checkpoint(synth_preset("tiny"), 1, DType::F32), DType::F32);
+  const auto& c = m.config();
+  KvCache cache = KvCache::for_model(c, 16, 3);  // 48 positions
+  ThreadPool pool(1);
+  Workspace ws;
+  std::vector<float> logits(2 * size_t(c.vocab_size));
+  SequenceCache a, b;
+  const std::vector<int> bad{1, c.vocab_size};
+  StepInput in{&a, bad, true};
+  try {
+    m.forward({&in, 1}, cache, pool, ws, logits.data());
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos);
+  }
+  EXPECT_EQ(a.length, 0);
+  const std::vector<int> too_long(size_t(c.max_seq_len) + 1, 1);
+  in = {&a, too_long, true};
+  EXPECT_THROW(m.forward({&in, 1}, cache, pool, ws, logits.data()), std::invalid_argument);
+  // 40 + 20 tokens need 3 + 2 blocks; only 3 exist: neither sequence changes.
+  const std::vector<int> p40(40, 3), p20(20, 4);
+  StepInput two[2] = {{&a, p40, true}, {&b, p20, true}};
+  EXPECT_THROW(m.forward(two, cache, pool, ws, logits.data()), KvCacheFull);
+  EXPECT_EQ(a.length, 0);
+  EXPECT_EQ(b.length, 0);
+  EXPECT_EQ(cache.allocator().free_count(), 3);
+  // After the failure the cache still works.
+  m.forward({two, 1}, cache, pool, ws, logits.data());
+  EXPECT_EQ(a.length, 40);
+  cache.release(a);
+  EXPECT_EQ(cache.allocator().free_count(), 3);
+}
+
+TEST(GenerateRequests, ValidationMessages) {
+  Model m(synth_checkpoint(synth_preset("tiny"), 1, DType::F32), DType::F32);
+  GenerateRequest req;
+  EXPECT_THROW(generate(m, 1, req), std::invalid_argument);  // empty prompt
+  req.prompt = {1, 2};
+  req.max_tokens = 0;
+  EXPECT_THROW(generate(m, 1, req), std::invalid_argument);
+  req.max_tokens = 1000;  // more than the context: stops at the context
+  req.sampling.temperature = 0;
+  req.stop_at_eos = false;
+  const auto r = generate(m, 1, req);
+  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(int(r.ids.size()), m.config().max_seq_len - 2 + 1);
+}
+
+TEST(SynthModel, SeededAndFinite) {
+  const auto c = synth_preset("tiny");
+  auto a = synth_checkpoint(c, 42, DType::BF16), b = synth_checkpoint(c, 42, DType::BF16);
+  EXPECT_EQ(a.layers[1].wq.to_f32(), b.layers[1].wq.to_f32());
+  EXPECT_NE(synth_checkpoint(c, 43, DType::BF16).layers[1].wq.to_f32(), a.layers[1].wq.to_f32());
+  Model m(a, DType::F32);
+  const auto logits = last_logits(m, {1, 5, 9, 200, 17});
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_THROW(synth_preset("huge"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
