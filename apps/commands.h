@@ -7,6 +7,8 @@
 namespace troupe::app {
 
 void register_generate(CLI::App& app);
+void register_synth_model(CLI::App& app);
+void register_bench(CLI::App& app);
 
 // The bundled default model: models/fortune under the working directory, or
 // beside the build directory of this executable.

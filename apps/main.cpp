@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
   troupe::app::register_generate(app);
+  troupe::app::register_bench(app);
+  troupe::app::register_synth_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

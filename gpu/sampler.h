@@ -10,7 +10,7 @@
 namespace troupe {
 
 struct SamplingParams {
-  float temperature = 1;  // <= 0: greedy
+  float temperature = 1;  // 0: greedy (argmax)
   float top_p = 1;        // in (0, 1]; 1: off
   int top_k = 0;          // 0: off
   uint64_t seed = 0;
@@ -22,6 +22,7 @@ struct SamplingParams {
 class Xoshiro256 {
  public:
   explicit Xoshiro256(uint64_t seed);
+  // A saved state(); all zeros is the one state that never leaves itself.
   explicit Xoshiro256(const std::array<uint64_t, 4>& state) : s_(state) {}
 
   uint64_t next();
@@ -46,10 +47,18 @@ class Sampler {
   // NaN), top_p outside (0, 1], top_k < 0.
   explicit Sampler(const SamplingParams& params = {});
 
-  // Greedy draws no random number; every other call draws exactly one, so a
+  // Greedy (temperature <= 0) is argmax. Otherwise, fully specified so that
+  // a seed replays anywhere: draw u = next_double(); weigh each id by
+  // exp((logit - max) / temperature); keep the top_k best (higher logit, then
+  // lower id), then the smallest best-first prefix holding top_p of the kept
+  // mass; return the first kept id, in ascending id order, at which the
+  // running weight exceeds u * (kept weight).
+  //
+  // Greedy draws no random number and every other call exactly one, so a
   // sampler rebuilt from params().seed and advanced n draws continues the
-  // same sequence. NaN logits count as -inf; if some logits are +inf the
-  // lowest such id is returned. Throws std::invalid_argument on empty input.
+  // same sequence (set_rng() restores one directly). NaN logits count as
+  // -inf; if some logits are +inf the lowest such id is returned. Throws
+  // std::invalid_argument on empty input.
   int sample(std::span<const float> logits);
 
   const SamplingParams& params() const { return params_; }

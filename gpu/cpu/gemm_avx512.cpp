@@ -29,7 +29,7 @@ struct Avx512 {
 void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
                       float* y, int ldy) {
   // 6 rows x 4 panels = 24 accumulators of 32 zmm registers.
-  gemm_dispatch<Avx512, 6, 4>(x, M, ldx, w, p0, p1, y, ldy);
+  gemm_dispatch<Avx512, 6, 4, 128>(x, M, ldx, w, p0, p1, y, ldy);
 }
 
 }  // namespace

@@ -94,17 +94,21 @@ TEST(Sampler, SequenceIsPinned) {
   // Any machine, compiler or standard library must reproduce these ids: that is
   // the point of the own RNG, the own exp and the id tie-break. They were
   // checked against an independent reimplementation of the documented
-  // procedure (splitmix64 -> xoshiro256**, coin = top 53 bits, weights in id
-  // order, or best-first after top-k / top-p). Change them only deliberately:
-  // a change breaks replaying seeded requests.
+  // procedure (splitmix64 -> xoshiro256**, coin = top 53 bits; keep the top-k,
+  // then the smallest best-first prefix reaching top_p; walk the kept ids in
+  // ascending order). Change them only deliberately: a change breaks replaying
+  // seeded requests.
   const auto logits = std::vector<float>{1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 2.5f, 0.0f, 1.5f};
   std::vector<int> got;
   Sampler s({.temperature = 1.0f, .seed = 42});
   for (int i = 0; i < 16; ++i) got.push_back(s.sample(logits));
   Sampler nucleus({.temperature = 0.7f, .top_p = 0.9f, .top_k = 5, .seed = 42});
   for (int i = 0; i < 16; ++i) got.push_back(nucleus.sample(logits));
+  Sampler top_p_only({.temperature = 1.3f, .top_p = 0.8f, .seed = 7});
+  for (int i = 0; i < 16; ++i) got.push_back(top_p_only.sample(logits));
   const std::vector<int> expected = {1, 4, 5, 7, 7, 5, 5, 5, 5, 4, 5, 4, 5, 4, 5, 5,
-                                     4, 4, 5, 1, 1, 5, 5, 5, 5, 5, 5, 4, 5, 4, 5, 1};
+                                     1, 4, 4, 5, 5, 5, 5, 5, 5, 4, 4, 4, 5, 4, 4, 5,
+                                     5, 4, 5, 7, 7, 7, 1, 1, 4, 1, 4, 5, 7, 7, 4, 4};
   EXPECT_EQ(got, expected);
 }
 

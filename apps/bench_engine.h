@@ -1,0 +1,52 @@
+#pragma once
+// Engine-mode benchmark: the batched forward pass alone, no actors or HTTP.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpu/model.h"
+
+namespace troupe::app {
+
+struct EngineBenchOptions {
+  int threads = 1;
+  std::vector<int> batches{1, 8, 32};
+  int prompt_len = 256;
+  int decode_tokens = 32;
+  int repeats = 3;
+};
+
+struct DecodePoint {
+  int batch = 0;
+  double tokens_per_s = 0;
+  double bound_fraction = 0;  // steps/s over the bandwidth bound's steps/s
+};
+
+struct EngineBenchResult {
+  std::string model;
+  std::string dtype;
+  std::string isa;
+  int threads = 0;
+  double bandwidth_gbs = 0;       // STREAM-like copy, non-temporal stores
+  double read_bandwidth_gbs = 0;  // streaming read only
+  size_t weight_bytes_per_step = 0;
+  double bound_steps_per_s = 0;   // bandwidth / bytes per step
+  int prompt_len = 0;
+  double prefill_tokens_per_s = 0;
+  std::vector<DecodePoint> decode;
+  size_t kv_bytes_per_token = 0;
+  size_t peak_rss_bytes = 0;
+
+  nlohmann::json to_json() const;
+  std::string table() const;
+};
+
+// Measures memory bandwidth with `threads` threads over `bytes` per array.
+void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read_gbs);
+
+EngineBenchResult run_engine_bench(const Model& model, const std::string& model_name,
+                                   const EngineBenchOptions& opts);
+
+size_t peak_rss_bytes();
+
+}  // namespace troupe::app

@@ -1,0 +1,99 @@
+// `troupe bench`: engine mode measures the forward pass on this machine.
+#include <iostream>
+#include <sstream>
+
+#include "apps/bench_engine.h"
+#include "apps/commands.h"
+#include "gpu/cpu/gemm.h"
+#include "gpu/synth_model.h"
+
+namespace troupe::app {
+
+namespace {
+
+struct BenchOptions {
+  std::string model;
+  std::string preset;
+  std::string dtype = "f32";
+  int threads = 0;
+  std::string batches = "1,8,32";
+  int prompt_len = 256;
+  int decode_tokens = 32;
+  int repeats = 3;
+  bool json = false;
+  std::string isa;
+};
+
+std::vector<int> parse_batches(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 1) throw UsageError("--batch: '" + item + "' is not a positive integer");
+    out.push_back(v);
+  }
+  if (out.empty()) throw UsageError("--batch: no batch sizes given");
+  return out;
+}
+
+void run_bench(const BenchOptions& o) {
+  const auto dtype = parse_dtype(o.dtype);
+  if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
+  if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
+  if (o.decode_tokens < 1) throw UsageError("--decode-tokens must be at least 1");
+  if (!o.isa.empty()) {
+    if (o.isa == "avx2") force_isa(Isa::Avx2);
+    else if (o.isa == "avx512") force_isa(Isa::Avx512);
+    else if (o.isa == "scalar") force_isa(Isa::Scalar);
+    else throw UsageError("--isa must be scalar, avx2 or avx512");
+  }
+  EngineBenchOptions eo;
+  eo.threads = o.threads > 0 ? o.threads : default_threads();
+  eo.batches = parse_batches(o.batches);
+  eo.prompt_len = o.prompt_len;
+  eo.decode_tokens = o.decode_tokens;
+  eo.repeats = std::max(1, o.repeats);
+  std::shared_ptr<const Model> model;
+  std::string name;
+  if (!o.preset.empty()) {
+    if (!o.model.empty()) throw UsageError("give either --model or --preset, not both");
+    model = std::make_shared<const Model>(synth_checkpoint(synth_preset(o.preset), 1, *dtype), *dtype);
+    name = "preset:" + o.preset;
+  } else {
+    const std::filesystem::path path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
+    model = Model::load(path, *dtype);
+    name = path.string();
+  }
+  const auto r = run_engine_bench(*model, name, eo);
+  if (o.json)
+    std::cout << r.to_json().dump() << "\n";
+  else
+    std::cout << r.table();
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Measure the engine: prefill and decode tokens/s, bandwidth bound, memory");
+  cmd->add_option("--model,-m", o->model, "Checkpoint file or directory (default: models/fortune)");
+  cmd->add_option("--preset", o->preset, "Random-weight model in memory instead: tiny | 110m | 1b");
+  cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "Prefill prompt length")->capture_default_str();
+  cmd->add_option("--decode-tokens", o->decode_tokens, "Decode steps per batch size")->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")->capture_default_str();
+  cmd->add_option("--isa", o->isa, "Force kernels: scalar | avx2 | avx512 (default: best available)");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace troupe::app
