@@ -138,7 +138,9 @@ ModelConfig config_from(const Header& h) {
   c.tied_classifier = h.tied;
   c.rope = RopeLayout::Interleaved;
   c.bos_id = 1;
-  c.eos_ids = {2};
+  // run.c ends a sample when the model emits BOS (1): llama2.c models are
+  // trained with BOS between documents. 2 is the Llama tokenizer's EOS.
+  c.eos_ids = {1, 2};
   return c;
 }
 

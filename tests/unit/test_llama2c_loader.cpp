@@ -86,7 +86,7 @@ TEST(Llama2cLoader, LoadsStories260K) {
   EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
   EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.bos_id, 1);
-  EXPECT_EQ(c.eos_ids, std::vector<int>{2});
+  EXPECT_EQ(c.eos_ids, (std::vector<int>{1, 2}));  // run.c stops at BOS; 2 is the Llama EOS
   EXPECT_EQ(ck.source, path);
   EXPECT_TRUE(ck.tokenizer_path.empty());  // its tokenizer is not bundled
 
