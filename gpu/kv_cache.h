@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gpu/block_allocator.h"
+#include "gpu/cpu/kernels.h"
 #include "gpu/model_config.h"
 #include "gpu/tensor.h"
 
@@ -39,6 +40,13 @@ class KvCache {
   void reserve(SequenceCache& seq, int tokens);
   // Returns all of seq's blocks and empties it.
   void release(SequenceCache& seq);
+
+  // Layer `layer` of `seq` as the attention kernel reads it.
+  kernels::PagedKv paged(int layer, const SequenceCache& seq) {
+    const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
+    return kernels::PagedKv{slot(layer, 0, 0, 0), slot(layer, 1, 0, 0), seq.blocks.data(),
+                            block_tokens_, per_block, size_t(kv_dim_)};
+  }
 
   // Row of position `pos` of `seq` in layer `layer`: kv_dim floats.
   float* key(int layer, const SequenceCache& seq, int pos) {

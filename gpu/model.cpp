@@ -136,13 +136,9 @@ void Model::attention(int layer, int tokens, std::span<const StepInput> inputs, 
     const int pos = ws.pos[size_t(t)];
     const float* q = ws.qkv.data() + size_t(t) * size_t(qkv_cols) + size_t(h) * size_t(hd);
     const size_t kv_off = size_t(h / group) * size_t(hd);
-    float* scores = ws.scores[size_t(thread)].data();
-    for (int j = 0; j <= pos; ++j)
-      scores[j] = kernels::dot(q, cache.key(layer, seq, j) + kv_off, hd) * scale;
-    kernels::softmax(scores, pos + 1);
     float* out = ws.att.data() + size_t(t) * size_t(config_.q_dim()) + size_t(h) * size_t(hd);
-    for (int d = 0; d < hd; ++d) out[d] = 0.0f;
-    for (int j = 0; j <= pos; ++j) kernels::axpy(scores[j], cache.value(layer, seq, j) + kv_off, out, hd);
+    kernels::attend_head(q, hd, scale, cache.paged(layer, seq), kv_off, pos + 1,
+                         ws.scores[size_t(thread)].data(), out);
   };
   const int n_tasks = tokens * nh;
   if (pool.size() == 1 || n_tasks < 2) {

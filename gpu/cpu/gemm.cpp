@@ -86,12 +86,18 @@ void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, 
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
             int ldy) {
   const int panels = w.panels();
-  // Chunks of 4 panels (64 columns) keep the AVX-512 kernel on its widest
-  // path; more chunks than threads lets fast threads take over slow ones.
-  constexpr int kChunk = 4;
-  const int chunks = (panels + kChunk - 1) / kChunk;
+  // Small M (decode): chunks of 4 panels, many more than threads, so fast
+  // threads take over slow ones. Large M (prefill): each chunk packs its copy
+  // of x, so use one large chunk per thread (a multiple of 4 panels).
+  const int per_thread_chunks = M <= 16 ? 0 : 1;
+  int chunk = 4;
+  if (per_thread_chunks > 0) {
+    const int want = pool.size() * per_thread_chunks;
+    chunk = std::max(4, (panels + want - 1) / want + 3) / 4 * 4;
+  }
+  const int chunks = (panels + chunk - 1) / chunk;
   pool.parallel_for(chunks, [&](int c, int) {
-    const int p0 = c * kChunk, p1 = std::min(panels, p0 + kChunk);
+    const int p0 = c * chunk, p1 = std::min(panels, p0 + chunk);
     gemm_panels(x, M, ldx, w, p0, p1, y, ldy);
   });
 }

@@ -1,5 +1,7 @@
 #include <immintrin.h>
 
+#include <cstdlib>
+
 #include "gpu/cpu/gemm_types.h"
 
 namespace troupe {

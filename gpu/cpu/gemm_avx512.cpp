@@ -1,6 +1,8 @@
 // Compiled with AVX-512 flags; only called after a run-time CPU check.
 #include <immintrin.h>
 
+#include <cstdlib>
+
 #include "gpu/cpu/gemm_types.h"
 
 namespace troupe {

@@ -5,6 +5,11 @@
 // V provides: vec, kLanes, zero(), load(const float*), load_bf16(const
 // uint16_t*), load_f16(const uint16_t*), set1(float), fma(a, b, c), store.
 
+#ifndef TROUPE_PREFETCH_BYTES
+#define TROUPE_PREFETCH_BYTES 2048
+#endif
+constexpr size_t kPrefetchBytes = TROUPE_PREFETCH_BYTES;
+
 template <class V, DType WT>
 inline typename V::vec load_w(const void* base, size_t index) {
   if constexpr (WT == DType::F32) {
@@ -16,31 +21,34 @@ inline typename V::vec load_w(const void* base, size_t index) {
   }
 }
 
-// MR rows of x times NP consecutive panels, over k in [k0, k1). The first
-// k block starts from zero; later blocks continue the chains from y, which
-// holds exact f32 partial sums, so the result equals one unblocked chain.
-template <class V, DType WT, int MR, int NP>
-void micro_kernel(const float* x, int ldx, const void* panels, int K, int k0, int k1, float* y,
-                  int ldy, int valid_cols) {
+// R rows of x times NP consecutive panels, over k in [k0, k1). Element
+// (m, k) of x is x[m * sm + k * sk], which serves both x as given (sm = ldx,
+// sk = 1) and x packed by row block (sm = 1, sk = rows). The first k block
+// starts from zero; later blocks continue the chains from y, which holds
+// exact f32 partial sums, so the result equals one unblocked chain.
+template <class V, DType WT, int R, int NP>
+void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
+                  float* y, int ldy, int valid_cols) {
   constexpr int VPP = kPanel / V::kLanes;  // vectors per panel
   constexpr int NV = NP * VPP;
   constexpr int width = NP * kPanel;
-  typename V::vec acc[MR][NV];
+  typename V::vec acc[R][NV];
   alignas(64) float tmp[width];
   if (k0 == 0) {
 #pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m)
+    for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
   } else if (valid_cols >= width) {
 #pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m)
+    for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j)
         acc[m][j] = V::load(y + size_t(m) * size_t(ldy) + size_t(j) * V::kLanes);
   } else {
-    for (int m = 0; m < MR; ++m) {
-      for (int c = 0; c < width; ++c) tmp[c] = c < valid_cols ? y[size_t(m) * size_t(ldy) + size_t(c)] : 0.0f;
+    for (int m = 0; m < R; ++m) {
+      for (int c = 0; c < width; ++c)
+        tmp[c] = c < valid_cols ? y[size_t(m) * size_t(ldy) + size_t(c)] : 0.0f;
       for (int j = 0; j < NV; ++j) acc[m][j] = V::load(tmp + j * V::kLanes);
     }
   }
@@ -53,40 +61,49 @@ void micro_kernel(const float* x, int ldx, const void* panels, int K, int k0, in
       for (int v = 0; v < VPP; ++v)
         w[p * VPP + v] = load_w<V, WT>(
             panels, size_t(p) * panel_stride + size_t(k) * kPanel + size_t(v) * V::kLanes);
+    if constexpr (kPrefetchBytes > 0 && R <= 2) {
+      // Few rows: the kernel streams weights from DRAM; run ahead of the
+      // hardware prefetcher, which tracks only a few streams per page.
+      constexpr size_t esz = WT == DType::F32 ? 4 : 2;
+      if ((size_t(k) * kPanel * esz) % 64 == 0)
 #pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m) {
-      const typename V::vec xb = V::set1(x[size_t(m) * size_t(ldx) + size_t(k)]);
+        for (int p = 0; p < NP; ++p)
+          _mm_prefetch(static_cast<const char*>(panels) +
+                           (size_t(p) * panel_stride + size_t(k) * kPanel) * esz + kPrefetchBytes,
+                       _MM_HINT_T0);
+    }
+    const float* xk = x + size_t(k) * sk;
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) {
+      const typename V::vec xb = V::set1(xk[size_t(m) * sm]);
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[m][j] = V::fma(xb, w[j], acc[m][j]);
     }
   }
   if (valid_cols >= width) {
 #pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m)
+    for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j)
         V::store(y + size_t(m) * size_t(ldy) + size_t(j) * V::kLanes, acc[m][j]);
   } else {
-    for (int m = 0; m < MR; ++m) {
+    for (int m = 0; m < R; ++m) {
       for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
       for (int c = 0; c < valid_cols; ++c) y[size_t(m) * size_t(ldy) + size_t(c)] = tmp[c];
     }
   }
 }
 
-template <class V, DType WT, int MR, int NP>
-void row_block(const float* x, int M, int ldx, const void* panels, int K, int k0, int k1, float* y,
-               int ldy, int valid_cols) {
-  int m = 0;
-  for (; m + MR <= M; m += MR)
-    micro_kernel<V, WT, MR, NP>(x + size_t(m) * size_t(ldx), ldx, panels, K, k0, k1,
-                                y + size_t(m) * size_t(ldy), ldy, valid_cols);
-  const int rest = M - m;
-  if (rest == 0) return;
-  // Tail rows: the same per-element chain, fewer rows per call.
-  if constexpr (MR > 1)
-    row_block<V, WT, MR / 2, NP>(x + size_t(m) * size_t(ldx), rest, ldx, panels, K, k0, k1,
-                                 y + size_t(m) * size_t(ldy), ldy, valid_cols);
+// Calls the kernel instantiated for exactly `rows` (1..R) rows.
+template <class V, DType WT, int R, int NP>
+void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* panels, int K, int k0,
+                 int k1, float* y, int ldy, int valid_cols) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols);
+    else
+      rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols);
+  }
 }
 
 template <DType WT>
@@ -95,28 +112,72 @@ inline const void* panel_ptr(const PanelsRef& w, int p) {
   return static_cast<const char*>(w.data) + size_t(p) * size_t(w.cols) * kPanel * esz;
 }
 
+// A per-thread scratch buffer for packed rows of x, reused across calls.
+struct PackBuffer {
+  float* data = nullptr;
+  size_t capacity = 0;
+  ~PackBuffer() { std::free(data); }
+  float* get(size_t n) {
+    if (n > capacity) {
+      std::free(data);
+      data = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+      if (!data) std::abort();
+      capacity = n;
+    }
+    return data;
+  }
+};
+
+// Row block b of x (rows [b*MR, b*MR + rows)) becomes K groups of `rows`
+// consecutive values, so the kernel's broadcasts read one sequential stream.
+template <int MR>
+float* pack_rows(const float* x, int M, int ldx, int K) {
+  static thread_local PackBuffer buffer;
+  const int blocks = (M + MR - 1) / MR;
+  float* xp = buffer.get(size_t(blocks) * MR * size_t(K));
+  for (int b = 0; b < blocks; ++b) {
+    const int rows = M - b * MR < MR ? M - b * MR : MR;
+    float* dst = xp + size_t(b) * MR * size_t(K);
+    const float* src = x + size_t(b * MR) * size_t(ldx);
+    // Sequential writes; the reads walk `rows` streams in step.
+    for (int k = 0; k < K; ++k)
+      for (int m = 0; m < rows; ++m) *dst++ = src[size_t(m) * size_t(ldx) + size_t(k)];
+  }
+  return xp;
+}
+
 // K is processed in blocks of KB so that a panel group's block stays in L1
 // while every row block of x passes over it.
 template <class V, DType WT, int MR, int NP, int KB>
+void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const PanelsRef& w, int p,
+                      float* y, int ldy) {
+  const int K = w.cols;
+  const int left = w.rows - p * kPanel;
+  const int valid = left < NP * kPanel ? left : NP * kPanel;
+  const void* panels = panel_ptr<WT>(w, p);
+  if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
+    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid);
+    return;
+  }
+  for (int k0 = 0; k0 < K; k0 += KB) {
+    const int k1 = k0 + KB < K ? k0 + KB : K;
+    for (int m0 = 0; m0 < M; m0 += MR) {
+      const int rows = M - m0 < MR ? M - m0 : MR;
+      rows_kernel<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K, k0,
+                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid);
+    }
+  }
+}
+
+template <class V, DType WT, int MR, int NP, int KB>
 void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                 int ldy) {
-  const int K = w.cols;
-  const int kb = M > MR ? KB : K;  // one row block: nothing to reuse, no blocking
+  const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols) : nullptr;
   int p = p0;
-  for (; p + NP <= p1; p += NP) {
-    const int left = w.rows - p * kPanel;
-    const int valid = left < NP * kPanel ? left : NP * kPanel;
-    for (int k0 = 0; k0 < K; k0 += kb)
-      row_block<V, WT, MR, NP>(x, M, ldx, panel_ptr<WT>(w, p), K, k0, k0 + kb < K ? k0 + kb : K,
-                               y + size_t(p) * kPanel, ldy, valid);
-  }
-  for (; p < p1; ++p) {
-    const int left = w.rows - p * kPanel;
-    const int valid = left < kPanel ? left : kPanel;
-    for (int k0 = 0; k0 < K; k0 += kb)
-      row_block<V, WT, MR, 1>(x, M, ldx, panel_ptr<WT>(w, p), K, k0, k0 + kb < K ? k0 + kb : K,
-                              y + size_t(p) * kPanel, ldy, valid);
-  }
+  for (; p + NP <= p1; p += NP)
+    gemm_panel_group<V, WT, MR, NP, KB>(x, M, ldx, xp, w, p, y + size_t(p) * kPanel, ldy);
+  for (; p < p1; ++p)
+    gemm_panel_group<V, WT, MR, 1, KB>(x, M, ldx, xp, w, p, y + size_t(p) * kPanel, ldy);
 }
 
 template <class V, int MR, int NP, int KB>

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace troupe::kernels {
@@ -14,7 +15,34 @@ inline float hsum(__m256 v) {
   lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
   return _mm_cvtss_f32(lo);
 }
+// exp on 8 lanes (Cephes' expf polynomial, ~1 ulp); inputs are clamped to
+// [-87.3, 88.7], so tiny results flush to about 1e-38 instead of 0.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float exp1(float x) {
+  alignas(32) float v[8];
+  _mm256_store_ps(v, exp8(_mm256_set1_ps(x)));
+  return v[0];
+}
+
 }  // namespace
+
+float exp_approx(float x) { return exp1(x); }
 
 float dot(const float* a, const float* b, int n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -51,19 +79,76 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
 void softmax(float* x, int n) {
   float mx = x[0];
   for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  float sum = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum(acc);
+  for (; i < n; ++i) {
+    x[i] = exp1(x[i] - mx);
     sum += x[i];
   }
   const float inv = 1.0f / sum;
-  for (int i = 0; i < n; ++i) x[i] *= inv;
+  for (int j = 0; j < n; ++j) x[j] *= inv;
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int n) {
-  for (int i = 0; i < n; ++i) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + exp1(-g)) * up[i];
+  }
+}
+
+namespace {
+template <int CHUNKS>
+void accumulate_values(const float* scores, const PagedKv& kv, size_t off, int n, float* out) {
+  __m256 acc[CHUNKS];
+  for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_setzero_ps();
+  for (int j0 = 0, b = 0; j0 < n; j0 += kv.block_tokens, ++b) {
+    const float* row = kv.values + size_t(kv.blocks[b]) * kv.block_stride + off;
+    const int end = std::min(n - j0, kv.block_tokens);
+    for (int o = 0; o < end; ++o, row += kv.row_stride) {
+      const __m256 w = _mm256_set1_ps(scores[j0 + o]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
+    }
+  }
+  for (int c = 0; c < CHUNKS; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+}  // namespace
+
+void attend_head(const float* q, int hd, float scale, const PagedKv& kv, size_t head_off, int n,
+                 float* scores, float* out) {
+  for (int j0 = 0, b = 0; j0 < n; j0 += kv.block_tokens, ++b) {
+    const float* row = kv.keys + size_t(kv.blocks[b]) * kv.block_stride + head_off;
+    const int end = std::min(n - j0, kv.block_tokens);
+    for (int o = 0; o < end; ++o, row += kv.row_stride) scores[j0 + o] = dot(q, row, hd) * scale;
+  }
+  softmax(scores, n);
+  // Register-blocked over 32 then 8 values of the head; every element is the
+  // same FMA chain over positions whatever the blocking.
+  int d = 0;
+  for (; d + 32 <= hd; d += 32) accumulate_values<4>(scores, kv, head_off + size_t(d), n, out + d);
+  for (; d + 8 <= hd; d += 8) accumulate_values<1>(scores, kv, head_off + size_t(d), n, out + d);
+  for (; d < hd; ++d) {
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
+                         size_t(j % kv.block_tokens) * kv.row_stride + head_off;
+      acc = std::fma(scores[j], row[d], acc);
+    }
+    out[d] = acc;
   }
 }
 

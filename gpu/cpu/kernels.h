@@ -19,11 +19,31 @@ void scale(float alpha, float* y, int n);
 // out = x / sqrt(mean(x^2) + eps) * w   (out may alias x)
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 
+// e^x to about 1 ulp, the same value the vector kernels compute.
+float exp_approx(float x);
+
 // Softmax in place over n values.
 void softmax(float* x, int n);
 
 // out[i] = silu(gate[i]) * up[i]   (out may alias gate)
 void silu_mul(const float* gate, const float* up, float* out, int n);
+
+// Keys and values of one layer in a paged cache: position j of a sequence
+// lives in block blocks[j / block_tokens], row j % block_tokens.
+struct PagedKv {
+  const float* keys;    // block 0 of this layer's keys
+  const float* values;  // block 0 of this layer's values
+  const int* blocks;
+  int block_tokens;
+  size_t block_stride;  // floats per block
+  size_t row_stride;    // floats per position (kv_dim)
+};
+
+// One query head (head_dim values at q) attends to positions [0, n) of the
+// kv head at head_off: out = softmax(q.k * scale) . v. `scores` needs n
+// floats. Accumulates in registers, in position order per element.
+void attend_head(const float* q, int head_dim, float scale, const PagedKv& kv, size_t head_off,
+                 int n, float* scores, float* out);
 
 // Rotary embedding tables: cos/sin of pos * theta^(-2i/head_dim) for
 // i < head_dim/2, computed in f32 as llama2.c's run.c does.

@@ -172,3 +172,16 @@ TEST(KvCacheTest, BytesPerTokenAndSizing) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+TEST(Kernels, ExpApproxIsAccurate) {
+  for (float x = -87.0f; x < 88.0f; x += 0.37f) {
+    const double want = std::exp(double(x));
+    EXPECT_NEAR(kernels::exp_approx(x) / want, 1.0, 3e-7) << x;
+  }
+  EXPECT_EQ(kernels::exp_approx(0.0f), 1.0f);
+  EXPECT_LT(kernels::exp_approx(-1000.0f), 1e-37f);
+}
+}  // namespace
+}  // namespace troupe
