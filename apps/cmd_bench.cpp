@@ -1,8 +1,10 @@
-// `troupe bench`: engine mode measures the forward pass on this machine.
+// `troupe bench`: engine mode measures the forward pass on this machine;
+// serving mode (--url) loads a running server over HTTP.
 #include <iostream>
 #include <sstream>
 
 #include "apps/bench_engine.h"
+#include "apps/bench_serving.h"
 #include "apps/commands.h"
 #include "gpu/cpu/gemm.h"
 #include "gpu/synth_model.h"
@@ -22,7 +24,30 @@ struct BenchOptions {
   int repeats = 3;
   bool json = false;
   std::string isa;
+  serving_bench::ServingBenchOptions serving;
+  // Options that belong to one mode only, to refuse them in the other.
+  std::vector<CLI::Option*> engine_only, serving_only;
+  CLI::Option* url_opt = nullptr;
 };
+
+void run_serving(const BenchOptions& o) {
+  for (const auto* opt : o.engine_only)
+    if (opt->count() > 0)
+      throw UsageError(opt->get_name() +
+                       " is an engine-mode option; serving mode (--url) does not use it");
+  auto so = o.serving;
+  so.prompt_len = o.prompt_len;
+  try {
+    serving_bench::validate(so);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const auto r = serving_bench::run_serving_bench(so);
+  if (o.json)
+    std::cout << r.to_json().dump() << "\n";
+  else
+    std::cout << r.table();
+}
 
 std::vector<int> parse_batches(const std::string& text) {
   std::vector<int> out;
@@ -44,6 +69,10 @@ std::vector<int> parse_batches(const std::string& text) {
 }
 
 void run_bench(const BenchOptions& o) {
+  if (o.url_opt->count() > 0) return run_serving(o);
+  for (const auto* opt : o.serving_only)
+    if (opt->count() > 0)
+      throw UsageError(opt->get_name() + " is a serving-mode option; it needs --url");
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
   if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
@@ -82,17 +111,55 @@ void run_bench(const BenchOptions& o) {
 
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  auto* cmd = app.add_subcommand("bench", "Measure the engine: prefill and decode tokens/s, bandwidth bound, memory");
-  cmd->add_option("--model,-m", o->model, "Checkpoint file or directory (default: models/fortune)");
-  cmd->add_option("--preset", o->preset, "Random-weight model in memory instead: tiny | 110m | 1b");
-  cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")->capture_default_str();
-  cmd->add_option("--prompt-len", o->prompt_len, "Prefill prompt length")->capture_default_str();
-  cmd->add_option("--decode-tokens", o->decode_tokens, "Decode steps per batch size")->capture_default_str();
-  cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")->capture_default_str();
-  cmd->add_option("--isa", o->isa, "Force kernels: scalar | avx2 | avx512 (default: best available)");
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "Measure the engine (prefill and decode tokens/s, bandwidth bound, memory), or with --url a "
+      "running server (requests/s, output tokens/s, TTFT, TPOT, latency)");
+  auto& e = o->engine_only;
+  e.push_back(cmd->add_option("--model,-m", o->model,
+                              "Checkpoint file or directory (default: models/fortune)"));
+  e.push_back(cmd->add_option("--preset", o->preset,
+                              "Random-weight model in memory instead: tiny | 110m | 1b"));
+  e.push_back(cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)"));
+  e.push_back(cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")
+                  ->capture_default_str());
+  cmd->add_option("--prompt-len", o->prompt_len, "Prompt length in tokens")->capture_default_str();
+  e.push_back(cmd->add_option("--decode-tokens", o->decode_tokens, "Decode steps per batch size")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--isa", o->isa,
+                              "Force kernels: scalar | avx2 | avx512 (default: best available)"));
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
+
+  auto& s = o->serving;
+  auto& so = o->serving_only;
+  o->url_opt = cmd->add_option(
+      "--url", s.url, "Serving mode: load this OpenAI-compatible server (http://HOST:PORT)");
+  so.push_back(cmd->add_option("--concurrency,-c", s.concurrency,
+                               "Serving, closed loop: clients sending requests back to back"));
+  so.push_back(
+      cmd->add_option("--rate", s.rate, "Serving, open loop: Poisson arrivals per second"));
+  so.push_back(cmd->add_option("--requests,-n", s.requests, "Serving: requests in total")
+                   ->capture_default_str());
+  so.push_back(cmd->add_option("--output-len", s.output_len, "Serving: max_tokens of each request")
+                   ->capture_default_str());
+  so.push_back(cmd->add_option("--max-inflight", s.max_inflight,
+                               "Serving, open loop: cap on requests in flight")
+                   ->capture_default_str());
+  so.push_back(cmd->add_option("--vocab", s.vocab,
+                               "Serving: prompt ids stay below this when /v1/models does not say")
+                   ->capture_default_str());
+  so.push_back(
+      cmd->add_option("--timeout-s", s.timeout_s, "Serving: per-request timeout in seconds")
+          ->capture_default_str());
+  so.push_back(cmd->add_option("--seed", s.seed, "Serving: seed of the arrivals and prompts")
+                   ->capture_default_str());
+  so.push_back(
+      cmd->add_option("--served-model", s.model,
+                      "Serving: the request's \"model\" (default: the first of GET /v1/models)"));
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -19,10 +19,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Up to this top_k a heap pass beats the quickselect below.
 constexpr size_t kHeapTopK = 1024;
 
-uint64_t rotl(uint64_t x, int k) {
-  return (x << k) | (x >> (64 - k));
-}
-
 using Cand = std::pair<float, int>;  // (logit, id)
 
 // Strict total order on (logit, id): higher logit first, then lower id. With
@@ -148,32 +144,6 @@ size_t select_best_prefix(std::vector<Cand>& c, double need, Weight weight) {
 }
 
 }  // namespace
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-Xoshiro256::Xoshiro256(uint64_t seed) {
-  // splitmix64 spreads any seed (0 included) over the state, which must not
-  // be all zeros.
-  uint64_t sm = seed;
-  for (auto& word : s_) word = splitmix64(sm);
-}
-
-uint64_t Xoshiro256::next() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
 
 int argmax(std::span<const float> logits) {
   if (logits.empty()) throw std::invalid_argument("argmax: empty logits");

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "util/rng.h"
+
 namespace troupe {
 
 struct SamplingParams {
@@ -16,26 +18,6 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-// xoshiro256** (Blackman & Vigna), seeded through splitmix64. Written out here
-// because the standard engines' distributions are implementation-defined:
-// a request must sample the same ids on any machine and after a failover.
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t seed);
-  // A saved state(); all zeros is the one state that never leaves itself.
-  explicit Xoshiro256(const std::array<uint64_t, 4>& state) : s_(state) {}
-
-  uint64_t next();
-  // Uniform in [0, 1) with 53 random bits.
-  double next_double() { return double(next() >> 11) * 0x1.0p-53; }
-
-  const std::array<uint64_t, 4>& state() const { return s_; }
-
- private:
-  std::array<uint64_t, 4> s_;
-};
-
-uint64_t splitmix64(uint64_t& state);
 
 // Index of the largest value, the lowest index on ties; NaN never wins.
 // Throws std::invalid_argument when empty or all NaN.
@@ -60,6 +42,13 @@ class Sampler {
   // -inf; if some logits are +inf the lowest such id is returned. Throws
   // std::invalid_argument on empty input.
   int sample(std::span<const float> logits);
+
+  // Advances the generator as if `n` tokens had been sampled: a sequence
+  // resumed after n tokens continues exactly as if it had not stopped.
+  void skip(uint64_t n) {
+    if (params_.temperature > 0)
+      for (uint64_t i = 0; i < n; ++i) rng_.next();
+  }
 
   const SamplingParams& params() const { return params_; }
   const Xoshiro256& rng() const { return rng_; }

@@ -1,0 +1,224 @@
+#include "actors/batcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <deque>
+#include <unordered_map>
+
+#include "actors/messages.h"
+#include "actors/worker.h"
+
+namespace troupe {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kProbeSeq = ~uint64_t(0);
+
+struct Sequence {
+  Assignment a;
+  std::vector<int> tokens;  // prompt + generated so far
+  int cached = 0;           // tokens in the worker's KV cache
+  bool cancelled = false;
+};
+
+struct BatcherState {
+  BatcherOptions opts;
+  caf::actor router;
+  caf::actor worker;
+  std::unique_ptr<ContinuousBatchPolicy> policy;
+  int max_seq_len = 0;
+  std::vector<int> eos;
+  int bos = 1;
+  std::unordered_map<uint64_t, Sequence> seqs;
+  std::vector<uint64_t> running;  // admission order
+  std::deque<uint64_t> waiting;
+  bool in_flight = false;
+  bool up = false;
+};
+
+bool is_eos(const BatcherState& s, int tok) {
+  for (int e : s.eos)
+    if (e == tok) return true;
+  return false;
+}
+
+int blocks_held(const BatcherState& s, const Sequence& q) { return s.policy->blocks_for(q.cached); }
+
+void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st);
+
+void finish(BatcherState& s, StepEvents& ev, uint64_t id, FinishReason reason,
+            caf::event_based_actor* self) {
+  auto it = s.seqs.find(id);
+  if (it == s.seqs.end()) return;
+  ev.done.push_back({id, reason, it->second.a.generated});
+  if (it->second.cached > 0) self->send(s.worker, release_atom::value, id);
+  s.seqs.erase(it);
+  std::erase(s.running, id);
+  std::erase(s.waiting, id);
+}
+
+void fill_load(const BatcherState& s, StepEvents& ev) {
+  ev.replica = s.opts.replica;
+  ev.running = int(s.running.size());
+  ev.waiting = int(s.waiting.size());
+  int used = 0;
+  for (uint64_t id : s.running) used += blocks_held(s, s.seqs.at(id));
+  ev.blocks_used = used;
+  ev.blocks_free = s.opts.engine.blocks - used;
+}
+
+void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st,
+                  const std::vector<EngineItem>& items, const std::vector<int>& out, double step_s) {
+  BatcherState& s = *st;
+  StepEvents ev;
+  ev.step_s = step_s;
+  ev.batch_sequences = int(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    ev.batch_tokens += int(items[i].tokens.size());
+    auto it = s.seqs.find(items[i].seq);
+    if (it == s.seqs.end()) continue;
+    Sequence& q = it->second;
+    q.cached += int(items[i].tokens.size());
+    if (!items[i].sample || q.cancelled) continue;
+    const int tok = out[i];
+    if (is_eos(s, tok)) {
+      finish(s, ev, q.a.id, FinishReason::Stop, self);
+      continue;
+    }
+    ev.tokens.push_back({q.a.id, q.a.generated, tok});
+    ++q.a.generated;
+    q.tokens.push_back(tok);
+    // Same stop rule as generate(): max_tokens, or no room to feed the token.
+    if (q.a.generated >= q.a.max_tokens || int(q.tokens.size()) - 1 >= s.max_seq_len)
+      finish(s, ev, q.a.id, FinishReason::Length, self);
+  }
+  fill_load(s, ev);
+  self->send(s.router, events_atom::value, std::move(ev));
+}
+
+void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
+  BatcherState& s = *st;
+  if (s.in_flight || !s.up) return;
+  // Cancelled sequences leave before the next step, freeing their blocks.
+  {
+    StepEvents ev;
+    std::vector<uint64_t> gone;
+    for (auto& [id, q] : s.seqs)
+      if (q.cancelled) gone.push_back(id);
+    for (uint64_t id : gone) finish(s, ev, id, FinishReason::Cancelled, self);
+    if (!gone.empty()) {
+      fill_load(s, ev);
+      self->send(s.router, events_atom::value, std::move(ev));
+    }
+  }
+  std::vector<SeqView> running, waiting;
+  int used = 0;
+  for (uint64_t id : s.running) {
+    const Sequence& q = s.seqs.at(id);
+    running.push_back({id, int(q.tokens.size()) - q.cached, q.cached, blocks_held(s, q)});
+    used += blocks_held(s, q);
+  }
+  for (uint64_t id : s.waiting) {
+    const Sequence& q = s.seqs.at(id);
+    waiting.push_back({id, int(q.tokens.size()), 0, 0});
+  }
+  const BatchPlan plan = s.policy->plan(running, waiting, s.opts.engine.blocks - used);
+  for (uint64_t id : plan.preempted) {
+    // Recomputed later from its tokens: the KV state is dropped, not lost.
+    Sequence& q = s.seqs.at(id);
+    self->send(s.worker, release_atom::value, id);
+    q.cached = 0;
+    std::erase(s.running, id);
+    s.waiting.push_front(id);
+    spdlog::debug("replica {}: preempted request {}", s.opts.replica, id);
+  }
+  for (uint64_t id : plan.admitted) {
+    std::erase(s.waiting, id);
+    s.running.push_back(id);
+  }
+  if (plan.entries.empty()) return;
+  std::vector<EngineItem> items;
+  items.reserve(plan.entries.size());
+  for (const auto& e : plan.entries) {
+    const Sequence& q = s.seqs.at(e.id);
+    EngineItem it;
+    it.seq = e.id;
+    it.tokens.assign(q.tokens.begin() + q.cached, q.tokens.begin() + q.cached + e.tokens);
+    it.sample = q.cached + e.tokens == int(q.tokens.size());
+    it.sampling = q.a.sampling;
+    it.generated = q.a.generated;
+    items.push_back(std::move(it));
+  }
+  s.in_flight = true;
+  const auto t0 = Clock::now();
+  self->request(s.worker, caf::infinite, step_atom::value, items)
+      .then(
+          [=](const std::vector<int>& out) {
+            st->in_flight = false;
+            apply_result(self, st, items, out,
+                         std::chrono::duration<double>(Clock::now() - t0).count());
+            schedule(self, st);
+          },
+          [=](caf::error& err) {
+            spdlog::error("replica {}: step failed: {}", st->opts.replica,
+                          self->system().render(err));
+            self->quit(err);
+          });
+}
+
+void probe(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
+  EngineItem it;
+  it.seq = kProbeSeq;
+  it.tokens = {st->bos};
+  it.sample = true;
+  it.sampling.temperature = 0;
+  st->in_flight = true;
+  self->request(st->worker, caf::infinite, step_atom::value, std::vector<EngineItem>{it})
+      .then(
+          [=](const std::vector<int>&) {
+            self->send(st->worker, release_atom::value, kProbeSeq);
+            st->in_flight = false;
+            st->up = true;
+            self->send(st->router, up_atom::value, st->opts.replica, caf::actor_cast<caf::actor>(self));
+            schedule(self, st);
+          },
+          [=](caf::error& err) { self->quit(err); });
+}
+
+}  // namespace
+
+caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router,
+                            std::shared_ptr<const Model> model, BatcherOptions options) {
+  auto st = std::make_shared<BatcherState>();
+  st->opts = options;
+  st->router = std::move(router);
+  st->policy = std::make_unique<ContinuousBatchPolicy>(options.limits, options.engine.block_tokens);
+  st->max_seq_len = model->config().max_seq_len;
+  st->eos = model->config().eos_ids;
+  st->bos = model->config().bos_id;
+  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, model, options.engine);
+  probe(self, st);
+  return {
+      [=](assign_atom, Assignment& a) {
+        const uint64_t id = a.id;
+        Sequence q;
+        q.tokens = a.tokens;
+        q.a = std::move(a);
+        st->seqs[id] = std::move(q);
+        st->waiting.push_back(id);
+        schedule(self, st);
+      },
+      [=](cancel_atom, uint64_t id) {
+        auto it = st->seqs.find(id);
+        if (it == st->seqs.end()) return;
+        it->second.cancelled = true;
+        schedule(self, st);
+      },
+      [=](crash_atom a) { self->send(st->worker, a); },
+      [=](slow_atom a, double seconds) { self->send(st->worker, a, seconds); },
+  };
+}
+
+}  // namespace troupe

@@ -1,0 +1,27 @@
+#pragma once
+// One replica's continuous batcher: owns the replica's sequences, asks the
+// batch policy what runs next, sends one step at a time to its worker, and
+// reports tokens and completions to the router after every step.
+#include <caf/all.hpp>
+#include <memory>
+
+#include "gpu/engine.h"
+#include "scheduler/batch_policy.h"
+
+namespace troupe {
+
+struct BatcherOptions {
+  int replica = 0;
+  EngineOptions engine;
+  BatchLimits limits;
+};
+
+// Spawns its worker (detached, linked: if the worker dies the batcher dies
+// with it, and the supervisor sees one replica down). After a probe step
+// succeeds it sends (up_atom, replica, self) to the router.
+// Handles (assign_atom, Assignment), (cancel_atom, u64 id), (crash_atom),
+// (slow_atom, double).
+caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router,
+                            std::shared_ptr<const Model> model, BatcherOptions options);
+
+}  // namespace troupe

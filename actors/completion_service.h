@@ -1,0 +1,69 @@
+#pragma once
+// The boundary between the HTTP layer (net/) and the actor runtime: net/
+// parses and validates a request, tokenizes it, and submits it here; tokens
+// and the final outcome come back through a sink. Everything here is plain
+// C++ so that net/ can be tested against a fake service.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpu/sampler.h"
+
+namespace troupe {
+
+struct CompletionRequest {
+  uint64_t id = 0;                 // unique per process, assigned by net/
+  std::vector<int> prompt;         // token ids, BOS included when text was given
+  int max_tokens = 16;
+  SamplingParams sampling;         // temperature 0 = greedy
+  std::vector<std::string> stop;   // stop strings (applied by net/ on the text)
+  int priority = 0;                // higher first; 0 .. priority_levels-1
+  double deadline_s = 0;           // seconds from submission; 0 = none
+  bool stream = false;
+};
+
+// How a request ended.
+enum class FinishReason { Stop, Length, Cancelled };
+
+// Why a request failed; net/ maps these to HTTP statuses.
+enum class ServiceErrorKind {
+  BadRequest,    // 400: e.g. prompt over the context (re-checked by the runtime)
+  QueueFull,     // 429 with Retry-After
+  Unavailable,   // 503: no live replica (within the deadline)
+  Timeout,       // 504: per-request deadline passed
+  Internal,      // 500
+};
+
+struct ServiceError {
+  ServiceErrorKind kind = ServiceErrorKind::Internal;
+  std::string message;
+  double retry_after_s = 0;  // for QueueFull / Unavailable
+};
+
+// Receives one request's results. Called from runtime threads, never
+// concurrently for the same request, in order: on_token* then exactly one of
+// on_done / on_error. A token is delivered at most once, also across replica
+// crashes and resumption.
+class CompletionSink {
+ public:
+  virtual ~CompletionSink() = default;
+  virtual void on_token(int token_id) = 0;
+  virtual void on_done(FinishReason reason, int prompt_tokens, int completion_tokens) = 0;
+  virtual void on_error(const ServiceError& error) = 0;
+};
+
+class CompletionService {
+ public:
+  virtual ~CompletionService() = default;
+  // Takes ownership of the request; the sink is held until the request ends.
+  virtual void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) = 0;
+  // The client went away: stop generating and free the request's KV blocks.
+  // The sink gets on_done(Cancelled) (or nothing if it already ended).
+  virtual void cancel(uint64_t request_id) = 0;
+  // At least one replica has completed a real step recently or passed a probe.
+  virtual bool ready() const = 0;
+};
+
+}  // namespace troupe

@@ -1,0 +1,65 @@
+#pragma once
+// The actor runtime behind the HTTP API: one actor system with a router, a
+// supervisor and R replicas (batcher + device worker each), exposed as a
+// CompletionService.
+#include <caf/all.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/completion_service.h"
+#include "actors/router.h"
+#include "actors/supervisor.h"
+
+namespace troupe {
+
+struct ServingOptions {
+  int replicas = 1;
+  std::vector<int> threads;  // per replica (size 1: the same for all)
+  int block_tokens = 16;
+  int kv_blocks = 4096;      // per replica
+  BatchLimits batching;
+  int max_waiting_per_replica = 256;
+  std::string routing_policy = "latency_aware";
+  uint64_t routing_seed = 1;
+  AdmissionQueueOptions admission;
+  int max_restarts = 3;
+  double restart_window_s = 10;
+  int scheduler_threads = 2;  // CAF's cooperative threads (routing, batching: light work)
+};
+
+struct ReplicaStatus {
+  bool live = false;
+  bool failed = false;
+  int restarts = 0;
+};
+
+class ActorRuntime : public CompletionService {
+ public:
+  ActorRuntime(std::shared_ptr<const Model> model, ServingOptions options, Metrics* metrics = nullptr);
+  ~ActorRuntime() override;
+
+  void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) override;
+  void cancel(uint64_t request_id) override;
+  bool ready() const override { return router_shared_->ready.load(); }
+
+  int live_replicas() const { return router_shared_->live_replicas.load(); }
+  std::vector<ReplicaStatus> replica_status() const;
+  // Fault injection: the replica's worker throws at its next message.
+  void inject_crash(int replica);
+  // Fault injection: every later step of the replica takes `seconds` longer.
+  void inject_slowness(int replica, double seconds);
+  // Blocks until `n` replicas are live or the timeout passes; true if reached.
+  bool wait_live(int n, double timeout_s) const;
+
+ private:
+  ServingOptions options_;
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<RouterShared> router_shared_;
+  std::shared_ptr<SupervisorShared> supervisor_shared_;
+  caf::actor router_;
+  caf::actor supervisor_;
+};
+
+}  // namespace troupe

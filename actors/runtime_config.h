@@ -1,0 +1,184 @@
+#pragma once
+// The one configuration schema every `troupe` command reads (DESIGN.md, "One
+// configuration schema"): a YAML file, then command-line overrides on top,
+// all validated before anything starts, so a typo stops start-up with a
+// message naming the file and the key instead of surfacing later as odd
+// behaviour. Checks that need the model (heads divisible by the tensor
+// degree, ...) live in validate_layout_for_model, called once it is loaded.
+#include <spdlog/common.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/dtype.h"
+#include "scheduler/admission_queue.h"
+
+namespace troupe {
+
+struct ModelConfig {
+  std::string path = "models/fortune";  // llama2.c .bin, or a Hugging Face directory
+  std::string tokenizer;                // empty: the tokenizer beside the weights
+  DType dtype = DType::F32;             // weights in memory
+  std::string name;                     // empty: see served_model_name()
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:8080";  // host:port; port 0 = any free port
+  int64_t max_body_bytes = 1048576;
+  double request_timeout_s = 120;  // 0 = no limit
+  int max_tokens_limit = 4096;     // cap on a request's max_tokens
+  int io_threads = 1;
+  bool operator==(const ServerConfig&) const = default;
+};
+
+// R replicas, each split into P pipeline stages of T tensor shards.
+struct ParallelConfig {
+  int replicas = 1;
+  int pipeline = 1;
+  int tensor = 1;
+  int device_count() const { return replicas * pipeline * tensor; }
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+enum class DeviceKind { Cpu, Cuda, Auto };
+const char* device_kind_name(DeviceKind k);  // "cpu", "cuda", "auto"
+
+struct DeviceConfig {
+  DeviceKind kind = DeviceKind::Cpu;
+  int threads = 2;  // CPU threads (compute for cpu; host-side work for cuda)
+  bool operator==(const DeviceConfig&) const = default;
+};
+
+struct BatchingConfig {
+  int max_batch_sequences = 32;
+  int max_batch_tokens = 2048;
+  int prefill_chunk_tokens = 512;
+  int max_waiting = 256;  // per replica
+  bool operator==(const BatchingConfig&) const = default;
+};
+
+// Capacity is given either as a block count or as a byte budget (the count
+// then follows from the model's KV size per token); exactly one is non-zero.
+struct KvCacheConfig {
+  int block_tokens = 16;
+  int64_t blocks = 4096;
+  int64_t bytes = 0;
+  bool operator==(const KvCacheConfig&) const = default;
+};
+
+struct RoutingConfig {
+  std::string policy = "latency_aware";  // one of routing_policy_names()
+  uint64_t seed = 1;                     // for the random policies
+  bool operator==(const RoutingConfig&) const = default;
+};
+
+struct AdmissionConfig {
+  int max_queue = 256;
+  int priority_levels = 2;
+  double queue_timeout_s = 30;  // 0 = no limit
+  TimeoutAction on_timeout = TimeoutAction::Reject;
+  bool operator==(const AdmissionConfig&) const = default;
+};
+
+// Erlang-style restart intensity: at most max_restarts within within_s.
+struct SupervisionConfig {
+  int max_restarts = 3;
+  double within_s = 10;
+  bool operator==(const SupervisionConfig&) const = default;
+};
+
+struct LoggingConfig {
+  spdlog::level::level_enum level = spdlog::level::info;
+  bool operator==(const LoggingConfig&) const = default;
+};
+
+struct RuntimeConfig {
+  ModelConfig model;
+  ServerConfig server;
+  ParallelConfig parallel;
+  // One entry per device (parallel.device_count() of them, ordered as
+  // device_index() numbers them), or one entry applied to every device.
+  std::vector<DeviceConfig> devices{DeviceConfig{}};
+  BatchingConfig batching;
+  KvCacheConfig kv_cache;
+  RoutingConfig routing;
+  AdmissionConfig admission;
+  SupervisionConfig supervision;
+  LoggingConfig logging;
+  bool operator==(const RuntimeConfig&) const = default;
+};
+
+// A configuration error: what() is "SOURCE: KEY.PATH: problem", with
+// " (line N)" when the key came from a file. key() is the dotted path, empty
+// for errors about the whole document (YAML syntax, an unreadable file).
+class ConfigError : public std::invalid_argument {
+ public:
+  ConfigError(const std::string& message, std::string source, std::string key)
+      : std::invalid_argument(message), source_(std::move(source)), key_(std::move(key)) {}
+  const std::string& source() const { return source_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string source_;
+  std::string key_;
+};
+
+RuntimeConfig default_runtime_config();
+
+// Reads and validates a YAML file; every key is optional.
+RuntimeConfig load_runtime_config(const std::filesystem::path& file);
+// The same from text; `source_name` prefixes error messages (a file name).
+RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::string& source_name);
+
+// Sets one key, e.g. ("batching.max_batch_tokens", "4096"), with the same
+// checks as the file, then re-validates the whole config. A value that starts
+// with '{' or '[' is YAML flow ("parallel" = "{replicas: 2}", "devices" =
+// "[{kind: cpu, threads: 1}]"); `devices[N].threads` reaches one entry.
+// Setting kv_cache.blocks clears kv_cache.bytes and vice versa: the command
+// line replaces the file's sizing rather than conflicting with it.
+void apply_override(RuntimeConfig& config, const std::string& dotted_key, const std::string& value,
+                    const std::string& source_name = "command line");
+// Applies several, validating once at the end, so that overrides which only
+// make sense together (--replicas 2 with a two-entry device list) are allowed.
+void apply_overrides(RuntimeConfig& config,
+                     const std::vector<std::pair<std::string, std::string>>& key_values,
+                     const std::string& source_name = "command line");
+
+// The checks that span keys and every range check; the loaders call it, and
+// code that builds a RuntimeConfig by hand should too. Throws ConfigError.
+void validate_runtime_config(const RuntimeConfig& config,
+                             const std::string& source_name = "config");
+
+// YAML that parse_runtime_config reads back as an equal config (--print-config).
+std::string to_yaml(const RuntimeConfig& config);
+
+// "host:port" or "[v6addr]:port" -> (host, port). Throws std::invalid_argument.
+std::pair<std::string, uint16_t> parse_listen(const std::string& listen);
+
+// Device numbering: replica-major, then stage, then shard, so one replica's
+// devices are contiguous and so are one stage's shards.
+int device_index(const ParallelConfig& parallel, int replica, int stage, int shard);
+// The entry that applies to device `device_index` (the single entry when
+// there is one). Throws std::out_of_range for an index outside the layout.
+const DeviceConfig& device_config(const RuntimeConfig& config, int device_index);
+int threads_for_device(const RuntimeConfig& config, int device_index);
+
+// model.name, or the weights' name: "models/fortune" -> "fortune",
+// "models/stories260K/stories260K.bin" -> "stories260K".
+std::string served_model_name(const RuntimeConfig& config);
+
+// Options for the admission queue in front of the replicas.
+AdmissionQueueOptions admission_queue_options(const RuntimeConfig& config);
+
+// Throws ConfigError saying why the parallel layout does not fit a model
+// with these dimensions (T must divide the attention heads, and divide or be
+// a multiple of the KV heads; P at most the layers; T at most the vocabulary).
+void validate_layout_for_model(const RuntimeConfig& config, int n_layers, int n_heads,
+                               int n_kv_heads, int vocab);
+
+}  // namespace troupe

@@ -1,0 +1,35 @@
+#pragma once
+// Supervises the replicas (batcher + linked worker) Erlang-style: a replica
+// that dies is restarted, at most max_restarts times within window_s; past
+// that it stays down. The router hears of every death (to resume its
+// requests) and of every give-up.
+#include <caf/all.hpp>
+#include <memory>
+
+#include "actors/batcher.h"
+#include "actors/metrics.h"
+
+namespace troupe {
+
+struct SupervisorOptions {
+  int replicas = 1;
+  std::vector<BatcherOptions> batchers;  // one per replica
+  int max_restarts = 3;
+  double window_s = 10;
+};
+
+// Shared with the runtime facade: per replica, restarts so far and whether
+// it was given up on (read from other threads).
+struct SupervisorShared {
+  explicit SupervisorShared(int n) : restarts(size_t(n)), failed(size_t(n)) {}
+  std::vector<std::atomic<int>> restarts;
+  std::vector<std::atomic<bool>> failed;
+};
+
+// Handles (crash_atom, int replica) and (slow_atom, int replica, double s):
+// fault injection, forwarded to that replica.
+caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
+                               std::shared_ptr<const Model> model, SupervisorOptions options,
+                               std::shared_ptr<SupervisorShared> shared, Metrics* metrics);
+
+}  // namespace troupe

@@ -1,0 +1,18 @@
+#pragma once
+// The device worker: a detached actor (its own thread) that owns an Engine
+// and runs each step's blocking compute off CAF's cooperative threads.
+#include <caf/all.hpp>
+#include <memory>
+
+#include "gpu/engine.h"
+
+namespace troupe {
+
+// Handles (step_atom, vector<EngineItem>) -> vector<int>, (release_atom, u64),
+// (crash_atom): throws, so supervision sees a worker die mid-generation, and
+// (slow_atom, double seconds): adds that delay to every later step (fault
+// injection for latency-aware routing).
+caf::behavior worker_actor(caf::event_based_actor* self, std::shared_ptr<const Model> model,
+                           EngineOptions options);
+
+}  // namespace troupe

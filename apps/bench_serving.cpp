@@ -1,0 +1,776 @@
+#include "apps/bench_serving.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <latch>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace troupe::app::serving_bench {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Clock::duration to_duration(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+bool starts_with_nocase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(s[i])) !=
+        std::tolower(static_cast<unsigned char>(prefix[i])))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// ---- URL ----
+
+std::string HttpUrl::authority() const {
+  const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  return port == "80" ? h : h + ":" + port;
+}
+
+HttpUrl parse_http_url(const std::string& url) {
+  const auto bad = [&](const std::string& why) {
+    return std::invalid_argument("--url '" + url + "': " + why);
+  };
+  if (starts_with_nocase(url, "https://"))
+    throw bad("https is not supported; the benchmark speaks plain http://");
+  if (!starts_with_nocase(url, "http://")) throw bad("expected http://HOST[:PORT][/PATH]");
+  const std::string rest = url.substr(7);
+  const size_t slash = rest.find('/');
+  const std::string auth = rest.substr(0, slash);
+  std::string path = slash == std::string::npos ? "" : rest.substr(slash);
+  if (auth.find_first_of("?#") != std::string::npos ||
+      path.find_first_of("?#") != std::string::npos)
+    throw bad("a query or fragment is not allowed");
+  if (auth.find('@') != std::string::npos) throw bad("credentials in the URL are not supported");
+
+  HttpUrl u;
+  std::string port;
+  if (!auth.empty() && auth[0] == '[') {
+    const size_t close = auth.find(']');
+    if (close == std::string::npos) throw bad("unterminated '[' in the host");
+    u.host = auth.substr(1, close - 1);
+    const std::string after = auth.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') throw bad("unexpected text after ']'");
+      port = after.substr(1);
+      if (port.empty()) throw bad("empty port");
+    }
+  } else {
+    const size_t colon = auth.find(':');
+    if (colon != std::string::npos && auth.find(':', colon + 1) != std::string::npos)
+      throw bad("an IPv6 host must be in brackets");
+    u.host = auth.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = auth.substr(colon + 1);
+      if (port.empty()) throw bad("empty port");
+    }
+  }
+  if (u.host.empty()) throw bad("no host");
+  if (port.empty()) {
+    u.port = "80";
+  } else {
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        }))
+      throw bad("port '" + port + "' is not a number");
+    const int p = std::stoi(port);
+    if (p < 1 || p > 65535) throw bad("port " + port + " is outside 1..65535");
+    u.port = std::to_string(p);
+  }
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  u.base_path = path;
+  return u;
+}
+
+std::string api_root(const HttpUrl& u) {
+  const std::string& p = u.base_path;
+  if (p.size() >= 3 && p.compare(p.size() - 3, 3, "/v1") == 0) return p;
+  return p + "/v1";
+}
+
+// ---- statistics ----
+
+double percentile_nearest_rank(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) throw std::invalid_argument("percentile of no samples");
+  if (!(p > 0 && p <= 100)) throw std::invalid_argument("percentile must be in (0, 100]");
+  // p * n first: for integer p the product is exact, so ranks like 99% of 100
+  // do not round up past the sample they name.
+  const double rank = std::ceil(p * double(sorted.size()) / 100.0);
+  const size_t k = std::clamp<size_t>(size_t(rank), 1, sorted.size());
+  return sorted[k - 1];
+}
+
+nlohmann::json Distribution::to_json() const {
+  nlohmann::json j;
+  j["count"] = count;
+  for (const auto& [name, v] : {std::pair{"p50", p50}, {"p90", p90}, {"p99", p99}, {"mean", mean}})
+    j[name] = count > 0 ? nlohmann::json(v) : nlohmann::json(nullptr);
+  return j;
+}
+
+Distribution summarize(std::vector<double> samples) {
+  Distribution d;
+  d.count = samples.size();
+  if (samples.empty()) return d;
+  std::sort(samples.begin(), samples.end());
+  d.p50 = percentile_nearest_rank(samples, 50);
+  d.p90 = percentile_nearest_rank(samples, 90);
+  d.p99 = percentile_nearest_rank(samples, 99);
+  d.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / double(samples.size());
+  return d;
+}
+
+// ---- arrivals ----
+
+Xoshiro256::Xoshiro256(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+uint64_t Xoshiro256::next() {
+  const uint64_t result = std::rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = std::rotl(s_[3], 45);
+  return result;
+}
+
+double Xoshiro256::next_double() {
+  return double(next() >> 11) * 0x1.0p-53;
+}
+
+PoissonArrivals::PoissonArrivals(double rate_per_s, uint64_t seed) : rate_(rate_per_s), rng_(seed) {
+  if (!(rate_per_s > 0)) throw std::invalid_argument("Poisson rate must be positive");
+}
+
+double PoissonArrivals::next_gap_s() {
+  // Inverse CDF on u in (0, 1): the half-step offset keeps log() away from 0
+  // (an infinite gap) and 1 (a zero gap).
+  const double u = (double(rng_.next() >> 11) + 0.5) * 0x1.0p-53;
+  return -std::log(u) / rate_;
+}
+
+// ---- server-sent events ----
+
+void SseParser::feed(std::string_view bytes, const EventFn& on_event) {
+  for (const char c : bytes) {
+    if (after_cr_ && c == '\n') {  // the CR of this CRLF already ended the line
+      after_cr_ = false;
+      continue;
+    }
+    after_cr_ = c == '\r';
+    if (c == '\r' || c == '\n') {
+      line(pending_, on_event);
+      pending_.clear();
+    } else {
+      pending_ += c;
+    }
+  }
+}
+
+void SseParser::line(std::string_view text, const EventFn& on_event) {
+  if (text.empty()) {
+    if (has_data_) {
+      // Moved out first so that a callback that throws leaves a clean state.
+      std::string data = std::move(data_);
+      data_.clear();
+      has_data_ = false;
+      on_event(data);
+    }
+    return;
+  }
+  if (text[0] == ':') return;  // comment (keep-alive pings)
+  const size_t colon = text.find(':');
+  const std::string_view field = text.substr(0, colon);
+  std::string_view value = colon == std::string_view::npos ? "" : text.substr(colon + 1);
+  if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
+  if (field != "data") return;  // event, id, retry: nothing the benchmark needs
+  if (has_data_) data_ += '\n';
+  data_ += value;
+  has_data_ = true;
+}
+
+void CompletionStream::feed(std::string_view body_bytes, Clock::time_point now) {
+  sse_.feed(body_bytes, [&](const std::string& data) { event(data, now); });
+}
+
+void CompletionStream::event(const std::string& data, Clock::time_point now) {
+  if (data == "[DONE]") {
+    done_ = true;
+    return;
+  }
+  const auto j = nlohmann::json::parse(data, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    if (error_.empty()) error_ = "bad_stream";
+    return;
+  }
+  if (j.contains("error")) error_ = "stream_error";
+  if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
+    if (const auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer())
+      usage_tokens_ = c->get<int>();
+  }
+  int tokens = 0;
+  if (const auto ch = j.find("choices"); ch != j.end() && ch->is_array()) {
+    for (const auto& choice : *ch) {
+      if (!choice.is_object()) continue;
+      if (const auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
+        tokens += int(ids->size());
+      } else if (const auto t = choice.find("text");
+                 t != choice.end() && t->is_string() && !t->get_ref<const std::string&>().empty()) {
+        tokens += 1;
+      }
+    }
+  }
+  if (tokens > 0) {
+    if (!first_) first_ = now;
+    last_ = now;
+    counted_tokens_ += tokens;
+  }
+}
+
+// ---- the client ----
+
+namespace {
+
+bool is_timeout(const beast::error_code& ec) {
+  return ec == beast::error::timeout;
+}
+
+// One keep-alive HTTP/1.1 connection driven by its own io_context. Each call
+// blocks its thread like a synchronous client, but the operations are
+// asynchronous underneath because only those honour tcp_stream's deadline;
+// a plain synchronous read could hang forever on a stalled server.
+class Connection {
+ public:
+  explicit Connection(const HttpUrl& url) : url_(url) {}
+  ~Connection() { close(); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  beast::error_code ensure_connected(Clock::time_point deadline) {
+    if (connected_) return {};
+    buffer_.clear();
+    beast::error_code ec;
+    if (endpoints_.empty()) {
+      tcp::resolver resolver(ioc_);
+      const auto found = resolver.resolve(url_.host, url_.port, ec);
+      if (ec) return ec;
+      endpoints_.assign(found.begin(), found.end());
+    }
+    // A fresh stream each time: one whose deadline fired is closed for good.
+    stream_.emplace(ioc_);
+    stream_->expires_at(deadline);
+    ec = run([&](auto done) {
+      stream_->async_connect(endpoints_,
+                             [done](beast::error_code e, const tcp::endpoint&) { done(e); });
+    });
+    if (ec) {
+      close();
+      return ec;
+    }
+    stream_->socket().set_option(tcp::no_delay(true), ec);
+    connected_ = true;
+    return {};
+  }
+
+  void close() {
+    connected_ = false;
+    if (!stream_) return;
+    beast::error_code ignored;
+    stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_->socket().close(ignored);
+  }
+
+  // A GET whose whole body is returned; for the /v1/models probe.
+  beast::error_code get(const std::string& target, Clock::time_point deadline, int& status,
+                        std::string& body) {
+    if (auto ec = ensure_connected(deadline)) return ec;
+    http::request<http::empty_body> req{http::verb::get, target, 11};
+    req.set(http::field::host, url_.authority());
+    req.set(http::field::user_agent, "troupe-bench");
+    stream_->expires_at(deadline);
+    auto ec = run([&](auto done) {
+      http::async_write(*stream_, req, [done](beast::error_code e, size_t) { done(e); });
+    });
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(16u << 20);
+    if (!ec)
+      ec = run([&](auto done) {
+        http::async_read(*stream_, buffer_, parser,
+                         [done](beast::error_code e, size_t) { done(e); });
+      });
+    if (ec) {
+      close();
+      return ec;
+    }
+    status = parser.get().result_int();
+    body = std::move(parser.get().body());
+    if (!parser.keep_alive()) close();
+    return {};
+  }
+
+  // POSTs a streamed completion. `origin` is when the request counts as
+  // issued (latency and TTFT are measured from it).
+  RequestResult complete(const std::string& target, const std::string& body,
+                         Clock::time_point origin, Clock::time_point deadline) {
+    RequestResult r;
+    // A kept-alive connection the server has quietly closed fails before any
+    // response byte; that is not the server refusing this request, so it is
+    // tried once more on a fresh connection.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool reused = connected_;
+      if (const auto ec = ensure_connected(deadline)) {
+        r.error = is_timeout(ec) ? "timeout" : "connect";
+        break;
+      }
+      bool got_response = false;
+      exchange(target, body, origin, deadline, r, got_response);
+      if (!r.error.empty() && !got_response && reused && attempt == 0 && r.error == "io") {
+        r = RequestResult{};
+        continue;
+      }
+      break;
+    }
+    r.latency_s = seconds(origin, Clock::now());
+    return r;
+  }
+
+ private:
+  // Runs one asynchronous operation to completion on this thread.
+  template <class Initiate>
+  beast::error_code run(Initiate&& initiate) {
+    beast::error_code result = asio::error::operation_aborted;
+    initiate([&result](beast::error_code ec) { result = ec; });
+    ioc_.restart();
+    ioc_.run();
+    return result;
+  }
+
+  void exchange(const std::string& target, const std::string& body, Clock::time_point origin,
+                Clock::time_point deadline, RequestResult& r, bool& got_response) {
+    http::request<http::string_body> req{http::verb::post, target, 11};
+    req.set(http::field::host, url_.authority());
+    req.set(http::field::user_agent, "troupe-bench");
+    req.set(http::field::content_type, "application/json");
+    req.set(http::field::accept, "text/event-stream");
+    req.keep_alive(true);
+    req.body() = body;
+    req.prepare_payload();
+
+    const auto fail = [&](const beast::error_code& ec) {
+      r.error = is_timeout(ec) ? "timeout" : "io";
+      close();
+    };
+    stream_->expires_at(deadline);
+    auto ec = run([&](auto done) {
+      http::async_write(*stream_, req, [done](beast::error_code e, size_t) { done(e); });
+    });
+    if (ec) return fail(ec);
+
+    http::response_parser<http::buffer_body> parser;
+    parser.body_limit(boost::none);  // a long stream is the point; nothing is kept
+    ec = run([&](auto done) {
+      http::async_read_header(*stream_, buffer_, parser,
+                              [done](beast::error_code e, size_t) { done(e); });
+    });
+    if (ec) return fail(ec);
+    got_response = true;
+    r.status = parser.get().result_int();
+    const bool sse =
+        starts_with_nocase(parser.get()[http::field::content_type], "text/event-stream");
+
+    CompletionStream stream;
+    std::string plain;  // a non-streamed body (error JSON, or a server that ignored "stream")
+    constexpr size_t kPlainCap = 4u << 20;
+    char chunk[16384];
+    while (!parser.is_done()) {
+      parser.get().body().data = chunk;
+      parser.get().body().size = sizeof chunk;
+      // read_some, not read: it returns as soon as some body arrived, which
+      // is what gives each token its arrival time.
+      ec = run([&](auto done) {
+        http::async_read_some(*stream_, buffer_, parser,
+                              [done](beast::error_code e, size_t) { done(e); });
+      });
+      if (ec == http::error::need_buffer) ec = {};
+      const size_t n = sizeof chunk - parser.get().body().size;
+      if (n > 0) {
+        const auto now = Clock::now();
+        if (r.status == 200 && sse)
+          stream.feed({chunk, n}, now);
+        else if (plain.size() < kPlainCap)
+          plain.append(chunk, std::min(n, kPlainCap - plain.size()));
+      }
+      if (ec) return fail(ec);
+    }
+    if (!parser.keep_alive()) close();
+
+    if (r.status != 200) {
+      r.error = std::to_string(r.status);
+      return;
+    }
+    std::optional<Clock::time_point> first, last;
+    if (sse) {
+      if (!stream.error().empty()) {
+        r.error = stream.error();
+        return;
+      }
+      if (!stream.done()) {
+        r.error = "incomplete";  // the body ended without data: [DONE]
+        return;
+      }
+      r.output_tokens = stream.output_tokens();
+      first = stream.first_token();
+      last = stream.last_token();
+    } else {
+      const auto j = nlohmann::json::parse(plain, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || j.contains("error")) {
+        r.error = "bad_response";
+        return;
+      }
+      const auto usage = j.value("usage", nlohmann::json::object());
+      r.output_tokens = usage.value("completion_tokens", 0);
+      if (r.output_tokens > 0) first = last = Clock::now();
+    }
+    r.ok = true;
+    if (first) r.ttft_s = seconds(origin, *first);
+    if (first && last && r.output_tokens > 1)
+      r.tpot_s = seconds(*first, *last) / double(r.output_tokens - 1);
+  }
+
+  HttpUrl url_;
+  asio::io_context ioc_;
+  std::optional<beast::tcp_stream> stream_;
+  beast::flat_buffer buffer_;
+  std::vector<tcp::endpoint> endpoints_;
+  bool connected_ = false;
+};
+
+std::string request_body(const ServingBenchOptions& o, const std::string& model, int vocab,
+                         int index) {
+  nlohmann::json j;
+  if (!model.empty()) j["model"] = model;
+  j["prompt"] = prompt_ids(o.prompt_len, vocab, o.seed, index);
+  j["max_tokens"] = o.output_len;
+  j["temperature"] = 0;
+  j["stream"] = true;
+  j["stream_options"] = {{"include_usage", true}};
+  // vLLM's extension so that every request produces output_len tokens; a
+  // server that ignores it still gets measured on what it produced.
+  j["ignore_eos"] = true;
+  return j.dump();
+}
+
+// Reads the model name and vocabulary size from GET /v1/models when the
+// server offers them. Only an unreachable server is an error: a missing or
+// unfamiliar /v1/models falls back to the options.
+void probe_server(const HttpUrl& url, const ServingBenchOptions& o, ServingBenchResult& res) {
+  res.model = o.model;
+  res.vocab = o.vocab;
+  res.vocab_source = "option";
+  Connection c(url);
+  int status = 0;
+  std::string body;
+  const auto deadline = Clock::now() + to_duration(std::min(o.timeout_s, 30.0));
+  if (const auto ec = c.get(api_root(url) + "/models", deadline, status, body))
+    throw std::runtime_error("cannot reach " + o.url + ": " + ec.message());
+  if (status != 200) return;
+  const auto j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return;
+  const nlohmann::json* entry = nullptr;
+  if (const auto d = j.find("data");
+      d != j.end() && d->is_array() && !d->empty() && d->front().is_object())
+    entry = &d->front();
+  if (entry && res.model.empty() && entry->contains("id") && (*entry)["id"].is_string())
+    res.model = (*entry)["id"].get<std::string>();
+  for (const nlohmann::json* obj : {entry, &j}) {
+    if (!obj) continue;
+    for (const char* key : {"vocab_size", "vocab"}) {
+      const auto v = obj->find(key);
+      if (v != obj->end() && v->is_number_integer() && v->get<long long>() > 3 &&
+          v->get<long long>() <= (1LL << 30)) {
+        res.vocab = v->get<int>();
+        res.vocab_source = "server";
+        return;
+      }
+    }
+  }
+}
+
+void run_closed_loop(const HttpUrl& url, const ServingBenchOptions& o, const std::string& target,
+                     ServingBenchResult& res, Clock::time_point& start) {
+  const int workers = std::min(o.concurrency, o.requests);
+  std::atomic<int> next{0};
+  // Connections open before the clock starts, so the first requests are not
+  // charged the TCP handshake that later ones do not pay.
+  std::latch connected(workers + 1);
+  std::vector<std::thread> threads;
+  threads.reserve(size_t(workers));
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      Connection c(url);
+      c.ensure_connected(Clock::now() + to_duration(std::min(o.timeout_s, 30.0)));
+      connected.arrive_and_wait();
+      for (int i = next++; i < o.requests; i = next++) {
+        const std::string body = request_body(o, res.model, res.vocab, i);
+        const auto t0 = Clock::now();
+        res.requests[size_t(i)] = c.complete(target, body, t0, t0 + to_duration(o.timeout_s));
+      }
+    });
+  }
+  connected.arrive_and_wait();
+  start = Clock::now();
+  for (auto& t : threads) t.join();
+}
+
+void run_open_loop(const HttpUrl& url, const ServingBenchOptions& o, const std::string& target,
+                   ServingBenchResult& res, Clock::time_point& start) {
+  struct Job {
+    int index;
+    Clock::time_point arrival;
+  };
+  std::mutex m;
+  std::condition_variable work_cv, space_cv;
+  std::deque<Job> queue;
+  int inflight = 0;  // queued + being sent
+  int idle = 0;      // workers waiting for a job
+  bool closing = false;
+  std::vector<std::thread> workers;
+
+  const auto worker = [&] {
+    Connection c(url);
+    std::unique_lock lock(m);
+    for (;;) {
+      ++idle;
+      work_cv.wait(lock, [&] { return !queue.empty() || closing; });
+      --idle;
+      if (queue.empty()) return;
+      const Job job = queue.front();
+      queue.pop_front();
+      lock.unlock();
+      const std::string body = request_body(o, res.model, res.vocab, job.index);
+      // Measured from the scheduled arrival, not from when a connection got
+      // to it: otherwise a saturated client would hide the queueing delay
+      // its users would see (coordinated omission).
+      res.requests[size_t(job.index)] =
+          c.complete(target, body, job.arrival, Clock::now() + to_duration(o.timeout_s));
+      lock.lock();
+      --inflight;
+      space_cv.notify_one();
+    }
+  };
+
+  PoissonArrivals arrivals(o.rate, o.seed);
+  start = Clock::now();
+  Clock::time_point at = start;
+  for (int i = 0; i < o.requests; ++i) {
+    if (i > 0) at += to_duration(arrivals.next_gap_s());
+    std::this_thread::sleep_until(at);
+    std::unique_lock lock(m);
+    if (inflight >= o.max_inflight) {
+      ++res.delayed_arrivals;
+      space_cv.wait(lock, [&] { return inflight < o.max_inflight; });
+    }
+    ++inflight;
+    queue.push_back({i, at});
+    // Threads are added only when every existing one is busy, so a low rate
+    // needs few connections and a high one grows up to --max-inflight.
+    if (int(queue.size()) > idle && int(workers.size()) < o.max_inflight)
+      workers.emplace_back(worker);
+    work_cv.notify_one();
+  }
+  {
+    std::lock_guard lock(m);
+    closing = true;
+  }
+  work_cv.notify_all();
+  for (auto& t : workers) t.join();
+}
+
+std::string fmt_ms(const Distribution& d, double Distribution::*field) {
+  if (d.count == 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", 1000.0 * (d.*field));
+  return b;
+}
+
+}  // namespace
+
+// ---- the benchmark ----
+
+void validate(const ServingBenchOptions& o) {
+  const auto bad = [](const std::string& why) { return std::invalid_argument(why); };
+  if (o.url.empty()) throw bad("serving mode needs --url");
+  parse_http_url(o.url);
+  if (o.concurrency > 0 && o.rate > 0)
+    throw bad("give either --concurrency (closed loop) or --rate (open loop), not both");
+  if (o.concurrency <= 0 && o.rate <= 0) {
+    if (o.concurrency < 0) throw bad("--concurrency must be at least 1");
+    if (o.rate < 0) throw bad("--rate must be positive (requests per second)");
+    throw bad("serving mode needs --concurrency C (closed loop) or --rate R (open loop)");
+  }
+  if (!std::isfinite(o.rate)) throw bad("--rate must be a finite number");
+  if (o.requests < 1) throw bad("--requests must be at least 1");
+  if (o.max_inflight < 1) throw bad("--max-inflight must be at least 1");
+  if (o.prompt_len < 1) throw bad("--prompt-len must be at least 1");
+  if (o.output_len < 1) throw bad("--output-len must be at least 1");
+  if (o.vocab < 4) throw bad("--vocab must be at least 4 (ids 0..2 are reserved)");
+  if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
+    throw bad("--timeout-s must be a positive number of seconds");
+}
+
+std::vector<int> prompt_ids(int prompt_len, int vocab, uint64_t seed, int index) {
+  // ids 0..2 are <unk>, BOS and EOS in the llama2.c vocabularies.
+  Xoshiro256 rng(seed * 0x9e3779b97f4a7c15ULL + uint64_t(index) + 1);
+  std::vector<int> ids(size_t(std::max(prompt_len, 0)));
+  const uint64_t span = uint64_t(std::max(vocab - 3, 1));
+  for (auto& id : ids) id = 3 + int(rng.next() % span);
+  return ids;
+}
+
+ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
+  validate(opts);
+  const HttpUrl url = parse_http_url(opts.url);
+  ServingBenchResult res;
+  res.options = opts;
+  probe_server(url, opts, res);
+  res.requests.resize(size_t(opts.requests));
+  const std::string target = api_root(url) + "/completions";
+
+  Clock::time_point start;
+  if (opts.concurrency > 0)
+    run_closed_loop(url, opts, target, res, start);
+  else
+    run_open_loop(url, opts, target, res, start);
+  res.duration_s = seconds(start, Clock::now());
+
+  std::vector<double> ttft, tpot, latency;
+  for (const auto& r : res.requests) {
+    if (!r.ok) {
+      ++res.errors[r.error];
+      continue;
+    }
+    ++res.completed;
+    res.output_tokens += r.output_tokens;
+    latency.push_back(r.latency_s);
+    if (r.ttft_s >= 0) ttft.push_back(r.ttft_s);
+    if (r.tpot_s >= 0) tpot.push_back(r.tpot_s);
+  }
+  res.ttft_s = summarize(std::move(ttft));
+  res.tpot_s = summarize(std::move(tpot));
+  res.latency_s = summarize(std::move(latency));
+  return res;
+}
+
+nlohmann::json ServingBenchResult::to_json() const {
+  nlohmann::json j;
+  j["mode"] = "serving";
+  j["url"] = options.url;
+  j["model"] = model;
+  if (options.concurrency > 0) {
+    j["loop"] = "closed";
+    j["concurrency"] = options.concurrency;
+  } else {
+    j["loop"] = "open";
+    j["rate"] = options.rate;
+    j["max_inflight"] = options.max_inflight;
+    j["delayed_arrivals"] = delayed_arrivals;
+  }
+  j["requests"] = options.requests;
+  j["completed"] = completed;
+  j["errors"] = nlohmann::json::object();
+  for (const auto& [k, v] : errors) j["errors"][k] = v;
+  j["prompt_len"] = options.prompt_len;
+  j["output_len"] = options.output_len;
+  j["vocab"] = vocab;
+  j["vocab_source"] = vocab_source;
+  j["duration_s"] = duration_s;
+  j["output_tokens"] = output_tokens;
+  j["requests_per_s"] = requests_per_s();
+  j["output_tokens_per_s"] = output_tokens_per_s();
+  j["ttft_s"] = ttft_s.to_json();
+  j["tpot_s"] = tpot_s.to_json();
+  j["latency_s"] = latency_s.to_json();
+  return j;
+}
+
+std::string ServingBenchResult::table() const {
+  std::ostringstream s;
+  char line[256];
+  s << "serving bench against " << options.url;
+  if (!model.empty()) s << " (model " << model << ")";
+  s << "\n";
+  if (options.concurrency > 0) {
+    std::snprintf(line, sizeof line, "closed loop, concurrency %d\n", options.concurrency);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "open loop, Poisson %.2f requests/s, at most %d in flight (%d arrivals held)\n",
+                  options.rate, options.max_inflight, delayed_arrivals);
+  }
+  s << line;
+  std::snprintf(line, sizeof line, "prompt %d tokens (vocab %d, from %s), output up to %d tokens\n",
+                options.prompt_len, vocab, vocab_source.c_str(), options.output_len);
+  s << line;
+  std::snprintf(line, sizeof line, "requests %d: completed %d, failed %d\n", options.requests,
+                completed, options.requests - completed);
+  s << line;
+  if (!errors.empty()) {
+    s << "errors:";
+    for (const auto& [k, v] : errors) s << " " << k << " x" << v;
+    s << "\n";
+  }
+  std::snprintf(line, sizeof line,
+                "duration %.2f s: %.2f requests/s, %.1f output tokens/s (%lld tokens)\n",
+                duration_s, requests_per_s(), output_tokens_per_s(), output_tokens);
+  s << line;
+  s << "              |      p50 |      p90 |      p99 |     mean\n";
+  for (const auto& [name, d] : {std::pair<const char*, const Distribution*>{"TTFT ms", &ttft_s},
+                                {"TPOT ms", &tpot_s},
+                                {"latency ms", &latency_s}}) {
+    std::snprintf(line, sizeof line, "  %-11s | %8s | %8s | %8s | %8s\n", name,
+                  fmt_ms(*d, &Distribution::p50).c_str(), fmt_ms(*d, &Distribution::p90).c_str(),
+                  fmt_ms(*d, &Distribution::p99).c_str(), fmt_ms(*d, &Distribution::mean).c_str());
+    s << line;
+  }
+  return s.str();
+}
+
+}  // namespace troupe::app::serving_bench

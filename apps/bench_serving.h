@@ -1,0 +1,183 @@
+#pragma once
+// Serving-mode benchmark: a load generator against an OpenAI-compatible
+// /v1/completions endpoint (ours or anyone's), so that serving figures and
+// engine figures come from the same command.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace troupe::app::serving_bench {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- URL ----
+
+struct HttpUrl {
+  std::string host;       // without brackets for IPv6 literals
+  std::string port;       // "80" when the URL names none
+  std::string base_path;  // "" or "/prefix" (never a trailing '/')
+  // host:port as the Host header wants it (brackets back on IPv6).
+  std::string authority() const;
+};
+
+// Accepts http://HOST[:PORT][/PATH]. Throws std::invalid_argument saying what
+// is wrong; https is refused rather than silently spoken in plain text.
+HttpUrl parse_http_url(const std::string& url);
+
+// The OpenAI API root ("/v1", "/prefix/v1"): a URL may name the server or
+// already end in /v1, as OpenAI clients' base URLs do.
+std::string api_root(const HttpUrl& u);
+
+// ---- statistics ----
+
+// Nearest-rank percentile of ascending `sorted`: the smallest sample with at
+// least p% of the samples at or below it. p in (0, 100]; throws
+// std::invalid_argument on an empty input or a p outside that range.
+double percentile_nearest_rank(const std::vector<double>& sorted, double p);
+
+struct Distribution {
+  size_t count = 0;
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;  // meaningful only when count > 0
+  // {p50, p90, p99, mean, count}; the statistics are null without samples,
+  // because a 0 would read as "instant".
+  nlohmann::json to_json() const;
+};
+Distribution summarize(std::vector<double> samples);
+
+// ---- arrivals ----
+
+// xoshiro256** seeded through splitmix64: a generator whose output is fixed
+// by its definition, unlike std:: distributions, so a seed replays the same
+// arrival schedule on any standard library.
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed);
+  uint64_t next();
+  // Uniform in [0, 1) with 53 random bits.
+  double next_double();
+
+ private:
+  uint64_t s_[4];
+};
+
+// Inter-arrival gaps of a Poisson process with `rate` arrivals per second.
+class PoissonArrivals {
+ public:
+  PoissonArrivals(double rate_per_s, uint64_t seed);
+  double next_gap_s();  // exponential with mean 1/rate, always > 0
+
+ private:
+  double rate_;
+  Xoshiro256 rng_;
+};
+
+// ---- server-sent events ----
+
+// Incremental SSE parser (the WHATWG event-stream rules we need: data lines,
+// comments, CR/LF/CRLF line ends, blank line dispatches). Bytes may arrive
+// split anywhere, even inside a line ending.
+class SseParser {
+ public:
+  using EventFn = std::function<void(const std::string& data)>;
+  void feed(std::string_view bytes, const EventFn& on_event);
+
+ private:
+  void line(std::string_view text, const EventFn& on_event);
+  std::string pending_;  // an unfinished line
+  std::string data_;     // data lines of the event being built
+  bool has_data_ = false;
+  bool after_cr_ = false;  // last byte was CR: a following LF ends nothing
+};
+
+// One streamed completion as the client sees it: counts output tokens and
+// records when they arrived.
+class CompletionStream {
+ public:
+  void feed(std::string_view body_bytes, Clock::time_point now);
+
+  bool done() const { return done_; }  // saw data: [DONE]
+  // Not empty when the stream carried an error object or was not JSON.
+  const std::string& error() const { return error_; }
+  // usage.completion_tokens when the server sent it, else the count from
+  // chunks (token_ids when present, else one per chunk with non-empty text).
+  int output_tokens() const { return usage_tokens_ ? *usage_tokens_ : counted_tokens_; }
+  bool has_usage() const { return usage_tokens_.has_value(); }
+  int counted_tokens() const { return counted_tokens_; }
+  const std::optional<Clock::time_point>& first_token() const { return first_; }
+  const std::optional<Clock::time_point>& last_token() const { return last_; }
+
+ private:
+  void event(const std::string& data, Clock::time_point now);
+  SseParser sse_;
+  bool done_ = false;
+  std::string error_;
+  std::optional<int> usage_tokens_;
+  int counted_tokens_ = 0;
+  std::optional<Clock::time_point> first_, last_;
+};
+
+// ---- the benchmark ----
+
+struct ServingBenchOptions {
+  std::string url;
+  int concurrency = 0;  // > 0: closed loop
+  double rate = 0;      // > 0: open loop, requests per second
+  int requests = 100;
+  int max_inflight = 1024;
+  int prompt_len = 256;
+  int output_len = 128;
+  int vocab = 2000;  // used when GET /v1/models does not say
+  double timeout_s = 300;
+  uint64_t seed = 0;
+  std::string model;  // the request's "model"; default: the first of /v1/models
+};
+
+// Throws std::invalid_argument naming the offending option.
+void validate(const ServingBenchOptions& o);
+
+// Token ids for request `index`: prompt_len ids in [3, vocab), varied per
+// request so that no two prompts share a prefix a cache could reuse.
+std::vector<int> prompt_ids(int prompt_len, int vocab, uint64_t seed, int index);
+
+struct RequestResult {
+  bool ok = false;
+  std::string error;   // "" when ok; else an HTTP status ("429") or a transport word
+  int status = 0;      // HTTP status, 0 when none arrived
+  double ttft_s = -1;  // < 0 when no token arrived
+  double tpot_s = -1;  // < 0 with fewer than two output tokens
+  double latency_s = 0;
+  int output_tokens = 0;
+};
+
+struct ServingBenchResult {
+  ServingBenchOptions options;
+  std::string model;         // what was sent as "model" ("" = none)
+  int vocab = 0;             // the vocabulary the prompts were drawn from
+  std::string vocab_source;  // "server" or "option"
+  int completed = 0;
+  std::map<std::string, int> errors;
+  double duration_s = 0;
+  long long output_tokens = 0;
+  int delayed_arrivals = 0;  // open loop: arrivals held back by --max-inflight
+  Distribution ttft_s, tpot_s, latency_s;
+  std::vector<RequestResult> requests;  // by request index
+
+  double requests_per_s() const { return duration_s > 0 ? completed / duration_s : 0; }
+  double output_tokens_per_s() const {
+    return duration_s > 0 ? double(output_tokens) / duration_s : 0;
+  }
+  nlohmann::json to_json() const;
+  std::string table() const;
+};
+
+// Runs the load. Throws std::invalid_argument for bad options and
+// std::runtime_error when the server cannot be reached at all.
+ServingBenchResult run_serving_bench(const ServingBenchOptions& opts);
+
+}  // namespace troupe::app::serving_bench

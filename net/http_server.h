@@ -1,0 +1,66 @@
+#pragma once
+// The OpenAI-compatible HTTP/1.1 server (Boost.Beast) in front of a
+// CompletionService: POST /v1/completions (JSON or server-sent events),
+// GET /v1/models, /health, /ready and /metrics.
+//
+// It runs on its own io threads, never on CAF's: tokens arrive through
+// CompletionSink on runtime threads and are posted to the connection's strand,
+// so the runtime never waits on a socket.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "actors/completion_service.h"
+#include "actors/metrics.h"
+#include "gpu/tokenizer.h"
+#include "net/openai_api.h"
+
+namespace troupe {
+
+class HttpServer {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    uint16_t port = 8080;  // 0: pick a free port (see port())
+    size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+    size_t max_header_bytes = 16 * 1024;  // larger headers get 431
+    // Passed to the service as the request deadline; a request the service
+    // has not ended by then (plus a grace period) is cancelled here with 504.
+    double request_timeout_s = 120;
+    // Reading one request (headers and body), and waiting idle on a
+    // keep-alive connection: a slow or silent client is dropped after this.
+    double read_timeout_s = 30;
+    // A client that stops reading its response is dropped after this.
+    double write_timeout_s = 30;
+    int io_threads = 1;
+    size_t max_connections = 1024;  // beyond: 503 and close
+  };
+
+  // `tokenizer` may be empty: then only token-id prompts are accepted, and
+  // completions carry text "" plus the generated "token_ids".
+  HttpServer(Options options, CompletionService& service, std::optional<Tokenizer> tokenizer,
+             openai::ModelLimits model, Metrics& metrics);
+  // Stops (see stop()).
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the io threads. Throws std::runtime_error
+  // naming the address when it cannot listen.
+  void start();
+  // Closes the listener and every connection, cancels the requests still in
+  // flight at the service, and joins the io threads. Idempotent.
+  void stop();
+
+  // The bound port (the chosen one when Options::port was 0); 0 before start().
+  uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,508 @@
+#include "net/openai_api.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+#include "gpu/tokenizer.h"
+
+namespace troupe::openai {
+
+using nlohmann::json;
+
+namespace {
+
+// Thrown by the field readers below and turned into the returned ApiError,
+// so that each rule is one line in parse_completion_request().
+struct Invalid {
+  ApiError error;
+};
+
+[[noreturn]] void fail(std::string message, std::string param = {}, std::string code = {}) {
+  throw Invalid{bad_request(std::move(message), std::move(param), std::move(code))};
+}
+
+std::string quoted(std::string_view name) { return "`" + std::string(name) + "`"; }
+
+[[noreturn]] void wrong_type(std::string_view name, std::string_view expected, const json& got) {
+  fail(quoted(name) + " must be " + std::string(expected) + ", got " + got.type_name() + ".",
+       std::string(name));
+}
+
+// The field, or nullptr when absent or null (null means "the default").
+const json* field(const json& body, std::string_view name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string show(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Integers as JSON integers or as floats with no fraction (16.0), as
+// pydantic-based servers accept them.
+bool as_int64(const json& v, int64_t& out) {
+  if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+    return true;
+  }
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    out = int64_t(u);
+    return true;
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) < 9.2e18) {
+      out = int64_t(d);
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t get_int(const json& v, std::string_view name) {
+  int64_t out = 0;
+  if (!as_int64(v, out)) wrong_type(name, "an integer", v);
+  return out;
+}
+
+int get_int32(const json& v, std::string_view name) {
+  int64_t out = get_int(v, name);
+  if (out < std::numeric_limits<int>::min() || out > std::numeric_limits<int>::max())
+    fail(quoted(name) + " is out of range, got " + std::to_string(out) + ".", std::string(name));
+  return int(out);
+}
+
+double get_number(const json& v, std::string_view name) {
+  if (!v.is_number()) wrong_type(name, "a number", v);
+  return v.get<double>();
+}
+
+bool get_bool(const json& v, std::string_view name) {
+  if (!v.is_boolean()) wrong_type(name, "a boolean", v);
+  return v.get<bool>();
+}
+
+const std::string& get_string(const json& v, std::string_view name) {
+  if (!v.is_string()) wrong_type(name, "a string", v);
+  return v.get_ref<const std::string&>();
+}
+
+[[noreturn]] void unsupported(std::string_view name, std::string_view detail = {}) {
+  fail(quoted(name) + " is not supported by this server" +
+           (detail.empty() ? std::string(".") : "; " + std::string(detail) + "."),
+       std::string(name), "unsupported_parameter");
+}
+
+void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams& p) {
+  const json* v = field(body, "prompt");
+  if (!v) fail("`prompt` is required.", "prompt");
+  if (v->is_string()) {
+    p.prompt_text = v->get<std::string>();
+    return;
+  }
+  if (!v->is_array()) wrong_type("prompt", "a string or an array of token ids", *v);
+  if (v->empty()) fail("`prompt` must not be empty.", "prompt");
+  if (v->size() == 1 && (*v)[0].is_string()) {
+    p.prompt_text = (*v)[0].get<std::string>();
+    return;
+  }
+  bool all_strings = true;
+  for (const json& e : *v) all_strings = all_strings && e.is_string();
+  if (all_strings)
+    fail("Only one prompt per request is supported; got " + std::to_string(v->size()) +
+             " prompts.",
+         "prompt");
+  p.prompt_ids.reserve(v->size());
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    int64_t id = 0;
+    if (!e.is_number() || !as_int64(e, id))
+      fail("`prompt` must be a string, an array of token ids, or an array holding one string; "
+           "element " + std::to_string(i) + " is " + e.type_name() + ".",
+           "prompt");
+    if (id < 0 || id >= limits.vocab_size)
+      fail("Token id " + std::to_string(id) + " at `prompt`[" + std::to_string(i) +
+               "] is outside the vocabulary (valid ids: 0.." +
+               std::to_string(limits.vocab_size - 1) + ").",
+           "prompt");
+    p.prompt_ids.push_back(int(id));
+  }
+}
+
+void parse_stop(const json& body, CompletionParams& p) {
+  const json* v = field(body, "stop");
+  if (!v) return;
+  // Empty stop strings would end every completion at once; they are dropped
+  // (clients send "" to mean "no stop string").
+  if (v->is_string()) {
+    if (!v->get_ref<const std::string&>().empty()) p.stop.push_back(v->get<std::string>());
+    return;
+  }
+  if (!v->is_array()) wrong_type("stop", "a string or an array of strings", *v);
+  if (v->size() > 4)
+    fail("`stop` may hold at most 4 strings, got " + std::to_string(v->size()) + ".", "stop");
+  for (const json& e : *v) {
+    if (!e.is_string()) wrong_type("stop", "a string or an array of strings", e);
+    if (!e.get_ref<const std::string&>().empty()) p.stop.push_back(e.get<std::string>());
+  }
+}
+
+void parse_sampling(const json& body, CompletionParams& p) {
+  if (const json* v = field(body, "temperature")) {
+    double t = get_number(*v, "temperature");
+    if (!(t >= 0 && t <= 2))
+      fail("`temperature` must be between 0 and 2, got " + show(t) + ".", "temperature");
+    p.temperature = float(t);
+  }
+  if (const json* v = field(body, "top_p")) {
+    double t = get_number(*v, "top_p");
+    if (!(t > 0 && t <= 1))
+      fail("`top_p` must be in (0, 1], got " + show(t) + ".", "top_p");
+    p.top_p = float(t);
+  }
+  if (const json* v = field(body, "top_k")) {
+    int k = get_int32(*v, "top_k");
+    // -1 is vLLM's spelling of "off".
+    if (k < -1) fail("`top_k` must be >= 0 (0 or -1: off), got " + std::to_string(k) + ".", "top_k");
+    p.top_k = k < 0 ? 0 : k;
+  }
+  if (const json* v = field(body, "seed")) {
+    if (v->is_number_unsigned()) {
+      p.seed = v->get<uint64_t>();
+    } else {
+      // Negative seeds are valid integers; their two's complement is the seed.
+      p.seed = uint64_t(get_int(*v, "seed"));
+    }
+  }
+}
+
+void reject_unsupported(const json& body) {
+  if (const json* v = field(body, "n")) {
+    int64_t n = get_int(*v, "n");
+    if (n != 1) fail("Only n=1 is supported, got n=" + std::to_string(n) + ".", "n");
+  }
+  if (const json* v = field(body, "best_of")) {
+    if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
+  }
+  if (const json* v = field(body, "echo")) {
+    if (get_bool(*v, "echo")) unsupported("echo");
+  }
+  if (const json* v = field(body, "logprobs")) {
+    get_int(*v, "logprobs");
+    unsupported("logprobs");
+  }
+  if (const json* v = field(body, "suffix")) {
+    if (!get_string(*v, "suffix").empty()) unsupported("suffix");
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* v = field(body, name)) {
+      if (get_number(*v, name) != 0) unsupported(name, "only 0 is accepted");
+    }
+  }
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
+    if (!v->empty()) unsupported("logit_bias");
+  }
+  if (const json* v = field(body, "user")) get_string(*v, "user");
+}
+
+void parse_streaming(const json& body, CompletionParams& p) {
+  if (const json* v = field(body, "stream")) p.stream = get_bool(*v, "stream");
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) wrong_type("stream_options", "an object", *v);
+    if (!p.stream)
+      fail("`stream_options` is only allowed when `stream` is true.", "stream_options");
+    if (const json* u = field(*v, "include_usage"))
+      p.include_usage = get_bool(*u, "stream_options.include_usage");
+  }
+}
+
+CompletionParams parse_checked(std::string_view body, const ModelLimits& limits) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // what() is "[json.exception.parse_error.101] parse error at line 1,
+    // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + what,
+         {}, "invalid_json");
+  }
+  if (!j.is_object())
+    fail(std::string("The request body must be a JSON object, got ") + j.type_name() + ".");
+
+  CompletionParams p;
+  p.model = limits.name;
+  if (const json* v = field(j, "model")) {
+    p.model = get_string(*v, "model");
+    if (p.model != limits.name) {
+      ApiError e = bad_request("The model `" + p.model + "` does not exist.", "model",
+                               "model_not_found");
+      e.status = 404;
+      throw Invalid{e};
+    }
+  }
+  parse_prompt(j, limits, p);
+  if (const json* v = field(j, "max_tokens")) {
+    int64_t m = get_int(*v, "max_tokens");
+    if (m < 1)
+      fail("`max_tokens` must be at least 1, got " + std::to_string(m) + ".", "max_tokens");
+    if (limits.max_tokens_cap > 0 && m > limits.max_tokens_cap)
+      fail("`max_tokens` is " + std::to_string(m) + ", but this server allows at most " +
+               std::to_string(limits.max_tokens_cap) + " tokens per completion.",
+           "max_tokens");
+    if (m > std::numeric_limits<int>::max())
+      fail("`max_tokens` is out of range, got " + std::to_string(m) + ".", "max_tokens");
+    p.max_tokens = int(m);
+  } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
+    p.max_tokens = limits.max_tokens_cap;
+  }
+  parse_sampling(j, p);
+  parse_stop(j, p);
+  parse_streaming(j, p);
+  reject_unsupported(j);
+  if (const json* v = field(j, "priority")) p.priority = get_int32(*v, "priority");
+  if (const json* v = field(j, "return_token_ids"))
+    p.return_token_ids = get_bool(*v, "return_token_ids");
+  return p;
+}
+
+}  // namespace
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+ApiError from_service_error(const ServiceError& s) {
+  ApiError e;
+  e.message = s.message;
+  switch (s.kind) {
+    case ServiceErrorKind::BadRequest:
+      e.status = 400;
+      break;
+    case ServiceErrorKind::QueueFull:
+      e.status = 429;
+      e.type = "rate_limit_error";
+      e.code = "queue_full";
+      e.retry_after_s = s.retry_after_s > 0 ? s.retry_after_s : 1;
+      break;
+    case ServiceErrorKind::Unavailable:
+      e.status = 503;
+      e.type = "service_unavailable";
+      e.retry_after_s = s.retry_after_s > 0 ? s.retry_after_s : 1;
+      break;
+    case ServiceErrorKind::Timeout:
+      e.status = 504;
+      e.type = "timeout";
+      break;
+    case ServiceErrorKind::Internal:
+      e.status = 500;
+      e.type = "server_error";
+      break;
+  }
+  if (e.message.empty()) e.message = "The request failed (HTTP " + std::to_string(e.status) + ").";
+  return e;
+}
+
+json error_json(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return json{{"error", std::move(err)}};
+}
+
+std::string error_body(const ApiError& e) { return dump(error_json(e)); }
+
+int retry_after_header_seconds(double seconds) {
+  if (!(seconds > 0)) return 1;
+  if (seconds > 86400) return 86400;
+  return std::max(1, int(std::ceil(seconds)));
+}
+
+std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens,
+                                             int context_length) {
+  int64_t total = int64_t(prompt_tokens) + max_tokens;
+  if (total <= context_length) return std::nullopt;
+  return bad_request("This model's maximum context length is " + std::to_string(context_length) +
+                         " tokens. However, you requested " + std::to_string(total) +
+                         " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
+                         std::to_string(max_tokens) +
+                         " in the completion). Please reduce the length of the prompt or "
+                         "completion.",
+                     "prompt", "context_length_exceeded");
+}
+
+Result<CompletionParams> parse_completion_request(std::string_view body,
+                                                  const ModelLimits& limits) {
+  try {
+    return parse_checked(body, limits);
+  } catch (const Invalid& e) {
+    return e.error;
+  }
+}
+
+Result<std::vector<int>> resolve_prompt(const CompletionParams& p, const Tokenizer* tokenizer,
+                                        const ModelLimits& limits) {
+  std::vector<int> ids;
+  if (p.prompt_text) {
+    if (!tokenizer)
+      return bad_request(
+          "This server has no tokenizer: send `prompt` as an array of token ids.", "prompt");
+    try {
+      ids = tokenizer->encode(*p.prompt_text, tokenizer->bos_id() >= 0);
+    } catch (const std::exception& e) {
+      return bad_request(std::string("The prompt could not be tokenized: ") + e.what(), "prompt");
+    }
+  } else {
+    ids = p.prompt_ids;
+  }
+  if (!p.stop.empty() && !tokenizer)
+    return bad_request("This server has no tokenizer, so `stop` strings cannot be applied.",
+                       "stop");
+  if (ids.empty()) return bad_request("`prompt` must not be empty.", "prompt");
+  if (auto e = check_context_length(int(ids.size()), p.max_tokens, limits.context_length))
+    return *e;
+  return ids;
+}
+
+std::string completion_id(uint64_t nonce, uint64_t request_id) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "cmpl-%016llx%016llx", static_cast<unsigned long long>(nonce),
+                static_cast<unsigned long long>(request_id));
+  return buf;
+}
+
+const char* finish_reason_name(FinishReason r) {
+  return r == FinishReason::Length ? "length" : "stop";
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+namespace {
+
+json choice_json(const std::string& text, std::optional<FinishReason> reason,
+                 const std::vector<int>* token_ids) {
+  json c = {{"index", 0},
+            {"text", text},
+            {"logprobs", nullptr},
+            {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
+  if (token_ids) c["token_ids"] = *token_ids;
+  return c;
+}
+
+json envelope(const ResponseMeta& meta) {
+  return {{"id", meta.id},
+          {"object", "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model}};
+}
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+json completion_response(const ResponseMeta& meta, const std::string& text, FinishReason reason,
+                         const Usage& usage, const std::vector<int>* token_ids) {
+  json j = envelope(meta);
+  j["choices"] = json::array({choice_json(text, reason, token_ids)});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
+                           std::optional<FinishReason> reason, bool include_usage,
+                           const std::vector<int>* token_ids) {
+  json j = envelope(meta);
+  j["choices"] = json::array({choice_json(text, reason, token_ids)});
+  if (include_usage) j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage) {
+  json j = envelope(meta);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(usage);
+  return sse(j);
+}
+
+std::string sse_error(const ApiError& e) {
+  json j = error_json(e);
+  j["error"]["status"] = e.status;  // the HTTP status it would have had
+  return sse(j);
+}
+
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+json models_response(const ModelLimits& limits, int64_t created) {
+  json model = {{"id", limits.name},          {"object", "model"},
+                {"created", created},         {"owned_by", "troupe"},
+                {"root", limits.name},        {"parent", nullptr},
+                {"max_model_len", limits.context_length}};
+  return {{"object", "list"}, {"data", json::array({model})}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
+  for (auto& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+size_t StopStringFilter::held_tail_length() const {
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    size_t k = std::min(s.size() - 1, pending_.size());
+    for (; k > hold; --k) {
+      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) break;
+    }
+    hold = std::max(hold, k);
+  }
+  return hold;
+}
+
+std::string StopStringFilter::push(std::string_view text) {
+  if (stopped_) return {};
+  if (stops_.empty()) return std::string(text);
+  pending_ += text;
+  // Only the held tail (shorter than every stop string) precedes the new text,
+  // so a match found here cannot start in text already released.
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  size_t keep = held_tail_length();
+  std::string out = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string StopStringFilter::flush() {
+  if (stopped_) return {};
+  std::string out = std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace troupe::openai

@@ -1,0 +1,69 @@
+#include "scheduler/batch_policy.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+ContinuousBatchPolicy::ContinuousBatchPolicy(BatchLimits limits, int block_tokens)
+    : limits_(limits), block_tokens_(block_tokens) {
+  auto positive = [](const char* name, int v) {
+    if (v < 1) throw std::invalid_argument(std::string(name) + " must be at least 1, got " + std::to_string(v));
+  };
+  positive("batching.max_batch_sequences", limits.max_batch_sequences);
+  positive("batching.max_batch_tokens", limits.max_batch_tokens);
+  positive("batching.prefill_chunk_tokens", limits.prefill_chunk_tokens);
+  positive("kv_cache.block_tokens", block_tokens);
+}
+
+BatchPlan ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
+                                      const std::vector<SeqView>& waiting, int free_blocks) const {
+  std::vector<SeqView> live = running;
+  {
+    BatchPlan plan;
+    int free = free_blocks;
+    int budget = limits_.max_batch_tokens;
+    auto try_add = [&](const SeqView& s) {
+      if (int(plan.entries.size()) >= limits_.max_batch_sequences || budget <= 0) return false;
+      const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
+      if (n <= 0) return false;
+      const int need = std::max(0, blocks_for(s.cached + n) - s.blocks_held);
+      if (need > free) return false;
+      free -= need;
+      budget -= n;
+      plan.tokens += n;
+      plan.entries.push_back({s.id, n});
+      return true;
+    };
+    // Decoding sequences first (one token each, latency matters most), then
+    // prefill chunks of running sequences, in admission order.
+    for (const auto& s : live)
+      if (s.pending == 1) try_add(s);
+    for (const auto& s : live)
+      if (s.pending > 1) try_add(s);
+    if (plan.entries.empty() && !live.empty()) {
+      // Nothing fits: evict the newest sequence and plan again without it.
+      const SeqView victim = live.back();
+      live.pop_back();
+      free_blocks += victim.blocks_held;
+      BatchPlan retry = this->plan(live, waiting, free_blocks);
+      retry.preempted.insert(retry.preempted.begin(), victim.id);
+      return retry;
+    }
+    // Admit waiting sequences in order while their first chunk fits and one
+    // block per running sequence stays free for its next decode step.
+    const int watermark = int(live.size());
+    for (const auto& s : waiting) {
+      if (int(plan.entries.size()) >= limits_.max_batch_sequences || budget <= 0) break;
+      const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
+      if (blocks_for(s.cached + n) > free - watermark && !(live.empty() && plan.entries.empty()))
+        break;
+      if (!try_add(s)) break;
+      plan.admitted.push_back(s.id);
+    }
+    return plan;
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,254 @@
+// The actor runtime through its C++ interface: routing, continuous batching,
+// crash recovery by supervision, restart limits, cancellation, overload.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "actors/runtime.h"
+#include "gpu/generate.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+class RecordingSink : public CompletionSink {
+ public:
+  void on_token(int id) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_) violations_++;
+    tokens_.push_back(id);
+    cv_.notify_all();
+  }
+  void on_done(FinishReason r, int prompt, int completion) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_) violations_++;
+    finished_ = true;
+    reason_ = r;
+    prompt_tokens_ = prompt;
+    completion_tokens_ = completion;
+    cv_.notify_all();
+  }
+  void on_error(const ServiceError& e) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_) violations_++;
+    finished_ = true;
+    error_ = e;
+    cv_.notify_all();
+  }
+  bool wait(double timeout_s = 60) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return finished_; });
+  }
+  bool wait_tokens(size_t n, double timeout_s = 60) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return tokens_.size() >= n || finished_; });
+  }
+  std::vector<int> tokens() {
+    std::lock_guard<std::mutex> l(mu_);
+    return tokens_;
+  }
+  std::optional<ServiceError> error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+  FinishReason reason() {
+    std::lock_guard<std::mutex> l(mu_);
+    return reason_;
+  }
+  int completion_tokens() {
+    std::lock_guard<std::mutex> l(mu_);
+    return completion_tokens_;
+  }
+  int violations() {
+    std::lock_guard<std::mutex> l(mu_);
+    return violations_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> tokens_;
+  bool finished_ = false;
+  FinishReason reason_ = FinishReason::Stop;
+  int prompt_tokens_ = 0, completion_tokens_ = 0, violations_ = 0;
+  std::optional<ServiceError> error_;
+};
+
+std::shared_ptr<const Model> fortune() {
+  static auto m = Model::load(test::model_path("fortune"), DType::F32);
+  return m;
+}
+
+std::vector<int> prompt_for(int i) {
+  std::vector<int> p{1};
+  for (int k = 0; k < 3 + i % 9; ++k) p.push_back(5 + (i * 131 + k * 17) % 1900);
+  return p;
+}
+
+CompletionRequest request(uint64_t id, std::vector<int> prompt, int max_tokens, float temperature = 0,
+                          uint64_t seed = 0) {
+  CompletionRequest r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+  r.deadline_s = 120;
+  return r;
+}
+
+std::vector<int> reference(const std::vector<int>& prompt, int max_tokens, float temperature = 0,
+                           uint64_t seed = 0) {
+  GenerateRequest g;
+  g.prompt = prompt;
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = temperature;
+  g.sampling.seed = seed;
+  g.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+  return generate(*fortune(), 1, g).ids;
+}
+
+ServingOptions options(int replicas) {
+  ServingOptions o;
+  o.replicas = replicas;
+  o.threads = {1};
+  o.kv_blocks = 256;
+  o.batching.max_batch_sequences = 8;
+  o.batching.max_batch_tokens = 256;
+  o.batching.prefill_chunk_tokens = 16;  // long prompts prefill over several steps
+  o.routing_policy = "least_outstanding";
+  return o;
+}
+
+TEST(Runtime, ConcurrentGreedyRequestsEqualGenerate) {
+  ActorRuntime rt(fortune(), options(2));
+  ASSERT_TRUE(rt.wait_live(2, 30));
+  EXPECT_TRUE(rt.ready());
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 32; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    rt.submit(request(uint64_t(i + 1), prompt_for(i), 12 + i % 20), sinks.back());
+  }
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(sinks[size_t(i)]->wait()) << i;
+    ASSERT_FALSE(sinks[size_t(i)]->error()) << sinks[size_t(i)]->error()->message;
+    EXPECT_EQ(sinks[size_t(i)]->tokens(), reference(prompt_for(i), 12 + i % 20)) << "request " << i;
+    EXPECT_EQ(sinks[size_t(i)]->violations(), 0);
+  }
+}
+
+TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {
+  ActorRuntime rt(fortune(), options(2));
+  ASSERT_TRUE(rt.wait_live(2, 30));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  const int n = 8;
+  for (int i = 0; i < n; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    // Half greedy, half seeded sampling: both must replay exactly.
+    rt.submit(request(uint64_t(100 + i), prompt_for(i), 60, i % 2 ? 0.9f : 0.0f, 7 + uint64_t(i)),
+              sinks.back());
+  }
+  ASSERT_TRUE(sinks[0]->wait_tokens(3));
+  rt.inject_crash(0);
+  rt.inject_crash(1);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(sinks[size_t(i)]->wait()) << i;
+    ASSERT_FALSE(sinks[size_t(i)]->error()) << sinks[size_t(i)]->error()->message;
+    EXPECT_EQ(sinks[size_t(i)]->tokens(), reference(prompt_for(i), 60, i % 2 ? 0.9f : 0.0f, 7 + uint64_t(i)))
+        << "request " << i;
+    EXPECT_EQ(sinks[size_t(i)]->violations(), 0);
+  }
+  const auto st = rt.replica_status();
+  EXPECT_EQ(st[0].restarts + st[1].restarts, 2);
+  EXPECT_TRUE(rt.wait_live(2, 30));
+}
+
+TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
+  auto o = options(1);
+  o.max_restarts = 1;
+  o.restart_window_s = 60;
+  ActorRuntime rt(fortune(), o);
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  rt.inject_crash(0);  // restart 1 of 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  auto sink = std::make_shared<RecordingSink>();
+  rt.submit(request(1, prompt_for(1), 200), sink);
+  ASSERT_TRUE(sink->wait_tokens(2));
+  rt.inject_crash(0);  // over the limit: stays down
+  ASSERT_TRUE(sink->wait(30));
+  ASSERT_TRUE(sink->error());
+  EXPECT_EQ(sink->error()->kind, ServiceErrorKind::Unavailable);
+  EXPECT_FALSE(rt.ready());
+  EXPECT_TRUE(rt.replica_status()[0].failed);
+  auto late = std::make_shared<RecordingSink>();
+  rt.submit(request(2, prompt_for(2), 4), late);
+  ASSERT_TRUE(late->wait(10));
+  ASSERT_TRUE(late->error());
+  EXPECT_EQ(late->error()->kind, ServiceErrorKind::Unavailable);
+}
+
+TEST(Runtime, CancelEndsTheRequestAndFreesItsBlocks) {
+  auto o = options(1);
+  o.kv_blocks = 16;  // one full-context sequence (256 tokens / 16)
+  ActorRuntime rt(fortune(), o);
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  auto sink = std::make_shared<RecordingSink>();
+  rt.submit(request(1, prompt_for(3), 250), sink);
+  ASSERT_TRUE(sink->wait_tokens(2));
+  rt.cancel(1);
+  ASSERT_TRUE(sink->wait(10));
+  EXPECT_FALSE(sink->error());
+  EXPECT_EQ(sink->reason(), FinishReason::Cancelled);
+  // Its blocks are back: a request that needs most of the cache runs.
+  auto next = std::make_shared<RecordingSink>();
+  rt.submit(request(2, prompt_for(4), 200), next);
+  ASSERT_TRUE(next->wait(60));
+  EXPECT_FALSE(next->error());
+  EXPECT_EQ(next->tokens(), reference(prompt_for(4), 200));
+}
+
+TEST(Runtime, OverloadIsRefusedWithRetryAfter) {
+  auto o = options(1);
+  o.batching.max_batch_sequences = 1;
+  o.max_waiting_per_replica = 0;
+  o.admission.max_size = 2;
+  ActorRuntime rt(fortune(), o);
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 10; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    rt.submit(request(uint64_t(i + 1), prompt_for(i), 30), sinks.back());
+  }
+  int refused = 0, ok = 0;
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->wait());
+    if (s->error()) {
+      EXPECT_EQ(s->error()->kind, ServiceErrorKind::QueueFull);
+      EXPECT_GT(s->error()->retry_after_s, 0);
+      ++refused;
+    } else {
+      ++ok;
+    }
+  }
+  EXPECT_GE(refused, 5);
+  EXPECT_GE(ok, 3);
+}
+
+TEST(Runtime, DeadlinePassedIsATimeout) {
+  ActorRuntime rt(fortune(), options(1));
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  rt.inject_slowness(0, 0.05);
+  auto sink = std::make_shared<RecordingSink>();
+  auto r = request(1, prompt_for(1), 200);
+  r.deadline_s = 0.3;
+  rt.submit(r, sink);
+  ASSERT_TRUE(sink->wait(10));
+  ASSERT_TRUE(sink->error());
+  EXPECT_EQ(sink->error()->kind, ServiceErrorKind::Timeout);
+}
+
+}  // namespace
+}  // namespace troupe
