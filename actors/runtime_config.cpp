@@ -12,7 +12,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -35,8 +34,8 @@ constexpr std::string_view kByteCount = "a byte count (e.g. 268435456 or 256MiB)
 // ---------------------------------------------------------------------------
 // Error messages
 
-ConfigError key_error(const std::string& source, const std::string& key,
-                      const std::string& problem, int line) {
+ConfigError key_error(const std::string& source, const std::string& key, const std::string& problem,
+                      int line) {
   std::string message = source + ": ";
   if (!key.empty()) message += key + ": ";
   message += problem;
@@ -80,18 +79,22 @@ std::string lower_snake(std::string_view s) {
   return out;
 }
 
+// Optimal-string-alignment distance: Levenshtein plus adjacent
+// transpositions, the commonest typo ("bf61" for "bf16").
 size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
     }
-    std::swap(prev, cur);
   }
-  return prev[b.size()];
+  return d[a.size()][b.size()];
 }
 
 // The candidate a typo most likely meant: close by edit distance (case and
@@ -120,7 +123,9 @@ std::string suggestion(std::string_view word, const std::vector<std::string_view
   return match ? "; did you mean '" + std::string(*match) + "'?" : "";
 }
 
-bool is_quoted(const Node& n) { return n.Tag() == "!"; }
+bool is_quoted(const Node& n) {
+  return n.Tag() == "!";
+}
 
 bool looks_boolean(const std::string& s) {
   static const std::set<std::string> kWords{"true", "false", "yes", "no", "on", "off"};
@@ -182,7 +187,8 @@ T read_integer(const Origin& o, const Node& n, const std::string& key, std::stri
     fail_expected(o, key, expected, n);
   }
   if (ec == std::errc::result_out_of_range) {
-    o.fail(key, "expected " + std::string(expected) + ", got '" + text + "', which is out of range");
+    o.fail(key,
+           "expected " + std::string(expected) + ", got '" + text + "', which is out of range");
   }
   return value;
 }
@@ -208,9 +214,12 @@ double read_seconds(const Origin& o, const Node& n, const std::string& key) {
 // of 268435456.
 int64_t read_bytes(const Origin& o, const Node& n, const std::string& key) {
   const std::string& text = scalar_text(o, n, key, kByteCount);
-  static const std::map<std::string, int64_t, std::less<>> kUnits{
-      {"", 1}, {"B", 1}, {"KiB", int64_t(1) << 10}, {"MiB", int64_t(1) << 20},
-      {"GiB", int64_t(1) << 30}, {"TiB", int64_t(1) << 40}};
+  static const std::map<std::string, int64_t, std::less<>> kUnits{{"", 1},
+                                                                  {"B", 1},
+                                                                  {"KiB", int64_t(1) << 10},
+                                                                  {"MiB", int64_t(1) << 20},
+                                                                  {"GiB", int64_t(1) << 30},
+                                                                  {"TiB", int64_t(1) << 40}};
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   std::string_view unit = std::string_view(text).substr(digits);
@@ -319,20 +328,18 @@ void read_fields(Origin& o, const Node& map, const std::string& path,
   }
 }
 
-void read_model(Origin& o, const Node& n, const std::string& path, ModelConfig& m) {
-  read_fields(o, n, path,
-              {{"path", [&](const Node& v, const std::string& k) { m.path = read_string(o, v, k); }},
-               {"tokenizer",
-                [&](const Node& v, const std::string& k) {
-                  m.tokenizer = read_optional_string(o, v, k);
-                }},
-               {"dtype", [&](const Node& v, const std::string& k) { m.dtype = read_dtype(o, v, k); }},
-               {"name", [&](const Node& v, const std::string& k) {
-                  m.name = read_optional_string(o, v, k);
-                }}});
+void read_model(Origin& o, const Node& n, const std::string& path, ModelSection& m) {
+  read_fields(
+      o, n, path,
+      {{"path", [&](const Node& v, const std::string& k) { m.path = read_string(o, v, k); }},
+       {"tokenizer",
+        [&](const Node& v, const std::string& k) { m.tokenizer = read_optional_string(o, v, k); }},
+       {"dtype", [&](const Node& v, const std::string& k) { m.dtype = read_dtype(o, v, k); }},
+       {"name",
+        [&](const Node& v, const std::string& k) { m.name = read_optional_string(o, v, k); }}});
 }
 
-void read_server(Origin& o, const Node& n, const std::string& path, ServerConfig& s) {
+void read_server(Origin& o, const Node& n, const std::string& path, ServerSection& s) {
   read_fields(
       o, n, path,
       {{"listen", [&](const Node& v, const std::string& k) { s.listen = read_string(o, v, k); }},
@@ -349,9 +356,10 @@ void read_server(Origin& o, const Node& n, const std::string& path, ServerConfig
         }}});
 }
 
-void read_parallel(Origin& o, const Node& n, const std::string& path, ParallelConfig& p) {
+void read_parallel(Origin& o, const Node& n, const std::string& path, ParallelLayout& p) {
   auto count = [&](int& out) {
-    return [&o, &out](const Node& v, const std::string& k) { out = read_int(o, v, k, kPositiveInt); };
+    return
+        [&o, &out](const Node& v, const std::string& k) { out = read_int(o, v, k, kPositiveInt); };
   };
   read_fields(o, n, path,
               {{"replicas", count(p.replicas)},
@@ -359,13 +367,11 @@ void read_parallel(Origin& o, const Node& n, const std::string& path, ParallelCo
                {"tensor", count(p.tensor)}});
 }
 
-void read_device(Origin& o, const Node& n, const std::string& path, DeviceConfig& d) {
+void read_device(Origin& o, const Node& n, const std::string& path, DeviceSpec& d) {
   if (n.IsNull()) fail_expected(o, path, "a device such as {kind: cpu, threads: 2}", n);
   read_fields(o, n, path,
-              {{"kind",
-                [&](const Node& v, const std::string& k) {
-                  d.kind = read_enum(o, v, k, kDeviceKinds);
-                }},
+              {{"kind", [&](const Node& v,
+                            const std::string& k) { d.kind = read_enum(o, v, k, kDeviceKinds); }},
                {"threads", [&](const Node& v, const std::string& k) {
                   d.threads = read_int(o, v, k, kPositiveInt);
                 }}});
@@ -373,10 +379,10 @@ void read_device(Origin& o, const Node& n, const std::string& path, DeviceConfig
 
 // A list in the file replaces the whole list: entries are positional, so
 // merging two lists entry by entry would be a guess.
-void read_devices(Origin& o, const Node& n, const std::string& key,
-                  std::vector<DeviceConfig>& out) {
-  if (!n.IsSequence()) fail_expected(o, key, "a list of devices such as [{kind: cpu, threads: 2}]", n);
-  std::vector<DeviceConfig> devices;
+void read_devices(Origin& o, const Node& n, const std::string& key, std::vector<DeviceSpec>& out) {
+  if (!n.IsSequence())
+    fail_expected(o, key, "a list of devices such as [{kind: cpu, threads: 2}]", n);
+  std::vector<DeviceSpec> devices;
   for (const Node& item : n) {
     const std::string item_key = key + "[" + std::to_string(devices.size()) + "]";
     o.note_line(item_key, item.Mark());
@@ -385,9 +391,10 @@ void read_devices(Origin& o, const Node& n, const std::string& key,
   out = std::move(devices);
 }
 
-void read_batching(Origin& o, const Node& n, const std::string& path, BatchingConfig& b) {
+void read_batching(Origin& o, const Node& n, const std::string& path, BatchingSection& b) {
   auto count = [&](int& out) {
-    return [&o, &out](const Node& v, const std::string& k) { out = read_int(o, v, k, kPositiveInt); };
+    return
+        [&o, &out](const Node& v, const std::string& k) { out = read_int(o, v, k, kPositiveInt); };
   };
   read_fields(o, n, path,
               {{"max_batch_sequences", count(b.max_batch_sequences)},
@@ -398,7 +405,7 @@ void read_batching(Origin& o, const Node& n, const std::string& path, BatchingCo
 
 // The sizing given here replaces any earlier one (the defaults, or the file
 // when this is an override), so only giving both in one place is an error.
-void read_kv_cache(Origin& o, const Node& n, const std::string& path, KvCacheConfig& kv) {
+void read_kv_cache(Origin& o, const Node& n, const std::string& path, KvCacheSection& kv) {
   bool blocks_given = false;
   bool bytes_given = false;
   read_fields(o, n, path,
@@ -416,14 +423,15 @@ void read_kv_cache(Origin& o, const Node& n, const std::string& path, KvCacheCon
                   bytes_given = true;
                 }}});
   if (blocks_given && bytes_given) {
-    o.fail(path, "blocks and bytes are both set; give one of them (with bytes, the block count "
-                 "follows from the model's KV size per token)");
+    o.fail(path,
+           "blocks and bytes are both set; give one of them (with bytes, the block count "
+           "follows from the model's KV size per token)");
   }
   if (bytes_given) kv.blocks = 0;
   if (blocks_given) kv.bytes = 0;
 }
 
-void read_routing(Origin& o, const Node& n, const std::string& path, RoutingConfig& r) {
+void read_routing(Origin& o, const Node& n, const std::string& path, RoutingSection& r) {
   read_fields(
       o, n, path,
       {{"policy", [&](const Node& v, const std::string& k) { r.policy = read_string(o, v, k); }},
@@ -432,26 +440,23 @@ void read_routing(Origin& o, const Node& n, const std::string& path, RoutingConf
         }}});
 }
 
-void read_admission(Origin& o, const Node& n, const std::string& path, AdmissionConfig& a) {
-  read_fields(o, n, path,
-              {{"max_queue",
-                [&](const Node& v, const std::string& k) {
-                  a.max_queue = read_int(o, v, k, kPositiveInt);
-                }},
-               {"priority_levels",
-                [&](const Node& v, const std::string& k) {
-                  a.priority_levels = read_int(o, v, k, kPositiveInt);
-                }},
-               {"queue_timeout_s",
-                [&](const Node& v, const std::string& k) {
-                  a.queue_timeout_s = read_seconds(o, v, k);
-                }},
-               {"on_timeout", [&](const Node& v, const std::string& k) {
-                  a.on_timeout = read_enum(o, v, k, kTimeoutActions);
-                }}});
+void read_admission(Origin& o, const Node& n, const std::string& path, AdmissionSection& a) {
+  read_fields(
+      o, n, path,
+      {{"max_queue", [&](const Node& v,
+                         const std::string& k) { a.max_queue = read_int(o, v, k, kPositiveInt); }},
+       {"priority_levels",
+        [&](const Node& v, const std::string& k) {
+          a.priority_levels = read_int(o, v, k, kPositiveInt);
+        }},
+       {"queue_timeout_s",
+        [&](const Node& v, const std::string& k) { a.queue_timeout_s = read_seconds(o, v, k); }},
+       {"on_timeout", [&](const Node& v, const std::string& k) {
+          a.on_timeout = read_enum(o, v, k, kTimeoutActions);
+        }}});
 }
 
-void read_supervision(Origin& o, const Node& n, const std::string& path, SupervisionConfig& s) {
+void read_supervision(Origin& o, const Node& n, const std::string& path, SupervisionSection& s) {
   read_fields(o, n, path,
               {{"max_restarts",
                 [&](const Node& v, const std::string& k) {
@@ -461,7 +466,7 @@ void read_supervision(Origin& o, const Node& n, const std::string& path, Supervi
                 [&](const Node& v, const std::string& k) { s.within_s = read_seconds(o, v, k); }}});
 }
 
-void read_logging(Origin& o, const Node& n, const std::string& path, LoggingConfig& l) {
+void read_logging(Origin& o, const Node& n, const std::string& path, LoggingSection& l) {
   read_fields(o, n, path, {{"level", [&](const Node& v, const std::string& k) {
                               l.level = read_enum(o, v, k, kLogLevels);
                             }}});
@@ -490,7 +495,8 @@ void read_root(Origin& o, const Node& root, RuntimeConfig& c) {
 // so that configs built in code get the same checks as files.
 
 void check_positive(const Origin& o, const std::string& key, int64_t value) {
-  if (value < 1) o.fail(key, "expected " + std::string(kPositiveInt) + ", got " + std::to_string(value));
+  if (value < 1)
+    o.fail(key, "expected " + std::string(kPositiveInt) + ", got " + std::to_string(value));
 }
 
 void check_non_negative(const Origin& o, const std::string& key, int64_t value) {
@@ -513,38 +519,38 @@ void check_seconds(const Origin& o, const std::string& key, double value, bool z
                   format_number(value));
 }
 
-void validate_model(const Origin& o, const ModelConfig& m) {
+void validate_model(const Origin& o, const ModelSection& m) {
   if (m.path.empty()) o.fail("model.path", "must not be empty");
 }
 
-void validate_server(const Origin& o, const ServerConfig& s) {
+void validate_server(const Origin& o, const ServerSection& s) {
   try {
     parse_listen(s.listen);
   } catch (const std::invalid_argument& e) {
     o.fail("server.listen", e.what());
   }
   if (s.max_body_bytes < 1) {
-    o.fail("server.max_body_bytes", "expected a positive byte count, got " +
-                                        std::to_string(s.max_body_bytes));
+    o.fail("server.max_body_bytes",
+           "expected a positive byte count, got " + std::to_string(s.max_body_bytes));
   }
   check_seconds(o, "server.request_timeout_s", s.request_timeout_s, true);
   check_positive(o, "server.max_tokens_limit", s.max_tokens_limit);
   check_positive(o, "server.io_threads", s.io_threads);
 }
 
-std::string layout_text(const ParallelConfig& p) {
+std::string layout_text(const ParallelLayout& p) {
   return "{replicas: " + std::to_string(p.replicas) + ", pipeline: " + std::to_string(p.pipeline) +
          ", tensor: " + std::to_string(p.tensor) + "}";
 }
 
-void validate_parallel(const Origin& o, const ParallelConfig& p) {
+void validate_parallel(const Origin& o, const ParallelLayout& p) {
   check_positive(o, "parallel.replicas", p.replicas);
   check_positive(o, "parallel.pipeline", p.pipeline);
   check_positive(o, "parallel.tensor", p.tensor);
   const int64_t devices = int64_t(p.replicas) * p.pipeline * p.tensor;
   if (devices > kMaxDevices) {
-    o.fail("parallel", layout_text(p) + " needs " + std::to_string(devices) +
-                           " devices; at most " + std::to_string(kMaxDevices) + " are supported");
+    o.fail("parallel", layout_text(p) + " needs " + std::to_string(devices) + " devices; at most " +
+                           std::to_string(kMaxDevices) + " are supported");
   }
 }
 
@@ -561,7 +567,7 @@ void validate_devices(const Origin& o, const RuntimeConfig& c) {
   }
 }
 
-void validate_batching(const Origin& o, const BatchingConfig& b) {
+void validate_batching(const Origin& o, const BatchingSection& b) {
   check_positive(o, "batching.max_batch_sequences", b.max_batch_sequences);
   check_positive(o, "batching.max_batch_tokens", b.max_batch_tokens);
   check_positive(o, "batching.prefill_chunk_tokens", b.prefill_chunk_tokens);
@@ -573,7 +579,7 @@ void validate_batching(const Origin& o, const BatchingConfig& b) {
   }
 }
 
-void validate_kv_cache(const Origin& o, const KvCacheConfig& kv) {
+void validate_kv_cache(const Origin& o, const KvCacheSection& kv) {
   check_positive(o, "kv_cache.block_tokens", kv.block_tokens);
   check_non_negative(o, "kv_cache.blocks", kv.blocks);
   check_non_negative(o, "kv_cache.bytes", kv.bytes);
@@ -585,7 +591,7 @@ void validate_kv_cache(const Origin& o, const KvCacheConfig& kv) {
   }
 }
 
-void validate_routing(const Origin& o, const RoutingConfig& r) {
+void validate_routing(const Origin& o, const RoutingSection& r) {
   const auto& names = routing_policy_names();
   if (std::find(names.begin(), names.end(), r.policy) != names.end()) return;
   const std::vector<std::string_view> known(names.begin(), names.end());
@@ -593,13 +599,13 @@ void validate_routing(const Origin& o, const RoutingConfig& r) {
                                suggestion(r.policy, known));
 }
 
-void validate_admission(const Origin& o, const AdmissionConfig& a) {
+void validate_admission(const Origin& o, const AdmissionSection& a) {
   check_positive(o, "admission.max_queue", a.max_queue);
   check_positive(o, "admission.priority_levels", a.priority_levels);
   check_seconds(o, "admission.queue_timeout_s", a.queue_timeout_s, true);
 }
 
-void validate_supervision(const Origin& o, const SupervisionConfig& s) {
+void validate_supervision(const Origin& o, const SupervisionSection& s) {
   check_non_negative(o, "supervision.max_restarts", s.max_restarts);
   check_seconds(o, "supervision.within_s", s.within_s, false);
 }
@@ -683,21 +689,44 @@ Node nest(const std::vector<std::string>& parts, size_t first, const Node& value
   return map;
 }
 
+// "devices[N]" or "devices[N].rest" -> (N, rest); nullopt for other keys.
+struct DeviceEntryKey {
+  size_t index;
+  std::string entry;                // "devices[N]"
+  std::optional<std::string> rest;  // what follows "devices[N].", if anything
+};
+
+std::optional<DeviceEntryKey> device_entry_key(const std::string& key) {
+  constexpr std::string_view kPrefix = "devices[";
+  if (!key.starts_with(kPrefix)) return std::nullopt;
+  const size_t close = key.find(']', kPrefix.size());
+  if (close == std::string::npos) return std::nullopt;
+  const std::string_view digits =
+      std::string_view(key).substr(kPrefix.size(), close - kPrefix.size());
+  size_t index = 0;
+  const auto [stop, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+  if (digits.empty() || ec != std::errc() || stop != digits.data() + digits.size()) {
+    return std::nullopt;
+  }
+  const std::string_view tail = std::string_view(key).substr(close + 1);
+  if (!tail.empty() && tail.front() != '.') return std::nullopt;
+  DeviceEntryKey parsed{index, key.substr(0, close + 1), std::nullopt};
+  if (!tail.empty()) parsed.rest = std::string(tail.substr(1));
+  return parsed;
+}
+
 void apply_one(Origin& o, RuntimeConfig& c, const std::string& key, const std::string& text) {
   const Node value = override_value(o, key, text);
-  static const std::regex kDeviceEntry(R"(devices\[(\d+)\](?:\.(.*))?)");
-  std::smatch m;
-  if (!std::regex_match(key, m, kDeviceEntry)) {
+  const auto device = device_entry_key(key);
+  if (!device) {
     read_root(o, nest(split_key(o, key), 0, value), c);
     return;
   }
-  const std::string entry = "devices[" + m[1].str() + "]";
-  const size_t index = m[1].length() > 6 ? c.devices.size() : std::stoul(m[1].str());
-  if (index >= c.devices.size()) {
-    o.fail(entry, "no such entry; devices has " + std::to_string(c.devices.size()));
+  if (device->index >= c.devices.size()) {
+    o.fail(device->entry, "no such entry; devices has " + std::to_string(c.devices.size()));
   }
-  const Node entry_value = m[2].matched ? nest(split_key(o, m[2].str()), 0, value) : value;
-  read_device(o, entry_value, entry, c.devices[index]);
+  const Node entry_value = device->rest ? nest(split_key(o, *device->rest), 0, value) : value;
+  read_device(o, entry_value, device->entry, c.devices[device->index]);
 }
 
 }  // namespace
@@ -705,9 +734,13 @@ void apply_one(Origin& o, RuntimeConfig& c, const std::string& key, const std::s
 // ---------------------------------------------------------------------------
 // Public API
 
-const char* device_kind_name(DeviceKind k) { return name_in(kDeviceKinds, k).data(); }
+const char* device_kind_name(DeviceKind k) {
+  return name_in(kDeviceKinds, k).data();
+}
 
-RuntimeConfig default_runtime_config() { return RuntimeConfig{}; }
+RuntimeConfig default_runtime_config() {
+  return RuntimeConfig{};
+}
 
 RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::string& source_name) {
   Origin origin(source_name);
@@ -783,7 +816,7 @@ std::string to_yaml(const RuntimeConfig& c) {
   out << YAML::EndMap;
 
   out << YAML::Key << "devices" << YAML::Value << YAML::BeginSeq;
-  for (const DeviceConfig& d : c.devices) {
+  for (const DeviceSpec& d : c.devices) {
     out << YAML::Flow << YAML::BeginMap;
     out << YAML::Key << "kind" << YAML::Value << device_kind_name(d.kind);
     out << YAML::Key << "threads" << YAML::Value << d.threads;
@@ -868,7 +901,7 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& listen) {
   return {host, uint16_t(value)};
 }
 
-int device_index(const ParallelConfig& parallel, int replica, int stage, int shard) {
+int device_index(const ParallelLayout& parallel, int replica, int stage, int shard) {
   if (replica < 0 || replica >= parallel.replicas || stage < 0 || stage >= parallel.pipeline ||
       shard < 0 || shard >= parallel.tensor) {
     throw std::out_of_range("device_index: (replica " + std::to_string(replica) + ", stage " +
@@ -878,7 +911,7 @@ int device_index(const ParallelConfig& parallel, int replica, int stage, int sha
   return (replica * parallel.pipeline + stage) * parallel.tensor + shard;
 }
 
-const DeviceConfig& device_config(const RuntimeConfig& config, int device_index) {
+const DeviceSpec& device_spec(const RuntimeConfig& config, int device_index) {
   if (device_index < 0 || device_index >= config.parallel.device_count() ||
       config.devices.empty()) {
     throw std::out_of_range("device " + std::to_string(device_index) + " is outside the layout " +
@@ -889,7 +922,7 @@ const DeviceConfig& device_config(const RuntimeConfig& config, int device_index)
 }
 
 int threads_for_device(const RuntimeConfig& config, int device_index) {
-  return device_config(config, device_index).threads;
+  return device_spec(config, device_index).threads;
 }
 
 std::string served_model_name(const RuntimeConfig& config) {
@@ -899,9 +932,9 @@ std::string served_model_name(const RuntimeConfig& config) {
   // Only weight-file extensions go: a directory such as "llama-3.2-1b" has a
   // "." in its name that is not an extension.
   const std::string ext = p.extension().string();
-  const std::string name =
-      ext == ".bin" || ext == ".safetensors" || ext == ".gguf" ? p.stem().string()
-                                                               : p.filename().string();
+  const std::string name = ext == ".bin" || ext == ".safetensors" || ext == ".gguf"
+                               ? p.stem().string()
+                               : p.filename().string();
   return name.empty() || name == "." || name == ".." ? "model" : name;
 }
 
@@ -951,9 +984,8 @@ void validate_layout_for_model(const RuntimeConfig& config, int n_layers, int n_
       "; tensor degrees that fit this model: " + fitting_tensor_degrees(n_heads, n_kv_heads, vocab);
   const std::string tensor = "parallel.tensor = " + std::to_string(t);
   if (n_heads % t != 0) {
-    fail("parallel.tensor",
-         tensor + " does not divide the model's " + std::to_string(n_heads) + " attention heads" +
-             fits);
+    fail("parallel.tensor", tensor + " does not divide the model's " + std::to_string(n_heads) +
+                                " attention heads" + fits);
   }
   if (n_kv_heads % t != 0 && t % n_kv_heads != 0) {
     fail("parallel.tensor", tensor + " can neither split nor evenly replicate the model's " +

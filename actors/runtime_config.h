@@ -19,97 +19,100 @@
 
 namespace troupe {
 
-struct ModelConfig {
+// One struct per YAML section. Named *Section rather than *Config because
+// troupe::ModelConfig (gpu/model_config.h) is the model's shape, and both
+// headers meet in every command.
+struct ModelSection {
   std::string path = "models/fortune";  // llama2.c .bin, or a Hugging Face directory
   std::string tokenizer;                // empty: the tokenizer beside the weights
   DType dtype = DType::F32;             // weights in memory
   std::string name;                     // empty: see served_model_name()
-  bool operator==(const ModelConfig&) const = default;
+  bool operator==(const ModelSection&) const = default;
 };
 
-struct ServerConfig {
+struct ServerSection {
   std::string listen = "127.0.0.1:8080";  // host:port; port 0 = any free port
   int64_t max_body_bytes = 1048576;
   double request_timeout_s = 120;  // 0 = no limit
   int max_tokens_limit = 4096;     // cap on a request's max_tokens
   int io_threads = 1;
-  bool operator==(const ServerConfig&) const = default;
+  bool operator==(const ServerSection&) const = default;
 };
 
 // R replicas, each split into P pipeline stages of T tensor shards.
-struct ParallelConfig {
+struct ParallelLayout {
   int replicas = 1;
   int pipeline = 1;
   int tensor = 1;
   int device_count() const { return replicas * pipeline * tensor; }
-  bool operator==(const ParallelConfig&) const = default;
+  bool operator==(const ParallelLayout&) const = default;
 };
 
 enum class DeviceKind { Cpu, Cuda, Auto };
 const char* device_kind_name(DeviceKind k);  // "cpu", "cuda", "auto"
 
-struct DeviceConfig {
+struct DeviceSpec {
   DeviceKind kind = DeviceKind::Cpu;
   int threads = 2;  // CPU threads (compute for cpu; host-side work for cuda)
-  bool operator==(const DeviceConfig&) const = default;
+  bool operator==(const DeviceSpec&) const = default;
 };
 
-struct BatchingConfig {
+struct BatchingSection {
   int max_batch_sequences = 32;
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
   int max_waiting = 256;  // per replica
-  bool operator==(const BatchingConfig&) const = default;
+  bool operator==(const BatchingSection&) const = default;
 };
 
 // Capacity is given either as a block count or as a byte budget (the count
 // then follows from the model's KV size per token); exactly one is non-zero.
-struct KvCacheConfig {
+struct KvCacheSection {
   int block_tokens = 16;
   int64_t blocks = 4096;
   int64_t bytes = 0;
-  bool operator==(const KvCacheConfig&) const = default;
+  bool operator==(const KvCacheSection&) const = default;
 };
 
-struct RoutingConfig {
+struct RoutingSection {
   std::string policy = "latency_aware";  // one of routing_policy_names()
   uint64_t seed = 1;                     // for the random policies
-  bool operator==(const RoutingConfig&) const = default;
+  bool operator==(const RoutingSection&) const = default;
 };
 
-struct AdmissionConfig {
+struct AdmissionSection {
   int max_queue = 256;
   int priority_levels = 2;
   double queue_timeout_s = 30;  // 0 = no limit
   TimeoutAction on_timeout = TimeoutAction::Reject;
-  bool operator==(const AdmissionConfig&) const = default;
+  bool operator==(const AdmissionSection&) const = default;
 };
 
 // Erlang-style restart intensity: at most max_restarts within within_s.
-struct SupervisionConfig {
+struct SupervisionSection {
   int max_restarts = 3;
   double within_s = 10;
-  bool operator==(const SupervisionConfig&) const = default;
+  bool operator==(const SupervisionSection&) const = default;
 };
 
-struct LoggingConfig {
+struct LoggingSection {
   spdlog::level::level_enum level = spdlog::level::info;
-  bool operator==(const LoggingConfig&) const = default;
+  bool operator==(const LoggingSection&) const = default;
 };
 
 struct RuntimeConfig {
-  ModelConfig model;
-  ServerConfig server;
-  ParallelConfig parallel;
+  ModelSection model;
+  ServerSection server;
+  ParallelLayout parallel;
   // One entry per device (parallel.device_count() of them, ordered as
   // device_index() numbers them), or one entry applied to every device.
-  std::vector<DeviceConfig> devices{DeviceConfig{}};
-  BatchingConfig batching;
-  KvCacheConfig kv_cache;
-  RoutingConfig routing;
-  AdmissionConfig admission;
-  SupervisionConfig supervision;
-  LoggingConfig logging;
+  std::vector<DeviceSpec> devices{DeviceSpec{}};
+  BatchingSection batching;
+  KvCacheSection kv_cache;
+  RoutingSection routing;
+  AdmissionSection admission;
+  SupervisionSection supervision;
+  LoggingSection logging;
   bool operator==(const RuntimeConfig&) const = default;
 };
 
@@ -162,10 +165,10 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& listen);
 
 // Device numbering: replica-major, then stage, then shard, so one replica's
 // devices are contiguous and so are one stage's shards.
-int device_index(const ParallelConfig& parallel, int replica, int stage, int shard);
+int device_index(const ParallelLayout& parallel, int replica, int stage, int shard);
 // The entry that applies to device `device_index` (the single entry when
 // there is one). Throws std::out_of_range for an index outside the layout.
-const DeviceConfig& device_config(const RuntimeConfig& config, int device_index);
+const DeviceSpec& device_spec(const RuntimeConfig& config, int device_index);
 int threads_for_device(const RuntimeConfig& config, int device_index);
 
 // model.name, or the weights' name: "models/fortune" -> "fortune",

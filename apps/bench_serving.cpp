@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <deque>
 #include <latch>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -242,7 +243,12 @@ void CompletionStream::event(const std::string& data, Clock::time_point now) {
     if (error_.empty()) error_ = "bad_stream";
     return;
   }
-  if (j.contains("error")) error_ = "stream_error";
+  if (const auto e = j.find("error"); e != j.end()) {
+    error_ = "stream_error";
+    error_detail_ = e->is_object() && e->contains("message") && (*e)["message"].is_string()
+                        ? (*e)["message"].get<std::string>()
+                        : e->dump();
+  }
   if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
     if (const auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer())
       usage_tokens_ = c->get<int>();
@@ -269,6 +275,20 @@ void CompletionStream::event(const std::string& data, Clock::time_point now) {
 // ---- the client ----
 
 namespace {
+
+// An OpenAI error body's message, else the start of whatever the body was.
+std::string error_message(const std::string& body) {
+  const auto j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_object()) {
+    const auto e = j.find("error");
+    if (e != j.end() && e->is_object()) {
+      const auto m = e->find("message");
+      if (m != e->end() && m->is_string()) return m->get<std::string>();
+    }
+    if (e != j.end() && e->is_string()) return e->get<std::string>();
+  }
+  return body.substr(0, 200);
+}
 
 bool is_timeout(const beast::error_code& ec) {
   return ec == beast::error::timeout;
@@ -359,6 +379,7 @@ class Connection {
       const bool reused = connected_;
       if (const auto ec = ensure_connected(deadline)) {
         r.error = is_timeout(ec) ? "timeout" : "connect";
+        r.detail = ec.message();
         break;
       }
       bool got_response = false;
@@ -397,6 +418,7 @@ class Connection {
 
     const auto fail = [&](const beast::error_code& ec) {
       r.error = is_timeout(ec) ? "timeout" : "io";
+      r.detail = ec.message();
       close();
     };
     stream_->expires_at(deadline);
@@ -406,7 +428,9 @@ class Connection {
     if (ec) return fail(ec);
 
     http::response_parser<http::buffer_body> parser;
-    parser.body_limit(boost::none);  // a long stream is the point; nothing is kept
+    // A long stream is the point and nothing is kept. Not boost::none: Beast
+    // 1.74 compares a Content-Length against an empty optional as exceeding.
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     ec = run([&](auto done) {
       http::async_read_header(*stream_, buffer_, parser,
                               [done](beast::error_code e, size_t) { done(e); });
@@ -414,8 +438,8 @@ class Connection {
     if (ec) return fail(ec);
     got_response = true;
     r.status = parser.get().result_int();
-    const bool sse =
-        starts_with_nocase(parser.get()[http::field::content_type], "text/event-stream");
+    const auto type = parser.get()[http::field::content_type];
+    const bool sse = starts_with_nocase({type.data(), type.size()}, "text/event-stream");
 
     CompletionStream stream;
     std::string plain;  // a non-streamed body (error JSON, or a server that ignored "stream")
@@ -445,12 +469,14 @@ class Connection {
 
     if (r.status != 200) {
       r.error = std::to_string(r.status);
+      r.detail = error_message(plain);
       return;
     }
     std::optional<Clock::time_point> first, last;
     if (sse) {
       if (!stream.error().empty()) {
         r.error = stream.error();
+        r.detail = stream.error_detail();
         return;
       }
       if (!stream.done()) {
@@ -464,6 +490,7 @@ class Connection {
       const auto j = nlohmann::json::parse(plain, nullptr, false);
       if (j.is_discarded() || !j.is_object() || j.contains("error")) {
         r.error = "bad_response";
+        r.detail = error_message(plain);
         return;
       }
       const auto usage = j.value("usage", nlohmann::json::object());
@@ -521,6 +548,12 @@ void probe_server(const HttpUrl& url, const ServingBenchOptions& o, ServingBench
     entry = &d->front();
   if (entry && res.model.empty() && entry->contains("id") && (*entry)["id"].is_string())
     res.model = (*entry)["id"].get<std::string>();
+  if (entry) {
+    const auto len = entry->find("max_model_len");
+    if (len != entry->end() && len->is_number_integer() && len->get<long long>() > 0 &&
+        len->get<long long>() <= (1LL << 30))
+      res.max_model_len = len->get<int>();
+  }
   for (const nlohmann::json* obj : {entry, &j}) {
     if (!obj) continue;
     for (const char* key : {"vocab_size", "vocab"}) {
@@ -672,6 +705,12 @@ ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
   ServingBenchResult res;
   res.options = opts;
   probe_server(url, opts, res);
+  // Every request would come back 400; say so once instead.
+  if (res.max_model_len > 0 && opts.prompt_len + opts.output_len > res.max_model_len)
+    throw std::invalid_argument("--prompt-len " + std::to_string(opts.prompt_len) +
+                                " plus --output-len " + std::to_string(opts.output_len) +
+                                " exceeds the server's max_model_len " +
+                                std::to_string(res.max_model_len));
   res.requests.resize(size_t(opts.requests));
   const std::string target = api_root(url) + "/completions";
 
@@ -686,6 +725,7 @@ ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
   for (const auto& r : res.requests) {
     if (!r.ok) {
       ++res.errors[r.error];
+      if (!r.detail.empty()) res.error_examples.emplace(r.error, r.detail);
       continue;
     }
     ++res.completed;
@@ -718,6 +758,8 @@ nlohmann::json ServingBenchResult::to_json() const {
   j["completed"] = completed;
   j["errors"] = nlohmann::json::object();
   for (const auto& [k, v] : errors) j["errors"][k] = v;
+  j["error_examples"] = nlohmann::json::object();
+  for (const auto& [k, v] : error_examples) j["error_examples"][k] = v;
   j["prompt_len"] = options.prompt_len;
   j["output_len"] = options.output_len;
   j["vocab"] = vocab;
@@ -756,6 +798,7 @@ std::string ServingBenchResult::table() const {
     s << "errors:";
     for (const auto& [k, v] : errors) s << " " << k << " x" << v;
     s << "\n";
+    for (const auto& [k, v] : error_examples) s << "  " << k << ": " << v << "\n";
   }
   std::snprintf(line, sizeof line,
                 "duration %.2f s: %.2f requests/s, %.1f output tokens/s (%lld tokens)\n",

@@ -104,6 +104,8 @@ class CompletionStream {
   bool done() const { return done_; }  // saw data: [DONE]
   // Not empty when the stream carried an error object or was not JSON.
   const std::string& error() const { return error_; }
+  // The server's message for an error object.
+  const std::string& error_detail() const { return error_detail_; }
   // usage.completion_tokens when the server sent it, else the count from
   // chunks (token_ids when present, else one per chunk with non-empty text).
   int output_tokens() const { return usage_tokens_ ? *usage_tokens_ : counted_tokens_; }
@@ -117,6 +119,7 @@ class CompletionStream {
   SseParser sse_;
   bool done_ = false;
   std::string error_;
+  std::string error_detail_;
   std::optional<int> usage_tokens_;
   int counted_tokens_ = 0;
   std::optional<Clock::time_point> first_, last_;
@@ -148,6 +151,7 @@ std::vector<int> prompt_ids(int prompt_len, int vocab, uint64_t seed, int index)
 struct RequestResult {
   bool ok = false;
   std::string error;   // "" when ok; else an HTTP status ("429") or a transport word
+  std::string detail;  // why, in the server's or the OS's words (for the report)
   int status = 0;      // HTTP status, 0 when none arrived
   double ttft_s = -1;  // < 0 when no token arrived
   double tpot_s = -1;  // < 0 with fewer than two output tokens
@@ -160,8 +164,10 @@ struct ServingBenchResult {
   std::string model;         // what was sent as "model" ("" = none)
   int vocab = 0;             // the vocabulary the prompts were drawn from
   std::string vocab_source;  // "server" or "option"
+  int max_model_len = 0;     // the server's context from /v1/models; 0 = not said
   int completed = 0;
   std::map<std::string, int> errors;
+  std::map<std::string, std::string> error_examples;  // one detail per error kind
   double duration_s = 0;
   long long output_tokens = 0;
   int delayed_arrivals = 0;  // open loop: arrivals held back by --max-inflight
@@ -176,7 +182,8 @@ struct ServingBenchResult {
   std::string table() const;
 };
 
-// Runs the load. Throws std::invalid_argument for bad options and
+// Runs the load. Throws std::invalid_argument for bad options (including a
+// prompt plus output longer than the context the server advertises) and
 // std::runtime_error when the server cannot be reached at all.
 ServingBenchResult run_serving_bench(const ServingBenchOptions& opts);
 

@@ -37,12 +37,12 @@ void run_serving(const BenchOptions& o) {
                        " is an engine-mode option; serving mode (--url) does not use it");
   auto so = o.serving;
   so.prompt_len = o.prompt_len;
+  serving_bench::ServingBenchResult r;
   try {
-    serving_bench::validate(so);
+    r = serving_bench::run_serving_bench(so);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const auto r = serving_bench::run_serving_bench(so);
   if (o.json)
     std::cout << r.to_json().dump() << "\n";
   else

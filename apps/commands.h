@@ -9,6 +9,7 @@ namespace troupe::app {
 void register_generate(CLI::App& app);
 void register_synth_model(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_serve(CLI::App& app);
 
 // The bundled default model: models/fortune under the working directory, or
 // beside the build directory of this executable.

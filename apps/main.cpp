@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error | off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
+  troupe::app::register_serve(app);
   troupe::app::register_generate(app);
   troupe::app::register_bench(app);
   troupe::app::register_synth_model(app);

@@ -375,6 +375,7 @@ struct FakeConfig {
   int vocab = 64;           // in /v1/models; 0 = not advertised
   bool models_404 = false;  // no /v1/models at all
   double stall_s = 0;       // before the first byte of a completion
+  int max_model_len = 0;    // in /v1/models; 0 = not advertised
 };
 
 // Answers /v1/completions with a fixed SSE stream written in small uneven
@@ -441,6 +442,7 @@ class FakeServer {
       if (req.target() == "/v1/models") {
         json models = {{"object", "list"}, {"data", {{{"id", "fake-model"}, {"object", "model"}}}}};
         if (cfg_.vocab > 0) models["data"][0]["vocab_size"] = cfg_.vocab;
+        if (cfg_.max_model_len > 0) models["data"][0]["max_model_len"] = cfg_.max_model_len;
         respond(s, req, cfg_.models_404 ? 404 : 200, models.dump());
         continue;
       }
@@ -608,12 +610,14 @@ TEST(BenchServingEndToEnd, RejectionsCountedByStatus) {
   FakeServer server(cfg);
   const auto r = run_serving_bench(closed_loop(server.url(), 2, 6));
   EXPECT_EQ(r.completed, 3);
-  ASSERT_EQ(r.errors.size(), 1u);
-  EXPECT_EQ(r.errors.at("429"), 3);
+  ASSERT_EQ(r.errors.size(), 1u) << r.to_json().dump();
+  EXPECT_EQ(r.errors.count("429") ? r.errors.at("429") : 0, 3) << r.to_json().dump();
   const auto j = r.to_json();
   EXPECT_EQ(j["errors"]["429"], 3);
   EXPECT_EQ(j["ttft_s"]["count"], 3) << "failed requests are no latency samples";
   EXPECT_NE(r.table().find("429 x3"), std::string::npos) << r.table();
+  EXPECT_EQ(r.error_examples.at("429"), "queue full") << "the server's message is kept";
+  EXPECT_EQ(j["error_examples"]["429"], "queue full");
 
   FakeConfig all;
   all.reject_every = 1;
@@ -666,6 +670,22 @@ TEST(BenchServingEndToEnd, NoModelsEndpointFallsBackToOptions) {
   for (const auto& b : server.bodies()) EXPECT_EQ(b["model"], "chosen");
 }
 
+TEST(BenchServingEndToEnd, PromptOverTheAdvertisedContextIsRefusedUpFront) {
+  FakeConfig cfg;
+  cfg.max_model_len = 44;
+  FakeServer server(cfg);
+  auto o = closed_loop(server.url(), 1, 2);  // 40 + 5 > 44
+  try {
+    run_serving_bench(o);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len 44"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(server.bodies().empty());
+  o.output_len = 4;
+  EXPECT_EQ(run_serving_bench(o).completed, 2);
+}
+
 TEST(BenchServingEndToEnd, StalledServerTimesOut) {
   FakeConfig cfg;
   cfg.stall_s = 10;
@@ -677,6 +697,7 @@ TEST(BenchServingEndToEnd, StalledServerTimesOut) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(8)) << "the deadline cut the wait short";
   EXPECT_EQ(r.completed, 0);
   EXPECT_EQ(r.errors.at("timeout"), 2);
+  EXPECT_FALSE(r.error_examples.at("timeout").empty());
 }
 
 TEST(BenchServingEndToEnd, UnreachableServerIsAnError) {

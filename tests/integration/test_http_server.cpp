@@ -1,0 +1,927 @@
+// HttpServer on 127.0.0.1 (port 0) against a fake CompletionService and the
+// real fortune tokenizer, driven by a small Beast client. Every client
+// operation has a timeout, so a hung server fails a test instead of hanging it.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/metrics.h"
+#include "gpu/tokenizer.h"
+#include "net/http_server.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+const Tokenizer& fortune() {
+  static const Tokenizer tok = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  return tok;
+}
+
+openai::ModelLimits limits() {
+  openai::ModelLimits l;
+  l.name = "fortune";
+  l.context_length = 256;
+  l.vocab_size = 2000;
+  l.max_tokens_cap = 200;
+  return l;
+}
+
+// What the fake generates for a prompt: ordinary pieces (ids >= 300, past the
+// control and byte-fallback ids), a pure function of the prompt.
+std::vector<int> fake_output(const std::vector<int>& prompt, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int id : prompt) h = (h ^ uint64_t(id)) * 1099511628211ull;
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) out.push_back(300 + int((h + uint64_t(i) * 7919u) % 1700u));
+  return out;
+}
+
+std::string expected_text(const std::string& prompt, int n) {
+  return fortune().decode(fake_output(fortune().encode(prompt, true), n));
+}
+
+// ---- the fake service ----
+
+// One worker thread plays a batcher: each step, every running job gets one
+// token. Knobs make it fail, hang, stall or stop early.
+class FakeService : public CompletionService {
+ public:
+  FakeService() : worker_([this] { run(); }) {}
+  ~FakeService() override { shutdown(); }
+
+  void shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  void submit(CompletionRequest r, std::shared_ptr<CompletionSink> sink) override {
+    std::unique_lock lock(mu_);
+    submitted_.push_back(r);
+    changed_.notify_all();
+    if (fail_) {
+      ServiceError e = *fail_;
+      lock.unlock();
+      sink->on_error(e);  // synchronously, as a router refusing at once might
+      return;
+    }
+    Job j;
+    j.out = fake_output(r.prompt, r.max_tokens);
+    j.prompt_tokens = int(r.prompt.size());
+    j.req = std::move(r);
+    j.sink = std::move(sink);
+    j.hang = hang_;
+    jobs_.push_back(std::move(j));
+    cv_.notify_all();
+  }
+
+  void cancel(uint64_t id) override {
+    std::lock_guard lock(mu_);
+    ++cancels_[id];
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->req.id != id) continue;
+      it->sink->on_done(FinishReason::Cancelled, it->prompt_tokens, int(it->next));
+      jobs_.erase(it);
+      break;
+    }
+    changed_.notify_all();
+  }
+
+  bool ready() const override { return ready_; }
+
+  // Knobs.
+  std::atomic<bool> ready_{true};
+  void fail_with(std::optional<ServiceError> e) {
+    std::lock_guard lock(mu_);
+    fail_ = std::move(e);
+  }
+  void set_hang(bool h) {
+    std::lock_guard lock(mu_);
+    hang_ = h;
+  }
+  void set_token_delay(std::chrono::milliseconds d) {
+    std::lock_guard lock(mu_);
+    delay_ = d;
+  }
+  void fail_after(int tokens, ServiceError e) {
+    std::lock_guard lock(mu_);
+    fail_after_ = tokens;
+    fail_after_error_ = std::move(e);
+  }
+  void eos_after(int tokens) {
+    std::lock_guard lock(mu_);
+    eos_after_ = tokens;
+  }
+
+  // Observations.
+  int cancel_count(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = cancels_.find(id);
+    return it == cancels_.end() ? 0 : it->second;
+  }
+  bool wait_cancel(uint64_t id, std::chrono::milliseconds within = 5000ms) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, within, [&] { return cancels_.count(id) > 0; });
+  }
+  // The n-th submitted request (1-based), waiting for it.
+  std::optional<CompletionRequest> wait_submitted(size_t n, std::chrono::milliseconds within = 5000ms) {
+    std::unique_lock lock(mu_);
+    if (!changed_.wait_for(lock, within, [&] { return submitted_.size() >= n; })) return std::nullopt;
+    return submitted_[n - 1];
+  }
+  size_t submitted_count() {
+    std::lock_guard lock(mu_);
+    return submitted_.size();
+  }
+  size_t running() {
+    std::lock_guard lock(mu_);
+    return jobs_.size();
+  }
+
+ private:
+  struct Job {
+    CompletionRequest req;
+    std::shared_ptr<CompletionSink> sink;
+    std::vector<int> out;
+    size_t next = 0;
+    int prompt_tokens = 0;
+    bool hang = false;
+  };
+
+  bool any_active() const {
+    for (const Job& j : jobs_)
+      if (!j.hang) return true;
+    return false;
+  }
+
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || any_active(); });
+      if (stop_) return;
+      for (auto it = jobs_.begin(); it != jobs_.end();) {
+        Job& j = *it;
+        if (j.hang) {
+          ++it;
+          continue;
+        }
+        if (fail_after_ >= 0 && int(j.next) == fail_after_) {
+          j.sink->on_error(fail_after_error_);
+          it = jobs_.erase(it);
+          continue;
+        }
+        if (eos_after_ >= 0 && int(j.next) == eos_after_) {
+          j.sink->on_done(FinishReason::Stop, j.prompt_tokens, int(j.next));
+          it = jobs_.erase(it);
+          continue;
+        }
+        j.sink->on_token(j.out[j.next++]);
+        if (j.next == j.out.size()) {
+          j.sink->on_done(FinishReason::Length, j.prompt_tokens, int(j.next));
+          it = jobs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      auto delay = delay_;
+      lock.unlock();
+      std::this_thread::sleep_for(delay);
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, changed_;
+  std::list<Job> jobs_;
+  std::vector<CompletionRequest> submitted_;
+  std::map<uint64_t, int> cancels_;
+  std::optional<ServiceError> fail_;
+  bool hang_ = false;
+  std::chrono::milliseconds delay_{1};
+  int fail_after_ = -1;
+  ServiceError fail_after_error_;
+  int eos_after_ = -1;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts after the state above exists
+};
+
+// ---- a small HTTP client ----
+
+struct HttpResult {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+  json body_json() const { return json::parse(body); }
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+class Client {
+ public:
+  explicit Client(uint16_t port, std::chrono::milliseconds timeout = 10000ms)
+      : stream_(ioc_), timeout_(timeout) {
+    auto ec = run([&](auto h) {
+      stream_.async_connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), h);
+    });
+    if (ec) throw std::runtime_error("connect: " + ec.message());
+  }
+
+  void send(const std::string& bytes) {
+    auto ec = run([&](auto h) { net::async_write(stream_, net::buffer(bytes), h); });
+    if (ec) throw std::runtime_error("write: " + ec.message());
+  }
+
+  HttpResult read_response() {
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(boost::none);
+    auto ec = run([&](auto h) { http::async_read(stream_, buffer_, parser, h); });
+    if (ec) throw std::runtime_error("read response: " + ec.message());
+    HttpResult r;
+    auto& res = parser.get();
+    r.status = int(res.result_int());
+    for (const auto& f : res) {
+      std::string name(f.name_string());
+      for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+      r.headers[name] = std::string(f.value());
+    }
+    r.body = res.body();
+    return r;
+  }
+
+  HttpResult request(http::verb method, const std::string& target, const std::string& body = "",
+                     std::map<std::string, std::string> headers = {}, unsigned version = 11) {
+    http::request<http::string_body> req{method, target, version};
+    req.set(http::field::host, "127.0.0.1");
+    for (const auto& [k, v] : headers) req.set(k, v);
+    if (!body.empty() || method == http::verb::post) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+      req.prepare_payload();
+    }
+    std::ostringstream os;
+    os << req;
+    send(os.str());
+    return read_response();
+  }
+
+  HttpResult post(const std::string& target, const json& body) {
+    return request(http::verb::post, target, body.dump());
+  }
+  HttpResult get(const std::string& target) { return request(http::verb::get, target); }
+
+  // Raw bytes until `needle` shows up (or EOF / timeout); returns all read.
+  std::string read_until(const std::string& needle) {
+    std::string got;
+    while (got.find(needle) == std::string::npos) {
+      std::array<char, 4096> buf;
+      size_t n = 0;
+      auto ec = run([&](auto h) {
+        stream_.async_read_some(net::buffer(buf), [h, &n](beast::error_code e, size_t k) mutable {
+          n = k;
+          h(e);
+        });
+      });
+      got.append(buf.data(), n);
+      if (ec) break;
+    }
+    return got;
+  }
+
+  // True if the server closes the connection within the client timeout.
+  bool closed_by_server() {
+    for (;;) {
+      std::array<char, 4096> buf;
+      auto ec = run([&](auto h) {
+        stream_.async_read_some(net::buffer(buf), [h](beast::error_code e, size_t) mutable { h(e); });
+      });
+      if (ec == beast::error::timeout) return false;
+      if (ec) return true;  // EOF or reset
+    }
+  }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  // Runs one asynchronous operation to completion under the timeout.
+  template <class Start>
+  beast::error_code run(Start&& start) {
+    beast::error_code result = net::error::would_block;
+    stream_.expires_after(timeout_);
+    start([&result](beast::error_code ec, auto&&...) { result = ec; });
+    ioc_.restart();
+    ioc_.run();
+    return result;
+  }
+
+  net::io_context ioc_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::chrono::milliseconds timeout_;
+};
+
+// "data: ..." events of an SSE body, in order.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> events;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "unterminated event in " << body;
+    if (end == std::string::npos) break;
+    std::string ev = body.substr(pos, end - pos);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    events.push_back(ev.substr(6));
+    pos = end + 2;
+  }
+  return events;
+}
+
+struct StreamResult {
+  std::string text;
+  std::string finish_reason;
+  std::optional<json> usage;
+  std::optional<json> error;
+  bool done = false;
+  int chunks = 0;
+};
+
+StreamResult collect_stream(const std::string& body) {
+  StreamResult r;
+  for (const std::string& ev : sse_events(body)) {
+    EXPECT_FALSE(r.done) << "event after [DONE]: " << ev;
+    if (ev == "[DONE]") {
+      r.done = true;
+      continue;
+    }
+    json j = json::parse(ev);
+    if (j.contains("error")) {
+      r.error = j;
+      continue;
+    }
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["model"], "fortune");
+    if (j["choices"].empty()) {
+      r.usage = j["usage"];
+      continue;
+    }
+    EXPECT_TRUE(r.finish_reason.empty()) << "chunk after the finish_reason chunk";
+    ++r.chunks;
+    r.text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null())
+      r.finish_reason = j["choices"][0]["finish_reason"];
+  }
+  return r;
+}
+
+// The value of one series in a /metrics body, or -1.
+double metric(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  return -1;
+}
+
+// ---- fixture ----
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  HttpServer::Options default_options() {
+    HttpServer::Options o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.max_body_bytes = 64 * 1024;
+    o.max_header_bytes = 8 * 1024;
+    o.request_timeout_s = 30;
+    o.read_timeout_s = 5;
+    o.io_threads = 2;
+    return o;
+  }
+
+  void start(std::optional<HttpServer::Options> o = std::nullopt, bool with_tokenizer = true) {
+    server_ = std::make_unique<HttpServer>(o ? *o : default_options(), fake_,
+                                           with_tokenizer ? std::optional<Tokenizer>(fortune())
+                                                          : std::nullopt,
+                                           limits(), metrics_);
+    server_->start();
+    port_ = server_->port();
+    ASSERT_NE(port_, 0);
+  }
+
+  void TearDown() override {
+    server_.reset();  // before the fake: late sink calls must be harmless
+    fake_.shutdown();
+  }
+
+  json completion(const std::string& prompt, int max_tokens, json extra = json::object()) {
+    json body = {{"model", "fortune"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+                 {"temperature", 0}};
+    for (auto& [k, v] : extra.items()) body[k] = v;
+    return body;
+  }
+
+  FakeService fake_;
+  Metrics metrics_;
+  std::unique_ptr<HttpServer> server_;
+  uint16_t port_ = 0;
+};
+
+// ---- tests ----
+
+TEST_F(HttpServerTest, HealthReadyAndModels) {
+  start();
+  Client c(port_);
+  HttpResult h = c.get("/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body_json()["status"], "ok");
+  EXPECT_EQ(c.get("/ready").status, 200);
+  fake_.ready_ = false;
+  HttpResult r = c.get("/ready");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(r.body_json()["error"]["message"].is_string());
+  EXPECT_EQ(c.get("/health").status, 200);  // alive, just not ready
+  HttpResult m = c.get("/v1/models");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_EQ(m.body_json()["data"][0]["id"], "fortune");
+  EXPECT_EQ(m.header("content-type"), "application/json");
+}
+
+TEST_F(HttpServerTest, NonStreamingCompletion) {
+  start();
+  Client c(port_);
+  const std::string prompt = "Once upon a time";
+  HttpResult r = c.post("/v1/completions", completion(prompt, 12, {{"priority", 1}, {"seed", 7}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.body_json();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "fortune");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["text"], expected_text(prompt, 12));
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  int prompt_tokens = int(fortune().encode(prompt, true).size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], prompt_tokens + 12);
+
+  auto req = fake_.wait_submitted(1);
+  ASSERT_TRUE(req);
+  EXPECT_EQ(req->prompt, fortune().encode(prompt, true));
+  EXPECT_EQ(req->max_tokens, 12);
+  EXPECT_EQ(req->sampling.temperature, 0.0f);
+  EXPECT_EQ(req->sampling.seed, 7u);
+  EXPECT_EQ(req->priority, 1);
+  EXPECT_DOUBLE_EQ(req->deadline_s, 30);
+  EXPECT_FALSE(req->stream);
+}
+
+TEST_F(HttpServerTest, StreamingMatchesNonStreaming) {
+  start();
+  Client c(port_);
+  const std::string prompt = "The meaning of life";
+  HttpResult plain = c.post("/v1/completions", completion(prompt, 24));
+  ASSERT_EQ(plain.status, 200);
+  HttpResult s = c.post("/v1/completions",
+                        completion(prompt, 24, {{"stream", true},
+                                                {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.header("content-type").rfind("text/event-stream", 0), 0u);
+  EXPECT_EQ(s.header("transfer-encoding"), "chunked");
+  StreamResult r = collect_stream(s.body);
+  EXPECT_TRUE(r.done);
+  EXPECT_GT(r.chunks, 5);
+  EXPECT_EQ(r.text, plain.body_json()["choices"][0]["text"]);
+  EXPECT_EQ(r.text, expected_text(prompt, 24));
+  EXPECT_EQ(r.finish_reason, "length");
+  ASSERT_TRUE(r.usage);
+  EXPECT_EQ((*r.usage)["completion_tokens"], 24);
+  EXPECT_EQ(sse_events(s.body).back(), "[DONE]");
+}
+
+TEST_F(HttpServerTest, TokenIdPromptAndReturnTokenIds) {
+  start();
+  Client c(port_);
+  std::vector<int> prompt = {1, 400, 500, 600};
+  HttpResult r = c.post("/v1/completions", {{"model", "fortune"},
+                                            {"prompt", prompt},
+                                            {"max_tokens", 5},
+                                            {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.body_json();
+  EXPECT_EQ(j["choices"][0]["token_ids"], json(fake_output(prompt, 5)));
+  EXPECT_EQ(j["choices"][0]["text"], fortune().decode(fake_output(prompt, 5)));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4);
+}
+
+TEST_F(HttpServerTest, ServiceEndsWithStop) {
+  start();
+  fake_.eos_after(3);
+  Client c(port_);
+  HttpResult r = c.post("/v1/completions", completion("Hello", 20));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body_json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r.body_json()["usage"]["completion_tokens"], 3);
+}
+
+TEST_F(HttpServerTest, StopStringTruncatesAndCancelsOnce) {
+  start();
+  const std::string prompt = "A stop string test";
+  std::string full = expected_text(prompt, 30);
+  ASSERT_GT(full.size(), 40u);
+  std::string stop = full.substr(20, 5);
+  std::string want = full.substr(0, full.find(stop));
+  for (bool stream : {false, true}) {
+    Client c(port_);
+    size_t before = fake_.submitted_count();
+    HttpResult r =
+        c.post("/v1/completions", completion(prompt, 30, {{"stop", stop}, {"stream", stream}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    if (stream) {
+      StreamResult s = collect_stream(r.body);
+      EXPECT_EQ(s.text, want);
+      EXPECT_EQ(s.finish_reason, "stop");
+      EXPECT_TRUE(s.done);
+    } else {
+      EXPECT_EQ(r.body_json()["choices"][0]["text"], want);
+      EXPECT_EQ(r.body_json()["choices"][0]["finish_reason"], "stop");
+    }
+    auto req = fake_.wait_submitted(before + 1);
+    ASSERT_TRUE(req);
+    EXPECT_TRUE(fake_.wait_cancel(req->id));
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(fake_.cancel_count(req->id), 1);
+  }
+}
+
+TEST_F(HttpServerTest, BadInputGetsStatusAndMessage) {
+  start();
+  Client c(port_);
+  auto expect_error = [&](const HttpResult& r, int status, const std::string& fragment,
+                          const std::string& param = "") {
+    EXPECT_EQ(r.status, status) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.body;
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param);
+    }
+    EXPECT_EQ(r.header("content-type"), "application/json");
+  };
+  expect_error(c.request(http::verb::post, "/v1/completions", "{\"prompt\": \"x\",,}"), 400,
+               "Malformed JSON");
+  expect_error(c.post("/v1/completions", completion("x", 5, {{"max_tokens", "many"}})), 400,
+               "`max_tokens`", "max_tokens");
+  expect_error(c.post("/v1/completions", completion("x", 5, {{"temperature", "hot"}})), 400,
+               "`temperature`", "temperature");
+  expect_error(c.post("/v1/completions", completion("x", 5, {{"n", 2}})), 400,
+               "Only n=1 is supported", "n");
+  expect_error(c.post("/v1/completions", completion("x", 5, {{"model", "gpt-4"}})), 404,
+               "The model `gpt-4` does not exist.");
+  expect_error(c.post("/v1/completions", completion("x", 5000)), 400, "at most 200");
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += "word ";
+  expect_error(c.post("/v1/completions", completion(long_prompt, 10)), 400,
+               "maximum context length is 256 tokens");
+  expect_error(c.post("/v1/completions", {{"prompt", {1, 2, 99999}}}), 400, "99999", "prompt");
+  expect_error(c.get("/nope"), 404, "/nope");
+  HttpResult wrong = c.get("/v1/completions");
+  expect_error(wrong, 405, "not allowed");
+  EXPECT_EQ(wrong.header("allow"), "POST");
+  expect_error(c.request(http::verb::post, "/health", "{}"), 405, "not allowed");
+  // The same connection still works after all of that.
+  EXPECT_EQ(c.get("/health").status, 200);
+  EXPECT_EQ(fake_.submitted_count(), 0u);
+}
+
+TEST_F(HttpServerTest, BodyTooLargeIs413) {
+  start();
+  Client c(port_);
+  std::string big = json{{"prompt", std::string(100 * 1024, 'a')}}.dump();
+  HttpResult r = c.request(http::verb::post, "/v1/completions", big);
+  EXPECT_EQ(r.status, 413);
+  EXPECT_NE(r.body_json()["error"]["message"].get<std::string>().find("65536"), std::string::npos);
+  EXPECT_EQ(r.header("connection"), "close");
+  // Chunked bodies have no length up front; the limit still holds.
+  Client d(port_);
+  std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string chunk(32 * 1024, 'b');
+  std::string body;
+  for (int i = 0; i < 3; ++i) body += "8000\r\n" + chunk + "\r\n";
+  d.send(head + body + "0\r\n\r\n");
+  EXPECT_EQ(d.read_response().status, 413);
+  EXPECT_EQ(Client(port_).get("/health").status, 200);
+}
+
+TEST_F(HttpServerTest, MalformedHttpAndHugeHeaders) {
+  start();
+  {
+    Client c(port_);
+    c.send("THIS IS NOT HTTP\r\n\r\n");
+    EXPECT_EQ(c.read_response().status, 400);
+  }
+  {
+    Client c(port_);
+    c.send("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'h') + "\r\n\r\n");
+    EXPECT_EQ(c.read_response().status, 431);
+  }
+  EXPECT_EQ(Client(port_).get("/health").status, 200);
+}
+
+TEST_F(HttpServerTest, SlowClientIsDropped) {
+  HttpServer::Options o = default_options();
+  o.read_timeout_s = 0.5;
+  start(o);
+  Client c(port_, 5000ms);
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");  // and then nothing
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_EQ(Client(port_).get("/health").status, 200);
+}
+
+TEST_F(HttpServerTest, ServiceErrorsMapToStatuses) {
+  start();
+  Client c(port_);
+  struct Case {
+    ServiceErrorKind kind;
+    int status;
+    double retry;
+    std::string retry_header;
+  };
+  for (const Case& k : {Case{ServiceErrorKind::QueueFull, 429, 2.5, "3"},
+                        Case{ServiceErrorKind::Unavailable, 503, 0.2, "1"},
+                        Case{ServiceErrorKind::Timeout, 504, 0, ""},
+                        Case{ServiceErrorKind::Internal, 500, 0, ""},
+                        Case{ServiceErrorKind::BadRequest, 400, 0, ""}}) {
+    fake_.fail_with(ServiceError{k.kind, "fake says no", k.retry});
+    for (bool stream : {false, true}) {
+      HttpResult r = c.post("/v1/completions", completion("x", 5, {{"stream", stream}}));
+      EXPECT_EQ(r.status, k.status) << r.body;
+      EXPECT_EQ(r.body_json()["error"]["message"], "fake says no");
+      EXPECT_EQ(r.header("retry-after"), k.retry_header) << k.status;
+    }
+  }
+  fake_.fail_with(std::nullopt);
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 5)).status, 200);
+}
+
+TEST_F(HttpServerTest, ErrorAfterStreamStartedIsAnEvent) {
+  start();
+  fake_.fail_after(3, ServiceError{ServiceErrorKind::Internal, "replica exploded", 0});
+  Client c(port_);
+  HttpResult r = c.post("/v1/completions", completion("Boom", 10, {{"stream", true}}));
+  ASSERT_EQ(r.status, 200);
+  StreamResult s = collect_stream(r.body);
+  ASSERT_TRUE(s.error);
+  EXPECT_EQ((*s.error)["error"]["message"], "replica exploded");
+  EXPECT_EQ((*s.error)["error"]["status"], 500);
+  EXPECT_TRUE(s.done);
+  EXPECT_TRUE(s.finish_reason.empty());
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsOnce) {
+  start();
+  fake_.set_token_delay(20ms);
+  {
+    Client c(port_);
+    std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    std::string body = completion("Disconnect me", 200, {{"stream", true}}).dump();
+    c.send(req + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::string got = c.read_until("data: ");
+    ASSERT_NE(got.find("data: "), std::string::npos) << got;
+    c.close();
+  }
+  auto req = fake_.wait_submitted(1);
+  ASSERT_TRUE(req);
+  EXPECT_TRUE(fake_.wait_cancel(req->id));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+  EXPECT_EQ(fake_.running(), 0u);
+  Client m(port_);
+  EXPECT_EQ(metric(m.get("/metrics").body, "troupe_requests_total{status=\"499\"}"), 1);
+}
+
+TEST_F(HttpServerTest, ClientDisconnectWhileWaitingCancelsOnce) {
+  start();
+  fake_.set_hang(true);
+  {
+    Client c(port_);
+    std::string body = completion("Never answered", 10).dump();
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body);
+    ASSERT_TRUE(fake_.wait_submitted(1));
+    c.close();
+  }
+  auto req = fake_.wait_submitted(1);
+  EXPECT_TRUE(fake_.wait_cancel(req->id));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+}
+
+TEST_F(HttpServerTest, RequestDeadlineGives504) {
+  HttpServer::Options o = default_options();
+  o.request_timeout_s = 0.5;  // the server waits this plus a 2 s grace
+  start(o);
+  fake_.set_hang(true);
+  Client c(port_);
+  auto t0 = std::chrono::steady_clock::now();
+  HttpResult r = c.post("/v1/completions", completion("Slow", 5));
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
+  auto req = fake_.wait_submitted(1);
+  EXPECT_DOUBLE_EQ(req->deadline_s, 0.5);
+  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+}
+
+TEST_F(HttpServerTest, ThirtyTwoConcurrentRequests) {
+  start();
+  constexpr int kClients = 32;
+  std::vector<std::string> failures(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        std::string prompt = "Request number " + std::to_string(i);
+        bool stream = i % 2 == 1;
+        Client c(port_, 20000ms);
+        HttpResult r = c.post("/v1/completions", completion(prompt, 20, {{"stream", stream}}));
+        std::string text;
+        if (r.status != 200) {
+          failures[i] = "status " + std::to_string(r.status) + ": " + r.body;
+          return;
+        }
+        text = stream ? collect_stream(r.body).text
+                      : r.body_json()["choices"][0]["text"].get<std::string>();
+        if (text != expected_text(prompt, 20)) failures[i] = "wrong text: " + text;
+      } catch (const std::exception& e) {
+        failures[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(failures[i], "") << "client " << i;
+  EXPECT_EQ(fake_.submitted_count(), size_t(kClients));
+}
+
+TEST_F(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
+  start();
+  Client c(port_);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.post("/v1/completions", completion("k", 3)).status, 200);
+  // Two requests in one write: two answers, in order.
+  std::string body = completion("pipelined", 4).dump();
+  std::string one = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body;
+  c.send(one + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  HttpResult a = c.read_response();
+  HttpResult b = c.read_response();
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.body_json()["choices"][0]["text"], expected_text("pipelined", 4));
+  EXPECT_EQ(b.status, 200);
+  EXPECT_EQ(b.body_json()["status"], "ok");
+  // Expect: 100-continue gets its interim answer before the body is sent.
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n");
+  std::string interim = c.read_until("\r\n\r\n");
+  EXPECT_EQ(interim.rfind("HTTP/1.1 100 Continue", 0), 0u) << interim;
+  c.send(body);
+  EXPECT_EQ(c.read_response().status, 200);
+}
+
+TEST_F(HttpServerTest, Http10StreamIsCloseDelimited) {
+  start();
+  Client c(port_);
+  HttpResult r = c.request(http::verb::post, "/v1/completions",
+                           completion("Old client", 6, {{"stream", true}}).dump(), {}, 10);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("transfer-encoding"), "");
+  StreamResult s = collect_stream(r.body);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.text, expected_text("Old client", 6));
+}
+
+TEST_F(HttpServerTest, WithoutTokenizerOnlyTokenIds) {
+  start(std::nullopt, /*with_tokenizer=*/false);
+  Client c(port_);
+  HttpResult text = c.post("/v1/completions", completion("words", 3));
+  EXPECT_EQ(text.status, 400);
+  std::vector<int> prompt = {1, 700};
+  HttpResult ids = c.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}});
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  EXPECT_EQ(ids.body_json()["choices"][0]["text"], "");
+  EXPECT_EQ(ids.body_json()["choices"][0]["token_ids"], json(fake_output(prompt, 3)));
+  HttpResult s = c.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"stream", true}});
+  std::vector<int> streamed;
+  for (const std::string& ev : sse_events(s.body)) {
+    if (ev == "[DONE]") continue;
+    for (int id : json::parse(ev)["choices"][0]["token_ids"]) streamed.push_back(id);
+  }
+  EXPECT_EQ(streamed, fake_output(prompt, 3));
+}
+
+TEST_F(HttpServerTest, TooManyConnectionsGet503) {
+  HttpServer::Options o = default_options();
+  o.max_connections = 2;
+  start(o);
+  Client a(port_), b(port_);
+  EXPECT_EQ(a.get("/health").status, 200);
+  EXPECT_EQ(b.get("/health").status, 200);
+  Client extra(port_);
+  HttpResult r = extra.read_response();  // refused without being asked
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.header("retry-after"), "1");
+  extra.close();
+  a.close();
+  // Once a slot frees up, new connections are served again.
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    std::this_thread::sleep_for(20ms);
+    Client d(port_);
+    served = d.get("/health").status == 200;
+  }
+  EXPECT_TRUE(served);
+}
+
+TEST_F(HttpServerTest, MetricsCountRequestsByStatus) {
+  start();
+  Client c(port_);
+  EXPECT_EQ(c.post("/v1/completions", completion("one", 4)).status, 200);
+  EXPECT_EQ(c.post("/v1/completions", completion("two", 4, {{"stream", true}})).status, 200);
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 4, {{"n", 3}})).status, 400);
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 4, {{"model", "m"}})).status, 404);
+  fake_.fail_with(ServiceError{ServiceErrorKind::QueueFull, "full", 1});
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 4)).status, 429);
+  fake_.fail_with(ServiceError{ServiceErrorKind::Unavailable, "down", 1});
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 4)).status, 503);
+  fake_.fail_with(std::nullopt);
+  EXPECT_EQ(c.get("/health").status, 200);  // not a completion: not counted
+
+  HttpResult m = c.get("/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.header("content-type").rfind("text/plain; version=0.0.4", 0), 0u);
+  const std::string& t = m.body;
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"200\"}"), 2) << t;
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"400\"}"), 1);
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"404\"}"), 1);
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"429\"}"), 1);
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"503\"}"), 1);
+  EXPECT_EQ(metric(t, "troupe_time_to_first_token_seconds_count"), 2);
+  EXPECT_EQ(metric(t, "troupe_time_per_output_token_seconds_count"), 2);
+  EXPECT_EQ(metric(t, "troupe_request_latency_seconds_count"), 2);
+  EXPECT_EQ(metric(t, "troupe_generation_tokens_total"), 8);
+  EXPECT_GT(metric(t, "troupe_prompt_tokens_total"), 0);
+}
+
+TEST_F(HttpServerTest, StopWithRequestsInFlight) {
+  start();
+  fake_.set_hang(true);
+  Client c(port_);
+  std::string body = completion("in flight at shutdown", 10).dump();
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body);
+  auto req = fake_.wait_submitted(1);
+  ASSERT_TRUE(req);
+  auto t0 = std::chrono::steady_clock::now();
+  server_->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+}  // namespace
+}  // namespace troupe

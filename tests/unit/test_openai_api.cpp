@@ -1,0 +1,563 @@
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu/tokenizer.h"
+#include "net/openai_api.h"
+#include "support/test_support.h"
+
+namespace troupe::openai {
+namespace {
+
+using nlohmann::json;
+
+ModelLimits limits() {
+  ModelLimits l;
+  l.name = "fortune";
+  l.context_length = 256;
+  l.vocab_size = 2000;
+  l.max_tokens_cap = 200;
+  return l;
+}
+
+const Tokenizer& fortune() {
+  static const Tokenizer tok = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  return tok;
+}
+
+CompletionParams parse_ok(const std::string& body) {
+  auto r = parse_completion_request(body, limits());
+  if (auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << "unexpected error for " << body << ": " << e->message;
+    return {};
+  }
+  return std::get<CompletionParams>(r);
+}
+
+ApiError parse_err(const std::string& body) {
+  auto r = parse_completion_request(body, limits());
+  if (auto* e = std::get_if<ApiError>(&r)) return *e;
+  ADD_FAILURE() << "expected an error for " << body;
+  return {};
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// ---- parsing: valid requests ----
+
+TEST(OpenAiParse, MinimalTextPromptGetsDefaults) {
+  CompletionParams p = parse_ok(R"({"model":"fortune","prompt":"Hello"})");
+  ASSERT_TRUE(p.prompt_text.has_value());
+  EXPECT_EQ(*p.prompt_text, "Hello");
+  EXPECT_TRUE(p.prompt_ids.empty());
+  EXPECT_EQ(p.max_tokens, 16);
+  EXPECT_FLOAT_EQ(p.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(p.top_p, 1.0f);
+  EXPECT_EQ(p.top_k, 0);
+  EXPECT_FALSE(p.seed.has_value());
+  EXPECT_TRUE(p.stop.empty());
+  EXPECT_FALSE(p.stream);
+  EXPECT_FALSE(p.include_usage);
+  EXPECT_EQ(p.priority, 0);
+  EXPECT_FALSE(p.return_token_ids);
+}
+
+TEST(OpenAiParse, ModelMayBeOmittedAndDefaultsToTheServedOne) {
+  CompletionParams p = parse_ok(R"({"prompt":"Hello"})");
+  EXPECT_EQ(p.model, "fortune");
+}
+
+TEST(OpenAiParse, AllFieldsAccepted) {
+  CompletionParams p = parse_ok(R"({"model":"fortune","prompt":[1,2,3],"max_tokens":50,
+      "temperature":0.5,"top_p":0.9,"top_k":40,"seed":1234,"stop":["\n","END"],"stream":true,
+      "stream_options":{"include_usage":true},"n":1,"priority":1,"echo":false,"logprobs":null,
+      "best_of":1,"suffix":null,"presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},
+      "user":"me","return_token_ids":true,"some_unknown_field":{"x":[1,2]}})");
+  EXPECT_EQ(p.prompt_ids, (std::vector<int>{1, 2, 3}));
+  EXPECT_FALSE(p.prompt_text.has_value());
+  EXPECT_EQ(p.max_tokens, 50);
+  EXPECT_FLOAT_EQ(p.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.top_k, 40);
+  EXPECT_EQ(p.seed, 1234u);
+  EXPECT_EQ(p.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(p.stream);
+  EXPECT_TRUE(p.include_usage);
+  EXPECT_EQ(p.priority, 1);
+  EXPECT_TRUE(p.return_token_ids);
+}
+
+TEST(OpenAiParse, NullMeansDefault) {
+  CompletionParams p = parse_ok(
+      R"({"prompt":"x","max_tokens":null,"temperature":null,"stop":null,"n":null,"seed":null})");
+  EXPECT_EQ(p.max_tokens, 16);
+  EXPECT_FLOAT_EQ(p.temperature, 1.0f);
+  EXPECT_TRUE(p.stop.empty());
+  EXPECT_FALSE(p.seed.has_value());
+}
+
+TEST(OpenAiParse, PromptAsArrayWithOneString) {
+  CompletionParams p = parse_ok(R"({"prompt":["Once upon"]})");
+  ASSERT_TRUE(p.prompt_text.has_value());
+  EXPECT_EQ(*p.prompt_text, "Once upon");
+}
+
+TEST(OpenAiParse, StopAsSingleStringAndEmptyStringsDropped) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","stop":"END"})").stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(parse_ok(R"({"prompt":"x","stop":""})").stop.empty());
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","stop":["","a"]})").stop, std::vector<std::string>{"a"});
+}
+
+TEST(OpenAiParse, IntegralFloatsAreIntegers) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","max_tokens":20.0})").max_tokens, 20);
+}
+
+TEST(OpenAiParse, TopKMinusOneMeansOff) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","top_k":-1})").top_k, 0);
+}
+
+TEST(OpenAiParse, NegativeAndLargeSeeds) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","seed":-1})").seed, ~uint64_t(0));
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","seed":18446744073709551615})").seed, ~uint64_t(0));
+}
+
+TEST(OpenAiParse, BoundaryValuesAccepted) {
+  parse_ok(R"({"prompt":"x","temperature":0})");
+  parse_ok(R"({"prompt":"x","temperature":2})");
+  parse_ok(R"({"prompt":"x","top_p":1})");
+  parse_ok(R"({"prompt":"x","max_tokens":1})");
+  parse_ok(R"({"prompt":"x","max_tokens":200})");
+  parse_ok(R"({"prompt":[0,1999]})");
+  parse_ok(R"({"prompt":"x","stop":["a","b","c","d"]})");
+}
+
+// ---- parsing: errors ----
+
+TEST(OpenAiParse, MalformedJsonReportsPosition) {
+  ApiError e = parse_err(R"({"prompt": "x",, })");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_TRUE(contains(e.message, "Malformed JSON")) << e.message;
+  EXPECT_TRUE(contains(e.message, "line 1, column 16")) << e.message;
+  EXPECT_TRUE(contains(e.message, "byte 16")) << e.message;
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_EQ(parse_err("").status, 400);
+  EXPECT_EQ(parse_err("{\"prompt\":\"x\"").status, 400);
+}
+
+TEST(OpenAiParse, BodyMustBeAnObject) {
+  ApiError e = parse_err("[1,2]");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_TRUE(contains(e.message, "JSON object")) << e.message;
+}
+
+TEST(OpenAiParse, UnknownModelIs404LikeVllm) {
+  ApiError e = parse_err(R"({"model":"gpt-4","prompt":"x"})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.message, "The model `gpt-4` does not exist.");
+  EXPECT_EQ(e.param, "model");
+  EXPECT_EQ(e.code, "model_not_found");
+}
+
+struct WrongType {
+  const char* body;
+  const char* field;
+};
+
+TEST(OpenAiParse, KnownFieldOfWrongTypeNamesTheField) {
+  const WrongType cases[] = {
+      {R"({"model":5,"prompt":"x"})", "model"},
+      {R"({"prompt":5})", "prompt"},
+      {R"({"prompt":{"a":1}})", "prompt"},
+      {R"({"prompt":"x","max_tokens":"16"})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":1.5})", "max_tokens"},
+      {R"({"prompt":"x","temperature":"hot"})", "temperature"},
+      {R"({"prompt":"x","top_p":[1]})", "top_p"},
+      {R"({"prompt":"x","top_k":0.5})", "top_k"},
+      {R"({"prompt":"x","seed":"42"})", "seed"},
+      {R"({"prompt":"x","stop":5})", "stop"},
+      {R"({"prompt":"x","stop":["a",5]})", "stop"},
+      {R"({"prompt":"x","stream":"yes"})", "stream"},
+      {R"({"prompt":"x","stream":1})", "stream"},
+      {R"({"prompt":"x","stream":true,"stream_options":true})", "stream_options"},
+      {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":"y"}})",
+       "stream_options.include_usage"},
+      {R"({"prompt":"x","n":"1"})", "n"},
+      {R"({"prompt":"x","priority":"high"})", "priority"},
+      {R"({"prompt":"x","echo":"no"})", "echo"},
+      {R"({"prompt":"x","logprobs":"5"})", "logprobs"},
+      {R"({"prompt":"x","best_of":"2"})", "best_of"},
+      {R"({"prompt":"x","suffix":3})", "suffix"},
+      {R"({"prompt":"x","return_token_ids":"true"})", "return_token_ids"},
+      {R"({"prompt":"x","user":1})", "user"},
+      {R"({"prompt":"x","logit_bias":[]})", "logit_bias"},
+  };
+  for (const auto& c : cases) {
+    ApiError e = parse_err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_EQ(e.param, c.field) << c.body;
+    EXPECT_TRUE(contains(e.message, std::string("`") + c.field + "`")) << c.body << ": " << e.message;
+  }
+}
+
+TEST(OpenAiParse, TypeErrorSaysWhatWasExpectedAndGot) {
+  ApiError e = parse_err(R"({"prompt":"x","max_tokens":"16"})");
+  EXPECT_EQ(e.message, "`max_tokens` must be an integer, got string.");
+}
+
+TEST(OpenAiParse, PromptShapes) {
+  EXPECT_TRUE(contains(parse_err(R"({"model":"fortune"})").message, "`prompt` is required"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":null})").message, "`prompt` is required"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[]})").message, "must not be empty"));
+  ApiError two = parse_err(R"({"prompt":["a","b"]})");
+  EXPECT_EQ(two.status, 400);
+  EXPECT_TRUE(contains(two.message, "Only one prompt")) << two.message;
+  EXPECT_EQ(parse_err(R"({"prompt":[[1,2]]})").param, "prompt");
+  EXPECT_EQ(parse_err(R"({"prompt":[1,"a"]})").param, "prompt");
+  EXPECT_EQ(parse_err(R"({"prompt":[1,2.5]})").param, "prompt");
+  EXPECT_EQ(parse_err(R"({"prompt":[true]})").param, "prompt");
+}
+
+TEST(OpenAiParse, TokenIdsOutsideVocabulary) {
+  ApiError e = parse_err(R"({"prompt":[1,2000]})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_TRUE(contains(e.message, "2000")) << e.message;
+  EXPECT_TRUE(contains(e.message, "0..1999")) << e.message;
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[-1]})").message, "-1"));
+}
+
+TEST(OpenAiParse, MaxTokensRange) {
+  ApiError zero = parse_err(R"({"prompt":"x","max_tokens":0})");
+  EXPECT_EQ(zero.message, "`max_tokens` must be at least 1, got 0.");
+  ApiError cap = parse_err(R"({"prompt":"x","max_tokens":201})");
+  EXPECT_EQ(cap.status, 400);
+  EXPECT_EQ(cap.param, "max_tokens");
+  EXPECT_TRUE(contains(cap.message, "201")) << cap.message;
+  EXPECT_TRUE(contains(cap.message, "at most 200")) << cap.message;
+  EXPECT_EQ(parse_err(R"({"prompt":"x","max_tokens":1e30})").param, "max_tokens");
+}
+
+TEST(OpenAiParse, SamplingRanges) {
+  ApiError t = parse_err(R"({"prompt":"x","temperature":2.5})");
+  EXPECT_EQ(t.param, "temperature");
+  EXPECT_TRUE(contains(t.message, "between 0 and 2")) << t.message;
+  EXPECT_EQ(parse_err(R"({"prompt":"x","temperature":-0.1})").param, "temperature");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","top_p":0})").param, "top_p");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","top_p":1.01})").param, "top_p");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","top_k":-2})").param, "top_k");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","seed":1.5})").param, "seed");
+}
+
+TEST(OpenAiParse, StopLimits) {
+  ApiError e = parse_err(R"({"prompt":"x","stop":["a","b","c","d","e"]})");
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_TRUE(contains(e.message, "at most 4")) << e.message;
+}
+
+TEST(OpenAiParse, OnlyNEqualsOne) {
+  ApiError e = parse_err(R"({"prompt":"x","n":2})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "n");
+  EXPECT_EQ(e.message, "Only n=1 is supported, got n=2.");
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":"x","n":0})").message, "Only n=1"));
+}
+
+TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
+  for (const char* field : {"echo", "logprobs", "best_of", "suffix", "presence_penalty",
+                            "frequency_penalty", "logit_bias"}) {
+    std::string value = std::string(field) == "echo"       ? "true"
+                        : std::string(field) == "suffix"     ? "\"end\""
+                        : std::string(field) == "logit_bias" ? "{\"5\":1}"
+                                                             : "2";
+    ApiError e = parse_err(std::string(R"({"prompt":"x",")") + field + "\":" + value + "}");
+    EXPECT_EQ(e.status, 400) << field;
+    EXPECT_EQ(e.param, field);
+    EXPECT_TRUE(contains(e.message, "not supported")) << e.message;
+    EXPECT_EQ(e.code, "unsupported_parameter");
+  }
+}
+
+TEST(OpenAiParse, StreamOptionsNeedStream) {
+  ApiError e = parse_err(R"({"prompt":"x","stream_options":{"include_usage":true}})");
+  EXPECT_EQ(e.param, "stream_options");
+  EXPECT_TRUE(contains(e.message, "only allowed when `stream` is true")) << e.message;
+}
+
+TEST(OpenAiParse, InvalidUtf8InJsonIsA400) {
+  EXPECT_EQ(parse_err("{\"prompt\":\"\xff\xfe\"}").status, 400);
+}
+
+TEST(OpenAiParse, DeepNestingIsAnErrorNotACrash) {
+  std::string deep(200000, '[');
+  EXPECT_EQ(parse_err(deep).status, 400);
+  std::string body = R"({"prompt":"x","extra":)" + std::string(100000, '[') +
+                     std::string(100000, ']') + "}";
+  parse_ok(body);  // unknown fields are ignored, however deep
+}
+
+// ---- prompt resolution and the context check ----
+
+TEST(OpenAiPrompt, TextIsTokenizedWithBos) {
+  CompletionParams p = parse_ok(R"({"prompt":"Hello world"})");
+  auto r = resolve_prompt(p, &fortune(), limits());
+  auto& ids = std::get<std::vector<int>>(r);
+  EXPECT_EQ(ids, fortune().encode("Hello world", true));
+  EXPECT_EQ(ids.front(), fortune().bos_id());
+}
+
+TEST(OpenAiPrompt, TokenIdsPassThrough) {
+  CompletionParams p = parse_ok(R"({"prompt":[5,6,7]})");
+  auto r = resolve_prompt(p, nullptr, limits());
+  EXPECT_EQ(std::get<std::vector<int>>(r), (std::vector<int>{5, 6, 7}));
+}
+
+TEST(OpenAiPrompt, TextWithoutTokenizerIsRefused) {
+  CompletionParams p = parse_ok(R"({"prompt":"Hello"})");
+  auto r = resolve_prompt(p, nullptr, limits());
+  auto& e = std::get<ApiError>(r);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_TRUE(contains(e.message, "token ids")) << e.message;
+  CompletionParams s = parse_ok(R"({"prompt":[1,2],"stop":"x"})");
+  EXPECT_EQ(std::get<ApiError>(resolve_prompt(s, nullptr, limits())).param, "stop");
+}
+
+TEST(OpenAiPrompt, OverTheContextGivesVllmMessage) {
+  std::string ids = "[";
+  for (int i = 0; i < 250; ++i) ids += (i ? ",5" : "5");
+  ids += "]";
+  CompletionParams p = parse_ok(R"({"prompt":)" + ids + R"(,"max_tokens":10})");
+  ApiError e = std::get<ApiError>(resolve_prompt(p, nullptr, limits()));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.message,
+            "This model's maximum context length is 256 tokens. However, you requested 260 "
+            "tokens (250 in the prompt, 10 in the completion). Please reduce the length of the "
+            "prompt or completion.");
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  // Exactly at the limit is fine.
+  CompletionParams q = parse_ok(R"({"prompt":)" + ids + R"(,"max_tokens":6})");
+  EXPECT_TRUE(std::holds_alternative<std::vector<int>>(resolve_prompt(q, nullptr, limits())));
+}
+
+TEST(OpenAiPrompt, LongTextPromptCountsTokens) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "word ";
+  CompletionParams p = parse_ok(json{{"prompt", text}}.dump());
+  ApiError e = std::get<ApiError>(resolve_prompt(p, &fortune(), limits()));
+  int n = int(fortune().encode(text, true).size());
+  EXPECT_TRUE(contains(e.message, "(" + std::to_string(n) + " in the prompt, 16 in the completion)"))
+      << e.message;
+}
+
+TEST(OpenAiPrompt, CheckContextLength) {
+  EXPECT_FALSE(check_context_length(100, 156, 256).has_value());
+  EXPECT_TRUE(check_context_length(100, 157, 256).has_value());
+  EXPECT_TRUE(check_context_length(2000000000, 2000000000, 256).has_value());  // no overflow
+}
+
+// ---- errors as JSON ----
+
+TEST(OpenAiErrors, ErrorJsonShape) {
+  ApiError e = bad_request("bad thing", "max_tokens");
+  json j = json::parse(error_body(e));
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["error"]["message"], "bad thing");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  json k = json::parse(error_body(bad_request("x")));
+  EXPECT_TRUE(k["error"]["param"].is_null());
+}
+
+TEST(OpenAiErrors, ServiceErrorMapping) {
+  EXPECT_EQ(from_service_error({ServiceErrorKind::BadRequest, "b", 0}).status, 400);
+  ApiError q = from_service_error({ServiceErrorKind::QueueFull, "full", 2.2});
+  EXPECT_EQ(q.status, 429);
+  EXPECT_EQ(q.message, "full");
+  EXPECT_DOUBLE_EQ(q.retry_after_s, 2.2);
+  ApiError u = from_service_error({ServiceErrorKind::Unavailable, "", 0});
+  EXPECT_EQ(u.status, 503);
+  EXPECT_GT(u.retry_after_s, 0);  // always tell the client when to come back
+  EXPECT_FALSE(u.message.empty());
+  EXPECT_EQ(from_service_error({ServiceErrorKind::Timeout, "t", 0}).status, 504);
+  EXPECT_EQ(from_service_error({ServiceErrorKind::Internal, "i", 0}).status, 500);
+}
+
+TEST(OpenAiErrors, RetryAfterRoundsUp) {
+  EXPECT_EQ(retry_after_header_seconds(0.2), 1);
+  EXPECT_EQ(retry_after_header_seconds(1.0), 1);
+  EXPECT_EQ(retry_after_header_seconds(1.01), 2);
+  EXPECT_EQ(retry_after_header_seconds(0), 1);
+  EXPECT_EQ(retry_after_header_seconds(1e12), 86400);
+}
+
+// ---- responses ----
+
+ResponseMeta meta() { return {completion_id(0xabc, 7), 1700000000, "fortune"}; }
+
+TEST(OpenAiResponse, CompletionIdFormat) {
+  std::string id = completion_id(0x1234, 0xff);
+  EXPECT_EQ(id, "cmpl-000000000000123400000000000000ff");
+  EXPECT_NE(completion_id(1, 2), completion_id(1, 3));
+}
+
+TEST(OpenAiResponse, NonStreamingShape) {
+  json j = completion_response(meta(), "Hello there", FinishReason::Length, {5, 3});
+  EXPECT_EQ(j["id"], meta().id);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "fortune");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["text"], "Hello there");
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(j["choices"][0].contains("token_ids"));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 8);
+  std::vector<int> ids = {4, 5, 6};
+  json k = completion_response(meta(), "", FinishReason::Stop, {1, 3}, &ids);
+  EXPECT_EQ(k["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(k["choices"][0]["token_ids"], json(ids));
+}
+
+json sse_payload(const std::string& event) {
+  EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+  EXPECT_EQ(event.substr(event.size() - 2), "\n\n");
+  std::string body = event.substr(6, event.size() - 8);
+  EXPECT_EQ(body.find('\n'), std::string::npos);
+  return json::parse(body);
+}
+
+TEST(OpenAiResponse, SseChunks) {
+  json c = sse_payload(sse_text_chunk(meta(), "Hi\n", std::nullopt, false));
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["id"], meta().id);
+  EXPECT_EQ(c["choices"][0]["text"], "Hi\n");
+  EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(c.contains("usage"));
+
+  json last = sse_payload(sse_text_chunk(meta(), "", FinishReason::Stop, true));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(last["usage"].is_null());
+
+  json u = sse_payload(sse_usage_chunk(meta(), {4, 2}));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 6);
+
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+  json err = sse_payload(sse_error(from_service_error({ServiceErrorKind::Internal, "boom", 0})));
+  EXPECT_EQ(err["error"]["message"], "boom");
+  EXPECT_EQ(err["error"]["status"], 500);
+}
+
+TEST(OpenAiResponse, InvalidUtf8IsReplacedNotThrown) {
+  json j = completion_response(meta(), std::string("a\xff" "b"), FinishReason::Stop, {1, 1});
+  std::string s;
+  EXPECT_NO_THROW(s = dump(j));
+  EXPECT_TRUE(contains(s, "a\xEF\xBF\xBD" "b"));
+}
+
+TEST(OpenAiResponse, ModelsList) {
+  json j = models_response(limits(), 123);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "fortune");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["created"], 123);
+  EXPECT_EQ(j["data"][0]["max_model_len"], 256);
+}
+
+// ---- stop strings ----
+
+std::string feed(StopStringFilter& f, const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const auto& p : pieces) out += f.push(p);
+  return out;
+}
+
+TEST(OpenAiStop, NoStopsPassesThrough) {
+  StopStringFilter f({});
+  EXPECT_EQ(f.push("abc"), "abc");
+  EXPECT_EQ(f.flush(), "");
+  EXPECT_FALSE(f.stopped());
+}
+
+TEST(OpenAiStop, StopInsideOnePiece) {
+  StopStringFilter f({"END"});
+  EXPECT_EQ(f.push("hello END world"), "hello ");
+  EXPECT_TRUE(f.stopped());
+  EXPECT_EQ(f.push("more"), "");
+  EXPECT_EQ(f.flush(), "");
+}
+
+TEST(OpenAiStop, StopSplitAcrossTokensIsHeldThenDropped) {
+  StopStringFilter f({"\n\n"});
+  EXPECT_EQ(f.push("one"), "one");
+  EXPECT_EQ(f.push("\n"), "");  // may be the start of the stop string
+  EXPECT_FALSE(f.stopped());
+  EXPECT_EQ(f.push("\ntwo"), "");
+  EXPECT_TRUE(f.stopped());
+}
+
+TEST(OpenAiStop, HeldTailReleasedWhenItDiverges) {
+  StopStringFilter f({"STOP"});
+  EXPECT_EQ(f.push("a ST"), "a ");
+  EXPECT_EQ(f.push("O"), "");
+  EXPECT_EQ(f.push("RM"), "STORM");
+  EXPECT_FALSE(f.stopped());
+}
+
+TEST(OpenAiStop, FlushReleasesTailAtEnd) {
+  StopStringFilter f({"STOP"});
+  EXPECT_EQ(f.push("xS"), "x");
+  EXPECT_EQ(f.flush(), "S");
+}
+
+TEST(OpenAiStop, EarliestOfSeveralStopsWins) {
+  StopStringFilter f({"world", "lo w"});
+  EXPECT_EQ(feed(f, {"hel", "lo", " wor", "ld"}), "hel");
+  EXPECT_TRUE(f.stopped());
+}
+
+TEST(OpenAiStop, OverlappingPrefixes) {
+  StopStringFilter f({"aab"});
+  EXPECT_EQ(feed(f, {"a", "a", "a", "b", "c"}), "a");
+  EXPECT_TRUE(f.stopped());
+}
+
+TEST(OpenAiStop, ConcatenationEqualsTruncatedText) {
+  // Every split of the text into pieces gives the same output.
+  const std::string text = "The cat sat.\nThe dog ran.\n\nEnd of story";
+  const std::string expected = "The cat sat.\nThe dog ran.";
+  for (size_t step = 1; step <= 5; ++step) {
+    StopStringFilter f({"\n\n", "XYZ"});
+    std::string out;
+    for (size_t i = 0; i < text.size() && !f.stopped(); i += step)
+      out += f.push(text.substr(i, step));
+    out += f.flush();
+    EXPECT_EQ(out, expected) << "step " << step;
+    EXPECT_TRUE(f.stopped());
+  }
+}
+
+TEST(OpenAiStop, WithRealTokenizerStream) {
+  const Tokenizer& tok = fortune();
+  std::vector<int> ids = tok.encode("You will meet a tall stranger. Beware of dogs.", false);
+  TextStreamer ts(tok);
+  StopStringFilter f({"stranger"});
+  std::string out;
+  for (int id : ids) {
+    out += f.push(ts.put(id));
+    if (f.stopped()) break;
+  }
+  EXPECT_TRUE(f.stopped());
+  EXPECT_EQ(out, "You will meet a tall ");
+}
+
+}  // namespace
+}  // namespace troupe::openai
