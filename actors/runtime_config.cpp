@@ -1,5 +1,6 @@
 #include "actors/runtime_config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -625,21 +626,55 @@ void validate(const Origin& o, const RuntimeConfig& c) {
 // ---------------------------------------------------------------------------
 // Documents and overrides
 
+std::string at(const YAML::Mark& mark) {
+  return "line " + std::to_string(mark.line + 1) + ", column " + std::to_string(mark.column + 1);
+}
+
+// Sees where each document starts and nothing else.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> last;
+  void OnDocumentStart(const YAML::Mark& mark) override { last = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// Refuses a second document. Not YAML::LoadAll: in yaml-cpp 0.7 it loops
+// forever, growing memory, on a stray ',' (jbeder/yaml-cpp#1040, fixed by
+// #1319 in 2024), because the parser keeps reporting an empty document at
+// the same place; here that shows as a document starting where the last did.
+void check_single_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  if (!parser.HandleNextDocument(starts)) return;
+  const YAML::Mark first = *starts.last;
+  if (!parser.HandleNextDocument(starts)) return;
+  const YAML::Mark second = *starts.last;
+  if (second.pos == first.pos) {
+    const size_t pos = size_t(std::max(first.pos, 0));
+    const std::string token = pos < text.size() ? std::string(1, text[pos]) : "end of input";
+    throw YAML::ParserException(first, "unexpected '" + token + "'");
+  }
+  throw YAML::ParserException(second, "expected one YAML document, but another starts here");
+}
+
 Node load_document(const std::string& text, const std::string& source) {
-  std::vector<Node> docs;
   try {
-    docs = YAML::LoadAll(text);
+    check_single_document(text);
+    return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw key_error(source, "",
-                    "YAML syntax error at line " + std::to_string(e.mark.line + 1) + ", column " +
-                        std::to_string(e.mark.column + 1) + ": " + e.msg,
-                    0);
+    throw key_error(source, "", "YAML syntax error at " + at(e.mark) + ": " + e.msg, 0);
   }
-  if (docs.size() > 1) {
-    throw key_error(source, "", "expected one YAML document, got " + std::to_string(docs.size()),
-                    0);
-  }
-  return docs.empty() ? Node() : docs.front();
 }
 
 // Everything yaml-cpp might still throw while walking nodes becomes a
@@ -658,10 +693,10 @@ void guarded(const std::string& source, F&& body) {
 Node override_value(const Origin& o, const std::string& key, const std::string& value) {
   if (value.empty() || (value.front() != '{' && value.front() != '[')) return Node(value);
   try {
+    check_single_document(value);
     return YAML::Load(value);
   } catch (const YAML::ParserException& e) {
-    o.fail(key, "YAML syntax error in the value at column " + std::to_string(e.mark.column + 1) +
-                    ": " + e.msg);
+    o.fail(key, "YAML syntax error in the value at " + at(e.mark) + ": " + e.msg);
   }
 }
 

@@ -96,6 +96,8 @@ void run_serve(const ServeOptions& so) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
@@ -103,8 +105,19 @@ void run_serve(const ServeOptions& so) {
                limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas, host.c_str(),
                unsigned(server.port()));
   std::fflush(stderr);
+  // Fault-injection hooks for tests and chaos runs: SIGUSR1 crashes replica
+  // 0's worker mid-step, SIGUSR2 the last replica's.
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+      const int replica = sig == SIGUSR1 ? 0 : cfg.parallel.replicas - 1;
+      spdlog::warn("signal {}: injecting a crash into replica {}", sig, replica);
+      runtime.inject_crash(replica);
+      continue;
+    }
+    break;
+  }
   spdlog::info("signal {}: shutting down", sig);
   server.stop();
 }

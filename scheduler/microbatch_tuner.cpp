@@ -13,6 +13,10 @@ namespace {
   throw std::invalid_argument("microbatch tuner: " + what);
 }
 
+// A drifted stage needs its probe's samples to land before another probe
+// can tell more; noise alone must not trigger a probe every step.
+constexpr int kMinStepsBetweenProbes = 4;
+
 double balanced_bubble(int stages, int m) { return double(stages - 1) / double(m + stages - 1); }
 
 // Makespan of the micro-batches flowing through the stages in order (a
@@ -55,6 +59,8 @@ MicrobatchTuner::MicrobatchTuner(int stages, MicrobatchTunerOptions options) : o
   if (!(opt_.min_dwell_s >= 0)) bad("min_dwell_s must be >= 0");
   if (opt_.min_samples < 1) bad("min_samples must be >= 1");
   if (!(opt_.min_relative_spread >= 0)) bad("min_relative_spread must be >= 0");
+  if (!(opt_.probe_on_drift >= 0)) bad("probe_on_drift must be >= 0");
+  if (opt_.probe_interval_steps < 1) bad("probe_interval_steps must be >= 1");
   stages_.resize(size_t(stages));
   settled_ = opt_.initial_microbatches > 0 ? opt_.initial_microbatches
                                            : std::min(stages, opt_.max_microbatches);
@@ -84,23 +90,24 @@ void MicrobatchTuner::observe(int stage, size_t tokens, double seconds) {
   s.xx = s.xx * opt_.decay + x * x;
   s.xy = s.xy * opt_.decay + x * seconds;
   ++s.samples;
+  const StageFit f = raw_fit(s);
+  if (f.identified) {
+    s.has_anchor = true;
+    s.anchor_overhead_s = f.overhead_s;
+    s.anchor_per_token_s = f.per_token_s;
+  }
 }
 
-StageFit MicrobatchTuner::fit(int stage) const {
-  if (stage < 0 || stage >= stages()) {
-    bad("stage " + std::to_string(stage) + " is not in [0, " + std::to_string(stages()) + ")");
-  }
-  const Sums& s = stages_[size_t(stage)];
+StageFit MicrobatchTuner::raw_fit(const Sums& s) const {
   StageFit f;
   f.samples = s.samples;
-  if (s.samples == 0) return f;
+  if (s.w == 0) return f;  // no samples, or forgotten after a change
   const double mx = s.x / s.w, my = s.y / s.w;
   const double var = std::max(0.0, s.xx / s.w - mx * mx);
   f.identified = s.samples >= opt_.min_samples && var > 0 &&
                  std::sqrt(var) >= opt_.min_relative_spread * mx;
   if (!f.identified) {
-    // One size only: charge it all to the tokens until a probe tells the
-    // overhead apart.
+    // One size only: charge it all to the tokens (fit() prefers an anchor).
     f.per_token_s = mx > 0 ? my / mx : 0;
     f.overhead_s = mx > 0 ? 0 : my;
     return f;
@@ -116,6 +123,29 @@ StageFit MicrobatchTuner::fit(int stage) const {
     f.overhead_s = 0;
     f.per_token_s = s.xy / s.xx;
   }
+  return f;
+}
+
+StageFit MicrobatchTuner::fit(int stage) const {
+  if (stage < 0 || stage >= stages()) {
+    bad("stage " + std::to_string(stage) + " is not in [0, " + std::to_string(stages()) + ")");
+  }
+  const Sums& s = stages_[size_t(stage)];
+  StageFit f = raw_fit(s);
+  if (f.identified || !s.has_anchor) return f;
+  // Keep the anchor's split between overhead and per-token cost, scaled to
+  // what the stage takes now: right when the stage got uniformly slower or
+  // faster, and the drift says when it changed in some other way.
+  double k = 1;
+  if (s.w > 0) {
+    const double mx = s.x / s.w, my = s.y / s.w;
+    const double expected = s.anchor_overhead_s + s.anchor_per_token_s * mx;
+    if (expected > 0) k = my / expected;
+  }
+  f.overhead_s = k * s.anchor_overhead_s;
+  f.per_token_s = k * s.anchor_per_token_s;
+  f.anchored = true;
+  f.drift = std::abs(k - 1);
   return f;
 }
 
@@ -143,12 +173,27 @@ int MicrobatchTuner::choose(size_t batch_tokens, double now_s) {
     return current;
   }
   std::vector<StageFit> fits;
-  bool identified = true;
+  bool probe_now = false;
+  ++steps_since_probe_;
   for (int s = 0; s < p; ++s) {
-    fits.push_back(fit(s));
-    identified = identified && fits.back().identified;
+    const StageFit f = fit(s);
+    if (!f.identified) {
+      if (!f.anchored || steps_since_probe_ > opt_.probe_interval_steps) {
+        probe_now = true;
+      } else if (f.drift > opt_.probe_on_drift && steps_since_probe_ > kMinStepsBetweenProbes) {
+        // The stage changed. Its samples mix times from before and after the
+        // change; fitted together with the probe's they would skew the split
+        // between overhead and per-token cost, so start afresh (the anchor
+        // stands in until new samples of two sizes arrive).
+        Sums& sums = stages_[size_t(s)];
+        sums.w = sums.x = sums.y = sums.xx = sums.xy = 0;
+        probe_now = true;
+      }
+    }
+    fits.push_back(f);
   }
-  if (!identified && limit > 1) {
+  if (probe_now && limit > 1) {
+    steps_since_probe_ = 0;
     const int probe = current * 2 <= limit ? current * 2 : std::max(1, current / 2);
     last_bubble_ = simulate(fits, batch_tokens, probe).bubble_fraction;
     return probe;

@@ -35,9 +35,16 @@ struct MicrobatchTunerOptions {
   // Samples a stage needs before its fit is used.
   int min_samples = 2;
   // a and b cannot be told apart from samples that all have about the same
-  // size. Below this spread (std / mean of the weighted sizes) the tuner
-  // probes: it runs one step at a different M to get samples of another size.
+  // size (a fixed batch at a fixed M). Below this spread (std / mean of the
+  // weighted sizes) a stage's fit is "anchored": the last separable fit,
+  // scaled to the current mean time. The tuner probes, running one step at
+  // another M to get samples of another size, when a stage never had a
+  // separable fit, when an anchored stage's mean time has drifted by more
+  // than probe_on_drift from what its anchor predicts (the stage changed),
+  // and otherwise every probe_interval_steps steps.
   double min_relative_spread = 0.2;
+  double probe_on_drift = 0.1;
+  int probe_interval_steps = 50;
 };
 
 // One stage's fitted cost of a micro-batch of x tokens: overhead_s + per_token_s * x.
@@ -45,7 +52,9 @@ struct StageFit {
   double overhead_s = 0;
   double per_token_s = 0;
   int samples = 0;          // observations so far (not decayed)
-  bool identified = false;  // enough samples of different sizes to separate the two terms
+  bool identified = false;  // recent samples of different sizes separate the two terms
+  bool anchored = false;    // not identified: an earlier identified fit, rescaled
+  double drift = 0;         // anchored: |current mean time / anchor's prediction - 1|
 };
 
 struct StepPrediction {
@@ -64,12 +73,12 @@ class MicrobatchTuner {
   void observe(int stage, size_t tokens, double seconds);
 
   // M for a step of `batch_tokens` tokens, in [1, min(max_microbatches,
-  // batch_tokens)] (1 for an empty batch). Before every stage has a fit it
-  // keeps the initial choice; while a fit cannot separate overhead from
-  // per-token cost it returns a probe (twice or half the settled choice) for
-  // one step; otherwise the predicted fastest M, ties to the smaller, subject
-  // to the hysteresis (except the first such choice, which replaces the
-  // unmeasured initial guess outright).
+  // batch_tokens)] (1 for an empty batch). Before every stage has samples it
+  // keeps the initial choice; when a probe is due (see the options) it
+  // returns twice or half the settled choice for that one step, without
+  // settling on it; otherwise the predicted fastest M, ties to the smaller,
+  // subject to the hysteresis (except the first informed choice, which
+  // replaces the unmeasured initial guess outright).
   int choose(size_t batch_tokens, double now_s);
 
   // The model's step time and bubble for an explicit M (uses the current fits
@@ -90,11 +99,15 @@ class MicrobatchTuner {
   static std::vector<size_t> split(size_t batch_tokens, int m);
 
  private:
-  // Exponentially weighted sums for least squares of seconds against tokens.
+  // Exponentially weighted sums for least squares of seconds against tokens,
+  // and the stage's last identified fit.
   struct Sums {
     double w = 0, x = 0, y = 0, xx = 0, xy = 0;
     int samples = 0;
+    bool has_anchor = false;
+    double anchor_overhead_s = 0, anchor_per_token_s = 0;
   };
+  StageFit raw_fit(const Sums& s) const;
 
   MicrobatchTunerOptions opt_;
   std::vector<Sums> stages_;
@@ -102,6 +115,7 @@ class MicrobatchTuner {
   double last_switch_s_ = 0;
   bool informed_ = false;  // a choice has been made from fitted stage times
   bool switched_once_ = false;
+  int steps_since_probe_ = 0;
   int switches_ = 0;
   double last_bubble_ = 0;
 };

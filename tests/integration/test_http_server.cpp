@@ -846,12 +846,14 @@ TEST_F(HttpServerTest, WithoutTokenizerOnlyTokenIds) {
   EXPECT_EQ(ids.body_json()["choices"][0]["text"], "");
   EXPECT_EQ(ids.body_json()["choices"][0]["token_ids"], json(fake_output(prompt, 3)));
   HttpResult s = c.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"stream", true}});
+  ASSERT_EQ(s.status, 200) << s.body;
   std::vector<int> streamed;
   for (const std::string& ev : sse_events(s.body)) {
     if (ev == "[DONE]") continue;
-    for (int id : json::parse(ev)["choices"][0]["token_ids"]) streamed.push_back(id);
+    json chunk = json::parse(ev);
+    for (int id : chunk["choices"][0]["token_ids"]) streamed.push_back(id);
   }
-  EXPECT_EQ(streamed, fake_output(prompt, 3));
+  EXPECT_EQ(streamed, fake_output(prompt, 3)) << s.body;
 }
 
 TEST_F(HttpServerTest, TooManyConnectionsGet503) {

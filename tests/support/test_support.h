@@ -36,3 +36,45 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_s = 120);
 
 }  // namespace troupe::test
+
+namespace troupe::test {
+
+// A child process (no shell) whose stderr is captured; killed (SIGTERM, then
+// SIGKILL) and reaped on destruction.
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  // Reads stderr until a line contains `needle`; returns that line, or ""
+  // on timeout or exit.
+  std::string wait_for_line(const std::string& needle, double timeout_s);
+  std::string stderr_so_far() const { return err_; }
+  int pid() const { return pid_; }
+  void signal(int sig);
+  // Sends SIGTERM and waits; the exit code (128 + signal when killed).
+  int stop(double timeout_s = 20);
+
+ private:
+  int pid_ = -1;
+  int err_fd_ = -1;
+  std::string err_;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+struct HttpResponse {
+  int status = 0;
+  std::string headers;  // raw header block, lower-cased names not guaranteed
+  std::string body;     // de-chunked
+  std::string header(const std::string& name) const;  // case-insensitive, "" if absent
+};
+
+// One HTTP/1.1 request on a fresh connection to 127.0.0.1:port ("Connection:
+// close"); body de-chunked. status 0 when the connection failed.
+HttpResponse http_request(int port, const std::string& method, const std::string& target,
+                          const std::string& body = "", double timeout_s = 60,
+                          const std::string& extra_headers = "");
+
+}  // namespace troupe::test

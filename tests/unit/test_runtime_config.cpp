@@ -147,7 +147,9 @@ TEST(RuntimeConfigTest, UnknownKeyFarFromAnyListsTheKnownKeys) {
 
 TEST(RuntimeConfigTest, DuplicateKeysAndExtraDocumentsAreRefused) {
   expect_error("server:\n  io_threads: 1\n  io_threads: 2\n", "server.io_threads", "duplicate key");
-  expect_error("model: {}\n---\nmodel: {}\n", "", "expected one YAML document, got 2");
+  expect_error("model: {}\n---\nmodel: {}\n", "",
+               "YAML syntax error at line 2, column 1: expected one YAML document, but another "
+               "starts here");
 }
 
 // ---- wrong types ----
@@ -288,6 +290,10 @@ TEST(RuntimeConfigTest, YamlSyntaxErrorsGiveLineAndColumn) {
       expect_error("model:\n  path: [unclosed\nserver: {}\n", "", "YAML syntax error at line ");
   EXPECT_THAT(m, HasSubstr(", column "));
   expect_error("a: 1\n  b: 2\n", "", "YAML syntax error at line 2, column 4");
+  // yaml-cpp 0.7's LoadAll loops forever on these (jbeder/yaml-cpp#1040).
+  expect_error(",\n", "", "YAML syntax error at line 1, column 1: unexpected ','");
+  expect_error(",model: {}\n", "", "unexpected ','");
+  expect_error("model: {}\n...\n,\n", "", "YAML syntax error at line 3, column 1");
 }
 
 TEST(RuntimeConfigTest, LoadNamesTheFile) {
@@ -377,6 +383,8 @@ TEST(RuntimeConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
   EXPECT_THAT(override_error(c, "devices[0]", "4"), HasSubstr("devices[0]: expected a map"));
   EXPECT_THAT(override_error(c, "devices[x].threads", "4"), HasSubstr("did you mean 'devices'?"));
   EXPECT_THAT(override_error(c, "parallel", "{replicas: [}"), HasSubstr("YAML syntax error"));
+  EXPECT_THAT(override_error(c, "parallel", "{replicas: 2}\n---\n{}"),
+              HasSubstr("another starts here"));
   EXPECT_THAT(override_error(c, "server.listen", "nowhere"),
               HasSubstr("server.listen: expected host:port"));
   EXPECT_EQ(c, before);

@@ -1,0 +1,215 @@
+// `troupe serve` as a user runs it: a real process on 127.0.0.1, a real
+// HTTP client, the bundled model.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::json;
+
+class Server {
+ public:
+  explicit Server(std::vector<std::string> sets) {
+    std::vector<std::string> argv{TROUPE_BINARY, "serve", "--config",
+                                  (test::source_dir() / "configs" / "default.yaml").string(),
+                                  "--listen", "127.0.0.1:0", "--set",
+                                  "model.path=" + test::model_path("fortune").string()};
+    for (auto& s : sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    proc_ = std::make_unique<test::ChildProcess>(argv);
+    const std::string line = proc_->wait_for_line("listening on http://", 60);
+    if (line.empty()) throw std::runtime_error("server did not start: " + proc_->stderr_so_far());
+    port_ = std::stoi(line.substr(line.rfind(':') + 1));
+    // Ready once a replica has completed its probe step.
+    for (int i = 0; i < 600 && test::http_request(port_, "GET", "/ready").status != 200; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  int port() const { return port_; }
+  test::ChildProcess& process() { return *proc_; }
+  test::HttpResponse complete(const json& body, double timeout_s = 120) {
+    return test::http_request(port_, "POST", "/v1/completions", body.dump(), timeout_s);
+  }
+
+ private:
+  std::unique_ptr<test::ChildProcess> proc_;
+  int port_ = 0;
+};
+
+std::string generate_text(const std::string& prompt, int max_tokens) {
+  auto r = test::run_command({TROUPE_BINARY, "generate", "--model", test::model_path("fortune").string(), "--prompt",
+                              prompt, "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
+}
+
+// The text of an SSE stream, checking its shape on the way.
+std::string sse_text(const std::string& body, std::string* finish = nullptr) {
+  std::string text;
+  size_t pos = 0;
+  bool done = false;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string payload = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    EXPECT_FALSE(done) << "data after [DONE]";
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const auto j = json::parse(payload);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (finish && !j["choices"][0]["finish_reason"].is_null()) *finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done) << "no data: [DONE]";
+  return text;
+}
+
+const std::vector<std::string> kPrompts{"The meaning of life", "A fool", "Never trust", "Love is",
+                                        "The computer", "In the beginning"};
+
+TEST(Serve, GreedyOutputsEqualGenerateAndConcurrentRequestsComplete) {
+  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]"});
+  std::vector<std::string> want;
+  for (const auto& p : kPrompts) want.push_back(generate_text(p, 40));
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    auto r = s.complete({{"model", "fortune"}, {"prompt", kPrompts[i]}, {"max_tokens", 40}, {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"], want[i]);
+    EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
+              j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+  }
+  // 32 at once, streaming and not.
+  std::vector<std::string> got(32);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 32; ++i)
+    clients.emplace_back([&, i] {
+      const bool stream = i % 2;
+      auto r = s.complete({{"prompt", kPrompts[size_t(i) % kPrompts.size()]}, {"max_tokens", 40},
+                           {"temperature", 0}, {"stream", stream}});
+      if (r.status != 200) return;
+      got[size_t(i)] = stream ? sse_text(r.body) : json::parse(r.body)["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i) % kPrompts.size()]) << i;
+}
+
+TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
+  Server s({});
+  auto r = s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 5}, {"temperature", 0}, {"stream", true}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.header("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string finish;
+  EXPECT_EQ(sse_text(r.body, &finish), generate_text("The meaning of life", 5));
+  EXPECT_EQ(finish, "length");
+}
+
+TEST(Serve, BadInputsGetTheirStatusAndTheServerKeepsServing) {
+  Server s({"server.max_body_bytes=4096", "server.max_tokens_limit=100"});
+  auto raw = [&](const std::string& body) { return test::http_request(s.port(), "POST", "/v1/completions", body); };
+  auto expect = [&](const test::HttpResponse& r, int status, const std::string& needle) {
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_NE(r.body.find(needle), std::string::npos) << r.body;
+    EXPECT_NO_THROW(json::parse(r.body)) << r.body;
+  };
+  expect(raw(std::string(5000, ' ')), 413, "error");
+  expect(raw("{\"prompt\": \"x\", "), 400, "error");
+  expect(raw(R"({"prompt": "x", "max_tokens": "many"})"), 400, "max_tokens");
+  expect(raw(R"({"prompt": 42})"), 400, "prompt");
+  expect(raw(R"({"prompt": "x", "n": 2})"), 400, "n");
+  expect(raw(R"({"prompt": "x", "max_tokens": 1000})"), 400, "100");
+  expect(raw(R"({"prompt": "x", "temperature": -1})"), 400, "temperature");
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += "word ";
+  expect(raw(json({{"prompt", long_prompt}, {"max_tokens", 10}}).dump()), 400, "context");
+  expect(raw(R"({"prompt": [1, 5, 99999]})"), 400, "99999");
+  expect(test::http_request(s.port(), "GET", "/v1/nothing"), 404, "error");
+  expect(test::http_request(s.port(), "DELETE", "/v1/completions"), 405, "error");
+  // Still serving, and health/ready/models/metrics answer.
+  auto ok = s.complete({{"prompt", "A fool"}, {"max_tokens", 3}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/health").status, 200);
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/ready").status, 200);
+  auto models = test::http_request(s.port(), "GET", "/v1/models");
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "fortune");
+  auto metrics = test::http_request(s.port(), "GET", "/metrics");
+  EXPECT_NE(metrics.body.find("troupe_requests_total{status=\"400\"}"), std::string::npos);
+  EXPECT_NE(metrics.body.find("troupe_time_to_first_token_seconds_bucket"), std::string::npos);
+  EXPECT_NE(metrics.body.find("troupe_kv_blocks"), std::string::npos);
+}
+
+TEST(Serve, OverloadGets429WithRetryAfter) {
+  Server s({"admission.max_queue=1", "batching.max_batch_sequences=1", "batching.max_waiting=1"});
+  std::vector<int> status(12);
+  std::vector<std::string> retry(12);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 12; ++i)
+    clients.emplace_back([&, i] {
+      auto r = s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 30}});
+      status[size_t(i)] = r.status;
+      retry[size_t(i)] = r.header("Retry-After");
+    });
+  for (auto& c : clients) c.join();
+  int n429 = 0, n200 = 0;
+  for (int i = 0; i < 12; ++i) {
+    if (status[size_t(i)] == 429) {
+      ++n429;
+      EXPECT_FALSE(retry[size_t(i)].empty());
+    }
+    if (status[size_t(i)] == 200) ++n200;
+  }
+  EXPECT_GE(n429, 1);
+  EXPECT_GE(n200, 1);
+  EXPECT_EQ(n429 + n200, 12);
+  EXPECT_EQ(s.complete({{"prompt", "A fool"}, {"max_tokens", 2}}).status, 200);
+}
+
+TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
+  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
+  std::vector<std::string> want;
+  for (const auto& p : kPrompts) want.push_back(generate_text(p, 120));
+  std::vector<std::string> got(kPrompts.size());
+  std::vector<int> status(kPrompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < kPrompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      auto r = s.complete({{"prompt", kPrompts[i]}, {"max_tokens", 120}, {"temperature", 0}, {"stream", true}});
+      status[i] = r.status;
+      got[i] = sse_text(r.body);
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  s.process().signal(SIGUSR1);  // crash replica 0 mid-generation
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  s.process().signal(SIGUSR2);  // and then replica 1
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    EXPECT_EQ(status[i], 200);
+    EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  }
+  auto metrics = test::http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("troupe_replica_restarts_total"), std::string::npos) << metrics;
+  EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
+}
+
+TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
+  test::TempDir tmp;
+  test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");
+  auto r = test::run_command({TROUPE_BINARY, "serve", "--config", (tmp / "bad.yaml").string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("batching.max_batch_tokens"), std::string::npos) << r.err;
+  test::write_file(tmp / "typo.yaml", "routing:\n  polcy: round_robin\n");
+  r = test::run_command({TROUPE_BINARY, "serve", "--config", (tmp / "typo.yaml").string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("routing.polcy"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace troupe
