@@ -117,17 +117,24 @@ struct alignas(64) WaitWord {
 };
 
 // Wrap-safe "counter has reached target".
-inline bool reached(uint32_t counter, uint32_t target) { return int32_t(counter - target) >= 0; }
+inline bool reached(uint32_t counter, uint32_t target) {
+  return int32_t(counter - target) >= 0;
+}
 
 enum class Op : uint8_t { kBarrier, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kBarrier: return "barrier";
-    case Op::kAllReduce: return "all_reduce_sum";
-    case Op::kAllGather: return "all_gather";
-    case Op::kReduceScatter: return "reduce_scatter_sum";
-    case Op::kBroadcast: return "broadcast";
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kAllReduce:
+      return "all_reduce_sum";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter_sum";
+    case Op::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -163,7 +170,9 @@ void add_into(float* __restrict acc, const float* __restrict x, size_t len) {
   for (size_t k = 0; k < len; ++k) acc[k] += x[k];
 }
 
-double seconds_of(std::chrono::nanoseconds d) { return double(d.count()) * 1e-9; }
+double seconds_of(std::chrono::nanoseconds d) {
+  return double(d.count()) * 1e-9;
+}
 
 }  // namespace
 
@@ -288,8 +297,11 @@ struct InProcessGroup::Impl {
   // One generation of the barrier. Publishes `publish` (when given) for this
   // round and returns the parity of the round's slots.
   uint32_t round(int rank, const Slot* publish, Op op) {
-    throw_if_aborted();
     const uint32_t gen = generation.value.load(std::memory_order_acquire);
+    // Checked after reading the generation: abort() bumps it, and a bumped
+    // value could name the slot set that a slower peer is still reading. The
+    // acquire load that sees the bump also sees the abort.
+    throw_if_aborted();
     if (publish) slots[gen & 1][size_t(rank)].s = *publish;
     const uint64_t my_round = ranks[rank].rounds.fetch_add(1, std::memory_order_relaxed) + 1;
     if (arrived.fetch_add(1, std::memory_order_acq_rel) == size - 1) {
@@ -364,8 +376,7 @@ InProcessGroup::~InProcessGroup() = default;
 
 std::shared_ptr<InProcessGroup> InProcessGroup::create(int size, InProcessGroupOptions options) {
   if (size < 1) {
-    throw std::invalid_argument("in-process group: size must be >= 1, got " +
-                                std::to_string(size));
+    throw std::invalid_argument("in-process group: size must be >= 1, got " + std::to_string(size));
   }
   if (options.timeout.count() < 0) {
     throw std::invalid_argument("in-process group: timeout must be >= 0 (0 = none)");
@@ -373,7 +384,9 @@ std::shared_ptr<InProcessGroup> InProcessGroup::create(int size, InProcessGroupO
   return std::shared_ptr<InProcessGroup>(new InProcessGroup(size, options));
 }
 
-int InProcessGroup::size() const { return impl_->size; }
+int InProcessGroup::size() const {
+  return impl_->size;
+}
 
 std::unique_ptr<InProcessCommunicator> InProcessGroup::communicator(int rank) {
   if (rank < 0 || rank >= impl_->size) {
@@ -392,9 +405,15 @@ std::unique_ptr<InProcessCommunicator> InProcessGroup::communicator(int rank) {
       new InProcessCommunicator(shared_from_this(), rank));
 }
 
-void InProcessGroup::abort(const std::string& reason) { impl_->abort(reason); }
-bool InProcessGroup::aborted() const { return impl_->aborted.load(std::memory_order_acquire); }
-std::string InProcessGroup::abort_reason() const { return impl_->abort_reason(); }
+void InProcessGroup::abort(const std::string& reason) {
+  impl_->abort(reason);
+}
+bool InProcessGroup::aborted() const {
+  return impl_->aborted.load(std::memory_order_acquire);
+}
+std::string InProcessGroup::abort_reason() const {
+  return impl_->abort_reason();
+}
 
 std::vector<std::unique_ptr<InProcessCommunicator>> make_in_process_group(
     int size, InProcessGroupOptions options) {
@@ -417,7 +436,9 @@ InProcessCommunicator::~InProcessCommunicator() {
   g.ranks[rank_].claimed = false;
 }
 
-int InProcessCommunicator::size() const { return impl().size; }
+int InProcessCommunicator::size() const {
+  return impl().size;
+}
 
 template <class Body>
 void InProcessCommunicator::timed(uint64_t bytes, Body&& body) {
@@ -433,7 +454,9 @@ void InProcessCommunicator::timed(uint64_t bytes, Body&& body) {
 
 namespace {
 
-uint64_t floats_bytes(size_t n) { return uint64_t(n) * sizeof(float); }
+uint64_t floats_bytes(size_t n) {
+  return uint64_t(n) * sizeof(float);
+}
 
 void check_buffer(InProcessGroup::Impl& g, const void* p, size_t n, const char* what, int rank) {
   if (p == nullptr && n != 0) {
@@ -456,8 +479,8 @@ void InProcessCommunicator::all_reduce_sum(float* data, size_t n) {
     // Reduce-scatter and all-gather in one pass: this rank owns one slice,
     // sums it in rank order and writes the sum into every rank's buffer. The
     // slices are disjoint, so no two ranks touch the same element.
-    const size_t chunk = ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign *
-                         kSliceAlign;
+    const size_t chunk =
+        ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
     const size_t lo = std::min(n, size_t(rank_) * chunk);
     const size_t hi = std::min(n, lo + chunk);
     g.enter_data_phase();
@@ -466,7 +489,8 @@ void InProcessCommunicator::all_reduce_sum(float* data, size_t n) {
       const size_t len = std::min(kBlock, hi - off);
       std::memcpy(acc, g.slot(parity, 0).src + off, len * sizeof(float));
       for (int r = 1; r < p; ++r) add_into(acc, g.slot(parity, r).src + off, len);
-      for (int r = 0; r < p; ++r) std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
+      for (int r = 0; r < p; ++r)
+        std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
     }
     g.leave_data_phase();
     g.round(rank_, nullptr, Op::kAllReduce);  // nobody returns while others still write
@@ -595,9 +619,9 @@ void InProcessCommunicator::recv(float* data, size_t n, int peer) {
                  "; group aborted";
         });
     if (ch.n != n) {
-      g.abort("in-process group of " + std::to_string(g.size) + ": rank " +
-              std::to_string(peer) + " sent " + std::to_string(ch.n) + " floats but rank " +
-              std::to_string(rank_) + " expected " + std::to_string(n));
+      g.abort("in-process group of " + std::to_string(g.size) + ": rank " + std::to_string(peer) +
+              " sent " + std::to_string(ch.n) + " floats but rank " + std::to_string(rank_) +
+              " expected " + std::to_string(n));
       g.fail();
     }
     if (n) {

@@ -34,9 +34,9 @@ class CommError : public std::runtime_error {
 // vector, all_gather and reduce_scatter (P-1)/P of the full vector, broadcast,
 // send and recv the whole message; barriers and P = 1 move nothing.
 struct CommStats {
-  uint64_t calls = 0;    // collectives and point-to-point calls, finished or thrown
-  uint64_t bytes = 0;    // see above
-  double seconds = 0;    // wall time inside calls, waiting for peers included
+  uint64_t calls = 0;  // collectives and point-to-point calls, finished or thrown
+  uint64_t bytes = 0;  // see above
+  double seconds = 0;  // wall time inside calls, waiting for peers included
 };
 
 // The winner of a distributed argmax: the largest value, ties to the lowest

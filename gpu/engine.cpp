@@ -4,7 +4,7 @@ namespace troupe {
 
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
     : model_(std::move(model)),
-      cache_(KvCache::for_model(model_->config(), o.block_tokens, o.blocks)),
+      cache_(model_->make_cache(o.block_tokens, o.blocks)),
       pool_(o.threads) {}
 
 std::vector<int> Engine::step(const std::vector<EngineItem>& items) {

@@ -1,7 +1,11 @@
 #include "gpu/model.h"
 
+#include "gpu/communicator.h"
+
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <cstring>
 #include <string>
 
 namespace troupe {
@@ -9,6 +13,25 @@ namespace troupe {
 namespace {
 
 std::vector<float> norm_weights(const Tensor& t) { return t.to_f32(); }
+
+// Columns [c0, c1) of a row-major matrix, as an owning copy.
+Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
+  if (c0 == 0 && c1 == t.dim(1)) return t;
+  Tensor out = Tensor::zeros({t.dim(0), c1 - c0}, t.dtype());
+  const size_t esz = dtype_size(t.dtype());
+  for (int64_t r = 0; r < t.dim(0); ++r)
+    std::memcpy(static_cast<char*>(out.raw_mut()) + size_t(r * (c1 - c0)) * esz,
+                static_cast<const char*>(t.raw()) + size_t(r * t.dim(1) + c0) * esz,
+                size_t(c1 - c0) * esz);
+  return out;
+}
+
+// [begin, end) of `n` items split over `parts`, the first ones one larger.
+std::pair<int, int> even_range(int n, int parts, int index) {
+  const int base = n / parts, extra = n % parts;
+  const int begin = index * base + std::min(index, extra);
+  return {begin, begin + base + (index < extra ? 1 : 0)};
+}
 
 // Per-token work: inline for a handful of tokens, where waking the pool
 // costs more than the work itself.
@@ -23,18 +46,63 @@ void for_each_token(ThreadPool& pool, int tokens, Fn&& fn) {
 
 }  // namespace
 
-void Workspace::ensure(const ModelConfig& c, int tokens, int outputs, int threads) {
+ShardDims shard_dims(const ModelConfig& c, const ShardSpec& spec) {
+  ShardDims d;
+  const int T = spec.tp_size;
+  if (T < 1 || spec.tp_rank < 0 || spec.tp_rank >= T)
+    throw std::invalid_argument("tensor-parallel rank " + std::to_string(spec.tp_rank) + " of " +
+                                std::to_string(T) + " is out of range");
+  if (c.n_heads % T != 0)
+    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " does not divide the model's " +
+                                std::to_string(c.n_heads) + " attention heads");
+  if (c.n_kv_heads % T != 0 && T % c.n_kv_heads != 0)
+    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " and the model's " +
+                                std::to_string(c.n_kv_heads) +
+                                " kv heads: one must divide the other");
+  if (T > c.hidden_dim || T > c.vocab_size)
+    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " is larger than the model");
+  d.layer_begin = spec.layer_begin;
+  d.layer_end = spec.layer_end < 0 ? c.n_layers : spec.layer_end;
+  if (d.layer_begin < 0 || d.layer_end > c.n_layers || d.layer_begin >= d.layer_end)
+    throw std::invalid_argument("layer range [" + std::to_string(d.layer_begin) + ", " +
+                                std::to_string(d.layer_end) + ") does not fit the model's " +
+                                std::to_string(c.n_layers) + " layers");
+  d.first = d.layer_begin == 0;
+  d.last = d.layer_end == c.n_layers;
+  d.heads = c.n_heads / T;
+  d.head_begin = spec.tp_rank * d.heads;
+  if (c.n_kv_heads >= T) {
+    d.kv_heads = c.n_kv_heads / T;
+    d.kv_head_begin = spec.tp_rank * d.kv_heads;
+  } else {
+    // Fewer kv heads than shards: each shard keeps the one its queries use
+    // (replicated, as vLLM does).
+    d.kv_heads = 1;
+    d.kv_head_begin = d.head_begin / (c.n_heads / c.n_kv_heads);
+  }
+  std::tie(d.hidden_begin, d.hidden) = even_range(c.hidden_dim, T, spec.tp_rank);
+  d.hidden -= d.hidden_begin;
+  d.vocab_stride = (c.vocab_size + T - 1) / T;
+  d.vocab_begin = std::min(c.vocab_size, spec.tp_rank * d.vocab_stride);
+  d.vocab = std::min(c.vocab_size, d.vocab_begin + d.vocab_stride) - d.vocab_begin;
+  return d;
+}
+
+void Workspace::ensure(const ModelConfig& c, const ShardDims& d, int tokens, int outputs,
+                       int threads) {
   auto grow = [](std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
   };
   const size_t T = size_t(tokens);
+  const size_t q = size_t(d.heads * c.head_dim), kv = size_t(d.kv_heads * c.head_dim);
   grow(x, T * size_t(c.dim));
   grow(xb, T * size_t(c.dim));
   grow(tmp, T * size_t(c.dim));
-  grow(qkv, T * size_t(c.q_dim() + 2 * c.kv_dim()));
-  grow(att, T * size_t(c.q_dim()));
-  grow(hb, T * size_t(2 * c.hidden_dim));
+  grow(qkv, T * (q + 2 * kv));
+  grow(att, T * q);
+  grow(hb, T * size_t(2 * d.hidden));
   grow(final_in, size_t(outputs) * size_t(c.dim));
+  grow(logits, size_t(outputs) * size_t(d.vocab_stride));
   if (scores.size() < size_t(threads)) scores.resize(size_t(threads));
   for (auto& s : scores) grow(s, size_t(c.max_seq_len));
   if (pos.size() < T) {
@@ -43,30 +111,42 @@ void Workspace::ensure(const ModelConfig& c, int tokens, int outputs, int thread
   }
 }
 
-Model::Model(const Checkpoint& ckpt, DType weight_dtype)
+Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     : config_(ckpt.config),
       weight_dtype_(weight_dtype),
       tokenizer_path_(ckpt.tokenizer_path),
       source_(ckpt.source),
       rope_(ckpt.config.max_seq_len, ckpt.config.head_dim, ckpt.config.rope_theta) {
   config_.validate(ckpt.source.string());
-  layers_.reserve(ckpt.layers.size());
-  for (const auto& l : ckpt.layers) {
+  dims_ = shard_dims(config_, shard);
+  const ShardDims& d = dims_;
+  const int64_t hd = config_.head_dim;
+  const int64_t q0 = d.head_begin * hd, q1 = (d.head_begin + d.heads) * hd;
+  const int64_t k0 = d.kv_head_begin * hd, k1 = (d.kv_head_begin + d.kv_heads) * hd;
+  const int64_t h0 = d.hidden_begin, h1 = d.hidden_begin + d.hidden;
+  layers_.reserve(size_t(d.layers()));
+  for (int l = d.layer_begin; l < d.layer_end; ++l) {
+    const LayerTensors& t = ckpt.layers[size_t(l)];
     LayerWeights w;
-    w.attn_norm = norm_weights(l.attn_norm);
-    w.ffn_norm = norm_weights(l.ffn_norm);
-    w.wqkv = PackedMatrix::pack({l.wq, l.wk, l.wv}, weight_dtype);
-    w.wo = PackedMatrix::pack({l.wo}, weight_dtype);
-    w.gate_up = PackedMatrix::pack({l.w_gate, l.w_up}, weight_dtype);
-    w.down = PackedMatrix::pack({l.w_down}, weight_dtype);
+    w.attn_norm = norm_weights(t.attn_norm);
+    w.ffn_norm = norm_weights(t.ffn_norm);
+    // Columns of the fused projections (by head, by FFN column); rows of the
+    // output projections, whose partial sums the group all-reduces.
+    w.wqkv = PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
+    w.wo = PackedMatrix::pack({slice_cols(t.wo, q0, q1)}, weight_dtype);
+    w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
+    w.down = PackedMatrix::pack({slice_cols(t.w_down, h0, h1)}, weight_dtype);
     layers_.push_back(std::move(w));
   }
-  final_norm_ = norm_weights(ckpt.final_norm);
-  classifier_ = PackedMatrix::pack({ckpt.classifier}, weight_dtype);
-  if (!config_.tied_classifier) {
-    const auto& e = ckpt.tok_embedding;
+  if (d.last) {
+    final_norm_ = norm_weights(ckpt.final_norm);
+    classifier_ = PackedMatrix::pack({ckpt.classifier.rows(d.vocab_begin, d.vocab_begin + d.vocab)},
+                                     weight_dtype);
+  }
+  if (d.first && !(config_.tied_classifier && d.last)) {
+    const Tensor e = ckpt.tok_embedding.rows(d.vocab_begin, d.vocab_begin + d.vocab);
     embedding_ = Tensor::zeros({e.dim(0), e.dim(1)}, weight_dtype);
-    std::vector<float> row(size_t(e.dim(1)));
+    std::vector<float> row(static_cast<size_t>(e.dim(1)));
     for (int64_t r = 0; r < e.dim(0); ++r) {
       convert_to_f32(static_cast<const char*>(e.raw()) + size_t(r * e.dim(1)) * dtype_size(e.dtype()),
                      e.dtype(), row.data(), row.size());
@@ -76,6 +156,10 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype)
                        row.size());
     }
   }
+}
+
+KvCache Model::make_cache(int block_tokens, int blocks) const {
+  return KvCache(dims_.layers(), dims_.kv_heads * config_.head_dim, block_tokens, blocks);
 }
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, DType weight_dtype) {
@@ -95,13 +179,18 @@ size_t Model::weight_bytes_per_step() const {
 }
 
 void Model::embed(int token, float* out) const {
-  if (embedding_.empty()) {
-    classifier_.row_to_f32(token, out);
+  const int local = token - dims_.vocab_begin;
+  const size_t row = size_t(config_.dim);
+  if (local < 0 || local >= dims_.vocab) {
+    std::fill(out, out + row, 0.0f);  // another shard's row; the all-reduce adds it
     return;
   }
-  const size_t row = size_t(config_.dim);
+  if (embedding_.empty()) {
+    classifier_.row_to_f32(local, out);
+    return;
+  }
   convert_to_f32(static_cast<const char*>(embedding_.raw()) +
-                     size_t(token) * row * dtype_size(embedding_.dtype()),
+                     size_t(local) * row * dtype_size(embedding_.dtype()),
                  embedding_.dtype(), out, row);
 }
 
@@ -126,17 +215,18 @@ void Model::validate(std::span<const StepInput> inputs) const {
 
 void Model::attention(int layer, int tokens, std::span<const StepInput> inputs, KvCache& cache,
                       ThreadPool& pool, Workspace& ws) const {
-  const int hd = config_.head_dim, nh = config_.n_heads;
+  const int hd = config_.head_dim, nh = dims_.heads;
   const int group = config_.n_heads / config_.n_kv_heads;
-  const int qkv_cols = config_.q_dim() + 2 * config_.kv_dim();
+  const int qd = nh * hd;
+  const int qkv_cols = qd + 2 * dims_.kv_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
   auto task = [&](int task_id, int thread) {
     const int t = task_id / nh, h = task_id % nh;
     const SequenceCache& seq = *inputs[size_t(ws.seq_of[size_t(t)])].cache;
     const int pos = ws.pos[size_t(t)];
     const float* q = ws.qkv.data() + size_t(t) * size_t(qkv_cols) + size_t(h) * size_t(hd);
-    const size_t kv_off = size_t(h / group) * size_t(hd);
-    float* out = ws.att.data() + size_t(t) * size_t(config_.q_dim()) + size_t(h) * size_t(hd);
+    const size_t kv_off = size_t((dims_.head_begin + h) / group - dims_.kv_head_begin) * size_t(hd);
+    float* out = ws.att.data() + size_t(t) * size_t(qd) + size_t(h) * size_t(hd);
     kernels::attend_head(q, hd, scale, cache.paged(layer, seq), kv_off, pos + 1,
                          ws.scores[size_t(thread)].data(), out);
   };
@@ -150,6 +240,15 @@ void Model::attention(int layer, int tokens, std::span<const StepInput> inputs, 
 
 void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
                     Workspace& ws, float* logits) const {
+  if (!dims_.first || !dims_.last || dims_.vocab != config_.vocab_size)
+    throw std::logic_error("Model::forward needs the whole model; use forward_shard");
+  ShardIo io;
+  io.logits = logits;
+  forward_shard(inputs, cache, pool, ws, io);
+}
+
+void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
+                          Workspace& ws, const ShardIo& io) const {
   validate(inputs);
   // Reserve every input's blocks before touching anything, so a full cache
   // leaves all sequences as they were.
@@ -161,12 +260,13 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
   for (const auto& in : inputs) cache.reserve(*in.cache, in.cache->length + int(in.tokens.size()));
 
   const ModelConfig& c = config_;
+  const ShardDims& d = dims_;
   int T = 0, outputs = 0;
   for (const auto& in : inputs) {
     T += int(in.tokens.size());
     outputs += in.want_logits ? 1 : 0;
   }
-  ws.ensure(c, T, outputs, pool.size());
+  ws.ensure(c, d, T, outputs, pool.size());
   {
     int t = 0;
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -179,16 +279,27 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
     const auto& in = inputs[size_t(ws.seq_of[size_t(t)])];
     return in.tokens[size_t(ws.pos[size_t(t)] - in.cache->length)];
   };
+  // Partial sums of row-split projections (and embedding slices) add up
+  // across the group, in rank order, to the same value on every rank.
+  auto reduce = [&](float* data, size_t n) {
+    if (io.tp) io.tp->all_reduce_sum(data, n);
+  };
 
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hidden = c.hidden_dim;
+  const int dim = c.dim, hd = c.head_dim;
+  const int qd = d.heads * hd, kvd = d.kv_heads * hd, hidden = d.hidden;
   const int qkv_cols = qd + 2 * kvd;
   float* x = ws.x.data();
   float* xb = ws.xb.data();
   float* tmp = ws.tmp.data();
-  for_each_token(pool, T, [&](int t) { embed(token_at(t), x + size_t(t) * size_t(dim)); });
+  if (d.first) {
+    for_each_token(pool, T, [&](int t) { embed(token_at(t), x + size_t(t) * size_t(dim)); });
+    reduce(x, size_t(T) * size_t(dim));
+  } else {
+    std::copy(io.x_in, io.x_in + size_t(T) * size_t(dim), x);
+  }
 
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = layers_[size_t(l)];
+  for (int li = 0; li < d.layers(); ++li) {
+    const LayerWeights& w = layers_[size_t(li)];
     for_each_token(pool, T, [&](int t) {
       kernels::rmsnorm(x + size_t(t) * size_t(dim), w.attn_norm.data(), xb + size_t(t) * size_t(dim),
                        dim, c.norm_eps);
@@ -197,18 +308,19 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
     for_each_token(pool, T, [&](int t) {
       float* row = ws.qkv.data() + size_t(t) * size_t(qkv_cols);
       const int pos = ws.pos[size_t(t)];
-      kernels::rope(row, c.n_heads, c.head_dim, pos, rope_, c.rope);
-      kernels::rope(row + qd, c.n_kv_heads, c.head_dim, pos, rope_, c.rope);
+      kernels::rope(row, d.heads, hd, pos, rope_, c.rope);
+      kernels::rope(row + qd, d.kv_heads, hd, pos, rope_, c.rope);
       const SequenceCache& seq = *inputs[size_t(ws.seq_of[size_t(t)])].cache;
-      std::copy(row + qd, row + qd + kvd, cache.key(l, seq, pos));
-      std::copy(row + qd + kvd, row + qd + 2 * kvd, cache.value(l, seq, pos));
+      std::copy(row + qd, row + qd + kvd, cache.key(li, seq, pos));
+      std::copy(row + qd + kvd, row + qd + 2 * kvd, cache.value(li, seq, pos));
     });
-    attention(l, T, inputs, cache, pool, ws);
+    attention(li, T, inputs, cache, pool, ws);
     matmul(pool, ws.att.data(), T, qd, w.wo, tmp, dim);
+    reduce(tmp, size_t(T) * size_t(dim));
     for_each_token(pool, T, [&](int t) {
       float* xr = x + size_t(t) * size_t(dim);
-      const float* d = tmp + size_t(t) * size_t(dim);
-      for (int i = 0; i < dim; ++i) xr[i] += d[i];
+      const float* dlt = tmp + size_t(t) * size_t(dim);
+      for (int i = 0; i < dim; ++i) xr[i] += dlt[i];
       kernels::rmsnorm(xr, w.ffn_norm.data(), xb + size_t(t) * size_t(dim), dim, c.norm_eps);
     });
     matmul(pool, xb, T, dim, w.gate_up, ws.hb.data(), 2 * hidden);
@@ -217,14 +329,21 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
       kernels::silu_mul(h, h + hidden, h, hidden);
     });
     matmul(pool, ws.hb.data(), T, 2 * hidden, w.down, tmp, dim);
+    reduce(tmp, size_t(T) * size_t(dim));
     for_each_token(pool, T, [&](int t) {
       float* xr = x + size_t(t) * size_t(dim);
-      const float* d = tmp + size_t(t) * size_t(dim);
-      for (int i = 0; i < dim; ++i) xr[i] += d[i];
+      const float* dlt = tmp + size_t(t) * size_t(dim);
+      for (int i = 0; i < dim; ++i) xr[i] += dlt[i];
     });
   }
+  for (auto& in : inputs) in.cache->length += int(in.tokens.size());
+  if (!d.last) {
+    std::copy(x, x + size_t(T) * size_t(dim), io.x_out);
+    return;
+  }
 
-  // Classifier only for the last token of inputs that want logits.
+  // Classifier (this shard's vocabulary slice) for the last token of inputs
+  // that want logits, written compactly, then moved to each input's row.
   std::vector<int> out_rows;
   out_rows.reserve(size_t(outputs));
   {
@@ -238,19 +357,17 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
       ++o;
     }
   }
-  for (auto& in : inputs) in.cache->length += int(in.tokens.size());
   if (outputs == 0) return;
-  // Rows are written compactly, then moved to each input's own row.
-  const size_t V = size_t(c.vocab_size);
+  const size_t stride = size_t(d.vocab_stride);
   if (outputs == int(inputs.size())) {
-    matmul(pool, ws.final_in.data(), outputs, dim, classifier_, logits, int(V));
+    matmul(pool, ws.final_in.data(), outputs, dim, classifier_, io.logits, int(stride));
     return;
   }
-  std::vector<float> compact(size_t(outputs) * V);
-  matmul(pool, ws.final_in.data(), outputs, dim, classifier_, compact.data(), int(V));
+  matmul(pool, ws.final_in.data(), outputs, dim, classifier_, ws.logits.data(), int(stride));
   for (int o = 0; o < outputs; ++o)
-    std::copy(compact.begin() + long(size_t(o) * V), compact.begin() + long(size_t(o + 1) * V),
-              logits + size_t(out_rows[size_t(o)]) * V);
+    std::copy(ws.logits.begin() + long(size_t(o) * stride),
+              ws.logits.begin() + long(size_t(o) * stride + size_t(d.vocab)),
+              io.logits + size_t(out_rows[size_t(o)]) * stride);
 }
 
 }  // namespace troupe

@@ -19,6 +19,34 @@
 
 namespace troupe {
 
+class Communicator;
+
+// Which part of the model a device holds: tensor-parallel rank `tp_rank` of
+// `tp_size` (a slice of every layer's heads and FFN columns, and of the
+// vocabulary), for layers [layer_begin, layer_end) of the pipeline.
+struct ShardSpec {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int layer_begin = 0;
+  int layer_end = -1;  // -1: through the last layer
+};
+
+// The slices a shard holds, derived from a ShardSpec and the model.
+struct ShardDims {
+  int layer_begin = 0, layer_end = 0;
+  int head_begin = 0, heads = 0;        // query heads
+  int kv_head_begin = 0, kv_heads = 0;  // kv heads (replicated when fewer than shards)
+  int hidden_begin = 0, hidden = 0;     // FFN columns
+  int vocab_begin = 0, vocab = 0;       // embedding / classifier rows
+  int vocab_stride = 0;                 // ceil(vocab_size / tp_size): gather width
+  bool first = true, last = true;       // holds the embedding / the classifier
+  int layers() const { return layer_end - layer_begin; }
+};
+
+// Throws std::invalid_argument saying why the layout does not fit the model
+// (heads not divisible by tp_size, a layer range out of bounds, ...).
+ShardDims shard_dims(const ModelConfig& config, const ShardSpec& spec);
+
 struct StepInput {
   SequenceCache* cache = nullptr;
   std::span<const int> tokens;  // appended at positions cache->length, ...
@@ -28,9 +56,9 @@ struct StepInput {
 // Scratch buffers of one step, grown on demand and then reused.
 class Workspace {
  public:
-  void ensure(const ModelConfig& c, int tokens, int outputs, int threads);
+  void ensure(const ModelConfig& c, const ShardDims& d, int tokens, int outputs, int threads);
 
-  std::vector<float> x, xb, qkv, att, hb, tmp, final_in;
+  std::vector<float> x, xb, qkv, att, hb, tmp, final_in, logits;
   std::vector<std::vector<float>> scores;  // per thread, max_seq_len
   std::vector<int> pos, seq_of;
 };
@@ -43,14 +71,27 @@ struct LayerWeights {
   PackedMatrix down;     // [dim, hidden]
 };
 
+// What a shard exchanges with its peers in one step.
+struct ShardIo {
+  Communicator* tp = nullptr;   // the tensor-parallel group; null when tp_size == 1
+  const float* x_in = nullptr;  // not first stage: [tokens, dim] from the previous stage
+  float* x_out = nullptr;       // not last stage: [tokens, dim] for the next stage
+  float* logits = nullptr;      // last stage: one row of vocab_stride per input (this
+                                // shard's vocabulary slice at its start)
+};
+
 class Model {
  public:
-  // Packs the checkpoint's weights in `weight_dtype` (f32, f16 or bf16).
-  Model(const Checkpoint& ckpt, DType weight_dtype);
+  // Packs the checkpoint's weights in `weight_dtype` (f32, f16 or bf16); a
+  // shard packs only its slices.
+  Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard = {});
   // Loads and packs; throws CheckpointError.
   static std::shared_ptr<const Model> load(const std::filesystem::path& path, DType weight_dtype);
 
   const ModelConfig& config() const { return config_; }
+  const ShardDims& dims() const { return dims_; }
+  // A KV cache laid out for this shard (its layers and kv heads).
+  KvCache make_cache(int block_tokens, int blocks) const;
   DType weight_dtype() const { return weight_dtype_; }
   const std::filesystem::path& tokenizer_path() const { return tokenizer_path_; }
   const std::filesystem::path& source() const { return source_; }
@@ -63,8 +104,13 @@ class Model {
   // naming the problem), then reserves cache blocks for all inputs (KvCacheFull
   // with nothing changed). `logits` has one row of vocab_size per input; rows
   // of inputs that do not want logits are left untouched.
+  // Whole model only (one shard holding everything).
   void forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
                Workspace& ws, float* logits) const;
+  // This shard's part of a step; every shard of a tensor-parallel group calls
+  // it at the same time with the same inputs.
+  void forward_shard(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
+                     Workspace& ws, const ShardIo& io) const;
 
  private:
   void validate(std::span<const StepInput> inputs) const;
@@ -73,12 +119,13 @@ class Model {
                  ThreadPool& pool, Workspace& ws) const;
 
   ModelConfig config_;
+  ShardDims dims_;
   DType weight_dtype_;
   std::filesystem::path tokenizer_path_, source_;
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;
   PackedMatrix classifier_;
-  Tensor embedding_;  // [vocab, dim] in weight dtype; empty when tied to the classifier
+  Tensor embedding_;  // [vocab slice, dim] in weight dtype; empty when tied to the classifier
   kernels::RopeTable rope_;
 };
 

@@ -17,7 +17,9 @@ namespace {
 // can tell more; noise alone must not trigger a probe every step.
 constexpr int kMinStepsBetweenProbes = 4;
 
-double balanced_bubble(int stages, int m) { return double(stages - 1) / double(m + stages - 1); }
+double balanced_bubble(int stages, int m) {
+  return double(stages - 1) / double(m + stages - 1);
+}
 
 // Makespan of the micro-batches flowing through the stages in order (a
 // permutation flow shop): a stage starts a micro-batch when it has finished
@@ -104,8 +106,8 @@ StageFit MicrobatchTuner::raw_fit(const Sums& s) const {
   if (s.w == 0) return f;  // no samples, or forgotten after a change
   const double mx = s.x / s.w, my = s.y / s.w;
   const double var = std::max(0.0, s.xx / s.w - mx * mx);
-  f.identified = s.samples >= opt_.min_samples && var > 0 &&
-                 std::sqrt(var) >= opt_.min_relative_spread * mx;
+  f.identified =
+      s.samples >= opt_.min_samples && var > 0 && std::sqrt(var) >= opt_.min_relative_spread * mx;
   if (!f.identified) {
     // One size only: charge it all to the tokens (fit() prefers an anchor).
     f.per_token_s = mx > 0 ? my / mx : 0;

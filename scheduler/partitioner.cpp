@@ -14,7 +14,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr uint64_t kNoCap = std::numeric_limits<uint64_t>::max();
 
-[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("partition: " + what); }
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument("partition: " + what);
+}
 
 std::string bytes_str(uint64_t b) {
   std::ostringstream os;
@@ -39,8 +41,8 @@ void check_costs(std::span<const double> cost, std::span<const uint64_t> memory)
     }
   }
   if (!memory.empty() && memory.size() != cost.size()) {
-    fail(std::to_string(memory.size()) + " layer memory sizes for " +
-         std::to_string(cost.size()) + " layer costs");
+    fail(std::to_string(memory.size()) + " layer memory sizes for " + std::to_string(cost.size()) +
+         " layer costs");
   }
 }
 
@@ -134,7 +136,9 @@ StagePartition partition_layers(const PartitionRequest& r) {
   // stages s..P-1. Suffixes, so that the rebuild walks front to back and can
   // prefer the earliest boundary on ties.
   const size_t W = size_t(L) + 1;
-  auto at = [W](std::vector<double>& t, int s, int j) -> double& { return t[size_t(s) * W + size_t(j)]; };
+  auto at = [W](std::vector<double>& t, int s, int j) -> double& {
+    return t[size_t(s) * W + size_t(j)];
+  };
   // Stage s can start at j in [s, L - (P - s)] and end at i in (j, L - (P - s - 1)].
   auto last_end = [L, P](int s) { return L - (P - s - 1); };
 
@@ -198,7 +202,8 @@ StagePartition equal_partition(int layers, int stages) {
   check_shape(layers, stages);
   std::vector<int> boundaries{0};
   const int q = layers / stages, extra = layers % stages;
-  for (int s = 0; s < stages; ++s) boundaries.push_back(boundaries.back() + q + (s < extra ? 1 : 0));
+  for (int s = 0; s < stages; ++s)
+    boundaries.push_back(boundaries.back() + q + (s < extra ? 1 : 0));
   const std::vector<double> unit(size_t(layers), 1.0);
   return finish(std::move(boundaries), Prefix(unit, {}));
 }

@@ -22,8 +22,8 @@ struct StagePartition {
   int begin(int stage) const { return boundaries[size_t(stage)]; }
   int end(int stage) const { return boundaries[size_t(stage) + 1]; }
   int layer_count(int stage) const { return end(stage) - begin(stage); }
-  int stage_of(int layer) const;   // throws std::out_of_range outside [0, layers())
-  double bottleneck_s() const;     // the largest stage cost
+  int stage_of(int layer) const;  // throws std::out_of_range outside [0, layers())
+  double bottleneck_s() const;    // the largest stage cost
 };
 
 struct PartitionRequest {

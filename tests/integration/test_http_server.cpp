@@ -663,6 +663,36 @@ TEST_F(HttpServerTest, MalformedHttpAndHugeHeaders) {
   EXPECT_EQ(Client(port_).get("/health").status, 200);
 }
 
+TEST_F(HttpServerTest, GarbageNeverCrashesTheServer) {
+  start();
+  const std::vector<std::string> inputs = {
+      std::string("\x00\x01\x02\xff\xfe\r\n\r\n", 9),
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+      std::string("GET /").append(20000, 'a').append(" HTTP/1.1\r\nHost: x\r\n\r\n"),
+      "GET /health HTTP/9.9\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\xff\xfe\x00\x01",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]",
+  };
+  for (const std::string& in : inputs) {
+    Client c(port_, 5000ms);
+    c.send(in);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      HttpResult r = c.read_response();
+      EXPECT_GE(r.status, 400) << in.substr(0, 80);
+      EXPECT_LT(r.status, 500) << in.substr(0, 80);
+    } catch (const std::exception&) {
+      // Closing the connection is an acceptable answer to garbage.
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << in.substr(0, 80);
+  }
+  EXPECT_EQ(fake_.submitted_count(), 0u);
+  EXPECT_EQ(Client(port_).get("/health").status, 200);
+}
+
 TEST_F(HttpServerTest, SlowClientIsDropped) {
   HttpServer::Options o = default_options();
   o.read_timeout_s = 0.5;

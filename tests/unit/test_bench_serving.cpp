@@ -14,9 +14,7 @@
 #include <set>
 #include <thread>
 
-// unit_tests does not compile apps/, so the unit under test is compiled into
-// this file; drop this include once the build links apps/bench_serving.cpp.
-#include "apps/bench_serving.cpp"
+#include "apps/bench_serving.h"
 
 namespace troupe::app::serving_bench {
 namespace {

@@ -121,8 +121,8 @@ TEST(Partitioner, OptimalAgainstBruteForceOnSmallCases) {
     }
     PartitionRequest req{cost, mem, cap, P};
     const Brute expected = brute_force(cost, mem, cap, P);
-    const std::string where = "trial " + std::to_string(trial) + " L=" + std::to_string(L) +
-                              " P=" + std::to_string(P);
+    const std::string where =
+        "trial " + std::to_string(trial) + " L=" + std::to_string(L) + " P=" + std::to_string(P);
     if (expected.boundaries.empty()) {
       EXPECT_NE(error_of([&] { partition_layers(req); }).find("no assignment fits"),
                 std::string::npos)
@@ -221,8 +221,9 @@ TEST(Partitioner, ErrorsSayWhatIsWrong) {
             std::string::npos);
   req.layer_memory_bytes = {25, 25, 25};
   req.stage_memory_cap_bytes = {30, 29};
-  EXPECT_NE(error_of([&] { partition_layers(req); }).find("need 75 bytes (7.15256e-05 MiB) in total"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { partition_layers(req); }).find("need 75 bytes (7.15256e-05 MiB) in total"),
+      std::string::npos);
   req.layer_memory_bytes = {50, 5, 5};
   req.stage_memory_cap_bytes = {10, 100};  // enough in total, but layer 0 must go to stage 0
   EXPECT_NE(error_of([&] { partition_layers(req); }).find("no split of the 3 layers"),
