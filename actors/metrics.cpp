@@ -27,9 +27,12 @@ bool valid_label_name(std::string_view n) {
 
 const char* type_name(MetricType t) {
   switch (t) {
-    case MetricType::Counter: return "counter";
-    case MetricType::Gauge: return "gauge";
-    case MetricType::Histogram: return "histogram";
+    case MetricType::Counter:
+      return "counter";
+    case MetricType::Gauge:
+      return "gauge";
+    case MetricType::Histogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -57,8 +60,7 @@ std::string label_block(const std::vector<std::string>& names,
 
 void check_bounds(const std::vector<double>& b) {
   for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(b[i]))
-      throw std::invalid_argument("histogram bucket bounds must be finite");
+    if (!std::isfinite(b[i])) throw std::invalid_argument("histogram bucket bounds must be finite");
     if (i > 0 && !(b[i] > b[i - 1]))
       throw std::invalid_argument("histogram bucket bounds must be strictly increasing");
   }
@@ -70,10 +72,19 @@ std::string prometheus_escape_label_value(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
   }
   return out;
 }
@@ -82,9 +93,16 @@ std::string prometheus_escape_help(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
   }
   return out;
 }
@@ -182,10 +200,10 @@ std::string Family<T>::render() const {
     if constexpr (std::is_same_v<T, Histogram>) {
       Histogram::Snapshot s = child->snapshot();
       for (size_t i = 0; i <= s.bounds.size(); ++i) {
-        std::string le = "le=\"" +
-                         (i < s.bounds.size() ? prometheus_format_value(s.bounds[i])
-                                              : std::string("+Inf")) +
-                         "\"";
+        std::string le =
+            "le=\"" +
+            (i < s.bounds.size() ? prometheus_format_value(s.bounds[i]) : std::string("+Inf")) +
+            "\"";
         out += name_ + "_bucket" + label_block(label_names_, values, le) + " " +
                std::to_string(s.cumulative[i]) + "\n";
       }
@@ -205,8 +223,7 @@ template class Family<Gauge>;
 template class Family<Histogram>;
 
 MetricsRegistry::Entry& MetricsRegistry::add(const std::string& name, const std::string& help,
-                                             MetricType type,
-                                             std::vector<std::string> label_names,
+                                             MetricType type, std::vector<std::string> label_names,
                                              std::vector<double> bounds) {
   if (!valid_metric_name(name)) throw std::invalid_argument("invalid metric name '" + name + "'");
   for (const auto& l : label_names) {
@@ -275,9 +292,17 @@ std::string MetricsRegistry::render() const {
   // and keeps a slow scrape from blocking registrations.
   std::string out;
   for (const Entry* e : entries) {
-    if (e->counter) out += e->counter->render();
-    else if (e->gauge) out += e->gauge->render();
-    else out += e->histogram->render();
+    switch (e->type) {
+      case MetricType::Counter:
+        out += e->counter->render();
+        break;
+      case MetricType::Gauge:
+        out += e->gauge->render();
+        break;
+      case MetricType::Histogram:
+        out += e->histogram->render();
+        break;
+    }
   }
   return out;
 }
@@ -286,7 +311,7 @@ std::string MetricsRegistry::render() const {
 
 namespace {
 // Latency buckets follow vLLM's, so dashboards built for it read the same.
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,
                                           0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
 const std::vector<double> kTpotBuckets = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
                                           0.2,   0.3,  0.4,   0.5,  0.75,  1.0, 2.5};
@@ -308,11 +333,11 @@ Metrics::Metrics() {
                      .histogram("troupe_batch_size", "Sequences per engine step.",
                                 exponential_buckets(1, 2, 10))
                      .labels(std::vector<std::string>{});
-  tokens_per_step_ = &registry_
-                          .histogram("troupe_tokens_per_step",
-                                     "Tokens fed per engine step (prefill and decode).",
-                                     exponential_buckets(1, 2, 14))
-                          .labels(std::vector<std::string>{});
+  tokens_per_step_ =
+      &registry_
+           .histogram("troupe_tokens_per_step", "Tokens fed per engine step (prefill and decode).",
+                      exponential_buckets(1, 2, 14))
+           .labels(std::vector<std::string>{});
   kv_blocks_ = &registry_.gauge("troupe_kv_blocks", "KV-cache blocks per replica, used or free.",
                                 {"replica", "state"});
   ttft_ = &registry_
@@ -324,22 +349,20 @@ Metrics::Metrics() {
                           "Mean time between generated tokens after the first, per request.",
                           kTpotBuckets)
                .labels(std::vector<std::string>{});
-  latency_ = &registry_
-                  .histogram("troupe_request_latency_seconds",
-                             "From submission to the last token, per successful request.",
-                             kLatencyBuckets)
-                  .labels(std::vector<std::string>{});
-  replica_state_ =
-      &registry_.gauge("troupe_replica_state",
-                       "0 down, 1 starting, 2 ready, 3 failed permanently (restart limit hit).",
-                       {"replica"});
+  latency_ =
+      &registry_
+           .histogram("troupe_request_latency_seconds",
+                      "From submission to the last token, per successful request.", kLatencyBuckets)
+           .labels(std::vector<std::string>{});
+  replica_state_ = &registry_.gauge(
+      "troupe_replica_state",
+      "0 down, 1 starting, 2 ready, 3 failed permanently (restart limit hit).", {"replica"});
   replica_restarts_ = &registry_.counter("troupe_replica_restarts_total",
                                          "Replica restarts by the supervisor.", {"replica"});
   prompt_tokens_ = &registry_.counter("troupe_prompt_tokens_total", "Prompt tokens processed.")
                         .labels(std::vector<std::string>{});
-  generation_tokens_ =
-      &registry_.counter("troupe_generation_tokens_total", "Tokens generated.")
-           .labels(std::vector<std::string>{});
+  generation_tokens_ = &registry_.counter("troupe_generation_tokens_total", "Tokens generated.")
+                            .labels(std::vector<std::string>{});
 }
 
 void Metrics::request_finished(int http_status) {

@@ -3,6 +3,7 @@
 // thread pool and, per sequence, its cache table and sampler. Synchronous:
 // the worker actor that owns it calls step() off the actor scheduler.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -26,14 +27,26 @@ struct EngineItem {
   int generated = 0;        // tokens already generated: the sampler skips that many draws
 };
 
-class Engine {
+// What a device worker drives: one batched step at a time.
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  // Runs one batched step; returns one id per item (-1 where sample is false).
+  virtual std::vector<int> step(const std::vector<EngineItem>& items) = 0;
+  // Frees a sequence's blocks and sampler; unknown ids are ignored.
+  virtual void release(uint64_t seq) = 0;
+};
+
+// Builds a replica's engine on the thread that will use it.
+using EngineFactory = std::function<std::unique_ptr<StepEngine>()>;
+
+// One device holding the whole model.
+class Engine : public StepEngine {
  public:
   Engine(std::shared_ptr<const Model> model, EngineOptions options);
 
-  // Runs one batched step; returns one id per item (-1 where sample is false).
-  std::vector<int> step(const std::vector<EngineItem>& items);
-  // Frees a sequence's blocks and sampler; unknown ids are ignored.
-  void release(uint64_t seq);
+  std::vector<int> step(const std::vector<EngineItem>& items) override;
+  void release(uint64_t seq) override;
 
   const Model& model() const { return *model_; }
   const KvCache& cache() const { return cache_; }

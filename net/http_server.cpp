@@ -71,7 +71,9 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double secs(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -240,8 +242,11 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     std::string out = ex->stop.push(tail);
-    if (ex->stop.stopped()) reason = FinishReason::Stop;
-    else out += ex->stop.flush();
+    if (ex->stop.stopped()) {
+      reason = FinishReason::Stop;
+    } else {
+      out += ex->stop.flush();
+    }
     finish_ok(reason, out, t);
   }
 
@@ -271,10 +276,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(uint32_t(std::min<size_t>(server_.opt.max_header_bytes, UINT32_MAX)));
     parser_->body_limit(server_.opt.max_body_bytes);
     stream_.expires_after(seconds(server_.opt.read_timeout_s));
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->on_header(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -286,10 +290,9 @@ class Session : public std::enable_shared_from_this<Session> {
     auto expect = req[http::field::expect];
     if (beast::iequals(expect, "100-continue")) queue_bytes("HTTP/1.1 100 Continue\r\n\r\n");
     stream_.expires_after(seconds(server_.opt.read_timeout_s));
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_body(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
   }
 
   void on_body(beast::error_code ec) {
@@ -318,24 +321,24 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read_error(beast::error_code ec) {
-    if (ec == http::error::end_of_stream || ec == net::error::eof ||
-        ec == beast::error::timeout || ec == net::error::operation_aborted) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+        ec == net::error::operation_aborted) {
       // The client is done, or idle / too slow (the stream is already closed).
       return close();
     }
     keep_alive_ = false;
     if (ec == http::error::header_limit) {
-      openai::ApiError e = openai::bad_request("The request headers are larger than " +
-                                               std::to_string(server_.opt.max_header_bytes) +
-                                               " bytes.");
+      openai::ApiError e =
+          openai::bad_request("The request headers are larger than " +
+                              std::to_string(server_.opt.max_header_bytes) + " bytes.");
       e.status = 431;
       return respond_error(e, true);
     }
     if (ec == http::error::body_limit) {
-      openai::ApiError e = openai::bad_request("The request body is larger than the limit of " +
-                                                   std::to_string(server_.opt.max_body_bytes) +
-                                                   " bytes.",
-                                               {}, "request_too_large");
+      openai::ApiError e =
+          openai::bad_request("The request body is larger than the limit of " +
+                                  std::to_string(server_.opt.max_body_bytes) + " bytes.",
+                              {}, "request_too_large");
       e.status = 413;
       if (parser_ && path_of(parser_->get().target()) == "/v1/completions")
         server_.metrics.request_finished(413);
@@ -353,9 +356,9 @@ class Session : public std::enable_shared_from_this<Session> {
     auto method = req_.method();
     auto only = [&](http::verb v, const char* allow) {
       if (method == v) return true;
-      openai::ApiError e = openai::bad_request("Method " + std::string(req_.method_string()) +
-                                               " is not allowed on " + std::string(path) +
-                                               "; use " + allow + ".");
+      openai::ApiError e =
+          openai::bad_request("Method " + std::string(req_.method_string()) +
+                              " is not allowed on " + std::string(path) + "; use " + allow + ".");
       e.status = 405;
       respond_error(e, false, {{"Allow", allow}});
       return false;
@@ -451,8 +454,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_deadline(uint64_t seq) {
     Exchange* ex = current(seq);
     if (!ex) return;
-    spdlog::warn("request {}: no result from the service within {} s; cancelling",
-                 ex->request_id, server_.opt.request_timeout_s);
+    spdlog::warn("request {}: no result from the service within {} s; cancelling", ex->request_id,
+                 server_.opt.request_timeout_s);
     cancel_service();
     ServiceError e{ServiceErrorKind::Timeout,
                    "The request did not finish within " +
@@ -475,8 +478,8 @@ class Session : public std::enable_shared_from_this<Session> {
     deadline_.cancel();
     openai::Usage usage{ex.prompt_tokens, ex.completion_tokens};
     if (ex.params.stream) {
-      std::string bytes = openai::sse_text_chunk(ex.meta, tail, reason, ex.params.include_usage,
-                                                 ids_to_send(ex));
+      std::string bytes =
+          openai::sse_text_chunk(ex.meta, tail, reason, ex.params.include_usage, ids_to_send(ex));
       if (ex.params.include_usage) bytes += openai::sse_usage_chunk(ex.meta, usage);
       bytes += openai::sse_done();
       stream_bytes(bytes, /*last=*/true);
@@ -578,8 +581,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!ex.headers_sent) {
       ex.headers_sent = true;
       out = status_line(200);
-      out += "Server: troupe\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-             "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+      out +=
+          "Server: troupe\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+          "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
       out += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
       out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     }
@@ -613,10 +617,9 @@ class Session : public std::enable_shared_from_this<Session> {
     inflight_.swap(out_);
     out_.clear();
     stream_.expires_after(seconds(server_.opt.write_timeout_s));
-    net::async_write(stream_, net::buffer(inflight_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_written(ec);
-                     });
+    net::async_write(
+        stream_, net::buffer(inflight_),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); });
   }
 
   void on_written(beast::error_code ec) {
@@ -648,10 +651,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (monitor_pending_ || closed_ || buffer_.size() >= kMaxPipelinedBytes) return;
     monitor_pending_ = true;
     stream_.expires_never();  // only the read side if a write is in flight
-    stream_.async_read_some(buffer_.prepare(4096),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
-                              self->on_monitor(ec, n);
-                            });
+    stream_.async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_monitor(ec, n); });
   }
 
   void on_monitor(beast::error_code ec, size_t n) {
@@ -715,7 +717,8 @@ class Session : public std::enable_shared_from_this<Session> {
         : gate_(std::move(gate)), session_(std::move(session)), seq_(seq) {}
 
     void on_token(int token_id) override {
-      deliver([seq = seq_, token_id, t = Clock::now()](Session& s) { s.on_token(seq, token_id, t); });
+      deliver(
+          [seq = seq_, token_id, t = Clock::now()](Session& s) { s.on_token(seq, token_id, t); });
     }
     void on_done(FinishReason reason, int prompt_tokens, int) override {
       deliver([seq = seq_, reason, prompt_tokens, t = Clock::now()](Session& s) {
@@ -804,8 +807,11 @@ void HttpServer::Impl::on_accept(beast::error_code ec, tcp::socket socket) {
   bool busy = session_count() >= opt.max_connections;
   auto session = std::make_shared<Session>(std::move(socket), *this);
   add_session(session.get(), session);
-  if (busy) session->reject_busy();
-  else session->start();
+  if (busy) {
+    session->reject_busy();
+  } else {
+    session->start();
+  }
   do_accept();
 }
 
@@ -833,7 +839,9 @@ HttpServer::HttpServer(Options options, CompletionService& service,
     : impl_(std::make_unique<Impl>(std::move(options), service, std::move(tokenizer),
                                    std::move(model), metrics)) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 void HttpServer::start() {
   Impl& s = *impl_;
@@ -897,6 +905,8 @@ void HttpServer::stop() {
   s.threads.clear();
 }
 
-uint16_t HttpServer::port() const { return impl_->bound_port.load(); }
+uint16_t HttpServer::port() const {
+  return impl_->bound_port.load();
+}
 
 }  // namespace troupe

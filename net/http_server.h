@@ -23,8 +23,8 @@ class HttpServer {
  public:
   struct Options {
     std::string host = "127.0.0.1";
-    uint16_t port = 8080;  // 0: pick a free port (see port())
-    size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+    uint16_t port = 8080;                 // 0: pick a free port (see port())
+    size_t max_body_bytes = 1 << 20;      // larger bodies get 413
     size_t max_header_bytes = 16 * 1024;  // larger headers get 431
     // Passed to the service as the request deadline; a request the service
     // has not ended by then (plus a grace period) is cancelled here with 504.
@@ -51,7 +51,10 @@ class HttpServer {
   // naming the address when it cannot listen.
   void start();
   // Closes the listener and every connection, cancels the requests still in
-  // flight at the service, and joins the io threads. Idempotent.
+  // flight at the service, and joins the io threads; takes at most ~2 s even
+  // if a connection is stuck. Idempotent. Not from an io thread (it joins them).
+  // Sink calls that arrive afterwards are dropped, so the service may outlive
+  // the server.
   void stop();
 
   // The bound port (the chosen one when Options::port was 0); 0 before start().

@@ -122,17 +122,18 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams&
   bool all_strings = true;
   for (const json& e : *v) all_strings = all_strings && e.is_string();
   if (all_strings)
-    fail("Only one prompt per request is supported; got " + std::to_string(v->size()) +
-             " prompts.",
+    fail("Only one prompt per request is supported; got " + std::to_string(v->size()) + " prompts.",
          "prompt");
   p.prompt_ids.reserve(v->size());
   for (size_t i = 0; i < v->size(); ++i) {
     const json& e = (*v)[i];
     int64_t id = 0;
     if (!e.is_number() || !as_int64(e, id))
-      fail("`prompt` must be a string, an array of token ids, or an array holding one string; "
-           "element " + std::to_string(i) + " is " + e.type_name() + ".",
-           "prompt");
+      fail(
+          "`prompt` must be a string, an array of token ids, or an array holding one string; "
+          "element " +
+              std::to_string(i) + " is " + e.type_name() + ".",
+          "prompt");
     if (id < 0 || id >= limits.vocab_size)
       fail("Token id " + std::to_string(id) + " at `prompt`[" + std::to_string(i) +
                "] is outside the vocabulary (valid ids: 0.." +
@@ -169,14 +170,14 @@ void parse_sampling(const json& body, CompletionParams& p) {
   }
   if (const json* v = field(body, "top_p")) {
     double t = get_number(*v, "top_p");
-    if (!(t > 0 && t <= 1))
-      fail("`top_p` must be in (0, 1], got " + show(t) + ".", "top_p");
+    if (!(t > 0 && t <= 1)) fail("`top_p` must be in (0, 1], got " + show(t) + ".", "top_p");
     p.top_p = float(t);
   }
   if (const json* v = field(body, "top_k")) {
     int k = get_int32(*v, "top_k");
     // -1 is vLLM's spelling of "off".
-    if (k < -1) fail("`top_k` must be >= 0 (0 or -1: off), got " + std::to_string(k) + ".", "top_k");
+    if (k < -1)
+      fail("`top_k` must be >= 0 (0 or -1: off), got " + std::to_string(k) + ".", "top_k");
     p.top_k = k < 0 ? 0 : k;
   }
   if (const json* v = field(body, "seed")) {
@@ -239,8 +240,8 @@ CompletionParams parse_checked(std::string_view body, const ModelLimits& limits)
     // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + what,
-         {}, "invalid_json");
+    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + what, {},
+         "invalid_json");
   }
   if (!j.is_object())
     fail(std::string("The request body must be a JSON object, got ") + j.type_name() + ".");
@@ -250,8 +251,8 @@ CompletionParams parse_checked(std::string_view body, const ModelLimits& limits)
   if (const json* v = field(j, "model")) {
     p.model = get_string(*v, "model");
     if (p.model != limits.name) {
-      ApiError e = bad_request("The model `" + p.model + "` does not exist.", "model",
-                               "model_not_found");
+      ApiError e =
+          bad_request("The model `" + p.model + "` does not exist.", "model", "model_not_found");
       e.status = 404;
       throw Invalid{e};
     }
@@ -331,7 +332,9 @@ json error_json(const ApiError& e) {
   return json{{"error", std::move(err)}};
 }
 
-std::string error_body(const ApiError& e) { return dump(error_json(e)); }
+std::string error_body(const ApiError& e) {
+  return dump(error_json(e));
+}
 
 int retry_after_header_seconds(double seconds) {
   if (!(seconds > 0)) return 1;
@@ -344,8 +347,8 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens,
   int64_t total = int64_t(prompt_tokens) + max_tokens;
   if (total <= context_length) return std::nullopt;
   return bad_request("This model's maximum context length is " + std::to_string(context_length) +
-                         " tokens. However, you requested " + std::to_string(total) +
-                         " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
+                         " tokens. However, you requested " + std::to_string(total) + " tokens (" +
+                         std::to_string(prompt_tokens) + " in the prompt, " +
                          std::to_string(max_tokens) +
                          " in the completion). Please reduce the length of the prompt or "
                          "completion.",
@@ -366,8 +369,8 @@ Result<std::vector<int>> resolve_prompt(const CompletionParams& p, const Tokeniz
   std::vector<int> ids;
   if (p.prompt_text) {
     if (!tokenizer)
-      return bad_request(
-          "This server has no tokenizer: send `prompt` as an array of token ids.", "prompt");
+      return bad_request("This server has no tokenizer: send `prompt` as an array of token ids.",
+                         "prompt");
     try {
       ids = tokenizer->encode(*p.prompt_text, tokenizer->bos_id() >= 0);
     } catch (const std::exception& e) {
@@ -421,7 +424,9 @@ json envelope(const ResponseMeta& meta) {
           {"model", meta.model}};
 }
 
-std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse(const json& j) {
+  return "data: " + dump(j) + "\n\n";
+}
 
 }  // namespace
 
@@ -455,17 +460,24 @@ std::string sse_error(const ApiError& e) {
   return sse(j);
 }
 
-std::string sse_done() { return "data: [DONE]\n\n"; }
+std::string sse_done() {
+  return "data: [DONE]\n\n";
+}
 
 json models_response(const ModelLimits& limits, int64_t created) {
-  json model = {{"id", limits.name},          {"object", "model"},
-                {"created", created},         {"owned_by", "troupe"},
-                {"root", limits.name},        {"parent", nullptr},
+  json model = {{"id", limits.name},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "troupe"},
+                {"root", limits.name},
+                {"parent", nullptr},
                 {"max_model_len", limits.context_length}};
   return {{"object", "list"}, {"data", json::array({model})}};
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
   for (auto& s : stops)

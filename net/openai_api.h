@@ -4,13 +4,12 @@
 // server-sent-event builders, and stop-string handling on streamed text.
 // Nothing here does I/O, so all of it is unit-tested without a server.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "actors/completion_service.h"
 
@@ -42,10 +41,10 @@ int retry_after_header_seconds(double seconds);
 
 // What the server serves and the limits it enforces.
 struct ModelLimits {
-  std::string name;         // the only accepted `model`
-  int context_length = 0;   // prompt + completion tokens
-  int vocab_size = 0;       // valid token ids: [0, vocab_size)
-  int max_tokens_cap = 0;   // largest accepted max_tokens; <= 0: only the context bounds it
+  std::string name;        // the only accepted `model`
+  int context_length = 0;  // prompt + completion tokens
+  int vocab_size = 0;      // valid token ids: [0, vocab_size)
+  int max_tokens_cap = 0;  // largest accepted max_tokens; <= 0: only the context bounds it
 };
 
 // A validated /v1/completions request, before tokenization.
@@ -56,8 +55,8 @@ struct CompletionParams {
   int max_tokens = 16;
   float temperature = 1;
   float top_p = 1;
-  int top_k = 0;                       // 0: off
-  std::optional<uint64_t> seed;        // absent: the server picks one
+  int top_k = 0;                 // 0: off
+  std::optional<uint64_t> seed;  // absent: the server picks one
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -83,8 +82,7 @@ Result<std::vector<int>> resolve_prompt(const CompletionParams& params, const To
                                         const ModelLimits& limits);
 
 // The 400 for prompt + completion over the context (vLLM's wording), or nullopt.
-std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens,
-                                             int context_length);
+std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens, int context_length);
 
 // ---- responses ----
 
@@ -102,7 +100,7 @@ struct Usage {
 nlohmann::json usage_json(const Usage& u);
 
 struct ResponseMeta {
-  std::string id;  // completion_id()
+  std::string id;       // completion_id()
   int64_t created = 0;  // unix seconds
   std::string model;
 };

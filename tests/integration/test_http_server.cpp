@@ -149,9 +149,11 @@ class FakeService : public CompletionService {
     return changed_.wait_for(lock, within, [&] { return cancels_.count(id) > 0; });
   }
   // The n-th submitted request (1-based), waiting for it.
-  std::optional<CompletionRequest> wait_submitted(size_t n, std::chrono::milliseconds within = 5000ms) {
+  std::optional<CompletionRequest> wait_submitted(size_t n,
+                                                  std::chrono::milliseconds within = 5000ms) {
     std::unique_lock lock(mu_);
-    if (!changed_.wait_for(lock, within, [&] { return submitted_.size() >= n; })) return std::nullopt;
+    if (!changed_.wait_for(lock, within, [&] { return submitted_.size() >= n; }))
+      return std::nullopt;
     return submitted_[n - 1];
   }
   size_t submitted_count() {
@@ -319,7 +321,8 @@ class Client {
     for (;;) {
       std::array<char, 4096> buf;
       auto ec = run([&](auto h) {
-        stream_.async_read_some(net::buffer(buf), [h](beast::error_code e, size_t) mutable { h(e); });
+        stream_.async_read_some(net::buffer(buf),
+                                [h](beast::error_code e, size_t) mutable { h(e); });
       });
       if (ec == beast::error::timeout) return false;
       if (ec) return true;  // EOF or reset
@@ -429,10 +432,9 @@ class HttpServerTest : public ::testing::Test {
   }
 
   void start(std::optional<HttpServer::Options> o = std::nullopt, bool with_tokenizer = true) {
-    server_ = std::make_unique<HttpServer>(o ? *o : default_options(), fake_,
-                                           with_tokenizer ? std::optional<Tokenizer>(fortune())
-                                                          : std::nullopt,
-                                           limits(), metrics_);
+    server_ = std::make_unique<HttpServer>(
+        o ? *o : default_options(), fake_,
+        with_tokenizer ? std::optional<Tokenizer>(fortune()) : std::nullopt, limits(), metrics_);
     server_->start();
     port_ = server_->port();
     ASSERT_NE(port_, 0);
@@ -444,8 +446,8 @@ class HttpServerTest : public ::testing::Test {
   }
 
   json completion(const std::string& prompt, int max_tokens, json extra = json::object()) {
-    json body = {{"model", "fortune"}, {"prompt", prompt}, {"max_tokens", max_tokens},
-                 {"temperature", 0}};
+    json body = {
+        {"model", "fortune"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
     for (auto& [k, v] : extra.items()) body[k] = v;
     return body;
   }
@@ -514,9 +516,9 @@ TEST_F(HttpServerTest, StreamingMatchesNonStreaming) {
   const std::string prompt = "The meaning of life";
   HttpResult plain = c.post("/v1/completions", completion(prompt, 24));
   ASSERT_EQ(plain.status, 200);
-  HttpResult s = c.post("/v1/completions",
-                        completion(prompt, 24, {{"stream", true},
-                                                {"stream_options", {{"include_usage", true}}}}));
+  HttpResult s = c.post(
+      "/v1/completions",
+      completion(prompt, 24, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
   ASSERT_EQ(s.status, 200) << s.body;
   EXPECT_EQ(s.header("content-type").rfind("text/event-stream", 0), 0u);
   EXPECT_EQ(s.header("transfer-encoding"), "chunked");
@@ -535,10 +537,9 @@ TEST_F(HttpServerTest, TokenIdPromptAndReturnTokenIds) {
   start();
   Client c(port_);
   std::vector<int> prompt = {1, 400, 500, 600};
-  HttpResult r = c.post("/v1/completions", {{"model", "fortune"},
-                                            {"prompt", prompt},
-                                            {"max_tokens", 5},
-                                            {"return_token_ids", true}});
+  HttpResult r = c.post(
+      "/v1/completions",
+      {{"model", "fortune"}, {"prompt", prompt}, {"max_tokens", 5}, {"return_token_ids", true}});
   ASSERT_EQ(r.status, 200) << r.body;
   json j = r.body_json();
   EXPECT_EQ(j["choices"][0]["token_ids"], json(fake_output(prompt, 5)));
@@ -673,7 +674,8 @@ TEST_F(HttpServerTest, GarbageNeverCrashesTheServer) {
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
       std::string("GET /").append(20000, 'a').append(" HTTP/1.1\r\nHost: x\r\n\r\n"),
       "GET /health HTTP/9.9\r\n\r\n",
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\xff\xfe\x00\x01",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n" +
+          std::string("\xff\xfe\x00\x01", 4),
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]",
   };
   for (const std::string& in : inputs) {
@@ -714,11 +716,11 @@ TEST_F(HttpServerTest, ServiceErrorsMapToStatuses) {
     double retry;
     std::string retry_header;
   };
-  for (const Case& k : {Case{ServiceErrorKind::QueueFull, 429, 2.5, "3"},
-                        Case{ServiceErrorKind::Unavailable, 503, 0.2, "1"},
-                        Case{ServiceErrorKind::Timeout, 504, 0, ""},
-                        Case{ServiceErrorKind::Internal, 500, 0, ""},
-                        Case{ServiceErrorKind::BadRequest, 400, 0, ""}}) {
+  for (const Case& k :
+       {Case{ServiceErrorKind::QueueFull, 429, 2.5, "3"},
+        Case{ServiceErrorKind::Unavailable, 503, 0.2, "1"},
+        Case{ServiceErrorKind::Timeout, 504, 0, ""}, Case{ServiceErrorKind::Internal, 500, 0, ""},
+        Case{ServiceErrorKind::BadRequest, 400, 0, ""}}) {
     fake_.fail_with(ServiceError{k.kind, "fake says no", k.retry});
     for (bool stream : {false, true}) {
       HttpResult r = c.post("/v1/completions", completion("x", 5, {{"stream", stream}}));
@@ -750,7 +752,8 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsOnce) {
   fake_.set_token_delay(20ms);
   {
     Client c(port_);
-    std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
     std::string body = completion("Disconnect me", 200, {{"stream", true}}).dump();
     c.send(req + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
     std::string got = c.read_until("data: ");
@@ -835,8 +838,9 @@ TEST_F(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(c.post("/v1/completions", completion("k", 3)).status, 200);
   // Two requests in one write: two answers, in order.
   std::string body = completion("pipelined", 4).dump();
-  std::string one = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string one =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
   c.send(one + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
   HttpResult a = c.read_response();
   HttpResult b = c.read_response();
@@ -875,7 +879,8 @@ TEST_F(HttpServerTest, WithoutTokenizerOnlyTokenIds) {
   ASSERT_EQ(ids.status, 200) << ids.body;
   EXPECT_EQ(ids.body_json()["choices"][0]["text"], "");
   EXPECT_EQ(ids.body_json()["choices"][0]["token_ids"], json(fake_output(prompt, 3)));
-  HttpResult s = c.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"stream", true}});
+  HttpResult s =
+      c.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"stream", true}});
   ASSERT_EQ(s.status, 200) << s.body;
   std::vector<int> streamed;
   for (const std::string& ev : sse_events(s.body)) {

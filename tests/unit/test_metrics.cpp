@@ -64,7 +64,8 @@ TEST(Metrics, LabelAndHelpEscaping) {
       .labels({"a\"b\\c\nd"})
       .inc();
   std::string text = r.render();
-  EXPECT_TRUE(contains(text, "# HELP esc_total Line one\\nback\\\\slash \"quotes\" stay\n")) << text;
+  EXPECT_TRUE(contains(text, "# HELP esc_total Line one\\nback\\\\slash \"quotes\" stay\n"))
+      << text;
   EXPECT_TRUE(contains(text, "esc_total{path=\"a\\\"b\\\\c\\nd\"} 1\n")) << text;
 }
 

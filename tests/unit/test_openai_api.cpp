@@ -199,7 +199,8 @@ TEST(OpenAiParse, KnownFieldOfWrongTypeNamesTheField) {
     EXPECT_EQ(e.status, 400) << c.body;
     EXPECT_EQ(e.type, "invalid_request_error") << c.body;
     EXPECT_EQ(e.param, c.field) << c.body;
-    EXPECT_TRUE(contains(e.message, std::string("`") + c.field + "`")) << c.body << ": " << e.message;
+    EXPECT_TRUE(contains(e.message, std::string("`") + c.field + "`"))
+        << c.body << ": " << e.message;
   }
 }
 
@@ -269,7 +270,7 @@ TEST(OpenAiParse, OnlyNEqualsOne) {
 TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
   for (const char* field : {"echo", "logprobs", "best_of", "suffix", "presence_penalty",
                             "frequency_penalty", "logit_bias"}) {
-    std::string value = std::string(field) == "echo"       ? "true"
+    std::string value = std::string(field) == "echo"         ? "true"
                         : std::string(field) == "suffix"     ? "\"end\""
                         : std::string(field) == "logit_bias" ? "{\"5\":1}"
                                                              : "2";
@@ -294,8 +295,8 @@ TEST(OpenAiParse, InvalidUtf8InJsonIsA400) {
 TEST(OpenAiParse, DeepNestingIsAnErrorNotACrash) {
   std::string deep(200000, '[');
   EXPECT_EQ(parse_err(deep).status, 400);
-  std::string body = R"({"prompt":"x","extra":)" + std::string(100000, '[') +
-                     std::string(100000, ']') + "}";
+  std::string body =
+      R"({"prompt":"x","extra":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
   parse_ok(body);  // unknown fields are ignored, however deep
 }
 
@@ -348,7 +349,8 @@ TEST(OpenAiPrompt, LongTextPromptCountsTokens) {
   CompletionParams p = parse_ok(json{{"prompt", text}}.dump());
   ApiError e = std::get<ApiError>(resolve_prompt(p, &fortune(), limits()));
   int n = int(fortune().encode(text, true).size());
-  EXPECT_TRUE(contains(e.message, "(" + std::to_string(n) + " in the prompt, 16 in the completion)"))
+  EXPECT_TRUE(
+      contains(e.message, "(" + std::to_string(n) + " in the prompt, 16 in the completion)"))
       << e.message;
 }
 
@@ -396,7 +398,9 @@ TEST(OpenAiErrors, RetryAfterRoundsUp) {
 
 // ---- responses ----
 
-ResponseMeta meta() { return {completion_id(0xabc, 7), 1700000000, "fortune"}; }
+ResponseMeta meta() {
+  return {completion_id(0xabc, 7), 1700000000, "fortune"};
+}
 
 TEST(OpenAiResponse, CompletionIdFormat) {
   std::string id = completion_id(0x1234, 0xff);
@@ -456,10 +460,15 @@ TEST(OpenAiResponse, SseChunks) {
 }
 
 TEST(OpenAiResponse, InvalidUtf8IsReplacedNotThrown) {
-  json j = completion_response(meta(), std::string("a\xff" "b"), FinishReason::Stop, {1, 1});
+  json j = completion_response(meta(),
+                               std::string("a\xff"
+                                           "b"),
+                               FinishReason::Stop, {1, 1});
   std::string s;
   EXPECT_NO_THROW(s = dump(j));
-  EXPECT_TRUE(contains(s, "a\xEF\xBF\xBD" "b"));
+  EXPECT_TRUE(contains(s,
+                       "a\xEF\xBF\xBD"
+                       "b"));
 }
 
 TEST(OpenAiResponse, ModelsList) {

@@ -1,0 +1,296 @@
+#include "gpu/parallel_engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <semaphore>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+namespace troupe {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
+
+double ParallelStats::bubble_fraction(int stage) const {
+  if (wall_s <= 0 || stage < 0 || size_t(stage) >= stages.size()) return 0;
+  return std::max(0.0, 1.0 - stages[size_t(stage)].busy_s / wall_s);
+}
+
+double ParallelStats::comm_share() const {
+  double busy = 0, comm = 0;
+  for (const auto& s : stages) {
+    busy += s.busy_s;
+    comm += s.comm_s;
+  }
+  return busy > 0 ? comm / busy : 0;
+}
+
+// A device: one shard, its cache and threads, and a job queue run by its own
+// thread (the device's "stream").
+struct ParallelEngine::Device {
+  int stage = 0, rank = 0;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<InProcessCommunicator> comm;
+  Workspace ws;
+  std::unordered_map<uint64_t, SequenceCache> seqs;
+  std::vector<float> scratch;  // x_out of ranks other than 0
+  double busy_s = 0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool stop = false;
+  std::thread thread;
+
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_one();
+  }
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      job();
+    }
+  }
+};
+
+struct ParallelEngine::Impl {
+  ModelConfig config;
+  ParallelLayout layout;
+  std::vector<std::unique_ptr<Device>> devices;  // stage-major
+  std::vector<std::unique_ptr<std::counting_semaphore<>>> credits;  // per stage boundary
+  std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers;
+  uint64_t steps = 0;
+  double wall_s = 0;
+  Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
+};
+
+ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayout layout)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.config = ckpt.config;
+  const int P = layout.pipeline, T = layout.tensor, L = ckpt.config.n_layers;
+  if (P < 1 || T < 1) throw std::invalid_argument("parallel.pipeline and parallel.tensor must be >= 1");
+  if (P > L)
+    throw std::invalid_argument("parallel.pipeline = " + std::to_string(P) + " is more than the model's " +
+                                std::to_string(L) + " layers");
+  if (layout.stage_layers.empty()) {
+    for (int s = 0; s < P; ++s) {
+      const int b = s * (L / P) + std::min(s, L % P);
+      layout.stage_layers.emplace_back(b, b + L / P + (s < L % P ? 1 : 0));
+    }
+  }
+  if (int(layout.stage_layers.size()) != P || layout.stage_layers.front().first != 0 ||
+      layout.stage_layers.back().second != L)
+    throw std::invalid_argument("stage layer ranges must cover the model's layers in order");
+  if (layout.threads.empty()) layout.threads = {1};
+  if (layout.credits < 1) throw std::invalid_argument("pipeline credits must be >= 1");
+  m.layout = layout;
+  for (int s = 0; s < P; ++s) {
+    auto group = make_in_process_group(T);
+    for (int t = 0; t < T; ++t) {
+      auto d = std::make_unique<Device>();
+      d->stage = s;
+      d->rank = t;
+      ShardSpec spec{t, T, layout.stage_layers[size_t(s)].first, layout.stage_layers[size_t(s)].second};
+      d->model = std::make_unique<Model>(ckpt, dtype, spec);
+      d->cache = std::make_unique<KvCache>(d->model->make_cache(layout.block_tokens, layout.blocks));
+      const size_t di = size_t(s * T + t);
+      d->pool = std::make_unique<ThreadPool>(layout.threads.size() == 1 ? layout.threads[0]
+                                                                        : layout.threads.at(di));
+      d->comm = std::move(group[size_t(t)]);
+      Device* raw = d.get();
+      d->thread = std::thread([raw] { raw->run(); });
+      m.devices.push_back(std::move(d));
+    }
+  }
+  for (int s = 0; s + 1 < P; ++s)
+    m.credits.push_back(std::make_unique<std::counting_semaphore<>>(layout.credits));
+}
+
+ParallelEngine::~ParallelEngine() {
+  for (auto& d : impl_->devices) {
+    {
+      std::lock_guard<std::mutex> l(d->mu);
+      d->stop = true;
+    }
+    d->cv.notify_all();
+    d->thread.join();
+  }
+}
+
+const ModelConfig& ParallelEngine::config() const { return impl_->config; }
+
+std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
+  Impl& m = *impl_;
+  const int P = m.layout.pipeline, T = m.layout.tensor, n = int(items.size());
+  if (n == 0) return {};
+  const auto t_step = Clock::now();
+  const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
+  // Micro-batch mb holds items [first[mb], first[mb + 1]).
+  std::vector<int> first(size_t(M) + 1, 0);
+  for (int mb = 0; mb < M; ++mb) first[size_t(mb) + 1] = first[size_t(mb)] + n / M + (mb < n % M ? 1 : 0);
+  std::vector<size_t> tokens(size_t(M), 0);
+  for (int mb = 0; mb < M; ++mb)
+    for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i) tokens[size_t(mb)] += items[size_t(i)].tokens.size();
+  const size_t dim = size_t(m.config.dim);
+  // Activations between stages, per micro-batch; logits slices per last-stage rank.
+  std::vector<std::vector<std::vector<float>>> act(static_cast<size_t>(std::max(0, P - 1)));
+  for (auto& a : act) {
+    a.resize(size_t(M));
+    for (int mb = 0; mb < M; ++mb) a[size_t(mb)].resize(tokens[size_t(mb)] * dim);
+  }
+  const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
+  std::vector<std::vector<float>> logits(size_t(T), std::vector<float>(size_t(n) * stride));
+  std::vector<std::vector<std::unique_ptr<std::latch>>> done(static_cast<size_t>(P));
+  for (auto& v : done)
+    for (int mb = 0; mb < M; ++mb) v.push_back(std::make_unique<std::latch>(T));
+  std::mutex err_mu;
+  std::exception_ptr error;
+
+  for (int s = 0; s < P; ++s)
+    for (int t = 0; t < T; ++t) {
+      Device& d = m.device(s, t);
+      d.post([&, s, t, &d = d] {
+        int mb = 0;
+        try {
+          for (; mb < M; ++mb) {
+            if (s > 0) done[size_t(s - 1)][size_t(mb)]->wait();
+            {
+              std::lock_guard<std::mutex> l(err_mu);
+              if (error) throw std::runtime_error("step aborted");
+            }
+            if (s + 1 < P && t == 0) m.credits[size_t(s)]->acquire();
+            const auto t0 = Clock::now();
+            std::vector<StepInput> inputs;
+            for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i)
+              inputs.push_back({&d.seqs[items[size_t(i)].seq], items[size_t(i)].tokens, items[size_t(i)].sample});
+            ShardIo io;
+            io.tp = T > 1 ? d.comm.get() : nullptr;
+            if (s > 0) io.x_in = act[size_t(s - 1)][size_t(mb)].data();
+            if (s + 1 < P) {
+              if (t == 0) {
+                io.x_out = act[size_t(s)][size_t(mb)].data();
+              } else {
+                d.scratch.resize(tokens[size_t(mb)] * dim);
+                io.x_out = d.scratch.data();
+              }
+            } else {
+              io.logits = logits[size_t(t)].data() + size_t(first[size_t(mb)]) * stride;
+            }
+            d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
+            d.busy_s += seconds_since(t0);
+            // The previous stage's buffer for this micro-batch is consumed.
+            if (s > 0 && t == 0) m.credits[size_t(s - 1)]->release();
+            done[size_t(s)][size_t(mb)]->count_down();
+          }
+        } catch (...) {
+          {
+            std::lock_guard<std::mutex> l(err_mu);
+            if (!error) error = std::current_exception();
+          }
+          // Wake everyone: peers blocked in collectives, later stages
+          // waiting for this one, earlier stages waiting for credits.
+          for (auto& dev : m.devices) dev->comm->group().abort("a peer shard failed");
+          for (; mb < M; ++mb) done[size_t(s)][size_t(mb)]->count_down();
+          for (auto& c : m.credits) c->release(M);
+        }
+      });
+    }
+  for (int mb = 0; mb < M; ++mb) done[size_t(P - 1)][size_t(mb)]->wait();
+  // Every device has finished this step's jobs once the last stage has.
+  for (int s = 0; s + 1 < P; ++s)
+    for (int mb = 0; mb < M; ++mb) done[size_t(s)][size_t(mb)]->wait();
+  if (error) std::rethrow_exception(error);
+
+  // Sampling: greedy items take the best of each rank's local argmax (a
+  // distributed argmax, ties to the lowest id); others gather the slices.
+  std::vector<int> out(size_t(n), -1);
+  const int V = m.config.vocab_size;
+  last_logits_.clear();
+  std::vector<float> full(static_cast<size_t>(V));
+  for (int i = 0; i < n; ++i) {
+    const EngineItem& it = items[size_t(i)];
+    if (!it.sample) continue;
+    for (int t = 0; t < T; ++t) {
+      const auto& dm = m.device(P - 1, t).model->dims();
+      std::copy_n(logits[size_t(t)].data() + size_t(i) * stride, dm.vocab, full.data() + dm.vocab_begin);
+    }
+    last_logits_.insert(last_logits_.end(), full.begin(), full.end());
+    if (it.sampling.temperature <= 0) {
+      float best = -std::numeric_limits<float>::infinity();
+      int best_id = -1;
+      for (int t = 0; t < T; ++t) {
+        const auto& dm = m.device(P - 1, t).model->dims();
+        const int local = argmax({logits[size_t(t)].data() + size_t(i) * stride, size_t(dm.vocab)});
+        const float v = logits[size_t(t)][size_t(i) * stride + size_t(local)];
+        if (best_id < 0 || v > best) {
+          best = v;
+          best_id = dm.vocab_begin + local;
+        }
+      }
+      out[size_t(i)] = best_id;
+      continue;
+    }
+    auto& sampler = m.samplers[it.seq];
+    if (!sampler) {
+      sampler = std::make_unique<Sampler>(it.sampling);
+      sampler->skip(uint64_t(it.generated));
+    }
+    out[size_t(i)] = sampler->sample(full);
+  }
+  ++m.steps;
+  m.wall_s += seconds_since(t_step);
+  return out;
+}
+
+void ParallelEngine::release(uint64_t seq) {
+  Impl& m = *impl_;
+  m.samplers.erase(seq);
+  // Device threads are idle between steps, so their maps can be touched here.
+  for (auto& d : m.devices) {
+    auto it = d->seqs.find(seq);
+    if (it == d->seqs.end()) continue;
+    d->cache->release(it->second);
+    d->seqs.erase(it);
+  }
+}
+
+ParallelStats ParallelEngine::stats() const {
+  const Impl& m = *impl_;
+  ParallelStats st;
+  st.steps = m.steps;
+  st.wall_s = m.wall_s;
+  for (int s = 0; s < m.layout.pipeline; ++s) {
+    const Device& d = *m.devices[size_t(s * m.layout.tensor)];
+    const CommStats c = d.comm->stats();
+    st.stages.push_back({d.busy_s, c.seconds, c.bytes});
+  }
+  for (const auto& d : m.devices) st.weight_bytes.push_back(d->model->weight_bytes());
+  return st;
+}
+
+}  // namespace troupe

@@ -1,0 +1,66 @@
+#pragma once
+// One replica split over P pipeline stages of T tensor-parallel shards, each
+// shard a device (its own thread, thread pool, weights slice and KV cache).
+// A step is cut into micro-batches that flow through the stages so that
+// stages work at the same time; a stage may run at most `credits`
+// micro-batches ahead of the stage after it (back-pressure, bounded buffers).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/checkpoint.h"
+#include "gpu/communicator.h"
+#include "gpu/engine.h"
+
+namespace troupe {
+
+struct ParallelLayout {
+  int pipeline = 1;
+  int tensor = 1;
+  std::vector<int> threads{1};                  // per device (stage-major), or one for all
+  std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage; empty: equal split
+  int microbatches = 0;                         // 0: min(pipeline, sequences in the step)
+  int credits = 2;
+  int block_tokens = 16;
+  int blocks = 4096;
+};
+
+struct StageStats {
+  double busy_s = 0;   // computing (collectives included)
+  double comm_s = 0;   // inside collectives
+  uint64_t comm_bytes = 0;
+};
+
+struct ParallelStats {
+  uint64_t steps = 0;
+  double wall_s = 0;               // sum of step wall times
+  std::vector<StageStats> stages;  // per stage (rank 0 of its group)
+  std::vector<size_t> weight_bytes;  // per device
+  double bubble_fraction(int stage) const;
+  double comm_share() const;       // time in collectives / busy time, all stages
+};
+
+class ParallelEngine : public StepEngine {
+ public:
+  // Builds every device's shard from the checkpoint. Throws
+  // std::invalid_argument when the layout does not fit the model.
+  ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelLayout layout);
+  ~ParallelEngine() override;
+
+  std::vector<int> step(const std::vector<EngineItem>& items) override;
+  void release(uint64_t seq) override;
+
+  const ModelConfig& config() const;
+  ParallelStats stats() const;
+  // Full-vocabulary logits of the last step's sampled items, in item order
+  // (for tests comparing layouts).
+  const std::vector<float>& last_logits() const { return last_logits_; }
+
+ private:
+  struct Device;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<float> last_logits_;
+};
+
+}  // namespace troupe

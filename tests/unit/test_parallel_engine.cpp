@@ -1,0 +1,134 @@
+// Tensor and pipeline layouts give the single device's answer: identical
+// greedy ids, logits within 1e-4, for mixed prefill/decode batches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gpu/parallel_engine.h"
+#include "gpu/synth_model.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+struct Run {
+  std::vector<std::vector<int>> ids;     // per sequence
+  std::vector<std::vector<float>> logits;  // per step, sampled items' logits
+};
+
+// Five sequences join at different steps; prompts are fed in chunks of 4
+// while others decode, then each decodes 6 greedy tokens.
+Run drive(StepEngine& engine, ParallelEngine* pe, const ModelConfig& c) {
+  const int S = 5, extra = 6;
+  std::vector<std::vector<int>> prompts(S);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < 3 + 5 * s; ++i) prompts[size_t(s)].push_back(1 + (i * 37 + s * 11) % (c.vocab_size - 1));
+  std::vector<size_t> fed(S, 0);
+  Run run;
+  run.ids.resize(S);
+  for (int step = 0; step < 60; ++step) {
+    std::vector<EngineItem> items;
+    std::vector<int> who;
+    for (int s = 0; s < S; ++s) {
+      if (s > step || int(run.ids[size_t(s)].size()) >= extra) continue;
+      EngineItem it;
+      it.seq = uint64_t(s);
+      it.sampling.temperature = 0;
+      if (fed[size_t(s)] < prompts[size_t(s)].size()) {
+        const size_t n = std::min<size_t>(4, prompts[size_t(s)].size() - fed[size_t(s)]);
+        it.tokens.assign(prompts[size_t(s)].begin() + long(fed[size_t(s)]),
+                         prompts[size_t(s)].begin() + long(fed[size_t(s)] + n));
+        fed[size_t(s)] += n;
+        it.sample = fed[size_t(s)] == prompts[size_t(s)].size();
+      } else {
+        it.tokens = {run.ids[size_t(s)].back()};
+        it.sample = true;
+      }
+      items.push_back(it);
+      who.push_back(s);
+    }
+    if (items.empty()) break;
+    const auto out = engine.step(items);
+    for (size_t i = 0; i < items.size(); ++i)
+      if (items[i].sample) run.ids[size_t(who[i])].push_back(out[i]);
+    if (pe) run.logits.push_back(pe->last_logits());
+  }
+  for (int s = 0; s < S; ++s) engine.release(uint64_t(s));
+  return run;
+}
+
+void check_layouts(const Checkpoint& ck) {
+  ParallelLayout one;
+  one.blocks = 256;
+  one.block_tokens = 4;
+  ParallelEngine ref(ck, DType::F32, one);
+  const Run want = drive(ref, &ref, ck.config);
+  // The single-device Engine agrees bit for bit with the 1x1 layout.
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 4, 256});
+  EXPECT_EQ(drive(single, nullptr, ck.config).ids, want.ids);
+  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {3, 1}, {1, 4}}) {
+    ParallelLayout l = one;
+    l.pipeline = P;
+    l.tensor = T;
+    ParallelEngine pe(ck, DType::F32, l);
+    const Run got = drive(pe, &pe, ck.config);
+    EXPECT_EQ(got.ids, want.ids) << "layout P=" << P << " T=" << T;
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    float worst = 0;
+    for (size_t k = 0; k < got.logits.size(); ++k) {
+      ASSERT_EQ(got.logits[k].size(), want.logits[k].size());
+      for (size_t i = 0; i < got.logits[k].size(); ++i)
+        worst = std::max(worst, std::fabs(got.logits[k][i] - want.logits[k][i]));
+    }
+    EXPECT_LT(worst, 1e-4f) << "layout P=" << P << " T=" << T;
+    const auto st = pe.stats();
+    EXPECT_EQ(int(st.stages.size()), P);
+    EXPECT_EQ(int(st.weight_bytes.size()), P * T);
+    if (T > 1) {
+      EXPECT_GT(st.stages[0].comm_bytes, 0u);
+    }
+  }
+}
+
+TEST(ParallelEngine, LayoutsMatchSingleDeviceOnStories260K) {
+  check_layouts(load_checkpoint(test::model_path("stories260K") / "stories260K.bin"));
+}
+
+TEST(ParallelEngine, LayoutsMatchSingleDeviceOnGqaRandomModel) {
+  check_layouts(synth_checkpoint(synth_preset("tiny"), 3, DType::F32));  // 8 heads, 2 kv heads
+}
+
+TEST(ParallelEngine, ShardsHoldOnlyTheirSlice) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 3, DType::F32);
+  ParallelLayout l;
+  l.tensor = 2;
+  l.blocks = 64;
+  ParallelEngine pe(ck, DType::F32, l);
+  const Model whole(ck, DType::F32);
+  const auto st = pe.stats();
+  ASSERT_EQ(st.weight_bytes.size(), 2u);
+  for (size_t b : st.weight_bytes) EXPECT_LT(double(b), 0.6 * double(whole.weight_bytes()));
+}
+
+TEST(ParallelEngine, BadLayoutsAreRefusedWithAReason) {
+  const auto ck = load_checkpoint(test::model_path("fortune"));  // 6 heads, 2 kv heads, 5 layers
+  ParallelLayout l;
+  l.tensor = 4;
+  try {
+    ParallelEngine pe(ck, DType::F32, l);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("6 attention heads"), std::string::npos) << e.what();
+  }
+  l.tensor = 1;
+  l.pipeline = 6;
+  try {
+    ParallelEngine pe(ck, DType::F32, l);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("5 layers"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace troupe
