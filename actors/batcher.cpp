@@ -66,7 +66,7 @@ void fill_load(const BatcherState& s, StepEvents& ev) {
   int used = 0;
   for (uint64_t id : s.running) used += blocks_held(s, s.seqs.at(id));
   ev.blocks_used = used;
-  ev.blocks_free = s.opts.engine.blocks - used;
+  ev.blocks_free = s.opts.kv_blocks - used;
 }
 
 void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st,
@@ -124,7 +124,7 @@ void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
     const Sequence& q = s.seqs.at(id);
     waiting.push_back({id, int(q.tokens.size()), 0, 0});
   }
-  const BatchPlan plan = s.policy->plan(running, waiting, s.opts.engine.blocks - used);
+  const BatchPlan plan = s.policy->plan(running, waiting, s.opts.kv_blocks - used);
   for (uint64_t id : plan.preempted) {
     // Recomputed later from its tokens: the KV state is dropped, not lost.
     Sequence& q = s.seqs.at(id);
@@ -189,16 +189,16 @@ void probe(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
 
 }  // namespace
 
-caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router,
-                            std::shared_ptr<const Model> model, BatcherOptions options) {
+caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
+                            BatcherOptions options) {
   auto st = std::make_shared<BatcherState>();
   st->opts = options;
   st->router = std::move(router);
-  st->policy = std::make_unique<ContinuousBatchPolicy>(options.limits, options.engine.block_tokens);
-  st->max_seq_len = model->config().max_seq_len;
-  st->eos = model->config().eos_ids;
-  st->bos = model->config().bos_id;
-  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, model, options.engine);
+  st->policy = std::make_unique<ContinuousBatchPolicy>(options.limits, options.block_tokens);
+  st->max_seq_len = model.max_seq_len;
+  st->eos = model.eos_ids;
+  st->bos = model.bos_id;
+  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, options.engine);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {

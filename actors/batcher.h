@@ -12,7 +12,9 @@ namespace troupe {
 
 struct BatcherOptions {
   int replica = 0;
-  EngineOptions engine;
+  EngineFactory engine;  // builds the replica's engine on the worker's thread
+  int kv_blocks = 0;     // per device: the batcher mirrors the block accounting
+  int block_tokens = 16;
   BatchLimits limits;
 };
 
@@ -21,7 +23,7 @@ struct BatcherOptions {
 // succeeds it sends (up_atom, replica, self) to the router.
 // Handles (assign_atom, Assignment), (cancel_atom, u64 id), (crash_atom),
 // (slow_atom, double).
-caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router,
-                            std::shared_ptr<const Model> model, BatcherOptions options);
+caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
+                            BatcherOptions options);
 
 }  // namespace troupe

@@ -15,7 +15,11 @@ namespace troupe {
 
 struct ServingOptions {
   int replicas = 1;
-  std::vector<int> threads;  // per replica (size 1: the same for all)
+  int pipeline = 1;          // stages per replica
+  int tensor = 1;            // shards per stage
+  std::vector<int> threads;  // per device, replica-major (size 1: the same for all)
+  std::vector<std::pair<int, int>> stage_layers;  // per stage; empty: equal split
+  int pipeline_credits = 2;
   int block_tokens = 16;
   int kv_blocks = 4096;      // per replica
   BatchLimits batching;
@@ -34,9 +38,18 @@ struct ReplicaStatus {
   int restarts = 0;
 };
 
+// Contiguous layer ranges for `stages` pipeline stages, balanced by the
+// partitioner on each layer's decode cost (its weight bytes; the classifier
+// counts on the last layer).
+std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& config, int stages, DType dtype);
+
 class ActorRuntime : public CompletionService {
  public:
+  // Replicas share one whole model (pipeline = tensor = 1 only).
   ActorRuntime(std::shared_ptr<const Model> model, ServingOptions options, Metrics* metrics = nullptr);
+  // Each replica builds its devices' shards from the checkpoint (any layout).
+  ActorRuntime(std::shared_ptr<const Checkpoint> checkpoint, DType dtype, ServingOptions options,
+               Metrics* metrics = nullptr);
   ~ActorRuntime() override;
 
   void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) override;
@@ -53,6 +66,9 @@ class ActorRuntime : public CompletionService {
   bool wait_live(int n, double timeout_s) const;
 
  private:
+  void start(const ModelConfig& config, std::vector<EngineFactory> factories, Metrics* metrics);
+  int threads_of(int device) const;
+
   ServingOptions options_;
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> system_;

@@ -22,7 +22,7 @@ struct Slot {
 struct SupervisorState {
   SupervisorOptions opts;
   caf::actor router;
-  std::shared_ptr<const Model> model;
+  ModelConfig model;
   std::shared_ptr<SupervisorShared> shared;
   std::vector<Slot> slots;
 };
@@ -35,7 +35,7 @@ void start(caf::event_based_actor* self, SupervisorState& s, int i) {
 }  // namespace
 
 caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
-                               std::shared_ptr<const Model> model, SupervisorOptions options,
+                               ModelConfig model, SupervisorOptions options,
                                std::shared_ptr<SupervisorShared> shared, Metrics* metrics) {
   auto st = std::make_shared<SupervisorState>();
   st->opts = std::move(options);

@@ -29,7 +29,7 @@ struct SupervisorShared {
 // Handles (crash_atom, int replica) and (slow_atom, int replica, double s):
 // fault injection, forwarded to that replica.
 caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
-                               std::shared_ptr<const Model> model, SupervisorOptions options,
+                               ModelConfig model, SupervisorOptions options,
                                std::shared_ptr<SupervisorShared> shared, Metrics* metrics);
 
 }  // namespace troupe

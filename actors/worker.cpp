@@ -10,8 +10,7 @@
 
 namespace troupe {
 
-caf::behavior worker_actor(caf::event_based_actor* self, std::shared_ptr<const Model> model,
-                           EngineOptions options) {
+caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -24,7 +23,7 @@ caf::behavior worker_actor(caf::event_based_actor* self, std::shared_ptr<const M
       return caf::make_error(caf::sec::runtime_error, "unknown exception");
     }
   });
-  auto engine = std::make_shared<Engine>(std::move(model), options);
+  std::shared_ptr<StepEngine> engine = factory();
   auto delay = std::make_shared<double>(0.0);
   return {
       [=](step_atom, const std::vector<EngineItem>& items) -> std::vector<int> {

@@ -12,7 +12,6 @@ namespace troupe {
 // (crash_atom): throws, so supervision sees a worker die mid-generation, and
 // (slow_atom, double seconds): adds that delay to every later step (fault
 // injection for latency-aware routing).
-caf::behavior worker_actor(caf::event_based_actor* self, std::shared_ptr<const Model> model,
-                           EngineOptions options);
+caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory);
 
 }  // namespace troupe

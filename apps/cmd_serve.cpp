@@ -24,9 +24,10 @@ struct ServeOptions {
 ServingOptions serving_options(const RuntimeConfig& c, const troupe::ModelConfig& model) {
   ServingOptions o;
   o.replicas = c.parallel.replicas;
+  o.pipeline = c.parallel.pipeline;
+  o.tensor = c.parallel.tensor;
   o.threads.clear();
-  for (int r = 0; r < c.parallel.replicas; ++r)
-    o.threads.push_back(threads_for_device(c, device_index(c.parallel, r, 0, 0)));
+  for (int d = 0; d < c.parallel.device_count(); ++d) o.threads.push_back(threads_for_device(c, d));
   o.block_tokens = c.kv_cache.block_tokens;
   o.kv_blocks = c.kv_cache.bytes > 0
                     ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens, size_t(c.kv_cache.bytes))
@@ -67,20 +68,24 @@ void run_serve(const ServeOptions& so) {
   for (const auto& d : cfg.devices)
     if (d.kind == DeviceKind::Cuda)
       throw UsageError("devices: kind cuda is not available in this build yet; use cpu or auto");
-  if (cfg.parallel.pipeline != 1 || cfg.parallel.tensor != 1)
-    throw UsageError("parallel.pipeline and parallel.tensor > 1 are not implemented yet; use replicas");
-
-  auto model = Model::load(cfg.model.path, cfg.model.dtype);
-  const auto& mc = model->config();
+  // One whole model shared by the replicas, or each replica's devices
+  // packing their own shards from the memory-mapped checkpoint.
+  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
+  const ModelConfig mc = ckpt->config;
   validate_layout_for_model(cfg, mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.vocab_size);
+  const bool whole = cfg.parallel.pipeline == 1 && cfg.parallel.tensor == 1;
+  std::shared_ptr<const Model> model;
+  if (whole) model = std::make_shared<const Model>(*ckpt, cfg.model.dtype);
   std::optional<Tokenizer> tokenizer;
   const std::filesystem::path tok_path =
-      cfg.model.tokenizer.empty() ? model->tokenizer_path() : std::filesystem::path(cfg.model.tokenizer);
+      cfg.model.tokenizer.empty() ? ckpt->tokenizer_path : std::filesystem::path(cfg.model.tokenizer);
   if (!tok_path.empty()) tokenizer = Tokenizer::load(tok_path);
   else spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
 
   Metrics metrics;
-  ActorRuntime runtime(model, serving_options(cfg, mc), &metrics);
+  auto runtime_ptr = whole ? std::make_unique<ActorRuntime>(model, serving_options(cfg, mc), &metrics)
+                           : std::make_unique<ActorRuntime>(ckpt, cfg.model.dtype, serving_options(cfg, mc), &metrics);
+  ActorRuntime& runtime = *runtime_ptr;
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;
   ho.host = host;
@@ -101,9 +106,11 @@ void run_serve(const ServeOptions& so) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
-  std::fprintf(stderr, "troupe serve: model %s (%s), %d replica(s), listening on http://%s:%u\n",
-               limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas, host.c_str(),
-               unsigned(server.port()));
+  std::fprintf(stderr,
+               "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "
+               "http://%s:%u\n",
+               limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas, cfg.parallel.pipeline,
+               cfg.parallel.tensor, host.c_str(), unsigned(server.port()));
   std::fflush(stderr);
   // Fault-injection hooks for tests and chaos runs: SIGUSR1 crashes replica
   // 0's worker mid-step, SIGUSR2 the last replica's.

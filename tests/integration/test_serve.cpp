@@ -213,3 +213,36 @@ TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Every layout serves the same greedy text as one device, also after its
+// workers crash mid-generation (the shard group is rebuilt and resumed).
+TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
+  std::vector<std::string> want;
+  for (const auto& p : kPrompts) want.push_back(generate_text(p, 60));
+  for (const char* layout : {"parallel={replicas: 1, pipeline: 1, tensor: 2}", "parallel={replicas: 1, pipeline: 2, tensor: 1}",
+                             "parallel={replicas: 1, pipeline: 2, tensor: 2}", "parallel={replicas: 2, pipeline: 1, tensor: 2}"}) {
+    Server s({layout, "devices=[{kind: cpu, threads: 1}]"});
+    std::vector<std::string> got(kPrompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < kPrompts.size(); ++i)
+      clients.emplace_back([&, i] {
+        auto r = s.complete({{"prompt", kPrompts[i]}, {"max_tokens", 60}, {"temperature", 0}, {"stream", true}});
+        if (r.status == 200) got[i] = sse_text(r.body);
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    s.process().signal(SIGUSR1);  // a shard dies mid-step
+    for (auto& c : clients) c.join();
+    for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << layout << " prompt " << i;
+  }
+  // A layout that does not fit is refused at start-up with the reason.
+  auto r = test::run_command({TROUPE_BINARY, "serve", "--set", "model.path=" + test::model_path("fortune").string(),
+                              "--set", "parallel.tensor=4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("6 attention heads"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace troupe
