@@ -9,7 +9,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "actors/runtime.h"
 #include "gpu/cpu/gemm.h"
+#include "gpu/parallel_engine.h"
 
 namespace troupe::app {
 
@@ -85,76 +87,113 @@ void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read
   if (sink[0] == 12345.0) std::abort();  // keeps the reads alive
 }
 
-EngineBenchResult run_engine_bench(const Model& model, const std::string& model_name,
+EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const std::string& model_name,
                                    const EngineBenchOptions& o) {
-  const ModelConfig& c = model.config();
+  const ModelConfig& c = ckpt.config;
   EngineBenchResult r;
   r.model = model_name;
-  r.dtype = dtype_name(model.weight_dtype());
+  r.dtype = dtype_name(dtype);
   r.isa = isa_name(active_isa());
   r.threads = o.threads;
+  r.pipeline = o.pipeline;
+  r.tensor = o.tensor;
+  const int devices = o.pipeline * o.tensor;
   // Arrays well past the last-level cache, so the copy measures DRAM.
-  measure_bandwidth(o.threads, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
-  r.weight_bytes_per_step = model.weight_bytes_per_step();
-  r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
+  measure_bandwidth(o.threads * devices, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
   r.prompt_len = std::min(o.prompt_len, c.max_seq_len);
 
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, 16 + o.decode_tokens));
   constexpr int kBlock = 16;
-  KvCache cache = KvCache::for_model(c, kBlock, std::max(1, max_batch) * ((ctx_per_seq + kBlock - 1) / kBlock));
-  r.kv_bytes_per_token = cache.bytes_per_token();
-  ThreadPool pool(o.threads);
-  Workspace ws;
-  std::vector<float> logits(size_t(std::max(1, max_batch)) * size_t(c.vocab_size));
+  const int blocks = std::max(1, max_batch) * ((ctx_per_seq + kBlock - 1) / kBlock);
+  std::unique_ptr<StepEngine> engine;
+  ParallelEngine* parallel = nullptr;
+  if (devices == 1) {
+    auto model = std::make_shared<const Model>(ckpt, dtype);
+    r.weight_bytes_per_step = model->weight_bytes_per_step();
+    r.weight_bytes_per_device = {model->weight_bytes()};
+    engine = std::make_unique<Engine>(model, EngineOptions{o.threads, kBlock, blocks});
+  } else {
+    ParallelLayout l;
+    l.pipeline = o.pipeline;
+    l.tensor = o.tensor;
+    l.threads = {o.threads};
+    l.microbatches = o.microbatches;
+    l.block_tokens = kBlock;
+    l.blocks = blocks;
+    l.stage_layers = balanced_stages(c, o.pipeline, dtype);
+    auto pe = std::make_unique<ParallelEngine>(ckpt, dtype, l);
+    parallel = pe.get();
+    r.weight_bytes_per_device = pe->stats().weight_bytes;
+    // Weights streamed per step: every device's share (tied embeddings aside).
+    for (size_t b : r.weight_bytes_per_device) r.weight_bytes_per_step += b;
+    engine = std::move(pe);
+  }
+  r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
+  r.kv_bytes_per_token = size_t(c.n_layers) * 2 * size_t(c.kv_dim()) * sizeof(float);
+  uint64_t next_seq = 1;
+  auto item = [&](uint64_t seq, std::vector<int> tokens) {
+    EngineItem it;
+    it.seq = seq;
+    it.tokens = std::move(tokens);
+    it.sample = true;
+    it.sampling.temperature = 0;
+    return it;
+  };
 
   // Prefill: the whole prompt in one step; best of the repeats.
   {
     const auto prompt = synthetic_ids(r.prompt_len, c.vocab_size, 1);
     double best = 1e30;
     for (int rep = 0; rep < o.repeats; ++rep) {
-      SequenceCache seq;
-      StepInput in{&seq, prompt, true};
+      const uint64_t seq = next_seq++;
       const auto t0 = Clock::now();
-      model.forward({&in, 1}, cache, pool, ws, logits.data());
+      engine->step({item(seq, prompt)});
       best = std::min(best, seconds(t0, Clock::now()));
-      cache.release(seq);
+      engine->release(seq);
     }
     r.prefill_tokens_per_s = double(r.prompt_len) / best;
   }
 
   // Decode: B sequences with a 16-token context each, then decode_tokens steps.
+  ParallelStats before;
   for (int batch : o.batches) {
-    std::vector<SequenceCache> seqs(static_cast<size_t>(batch));
-    std::vector<std::vector<int>> prompts;
-    for (int b = 0; b < batch; ++b) prompts.push_back(synthetic_ids(16, c.vocab_size, b + 2));
-    {
-      std::vector<StepInput> ins;
-      for (int b = 0; b < batch; ++b) ins.push_back({&seqs[size_t(b)], prompts[size_t(b)], true});
-      model.forward(ins, cache, pool, ws, logits.data());
-    }
-    std::vector<int> next(static_cast<size_t>(batch));
-    std::vector<StepInput> ins(static_cast<size_t>(batch));
-    double best = 1e30;
+    std::vector<EngineItem> items;
+    for (int b = 0; b < batch; ++b) items.push_back(item(next_seq + uint64_t(b), synthetic_ids(16, c.vocab_size, b + 2)));
+    engine->step(items);
     const int steps = std::min(o.decode_tokens, c.max_seq_len - 16);
-    // Repeats reuse the contexts; positions keep growing within the context.
     const int reps = std::max(1, std::min(o.repeats, (c.max_seq_len - 16) / std::max(1, steps)));
+    if (parallel) before = parallel->stats();
+    double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       const auto t0 = Clock::now();
-      for (int s = 0; s < steps; ++s) {
-        for (int b = 0; b < batch; ++b) {
-          next[size_t(b)] = 3 + (s * 31 + b) % (c.vocab_size - 3);
-          ins[size_t(b)] = {&seqs[size_t(b)], {&next[size_t(b)], 1}, true};
-        }
-        model.forward(ins, cache, pool, ws, logits.data());
+      for (int st = 0; st < steps; ++st) {
+        for (int b = 0; b < batch; ++b) items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
+        engine->step(items);
       }
       best = std::min(best, seconds(t0, Clock::now()));
     }
-    for (auto& s : seqs) cache.release(s);
+    for (int b = 0; b < batch; ++b) engine->release(next_seq + uint64_t(b));
+    next_seq += uint64_t(batch);
     DecodePoint p;
     p.batch = batch;
     p.tokens_per_s = double(batch) * steps / best;
     p.bound_fraction = (double(steps) / best) / r.bound_steps_per_s;
+    if (parallel) {
+      // Bubble and communication share over this batch size's decode steps.
+      const ParallelStats after = parallel->stats();
+      const double wall = after.wall_s - before.wall_s;
+      double busy = 0, comm = 0;
+      for (size_t s = 0; s < after.stages.size(); ++s) {
+        const double b = after.stages[s].busy_s - before.stages[s].busy_s;
+        busy += b;
+        comm += after.stages[s].comm_s - before.stages[s].comm_s;
+        p.bubble_fraction.push_back(wall > 0 ? std::max(0.0, 1.0 - b / wall) : 0.0);
+      }
+      p.comm_share = busy > 0 ? comm / busy : 0;
+      p.comm_bytes = 0;
+      for (size_t s = 0; s < after.stages.size(); ++s) p.comm_bytes += after.stages[s].comm_bytes - before.stages[s].comm_bytes;
+    }
     r.decode.push_back(p);
   }
   r.peak_rss_bytes = peak_rss_bytes();
@@ -175,8 +214,17 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["prompt_len"] = prompt_len;
   j["prefill_tokens_per_s"] = prefill_tokens_per_s;
   j["decode"] = nlohmann::json::array();
-  for (const auto& d : decode)
-    j["decode"].push_back({{"batch", d.batch}, {"tokens_per_s", d.tokens_per_s}, {"bound_fraction", d.bound_fraction}});
+  for (const auto& d : decode) {
+    nlohmann::json p = {{"batch", d.batch}, {"tokens_per_s", d.tokens_per_s}, {"bound_fraction", d.bound_fraction}};
+    if (pipeline * tensor > 1) {
+      p["bubble_fraction"] = d.bubble_fraction;
+      p["comm_share"] = d.comm_share;
+      p["comm_bytes"] = d.comm_bytes;
+    }
+    j["decode"].push_back(p);
+  }
+  j["layout"] = {{"replicas", 1}, {"pipeline", pipeline}, {"tensor", tensor}};
+  j["weight_bytes_per_device"] = weight_bytes_per_device;
   j["kv_bytes_per_token"] = kv_bytes_per_token;
   j["peak_rss_bytes"] = peak_rss_bytes;
   return j;
@@ -192,10 +240,27 @@ std::string EngineBenchResult::table() const {
   s << line;
   std::snprintf(line, sizeof line, "prefill (%d tokens): %.1f tokens/s\n", prompt_len, prefill_tokens_per_s);
   s << line;
-  s << "  batch | decode tokens/s | of bandwidth bound\n";
-  for (const auto& d : decode) {
-    std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%\n", d.batch, d.tokens_per_s, 100.0 * d.bound_fraction);
+  if (pipeline * tensor > 1) {
+    std::snprintf(line, sizeof line, "layout: %d stage(s) x %d shard(s); weights per device:", pipeline, tensor);
     s << line;
+    for (size_t b : weight_bytes_per_device) s << " " << (b >> 20) << " MiB";
+    s << "\n";
+  }
+  s << "  batch | decode tokens/s | of bandwidth bound";
+  if (pipeline * tensor > 1) s << " | comm share | bubble per stage";
+  s << "\n";
+  for (const auto& d : decode) {
+    std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%", d.batch, d.tokens_per_s, 100.0 * d.bound_fraction);
+    s << line;
+    if (pipeline * tensor > 1) {
+      std::snprintf(line, sizeof line, " | %9.0f%% |", 100.0 * d.comm_share);
+      s << line;
+      for (double b : d.bubble_fraction) {
+        std::snprintf(line, sizeof line, " %.0f%%", 100.0 * b);
+        s << line;
+      }
+    }
+    s << "\n";
   }
   std::snprintf(line, sizeof line, "KV cache: %zu bytes/token; peak RSS %.1f MiB\n", kv_bytes_per_token,
                 double(peak_rss_bytes) / (1 << 20));

@@ -14,19 +14,27 @@ struct EngineBenchOptions {
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
+  int pipeline = 1;      // stages
+  int tensor = 1;        // shards per stage
+  int microbatches = 0;  // 0: min(pipeline, batch)
 };
 
 struct DecodePoint {
   int batch = 0;
   double tokens_per_s = 0;
   double bound_fraction = 0;  // steps/s over the bandwidth bound's steps/s
+  std::vector<double> bubble_fraction;  // per stage (layouts only)
+  double comm_share = 0;                // time in collectives / busy time
+  uint64_t comm_bytes = 0;
 };
 
 struct EngineBenchResult {
   std::string model;
   std::string dtype;
   std::string isa;
-  int threads = 0;
+  int threads = 0;  // per device
+  int pipeline = 1, tensor = 1;
+  std::vector<size_t> weight_bytes_per_device;
   double bandwidth_gbs = 0;       // STREAM-like copy, non-temporal stores
   double read_bandwidth_gbs = 0;  // streaming read only
   size_t weight_bytes_per_step = 0;
@@ -44,7 +52,7 @@ struct EngineBenchResult {
 // Measures memory bandwidth with `threads` threads over `bytes` per array.
 void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read_gbs);
 
-EngineBenchResult run_engine_bench(const Model& model, const std::string& model_name,
+EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const std::string& model_name,
                                    const EngineBenchOptions& opts);
 
 size_t peak_rss_bytes();

@@ -22,6 +22,7 @@ struct BenchOptions {
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
+  int replicas = 1, pipeline = 1, tensor = 1, microbatches = 0;
   bool json = false;
   std::string isa;
   serving_bench::ServingBenchOptions serving;
@@ -89,18 +90,25 @@ void run_bench(const BenchOptions& o) {
   eo.prompt_len = o.prompt_len;
   eo.decode_tokens = o.decode_tokens;
   eo.repeats = std::max(1, o.repeats);
-  std::shared_ptr<const Model> model;
+  if (o.replicas != 1)
+    throw UsageError("--replicas: engine mode measures one replica; measure replicas with --url against troupe serve");
+  if (o.pipeline < 1 || o.tensor < 1) throw UsageError("--pipeline and --tensor must be at least 1");
+  eo.pipeline = o.pipeline;
+  eo.tensor = o.tensor;
+  eo.microbatches = o.microbatches;
+  if (o.threads <= 0 && o.pipeline * o.tensor > 1) eo.threads = 1;  // one thread per device
+  Checkpoint ckpt;
   std::string name;
   if (!o.preset.empty()) {
     if (!o.model.empty()) throw UsageError("give either --model or --preset, not both");
-    model = std::make_shared<const Model>(synth_checkpoint(synth_preset(o.preset), 1, *dtype), *dtype);
+    ckpt = synth_checkpoint(synth_preset(o.preset), 1, *dtype);
     name = "preset:" + o.preset;
   } else {
     const std::filesystem::path path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
-    model = Model::load(path, *dtype);
+    ckpt = load_checkpoint(path);
     name = path.string();
   }
-  const auto r = run_engine_bench(*model, name, eo);
+  const auto r = run_engine_bench(ckpt, *dtype, name, eo);
   if (o.json)
     std::cout << r.to_json().dump() << "\n";
   else
@@ -122,7 +130,15 @@ void register_bench(CLI::App& app) {
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
   e.push_back(cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")
                   ->capture_default_str());
-  e.push_back(cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)"));
+  e.push_back(cmd->add_option("--threads", o->threads,
+                              "CPU threads per device (default: all cores; 1 per device in a layout)"));
+  e.push_back(cmd->add_option("--replicas", o->replicas, "Layout: replicas (engine mode: 1)"));
+  e.push_back(cmd->add_option("--pipeline", o->pipeline, "Layout: pipeline stages per replica")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--tensor", o->tensor, "Layout: tensor-parallel shards per stage")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--microbatches", o->microbatches,
+                              "Pipeline micro-batches per step (0: one per stage)"));
   e.push_back(cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")
                   ->capture_default_str());
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt length in tokens")->capture_default_str();

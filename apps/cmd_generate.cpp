@@ -9,7 +9,9 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "actors/runtime.h"
 #include "gpu/generate.h"
+#include "gpu/parallel_engine.h"
 #include "gpu/tokenizer.h"
 
 namespace troupe::app {
@@ -30,6 +32,7 @@ struct GenerateOptions {
   bool echo = false;
   std::string dtype = "f32";
   int threads = 0;
+  int replicas = 1, pipeline = 1, tensor = 1;
 };
 
 std::vector<int> parse_ids(const std::string& text, const char* option) {
@@ -66,15 +69,36 @@ void run_generate(const GenerateOptions& o) {
   if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
   const int threads = o.threads > 0 ? o.threads : default_threads();
 
+  if (o.replicas < 1 || o.pipeline < 1 || o.tensor < 1)
+    throw UsageError("--replicas, --pipeline and --tensor must be at least 1");
   const std::filesystem::path model_path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
-  auto model = Model::load(model_path, *dtype);
-  const ModelConfig& cfg = model->config();
-  spdlog::info("loaded {}: dim {}, {} layers, {} heads ({} kv), vocab {}, context {}, {} weights, {} MiB",
+  const Checkpoint ckpt = load_checkpoint(model_path);
+  // One sequence runs on one replica; a layout splits it over P x T devices.
+  const bool layout = o.pipeline * o.tensor > 1;
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<ParallelEngine> parallel;
+  if (layout) {
+    ParallelLayout l;
+    l.pipeline = o.pipeline;
+    l.tensor = o.tensor;
+    l.threads = {o.threads > 0 ? o.threads : 1};
+    l.stage_layers = balanced_stages(ckpt.config, o.pipeline, *dtype);
+    l.blocks = (ckpt.config.max_seq_len + l.block_tokens - 1) / l.block_tokens;
+    try {
+      parallel = std::make_unique<ParallelEngine>(ckpt, *dtype, l);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("layout: ") + e.what());
+    }
+  } else {
+    model = std::make_shared<const Model>(ckpt, *dtype);
+  }
+  const ModelConfig& cfg = ckpt.config;
+  spdlog::info("loaded {}: dim {}, {} layers, {} heads ({} kv), vocab {}, context {}, {} weights",
                model_path.string(), cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-               cfg.vocab_size, cfg.max_seq_len, dtype_name(*dtype), model->weight_bytes() >> 20);
+               cfg.vocab_size, cfg.max_seq_len, dtype_name(*dtype));
 
   std::optional<Tokenizer> tokenizer;
-  const auto tok_path = resolve_tokenizer(model->tokenizer_path(), o.tokenizer);
+  const auto tok_path = resolve_tokenizer(ckpt.tokenizer_path, o.tokenizer);
   auto load_tokenizer = [&] {
     if (tok_path.empty())
       throw UsageError("model " + model_path.string() +
@@ -118,7 +142,7 @@ void run_generate(const GenerateOptions& o) {
     if (streamer) std::cout << streamer->put(id) << std::flush;
     return true;
   };
-  const GenerateResult r = generate(*model, threads, req, on_token);
+  const GenerateResult r = layout ? generate(*parallel, cfg, req, on_token) : generate(*model, threads, req, on_token);
   if (o.print_ids) {
     for (size_t i = 0; i < r.ids.size(); ++i) std::cout << (i ? "," : "") << r.ids[i];
     std::cout << "\n";
@@ -158,7 +182,10 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ids", opts->print_ids, "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
   cmd->add_option("--dtype", opts->dtype, "Weights in memory: f32 | f16 | bf16")->capture_default_str();
-  cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores; per device in a layout: 1)");
+  cmd->add_option("--replicas", opts->replicas, "Layout: replicas (one sequence uses one)")->capture_default_str();
+  cmd->add_option("--pipeline", opts->pipeline, "Layout: pipeline stages")->capture_default_str();
+  cmd->add_option("--tensor", opts->tensor, "Layout: tensor-parallel shards per stage")->capture_default_str();
   cmd->callback([opts] { run_generate(*opts); });
 }
 

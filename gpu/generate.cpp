@@ -71,6 +71,50 @@ GenerateResult generate(const Model& model, KvCache& cache, ThreadPool& pool, Wo
   return res;
 }
 
+GenerateResult generate(StepEngine& engine, const ModelConfig& c, const GenerateRequest& req,
+                        const std::function<bool(int)>& on_token) {
+  validate_request(c, req);
+  constexpr uint64_t kSeq = 1;
+  GenerateResult res;
+  EngineItem it;
+  it.seq = kSeq;
+  it.sampling = req.sampling;
+  int next = -1;
+  try {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t off = 0; off < req.prompt.size(); off += size_t(req.prefill_chunk)) {
+      const size_t n = std::min(req.prompt.size() - off, size_t(req.prefill_chunk));
+      it.tokens.assign(req.prompt.begin() + long(off), req.prompt.begin() + long(off + n));
+      it.sample = off + n == req.prompt.size();
+      next = engine.step({it})[0];
+    }
+    res.prefill_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    res.finish_reason = "length";
+    size_t fed = req.prompt.size();
+    for (;;) {
+      if (req.stop_at_eos && c.is_eos(next)) {
+        res.finish_reason = "stop";
+        break;
+      }
+      res.ids.push_back(next);
+      if (on_token && !on_token(next)) break;
+      if (int(res.ids.size()) >= req.max_tokens || int(fed) >= c.max_seq_len) break;
+      it.tokens = {next};
+      it.sample = true;
+      it.generated = int(res.ids.size());
+      next = engine.step({it})[0];
+      ++fed;
+    }
+    res.decode_s = seconds_since(t0);
+  } catch (...) {
+    engine.release(kSeq);
+    throw;
+  }
+  engine.release(kSeq);
+  return res;
+}
+
 GenerateResult generate(const Model& model, int threads, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token) {
   const ModelConfig& c = model.config();

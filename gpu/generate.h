@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/engine.h"
 #include "gpu/model.h"
 #include "gpu/sampler.h"
 
@@ -34,6 +35,11 @@ void validate_request(const ModelConfig& config, const GenerateRequest& req);
 // on_token is called with each id as it is produced; returning false stops.
 GenerateResult generate(const Model& model, KvCache& cache, ThreadPool& pool, Workspace& ws,
                         const GenerateRequest& req,
+                        const std::function<bool(int)>& on_token = nullptr);
+
+// The same loop over any step engine (e.g. a ParallelEngine layout); the
+// engine samples with req.sampling.
+GenerateResult generate(StepEngine& engine, const ModelConfig& config, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token = nullptr);
 
 // Convenience: own cache, pool and workspace sized for one sequence.

@@ -157,24 +157,37 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   for (int mb = 0; mb < M; ++mb)
     for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i) tokens[size_t(mb)] += items[size_t(i)].tokens.size();
   const size_t dim = size_t(m.config.dim);
-  // Activations between stages, per micro-batch; logits slices per last-stage rank.
-  std::vector<std::vector<std::vector<float>>> act(static_cast<size_t>(std::max(0, P - 1)));
-  for (auto& a : act) {
+  // The step's buffers and latches live until the last device job lets go
+  // (a latch's count_down may still be waking the main thread when it
+  // returns, so they must not die with this frame).
+  struct StepState {
+    std::vector<std::vector<std::vector<float>>> act;  // [stage boundary][mb] activations
+    std::vector<std::vector<float>> logits;            // per last-stage rank
+    std::vector<std::vector<std::unique_ptr<std::latch>>> done;  // [stage][mb]
+    std::mutex err_mu;
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<StepState>();
+  state->act.resize(size_t(std::max(0, P - 1)));
+  for (auto& a : state->act) {
     a.resize(size_t(M));
     for (int mb = 0; mb < M; ++mb) a[size_t(mb)].resize(tokens[size_t(mb)] * dim);
   }
   const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
-  std::vector<std::vector<float>> logits(size_t(T), std::vector<float>(size_t(n) * stride));
-  std::vector<std::vector<std::unique_ptr<std::latch>>> done(static_cast<size_t>(P));
-  for (auto& v : done)
+  state->logits.assign(size_t(T), std::vector<float>(size_t(n) * stride));
+  state->done.resize(size_t(P));
+  for (auto& v : state->done)
     for (int mb = 0; mb < M; ++mb) v.push_back(std::make_unique<std::latch>(T));
-  std::mutex err_mu;
-  std::exception_ptr error;
+  auto& act = state->act;
+  auto& logits = state->logits;
+  auto& done = state->done;
+  std::mutex& err_mu = state->err_mu;
+  std::exception_ptr& error = state->error;
 
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {
       Device& d = m.device(s, t);
-      d.post([&, s, t, &d = d] {
+      d.post([&, state, s, t, M, P, T, &d = d] {
         int mb = 0;
         try {
           for (; mb < M; ++mb) {
