@@ -83,7 +83,7 @@ void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st
     q.cached += int(items[i].tokens.size());
     if (!items[i].sample || q.cancelled) continue;
     const int tok = out[i];
-    if (is_eos(s, tok)) {
+    if (!q.a.ignore_eos && is_eos(s, tok)) {
       finish(s, ev, q.a.id, FinishReason::Stop, self);
       continue;
     }

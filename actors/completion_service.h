@@ -22,6 +22,7 @@ struct CompletionRequest {
   int priority = 0;                // higher first; 0 .. priority_levels-1
   double deadline_s = 0;           // seconds from submission; 0 = none
   bool stream = false;
+  bool ignore_eos = false;         // benchmarks: always generate max_tokens
 };
 
 // How a request ended.

@@ -32,6 +32,7 @@ struct Assignment {
   int generated = 0;        // delivered tokens (tokens.size() - prompt_len)
   int max_tokens = 0;
   SamplingParams sampling;
+  bool ignore_eos = false;
 };
 
 struct TokenEvent {

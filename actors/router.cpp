@@ -105,6 +105,7 @@ void place(caf::event_based_actor* self, RouterState& s, Request& r, size_t repl
   a.generated = int(r.delivered.size());
   a.max_tokens = r.req.max_tokens;
   a.sampling = r.req.sampling;
+  a.ignore_eos = r.req.ignore_eos;
   r.replica = int(replica);
   r.resuming = false;
   ++rep.outstanding;

@@ -1,5 +1,7 @@
 #include "net/http_server.h"
 
+#include "util/rng.h"
+
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -63,13 +65,8 @@ uint64_t next_request_id() {
   return ++counter;
 }
 
-// splitmix64's finalizer: seeds that differ per request without a lock.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// splitmix64 of one value: seeds that differ per request without a lock.
+uint64_t mix64(uint64_t x) { return splitmix64(x); }
 
 double secs(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -427,6 +424,7 @@ class Session : public std::enable_shared_from_this<Session> {
     r.priority = ex.params.priority;
     r.deadline_s = server_.opt.request_timeout_s;
     r.stream = ex.params.stream;
+    r.ignore_eos = ex.params.ignore_eos;
 
     if (server_.opt.request_timeout_s > 0) {
       deadline_.expires_after(seconds(server_.opt.request_timeout_s + kDeadlineGraceS));

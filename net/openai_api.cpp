@@ -279,6 +279,7 @@ CompletionParams parse_checked(std::string_view body, const ModelLimits& limits)
   if (const json* v = field(j, "priority")) p.priority = get_int32(*v, "priority");
   if (const json* v = field(j, "return_token_ids"))
     p.return_token_ids = get_bool(*v, "return_token_ids");
+  if (const json* v = field(j, "ignore_eos")) p.ignore_eos = get_bool(*v, "ignore_eos");
   return p;
 }
 

@@ -62,6 +62,7 @@ struct CompletionParams {
   bool include_usage = false;  // stream_options.include_usage
   int priority = 0;
   bool return_token_ids = false;  // vLLM extension: ids alongside the text
+  bool ignore_eos = false;        // vLLM extension: generate max_tokens whatever the model says
 };
 
 template <class T>
