@@ -52,8 +52,16 @@ TEST(CliGenerate, StoriesIdsMatchReference) {
   const auto ref = nlohmann::json::parse(test::read_file(test::data_path("stories260K_expected.json")));
   const auto& c = ref["cases"][1];
   std::string prompt, want;
-  for (int id : c["prompt_ids"]) prompt += (prompt.empty() ? "" : ",") + std::to_string(id);
-  for (int id : c["ids"]) want += (want.empty() ? "" : ",") + std::to_string(id);
+  auto join = [](const nlohmann::json& ids) {
+    std::string out;
+    for (int id : ids) {
+      if (!out.empty()) out.push_back(',');
+      out.append(std::to_string(id));
+    }
+    return out;
+  };
+  prompt = join(c["prompt_ids"]);
+  want = join(c["ids"]);
   auto r = troupe_cmd({"generate", "--model", stories(), "--prompt-ids", prompt, "--max-tokens", "64",
                        "--temperature", "0", "--ids"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -132,7 +132,11 @@ std::string token_chunk(const std::string& text) {
 
 std::string sample_stream(int tokens, bool usage) {
   std::string s = ": keep-alive comment\n\n";
-  for (int i = 0; i < tokens; ++i) s += token_chunk("t" + std::to_string(i));
+  for (int i = 0; i < tokens; ++i) {
+    std::string text = "t";
+    text.append(std::to_string(i));
+    s += token_chunk(text);
+  }
   s += "data: " +
        json{{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}}.dump() +
        "\n\n";
