@@ -103,7 +103,10 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const st
   r.prompt_len = std::min(o.prompt_len, c.max_seq_len);
 
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, 16 + o.decode_tokens));
+  // Decode repeats keep growing the same contexts.
+  const int steps = std::min(o.decode_tokens, c.max_seq_len - 16);
+  const int reps = std::max(1, std::min(o.repeats, (c.max_seq_len - 16) / std::max(1, steps)));
+  const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, 16 + steps * reps));
   constexpr int kBlock = 16;
   const int blocks = std::max(1, max_batch) * ((ctx_per_seq + kBlock - 1) / kBlock);
   std::unique_ptr<StepEngine> engine;
@@ -161,8 +164,6 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const st
     std::vector<EngineItem> items;
     for (int b = 0; b < batch; ++b) items.push_back(item(next_seq + uint64_t(b), synthetic_ids(16, c.vocab_size, b + 2)));
     engine->step(items);
-    const int steps = std::min(o.decode_tokens, c.max_seq_len - 16);
-    const int reps = std::max(1, std::min(o.repeats, (c.max_seq_len - 16) / std::max(1, steps)));
     if (parallel) before = parallel->stats();
     double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
