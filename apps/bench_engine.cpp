@@ -127,9 +127,10 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const st
     l.stage_layers = balanced_stages(c, o.pipeline, dtype);
     auto pe = std::make_unique<ParallelEngine>(ckpt, dtype, l);
     parallel = pe.get();
-    r.weight_bytes_per_device = pe->stats().weight_bytes;
-    // Weights streamed per step: every device's share (tied embeddings aside).
-    for (size_t b : r.weight_bytes_per_device) r.weight_bytes_per_step += b;
+    const ParallelStats st = pe->stats();
+    r.weight_bytes_per_device = st.weight_bytes;
+    // Weights streamed per step: every device's share, embeddings aside.
+    for (size_t b : st.streamed_bytes) r.weight_bytes_per_step += b;
     engine = std::move(pe);
   }
   r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -83,6 +84,10 @@ struct ParallelEngine::Impl {
   std::vector<std::unique_ptr<Device>> devices;  // stage-major
   std::vector<std::unique_ptr<std::counting_semaphore<>>> credits;  // per stage boundary
   std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers;
+  // Per boundary: micro-batches produced and not yet consumed, and the most seen.
+  std::vector<std::unique_ptr<std::atomic<int>>> in_flight;
+  std::vector<int> max_in_flight;
+  std::mutex in_flight_mu;
   uint64_t steps = 0;
   double wall_s = 0;
   Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
@@ -127,8 +132,11 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayo
       m.devices.push_back(std::move(d));
     }
   }
-  for (int s = 0; s + 1 < P; ++s)
+  for (int s = 0; s + 1 < P; ++s) {
     m.credits.push_back(std::make_unique<std::counting_semaphore<>>(layout.credits));
+    m.in_flight.push_back(std::make_unique<std::atomic<int>>(0));
+    m.max_in_flight.push_back(0);
+  }
 }
 
 ParallelEngine::~ParallelEngine() {
@@ -215,9 +223,19 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
               io.logits = logits[size_t(t)].data() + size_t(first[size_t(mb)]) * stride;
             }
             d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
+            if (size_t(s) < m.layout.stage_delay_s.size() && m.layout.stage_delay_s[size_t(s)] > 0)
+              std::this_thread::sleep_for(std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
             d.busy_s += seconds_since(t0);
+            if (t == 0 && s + 1 < P) {
+              const int now = ++*m.in_flight[size_t(s)];
+              std::lock_guard<std::mutex> l(m.in_flight_mu);
+              m.max_in_flight[size_t(s)] = std::max(m.max_in_flight[size_t(s)], now);
+            }
             // The previous stage's buffer for this micro-batch is consumed.
-            if (s > 0 && t == 0) m.credits[size_t(s - 1)]->release();
+            if (s > 0 && t == 0) {
+              --*m.in_flight[size_t(s - 1)];
+              m.credits[size_t(s - 1)]->release();
+            }
             done[size_t(s)][size_t(mb)]->count_down();
           }
         } catch (...) {
@@ -302,7 +320,14 @@ ParallelStats ParallelEngine::stats() const {
     const CommStats c = d.comm->stats();
     st.stages.push_back({d.busy_s, c.seconds, c.bytes});
   }
-  for (const auto& d : m.devices) st.weight_bytes.push_back(d->model->weight_bytes());
+  for (const auto& d : m.devices) {
+    st.weight_bytes.push_back(d->model->weight_bytes());
+    st.streamed_bytes.push_back(d->model->weight_bytes_per_step());
+  }
+  {
+    std::lock_guard<std::mutex> l(const_cast<std::mutex&>(m.in_flight_mu));
+    st.max_in_flight = m.max_in_flight;
+  }
   return st;
 }
 

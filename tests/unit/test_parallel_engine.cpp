@@ -132,3 +132,49 @@ TEST(ParallelEngine, BadLayoutsAreRefusedWithAReason) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// A deliberately slow last stage: the first stage runs ahead by at most
+// `credits` micro-batches (back-pressure), and the answer is unchanged.
+TEST(ParallelEngine, CreditsBoundInFlightMicroBatchesBehindASlowStage) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 5, DType::F32);
+  ParallelLayout l;
+  l.pipeline = 3;
+  l.microbatches = 6;
+  l.credits = 1;
+  l.blocks = 128;
+  l.stage_delay_s = {0, 0, 0.05};
+  ParallelEngine pe(ck, DType::F32, l);
+  std::vector<EngineItem> items;
+  for (int s = 0; s < 6; ++s) {
+    EngineItem it;
+    it.seq = uint64_t(s);
+    it.tokens = {1, 5 + s, 9};
+    it.sample = true;
+    it.sampling.temperature = 0;
+    items.push_back(it);
+  }
+  const auto out = pe.step(items);
+  const auto st = pe.stats();
+  ASSERT_EQ(st.max_in_flight.size(), 2u);
+  for (int m : st.max_in_flight) {
+    EXPECT_GE(m, 1);
+    EXPECT_LE(m, 1);  // never more than the credits
+  }
+  EXPECT_GT(st.bubble_fraction(0), 0.3);  // the fast stage waited
+  ParallelLayout one;
+  one.blocks = 128;
+  ParallelEngine ref(ck, DType::F32, one);
+  EXPECT_EQ(out, ref.step(items));
+  // More credits: the producer runs further ahead, still never past the bound.
+  l.credits = 3;
+  ParallelEngine wide(ck, DType::F32, l);
+  EXPECT_EQ(wide.step(items), out);
+  EXPECT_LE(wide.stats().max_in_flight[1], 3);
+  EXPECT_GE(wide.stats().max_in_flight[1], 2);  // the fast stage did run ahead
+}
+
+}  // namespace
+}  // namespace troupe
