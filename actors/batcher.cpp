@@ -198,7 +198,8 @@ caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, Mod
   st->max_seq_len = model.max_seq_len;
   st->eos = model.eos_ids;
   st->bos = model.bos_id;
-  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, options.engine);
+  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, options.engine, options.replica,
+                                                       options.metrics);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {

@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 #include <memory>
 
+#include "actors/metrics.h"
 #include "gpu/engine.h"
 #include "scheduler/batch_policy.h"
 
@@ -16,6 +17,7 @@ struct BatcherOptions {
   int kv_blocks = 0;     // per device: the batcher mirrors the block accounting
   int block_tokens = 16;
   BatchLimits limits;
+  Metrics* metrics = nullptr;  // for the worker's per-stage figures
 };
 
 // Spawns its worker (detached, linked: if the worker dies the batcher dies

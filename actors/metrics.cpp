@@ -320,6 +320,17 @@ const std::vector<double> kLatencyBuckets = {0.1, 0.3,  0.5,  0.8,  1.0,  1.5,  
 }  // namespace
 
 Metrics::Metrics() {
+  stage_busy_ = &registry_.gauge("troupe_stage_busy_seconds",
+                                 "Seconds a pipeline stage computed since its replica started.",
+                                 {"replica", "stage"});
+  stage_bubble_ = &registry_.gauge("troupe_stage_bubble_fraction",
+                                   "Share of step time a pipeline stage sat idle.", {"replica", "stage"});
+  stage_comm_share_ = &registry_.gauge("troupe_stage_comm_share",
+                                       "Share of a stage's busy time spent in collectives.",
+                                       {"replica", "stage"});
+  stage_comm_bytes_ = &registry_.gauge("troupe_stage_comm_bytes",
+                                       "Bytes moved by a stage's collectives since its replica started.",
+                                       {"replica", "stage"});
   requests_ = &registry_.counter("troupe_requests_total",
                                  "Completion requests by the HTTP status they ended with "
                                  "(499: the client disconnected).",
@@ -382,6 +393,15 @@ void Metrics::set_kv_blocks(int replica, size_t used, size_t free) {
 
 void Metrics::set_replica_state(int replica, ReplicaState state) {
   replica_state_->labels({std::to_string(replica)}).set(double(int(state)));
+}
+
+void Metrics::set_stage(int replica, int stage, double busy_s, double bubble_fraction,
+                        double comm_share, double comm_bytes) {
+  const std::string r = std::to_string(replica), st = std::to_string(stage);
+  stage_busy_->labels({r, st}).set(busy_s);
+  stage_bubble_->labels({r, st}).set(bubble_fraction);
+  stage_comm_share_->labels({r, st}).set(comm_share);
+  stage_comm_bytes_->labels({r, st}).set(comm_bytes);
 }
 
 void Metrics::replica_restarted(int replica) {

@@ -168,6 +168,11 @@ class Metrics {
   void observe_time_to_first_token(double seconds) { ttft_->observe(seconds); }
   void observe_time_per_output_token(double seconds) { tpot_->observe(seconds); }
   void observe_request_latency(double seconds) { latency_->observe(seconds); }
+  // Pipeline and tensor parallelism, per replica and stage, since the
+  // replica's worker started: idle share of the step time (bubble), share of
+  // busy time spent in collectives, and bytes the collectives moved.
+  void set_stage(int replica, int stage, double busy_s, double bubble_fraction, double comm_share,
+                 double comm_bytes);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
 
@@ -188,6 +193,10 @@ class Metrics {
   Histogram* latency_;
   Family<Gauge>* replica_state_;
   Family<Counter>* replica_restarts_;
+  Family<Gauge>* stage_busy_;
+  Family<Gauge>* stage_bubble_;
+  Family<Gauge>* stage_comm_share_;
+  Family<Gauge>* stage_comm_bytes_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
 };

@@ -108,6 +108,7 @@ void ActorRuntime::start(const ModelConfig& config, std::vector<EngineFactory> f
     b.block_tokens = options_.block_tokens;
     b.kv_blocks = options_.kv_blocks;
     b.limits = options_.batching;
+    b.metrics = metrics;
     so.batchers.push_back(std::move(b));
   }
   supervisor_ = system_->spawn(supervisor_actor, router_, config, so, supervisor_shared_, metrics);

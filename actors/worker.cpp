@@ -7,10 +7,23 @@
 #include <thread>
 
 #include "actors/messages.h"
+#include "gpu/parallel_engine.h"
 
 namespace troupe {
 
-caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory) {
+namespace {
+void publish_stages(const ParallelEngine& pe, int replica, Metrics& metrics) {
+  const ParallelStats st = pe.stats();
+  for (size_t s = 0; s < st.stages.size(); ++s) {
+    const StageStats& g = st.stages[s];
+    metrics.set_stage(replica, int(s), g.busy_s, st.bubble_fraction(int(s)),
+                      g.busy_s > 0 ? g.comm_s / g.busy_s : 0.0, double(g.comm_bytes));
+  }
+}
+}  // namespace
+
+caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, int replica,
+                           Metrics* metrics) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -24,11 +37,14 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory) 
     }
   });
   std::shared_ptr<StepEngine> engine = factory();
+  const auto* parallel = dynamic_cast<const ParallelEngine*>(engine.get());
   auto delay = std::make_shared<double>(0.0);
   return {
       [=](step_atom, const std::vector<EngineItem>& items) -> std::vector<int> {
         if (*delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*delay));
-        return engine->step(items);
+        auto out = engine->step(items);
+        if (parallel && metrics) publish_stages(*parallel, replica, *metrics);
+        return out;
       },
       [=](release_atom, uint64_t seq) { engine->release(seq); },
       [=](crash_atom) -> caf::result<void> {

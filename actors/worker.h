@@ -4,6 +4,7 @@
 #include <caf/all.hpp>
 #include <memory>
 
+#include "actors/metrics.h"
 #include "gpu/engine.h"
 
 namespace troupe {
@@ -12,6 +13,9 @@ namespace troupe {
 // (crash_atom): throws, so supervision sees a worker die mid-generation, and
 // (slow_atom, double seconds): adds that delay to every later step (fault
 // injection for latency-aware routing).
-caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory);
+// With a ParallelEngine, every step also publishes per-stage busy time,
+// bubble and communication share to `metrics` (may be null).
+caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, int replica,
+                           Metrics* metrics);
 
 }  // namespace troupe

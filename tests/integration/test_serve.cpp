@@ -236,6 +236,13 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
     s.process().signal(SIGUSR1);  // a shard dies mid-step
     for (auto& c : clients) c.join();
     for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << layout << " prompt " << i;
+    // Per-stage figures in /metrics.
+    const auto metrics = test::http_request(s.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("troupe_stage_comm_share{"), std::string::npos) << layout;
+    EXPECT_NE(metrics.find("troupe_stage_bubble_fraction{"), std::string::npos) << layout;
+    if (std::string(layout).find("pipeline: 2") != std::string::npos) {
+      EXPECT_NE(metrics.find("stage=\"1\""), std::string::npos) << layout;
+    }
   }
   // A layout that does not fit is refused at start-up with the reason.
   auto r = test::run_command({TROUPE_BINARY, "serve", "--set", "model.path=" + test::model_path("fortune").string(),
