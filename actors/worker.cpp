@@ -8,6 +8,7 @@
 
 #include "actors/messages.h"
 #include "gpu/parallel_engine.h"
+#include "scheduler/microbatch_tuner.h"
 
 namespace troupe {
 
@@ -37,12 +38,25 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
     }
   });
   std::shared_ptr<StepEngine> engine = factory();
-  const auto* parallel = dynamic_cast<const ParallelEngine*>(engine.get());
+  auto* parallel = dynamic_cast<ParallelEngine*>(engine.get());
+  // A pipeline's micro-batch count follows its measured stage times.
+  std::shared_ptr<MicrobatchTuner> tuner;
+  if (parallel && parallel->pipeline() > 1) tuner = std::make_shared<MicrobatchTuner>(parallel->pipeline());
+  const auto start = std::chrono::steady_clock::now();
   auto delay = std::make_shared<double>(0.0);
   return {
       [=](step_atom, const std::vector<EngineItem>& items) -> std::vector<int> {
         if (*delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*delay));
+        if (tuner) {
+          size_t tokens = 0;
+          for (const auto& it : items) tokens += it.tokens.size();
+          const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          // No more micro-batches than sequences: a sequence is not split.
+          parallel->set_microbatches(std::min(int(items.size()), tuner->choose(tokens, now)));
+        }
         auto out = engine->step(items);
+        if (tuner)
+          for (const auto& smp : parallel->last_samples()) tuner->observe(smp.stage, smp.tokens, smp.seconds);
         if (parallel && metrics) publish_stages(*parallel, replica, *metrics);
         return out;
       },

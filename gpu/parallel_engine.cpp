@@ -151,6 +151,8 @@ ParallelEngine::~ParallelEngine() {
 }
 
 const ModelConfig& ParallelEngine::config() const { return impl_->config; }
+int ParallelEngine::pipeline() const { return impl_->layout.pipeline; }
+void ParallelEngine::set_microbatches(int m) { impl_->layout.microbatches = std::max(0, m); }
 
 std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   Impl& m = *impl_;
@@ -174,6 +176,7 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
     std::vector<std::vector<std::unique_ptr<std::latch>>> done;  // [stage][mb]
     std::mutex err_mu;
     std::exception_ptr error;
+    std::vector<std::vector<double>> mb_seconds;  // [stage][mb], rank 0
   };
   auto state = std::make_shared<StepState>();
   state->act.resize(size_t(std::max(0, P - 1)));
@@ -186,6 +189,7 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   state->done.resize(size_t(P));
   for (auto& v : state->done)
     for (int mb = 0; mb < M; ++mb) v.push_back(std::make_unique<std::latch>(T));
+  state->mb_seconds.assign(size_t(P), std::vector<double>(size_t(M), 0.0));
   auto& act = state->act;
   auto& logits = state->logits;
   auto& done = state->done;
@@ -225,7 +229,9 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
             d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
             if (size_t(s) < m.layout.stage_delay_s.size() && m.layout.stage_delay_s[size_t(s)] > 0)
               std::this_thread::sleep_for(std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
-            d.busy_s += seconds_since(t0);
+            const double took = seconds_since(t0);
+            d.busy_s += took;
+            if (t == 0) state->mb_seconds[size_t(s)][size_t(mb)] = took;
             if (t == 0 && s + 1 < P) {
               const int now = ++*m.in_flight[size_t(s)];
               std::lock_guard<std::mutex> l(m.in_flight_mu);
@@ -256,6 +262,10 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   for (int s = 0; s + 1 < P; ++s)
     for (int mb = 0; mb < M; ++mb) done[size_t(s)][size_t(mb)]->wait();
   if (error) std::rethrow_exception(error);
+  last_samples_.clear();
+  for (int s = 0; s < P; ++s)
+    for (int mb = 0; mb < M; ++mb)
+      last_samples_.push_back({s, tokens[size_t(mb)], state->mb_seconds[size_t(s)][size_t(mb)]});
 
   // Sampling: greedy items take the best of each rank's local argmax (a
   // distributed argmax, ties to the lowest id); others gather the slices.

@@ -54,6 +54,17 @@ class ParallelEngine : public StepEngine {
   void release(uint64_t seq) override;
 
   const ModelConfig& config() const;
+  int pipeline() const;
+  // Micro-batches per step from now on (0: one per stage); a tuner sets it.
+  void set_microbatches(int m);
+  // The last step's (stage, tokens, seconds) per micro-batch, rank 0 of
+  // each stage: what a micro-batch tuner learns from.
+  struct StageSample {
+    int stage;
+    size_t tokens;
+    double seconds;
+  };
+  const std::vector<StageSample>& last_samples() const { return last_samples_; }
   ParallelStats stats() const;
   // Full-vocabulary logits of the last step's sampled items, in item order
   // (for tests comparing layouts).
@@ -64,6 +75,7 @@ class ParallelEngine : public StepEngine {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<float> last_logits_;
+  std::vector<StageSample> last_samples_;
 };
 
 }  // namespace troupe
