@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "util/rng.h"
+
 namespace troupe::app::serving_bench {
 
 using Clock = std::chrono::steady_clock;
@@ -52,19 +54,9 @@ Distribution summarize(std::vector<double> samples);
 
 // ---- arrivals ----
 
-// xoshiro256** seeded through splitmix64: a generator whose output is fixed
-// by its definition, unlike std:: distributions, so a seed replays the same
+// The project's portable generator (util/rng.h): a seed replays the same
 // arrival schedule on any standard library.
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t seed);
-  uint64_t next();
-  // Uniform in [0, 1) with 53 random bits.
-  double next_double();
-
- private:
-  uint64_t s_[4];
-};
+using troupe::Xoshiro256;
 
 // Inter-arrival gaps of a Poisson process with `rate` arrivals per second.
 class PoissonArrivals {
