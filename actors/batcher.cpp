@@ -44,7 +44,9 @@ bool is_eos(const BatcherState& s, int tok) {
   return false;
 }
 
-int blocks_held(const BatcherState& s, const Sequence& q) { return s.policy->blocks_for(q.cached); }
+int blocks_held(const BatcherState& s, const Sequence& q) {
+  return s.policy->blocks_for(q.cached);
+}
 
 void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st);
 
@@ -70,7 +72,8 @@ void fill_load(const BatcherState& s, StepEvents& ev) {
 }
 
 void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st,
-                  const std::vector<EngineItem>& items, const std::vector<int>& out, double step_s) {
+                  const std::vector<EngineItem>& items, const std::vector<int>& out,
+                  double step_s) {
   BatcherState& s = *st;
   StepEvents ev;
   ev.step_s = step_s;
@@ -181,7 +184,8 @@ void probe(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
             self->send(st->worker, release_atom::value, kProbeSeq);
             st->in_flight = false;
             st->up = true;
-            self->send(st->router, up_atom::value, st->opts.replica, caf::actor_cast<caf::actor>(self));
+            self->send(st->router, up_atom::value, st->opts.replica,
+                       caf::actor_cast<caf::actor>(self));
             schedule(self, st);
           },
           [=](caf::error& err) { self->quit(err); });
@@ -198,8 +202,8 @@ caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, Mod
   st->max_seq_len = model.max_seq_len;
   st->eos = model.eos_ids;
   st->bos = model.bos_id;
-  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, options.engine, options.replica,
-                                                       options.metrics);
+  st->worker = self->spawn<caf::detached + caf::linked>(worker_actor, options.engine,
+                                                        options.replica, options.metrics);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {

@@ -14,15 +14,15 @@
 namespace troupe {
 
 struct CompletionRequest {
-  uint64_t id = 0;                 // unique per process, assigned by net/
-  std::vector<int> prompt;         // token ids, BOS included when text was given
+  uint64_t id = 0;          // unique per process, assigned by net/
+  std::vector<int> prompt;  // token ids, BOS included when text was given
   int max_tokens = 16;
-  SamplingParams sampling;         // temperature 0 = greedy
-  std::vector<std::string> stop;   // stop strings (applied by net/ on the text)
-  int priority = 0;                // higher first; 0 .. priority_levels-1
-  double deadline_s = 0;           // seconds from submission; 0 = none
+  SamplingParams sampling;        // temperature 0 = greedy
+  std::vector<std::string> stop;  // stop strings (applied by net/ on the text)
+  int priority = 0;               // higher first; 0 .. priority_levels-1
+  double deadline_s = 0;          // seconds from submission; 0 = none
   bool stream = false;
-  bool ignore_eos = false;         // benchmarks: always generate max_tokens
+  bool ignore_eos = false;  // benchmarks: always generate max_tokens
 };
 
 // How a request ended.
@@ -30,11 +30,11 @@ enum class FinishReason { Stop, Length, Cancelled };
 
 // Why a request failed; net/ maps these to HTTP statuses.
 enum class ServiceErrorKind {
-  BadRequest,    // 400: e.g. prompt over the context (re-checked by the runtime)
-  QueueFull,     // 429 with Retry-After
-  Unavailable,   // 503: no live replica (within the deadline)
-  Timeout,       // 504: per-request deadline passed
-  Internal,      // 500
+  BadRequest,   // 400: e.g. prompt over the context (re-checked by the runtime)
+  QueueFull,    // 429 with Retry-After
+  Unavailable,  // 503: no live replica (within the deadline)
+  Timeout,      // 504: per-request deadline passed
+  Internal,     // 500
 };
 
 struct ServiceError {

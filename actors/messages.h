@@ -29,7 +29,7 @@ struct Assignment {
   uint64_t id = 0;
   std::vector<int> tokens;  // prompt + delivered
   int prompt_len = 0;
-  int generated = 0;        // delivered tokens (tokens.size() - prompt_len)
+  int generated = 0;  // delivered tokens (tokens.size() - prompt_len)
   int max_tokens = 0;
   SamplingParams sampling;
   bool ignore_eos = false;

@@ -323,14 +323,15 @@ Metrics::Metrics() {
   stage_busy_ = &registry_.gauge("troupe_stage_busy_seconds",
                                  "Seconds a pipeline stage computed since its replica started.",
                                  {"replica", "stage"});
-  stage_bubble_ = &registry_.gauge("troupe_stage_bubble_fraction",
-                                   "Share of step time a pipeline stage sat idle.", {"replica", "stage"});
-  stage_comm_share_ = &registry_.gauge("troupe_stage_comm_share",
-                                       "Share of a stage's busy time spent in collectives.",
-                                       {"replica", "stage"});
-  stage_comm_bytes_ = &registry_.gauge("troupe_stage_comm_bytes",
-                                       "Bytes moved by a stage's collectives since its replica started.",
-                                       {"replica", "stage"});
+  stage_bubble_ =
+      &registry_.gauge("troupe_stage_bubble_fraction",
+                       "Share of step time a pipeline stage sat idle.", {"replica", "stage"});
+  stage_comm_share_ =
+      &registry_.gauge("troupe_stage_comm_share",
+                       "Share of a stage's busy time spent in collectives.", {"replica", "stage"});
+  stage_comm_bytes_ = &registry_.gauge(
+      "troupe_stage_comm_bytes", "Bytes moved by a stage's collectives since its replica started.",
+      {"replica", "stage"});
   requests_ = &registry_.counter("troupe_requests_total",
                                  "Completion requests by the HTTP status they ended with "
                                  "(499: the client disconnected).",

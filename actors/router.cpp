@@ -92,7 +92,8 @@ void end_with_error(RouterState& s, uint64_t id, ServiceErrorKind kind, const st
 }
 
 bool has_capacity(const RouterState& s, const Replica& r) {
-  return r.live && r.outstanding < size_t(s.opts.max_batch_sequences + s.opts.max_waiting_per_replica);
+  return r.live &&
+         r.outstanding < size_t(s.opts.max_batch_sequences + s.opts.max_waiting_per_replica);
 }
 
 void place(caf::event_based_actor* self, RouterState& s, Request& r, size_t replica) {
@@ -223,7 +224,8 @@ void on_replica_down(caf::event_based_actor* self, RouterState& s, int replica, 
     std::vector<uint64_t> all;
     for (const auto& [id, r] : s.reqs) all.push_back(id);
     for (uint64_t id : all)
-      end_with_error(s, id, ServiceErrorKind::Unavailable, "no live replica: all replicas failed", 5);
+      end_with_error(s, id, ServiceErrorKind::Unavailable, "no live replica: all replicas failed",
+                     5);
     return;
   }
   dispatch(self, s);
@@ -240,7 +242,8 @@ void on_tick(caf::event_based_actor* self, RouterState& s) {
   for (auto [id, resuming] : late) {
     if (resuming)
       end_with_error(s, id, ServiceErrorKind::Unavailable,
-                     "its replica failed and no live replica could resume it before its deadline", 5);
+                     "its replica failed and no live replica could resume it before its deadline",
+                     5);
     else
       end_with_error(s, id, ServiceErrorKind::Timeout, "request timed out");
   }
@@ -277,27 +280,29 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
           return;
         }
         if (req.prompt.empty() || int(req.prompt.size()) > s.opts.max_seq_len) {
-          sink->on_error({ServiceErrorKind::BadRequest,
-                          "the prompt must have 1 to " + std::to_string(s.opts.max_seq_len) + " tokens",
-                          0});
+          sink->on_error(
+              {ServiceErrorKind::BadRequest,
+               "the prompt must have 1 to " + std::to_string(s.opts.max_seq_len) + " tokens", 0});
           return;
         }
         bool any_alive = false;
         for (const auto& r : s.replicas) any_alive = any_alive || !r.failed;
         if (!any_alive) {
-          sink->on_error({ServiceErrorKind::Unavailable, "no live replica: all replicas failed", 5});
+          sink->on_error(
+              {ServiceErrorKind::Unavailable, "no live replica: all replicas failed", 5});
           return;
         }
         const double now = s.now();
         const auto res = s.queue->push(id, req.priority, now);
         if (!res.admitted()) {
           if (res.status == AdmitStatus::InvalidPriority)
-            sink->on_error({ServiceErrorKind::BadRequest,
-                            "priority must be between 0 and " +
-                                std::to_string(s.queue->priority_levels() - 1),
-                            0});
+            sink->on_error(
+                {ServiceErrorKind::BadRequest,
+                 "priority must be between 0 and " + std::to_string(s.queue->priority_levels() - 1),
+                 0});
           else
-            sink->on_error({ServiceErrorKind::QueueFull, "the admission queue is full", res.retry_after_s});
+            sink->on_error(
+                {ServiceErrorKind::QueueFull, "the admission queue is full", res.retry_after_s});
           return;
         }
         Request r;
@@ -318,7 +323,8 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
           return;  // the batcher reports it done (cancelled) within a step
         }
         auto sink = it->second.sink;
-        const int prompt = int(it->second.req.prompt.size()), completion = int(it->second.delivered.size());
+        const int prompt = int(it->second.req.prompt.size()),
+                  completion = int(it->second.delivered.size());
         s.queue->remove(id);
         std::erase(s.resume, id);
         s.reqs.erase(it);
@@ -336,7 +342,9 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
         spdlog::info("replica {} ready", replica);
         dispatch(self, *st);
       },
-      [=](down_atom, int replica, bool permanent) { on_replica_down(self, *st, replica, permanent); },
+      [=](down_atom, int replica, bool permanent) {
+        on_replica_down(self, *st, replica, permanent);
+      },
       [=](tick_atom_t) {
         on_tick(self, *st);
         publish_load(*st);

@@ -23,7 +23,8 @@ std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& c, int stage
   req.layer_cost_s.back() += esz * double(c.vocab_size) * c.dim / 1e10;
   const StagePartition p = partition_layers(req);
   std::vector<std::pair<int, int>> out;
-  for (int s = 0; s < p.stages(); ++s) out.emplace_back(p.boundaries[size_t(s)], p.boundaries[size_t(s) + 1]);
+  for (int s = 0; s < p.stages(); ++s)
+    out.emplace_back(p.boundaries[size_t(s)], p.boundaries[size_t(s) + 1]);
   return out;
 }
 
@@ -32,7 +33,8 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Model> model, ServingOptions o,
       router_shared_(std::make_shared<RouterShared>()),
       supervisor_shared_(std::make_shared<SupervisorShared>(options_.replicas)) {
   if (options_.pipeline != 1 || options_.tensor != 1)
-    throw std::invalid_argument("a layout with pipeline or tensor > 1 needs the checkpoint, not a model");
+    throw std::invalid_argument(
+        "a layout with pipeline or tensor > 1 needs the checkpoint, not a model");
   std::vector<EngineFactory> factories;
   for (int r = 0; r < options_.replicas; ++r) {
     EngineOptions eo{threads_of(r), options_.block_tokens, options_.kv_blocks};
@@ -54,14 +56,16 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Checkpoint> ckpt, DType dtype, 
     l.tensor = options_.tensor;
     l.threads.clear();
     for (int d = 0; d < per_replica; ++d) l.threads.push_back(threads_of(r * per_replica + d));
-    l.stage_layers = options_.stage_layers.empty() ? balanced_stages(ckpt->config, options_.pipeline, dtype)
-                                                   : options_.stage_layers;
+    l.stage_layers = options_.stage_layers.empty()
+                         ? balanced_stages(ckpt->config, options_.pipeline, dtype)
+                         : options_.stage_layers;
     l.credits = options_.pipeline_credits;
     l.block_tokens = options_.block_tokens;
     l.blocks = options_.kv_blocks;
     // Fail at start-up, not in a worker, when the layout does not fit.
     if (r == 0) shard_dims(ckpt->config, ShardSpec{0, l.tensor, 0, -1});
-    factories.push_back([ckpt, dtype, l] { return std::make_unique<ParallelEngine>(*ckpt, dtype, l); });
+    factories.push_back(
+        [ckpt, dtype, l] { return std::make_unique<ParallelEngine>(*ckpt, dtype, l); });
   }
   start(ckpt->config, std::move(factories), metrics);
 }
@@ -124,7 +128,9 @@ void ActorRuntime::submit(CompletionRequest request, std::shared_ptr<CompletionS
   caf::anon_send(router_, submit_atom::value, std::move(request), std::move(sink));
 }
 
-void ActorRuntime::cancel(uint64_t request_id) { caf::anon_send(router_, cancel_atom::value, request_id); }
+void ActorRuntime::cancel(uint64_t request_id) {
+  caf::anon_send(router_, cancel_atom::value, request_id);
+}
 
 std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   std::vector<ReplicaStatus> out(size_t(options_.replicas));
@@ -135,7 +141,9 @@ std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   return out;
 }
 
-void ActorRuntime::inject_crash(int replica) { caf::anon_send(supervisor_, crash_atom::value, replica); }
+void ActorRuntime::inject_crash(int replica) {
+  caf::anon_send(supervisor_, crash_atom::value, replica);
+}
 
 void ActorRuntime::inject_slowness(int replica, double seconds) {
   caf::anon_send(supervisor_, slow_atom::value, replica, seconds);

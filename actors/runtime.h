@@ -21,7 +21,7 @@ struct ServingOptions {
   std::vector<std::pair<int, int>> stage_layers;  // per stage; empty: equal split
   int pipeline_credits = 2;
   int block_tokens = 16;
-  int kv_blocks = 4096;      // per replica
+  int kv_blocks = 4096;  // per replica
   BatchLimits batching;
   int max_waiting_per_replica = 256;
   std::string routing_policy = "latency_aware";
@@ -41,12 +41,14 @@ struct ReplicaStatus {
 // Contiguous layer ranges for `stages` pipeline stages, balanced by the
 // partitioner on each layer's decode cost (its weight bytes; the classifier
 // counts on the last layer).
-std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& config, int stages, DType dtype);
+std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& config, int stages,
+                                                 DType dtype);
 
 class ActorRuntime : public CompletionService {
  public:
   // Replicas share one whole model (pipeline = tensor = 1 only).
-  ActorRuntime(std::shared_ptr<const Model> model, ServingOptions options, Metrics* metrics = nullptr);
+  ActorRuntime(std::shared_ptr<const Model> model, ServingOptions options,
+               Metrics* metrics = nullptr);
   // Each replica builds its devices' shards from the checkpoint (any layout).
   ActorRuntime(std::shared_ptr<const Checkpoint> checkpoint, DType dtype, ServingOptions options,
                Metrics* metrics = nullptr);

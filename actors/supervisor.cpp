@@ -34,9 +34,9 @@ void start(caf::event_based_actor* self, SupervisorState& s, int i) {
 
 }  // namespace
 
-caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
-                               ModelConfig model, SupervisorOptions options,
-                               std::shared_ptr<SupervisorShared> shared, Metrics* metrics) {
+caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
+                               SupervisorOptions options, std::shared_ptr<SupervisorShared> shared,
+                               Metrics* metrics) {
   auto st = std::make_shared<SupervisorState>();
   st->opts = std::move(options);
   st->router = std::move(router);
@@ -52,7 +52,8 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
       slot.batcher = caf::actor{};
       const auto now = Clock::now();
       const auto window = std::chrono::duration<double>(s.opts.window_s);
-      while (!slot.restarts.empty() && now - slot.restarts.front() > window) slot.restarts.pop_front();
+      while (!slot.restarts.empty() && now - slot.restarts.front() > window)
+        slot.restarts.pop_front();
       const bool give_up = int(slot.restarts.size()) >= s.opts.max_restarts;
       spdlog::warn("replica {} died ({}); {}", i, self->system().render(dm.reason),
                    give_up ? "restart limit reached, it stays down" : "restarting");
@@ -77,11 +78,13 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
   });
   return {
       [=](crash_atom a, int replica) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() && st->slots[size_t(replica)].batcher)
+        if (replica >= 0 && size_t(replica) < st->slots.size() &&
+            st->slots[size_t(replica)].batcher)
           self->send(st->slots[size_t(replica)].batcher, a);
       },
       [=](slow_atom a, int replica, double seconds) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() && st->slots[size_t(replica)].batcher)
+        if (replica >= 0 && size_t(replica) < st->slots.size() &&
+            st->slots[size_t(replica)].batcher)
           self->send(st->slots[size_t(replica)].batcher, a, seconds);
       },
   };

@@ -28,8 +28,8 @@ struct SupervisorShared {
 
 // Handles (crash_atom, int replica) and (slow_atom, int replica, double s):
 // fault injection, forwarded to that replica.
-caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router,
-                               ModelConfig model, SupervisorOptions options,
-                               std::shared_ptr<SupervisorShared> shared, Metrics* metrics);
+caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
+                               SupervisorOptions options, std::shared_ptr<SupervisorShared> shared,
+                               Metrics* metrics);
 
 }  // namespace troupe

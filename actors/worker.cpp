@@ -41,7 +41,8 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
   auto* parallel = dynamic_cast<ParallelEngine*>(engine.get());
   // A pipeline's micro-batch count follows its measured stage times.
   std::shared_ptr<MicrobatchTuner> tuner;
-  if (parallel && parallel->pipeline() > 1) tuner = std::make_shared<MicrobatchTuner>(parallel->pipeline());
+  if (parallel && parallel->pipeline() > 1)
+    tuner = std::make_shared<MicrobatchTuner>(parallel->pipeline());
   const auto start = std::chrono::steady_clock::now();
   auto delay = std::make_shared<double>(0.0);
   return {
@@ -50,13 +51,15 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
         if (tuner) {
           size_t tokens = 0;
           for (const auto& it : items) tokens += it.tokens.size();
-          const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          const double now =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           // No more micro-batches than sequences: a sequence is not split.
           parallel->set_microbatches(std::min(int(items.size()), tuner->choose(tokens, now)));
         }
         auto out = engine->step(items);
         if (tuner)
-          for (const auto& smp : parallel->last_samples()) tuner->observe(smp.stage, smp.tokens, smp.seconds);
+          for (const auto& smp : parallel->last_samples())
+            tuner->observe(smp.stage, smp.tokens, smp.seconds);
         if (parallel && metrics) publish_stages(*parallel, replica, *metrics);
         return out;
       },

@@ -66,7 +66,8 @@ void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read
       _mm_sfence();
     });
     auto t1 = Clock::now();
-    copy_gbs = std::max(copy_gbs, 2.0 * double(per) * chunks * sizeof(float) / seconds(t0, t1) / 1e9);
+    copy_gbs =
+        std::max(copy_gbs, 2.0 * double(per) * chunks * sizeof(float) / seconds(t0, t1) / 1e9);
     t0 = Clock::now();
     pool.parallel_for(chunks, [&](int c, int thread) {
       const float* s = src.p + size_t(c) * per;
@@ -87,8 +88,8 @@ void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read
   if (sink[0] == 12345.0) std::abort();  // keeps the reads alive
 }
 
-EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const std::string& model_name,
-                                   const EngineBenchOptions& o) {
+EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
+                                   const std::string& model_name, const EngineBenchOptions& o) {
   const ModelConfig& c = ckpt.config;
   EngineBenchResult r;
   r.model = model_name;
@@ -163,14 +164,16 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const st
   ParallelStats before;
   for (int batch : o.batches) {
     std::vector<EngineItem> items;
-    for (int b = 0; b < batch; ++b) items.push_back(item(next_seq + uint64_t(b), synthetic_ids(16, c.vocab_size, b + 2)));
+    for (int b = 0; b < batch; ++b)
+      items.push_back(item(next_seq + uint64_t(b), synthetic_ids(16, c.vocab_size, b + 2)));
     engine->step(items);
     if (parallel) before = parallel->stats();
     double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       const auto t0 = Clock::now();
       for (int st = 0; st < steps; ++st) {
-        for (int b = 0; b < batch; ++b) items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
+        for (int b = 0; b < batch; ++b)
+          items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
         engine->step(items);
       }
       best = std::min(best, seconds(t0, Clock::now()));
@@ -194,7 +197,8 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const st
       }
       p.comm_share = busy > 0 ? comm / busy : 0;
       p.comm_bytes = 0;
-      for (size_t s = 0; s < after.stages.size(); ++s) p.comm_bytes += after.stages[s].comm_bytes - before.stages[s].comm_bytes;
+      for (size_t s = 0; s < after.stages.size(); ++s)
+        p.comm_bytes += after.stages[s].comm_bytes - before.stages[s].comm_bytes;
     }
     r.decode.push_back(p);
   }
@@ -217,7 +221,8 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["prefill_tokens_per_s"] = prefill_tokens_per_s;
   j["decode"] = nlohmann::json::array();
   for (const auto& d : decode) {
-    nlohmann::json p = {{"batch", d.batch}, {"tokens_per_s", d.tokens_per_s}, {"bound_fraction", d.bound_fraction}};
+    nlohmann::json p = {
+        {"batch", d.batch}, {"tokens_per_s", d.tokens_per_s}, {"bound_fraction", d.bound_fraction}};
     if (pipeline * tensor > 1) {
       p["bubble_fraction"] = d.bubble_fraction;
       p["comm_share"] = d.comm_share;
@@ -235,15 +240,20 @@ nlohmann::json EngineBenchResult::to_json() const {
 std::string EngineBenchResult::table() const {
   std::ostringstream s;
   char line[256];
-  s << "model " << model << ", " << dtype << " weights, " << threads << " threads, " << isa << " kernels\n";
+  s << "model " << model << ", " << dtype << " weights, " << threads << " threads, " << isa
+    << " kernels\n";
   std::snprintf(line, sizeof line,
-                "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> bound %.1f steps/s\n",
-                bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6, bound_steps_per_s);
+                "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> "
+                "bound %.1f steps/s\n",
+                bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6,
+                bound_steps_per_s);
   s << line;
-  std::snprintf(line, sizeof line, "prefill (%d tokens): %.1f tokens/s\n", prompt_len, prefill_tokens_per_s);
+  std::snprintf(line, sizeof line, "prefill (%d tokens): %.1f tokens/s\n", prompt_len,
+                prefill_tokens_per_s);
   s << line;
   if (pipeline * tensor > 1) {
-    std::snprintf(line, sizeof line, "layout: %d stage(s) x %d shard(s); weights per device:", pipeline, tensor);
+    std::snprintf(line, sizeof line,
+                  "layout: %d stage(s) x %d shard(s); weights per device:", pipeline, tensor);
     s << line;
     for (size_t b : weight_bytes_per_device) s << " " << (b >> 20) << " MiB";
     s << "\n";
@@ -252,7 +262,8 @@ std::string EngineBenchResult::table() const {
   if (pipeline * tensor > 1) s << " | comm share | bubble per stage";
   s << "\n";
   for (const auto& d : decode) {
-    std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%", d.batch, d.tokens_per_s, 100.0 * d.bound_fraction);
+    std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%", d.batch, d.tokens_per_s,
+                  100.0 * d.bound_fraction);
     s << line;
     if (pipeline * tensor > 1) {
       std::snprintf(line, sizeof line, " | %9.0f%% |", 100.0 * d.comm_share);
@@ -264,8 +275,8 @@ std::string EngineBenchResult::table() const {
     }
     s << "\n";
   }
-  std::snprintf(line, sizeof line, "KV cache: %zu bytes/token; peak RSS %.1f MiB\n", kv_bytes_per_token,
-                double(peak_rss_bytes) / (1 << 20));
+  std::snprintf(line, sizeof line, "KV cache: %zu bytes/token; peak RSS %.1f MiB\n",
+                kv_bytes_per_token, double(peak_rss_bytes) / (1 << 20));
   s << line;
   return s.str();
 }

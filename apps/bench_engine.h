@@ -22,7 +22,7 @@ struct EngineBenchOptions {
 struct DecodePoint {
   int batch = 0;
   double tokens_per_s = 0;
-  double bound_fraction = 0;  // steps/s over the bandwidth bound's steps/s
+  double bound_fraction = 0;            // steps/s over the bandwidth bound's steps/s
   std::vector<double> bubble_fraction;  // per stage (layouts only)
   double comm_share = 0;                // time in collectives / busy time
   uint64_t comm_bytes = 0;
@@ -38,7 +38,7 @@ struct EngineBenchResult {
   double bandwidth_gbs = 0;       // STREAM-like copy, non-temporal stores
   double read_bandwidth_gbs = 0;  // streaming read only
   size_t weight_bytes_per_step = 0;
-  double bound_steps_per_s = 0;   // bandwidth / bytes per step
+  double bound_steps_per_s = 0;  // bandwidth / bytes per step
   int prompt_len = 0;
   double prefill_tokens_per_s = 0;
   std::vector<DecodePoint> decode;
@@ -52,8 +52,8 @@ struct EngineBenchResult {
 // Measures memory bandwidth with `threads` threads over `bytes` per array.
 void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read_gbs);
 
-EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype, const std::string& model_name,
-                                   const EngineBenchOptions& opts);
+EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
+                                   const std::string& model_name, const EngineBenchOptions& opts);
 
 size_t peak_rss_bytes();
 

@@ -62,7 +62,8 @@ std::vector<int> parse_batches(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v < 1) throw UsageError("--batch: '" + item + "' is not a positive integer");
+    if (used != item.size() || v < 1)
+      throw UsageError("--batch: '" + item + "' is not a positive integer");
     out.push_back(v);
   }
   if (out.empty()) throw UsageError("--batch: no batch sizes given");
@@ -79,10 +80,14 @@ void run_bench(const BenchOptions& o) {
   if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
   if (o.decode_tokens < 1) throw UsageError("--decode-tokens must be at least 1");
   if (!o.isa.empty()) {
-    if (o.isa == "avx2") force_isa(Isa::Avx2);
-    else if (o.isa == "avx512") force_isa(Isa::Avx512);
-    else if (o.isa == "scalar") force_isa(Isa::Scalar);
-    else throw UsageError("--isa must be scalar, avx2 or avx512");
+    if (o.isa == "avx2")
+      force_isa(Isa::Avx2);
+    else if (o.isa == "avx512")
+      force_isa(Isa::Avx512);
+    else if (o.isa == "scalar")
+      force_isa(Isa::Scalar);
+    else
+      throw UsageError("--isa must be scalar, avx2 or avx512");
   }
   EngineBenchOptions eo;
   eo.threads = o.threads > 0 ? o.threads : default_threads();
@@ -91,8 +96,11 @@ void run_bench(const BenchOptions& o) {
   eo.decode_tokens = o.decode_tokens;
   eo.repeats = std::max(1, o.repeats);
   if (o.replicas != 1)
-    throw UsageError("--replicas: engine mode measures one replica; measure replicas with --url against troupe serve");
-  if (o.pipeline < 1 || o.tensor < 1) throw UsageError("--pipeline and --tensor must be at least 1");
+    throw UsageError(
+        "--replicas: engine mode measures one replica; measure replicas with --url against troupe "
+        "serve");
+  if (o.pipeline < 1 || o.tensor < 1)
+    throw UsageError("--pipeline and --tensor must be at least 1");
   eo.pipeline = o.pipeline;
   eo.tensor = o.tensor;
   eo.microbatches = o.microbatches;
@@ -104,7 +112,8 @@ void run_bench(const BenchOptions& o) {
     ckpt = synth_checkpoint(synth_preset(o.preset), 1, *dtype);
     name = "preset:" + o.preset;
   } else {
-    const std::filesystem::path path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
+    const std::filesystem::path path =
+        o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
     ckpt = load_checkpoint(path);
     name = path.string();
   }
@@ -130,8 +139,9 @@ void register_bench(CLI::App& app) {
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
   e.push_back(cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")
                   ->capture_default_str());
-  e.push_back(cmd->add_option("--threads", o->threads,
-                              "CPU threads per device (default: all cores; 1 per device in a layout)"));
+  e.push_back(
+      cmd->add_option("--threads", o->threads,
+                      "CPU threads per device (default: all cores; 1 per device in a layout)"));
   e.push_back(cmd->add_option("--replicas", o->replicas, "Layout: replicas (engine mode: 1)"));
   e.push_back(cmd->add_option("--pipeline", o->pipeline, "Layout: pipeline stages per replica")
                   ->capture_default_str());

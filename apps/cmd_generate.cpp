@@ -8,8 +8,8 @@
 #include <random>
 #include <sstream>
 
-#include "apps/commands.h"
 #include "actors/runtime.h"
+#include "apps/commands.h"
 #include "gpu/generate.h"
 #include "gpu/parallel_engine.h"
 #include "gpu/tokenizer.h"
@@ -41,7 +41,8 @@ std::vector<int> parse_ids(const std::string& text, const char* option) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) throw UsageError(std::string(option) + ": empty id in '" + text + "'");
+    if (b == std::string::npos)
+      throw UsageError(std::string(option) + ": empty id in '" + text + "'");
     const std::string tok = item.substr(b, e - b + 1);
     size_t used = 0;
     long long v = 0;
@@ -71,7 +72,8 @@ void run_generate(const GenerateOptions& o) {
 
   if (o.replicas < 1 || o.pipeline < 1 || o.tensor < 1)
     throw UsageError("--replicas, --pipeline and --tensor must be at least 1");
-  const std::filesystem::path model_path = o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
+  const std::filesystem::path model_path =
+      o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
   const Checkpoint ckpt = load_checkpoint(model_path);
   // One sequence runs on one replica; a layout splits it over P x T devices.
   const bool layout = o.pipeline * o.tensor > 1;
@@ -142,14 +144,16 @@ void run_generate(const GenerateOptions& o) {
     if (streamer) std::cout << streamer->put(id) << std::flush;
     return true;
   };
-  const GenerateResult r = layout ? generate(*parallel, cfg, req, on_token) : generate(*model, threads, req, on_token);
+  const GenerateResult r =
+      layout ? generate(*parallel, cfg, req, on_token) : generate(*model, threads, req, on_token);
   if (o.print_ids) {
     for (size_t i = 0; i < r.ids.size(); ++i) std::cout << (i ? "," : "") << r.ids[i];
     std::cout << "\n";
   } else {
     std::cout << streamer->finish() << "\n";
   }
-  const double decode_tps = r.ids.size() > 1 && r.decode_s > 0 ? double(r.ids.size()) / r.decode_s : 0;
+  const double decode_tps =
+      r.ids.size() > 1 && r.decode_s > 0 ? double(r.ids.size()) / r.decode_s : 0;
   const double prefill_tps = r.prefill_s > 0 ? double(req.prompt.size()) / r.prefill_s : 0;
   std::fprintf(stderr,
                "prompt tokens: %zu, generated tokens: %zu (%s), prefill %.1f tokens/s, decode %.1f "
@@ -162,14 +166,17 @@ void run_generate(const GenerateOptions& o) {
 
 void register_generate(CLI::App& app) {
   auto opts = std::make_shared<GenerateOptions>();
-  auto* cmd = app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
-  cmd->add_option("--model,-m", opts->model,
-                  "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: models/fortune)");
+  auto* cmd =
+      app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
+  cmd->add_option(
+      "--model,-m", opts->model,
+      "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "SentencePiece tokenizer.model (default: the one beside the model)");
   cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (BOS is prepended)");
-  cmd->add_option("--prompt-ids", opts->prompt_ids,
-                  "Prompt as comma-separated token ids, e.g. 1,300,40 (for models without a tokenizer)");
+  cmd->add_option(
+      "--prompt-ids", opts->prompt_ids,
+      "Prompt as comma-separated token ids, e.g. 1,300,40 (for models without a tokenizer)");
   cmd->add_option("--max-tokens,-n", opts->max_tokens, "Maximum tokens to generate (>= 1)")
       ->capture_default_str();
   cmd->add_option("--temperature,-t", opts->temperature, "Sampling temperature; 0 means greedy")
@@ -178,14 +185,20 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--top-k", opts->top_k, "Keep only the k most likely tokens (0: off)")
       ->capture_default_str();
-  cmd->add_option("--seed", opts->seed, "Random seed; the same seed gives the same text (default: random, printed)");
-  cmd->add_flag("--ids", opts->print_ids, "Print the generated ids as one comma-separated line instead of text");
+  cmd->add_option("--seed", opts->seed,
+                  "Random seed; the same seed gives the same text (default: random, printed)");
+  cmd->add_flag("--ids", opts->print_ids,
+                "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
-  cmd->add_option("--dtype", opts->dtype, "Weights in memory: f32 | f16 | bf16")->capture_default_str();
-  cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores; per device in a layout: 1)");
-  cmd->add_option("--replicas", opts->replicas, "Layout: replicas (one sequence uses one)")->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "Weights in memory: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--threads", opts->threads,
+                  "CPU threads (default: all cores; per device in a layout: 1)");
+  cmd->add_option("--replicas", opts->replicas, "Layout: replicas (one sequence uses one)")
+      ->capture_default_str();
   cmd->add_option("--pipeline", opts->pipeline, "Layout: pipeline stages")->capture_default_str();
-  cmd->add_option("--tensor", opts->tensor, "Layout: tensor-parallel shards per stage")->capture_default_str();
+  cmd->add_option("--tensor", opts->tensor, "Layout: tensor-parallel shards per stage")
+      ->capture_default_str();
   cmd->callback([opts] { run_generate(*opts); });
 }
 

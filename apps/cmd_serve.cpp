@@ -29,9 +29,9 @@ ServingOptions serving_options(const RuntimeConfig& c, const troupe::ModelConfig
   o.threads.clear();
   for (int d = 0; d < c.parallel.device_count(); ++d) o.threads.push_back(threads_for_device(c, d));
   o.block_tokens = c.kv_cache.block_tokens;
-  o.kv_blocks = c.kv_cache.bytes > 0
-                    ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens, size_t(c.kv_cache.bytes))
-                    : int(c.kv_cache.blocks);
+  o.kv_blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
+                                                                 size_t(c.kv_cache.bytes))
+                                     : int(c.kv_cache.blocks);
   o.batching = {c.batching.max_batch_sequences, c.batching.max_batch_tokens,
                 c.batching.prefill_chunk_tokens};
   o.max_waiting_per_replica = c.batching.max_waiting;
@@ -77,14 +77,19 @@ void run_serve(const ServeOptions& so) {
   std::shared_ptr<const Model> model;
   if (whole) model = std::make_shared<const Model>(*ckpt, cfg.model.dtype);
   std::optional<Tokenizer> tokenizer;
-  const std::filesystem::path tok_path =
-      cfg.model.tokenizer.empty() ? ckpt->tokenizer_path : std::filesystem::path(cfg.model.tokenizer);
-  if (!tok_path.empty()) tokenizer = Tokenizer::load(tok_path);
-  else spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
+  const std::filesystem::path tok_path = cfg.model.tokenizer.empty()
+                                             ? ckpt->tokenizer_path
+                                             : std::filesystem::path(cfg.model.tokenizer);
+  if (!tok_path.empty())
+    tokenizer = Tokenizer::load(tok_path);
+  else
+    spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
 
   Metrics metrics;
-  auto runtime_ptr = whole ? std::make_unique<ActorRuntime>(model, serving_options(cfg, mc), &metrics)
-                           : std::make_unique<ActorRuntime>(ckpt, cfg.model.dtype, serving_options(cfg, mc), &metrics);
+  auto runtime_ptr = whole
+                         ? std::make_unique<ActorRuntime>(model, serving_options(cfg, mc), &metrics)
+                         : std::make_unique<ActorRuntime>(ckpt, cfg.model.dtype,
+                                                          serving_options(cfg, mc), &metrics);
   ActorRuntime& runtime = *runtime_ptr;
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;
@@ -106,11 +111,12 @@ void run_serve(const ServeOptions& so) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
-  std::fprintf(stderr,
-               "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "
-               "http://%s:%u\n",
-               limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas, cfg.parallel.pipeline,
-               cfg.parallel.tensor, host.c_str(), unsigned(server.port()));
+  std::fprintf(
+      stderr,
+      "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "
+      "http://%s:%u\n",
+      limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas,
+      cfg.parallel.pipeline, cfg.parallel.tensor, host.c_str(), unsigned(server.port()));
   std::fflush(stderr);
   // Fault-injection hooks for tests and chaos runs: SIGUSR1 crashes replica
   // 0's worker mid-step, SIGUSR2 the last replica's.
@@ -133,10 +139,13 @@ void run_serve(const ServeOptions& so) {
 
 void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
-  auto* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (POST /v1/completions, ...)");
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve the OpenAI-compatible HTTP API (POST /v1/completions, ...)");
   cmd->add_option("--config,-c", o->config, "Deployment YAML (default: configs/default.yaml)");
-  cmd->add_option("--set", o->overrides, "Override a config key, e.g. --set parallel.replicas=2 (repeatable)");
-  cmd->add_option("--listen", o->listen, "Override server.listen (host:port; port 0 = any free port)");
+  cmd->add_option("--set", o->overrides,
+                  "Override a config key, e.g. --set parallel.replicas=2 (repeatable)");
+  cmd->add_option("--listen", o->listen,
+                  "Override server.listen (host:port; port 0 = any free port)");
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");
   cmd->callback([o] { run_serve(*o); });
 }

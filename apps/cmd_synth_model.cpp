@@ -48,19 +48,21 @@ void run_synth(const SynthOptions& o) {
   const auto ck = synth_checkpoint(c, o.seed, *dtype);
   write_hf_checkpoint(ck, o.out);
   std::cerr << "wrote " << o.out << ": dim " << c.dim << ", hidden " << c.hidden_dim << ", "
-            << c.n_layers << " layers, " << c.n_heads << " heads (" << c.n_kv_heads << " kv), vocab "
-            << c.vocab_size << ", context " << c.max_seq_len << ", " << dtype_name(*dtype)
-            << ", seed " << o.seed << "\n";
+            << c.n_layers << " layers, " << c.n_heads << " heads (" << c.n_kv_heads
+            << " kv), vocab " << c.vocab_size << ", context " << c.max_seq_len << ", "
+            << dtype_name(*dtype) << ", seed " << o.seed << "\n";
 }
 
 }  // namespace
 
 void register_synth_model(CLI::App& app) {
   auto o = std::make_shared<SynthOptions>();
-  auto* cmd = app.add_subcommand("synth-model", "Write a seeded random-weight checkpoint (Hugging Face layout)");
+  auto* cmd = app.add_subcommand("synth-model",
+                                 "Write a seeded random-weight checkpoint (Hugging Face layout)");
   cmd->add_option("--preset", o->preset, "tiny | 110m | 1b")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "f32 | f16 | bf16")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed: the same seed writes the same weights")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed: the same seed writes the same weights")
+      ->capture_default_str();
   cmd->add_option("--out", o->out, "Output directory")->required();
   cmd->add_option("--dim", o->dim, "Override: hidden size");
   cmd->add_option("--hidden", o->hidden, "Override: FFN intermediate size");

@@ -1,8 +1,8 @@
 // Helpers shared by the subcommands.
+#include "apps/commands.h"
+
 #include <filesystem>
 #include <thread>
-
-#include "apps/commands.h"
 
 namespace troupe::app {
 

@@ -32,7 +32,8 @@ Operands make(int M, int N, int K, DType dtype) {
 
 void set_counters(benchmark::State& state, int M, int N, int K) {
   state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * M * N * K * double(state.iterations()), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+      benchmark::Counter(2.0 * M * N * K * double(state.iterations()), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void BM_PackedGemm(benchmark::State& state, DType dtype) {
@@ -51,8 +52,8 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
   auto o = make(M, N, K, DType::F32);
   openblas_set_num_threads(1);
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, o.x.data(), K, o.w.data(), K,
-                0.0f, o.y.data(), N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, o.x.data(), K, o.w.data(),
+                K, 0.0f, o.y.data(), N);
     benchmark::DoNotOptimize(o.y.data());
   }
   set_counters(state, M, N, K);
@@ -60,9 +61,9 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 256}) {
-    b->Args({M, 2304, 768});   // fused q/k/v
-    b->Args({M, 4096, 768});   // fused gate/up
-    b->Args({M, 768, 2048});   // down
+    b->Args({M, 2304, 768});  // fused q/k/v
+    b->Args({M, 4096, 768});  // fused gate/up
+    b->Args({M, 768, 2048});  // down
   }
 }
 

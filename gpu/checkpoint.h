@@ -37,8 +37,8 @@ struct Checkpoint {
   std::filesystem::path source;  // what was loaded
   Tensor tok_embedding;          // [vocab, dim]
   std::vector<LayerTensors> layers;
-  Tensor final_norm;             // [dim]
-  Tensor classifier;             // [vocab, dim]; same memory as tok_embedding when tied
+  Tensor final_norm;                     // [dim]
+  Tensor classifier;                     // [vocab, dim]; same memory as tok_embedding when tied
   std::filesystem::path tokenizer_path;  // tokenizer.model beside the weights, if present
 };
 

@@ -27,7 +27,8 @@ nlohmann::json hf_config(const ModelConfig& c, DType dtype) {
   j["tie_word_embeddings"] = c.tied_classifier;
   j["hidden_act"] = "silu";
   j["bos_token_id"] = c.bos_id;
-  j["eos_token_id"] = c.eos_ids.size() == 1 ? nlohmann::json(c.eos_ids[0]) : nlohmann::json(c.eos_ids);
+  j["eos_token_id"] =
+      c.eos_ids.size() == 1 ? nlohmann::json(c.eos_ids[0]) : nlohmann::json(c.eos_ids);
   j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::F16 ? "float16" : "bfloat16";
   return j;
 }

@@ -4,9 +4,12 @@ namespace troupe {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -50,27 +53,29 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&bits, &f, 4);
   const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;             // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;            // overflow -> inf
-  if (abs < 0x38800000u) {                                  // subnormal or zero
-    if (abs < 0x33000000u) return sign;                     // rounds to zero
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow -> inf
+  if (abs < 0x38800000u) {                        // subnormal or zero
+    if (abs < 0x33000000u) return sign;           // rounds to zero
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;                         // 14..24
+    const uint32_t shift = 126 - e;  // 14..24
     uint32_t half = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1);
     const uint32_t mid = 1u << (shift - 1);
     if (rem > mid || (rem == mid && (half & 1u))) ++half;
     return uint16_t(sign | half);
   }
-  uint32_t r = abs - 0x38000000u;                           // rebias exponent
-  r += 0xfffu + ((r >> 13) & 1u);                           // round to nearest even
+  uint32_t r = abs - 0x38000000u;  // rebias exponent
+  r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even
   return uint16_t(sign | (r >> 13));
 }
 
 void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
   switch (from) {
-    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::F16: {
       auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -86,7 +91,9 @@ void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
 
 void convert_from_f32(const float* src, DType to, void* dst, size_t n) {
   switch (to) {
-    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);

@@ -10,7 +10,9 @@ namespace troupe {
 
 enum class DType : uint8_t { F32, F16, BF16 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : 2;
+}
 const char* dtype_name(DType t);  // "f32", "f16", "bf16"
 std::optional<DType> parse_dtype(std::string_view name);
 

@@ -10,8 +10,7 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
 std::vector<int> Engine::step(const std::vector<EngineItem>& items) {
   std::vector<StepInput> inputs;
   inputs.reserve(items.size());
-  for (const auto& it : items)
-    inputs.push_back({&seqs_[it.seq].cache, it.tokens, it.sample});
+  for (const auto& it : items) inputs.push_back({&seqs_[it.seq].cache, it.tokens, it.sample});
   const size_t vocab = size_t(model_->config().vocab_size);
   if (logits_.size() < items.size() * vocab) logits_.resize(items.size() * vocab);
   model_->forward(inputs, cache_, pool_, ws_, logits_.data());

@@ -22,9 +22,9 @@ struct GenerateRequest {
 };
 
 struct GenerateResult {
-  std::vector<int> ids;               // generated ids (EOS not included)
-  std::string finish_reason;          // "stop" (EOS), "length" (max_tokens or context)
-  double prefill_s = 0, decode_s = 0; // wall time of prompt processing, then of decoding
+  std::vector<int> ids;                // generated ids (EOS not included)
+  std::string finish_reason;           // "stop" (EOS), "length" (max_tokens or context)
+  double prefill_s = 0, decode_s = 0;  // wall time of prompt processing, then of decoding
 };
 
 // Checks a request against the model: a clear std::invalid_argument for an

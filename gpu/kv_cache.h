@@ -44,8 +44,9 @@ class KvCache {
   // Layer `layer` of `seq` as the attention kernel reads it.
   kernels::PagedKv paged(int layer, const SequenceCache& seq) {
     const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
-    return kernels::PagedKv{slot(layer, 0, 0, 0), slot(layer, 1, 0, 0), seq.blocks.data(),
-                            block_tokens_, per_block, size_t(kv_dim_)};
+    return kernels::PagedKv{
+        slot(layer, 0, 0, 0), slot(layer, 1, 0, 0), seq.blocks.data(), block_tokens_, per_block,
+        size_t(kv_dim_)};
   }
 
   // Row of position `pos` of `seq` in layer `layer`: kv_dim floats.
@@ -59,9 +60,9 @@ class KvCache {
  private:
   float* slot(int layer, int kv, int block, int offset) {
     const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
-    const size_t index = ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) *
-                             per_block +
-                         size_t(offset) * size_t(kv_dim_);
+    const size_t index =
+        ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) * per_block +
+        size_t(offset) * size_t(kv_dim_);
     return storage_.data_mut<float>() + index;
   }
 

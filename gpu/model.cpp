@@ -1,18 +1,20 @@
 #include "gpu/model.h"
 
-#include "gpu/communicator.h"
-
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+
+#include "gpu/communicator.h"
 
 namespace troupe {
 
 namespace {
 
-std::vector<float> norm_weights(const Tensor& t) { return t.to_f32(); }
+std::vector<float> norm_weights(const Tensor& t) {
+  return t.to_f32();
+}
 
 // Columns [c0, c1) of a row-major matrix, as an owning copy.
 Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
@@ -53,14 +55,16 @@ ShardDims shard_dims(const ModelConfig& c, const ShardSpec& spec) {
     throw std::invalid_argument("tensor-parallel rank " + std::to_string(spec.tp_rank) + " of " +
                                 std::to_string(T) + " is out of range");
   if (c.n_heads % T != 0)
-    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " does not divide the model's " +
-                                std::to_string(c.n_heads) + " attention heads");
+    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) +
+                                " does not divide the model's " + std::to_string(c.n_heads) +
+                                " attention heads");
   if (c.n_kv_heads % T != 0 && T % c.n_kv_heads != 0)
     throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " and the model's " +
                                 std::to_string(c.n_kv_heads) +
                                 " kv heads: one must divide the other");
   if (T > c.hidden_dim || T > c.vocab_size)
-    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " is larger than the model");
+    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) +
+                                " is larger than the model");
   d.layer_begin = spec.layer_begin;
   d.layer_end = spec.layer_end < 0 ? c.n_layers : spec.layer_end;
   if (d.layer_begin < 0 || d.layer_end > c.n_layers || d.layer_begin >= d.layer_end)
@@ -132,7 +136,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     w.ffn_norm = norm_weights(t.ffn_norm);
     // Columns of the fused projections (by head, by FFN column); rows of the
     // output projections, whose partial sums the group all-reduces.
-    w.wqkv = PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
+    w.wqkv =
+        PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
     w.wo = PackedMatrix::pack({slice_cols(t.wo, q0, q1)}, weight_dtype);
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
     w.down = PackedMatrix::pack({slice_cols(t.w_down, h0, h1)}, weight_dtype);
@@ -148,8 +153,9 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     embedding_ = Tensor::zeros({e.dim(0), e.dim(1)}, weight_dtype);
     std::vector<float> row(static_cast<size_t>(e.dim(1)));
     for (int64_t r = 0; r < e.dim(0); ++r) {
-      convert_to_f32(static_cast<const char*>(e.raw()) + size_t(r * e.dim(1)) * dtype_size(e.dtype()),
-                     e.dtype(), row.data(), row.size());
+      convert_to_f32(
+          static_cast<const char*>(e.raw()) + size_t(r * e.dim(1)) * dtype_size(e.dtype()),
+          e.dtype(), row.data(), row.size());
       convert_from_f32(row.data(), weight_dtype,
                        static_cast<char*>(embedding_.raw_mut()) +
                            size_t(r * e.dim(1)) * dtype_size(weight_dtype),
@@ -301,8 +307,8 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
   for (int li = 0; li < d.layers(); ++li) {
     const LayerWeights& w = layers_[size_t(li)];
     for_each_token(pool, T, [&](int t) {
-      kernels::rmsnorm(x + size_t(t) * size_t(dim), w.attn_norm.data(), xb + size_t(t) * size_t(dim),
-                       dim, c.norm_eps);
+      kernels::rmsnorm(x + size_t(t) * size_t(dim), w.attn_norm.data(),
+                       xb + size_t(t) * size_t(dim), dim, c.norm_eps);
     });
     matmul(pool, xb, T, dim, w.wqkv, ws.qkv.data(), qkv_cols);
     for_each_token(pool, T, [&](int t) {

@@ -105,8 +105,8 @@ class Model {
   // with nothing changed). `logits` has one row of vocab_size per input; rows
   // of inputs that do not want logits are left untouched.
   // Whole model only (one shard holding everything).
-  void forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
-               Workspace& ws, float* logits) const;
+  void forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool, Workspace& ws,
+               float* logits) const;
   // This shard's part of a step; every shard of a tensor-parallel group calls
   // it at the same time with the same inputs.
   void forward_shard(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,

@@ -6,9 +6,7 @@
 namespace troupe {
 
 void ModelConfig::validate(const std::string& source) const {
-  auto fail = [&](const std::string& what) {
-    throw std::invalid_argument(source + ": " + what);
-  };
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(source + ": " + what); };
   auto positive = [&](const char* name, int v) {
     if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
   };

@@ -10,8 +10,8 @@ namespace troupe {
 enum class RopeLayout { Interleaved, RotateHalf };
 
 struct ModelConfig {
-  int dim = 0;          // hidden size
-  int hidden_dim = 0;   // FFN intermediate size
+  int dim = 0;         // hidden size
+  int hidden_dim = 0;  // FFN intermediate size
   int n_layers = 0;
   int n_heads = 0;
   int n_kv_heads = 0;

@@ -81,7 +81,7 @@ struct ParallelEngine::Device {
 struct ParallelEngine::Impl {
   ModelConfig config;
   ParallelLayout layout;
-  std::vector<std::unique_ptr<Device>> devices;  // stage-major
+  std::vector<std::unique_ptr<Device>> devices;                     // stage-major
   std::vector<std::unique_ptr<std::counting_semaphore<>>> credits;  // per stage boundary
   std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers;
   // Per boundary: micro-batches produced and not yet consumed, and the most seen.
@@ -98,10 +98,11 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayo
   Impl& m = *impl_;
   m.config = ckpt.config;
   const int P = layout.pipeline, T = layout.tensor, L = ckpt.config.n_layers;
-  if (P < 1 || T < 1) throw std::invalid_argument("parallel.pipeline and parallel.tensor must be >= 1");
+  if (P < 1 || T < 1)
+    throw std::invalid_argument("parallel.pipeline and parallel.tensor must be >= 1");
   if (P > L)
-    throw std::invalid_argument("parallel.pipeline = " + std::to_string(P) + " is more than the model's " +
-                                std::to_string(L) + " layers");
+    throw std::invalid_argument("parallel.pipeline = " + std::to_string(P) +
+                                " is more than the model's " + std::to_string(L) + " layers");
   if (layout.stage_layers.empty()) {
     for (int s = 0; s < P; ++s) {
       const int b = s * (L / P) + std::min(s, L % P);
@@ -120,9 +121,11 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayo
       auto d = std::make_unique<Device>();
       d->stage = s;
       d->rank = t;
-      ShardSpec spec{t, T, layout.stage_layers[size_t(s)].first, layout.stage_layers[size_t(s)].second};
+      ShardSpec spec{t, T, layout.stage_layers[size_t(s)].first,
+                     layout.stage_layers[size_t(s)].second};
       d->model = std::make_unique<Model>(ckpt, dtype, spec);
-      d->cache = std::make_unique<KvCache>(d->model->make_cache(layout.block_tokens, layout.blocks));
+      d->cache =
+          std::make_unique<KvCache>(d->model->make_cache(layout.block_tokens, layout.blocks));
       const size_t di = size_t(s * T + t);
       d->pool = std::make_unique<ThreadPool>(layout.threads.size() == 1 ? layout.threads[0]
                                                                         : layout.threads.at(di));
@@ -150,9 +153,15 @@ ParallelEngine::~ParallelEngine() {
   }
 }
 
-const ModelConfig& ParallelEngine::config() const { return impl_->config; }
-int ParallelEngine::pipeline() const { return impl_->layout.pipeline; }
-void ParallelEngine::set_microbatches(int m) { impl_->layout.microbatches = std::max(0, m); }
+const ModelConfig& ParallelEngine::config() const {
+  return impl_->config;
+}
+int ParallelEngine::pipeline() const {
+  return impl_->layout.pipeline;
+}
+void ParallelEngine::set_microbatches(int m) {
+  impl_->layout.microbatches = std::max(0, m);
+}
 
 std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   Impl& m = *impl_;
@@ -162,17 +171,19 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
   // Micro-batch mb holds items [first[mb], first[mb + 1]).
   std::vector<int> first(size_t(M) + 1, 0);
-  for (int mb = 0; mb < M; ++mb) first[size_t(mb) + 1] = first[size_t(mb)] + n / M + (mb < n % M ? 1 : 0);
+  for (int mb = 0; mb < M; ++mb)
+    first[size_t(mb) + 1] = first[size_t(mb)] + n / M + (mb < n % M ? 1 : 0);
   std::vector<size_t> tokens(size_t(M), 0);
   for (int mb = 0; mb < M; ++mb)
-    for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i) tokens[size_t(mb)] += items[size_t(i)].tokens.size();
+    for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i)
+      tokens[size_t(mb)] += items[size_t(i)].tokens.size();
   const size_t dim = size_t(m.config.dim);
   // The step's buffers and latches live until the last device job lets go
   // (a latch's count_down may still be waking the main thread when it
   // returns, so they must not die with this frame).
   struct StepState {
-    std::vector<std::vector<std::vector<float>>> act;  // [stage boundary][mb] activations
-    std::vector<std::vector<float>> logits;            // per last-stage rank
+    std::vector<std::vector<std::vector<float>>> act;            // [stage boundary][mb] activations
+    std::vector<std::vector<float>> logits;                      // per last-stage rank
     std::vector<std::vector<std::unique_ptr<std::latch>>> done;  // [stage][mb]
     std::mutex err_mu;
     std::exception_ptr error;
@@ -212,7 +223,8 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
             const auto t0 = Clock::now();
             std::vector<StepInput> inputs;
             for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i)
-              inputs.push_back({&d.seqs[items[size_t(i)].seq], items[size_t(i)].tokens, items[size_t(i)].sample});
+              inputs.push_back({&d.seqs[items[size_t(i)].seq], items[size_t(i)].tokens,
+                                items[size_t(i)].sample});
             ShardIo io;
             io.tp = T > 1 ? d.comm.get() : nullptr;
             if (s > 0) io.x_in = act[size_t(s - 1)][size_t(mb)].data();
@@ -228,7 +240,8 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
             }
             d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
             if (size_t(s) < m.layout.stage_delay_s.size() && m.layout.stage_delay_s[size_t(s)] > 0)
-              std::this_thread::sleep_for(std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
+              std::this_thread::sleep_for(
+                  std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
             const double took = seconds_since(t0);
             d.busy_s += took;
             if (t == 0) state->mb_seconds[size_t(s)][size_t(mb)] = took;
@@ -278,7 +291,8 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
     if (!it.sample) continue;
     for (int t = 0; t < T; ++t) {
       const auto& dm = m.device(P - 1, t).model->dims();
-      std::copy_n(logits[size_t(t)].data() + size_t(i) * stride, dm.vocab, full.data() + dm.vocab_begin);
+      std::copy_n(logits[size_t(t)].data() + size_t(i) * stride, dm.vocab,
+                  full.data() + dm.vocab_begin);
     }
     last_logits_.insert(last_logits_.end(), full.begin(), full.end());
     if (it.sampling.temperature <= 0) {

@@ -17,30 +17,31 @@ namespace troupe {
 struct ParallelLayout {
   int pipeline = 1;
   int tensor = 1;
-  std::vector<int> threads{1};                  // per device (stage-major), or one for all
+  std::vector<int> threads{1};                    // per device (stage-major), or one for all
   std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage; empty: equal split
-  int microbatches = 0;                         // 0: min(pipeline, sequences in the step)
+  int microbatches = 0;                           // 0: min(pipeline, sequences in the step)
   int credits = 2;
-  std::vector<double> stage_delay_s;            // fault injection: extra seconds per micro-batch per stage
+  std::vector<double> stage_delay_s;  // fault injection: extra seconds per micro-batch per stage
   int block_tokens = 16;
   int blocks = 4096;
 };
 
 struct StageStats {
-  double busy_s = 0;   // computing (collectives included)
-  double comm_s = 0;   // inside collectives
+  double busy_s = 0;  // computing (collectives included)
+  double comm_s = 0;  // inside collectives
   uint64_t comm_bytes = 0;
 };
 
 struct ParallelStats {
   uint64_t steps = 0;
-  double wall_s = 0;               // sum of step wall times
-  std::vector<StageStats> stages;  // per stage (rank 0 of its group)
-  std::vector<size_t> weight_bytes;  // per device
+  double wall_s = 0;                   // sum of step wall times
+  std::vector<StageStats> stages;      // per stage (rank 0 of its group)
+  std::vector<size_t> weight_bytes;    // per device
   std::vector<size_t> streamed_bytes;  // per device: weights one step reads (no embedding)
-  std::vector<int> max_in_flight;      // per stage boundary: most micro-batches produced, not yet consumed
+  std::vector<int>
+      max_in_flight;  // per stage boundary: most micro-batches produced, not yet consumed
   double bubble_fraction(int stage) const;
-  double comm_share() const;       // time in collectives / busy time, all stages
+  double comm_share() const;  // time in collectives / busy time, all stages
 };
 
 class ParallelEngine : public StepEngine {

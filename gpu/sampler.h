@@ -18,7 +18,6 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-
 // Index of the largest value, the lowest index on ties; NaN never wins.
 // Throws std::invalid_argument when empty or all NaN.
 int argmax(std::span<const float> logits);

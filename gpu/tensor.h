@@ -31,9 +31,13 @@ class Tensor {
   const void* raw() const { return data_; }
   void* raw_mut() { return const_cast<void*>(data_); }
   template <class T>
-  const T* data() const { return static_cast<const T*>(data_); }
+  const T* data() const {
+    return static_cast<const T*>(data_);
+  }
   template <class T>
-  T* data_mut() { return static_cast<T*>(const_cast<void*>(data_)); }
+  T* data_mut() {
+    return static_cast<T*>(const_cast<void*>(data_));
+  }
 
   // Rows [begin, end) of the first dimension, as a view sharing ownership.
   Tensor rows(int64_t begin, int64_t end) const;

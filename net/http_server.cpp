@@ -1,7 +1,5 @@
 #include "net/http_server.h"
 
-#include "util/rng.h"
-
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -21,6 +19,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "util/rng.h"
 
 namespace troupe {
 
@@ -66,7 +66,9 @@ uint64_t next_request_id() {
 }
 
 // splitmix64 of one value: seeds that differ per request without a lock.
-uint64_t mix64(uint64_t x) { return splitmix64(x); }
+uint64_t mix64(uint64_t x) {
+  return splitmix64(x);
+}
 
 double secs(Clock::duration d) {
   return std::chrono::duration<double>(d).count();

@@ -9,7 +9,9 @@ namespace troupe {
 ContinuousBatchPolicy::ContinuousBatchPolicy(BatchLimits limits, int block_tokens)
     : limits_(limits), block_tokens_(block_tokens) {
   auto positive = [](const char* name, int v) {
-    if (v < 1) throw std::invalid_argument(std::string(name) + " must be at least 1, got " + std::to_string(v));
+    if (v < 1)
+      throw std::invalid_argument(std::string(name) + " must be at least 1, got " +
+                                  std::to_string(v));
   };
   positive("batching.max_batch_sequences", limits.max_batch_sequences);
   positive("batching.max_batch_tokens", limits.max_batch_tokens);

@@ -25,9 +25,12 @@ std::atomic<Isa>& active() {
 
 float load_weight(const PackedMatrix& w, int p, size_t index) {
   switch (w.dtype()) {
-    case DType::F32: return static_cast<const float*>(w.panel(p))[index];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
+    case DType::F32:
+      return static_cast<const float*>(w.panel(p))[index];
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(w.panel(p))[index]);
   }
   return 0;
 }
@@ -36,9 +39,12 @@ float load_weight(const PackedMatrix& w, int p, size_t index) {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::Scalar: return "scalar";
-    case Isa::Avx2: return "avx2";
-    case Isa::Avx512: return "avx512";
+    case Isa::Scalar:
+      return "scalar";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -48,7 +54,9 @@ Isa best_isa() {
   return isa;
 }
 
-Isa active_isa() { return active().load(std::memory_order_relaxed); }
+Isa active_isa() {
+  return active().load(std::memory_order_relaxed);
+}
 
 void force_isa(Isa isa) {
   if (int(isa) > int(best_isa()))
@@ -77,9 +85,12 @@ void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, i
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
                  int ldy) {
   switch (active_isa()) {
-    case Isa::Avx512: return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy);
-    case Isa::Avx2: return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy);
-    case Isa::Scalar: return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy);
+    case Isa::Avx512:
+      return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+    case Isa::Avx2:
+      return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+    case Isa::Scalar:
+      return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy);
   }
 }
 

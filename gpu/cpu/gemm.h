@@ -9,9 +9,9 @@ namespace troupe {
 
 enum class Isa { Scalar, Avx2, Avx512 };
 const char* isa_name(Isa isa);
-Isa best_isa();            // what this CPU supports
-Isa active_isa();          // what the kernels use now (best_isa() unless forced)
-void force_isa(Isa isa);   // for tests and benchmarks; throws if unsupported
+Isa best_isa();           // what this CPU supports
+Isa active_isa();         // what the kernels use now (best_isa() unless forced)
+void force_isa(Isa isa);  // for tests and benchmarks; throws if unsupported
 
 // Rows m < M of x (row stride ldx) times panels [p0, p1) of w, written to the
 // matching columns of y (row stride ldy). Columns past w.rows() are not written.

@@ -13,7 +13,8 @@ struct Avx2 {
   static vec zero() { return _mm256_setzero_ps(); }
   static vec load(const float* p) { return _mm256_loadu_ps(p); }
   static vec load_bf16(const uint16_t* p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
   static vec load_f16(const uint16_t* p) {
@@ -26,8 +27,8 @@ struct Avx2 {
 
 #include "gpu/cpu/gemm_kernel.inl"
 
-void gemm_avx2_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
-                    float* y, int ldy) {
+void gemm_avx2_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
+                    int ldy) {
   // 3 rows x 2 panels = 12 accumulators of 16 ymm registers.
   gemm_dispatch<Avx2, 3, 2, 256>(x, M, ldx, w, p0, p1, y, ldy);
 }
@@ -35,6 +36,8 @@ void gemm_avx2_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, 
 }  // namespace
 
 namespace detail {
-GemmFn gemm_avx2() { return &gemm_avx2_impl; }
+GemmFn gemm_avx2() {
+  return &gemm_avx2_impl;
+}
 }  // namespace detail
 }  // namespace troupe

@@ -28,8 +28,8 @@ struct Avx512 {
 
 #include "gpu/cpu/gemm_kernel.inl"
 
-void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
-                      float* y, int ldy) {
+void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
+                      int ldy) {
   // 6 rows x 4 panels = 24 accumulators of 32 zmm registers.
   gemm_dispatch<Avx512, 6, 4, 128>(x, M, ldx, w, p0, p1, y, ldy);
 }
@@ -37,6 +37,8 @@ void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0
 }  // namespace
 
 namespace detail {
-GemmFn gemm_avx512() { return &gemm_avx512_impl; }
+GemmFn gemm_avx512() {
+  return &gemm_avx512_impl;
+}
 }  // namespace detail
 }  // namespace troupe

@@ -184,8 +184,11 @@ template <class V, int MR, int NP, int KB>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy) {
   switch (w.dtype) {
-    case DType::F32: return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
-    case DType::BF16: return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
-    case DType::F16: return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+    case DType::F32:
+      return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+    case DType::BF16:
+      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+    case DType::F16:
+      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
   }
 }

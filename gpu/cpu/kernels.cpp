@@ -30,13 +30,14 @@ inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 // Four dot products of q with k0..k3 (n values each), sharing q's loads.
-inline void dot4(const float* q, const float* k0, const float* k1, const float* k2,
-                 const float* k3, int n, float* out) {
+inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
+                 int n, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -67,7 +68,9 @@ inline float exp1(float x) {
 
 }  // namespace
 
-float exp_approx(float x) { return exp1(x); }
+float exp_approx(float x) {
+  return exp1(x);
+}
 
 float dot(const float* a, const float* b, int n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -127,7 +130,8 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(
+        out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) {
     const float g = gate[i];
@@ -146,7 +150,8 @@ void accumulate_values(const float* scores, const PagedKv& kv, size_t off, int n
     for (int o = 0; o < end; ++o, row += kv.row_stride) {
       const __m256 w = _mm256_set1_ps(scores[j0 + o]);
 #pragma GCC unroll 8
-      for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
+      for (int c = 0; c < CHUNKS; ++c)
+        acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
     }
   }
   for (int c = 0; c < CHUNKS; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
@@ -198,8 +203,7 @@ RopeTable::RopeTable(int max_pos, int head_dim, float theta) : half_(head_dim / 
   }
 }
 
-void rope(float* v, int n_heads, int head_dim, int pos, const RopeTable& table,
-          RopeLayout layout) {
+void rope(float* v, int n_heads, int head_dim, int pos, const RopeTable& table, RopeLayout layout) {
   const float* c = table.cos(pos);
   const float* s = table.sin(pos);
   const int half = head_dim / 2;

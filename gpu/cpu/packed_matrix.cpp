@@ -10,8 +10,8 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
   m.cols_ = int(row_blocks[0].dim(1));
   for (const auto& b : row_blocks) {
     if (b.ndim() != 2 || b.dim(1) != m.cols_)
-      throw std::invalid_argument("PackedMatrix::pack: blocks must be 2-D with equal columns, got " +
-                                  b.shape_str());
+      throw std::invalid_argument(
+          "PackedMatrix::pack: blocks must be 2-D with equal columns, got " + b.shape_str());
     m.rows_ += int(b.dim(0));
   }
   const int64_t K = m.cols_;

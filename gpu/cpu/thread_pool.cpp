@@ -11,7 +11,7 @@ namespace {
 // decode step, short enough not to starve other processes when the machine
 // is oversubscribed (tests running in parallel).
 constexpr int kSpinIterations = 1 << 10;
-}
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads < 1) throw std::invalid_argument("thread count must be >= 1");

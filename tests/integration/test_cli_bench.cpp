@@ -14,12 +14,13 @@ test::CommandResult troupe_cmd(std::vector<std::string> args, int timeout_s = 30
 }
 
 TEST(CliBench, EngineJsonHasEveryField) {
-  auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--batch", "1,3", "--prompt-len",
-                       "16", "--decode-tokens", "4", "--repeats", "1", "--threads", "1", "--json"});
+  auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--batch", "1,3",
+                       "--prompt-len", "16", "--decode-tokens", "4", "--repeats", "1", "--threads",
+                       "1", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  for (const char* k : {"model", "dtype", "threads", "bandwidth_gbs", "prefill_tokens_per_s", "decode",
-                        "kv_bytes_per_token", "peak_rss_bytes"})
+  for (const char* k : {"model", "dtype", "threads", "bandwidth_gbs", "prefill_tokens_per_s",
+                        "decode", "kv_bytes_per_token", "peak_rss_bytes"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["dtype"], "f32");
   EXPECT_EQ(j["threads"], 1);
@@ -37,8 +38,9 @@ TEST(CliBench, EngineJsonHasEveryField) {
 }
 
 TEST(CliBench, TableAndBadOptions) {
-  auto r = troupe_cmd({"bench", "--preset", "tiny", "--batch", "2", "--prompt-len", "8", "--decode-tokens", "2",
-                       "--repeats", "1", "--dtype", "bf16", "--threads", "1"});
+  auto r =
+      troupe_cmd({"bench", "--preset", "tiny", "--batch", "2", "--prompt-len", "8",
+                  "--decode-tokens", "2", "--repeats", "1", "--dtype", "bf16", "--threads", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("decode tokens/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bf16"), std::string::npos);
@@ -54,22 +56,23 @@ TEST(CliSynthModel, WritesALoadableSeededCheckpoint) {
   test::TempDir tmp;
   for (const char* name : {"a", "b", "c"}) {
     const std::string seed = std::string(name) == "c" ? "2" : "1";
-    auto r = troupe_cmd({"synth-model", "--preset", "tiny", "--dtype", "bf16", "--seed", seed, "--out",
-                         (tmp / name).string()});
+    auto r = troupe_cmd({"synth-model", "--preset", "tiny", "--dtype", "bf16", "--seed", seed,
+                         "--out", (tmp / name).string()});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   const auto a = test::read_file(tmp / "a" / "model.safetensors");
   EXPECT_EQ(a, test::read_file(tmp / "b" / "model.safetensors"));
   EXPECT_NE(a, test::read_file(tmp / "c" / "model.safetensors"));
-  auto g = troupe_cmd({"generate", "--model", (tmp / "a").string(), "--prompt-ids", "1,5,9", "--max-tokens", "5",
-                       "--temperature", "0", "--ids"});
+  auto g = troupe_cmd({"generate", "--model", (tmp / "a").string(), "--prompt-ids", "1,5,9",
+                       "--max-tokens", "5", "--temperature", "0", "--ids"});
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_EQ(std::count(g.out.begin(), g.out.end(), ','), 4) << g.out;
   // Explicit dims, and a contradiction named.
-  auto d = troupe_cmd({"synth-model", "--dim", "96", "--heads", "4", "--kv-heads", "2", "--layers", "2", "--out",
-                       (tmp / "d").string(), "--dtype", "f16"});
+  auto d = troupe_cmd({"synth-model", "--dim", "96", "--heads", "4", "--kv-heads", "2", "--layers",
+                       "2", "--out", (tmp / "d").string(), "--dtype", "f16"});
   EXPECT_EQ(d.exit_code, 0) << d.err;
-  auto bad = troupe_cmd({"synth-model", "--dim", "100", "--heads", "3", "--out", (tmp / "e").string()});
+  auto bad =
+      troupe_cmd({"synth-model", "--dim", "100", "--heads", "3", "--out", (tmp / "e").string()});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("divisible"), std::string::npos) << bad.err;
 }

@@ -42,7 +42,8 @@ class RecordingSink : public CompletionSink {
   }
   bool wait_tokens(size_t n, double timeout_s = 60) {
     std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return tokens_.size() >= n || finished_; });
+    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s),
+                        [&] { return tokens_.size() >= n || finished_; });
   }
   std::vector<int> tokens() {
     std::lock_guard<std::mutex> l(mu_);
@@ -86,8 +87,8 @@ std::vector<int> prompt_for(int i) {
   return p;
 }
 
-CompletionRequest request(uint64_t id, std::vector<int> prompt, int max_tokens, float temperature = 0,
-                          uint64_t seed = 0) {
+CompletionRequest request(uint64_t id, std::vector<int> prompt, int max_tokens,
+                          float temperature = 0, uint64_t seed = 0) {
   CompletionRequest r;
   r.id = id;
   r.prompt = std::move(prompt);
@@ -156,7 +157,8 @@ TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(sinks[size_t(i)]->wait()) << i;
     ASSERT_FALSE(sinks[size_t(i)]->error()) << sinks[size_t(i)]->error()->message;
-    EXPECT_EQ(sinks[size_t(i)]->tokens(), reference(prompt_for(i), 60, i % 2 ? 0.9f : 0.0f, 7 + uint64_t(i)))
+    EXPECT_EQ(sinks[size_t(i)]->tokens(),
+              reference(prompt_for(i), 60, i % 2 ? 0.9f : 0.0f, 7 + uint64_t(i)))
         << "request " << i;
     EXPECT_EQ(sinks[size_t(i)]->violations(), 0);
   }

@@ -16,10 +16,11 @@ using json = nlohmann::json;
 class Server {
  public:
   explicit Server(std::vector<std::string> sets) {
-    std::vector<std::string> argv{TROUPE_BINARY, "serve", "--config",
-                                  (test::source_dir() / "configs" / "default.yaml").string(),
-                                  "--listen", "127.0.0.1:0", "--set",
-                                  "model.path=" + test::model_path("fortune").string()};
+    std::vector<std::string> argv{
+        TROUPE_BINARY, "serve",
+        "--config",    (test::source_dir() / "configs" / "default.yaml").string(),
+        "--listen",    "127.0.0.1:0",
+        "--set",       "model.path=" + test::model_path("fortune").string()};
     for (auto& s : sets) {
       argv.push_back("--set");
       argv.push_back(s);
@@ -44,8 +45,9 @@ class Server {
 };
 
 std::string generate_text(const std::string& prompt, int max_tokens) {
-  auto r = test::run_command({TROUPE_BINARY, "generate", "--model", test::model_path("fortune").string(), "--prompt",
-                              prompt, "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
+  auto r = test::run_command({TROUPE_BINARY, "generate", "--model",
+                              test::model_path("fortune").string(), "--prompt", prompt,
+                              "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
 }
@@ -66,21 +68,23 @@ std::string sse_text(const std::string& body, std::string* finish = nullptr) {
     }
     const auto j = json::parse(payload);
     text += j["choices"][0]["text"].get<std::string>();
-    if (finish && !j["choices"][0]["finish_reason"].is_null()) *finish = j["choices"][0]["finish_reason"];
+    if (finish && !j["choices"][0]["finish_reason"].is_null())
+      *finish = j["choices"][0]["finish_reason"];
   }
   EXPECT_TRUE(done) << "no data: [DONE]";
   return text;
 }
 
-const std::vector<std::string> kPrompts{"The meaning of life", "A fool", "Never trust", "Love is",
-                                        "The computer", "In the beginning"};
+const std::vector<std::string> kPrompts{
+    "The meaning of life", "A fool", "Never trust", "Love is", "The computer", "In the beginning"};
 
 TEST(Serve, GreedyOutputsEqualGenerateAndConcurrentRequestsComplete) {
   Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]"});
   std::vector<std::string> want;
   for (const auto& p : kPrompts) want.push_back(generate_text(p, 40));
   for (size_t i = 0; i < kPrompts.size(); ++i) {
-    auto r = s.complete({{"model", "fortune"}, {"prompt", kPrompts[i]}, {"max_tokens", 40}, {"temperature", 0}});
+    auto r = s.complete(
+        {{"model", "fortune"}, {"prompt", kPrompts[i]}, {"max_tokens", 40}, {"temperature", 0}});
     ASSERT_EQ(r.status, 200) << r.body;
     const auto j = json::parse(r.body);
     EXPECT_EQ(j["choices"][0]["text"], want[i]);
@@ -93,10 +97,13 @@ TEST(Serve, GreedyOutputsEqualGenerateAndConcurrentRequestsComplete) {
   for (int i = 0; i < 32; ++i)
     clients.emplace_back([&, i] {
       const bool stream = i % 2;
-      auto r = s.complete({{"prompt", kPrompts[size_t(i) % kPrompts.size()]}, {"max_tokens", 40},
-                           {"temperature", 0}, {"stream", stream}});
+      auto r = s.complete({{"prompt", kPrompts[size_t(i) % kPrompts.size()]},
+                           {"max_tokens", 40},
+                           {"temperature", 0},
+                           {"stream", stream}});
       if (r.status != 200) return;
-      got[size_t(i)] = stream ? sse_text(r.body) : json::parse(r.body)["choices"][0]["text"].get<std::string>();
+      got[size_t(i)] =
+          stream ? sse_text(r.body) : json::parse(r.body)["choices"][0]["text"].get<std::string>();
     });
   for (auto& c : clients) c.join();
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i) % kPrompts.size()]) << i;
@@ -104,7 +111,8 @@ TEST(Serve, GreedyOutputsEqualGenerateAndConcurrentRequestsComplete) {
 
 TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
   Server s({});
-  auto r = s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 5}, {"temperature", 0}, {"stream", true}});
+  auto r = s.complete(
+      {{"prompt", "The meaning of life"}, {"max_tokens", 5}, {"temperature", 0}, {"stream", true}});
   ASSERT_EQ(r.status, 200);
   EXPECT_NE(r.header("Content-Type").find("text/event-stream"), std::string::npos);
   std::string finish;
@@ -114,7 +122,9 @@ TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
 
 TEST(Serve, BadInputsGetTheirStatusAndTheServerKeepsServing) {
   Server s({"server.max_body_bytes=4096", "server.max_tokens_limit=100"});
-  auto raw = [&](const std::string& body) { return test::http_request(s.port(), "POST", "/v1/completions", body); };
+  auto raw = [&](const std::string& body) {
+    return test::http_request(s.port(), "POST", "/v1/completions", body);
+  };
   auto expect = [&](const test::HttpResponse& r, int status, const std::string& needle) {
     EXPECT_EQ(r.status, status) << r.body;
     EXPECT_NE(r.body.find(needle), std::string::npos) << r.body;
@@ -173,7 +183,8 @@ TEST(Serve, OverloadGets429WithRetryAfter) {
 }
 
 TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
-  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
+  Server s(
+      {"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
   std::vector<std::string> want;
   for (const auto& p : kPrompts) want.push_back(generate_text(p, 120));
   std::vector<std::string> got(kPrompts.size());
@@ -181,7 +192,8 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
   std::vector<std::thread> clients;
   for (size_t i = 0; i < kPrompts.size(); ++i)
     clients.emplace_back([&, i] {
-      auto r = s.complete({{"prompt", kPrompts[i]}, {"max_tokens", 120}, {"temperature", 0}, {"stream", true}});
+      auto r = s.complete(
+          {{"prompt", kPrompts[i]}, {"max_tokens", 120}, {"temperature", 0}, {"stream", true}});
       status[i] = r.status;
       got[i] = sse_text(r.body);
     });
@@ -222,20 +234,24 @@ namespace {
 TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
   std::vector<std::string> want;
   for (const auto& p : kPrompts) want.push_back(generate_text(p, 60));
-  for (const char* layout : {"parallel={replicas: 1, pipeline: 1, tensor: 2}", "parallel={replicas: 1, pipeline: 2, tensor: 1}",
-                             "parallel={replicas: 1, pipeline: 2, tensor: 2}", "parallel={replicas: 2, pipeline: 1, tensor: 2}"}) {
+  for (const char* layout : {"parallel={replicas: 1, pipeline: 1, tensor: 2}",
+                             "parallel={replicas: 1, pipeline: 2, tensor: 1}",
+                             "parallel={replicas: 1, pipeline: 2, tensor: 2}",
+                             "parallel={replicas: 2, pipeline: 1, tensor: 2}"}) {
     Server s({layout, "devices=[{kind: cpu, threads: 1}]"});
     std::vector<std::string> got(kPrompts.size());
     std::vector<std::thread> clients;
     for (size_t i = 0; i < kPrompts.size(); ++i)
       clients.emplace_back([&, i] {
-        auto r = s.complete({{"prompt", kPrompts[i]}, {"max_tokens", 60}, {"temperature", 0}, {"stream", true}});
+        auto r = s.complete(
+            {{"prompt", kPrompts[i]}, {"max_tokens", 60}, {"temperature", 0}, {"stream", true}});
         if (r.status == 200) got[i] = sse_text(r.body);
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     s.process().signal(SIGUSR1);  // a shard dies mid-step
     for (auto& c : clients) c.join();
-    for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << layout << " prompt " << i;
+    for (size_t i = 0; i < kPrompts.size(); ++i)
+      EXPECT_EQ(got[i], want[i]) << layout << " prompt " << i;
     // Per-stage figures in /metrics.
     const auto metrics = test::http_request(s.port(), "GET", "/metrics").body;
     EXPECT_NE(metrics.find("troupe_stage_comm_share{"), std::string::npos) << layout;
@@ -245,8 +261,9 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
     }
   }
   // A layout that does not fit is refused at start-up with the reason.
-  auto r = test::run_command({TROUPE_BINARY, "serve", "--set", "model.path=" + test::model_path("fortune").string(),
-                              "--set", "parallel.tensor=4"});
+  auto r = test::run_command({TROUPE_BINARY, "serve", "--set",
+                              "model.path=" + test::model_path("fortune").string(), "--set",
+                              "parallel.tensor=4"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("6 attention heads"), std::string::npos) << r.err;
 }

@@ -11,13 +11,17 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <stdexcept>
+#include <thread>
 
 namespace troupe::test {
 
-std::filesystem::path source_dir() { return TROUPE_SOURCE_DIR; }
-std::filesystem::path model_path(const std::string& name) { return source_dir() / "models" / name; }
+std::filesystem::path source_dir() {
+  return TROUPE_SOURCE_DIR;
+}
+std::filesystem::path model_path(const std::string& name) {
+  return source_dir() / "models" / name;
+}
 std::filesystem::path data_path(const std::string& name) {
   return std::filesystem::path(TROUPE_TEST_DATA) / name;
 }
@@ -158,8 +162,10 @@ std::string ChildProcess::wait_for_line(const std::string& needle, double timeou
     if (poll(&p, 1, 100) > 0) {
       char buf[4096];
       const ssize_t n = read(err_fd_, buf, sizeof buf);
-      if (n > 0) err_.append(buf, size_t(n));
-      else if (n == 0) return "";  // exited
+      if (n > 0)
+        err_.append(buf, size_t(n));
+      else if (n == 0)
+        return "";  // exited
     }
   }
 }
@@ -172,7 +178,8 @@ int ChildProcess::stop(double timeout_s) {
   if (pid_ <= 0) return -1;
   if (!reaped_) {
     kill(pid_, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (!reaped_) {
       if (waitpid(pid_, &status_, WNOHANG) == pid_) {
         reaped_ = true;
@@ -214,7 +221,8 @@ std::string HttpResponse::header(const std::string& name) const {
 }
 
 HttpResponse http_request(int port, const std::string& method, const std::string& target,
-                          const std::string& body, double timeout_s, const std::string& extra_headers) {
+                          const std::string& body, double timeout_s,
+                          const std::string& extra_headers) {
   HttpResponse r;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return r;
@@ -229,10 +237,11 @@ HttpResponse http_request(int port, const std::string& method, const std::string
     close(fd);
     return r;
   }
-  std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
-                    extra_headers;
+  std::string req = method + " " + target +
+                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
   if (!body.empty() || method == "POST")
-    req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   req += "\r\n" + body;
   for (size_t sent = 0; sent < req.size();) {
     const ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);

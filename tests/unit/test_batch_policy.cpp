@@ -6,7 +6,9 @@
 namespace troupe {
 namespace {
 
-BatchLimits limits(int seqs, int tokens, int chunk) { return {seqs, tokens, chunk}; }
+BatchLimits limits(int seqs, int tokens, int chunk) {
+  return {seqs, tokens, chunk};
+}
 
 TEST(BatchPolicy, DecodersFirstThenPrefillChunksThenAdmission) {
   ContinuousBatchPolicy p(limits(8, 100, 40), 16);

@@ -56,7 +56,8 @@ TEST_P(GemmTest, MatchesNaiveAndOpenBlasAndIsBitIdenticalAcrossIsas) {
   std::vector<float> blas(size_t(M) * N);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(), K,
               0.0f, blas.data(), N);
-  for (size_t i = 0; i < blas.size(); ++i) ASSERT_NEAR(ref[i], blas[i], 1e-4f * std::sqrt(float(K)));
+  for (size_t i = 0; i < blas.size(); ++i)
+    ASSERT_NEAR(ref[i], blas[i], 1e-4f * std::sqrt(float(K)));
 
   IsaGuard guard;
   ThreadPool pool(3);
@@ -104,7 +105,8 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
     std::vector<float> rounded(w.size());
     convert_to_f32(w16.data(), dt, rounded.data(), w.size());
     const auto p16 = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
-    const auto p32 = PackedMatrix::pack({Tensor::view(rounded.data(), {N, K}, DType::F32)}, DType::F32);
+    const auto p32 =
+        PackedMatrix::pack({Tensor::view(rounded.data(), {N, K}, DType::F32)}, DType::F32);
     EXPECT_EQ(p16.bytes() * 2, p32.bytes());
     std::vector<float> ref(size_t(M) * N);
     gemm_panels_scalar(x.data(), M, K, p32, 0, p32.panels(), ref.data(), N);
@@ -112,7 +114,8 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
       force_isa(isa);
       std::vector<float> y(size_t(M) * N);
       matmul(pool, x.data(), M, K, p16, y.data(), N);
-      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], ref[i]) << dtype_name(dt) << " " << isa_name(isa);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_EQ(y[i], ref[i]) << dtype_name(dt) << " " << isa_name(isa);
     }
   }
 }
@@ -120,9 +123,9 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
 TEST(Gemm, StackedBlocksAndRowReadBack) {
   const int K = 20;
   const auto a = random_vec(size_t(5) * K, 7), b = random_vec(size_t(19) * K, 8);
-  const auto p = PackedMatrix::pack({Tensor::view(a.data(), {5, K}, DType::F32),
-                                     Tensor::view(b.data(), {19, K}, DType::F32)},
-                                    DType::F32);
+  const auto p = PackedMatrix::pack(
+      {Tensor::view(a.data(), {5, K}, DType::F32), Tensor::view(b.data(), {19, K}, DType::F32)},
+      DType::F32);
   ASSERT_EQ(p.rows(), 24);
   std::vector<float> row(K);
   p.row_to_f32(3, row.data());

@@ -35,7 +35,8 @@ std::vector<float> last_logits(const Model& m, const std::vector<int>& prompt) {
 
 TEST(Stories260K, GreedyIdsMatchLlama2cReference) {
   auto model = Model::load(test::model_path("stories260K") / "stories260K.bin", DType::F32);
-  const auto ref = nlohmann::json::parse(test::read_file(test::data_path("stories260K_expected.json")));
+  const auto ref =
+      nlohmann::json::parse(test::read_file(test::data_path("stories260K_expected.json")));
   ASSERT_GE(ref["cases"].size(), 3u);
   for (const auto& c : ref["cases"]) {
     const auto prompt = c["prompt_ids"].get<std::vector<int>>();
@@ -57,7 +58,8 @@ TEST(Fortune, HfAndLlama2cCheckpointsGiveTheSameLogitsAndIds) {
 TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
   auto model = Model::load(test::model_path("fortune"), DType::F32);
   auto tok = Tokenizer::load(model->tokenizer_path());
-  const auto golden = nlohmann::json::parse(test::read_file(test::data_path("fortune_greedy.json")));
+  const auto golden =
+      nlohmann::json::parse(test::read_file(test::data_path("fortune_greedy.json")));
   const auto prompt = tok.encode(golden["prompt"].get<std::string>(), true);
   EXPECT_EQ(prompt, golden["prompt_ids"].get<std::vector<int>>());
   GenerateRequest req;
@@ -140,7 +142,8 @@ void check_batched_equals_single(const Model& m, int threads) {
     ASSERT_EQ(batched[s].size(), alone[s].size()) << "sequence " << s;
     for (size_t k = 0; k < alone[s].size(); ++k)
       for (size_t i = 0; i < alone[s][k].size(); ++i)
-        ASSERT_EQ(batched[s][k][i], alone[s][k][i]) << "seq " << s << " step " << k << " logit " << i;
+        ASSERT_EQ(batched[s][k][i], alone[s][k][i])
+            << "seq " << s << " step " << k << " logit " << i;
   }
 }
 

@@ -12,7 +12,7 @@ namespace troupe {
 namespace {
 
 struct Run {
-  std::vector<std::vector<int>> ids;     // per sequence
+  std::vector<std::vector<int>> ids;       // per sequence
   std::vector<std::vector<float>> logits;  // per step, sampled items' logits
 };
 
@@ -22,7 +22,8 @@ Run drive(StepEngine& engine, ParallelEngine* pe, const ModelConfig& c) {
   const int S = 5, extra = 6;
   std::vector<std::vector<int>> prompts(S);
   for (int s = 0; s < S; ++s)
-    for (int i = 0; i < 3 + 5 * s; ++i) prompts[size_t(s)].push_back(1 + (i * 37 + s * 11) % (c.vocab_size - 1));
+    for (int i = 0; i < 3 + 5 * s; ++i)
+      prompts[size_t(s)].push_back(1 + (i * 37 + s * 11) % (c.vocab_size - 1));
   std::vector<size_t> fed(S, 0);
   Run run;
   run.ids.resize(S);
