@@ -24,6 +24,7 @@ struct Request {
   double submitted = 0;  // seconds
   double deadline = 0;   // absolute seconds; 0: none
   bool resuming = false;
+  bool cancelled = false;  // asked the replica to stop; ends instead of resuming
 };
 
 struct Replica {
@@ -210,6 +211,13 @@ void on_replica_down(caf::event_based_actor* self, RouterState& s, int replica, 
   std::sort(orphans.begin(), orphans.end());
   for (auto it = orphans.rbegin(); it != orphans.rend(); ++it) {
     Request& r = s.reqs.at(*it);
+    if (r.cancelled) {  // the client is gone: nothing to resume for
+      auto sink = r.sink;
+      const int prompt = int(r.req.prompt.size()), completion = int(r.delivered.size());
+      s.reqs.erase(*it);
+      sink->on_done(FinishReason::Cancelled, prompt, completion);
+      continue;
+    }
     r.replica = -1;
     r.resuming = true;
     s.resume.push_front(*it);
@@ -319,6 +327,7 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
         auto it = s.reqs.find(id);
         if (it == s.reqs.end()) return;
         if (it->second.replica >= 0 && s.replicas[size_t(it->second.replica)].live) {
+          it->second.cancelled = true;
           self->send(s.replicas[size_t(it->second.replica)].batcher, cancel_atom::value, id);
           return;  // the batcher reports it done (cancelled) within a step
         }

@@ -212,6 +212,21 @@ TEST(Runtime, CancelEndsTheRequestAndFreesItsBlocks) {
   EXPECT_EQ(next->tokens(), reference(prompt_for(4), 200));
 }
 
+TEST(Runtime, ACancelledRequestIsNotResumedAfterACrash) {
+  ActorRuntime rt(fortune(), options(1));
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  auto sink = std::make_shared<RecordingSink>();
+  rt.submit(request(1, prompt_for(5), 250), sink);
+  ASSERT_TRUE(sink->wait_tokens(2));
+  rt.cancel(1);
+  rt.inject_crash(0);
+  ASSERT_TRUE(sink->wait(30));
+  EXPECT_FALSE(sink->error());
+  EXPECT_EQ(sink->reason(), FinishReason::Cancelled);
+  EXPECT_LT(sink->tokens().size(), 250u);
+  EXPECT_EQ(sink->violations(), 0);
+}
+
 TEST(Runtime, OverloadIsRefusedWithRetryAfter) {
   auto o = options(1);
   o.batching.max_batch_sequences = 1;
