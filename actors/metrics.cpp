@@ -68,43 +68,32 @@ void check_bounds(const std::vector<double>& b) {
 
 }  // namespace
 
-std::string prometheus_escape_label_value(std::string_view v) {
+namespace {
+// Prometheus escapes backslash and newline everywhere, and the double quote
+// only inside label values.
+std::string prometheus_escape(std::string_view v, bool quotes) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '"' && quotes)
+      out += "\\\"";
+    else
+      out += c;
   }
   return out;
 }
+}  // namespace
+
+std::string prometheus_escape_label_value(std::string_view v) {
+  return prometheus_escape(v, true);
+}
 
 std::string prometheus_escape_help(std::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return prometheus_escape(v, false);
 }
 
 std::string prometheus_format_value(double v) {

@@ -92,6 +92,19 @@ void end_with_error(RouterState& s, uint64_t id, ServiceErrorKind kind, const st
   sink->on_error(ServiceError{kind, msg, retry_after});
 }
 
+// The client went away: the request ends as cancelled with what it got.
+void end_cancelled(RouterState& s, uint64_t id) {
+  auto it = s.reqs.find(id);
+  if (it == s.reqs.end()) return;
+  auto sink = it->second.sink;
+  const int prompt = int(it->second.req.prompt.size()),
+            completion = int(it->second.delivered.size());
+  s.queue->remove(id);
+  std::erase(s.resume, id);
+  s.reqs.erase(it);
+  sink->on_done(FinishReason::Cancelled, prompt, completion);
+}
+
 bool has_capacity(const RouterState& s, const Replica& r) {
   return r.live &&
          r.outstanding < size_t(s.opts.max_batch_sequences + s.opts.max_waiting_per_replica);
@@ -209,21 +222,20 @@ void on_replica_down(caf::event_based_actor* self, RouterState& s, int replica, 
     if (r.replica == replica) orphans.push_back(id);
   // Oldest first, ahead of everything queued.
   std::sort(orphans.begin(), orphans.end());
+  size_t resumed = 0;
   for (auto it = orphans.rbegin(); it != orphans.rend(); ++it) {
     Request& r = s.reqs.at(*it);
     if (r.cancelled) {  // the client is gone: nothing to resume for
-      auto sink = r.sink;
-      const int prompt = int(r.req.prompt.size()), completion = int(r.delivered.size());
-      s.reqs.erase(*it);
-      sink->on_done(FinishReason::Cancelled, prompt, completion);
+      end_cancelled(s, *it);
       continue;
     }
     r.replica = -1;
     r.resuming = true;
     s.resume.push_front(*it);
+    ++resumed;
   }
   spdlog::warn("replica {} down{}; {} requests to resume", replica, permanent ? " for good" : "",
-               orphans.size());
+               resumed);
   update_shared(s);
   bool any_left = false;
   for (const auto& r : s.replicas) any_left = any_left || !r.failed;
@@ -331,13 +343,7 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
           self->send(s.replicas[size_t(it->second.replica)].batcher, cancel_atom::value, id);
           return;  // the batcher reports it done (cancelled) within a step
         }
-        auto sink = it->second.sink;
-        const int prompt = int(it->second.req.prompt.size()),
-                  completion = int(it->second.delivered.size());
-        s.queue->remove(id);
-        std::erase(s.resume, id);
-        s.reqs.erase(it);
-        sink->on_done(FinishReason::Cancelled, prompt, completion);
+        end_cancelled(s, id);
       },
       [=](events_atom, const StepEvents& ev) { on_events(self, *st, ev); },
       [=](up_atom, int replica, caf::actor batcher) {

@@ -19,8 +19,7 @@ std::vector<int> Engine::step(const std::vector<EngineItem>& items) {
     if (!items[i].sample) continue;
     Seq& s = seqs_[items[i].seq];
     if (!s.sampler) {
-      s.sampler = std::make_unique<Sampler>(items[i].sampling);
-      s.sampler->skip(uint64_t(items[i].generated));
+      s.sampler = Sampler::resumed(items[i].sampling, uint64_t(items[i].generated));
     }
     out[i] = s.sampler->sample({logits_.data() + i * vocab, vocab});
   }

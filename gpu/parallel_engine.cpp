@@ -312,8 +312,7 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
     }
     auto& sampler = m.samplers[it.seq];
     if (!sampler) {
-      sampler = std::make_unique<Sampler>(it.sampling);
-      sampler->skip(uint64_t(it.generated));
+      sampler = Sampler::resumed(it.sampling, uint64_t(it.generated));
     }
     out[size_t(i)] = sampler->sample(full);
   }

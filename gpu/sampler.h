@@ -3,6 +3,7 @@
 // top-k + top-p (nucleus) sampling driven by a seeded, portable RNG.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -47,6 +48,14 @@ class Sampler {
   void skip(uint64_t n) {
     if (params_.temperature > 0)
       for (uint64_t i = 0; i < n; ++i) rng_.next();
+  }
+
+  // A sampler for a sequence that has already generated `generated` tokens
+  // (resumed on another replica, or created at its first sampled step).
+  static std::unique_ptr<Sampler> resumed(const SamplingParams& params, uint64_t generated) {
+    auto s = std::make_unique<Sampler>(params);
+    s->skip(generated);
+    return s;
   }
 
   const SamplingParams& params() const { return params_; }

@@ -94,10 +94,6 @@ void axpy(float alpha, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] = std::fma(alpha, x[i], y[i]);
 }
 
-void scale(float alpha, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] *= alpha;
-}
-
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
   const float ss = dot(x, x, n) / float(n) + eps;
   const float inv = 1.0f / std::sqrt(ss);

@@ -13,8 +13,6 @@ namespace troupe::kernels {
 float dot(const float* a, const float* b, int n);
 // y += alpha * x
 void axpy(float alpha, const float* x, float* y, int n);
-// y *= alpha
-void scale(float alpha, float* y, int n);
 
 // out = x / sqrt(mean(x^2) + eps) * w   (out may alias x)
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
