@@ -222,6 +222,7 @@ caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, Mod
         schedule(self, st);
       },
       [=](crash_atom a) { self->send(st->worker, a); },
+      [=](crash_atom a, int device) { self->send(st->worker, a, device); },
       [=](slow_atom a, double seconds) { self->send(st->worker, a, seconds); },
   };
 }

@@ -24,7 +24,7 @@ struct BatcherOptions {
 // with it, and the supervisor sees one replica down). After a probe step
 // succeeds it sends (up_atom, replica, self) to the router.
 // Handles (assign_atom, Assignment), (cancel_atom, u64 id), (crash_atom),
-// (slow_atom, double).
+// (crash_atom, int device), (slow_atom, double).
 caf::behavior batcher_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
                             BatcherOptions options);
 

@@ -38,7 +38,8 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Model> model, ServingOptions o,
   std::vector<EngineFactory> factories;
   for (int r = 0; r < options_.replicas; ++r) {
     EngineOptions eo{threads_of(r), options_.block_tokens, options_.kv_blocks};
-    factories.push_back([model, eo] { return std::make_unique<Engine>(model, eo); });
+    factories.push_back(
+        [model, eo](const DeviceLauncher&) { return std::make_unique<Engine>(model, eo); });
   }
   start(model->config(), std::move(factories), metrics);
 }
@@ -64,8 +65,9 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Checkpoint> ckpt, DType dtype, 
     l.blocks = options_.kv_blocks;
     // Fail at start-up, not in a worker, when the layout does not fit.
     if (r == 0) shard_dims(ckpt->config, ShardSpec{0, l.tensor, 0, -1});
-    factories.push_back(
-        [ckpt, dtype, l] { return std::make_unique<ParallelEngine>(*ckpt, dtype, l); });
+    factories.push_back([ckpt, dtype, l](const DeviceLauncher& launcher) {
+      return std::make_unique<ParallelEngine>(*ckpt, dtype, l, launcher);
+    });
   }
   start(ckpt->config, std::move(factories), metrics);
 }
@@ -137,12 +139,18 @@ std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].restarts = supervisor_shared_->restarts[i].load();
     out[i].failed = supervisor_shared_->failed[i].load();
+    std::lock_guard<std::mutex> l(supervisor_shared_->mu);
+    out[i].last_death = supervisor_shared_->last_death[i];
   }
   return out;
 }
 
 void ActorRuntime::inject_crash(int replica) {
   caf::anon_send(supervisor_, crash_atom::value, replica);
+}
+
+void ActorRuntime::inject_shard_crash(int replica, int device) {
+  caf::anon_send(supervisor_, crash_atom::value, replica, device);
 }
 
 void ActorRuntime::inject_slowness(int replica, double seconds) {

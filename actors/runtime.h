@@ -1,6 +1,7 @@
 #pragma once
 // The actor runtime behind the HTTP API: one actor system with a router, a
-// supervisor and R replicas (batcher + device worker each), exposed as a
+// supervisor and R replicas (batcher + device worker each, and with a
+// parallel layout one shard actor per device under the worker), exposed as a
 // CompletionService.
 #include <caf/all.hpp>
 #include <memory>
@@ -36,6 +37,7 @@ struct ReplicaStatus {
   bool live = false;
   bool failed = false;
   int restarts = 0;
+  std::string last_death;  // why it last died, as the supervisor saw it; empty: never
 };
 
 // Contiguous layer ranges for `stages` pipeline stages, balanced by the
@@ -62,6 +64,9 @@ class ActorRuntime : public CompletionService {
   std::vector<ReplicaStatus> replica_status() const;
   // Fault injection: the replica's worker throws at its next message.
   void inject_crash(int replica);
+  // Fault injection: shard `device` (stage-major) of the replica dies when
+  // its next step reaches it, while the rest of its group is mid-step.
+  void inject_shard_crash(int replica, int device);
   // Fault injection: every later step of the replica takes `seconds` longer.
   void inject_slowness(int replica, double seconds);
   // Blocks until `n` replicas are live or the timeout passes; true if reached.

@@ -55,8 +55,13 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, 
       while (!slot.restarts.empty() && now - slot.restarts.front() > window)
         slot.restarts.pop_front();
       const bool give_up = int(slot.restarts.size()) >= s.opts.max_restarts;
-      spdlog::warn("replica {} died ({}); {}", i, self->system().render(dm.reason),
+      const std::string why = self->system().render(dm.reason);
+      spdlog::warn("replica {} died ({}); {}", i, why,
                    give_up ? "restart limit reached, it stays down" : "restarting");
+      {
+        std::lock_guard<std::mutex> l(s.shared->mu);
+        s.shared->last_death[i] = why;
+      }
       self->send(s.router, down_atom::value, int(i), give_up);
       if (give_up) {
         slot.failed = true;
@@ -81,6 +86,11 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, 
         if (replica >= 0 && size_t(replica) < st->slots.size() &&
             st->slots[size_t(replica)].batcher)
           self->send(st->slots[size_t(replica)].batcher, a);
+      },
+      [=](crash_atom a, int replica, int device) {
+        if (replica >= 0 && size_t(replica) < st->slots.size() &&
+            st->slots[size_t(replica)].batcher)
+          self->send(st->slots[size_t(replica)].batcher, a, device);
       },
       [=](slow_atom a, int replica, double seconds) {
         if (replica >= 0 && size_t(replica) < st->slots.size() &&

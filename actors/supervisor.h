@@ -5,6 +5,8 @@
 // requests) and of every give-up.
 #include <caf/all.hpp>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "actors/batcher.h"
 #include "actors/metrics.h"
@@ -21,13 +23,18 @@ struct SupervisorOptions {
 // Shared with the runtime facade: per replica, restarts so far and whether
 // it was given up on (read from other threads).
 struct SupervisorShared {
-  explicit SupervisorShared(int n) : restarts(size_t(n)), failed(size_t(n)) {}
+  explicit SupervisorShared(int n)
+      : restarts(size_t(n)), failed(size_t(n)), last_death(size_t(n)) {}
   std::vector<std::atomic<int>> restarts;
   std::vector<std::atomic<bool>> failed;
+  // Why each replica last died (empty: never); guarded by mu.
+  mutable std::mutex mu;
+  std::vector<std::string> last_death;
 };
 
-// Handles (crash_atom, int replica) and (slow_atom, int replica, double s):
-// fault injection, forwarded to that replica.
+// Handles (crash_atom, int replica), (crash_atom, int replica, int device)
+// and (slow_atom, int replica, double s): fault injection, forwarded to that
+// replica.
 caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
                                SupervisorOptions options, std::shared_ptr<SupervisorShared> shared,
                                Metrics* metrics);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "actors/messages.h"
+#include "actors/shard.h"
 #include "gpu/parallel_engine.h"
 #include "scheduler/microbatch_tuner.h"
 
@@ -37,7 +38,9 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
       return caf::make_error(caf::sec::runtime_error, "unknown exception");
     }
   });
-  std::shared_ptr<StepEngine> engine = factory();
+  // A multi-device engine's devices are shard actors under this worker.
+  auto shards = std::make_shared<std::vector<caf::actor>>();
+  std::shared_ptr<StepEngine> engine = factory(shard_launcher(self, replica, shards));
   auto* parallel = dynamic_cast<ParallelEngine*>(engine.get());
   // A pipeline's micro-batch count follows its measured stage times.
   std::shared_ptr<MicrobatchTuner> tuner;
@@ -67,6 +70,14 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
       [=](crash_atom) -> caf::result<void> {
         spdlog::warn("worker: injected crash");
         throw std::runtime_error("injected fault: worker crash");
+      },
+      [=](crash_atom a, int device) {
+        if (device < 0 || size_t(device) >= shards->size()) {
+          spdlog::warn("worker: no shard {} to crash (this replica has {})", device,
+                       shards->size());
+          return;
+        }
+        self->send((*shards)[size_t(device)], a);
       },
       [=](slow_atom, double seconds) { *delay = seconds; },
   };

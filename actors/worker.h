@@ -9,8 +9,11 @@
 
 namespace troupe {
 
+// With a multi-device engine, each device runs as a shard actor linked to
+// this worker (actors/shard.h).
 // Handles (step_atom, vector<EngineItem>) -> vector<int>, (release_atom, u64),
-// (crash_atom): throws, so supervision sees a worker die mid-generation, and
+// (crash_atom): throws, so supervision sees a worker die mid-generation,
+// (crash_atom, int device): that shard (stage-major index) dies mid-step, and
 // (slow_atom, double seconds): adds that delay to every later step (fault
 // injection for latency-aware routing).
 // With a ParallelEngine, every step also publishes per-stage busy time,

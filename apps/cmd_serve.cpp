@@ -119,14 +119,21 @@ void run_serve(const ServeOptions& so) {
       cfg.parallel.pipeline, cfg.parallel.tensor, host.c_str(), unsigned(server.port()));
   std::fflush(stderr);
   // Fault-injection hooks for tests and chaos runs: SIGUSR1 crashes replica
-  // 0's worker mid-step, SIGUSR2 the last replica's.
+  // 0, SIGUSR2 the last replica: its worker, or with a multi-device layout
+  // its last shard, mid-step.
+  const int devices = cfg.parallel.pipeline * cfg.parallel.tensor;
   int sig = 0;
   for (;;) {
     sigwait(&signals, &sig);
     if (sig == SIGUSR1 || sig == SIGUSR2) {
       const int replica = sig == SIGUSR1 ? 0 : cfg.parallel.replicas - 1;
-      spdlog::warn("signal {}: injecting a crash into replica {}", sig, replica);
-      runtime.inject_crash(replica);
+      if (devices > 1) {
+        spdlog::warn("signal {}: killing shard {} of replica {}", sig, devices - 1, replica);
+        runtime.inject_shard_crash(replica, devices - 1);
+      } else {
+        spdlog::warn("signal {}: injecting a crash into replica {}", sig, replica);
+        runtime.inject_crash(replica);
+      }
       continue;
     }
     break;

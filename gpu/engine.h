@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpu/device_queue.h"
 #include "gpu/model.h"
 #include "gpu/sampler.h"
 
@@ -37,8 +38,9 @@ class StepEngine {
   virtual void release(uint64_t seq) = 0;
 };
 
-// Builds a replica's engine on the thread that will use it.
-using EngineFactory = std::function<std::unique_ptr<StepEngine>()>;
+// Builds a replica's engine on the thread that will use it; a multi-device
+// engine starts its devices' runners with the launcher (empty: threads).
+using EngineFactory = std::function<std::unique_ptr<StepEngine>(const DeviceLauncher& launcher)>;
 
 // One device holding the whole model.
 class Engine : public StepEngine {

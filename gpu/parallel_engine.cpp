@@ -4,8 +4,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <latch>
 #include <mutex>
@@ -13,6 +11,8 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+
+#include "gpu/device_queue.h"
 
 namespace troupe {
 
@@ -37,8 +37,8 @@ double ParallelStats::comm_share() const {
   return busy > 0 ? comm / busy : 0;
 }
 
-// A device: one shard, its cache and threads, and a job queue run by its own
-// thread (the device's "stream").
+// A device: one shard, its cache and threads, and the queue of jobs its
+// runner (a thread, or a shard actor) works through: the device's "stream".
 struct ParallelEngine::Device {
   int stage = 0, rank = 0;
   std::unique_ptr<Model> model;
@@ -49,33 +49,8 @@ struct ParallelEngine::Device {
   std::unordered_map<uint64_t, SequenceCache> seqs;
   std::vector<float> scratch;  // x_out of ranks other than 0
   double busy_s = 0;
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> jobs;
-  bool stop = false;
-  std::thread thread;
-
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      jobs.push_back(std::move(job));
-    }
-    cv.notify_one();
-  }
-  void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return stop || !jobs.empty(); });
-        if (jobs.empty()) return;
-        job = std::move(jobs.front());
-        jobs.pop_front();
-      }
-      job();
-    }
-  }
+  std::shared_ptr<DeviceQueue> queue = std::make_shared<DeviceQueue>();
+  std::unique_ptr<DeviceRunner> runner;
 };
 
 struct ParallelEngine::Impl {
@@ -93,8 +68,10 @@ struct ParallelEngine::Impl {
   Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
 };
 
-ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayout layout)
+ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayout layout,
+                               DeviceLauncher launcher)
     : impl_(std::make_unique<Impl>()) {
+  if (!launcher) launcher = launch_device_thread;
   Impl& m = *impl_;
   m.config = ckpt.config;
   const int P = layout.pipeline, T = layout.tensor, L = ckpt.config.n_layers;
@@ -130,8 +107,7 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayo
       d->pool = std::make_unique<ThreadPool>(layout.threads.size() == 1 ? layout.threads[0]
                                                                         : layout.threads.at(di));
       d->comm = std::move(group[size_t(t)]);
-      Device* raw = d.get();
-      d->thread = std::thread([raw] { raw->run(); });
+      d->runner = launcher(s, t, d->queue);
       m.devices.push_back(std::move(d));
     }
   }
@@ -143,14 +119,8 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayo
 }
 
 ParallelEngine::~ParallelEngine() {
-  for (auto& d : impl_->devices) {
-    {
-      std::lock_guard<std::mutex> l(d->mu);
-      d->stop = true;
-    }
-    d->cv.notify_all();
-    d->thread.join();
-  }
+  // Runners first: their jobs use the devices' models and caches.
+  for (auto& d : impl_->devices) d->runner.reset();
 }
 
 const ModelConfig& ParallelEngine::config() const {
@@ -167,6 +137,12 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   Impl& m = *impl_;
   const int P = m.layout.pipeline, T = m.layout.tensor, n = int(items.size());
   if (n == 0) return {};
+  // A dead shard leaves its group unable to step (its KV cache slice is
+  // gone): report it, and let supervision rebuild the group.
+  for (const auto& d : m.devices)
+    if (d->queue->closed())
+      throw std::runtime_error("shard (stage " + std::to_string(d->stage) + ", rank " +
+                               std::to_string(d->rank) + ") is down: " + d->queue->close_reason());
   const auto t_step = Clock::now();
   const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
   // Micro-batch mb holds items [first[mb], first[mb + 1]).
@@ -205,12 +181,32 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
   auto& logits = state->logits;
   auto& done = state->done;
   std::mutex& err_mu = state->err_mu;
-  std::exception_ptr& error = state->error;
+  const std::exception_ptr& error = state->error;
 
+  // A device that fails records the step's error, wakes everyone (peers
+  // blocked in collectives, later stages waiting for its micro-batches,
+  // earlier ones waiting for credits) and counts down its own remaining
+  // micro-batches. True when its failure is the step's first.
+  auto fail = [&m, state, M](int s, int from_mb, std::exception_ptr e, const std::string& why) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> l(state->err_mu);
+      first = !state->error;
+      if (first) state->error = e;
+    }
+    for (auto& dev : m.devices) dev->comm->group().abort(why);
+    for (int mb = from_mb; mb < M; ++mb) state->done[size_t(s)][size_t(mb)]->count_down();
+    for (auto& c : m.credits) c->release(M);
+    return first;
+  };
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {
       Device& d = m.device(s, t);
-      d.post([&, state, s, t, M, P, T, &d = d] {
+      DeviceJob job;
+      job.abandon = [fail, s](const std::string& why) {
+        fail(s, 0, std::make_exception_ptr(std::runtime_error(why)), why);
+      };
+      job.run = [&, state, s, t, M, P, T, fail, &d = d] {
         int mb = 0;
         try {
           for (; mb < M; ++mb) {
@@ -257,18 +253,18 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
             }
             done[size_t(s)][size_t(mb)]->count_down();
           }
+        } catch (const std::exception& e) {
+          // The shard whose failure started it dies ("let it crash"); peers
+          // that were only woken by the abort live on until the group is
+          // rebuilt.
+          const std::string why = "shard (stage " + std::to_string(s) + ", rank " +
+                                  std::to_string(t) + ") failed: " + e.what();
+          if (fail(s, mb, std::current_exception(), why)) throw;
         } catch (...) {
-          {
-            std::lock_guard<std::mutex> l(err_mu);
-            if (!error) error = std::current_exception();
-          }
-          // Wake everyone: peers blocked in collectives, later stages
-          // waiting for this one, earlier stages waiting for credits.
-          for (auto& dev : m.devices) dev->comm->group().abort("a peer shard failed");
-          for (; mb < M; ++mb) done[size_t(s)][size_t(mb)]->count_down();
-          for (auto& c : m.credits) c->release(M);
+          if (fail(s, mb, std::current_exception(), "a shard failed: unknown exception")) throw;
         }
-      });
+      };
+      d.queue->post(std::move(job));
     }
   for (int mb = 0; mb < M; ++mb) done[size_t(P - 1)][size_t(mb)]->wait();
   // Every device has finished this step's jobs once the last stage has.

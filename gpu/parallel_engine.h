@@ -1,6 +1,9 @@
 #pragma once
 // One replica split over P pipeline stages of T tensor-parallel shards, each
 // shard a device (its own thread, thread pool, weights slice and KV cache).
+// Each device's jobs run on its own runner: a plain thread by default, a
+// shard actor in the serving runtime (see gpu/device_queue.h); a device that
+// dies aborts the step, and every later step, with a message naming it.
 // A step is cut into micro-batches that flow through the stages so that
 // stages work at the same time; a stage may run at most `credits`
 // micro-batches ahead of the stage after it (back-pressure, bounded buffers).
@@ -10,6 +13,7 @@
 
 #include "gpu/checkpoint.h"
 #include "gpu/communicator.h"
+#include "gpu/device_queue.h"
 #include "gpu/engine.h"
 
 namespace troupe {
@@ -46,9 +50,11 @@ struct ParallelStats {
 
 class ParallelEngine : public StepEngine {
  public:
-  // Builds every device's shard from the checkpoint. Throws
-  // std::invalid_argument when the layout does not fit the model.
-  ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelLayout layout);
+  // Builds every device's shard from the checkpoint and starts its runner
+  // with `launcher` (empty: plain threads). Throws std::invalid_argument
+  // when the layout does not fit the model.
+  ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelLayout layout,
+                 DeviceLauncher launcher = {});
   ~ParallelEngine() override;
 
   std::vector<int> step(const std::vector<EngineItem>& items) override;

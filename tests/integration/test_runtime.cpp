@@ -167,6 +167,63 @@ TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {
   EXPECT_TRUE(rt.wait_live(2, 30));
 }
 
+// Each device of a parallel layout is a shard actor: killing one mid-step
+// aborts its group, supervision rebuilds the replica, and every request ends
+// with exactly the single-device tokens, for every shard position.
+TEST(Runtime, ShardKilledMidStepIsRecoveredBySupervisionWithNoLostRequest) {
+  const auto ckpt =
+      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  struct Case {
+    int replicas, pipeline, tensor, device;
+  };
+  for (const Case c : {Case{1, 2, 2, 3}, Case{1, 2, 2, 0}, Case{2, 1, 2, 1}, Case{1, 3, 1, 1}}) {
+    SCOPED_TRACE("R=" + std::to_string(c.replicas) + " P=" + std::to_string(c.pipeline) +
+                 " T=" + std::to_string(c.tensor) + " shard " + std::to_string(c.device));
+    ServingOptions o = options(c.replicas);
+    o.pipeline = c.pipeline;
+    o.tensor = c.tensor;
+    ActorRuntime rt(ckpt, DType::F32, o);
+    ASSERT_TRUE(rt.wait_live(c.replicas, 30));
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    const int n = 6;
+    for (int i = 0; i < n; ++i) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      rt.submit(request(uint64_t(300 + i), prompt_for(i), 80, i % 2 ? 0.9f : 0.0f, 3 + uint64_t(i)),
+                sinks.back());
+    }
+    // Tokens are flowing on every replica: the kill lands mid-generation.
+    ASSERT_TRUE(sinks[0]->wait_tokens(3));
+    ASSERT_TRUE(sinks[1]->wait_tokens(3));
+    for (int r = 0; r < c.replicas; ++r) rt.inject_shard_crash(r, c.device);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(sinks[size_t(i)]->wait()) << i;
+      ASSERT_FALSE(sinks[size_t(i)]->error()) << sinks[size_t(i)]->error()->message;
+      EXPECT_EQ(sinks[size_t(i)]->tokens(),
+                reference(prompt_for(i), 80, i % 2 ? 0.9f : 0.0f, 3 + uint64_t(i)))
+          << "request " << i;
+      EXPECT_EQ(sinks[size_t(i)]->violations(), 0);
+    }
+    int restarts = 0;
+    const int stage = c.device / c.tensor, rank = c.device % c.tensor;
+    for (const auto& st : rt.replica_status()) {
+      restarts += st.restarts;
+      // The replica died because that shard was killed, not for any other reason.
+      EXPECT_NE(st.last_death.find("shard (stage " + std::to_string(stage) + ", rank " +
+                                   std::to_string(rank) + ")"),
+                std::string::npos)
+          << st.last_death;
+      EXPECT_NE(st.last_death.find("killed mid-step"), std::string::npos) << st.last_death;
+    }
+    EXPECT_EQ(restarts, c.replicas);
+    EXPECT_TRUE(rt.wait_live(c.replicas, 30));
+    // The rebuilt group serves as before.
+    auto after = std::make_shared<RecordingSink>();
+    rt.submit(request(400, prompt_for(7), 20), after);
+    ASSERT_TRUE(after->wait());
+    EXPECT_EQ(after->tokens(), reference(prompt_for(7), 20));
+  }
+}
+
 TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
   auto o = options(1);
   o.max_restarts = 1;

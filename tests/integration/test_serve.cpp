@@ -229,14 +229,15 @@ TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
 namespace troupe {
 namespace {
 
-// Every layout serves the same greedy text as one device, also after its
-// workers crash mid-generation (the shard group is rebuilt and resumed).
+// Every layout serves the same greedy text as one device, also after one of
+// its shards is killed mid-step (the shard group is rebuilt and resumed).
 TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
   std::vector<std::string> want;
   for (const auto& p : kPrompts) want.push_back(generate_text(p, 60));
   for (const char* layout : {"parallel={replicas: 1, pipeline: 1, tensor: 2}",
                              "parallel={replicas: 1, pipeline: 2, tensor: 1}",
                              "parallel={replicas: 1, pipeline: 2, tensor: 2}",
+                             "parallel={replicas: 1, pipeline: 3, tensor: 1}",
                              "parallel={replicas: 2, pipeline: 1, tensor: 2}"}) {
     Server s({layout, "devices=[{kind: cpu, threads: 1}]"});
     std::vector<std::string> got(kPrompts.size());
@@ -252,8 +253,16 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
     for (auto& c : clients) c.join();
     for (size_t i = 0; i < kPrompts.size(); ++i)
       EXPECT_EQ(got[i], want[i]) << layout << " prompt " << i;
-    // Per-stage figures in /metrics.
+    // The shard dies at its next step: if the clients were done before it,
+    // this request takes it there. Either way it is served right, and
+    // replica 0 was restarted exactly once.
+    auto again = s.complete({{"prompt", kPrompts[0]}, {"max_tokens", 60}, {"temperature", 0}});
+    ASSERT_EQ(again.status, 200) << again.body;
+    EXPECT_EQ(json::parse(again.body)["choices"][0]["text"].get<std::string>(), want[0]);
     const auto metrics = test::http_request(s.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("troupe_replica_restarts_total{replica=\"0\"} 1"), std::string::npos)
+        << layout;
+    // Per-stage figures in /metrics.
     EXPECT_NE(metrics.find("troupe_stage_comm_share{"), std::string::npos) << layout;
     EXPECT_NE(metrics.find("troupe_stage_bubble_fraction{"), std::string::npos) << layout;
     if (std::string(layout).find("pipeline: 2") != std::string::npos) {

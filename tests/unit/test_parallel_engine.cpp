@@ -2,7 +2,9 @@
 // greedy ids, logits within 1e-4, for mixed prefill/decode batches.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "gpu/parallel_engine.h"
 #include "gpu/synth_model.h"
@@ -175,6 +177,94 @@ TEST(ParallelEngine, CreditsBoundInFlightMicroBatchesBehindASlowStage) {
   EXPECT_EQ(wide.step(items), out);
   EXPECT_LE(wide.stats().max_in_flight[1], 3);
   EXPECT_GE(wide.stats().max_in_flight[1], 2);  // the fast stage did run ahead
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// A device runner that a test can kill: it runs its jobs on a thread until
+// told to die, then dies when its next job reaches it, while its peers are
+// mid-step (what a crashed shard actor does in the serving runtime).
+class KillableRunner : public DeviceRunner {
+ public:
+  explicit KillableRunner(std::shared_ptr<DeviceQueue> q) : q_(std::move(q)) {
+    thread_ = std::thread([this] {
+      while (auto job = q_->wait_pop()) {
+        if (kill_) {
+          q_->close("killed by the test");
+          job->abandon("killed by the test");
+          return;
+        }
+        job->run();
+      }
+    });
+  }
+  ~KillableRunner() override {
+    q_->close("stopped");
+    thread_.join();
+  }
+  std::atomic<bool> kill_{false};
+
+ private:
+  std::shared_ptr<DeviceQueue> q_;
+  std::thread thread_;
+};
+
+std::vector<EngineItem> prompts(int n) {
+  std::vector<EngineItem> items;
+  for (int s = 0; s < n; ++s) {
+    EngineItem it;
+    it.seq = uint64_t(s);
+    it.tokens = {1, 5 + s, 9, 3};
+    it.sample = true;
+    it.sampling.temperature = 0;
+    items.push_back(it);
+  }
+  return items;
+}
+
+// Whichever shard dies, the step fails promptly (no peer waits forever in a
+// collective or for activations) with a message naming that shard, and
+// every later step fails the same way until the group is rebuilt.
+TEST(ParallelEngine, AShardThatDiesMidStepFailsTheStepNamingIt) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 7, DType::F32);
+  for (int victim = 0; victim < 4; ++victim) {
+    SCOPED_TRACE("shard " + std::to_string(victim));
+    std::vector<KillableRunner*> runners;
+    DeviceLauncher launcher = [&](int, int, std::shared_ptr<DeviceQueue> q) {
+      auto r = std::make_unique<KillableRunner>(std::move(q));
+      runners.push_back(r.get());
+      return r;
+    };
+    ParallelLayout l;
+    l.pipeline = 2;
+    l.tensor = 2;
+    l.microbatches = 3;
+    l.blocks = 64;
+    ParallelEngine pe(ck, DType::F32, l, launcher);
+    ASSERT_EQ(runners.size(), 4u);
+    pe.step(prompts(3));  // healthy
+    runners[size_t(victim)]->kill_ = true;
+    auto next = prompts(3);
+    for (auto& it : next) it.tokens = {7};
+    const std::string who =
+        "stage " + std::to_string(victim / 2) + ", rank " + std::to_string(victim % 2);
+    try {
+      pe.step(next);
+      FAIL() << "the step survived a dead shard";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("killed by the test"), std::string::npos) << e.what();
+    }
+    try {
+      pe.step(next);
+      FAIL() << "a step ran on a group with a dead shard";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(who), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

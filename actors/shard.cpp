@@ -1,0 +1,88 @@
+#include "actors/shard.h"
+
+#include <spdlog/spdlog.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "actors/messages.h"
+
+namespace troupe {
+
+namespace {
+
+std::string shard_name(int replica, int stage, int rank) {
+  return "replica " + std::to_string(replica) + " shard (stage " + std::to_string(stage) +
+         ", rank " + std::to_string(rank) + ")";
+}
+
+// Stops its shard actor when the engine lets go of the device, and waits
+// until the actor is gone: its jobs use the engine's device state.
+class ShardRunner : public DeviceRunner {
+ public:
+  ShardRunner(caf::actor actor, std::shared_ptr<DeviceQueue> queue)
+      : actor_(std::move(actor)), queue_(std::move(queue)) {}
+  ~ShardRunner() override {
+    caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+    queue_->wait_closed();
+  }
+
+ private:
+  caf::actor actor_;
+  std::shared_ptr<DeviceQueue> queue_;
+};
+
+}  // namespace
+
+caf::behavior shard_actor(caf::event_based_actor* self, std::shared_ptr<DeviceQueue> queue,
+                          int replica, int stage, int rank) {
+  const std::string name = shard_name(replica, stage, rank);
+  // However the actor ends (a failed job, an injected crash, a link or an
+  // exit message), its queue closes, so no job of it is left waiting.
+  self->attach_functor([queue, name](const caf::error&) {
+    queue->close(name + " exited");
+    queue->set_notify({});  // drops the queue's handle on this actor
+  });
+  self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("{} died: {}", name, what);
+    return caf::make_error(caf::sec::runtime_error, name + " died: " + what);
+  });
+  auto armed = std::make_shared<bool>(false);
+  return {
+      [=](run_atom) {
+        auto job = queue->try_pop();
+        if (!job) return;
+        if (*armed) {
+          const std::string why = "injected fault: " + name + " killed mid-step";
+          queue->close(why);
+          job->abandon(why);
+          throw std::runtime_error(why);
+        }
+        run_device_job(*job, *queue, stage, rank);
+      },
+      [=](crash_atom) {
+        spdlog::warn("{}: armed to die at its next step", name);
+        *armed = true;
+      },
+  };
+}
+
+DeviceLauncher shard_launcher(caf::event_based_actor* worker, int replica,
+                              std::shared_ptr<std::vector<caf::actor>> spawned) {
+  return [worker, replica, spawned](int stage, int rank, std::shared_ptr<DeviceQueue> queue) {
+    caf::actor a =
+        worker->spawn<caf::detached + caf::linked>(shard_actor, queue, replica, stage, rank);
+    spawned->push_back(a);
+    queue->set_notify([a] { caf::anon_send(a, run_atom::value); });
+    return std::make_unique<ShardRunner>(std::move(a), std::move(queue));
+  };
+}
+
+}  // namespace troupe

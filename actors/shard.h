@@ -1,0 +1,31 @@
+#pragma once
+// A device shard as an actor. Detached (its own thread, so its blocking
+// compute and collectives never hold CAF's cooperative threads), it works
+// through its device's job queue, one job per (run_atom) message.
+//
+// Supervision: a shard is linked to its replica's worker. The shards of a
+// replica hold one KV cache split between them, so a shard that dies takes
+// the worker and batcher down with it, and the supervisor restarts the
+// replica whole (OTP's one_for_all) while the router resumes its requests.
+// A shard that dies mid-step closes its queue first, which aborts its group's
+// collectives and abandons its queued jobs, so no peer waits for it.
+#include <caf/all.hpp>
+#include <memory>
+#include <vector>
+
+#include "gpu/device_queue.h"
+
+namespace troupe {
+
+// Handles (run_atom): runs the next queued job, and (crash_atom): fault
+// injection, the shard dies when its next step reaches it, while the rest of
+// its group is mid-step.
+caf::behavior shard_actor(caf::event_based_actor* self, std::shared_ptr<DeviceQueue> queue,
+                          int replica, int stage, int rank);
+
+// Starts each device of a replica as a shard actor spawned by (and linked to)
+// `worker`; the handles are appended to *spawned, stage-major.
+DeviceLauncher shard_launcher(caf::event_based_actor* worker, int replica,
+                              std::shared_ptr<std::vector<caf::actor>> spawned);
+
+}  // namespace troupe
