@@ -1,6 +1,10 @@
 #include "actors/runtime.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -10,21 +14,26 @@
 
 namespace troupe {
 
-std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& c, int stages, DType dtype) {
+std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, int stages,
+                                                 const StageMemory& memory) {
   if (stages <= 1) return {};
-  // Decode streams every weight once per step, so a layer's cost is its
-  // weight bytes; the classifier's bytes weigh on the last layer.
-  const double esz = double(dtype_size(dtype));
-  const double layer = esz * (2.0 * double(c.q_dim()) * c.dim + 2.0 * double(c.kv_dim()) * c.dim +
-                              3.0 * double(c.dim) * c.hidden_dim);
   PartitionRequest req;
   req.stages = stages;
-  req.layer_cost_s.assign(size_t(c.n_layers), layer / 1e10);
-  req.layer_cost_s.back() += esz * double(c.vocab_size) * c.dim / 1e10;
+  req.layer_cost_s = profile.seconds;
+  if (!memory.stage_cap_bytes.empty()) {
+    for (uint64_t w : profile.weight_bytes)
+      req.layer_memory_bytes.push_back(w + memory.kv_bytes_per_layer);
+    req.stage_memory_cap_bytes = memory.stage_cap_bytes;
+  }
   const StagePartition p = partition_layers(req);
   std::vector<std::pair<int, int>> out;
-  for (int s = 0; s < p.stages(); ++s)
-    out.emplace_back(p.boundaries[size_t(s)], p.boundaries[size_t(s) + 1]);
+  std::string text;
+  for (int s = 0; s < p.stages(); ++s) {
+    out.emplace_back(p.begin(s), p.end(s));
+    text += fmt::format("{}[{}, {}) {:.3f} ms", s ? ", " : "", p.begin(s), p.end(s),
+                        p.stage_cost_s[size_t(s)] * 1e3);
+  }
+  spdlog::info("pipeline stages from measured layer times: {}", text);
   return out;
 }
 
@@ -50,6 +59,14 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Checkpoint> ckpt, DType dtype, 
       router_shared_(std::make_shared<RouterShared>()),
       supervisor_shared_(std::make_shared<SupervisorShared>(options_.replicas)) {
   const int per_replica = options_.pipeline * options_.tensor;
+  // Stages are balanced on layer times measured once, on a device like the
+  // first one; replicas differ only in their memory caps.
+  LayerProfile profile;
+  if (options_.pipeline > 1 && options_.stage_layers.empty()) {
+    LayerProfileOptions po;
+    po.threads = threads_of(0);
+    profile = profile_layers(*ckpt, dtype, po);
+  }
   std::vector<EngineFactory> factories;
   for (int r = 0; r < options_.replicas; ++r) {
     ParallelLayout l;
@@ -58,8 +75,9 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Checkpoint> ckpt, DType dtype, 
     l.threads.clear();
     for (int d = 0; d < per_replica; ++d) l.threads.push_back(threads_of(r * per_replica + d));
     l.stage_layers = options_.stage_layers.empty()
-                         ? balanced_stages(ckpt->config, options_.pipeline, dtype)
+                         ? balanced_stages(profile, options_.pipeline, stage_memory(*ckpt, r))
                          : options_.stage_layers;
+    stage_layers_.push_back(l.stage_layers);
     l.credits = options_.pipeline_credits;
     l.block_tokens = options_.block_tokens;
     l.blocks = options_.kv_blocks;
@@ -70,6 +88,30 @@ ActorRuntime::ActorRuntime(std::shared_ptr<const Checkpoint> ckpt, DType dtype, 
     });
   }
   start(ckpt->config, std::move(factories), metrics);
+}
+
+StageMemory ActorRuntime::stage_memory(const Checkpoint& ckpt, int replica) const {
+  StageMemory m;
+  const auto& caps = options_.device_memory_bytes;
+  if (caps.empty() || std::all_of(caps.begin(), caps.end(), [](int64_t b) { return b == 0; }))
+    return m;
+  const ModelConfig& c = ckpt.config;
+  // A layer's KV share on one device: the replica's blocks for that layer.
+  m.kv_bytes_per_layer = uint64_t(options_.kv_blocks) * uint64_t(options_.block_tokens) * 2 *
+                         uint64_t(c.kv_dim()) * sizeof(float);
+  const int P = options_.pipeline, T = options_.tensor;
+  for (int s = 0; s < P; ++s) {
+    // A stage's T shards split its layers: it holds T times its smallest
+    // shard's memory (0 is no cap).
+    uint64_t cap = std::numeric_limits<uint64_t>::max();
+    for (int t = 0; t < T; ++t) {
+      const int d = (replica * P + s) * T + t;
+      const int64_t b = caps.size() == 1 ? caps[0] : caps.at(size_t(d));
+      if (b > 0) cap = std::min(cap, uint64_t(b) * uint64_t(T));
+    }
+    m.stage_cap_bytes.push_back(cap);
+  }
+  return m;
 }
 
 int ActorRuntime::threads_of(int device) const {

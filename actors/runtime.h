@@ -11,6 +11,7 @@
 #include "actors/completion_service.h"
 #include "actors/router.h"
 #include "actors/supervisor.h"
+#include "gpu/layer_profile.h"
 
 namespace troupe {
 
@@ -19,7 +20,8 @@ struct ServingOptions {
   int pipeline = 1;          // stages per replica
   int tensor = 1;            // shards per stage
   std::vector<int> threads;  // per device, replica-major (size 1: the same for all)
-  std::vector<std::pair<int, int>> stage_layers;  // per stage; empty: equal split
+  std::vector<std::pair<int, int>> stage_layers;  // per stage; empty: from measured layer times
+  std::vector<int64_t> device_memory_bytes;       // per device, as threads; 0: no cap
   int pipeline_credits = 2;
   int block_tokens = 16;
   int kv_blocks = 4096;  // per replica
@@ -40,11 +42,19 @@ struct ReplicaStatus {
   std::string last_death;  // why it last died, as the supervisor saw it; empty: never
 };
 
+// What a stage may hold: a cap per stage (bytes of weights and KV cache,
+// max for none) and the KV bytes each layer adds. Empty caps: no limit.
+struct StageMemory {
+  uint64_t kv_bytes_per_layer = 0;
+  std::vector<uint64_t> stage_cap_bytes;
+};
+
 // Contiguous layer ranges for `stages` pipeline stages, balanced by the
-// partitioner on each layer's decode cost (its weight bytes; the classifier
-// counts on the last layer).
-std::vector<std::pair<int, int>> balanced_stages(const ModelConfig& config, int stages,
-                                                 DType dtype);
+// partitioner on measured per-layer decode times (gpu/layer_profile.h)
+// within the memory caps; logs the ranges and their costs. Empty for one
+// stage. Throws std::invalid_argument when no split fits the caps.
+std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, int stages,
+                                                 const StageMemory& memory = {});
 
 class ActorRuntime : public CompletionService {
  public:
@@ -60,6 +70,11 @@ class ActorRuntime : public CompletionService {
   void cancel(uint64_t request_id) override;
   bool ready() const override { return router_shared_->ready.load(); }
 
+  // Each replica's pipeline stages, [begin, end) layers per stage (empty
+  // for a single stage or a shared whole model).
+  const std::vector<std::vector<std::pair<int, int>>>& stage_layers() const {
+    return stage_layers_;
+  }
   int live_replicas() const { return router_shared_->live_replicas.load(); }
   std::vector<ReplicaStatus> replica_status() const;
   // Fault injection: the replica's worker throws at its next message.
@@ -75,8 +90,10 @@ class ActorRuntime : public CompletionService {
  private:
   void start(const ModelConfig& config, std::vector<EngineFactory> factories, Metrics* metrics);
   int threads_of(int device) const;
+  StageMemory stage_memory(const Checkpoint& ckpt, int replica) const;
 
   ServingOptions options_;
+  std::vector<std::vector<std::pair<int, int>>> stage_layers_;
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> system_;
   std::shared_ptr<RouterShared> router_shared_;

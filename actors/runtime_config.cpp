@@ -370,12 +370,14 @@ void read_parallel(Origin& o, const Node& n, const std::string& path, ParallelLa
 
 void read_device(Origin& o, const Node& n, const std::string& path, DeviceSpec& d) {
   if (n.IsNull()) fail_expected(o, path, "a device such as {kind: cpu, threads: 2}", n);
-  read_fields(o, n, path,
-              {{"kind", [&](const Node& v,
-                            const std::string& k) { d.kind = read_enum(o, v, k, kDeviceKinds); }},
-               {"threads", [&](const Node& v, const std::string& k) {
-                  d.threads = read_int(o, v, k, kPositiveInt);
-                }}});
+  read_fields(
+      o, n, path,
+      {{"kind",
+        [&](const Node& v, const std::string& k) { d.kind = read_enum(o, v, k, kDeviceKinds); }},
+       {"threads",
+        [&](const Node& v, const std::string& k) { d.threads = read_int(o, v, k, kPositiveInt); }},
+       {"memory",
+        [&](const Node& v, const std::string& k) { d.memory_bytes = read_bytes(o, v, k); }}});
 }
 
 // A list in the file replaces the whole list: entries are positional, so
@@ -565,6 +567,7 @@ void validate_devices(const Origin& o, const RuntimeConfig& c) {
   }
   for (size_t i = 0; i < n; ++i) {
     check_positive(o, "devices[" + std::to_string(i) + "].threads", c.devices[i].threads);
+    check_non_negative(o, "devices[" + std::to_string(i) + "].memory", c.devices[i].memory_bytes);
   }
 }
 
@@ -855,6 +858,7 @@ std::string to_yaml(const RuntimeConfig& c) {
     out << YAML::Flow << YAML::BeginMap;
     out << YAML::Key << "kind" << YAML::Value << device_kind_name(d.kind);
     out << YAML::Key << "threads" << YAML::Value << d.threads;
+    if (d.memory_bytes != 0) out << YAML::Key << "memory" << YAML::Value << d.memory_bytes;
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;

@@ -53,7 +53,8 @@ const char* device_kind_name(DeviceKind k);  // "cpu", "cuda", "auto"
 
 struct DeviceSpec {
   DeviceKind kind = DeviceKind::Cpu;
-  int threads = 2;  // CPU threads (compute for cpu; host-side work for cuda)
+  int threads = 2;           // CPU threads (compute for cpu; host-side work for cuda)
+  int64_t memory_bytes = 0;  // cap on weights + KV cache the device holds; 0: none
   bool operator==(const DeviceSpec&) const = default;
 };
 

@@ -125,7 +125,12 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
     l.microbatches = o.microbatches;
     l.block_tokens = kBlock;
     l.blocks = blocks;
-    l.stage_layers = balanced_stages(c, o.pipeline, dtype);
+    if (o.pipeline > 1) {
+      LayerProfileOptions po;
+      po.threads = o.threads;
+      l.stage_layers = balanced_stages(profile_layers(ckpt, dtype, po), o.pipeline);
+    }
+    r.stage_layers = l.stage_layers;
     auto pe = std::make_unique<ParallelEngine>(ckpt, dtype, l);
     parallel = pe.get();
     const ParallelStats st = pe->stats();
@@ -232,6 +237,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   }
   j["layout"] = {{"replicas", 1}, {"pipeline", pipeline}, {"tensor", tensor}};
   j["weight_bytes_per_device"] = weight_bytes_per_device;
+  if (!stage_layers.empty()) j["stage_layers"] = stage_layers;
   j["kv_bytes_per_token"] = kv_bytes_per_token;
   j["peak_rss_bytes"] = peak_rss_bytes;
   return j;
@@ -256,6 +262,10 @@ std::string EngineBenchResult::table() const {
                   "layout: %d stage(s) x %d shard(s); weights per device:", pipeline, tensor);
     s << line;
     for (size_t b : weight_bytes_per_device) s << " " << (b >> 20) << " MiB";
+    if (!stage_layers.empty()) {
+      s << "; layers per stage:";
+      for (const auto& [b, e] : stage_layers) s << " [" << b << ", " << e << ")";
+    }
     s << "\n";
   }
   s << "  batch | decode tokens/s | of bandwidth bound";

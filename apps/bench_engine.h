@@ -35,8 +35,9 @@ struct EngineBenchResult {
   int threads = 0;  // per device
   int pipeline = 1, tensor = 1;
   std::vector<size_t> weight_bytes_per_device;
-  double bandwidth_gbs = 0;       // STREAM-like copy, non-temporal stores
-  double read_bandwidth_gbs = 0;  // streaming read only
+  std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage (pipelines)
+  double bandwidth_gbs = 0;                       // STREAM-like copy, non-temporal stores
+  double read_bandwidth_gbs = 0;                  // streaming read only
   size_t weight_bytes_per_step = 0;
   double bound_steps_per_s = 0;  // bandwidth / bytes per step
   int prompt_len = 0;

@@ -84,9 +84,13 @@ void run_generate(const GenerateOptions& o) {
     l.pipeline = o.pipeline;
     l.tensor = o.tensor;
     l.threads = {o.threads > 0 ? o.threads : 1};
-    l.stage_layers = balanced_stages(ckpt.config, o.pipeline, *dtype);
     l.blocks = (ckpt.config.max_seq_len + l.block_tokens - 1) / l.block_tokens;
     try {
+      if (o.pipeline > 1 && o.pipeline <= ckpt.config.n_layers) {
+        LayerProfileOptions po;
+        po.threads = l.threads[0];
+        l.stage_layers = balanced_stages(profile_layers(ckpt, *dtype, po), o.pipeline);
+      }
       parallel = std::make_unique<ParallelEngine>(ckpt, *dtype, l);
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("layout: ") + e.what());

@@ -27,7 +27,10 @@ ServingOptions serving_options(const RuntimeConfig& c, const troupe::ModelConfig
   o.pipeline = c.parallel.pipeline;
   o.tensor = c.parallel.tensor;
   o.threads.clear();
-  for (int d = 0; d < c.parallel.device_count(); ++d) o.threads.push_back(threads_for_device(c, d));
+  for (int d = 0; d < c.parallel.device_count(); ++d) {
+    o.threads.push_back(threads_for_device(c, d));
+    o.device_memory_bytes.push_back(device_spec(c, d).memory_bytes);
+  }
   o.block_tokens = c.kv_cache.block_tokens;
   o.kv_blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
                                                                  size_t(c.kv_cache.bytes))

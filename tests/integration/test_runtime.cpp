@@ -224,6 +224,31 @@ TEST(Runtime, ShardKilledMidStepIsRecoveredBySupervisionWithNoLostRequest) {
   }
 }
 
+// Stages are placed from measured layer times within each device's memory:
+// a first device that holds one layer gets exactly one, and the answer is
+// the same.
+TEST(Runtime, PipelineStagesRespectDeviceMemory) {
+  const auto ckpt =
+      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  const LayerProfile p = profile_layers(*ckpt, DType::F32, {});
+  ServingOptions o = options(1);
+  o.pipeline = 2;
+  const int64_t kv_per_layer =
+      int64_t(o.kv_blocks) * o.block_tokens * 2 * ckpt->config.kv_dim() * int64_t(sizeof(float));
+  o.device_memory_bytes = {int64_t(p.weight_bytes[0]) + kv_per_layer + 1024, 0};
+  ActorRuntime rt(ckpt, DType::F32, o);
+  ASSERT_EQ(rt.stage_layers().size(), 1u);
+  EXPECT_EQ(rt.stage_layers()[0], (std::vector<std::pair<int, int>>{{0, 1}, {1, 5}}));
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  auto sink = std::make_shared<RecordingSink>();
+  rt.submit(request(1, prompt_for(3), 30), sink);
+  ASSERT_TRUE(sink->wait());
+  EXPECT_EQ(sink->tokens(), reference(prompt_for(3), 30));
+  // No split fits: start-up says so.
+  o.device_memory_bytes = {1024};
+  EXPECT_THROW(ActorRuntime(ckpt, DType::F32, o), std::invalid_argument);
+}
+
 TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
   auto o = options(1);
   o.max_restarts = 1;
@@ -316,8 +341,11 @@ TEST(Runtime, DeadlinePassedIsATimeout) {
   ASSERT_TRUE(rt.wait_live(1, 30));
   rt.inject_slowness(0, 0.05);
   auto sink = std::make_shared<RecordingSink>();
+  // 200 tokens, no early stop: over the deadline even if the slowness has
+  // not reached the worker yet.
   auto r = request(1, prompt_for(1), 200);
-  r.deadline_s = 0.3;
+  r.ignore_eos = true;
+  r.deadline_s = 0.1;
   rt.submit(r, sink);
   ASSERT_TRUE(sink->wait(10));
   ASSERT_TRUE(sink->error());

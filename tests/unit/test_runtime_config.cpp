@@ -281,6 +281,10 @@ TEST(RuntimeConfigTest, ByteCountsTakeBinaryUnits) {
   expect_error("kv_cache: {bytes: 99999999999TiB}\n", "kv_cache.bytes", "too large");
   expect_error("server: {max_body_bytes: 0}\n", "server.max_body_bytes",
                "expected a positive byte count, got 0");
+  const RuntimeConfig d = parse("devices: [{kind: cpu, threads: 1, memory: 3GiB}]\n");
+  EXPECT_EQ(d.devices[0].memory_bytes, int64_t(3) << 30);
+  EXPECT_EQ(default_runtime_config().devices[0].memory_bytes, 0);  // no cap
+  expect_error("devices: [{memory: -1}]\n", "devices[0].memory", "expected a byte count");
 }
 
 // ---- syntax and files ----
@@ -416,7 +420,7 @@ RuntimeConfig everything_changed() {
   c.parallel = {2, 3, 1};
   c.devices.clear();
   for (int i = 0; i < 6; ++i)
-    c.devices.push_back({i % 2 ? DeviceKind::Cuda : DeviceKind::Auto, i + 1});
+    c.devices.push_back({i % 2 ? DeviceKind::Cuda : DeviceKind::Auto, i + 1, int64_t(i) << 30});
   c.batching = {8, 1024, 256, 7};
   c.kv_cache = {32, 0, int64_t(3) << 30};
   c.routing = {"power_of_two", 18446744073709551615ull};
