@@ -20,6 +20,8 @@ struct Sequence {
   Assignment a;
   std::vector<int> tokens;  // prompt + generated so far
   int cached = 0;           // tokens in the worker's KV cache
+  int in_step = 0;          // tokens fed by a step in flight (0: not in one)
+  bool busy = false;        // in a step in flight
   bool cancelled = false;
 };
 
@@ -34,7 +36,7 @@ struct BatcherState {
   std::unordered_map<uint64_t, Sequence> seqs;
   std::vector<uint64_t> running;  // admission order
   std::deque<uint64_t> waiting;
-  bool in_flight = false;
+  int in_flight = 0;  // steps sent, not yet answered
   bool up = false;
 };
 
@@ -44,8 +46,9 @@ bool is_eos(const BatcherState& s, int tok) {
   return false;
 }
 
+// Counting the tokens of a step in flight: the blocks are reserved for them.
 int blocks_held(const BatcherState& s, const Sequence& q) {
-  return s.policy->blocks_for(q.cached);
+  return s.policy->blocks_for(q.cached + q.in_step);
 }
 
 void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st);
@@ -84,6 +87,8 @@ void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st
     if (it == s.seqs.end()) continue;
     Sequence& q = it->second;
     q.cached += int(items[i].tokens.size());
+    q.in_step = 0;
+    q.busy = false;
     if (!items[i].sample || q.cancelled) continue;
     const int tok = out[i];
     if (!q.a.ignore_eos && is_eos(s, tok)) {
@@ -101,15 +106,16 @@ void apply_result(caf::event_based_actor* self, std::shared_ptr<BatcherState> st
   self->send(s.router, events_atom::value, std::move(ev));
 }
 
-void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
+// Plans and sends one step; false when there is nothing to run.
+bool dispatch(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
   BatcherState& s = *st;
-  if (s.in_flight || !s.up) return;
-  // Cancelled sequences leave before the next step, freeing their blocks.
+  // Cancelled sequences leave before the next step, freeing their blocks
+  // (those in a step in flight leave once it is answered).
   {
     StepEvents ev;
     std::vector<uint64_t> gone;
     for (auto& [id, q] : s.seqs)
-      if (q.cancelled) gone.push_back(id);
+      if (q.cancelled && !q.busy) gone.push_back(id);
     for (uint64_t id : gone) finish(s, ev, id, FinishReason::Cancelled, self);
     if (!gone.empty()) {
       fill_load(s, ev);
@@ -117,17 +123,28 @@ void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
     }
   }
   std::vector<SeqView> running, waiting;
-  int used = 0;
+  int used = 0, busy = 0;
   for (uint64_t id : s.running) {
     const Sequence& q = s.seqs.at(id);
-    running.push_back({id, int(q.tokens.size()) - q.cached, q.cached, blocks_held(s, q)});
     used += blocks_held(s, q);
+    if (q.busy) {
+      ++busy;
+      continue;
+    }
+    running.push_back({id, int(q.tokens.size()) - q.cached, q.cached, blocks_held(s, q)});
   }
   for (uint64_t id : s.waiting) {
     const Sequence& q = s.seqs.at(id);
     waiting.push_back({id, int(q.tokens.size()), 0, 0});
   }
-  const BatchPlan plan = s.policy->plan(running, waiting, s.opts.kv_blocks - used);
+  // With G groups, a step takes its share of the live sequences, so that
+  // the other groups' steps fill the pipeline's other stages.
+  int cap = 0;
+  if (s.opts.groups > 1) {
+    const int live = int(s.running.size() + s.waiting.size());
+    cap = std::max(1, (live + s.opts.groups - 1) / s.opts.groups);
+  }
+  const BatchPlan plan = s.policy->plan(running, waiting, s.opts.kv_blocks - used, cap, busy);
   for (uint64_t id : plan.preempted) {
     // Recomputed later from its tokens: the KV state is dropped, not lost.
     Sequence& q = s.seqs.at(id);
@@ -141,25 +158,27 @@ void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
     std::erase(s.waiting, id);
     s.running.push_back(id);
   }
-  if (plan.entries.empty()) return;
+  if (plan.entries.empty()) return false;
   std::vector<EngineItem> items;
   items.reserve(plan.entries.size());
   for (const auto& e : plan.entries) {
-    const Sequence& q = s.seqs.at(e.id);
+    Sequence& q = s.seqs.at(e.id);
     EngineItem it;
     it.seq = e.id;
     it.tokens.assign(q.tokens.begin() + q.cached, q.tokens.begin() + q.cached + e.tokens);
     it.sample = q.cached + e.tokens == int(q.tokens.size());
     it.sampling = q.a.sampling;
     it.generated = q.a.generated;
+    q.in_step = e.tokens;
+    q.busy = true;
     items.push_back(std::move(it));
   }
-  s.in_flight = true;
+  ++s.in_flight;
   const auto t0 = Clock::now();
   self->request(s.worker, caf::infinite, step_atom::value, items)
       .then(
           [=](const std::vector<int>& out) {
-            st->in_flight = false;
+            --st->in_flight;
             apply_result(self, st, items, out,
                          std::chrono::duration<double>(Clock::now() - t0).count());
             schedule(self, st);
@@ -169,6 +188,13 @@ void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
                           self->system().render(err));
             self->quit(err);
           });
+  return true;
+}
+
+void schedule(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
+  if (!st->up) return;
+  while (st->in_flight < std::max(1, st->opts.groups) && dispatch(self, st)) {
+  }
 }
 
 void probe(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
@@ -177,12 +203,12 @@ void probe(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
   it.tokens = {st->bos};
   it.sample = true;
   it.sampling.temperature = 0;
-  st->in_flight = true;
+  ++st->in_flight;
   self->request(st->worker, caf::infinite, step_atom::value, std::vector<EngineItem>{it})
       .then(
           [=](const std::vector<int>&) {
             self->send(st->worker, release_atom::value, kProbeSeq);
-            st->in_flight = false;
+            --st->in_flight;
             st->up = true;
             self->send(st->router, up_atom::value, st->opts.replica,
                        caf::actor_cast<caf::actor>(self));

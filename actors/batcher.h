@@ -18,6 +18,10 @@ struct BatcherOptions {
   int block_tokens = 16;
   BatchLimits limits;
   Metrics* metrics = nullptr;  // for the worker's per-stage figures
+  // Steps in flight at once, each over its own group of sequences: a
+  // pipeline of P stages runs P, so that no stage waits for the tokens of
+  // the step ahead of it. 1: one step at a time.
+  int groups = 1;
 };
 
 // Spawns its worker (detached, linked: if the worker dies the batcher dies

@@ -22,6 +22,7 @@ using down_atom = caf::atom_constant<caf::atom("down")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
 using slow_atom = caf::atom_constant<caf::atom("slow")>;
 using run_atom = caf::atom_constant<caf::atom("run")>;
+using stepdone_atom = caf::atom_constant<caf::atom("stepdone")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 
 // A request placed on a replica: the prompt plus every token already

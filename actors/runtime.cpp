@@ -157,6 +157,7 @@ void ActorRuntime::start(const ModelConfig& config, std::vector<EngineFactory> f
     b.kv_blocks = options_.kv_blocks;
     b.limits = options_.batching;
     b.metrics = metrics;
+    b.groups = options_.pipeline;  // one step in flight per stage
     so.batchers.push_back(std::move(b));
   }
   supervisor_ = system_->spawn(supervisor_actor, router_, config, so, supervisor_shared_, metrics);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 #include <stdexcept>
 #include <thread>
 
@@ -48,23 +49,51 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
     tuner = std::make_shared<MicrobatchTuner>(parallel->pipeline());
   const auto start = std::chrono::steady_clock::now();
   auto delay = std::make_shared<double>(0.0);
+  // Pipeline steps in flight: worker id -> (engine ticket, the batcher's promise).
+  using Pending =
+      std::map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<std::vector<int>>>>;
+  auto pending = std::make_shared<Pending>();
+  auto next_id = std::make_shared<uint64_t>(1);
   return {
-      [=](step_atom, const std::vector<EngineItem>& items) -> std::vector<int> {
+      [=](step_atom,
+          const std::vector<EngineItem>& items) -> caf::typed_response_promise<std::vector<int>> {
+        auto rp = self->make_response_promise<std::vector<int>>();
         if (*delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*delay));
+        if (!parallel) {
+          rp.deliver(engine->step(items));
+          return rp;
+        }
+        // A pipeline's steps are launched without waiting: the batcher keeps
+        // one per group of sequences in flight, and their answers come back
+        // as the engine reports each step done.
         if (tuner) {
           size_t tokens = 0;
           for (const auto& it : items) tokens += it.tokens.size();
           const double now =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          // No more micro-batches than sequences: a sequence is not split.
-          parallel->set_microbatches(std::min(int(items.size()), tuner->choose(tokens, now)));
+          // Micro-batches fill the pipeline only when no other step does; no
+          // more of them than sequences (a sequence is not split).
+          const int m = pending->empty() ? tuner->choose(tokens, now) : 1;
+          parallel->set_microbatches(std::min(int(items.size()), m));
         }
-        auto out = engine->step(items);
+        const uint64_t id = (*next_id)++;
+        caf::actor me = caf::actor_cast<caf::actor>(self);
+        const uint64_t ticket =
+            parallel->launch(items, [me, id] { caf::anon_send(me, stepdone_atom::value, id); });
+        pending->emplace(id, std::make_pair(ticket, rp));
+        return rp;
+      },
+      [=](stepdone_atom, uint64_t id) {
+        auto it = pending->find(id);
+        if (it == pending->end()) return;
+        auto [ticket, rp] = it->second;
+        pending->erase(it);
+        auto out = parallel->finish(ticket);  // throws the step's error: this worker dies
         if (tuner)
           for (const auto& smp : parallel->last_samples())
             tuner->observe(smp.stage, smp.tokens, smp.seconds);
-        if (parallel && metrics) publish_stages(*parallel, replica, *metrics);
-        return out;
+        if (metrics) publish_stages(*parallel, replica, *metrics);
+        rp.deliver(std::move(out));
       },
       [=](release_atom, uint64_t seq) { engine->release(seq); },
       [=](crash_atom) -> caf::result<void> {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <sstream>
 
 #include "actors/runtime.h"
@@ -88,6 +89,30 @@ void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read
   if (sink[0] == 12345.0) std::abort();  // keeps the reads alive
 }
 
+namespace {
+
+// Decode steps of G groups of sequences kept in flight together: a group's
+// next step is launched as soon as its last one is sampled, while the other
+// groups' steps are still in the pipeline (how a pipeline keeps every stage
+// busy at decode, where each step needs the previous step's tokens).
+void decode_in_groups(ParallelEngine& pe, const std::vector<EngineItem>& items, int G, int steps) {
+  std::vector<std::vector<EngineItem>> group(static_cast<size_t>(G));
+  for (size_t i = 0; i < items.size(); ++i) group[i % size_t(G)].push_back(items[i]);
+  std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket), oldest first
+  std::vector<int> done(static_cast<size_t>(G), 0);
+  for (int g = 0; g < G; ++g) flight.emplace_back(g, pe.launch(group[size_t(g)]));
+  while (!flight.empty()) {
+    const auto [g, ticket] = flight.front();
+    flight.pop_front();
+    const auto ids = pe.finish(ticket);
+    auto& members = group[size_t(g)];
+    for (size_t i = 0; i < members.size(); ++i) members[i].tokens = {ids[i]};
+    if (++done[size_t(g)] < steps) flight.emplace_back(g, pe.launch(members));
+  }
+}
+
+}  // namespace
+
 EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
                                    const std::string& model_name, const EngineBenchOptions& o) {
   const ModelConfig& c = ckpt.config;
@@ -122,13 +147,17 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
     l.pipeline = o.pipeline;
     l.tensor = o.tensor;
     l.threads = {o.threads};
-    l.microbatches = o.microbatches;
+    r.groups = o.pipeline > 1 ? (o.groups > 0 ? o.groups : o.pipeline) : 1;
+    l.microbatches = o.microbatches > 0 ? o.microbatches : (r.groups > 1 ? 1 : 0);
+    r.microbatches = l.microbatches;
     l.block_tokens = kBlock;
     l.blocks = blocks;
     if (o.pipeline > 1) {
       LayerProfileOptions po;
       po.threads = o.threads;
-      l.stage_layers = balanced_stages(profile_layers(ckpt, dtype, po), o.pipeline);
+      const LayerProfile profile = profile_layers(ckpt, dtype, po);
+      r.layer_cost_s = profile.seconds;
+      l.stage_layers = balanced_stages(profile, o.pipeline);
     }
     r.stage_layers = l.stage_layers;
     auto pe = std::make_unique<ParallelEngine>(ckpt, dtype, l);
@@ -174,12 +203,18 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
     engine->step(items);
     if (parallel) before = parallel->stats();
     double best = 1e30;
+    const int G = std::min(batch, r.groups);
     for (int rep = 0; rep < reps; ++rep) {
       const auto t0 = Clock::now();
-      for (int st = 0; st < steps; ++st) {
-        for (int b = 0; b < batch; ++b)
-          items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
-        engine->step(items);
+      if (G > 1) {
+        for (int b = 0; b < batch; ++b) items[size_t(b)].tokens = {3 + b % (c.vocab_size - 3)};
+        decode_in_groups(*parallel, items, G, steps);
+      } else {
+        for (int st = 0; st < steps; ++st) {
+          for (int b = 0; b < batch; ++b)
+            items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
+          engine->step(items);
+        }
       }
       best = std::min(best, seconds(t0, Clock::now()));
     }
@@ -236,8 +271,15 @@ nlohmann::json EngineBenchResult::to_json() const {
     j["decode"].push_back(p);
   }
   j["layout"] = {{"replicas", 1}, {"pipeline", pipeline}, {"tensor", tensor}};
+  if (pipeline > 1) {
+    j["groups"] = groups;
+    j["microbatches"] = microbatches;
+  }
   j["weight_bytes_per_device"] = weight_bytes_per_device;
-  if (!stage_layers.empty()) j["stage_layers"] = stage_layers;
+  if (!stage_layers.empty()) {
+    j["stage_layers"] = stage_layers;
+    j["layer_cost_s"] = layer_cost_s;
+  }
   j["kv_bytes_per_token"] = kv_bytes_per_token;
   j["peak_rss_bytes"] = peak_rss_bytes;
   return j;
@@ -267,6 +309,12 @@ std::string EngineBenchResult::table() const {
       for (const auto& [b, e] : stage_layers) s << " [" << b << ", " << e << ")";
     }
     s << "\n";
+    if (pipeline > 1) {
+      std::snprintf(line, sizeof line,
+                    "pipelining: %d sequence group(s) in flight, %s micro-batch(es) per step\n",
+                    groups, microbatches > 0 ? std::to_string(microbatches).c_str() : "P");
+      s << line;
+    }
   }
   s << "  batch | decode tokens/s | of bandwidth bound";
   if (pipeline * tensor > 1) s << " | comm share | bubble per stage";

@@ -16,7 +16,11 @@ struct EngineBenchOptions {
   int repeats = 3;
   int pipeline = 1;      // stages
   int tensor = 1;        // shards per stage
-  int microbatches = 0;  // 0: min(pipeline, batch)
+  int microbatches = 0;  // per step; 0: one per stage (one per step with groups)
+  // Pipelines: groups of sequences whose steps are in flight at once (each
+  // group's next step starts as soon as its last one is sampled); 0: one per
+  // stage. 1: whole-batch steps, cut into micro-batches.
+  int groups = 0;
 };
 
 struct DecodePoint {
@@ -34,8 +38,11 @@ struct EngineBenchResult {
   std::string isa;
   int threads = 0;  // per device
   int pipeline = 1, tensor = 1;
+  int groups = 1;  // sequence groups in flight (pipelines)
+  int microbatches = 0;
   std::vector<size_t> weight_bytes_per_device;
   std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage (pipelines)
+  std::vector<double> layer_cost_s;               // measured per layer, what they came from
   double bandwidth_gbs = 0;                       // STREAM-like copy, non-temporal stores
   double read_bandwidth_gbs = 0;                  // streaming read only
   size_t weight_bytes_per_step = 0;

@@ -22,7 +22,7 @@ struct BenchOptions {
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
-  int replicas = 1, pipeline = 1, tensor = 1, microbatches = 0;
+  int replicas = 1, pipeline = 1, tensor = 1, microbatches = 0, groups = 0;
   bool json = false;
   std::string isa;
   serving_bench::ServingBenchOptions serving;
@@ -104,6 +104,8 @@ void run_bench(const BenchOptions& o) {
   eo.pipeline = o.pipeline;
   eo.tensor = o.tensor;
   eo.microbatches = o.microbatches;
+  if (o.groups < 0) throw UsageError("--groups must be 0 (one per stage) or more");
+  eo.groups = o.groups;
   if (o.threads <= 0 && o.pipeline * o.tensor > 1) eo.threads = 1;  // one thread per device
   Checkpoint ckpt;
   std::string name;
@@ -148,7 +150,11 @@ void register_bench(CLI::App& app) {
   e.push_back(cmd->add_option("--tensor", o->tensor, "Layout: tensor-parallel shards per stage")
                   ->capture_default_str());
   e.push_back(cmd->add_option("--microbatches", o->microbatches,
-                              "Pipeline micro-batches per step (0: one per stage)"));
+                              "Pipeline micro-batches per step (0: one per stage, or one per "
+                              "step with --groups > 1)"));
+  e.push_back(cmd->add_option("--groups", o->groups,
+                              "Pipeline: sequence groups whose steps are in flight at once (0: "
+                              "one per stage; 1: whole-batch steps cut into micro-batches)"));
   e.push_back(cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")
                   ->capture_default_str());
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt length in tokens")->capture_default_str();

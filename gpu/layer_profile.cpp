@@ -1,13 +1,30 @@
 #include "gpu/layer_profile.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
 #include "gpu/model.h"
 
 namespace troupe {
+
+namespace {
+
+// What a stage holding layer l keeps for it: the layer's matrices and norms,
+// plus the embedding on the first layer and the final norm and classifier on
+// the last (a split model holds both, tied or not).
+std::vector<uint64_t> layer_weight_bytes(const ModelConfig& c, DType dtype) {
+  const uint64_t esz = dtype_size(dtype), dim = uint64_t(c.dim);
+  const uint64_t matrices = 2 * uint64_t(c.q_dim()) * dim + 2 * uint64_t(c.kv_dim()) * dim +
+                            3 * dim * uint64_t(c.hidden_dim);
+  std::vector<uint64_t> out(size_t(c.n_layers), matrices * esz + 2 * dim * sizeof(float));
+  const uint64_t vocab = uint64_t(c.vocab_size) * dim * esz;
+  out.front() += vocab;
+  out.back() += vocab + dim * sizeof(float);
+  return out;
+}
+
+}  // namespace
 
 LayerProfile profile_layers(const Checkpoint& ckpt, DType dtype, const LayerProfileOptions& o) {
   if (o.batch < 1 || o.context < 1 || o.repeats < 1 || o.threads < 1)
@@ -16,49 +33,49 @@ LayerProfile profile_layers(const Checkpoint& ckpt, DType dtype, const LayerProf
   const int context = std::min(o.context, c.max_seq_len - o.repeats - 1);
   if (context < 1)
     throw std::invalid_argument("layer profile: the model's context is too short to time decode");
+  // The whole model at once, timed layer by layer inside real decode steps:
+  // every layer then runs with the others streaming through the caches as
+  // they will in service (a layer timed alone sits in cache and looks
+  // cheaper than it is). The engine's shards are built after this model is
+  // gone, so peak memory does not grow.
+  const Model m(ckpt, dtype);
   constexpr int kBlockTokens = 16;
   const int blocks_per_seq = (context + o.repeats + 1 + kBlockTokens - 1) / kBlockTokens;
+  KvCache cache = m.make_cache(kBlockTokens, o.batch * blocks_per_seq);
   ThreadPool pool(o.threads);
-  LayerProfile out;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const Model m(ckpt, dtype, ShardSpec{0, 1, l, l + 1});
-    const ShardDims& d = m.dims();
-    KvCache cache = m.make_cache(kBlockTokens, o.batch * blocks_per_seq);
-    Workspace ws;
-    std::vector<SequenceCache> seqs(static_cast<size_t>(o.batch));
-    std::vector<float> x_in, x_out, logits(size_t(o.batch) * size_t(d.vocab_stride));
-    // One step in which every sequence appends `n` tokens.
-    auto step = [&](int n) {
-      std::vector<std::vector<int>> tokens(seqs.size());
-      std::vector<StepInput> inputs;
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        for (int i = 0; i < n; ++i)
-          tokens[s].push_back(1 + int(s * 31 + size_t(i) * 7) % (c.vocab_size - 1));
-        inputs.push_back({&seqs[s], tokens[s], true});
-      }
-      const size_t rows = seqs.size() * size_t(n) * size_t(c.dim);
-      x_in.resize(rows);
-      for (size_t i = 0; i < rows; ++i) x_in[i] = 0.1f * std::sin(float(i % 977));
-      x_out.resize(rows);
-      ShardIo io;
-      if (!d.first) io.x_in = x_in.data();
-      if (!d.last) io.x_out = x_out.data();
-      if (d.last) io.logits = logits.data();
-      m.forward_shard(inputs, cache, pool, ws, io);
-    };
-    step(context);
-    step(1);  // warm-up: caches, page faults
-    std::vector<double> times;
-    for (int r = 0; r < o.repeats; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      step(1);
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  Workspace ws;
+  std::vector<SequenceCache> seqs(static_cast<size_t>(o.batch));
+  std::vector<float> logits(seqs.size() * size_t(m.dims().vocab_stride));
+  const size_t L = size_t(c.n_layers);
+  // One step in which every sequence appends `n` tokens; returns its per-layer times.
+  auto step = [&](int n) {
+    std::vector<std::vector<int>> tokens(seqs.size());
+    std::vector<StepInput> inputs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      for (int i = 0; i < n; ++i)
+        tokens[s].push_back(1 + int(s * 31 + size_t(i) * 7) % (c.vocab_size - 1));
+      inputs.push_back({&seqs[s], tokens[s], true});
     }
-    std::nth_element(times.begin(), times.begin() + long(times.size() / 2), times.end());
-    out.seconds.push_back(times[times.size() / 2]);
-    out.weight_bytes.push_back(m.weight_bytes());
-    for (auto& s : seqs) cache.release(s);
+    std::vector<double> seconds(L, 0.0);
+    ShardIo io;
+    io.logits = logits.data();
+    io.layer_seconds = seconds.data();
+    m.forward_shard(inputs, cache, pool, ws, io);
+    return seconds;
+  };
+  step(context);
+  step(1);  // warm-up
+  std::vector<std::vector<double>> runs;
+  for (int r = 0; r < o.repeats; ++r) runs.push_back(step(1));
+  LayerProfile out;
+  for (size_t l = 0; l < L; ++l) {
+    std::vector<double> t;
+    for (const auto& r : runs) t.push_back(r[l]);
+    std::nth_element(t.begin(), t.begin() + long(t.size() / 2), t.end());
+    out.seconds.push_back(t[t.size() / 2]);
   }
+  out.weight_bytes = layer_weight_bytes(c, dtype);
+  for (auto& s : seqs) cache.release(s);
   return out;
 }
 

@@ -1,10 +1,10 @@
 #pragma once
-// Measured per-layer cost, for the pipeline partitioner: each layer is built
-// alone (the first with the embedding, the last with the final norm and the
-// classifier, as the stage holding it would) and timed on decode steps of a
-// small batch with some context. Layers of one shape differ mostly by what
-// rides on them (the classifier), and on real hardware by placement and
-// caches; measuring catches both where a count of layers or of bytes misses.
+// Measured per-layer cost, for the pipeline partitioner: the whole model
+// runs decode steps of a small batch with some context, and each layer's
+// share of the step is timed (the classifier counts on the last layer, as
+// the stage holding it runs it). Layers of one shape differ mostly by what
+// rides on them, and on real hardware by placement and caches; measuring
+// catches both where a count of layers or of bytes misses.
 #include <cstdint>
 #include <vector>
 
@@ -24,8 +24,9 @@ struct LayerProfile {
   std::vector<uint64_t> weight_bytes;  // per layer: bytes its shard holds
 };
 
-// Builds one layer at a time, so it needs the memory of one layer (plus the
-// classifier) at most. Throws what Model throws for a bad checkpoint.
+// Builds the whole model for the measurement and frees it before returning.
+// Throws what Model throws for a bad checkpoint, std::invalid_argument for
+// bad options.
 LayerProfile profile_layers(const Checkpoint& ckpt, DType weight_dtype,
                             const LayerProfileOptions& options = {});
 

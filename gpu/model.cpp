@@ -1,6 +1,7 @@
 #include "gpu/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -304,6 +305,14 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     std::copy(io.x_in, io.x_in + size_t(T) * size_t(dim), x);
   }
 
+  using Clock = std::chrono::steady_clock;
+  auto lap = Clock::now();
+  auto time_layer = [&](int li) {
+    if (!io.layer_seconds) return;
+    const auto now = Clock::now();
+    io.layer_seconds[li] += std::chrono::duration<double>(now - lap).count();
+    lap = now;
+  };
   for (int li = 0; li < d.layers(); ++li) {
     const LayerWeights& w = layers_[size_t(li)];
     for_each_token(pool, T, [&](int t) {
@@ -341,6 +350,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       const float* dlt = tmp + size_t(t) * size_t(dim);
       for (int i = 0; i < dim; ++i) xr[i] += dlt[i];
     });
+    time_layer(li);
   }
   for (auto& in : inputs) in.cache->length += int(in.tokens.size());
   if (!d.last) {
@@ -367,13 +377,14 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
   const size_t stride = size_t(d.vocab_stride);
   if (outputs == int(inputs.size())) {
     matmul(pool, ws.final_in.data(), outputs, dim, classifier_, io.logits, int(stride));
-    return;
+  } else {
+    matmul(pool, ws.final_in.data(), outputs, dim, classifier_, ws.logits.data(), int(stride));
+    for (int o = 0; o < outputs; ++o)
+      std::copy(ws.logits.begin() + long(size_t(o) * stride),
+                ws.logits.begin() + long(size_t(o) * stride + size_t(d.vocab)),
+                io.logits + size_t(out_rows[size_t(o)]) * stride);
   }
-  matmul(pool, ws.final_in.data(), outputs, dim, classifier_, ws.logits.data(), int(stride));
-  for (int o = 0; o < outputs; ++o)
-    std::copy(ws.logits.begin() + long(size_t(o) * stride),
-              ws.logits.begin() + long(size_t(o) * stride + size_t(d.vocab)),
-              io.logits + size_t(out_rows[size_t(o)]) * stride);
+  if (d.layers() > 0) time_layer(d.layers() - 1);
 }
 
 }  // namespace troupe

@@ -78,6 +78,8 @@ struct ShardIo {
   float* x_out = nullptr;       // not last stage: [tokens, dim] for the next stage
   float* logits = nullptr;      // last stage: one row of vocab_stride per input (this
                                 // shard's vocabulary slice at its start)
+  double* layer_seconds = nullptr;  // when set: wall time added per layer of this shard
+                                    // (the classifier counts on the last one)
 };
 
 class Model {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <latch>
+#include <map>
 #include <mutex>
 #include <semaphore>
 #include <stdexcept>
@@ -63,8 +64,12 @@ struct ParallelEngine::Impl {
   std::vector<std::unique_ptr<std::atomic<int>>> in_flight;
   std::vector<int> max_in_flight;
   std::mutex in_flight_mu;
+  std::map<uint64_t, std::shared_ptr<StepState>> launched;  // by ticket
+  uint64_t next_ticket = 1;
+  int active = 0;  // steps launched, not yet finished
+  Clock::time_point active_since;
   uint64_t steps = 0;
-  double wall_s = 0;
+  double wall_s = 0;  // time with at least one step in flight
   Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
 };
 
@@ -133,61 +138,72 @@ void ParallelEngine::set_microbatches(int m) {
   impl_->layout.microbatches = std::max(0, m);
 }
 
-std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
+// One launched step: its buffers, latches and error live until the last
+// device job lets go (a latch's count_down may still be waking the waiter
+// when it returns, so they must not die with finish()'s frame).
+struct ParallelEngine::StepState {
+  std::vector<EngineItem> items;
+  int M = 1;
+  std::vector<int> first;      // micro-batch mb: items [first[mb], first[mb+1])
+  std::vector<size_t> tokens;  // per micro-batch
+  std::vector<std::vector<std::vector<float>>> act;            // [stage boundary][mb] activations
+  std::vector<std::vector<float>> logits;                      // per last-stage rank
+  std::vector<std::vector<std::unique_ptr<std::latch>>> done;  // [stage][mb]
+  std::mutex err_mu;
+  std::exception_ptr error;
+  std::vector<std::vector<double>> mb_seconds;  // [stage][mb], rank 0
+  std::atomic<int> jobs_left{0};
+  std::function<void()> on_done;
+  // Called once by every device job, however it ends; the last one reports.
+  void job_over() {
+    if (--jobs_left == 0 && on_done) on_done();
+  }
+};
+
+uint64_t ParallelEngine::launch(const std::vector<EngineItem>& items,
+                                std::function<void()> on_done) {
   Impl& m = *impl_;
   const int P = m.layout.pipeline, T = m.layout.tensor, n = int(items.size());
-  if (n == 0) return {};
+  if (n == 0) throw std::invalid_argument("launch: a step needs at least one item");
   // A dead shard leaves its group unable to step (its KV cache slice is
   // gone): report it, and let supervision rebuild the group.
   for (const auto& d : m.devices)
     if (d->queue->closed())
       throw std::runtime_error("shard (stage " + std::to_string(d->stage) + ", rank " +
                                std::to_string(d->rank) + ") is down: " + d->queue->close_reason());
-  const auto t_step = Clock::now();
-  const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
-  // Micro-batch mb holds items [first[mb], first[mb + 1]).
-  std::vector<int> first(size_t(M) + 1, 0);
-  for (int mb = 0; mb < M; ++mb)
-    first[size_t(mb) + 1] = first[size_t(mb)] + n / M + (mb < n % M ? 1 : 0);
-  std::vector<size_t> tokens(size_t(M), 0);
-  for (int mb = 0; mb < M; ++mb)
-    for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i)
-      tokens[size_t(mb)] += items[size_t(i)].tokens.size();
-  const size_t dim = size_t(m.config.dim);
-  // The step's buffers and latches live until the last device job lets go
-  // (a latch's count_down may still be waking the main thread when it
-  // returns, so they must not die with this frame).
-  struct StepState {
-    std::vector<std::vector<std::vector<float>>> act;            // [stage boundary][mb] activations
-    std::vector<std::vector<float>> logits;                      // per last-stage rank
-    std::vector<std::vector<std::unique_ptr<std::latch>>> done;  // [stage][mb]
-    std::mutex err_mu;
-    std::exception_ptr error;
-    std::vector<std::vector<double>> mb_seconds;  // [stage][mb], rank 0
-  };
   auto state = std::make_shared<StepState>();
-  state->act.resize(size_t(std::max(0, P - 1)));
-  for (auto& a : state->act) {
+  StepState& st = *state;
+  st.items = items;
+  st.on_done = std::move(on_done);
+  const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
+  st.M = M;
+  st.first.assign(size_t(M) + 1, 0);
+  for (int mb = 0; mb < M; ++mb)
+    st.first[size_t(mb) + 1] = st.first[size_t(mb)] + n / M + (mb < n % M ? 1 : 0);
+  st.tokens.assign(size_t(M), 0);
+  for (int mb = 0; mb < M; ++mb)
+    for (int i = st.first[size_t(mb)]; i < st.first[size_t(mb) + 1]; ++i)
+      st.tokens[size_t(mb)] += items[size_t(i)].tokens.size();
+  const size_t dim = size_t(m.config.dim);
+  st.act.resize(size_t(std::max(0, P - 1)));
+  for (auto& a : st.act) {
     a.resize(size_t(M));
-    for (int mb = 0; mb < M; ++mb) a[size_t(mb)].resize(tokens[size_t(mb)] * dim);
+    for (int mb = 0; mb < M; ++mb) a[size_t(mb)].resize(st.tokens[size_t(mb)] * dim);
   }
   const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
-  state->logits.assign(size_t(T), std::vector<float>(size_t(n) * stride));
-  state->done.resize(size_t(P));
-  for (auto& v : state->done)
+  st.logits.assign(size_t(T), std::vector<float>(size_t(n) * stride));
+  st.done.resize(size_t(P));
+  for (auto& v : st.done)
     for (int mb = 0; mb < M; ++mb) v.push_back(std::make_unique<std::latch>(T));
-  state->mb_seconds.assign(size_t(P), std::vector<double>(size_t(M), 0.0));
-  auto& act = state->act;
-  auto& logits = state->logits;
-  auto& done = state->done;
-  std::mutex& err_mu = state->err_mu;
-  const std::exception_ptr& error = state->error;
+  st.mb_seconds.assign(size_t(P), std::vector<double>(size_t(M), 0.0));
+  st.jobs_left = P * T;
+  if (m.active++ == 0) m.active_since = Clock::now();
 
   // A device that fails records the step's error, wakes everyone (peers
   // blocked in collectives, later stages waiting for its micro-batches,
   // earlier ones waiting for credits) and counts down its own remaining
   // micro-batches. True when its failure is the step's first.
-  auto fail = [&m, state, M](int s, int from_mb, std::exception_ptr e, const std::string& why) {
+  auto fail = [&m, state](int s, int from_mb, std::exception_ptr e, const std::string& why) {
     bool first = false;
     {
       std::lock_guard<std::mutex> l(state->err_mu);
@@ -195,44 +211,48 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
       if (first) state->error = e;
     }
     for (auto& dev : m.devices) dev->comm->group().abort(why);
-    for (int mb = from_mb; mb < M; ++mb) state->done[size_t(s)][size_t(mb)]->count_down();
-    for (auto& c : m.credits) c->release(M);
+    for (int mb = from_mb; mb < state->M; ++mb) state->done[size_t(s)][size_t(mb)]->count_down();
+    for (auto& c : m.credits) c->release(state->M);
     return first;
   };
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {
       Device& d = m.device(s, t);
       DeviceJob job;
-      job.abandon = [fail, s](const std::string& why) {
+      job.abandon = [fail, state, s](const std::string& why) {
         fail(s, 0, std::make_exception_ptr(std::runtime_error(why)), why);
+        state->job_over();
       };
-      job.run = [&, state, s, t, M, P, T, fail, &d = d] {
+      job.run = [&m, state, s, t, P, T, fail, &d = d] {
+        StepState& st = *state;
+        const size_t dim = size_t(m.config.dim);
+        const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
         int mb = 0;
         try {
-          for (; mb < M; ++mb) {
-            if (s > 0) done[size_t(s - 1)][size_t(mb)]->wait();
+          for (; mb < st.M; ++mb) {
+            if (s > 0) st.done[size_t(s - 1)][size_t(mb)]->wait();
             {
-              std::lock_guard<std::mutex> l(err_mu);
-              if (error) throw std::runtime_error("step aborted");
+              std::lock_guard<std::mutex> l(st.err_mu);
+              if (st.error) throw std::runtime_error("step aborted");
             }
             if (s + 1 < P && t == 0) m.credits[size_t(s)]->acquire();
             const auto t0 = Clock::now();
             std::vector<StepInput> inputs;
-            for (int i = first[size_t(mb)]; i < first[size_t(mb) + 1]; ++i)
-              inputs.push_back({&d.seqs[items[size_t(i)].seq], items[size_t(i)].tokens,
-                                items[size_t(i)].sample});
+            for (int i = st.first[size_t(mb)]; i < st.first[size_t(mb) + 1]; ++i)
+              inputs.push_back({&d.seqs[st.items[size_t(i)].seq], st.items[size_t(i)].tokens,
+                                st.items[size_t(i)].sample});
             ShardIo io;
             io.tp = T > 1 ? d.comm.get() : nullptr;
-            if (s > 0) io.x_in = act[size_t(s - 1)][size_t(mb)].data();
+            if (s > 0) io.x_in = st.act[size_t(s - 1)][size_t(mb)].data();
             if (s + 1 < P) {
               if (t == 0) {
-                io.x_out = act[size_t(s)][size_t(mb)].data();
+                io.x_out = st.act[size_t(s)][size_t(mb)].data();
               } else {
-                d.scratch.resize(tokens[size_t(mb)] * dim);
+                d.scratch.resize(st.tokens[size_t(mb)] * dim);
                 io.x_out = d.scratch.data();
               }
             } else {
-              io.logits = logits[size_t(t)].data() + size_t(first[size_t(mb)]) * stride;
+              io.logits = st.logits[size_t(t)].data() + size_t(st.first[size_t(mb)]) * stride;
             }
             d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
             if (size_t(s) < m.layout.stage_delay_s.size() && m.layout.stage_delay_s[size_t(s)] > 0)
@@ -240,7 +260,7 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
                   std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
             const double took = seconds_since(t0);
             d.busy_s += took;
-            if (t == 0) state->mb_seconds[size_t(s)][size_t(mb)] = took;
+            if (t == 0) st.mb_seconds[size_t(s)][size_t(mb)] = took;
             if (t == 0 && s + 1 < P) {
               const int now = ++*m.in_flight[size_t(s)];
               std::lock_guard<std::mutex> l(m.in_flight_mu);
@@ -251,7 +271,7 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
               --*m.in_flight[size_t(s - 1)];
               m.credits[size_t(s - 1)]->release();
             }
-            done[size_t(s)][size_t(mb)]->count_down();
+            st.done[size_t(s)][size_t(mb)]->count_down();
           }
         } catch (const std::exception& e) {
           // The shard whose failure started it dies ("let it crash"); peers
@@ -259,31 +279,53 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
           // rebuilt.
           const std::string why = "shard (stage " + std::to_string(s) + ", rank " +
                                   std::to_string(t) + ") failed: " + e.what();
-          if (fail(s, mb, std::current_exception(), why)) throw;
+          const bool first = fail(s, mb, std::current_exception(), why);
+          st.job_over();
+          if (first) throw;
+          return;
         } catch (...) {
-          if (fail(s, mb, std::current_exception(), "a shard failed: unknown exception")) throw;
+          const bool first =
+              fail(s, mb, std::current_exception(), "a shard failed: unknown exception");
+          st.job_over();
+          if (first) throw;
+          return;
         }
+        st.job_over();
       };
       d.queue->post(std::move(job));
     }
-  for (int mb = 0; mb < M; ++mb) done[size_t(P - 1)][size_t(mb)]->wait();
-  // Every device has finished this step's jobs once the last stage has.
-  for (int s = 0; s + 1 < P; ++s)
-    for (int mb = 0; mb < M; ++mb) done[size_t(s)][size_t(mb)]->wait();
-  if (error) std::rethrow_exception(error);
+  const uint64_t ticket = m.next_ticket++;
+  m.launched.emplace(ticket, std::move(state));
+  return ticket;
+}
+
+std::vector<int> ParallelEngine::finish(uint64_t ticket) {
+  Impl& m = *impl_;
+  auto node = m.launched.extract(ticket);
+  if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
+  const std::shared_ptr<StepState> state = std::move(node.mapped());
+  StepState& st = *state;
+  const int P = m.layout.pipeline, T = m.layout.tensor, n = int(st.items.size()), M = st.M;
+  // Every device has finished this step's jobs once every stage has.
+  for (int s = P - 1; s >= 0; --s)
+    for (int mb = 0; mb < M; ++mb) st.done[size_t(s)][size_t(mb)]->wait();
+  if (--m.active == 0) m.wall_s += seconds_since(m.active_since);
+  if (st.error) std::rethrow_exception(st.error);
   last_samples_.clear();
   for (int s = 0; s < P; ++s)
     for (int mb = 0; mb < M; ++mb)
-      last_samples_.push_back({s, tokens[size_t(mb)], state->mb_seconds[size_t(s)][size_t(mb)]});
+      last_samples_.push_back({s, st.tokens[size_t(mb)], st.mb_seconds[size_t(s)][size_t(mb)]});
 
   // Sampling: greedy items take the best of each rank's local argmax (a
   // distributed argmax, ties to the lowest id); others gather the slices.
+  const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
+  const auto& logits = st.logits;
   std::vector<int> out(size_t(n), -1);
   const int V = m.config.vocab_size;
   last_logits_.clear();
   std::vector<float> full(static_cast<size_t>(V));
   for (int i = 0; i < n; ++i) {
-    const EngineItem& it = items[size_t(i)];
+    const EngineItem& it = st.items[size_t(i)];
     if (!it.sample) continue;
     for (int t = 0; t < T; ++t) {
       const auto& dm = m.device(P - 1, t).model->dims();
@@ -313,19 +355,27 @@ std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
     out[size_t(i)] = sampler->sample(full);
   }
   ++m.steps;
-  m.wall_s += seconds_since(t_step);
   return out;
+}
+
+std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
+  if (items.empty()) return {};
+  return finish(launch(items));
 }
 
 void ParallelEngine::release(uint64_t seq) {
   Impl& m = *impl_;
   m.samplers.erase(seq);
-  // Device threads are idle between steps, so their maps can be touched here.
+  // On each device's own thread, after the steps already launched.
   for (auto& d : m.devices) {
-    auto it = d->seqs.find(seq);
-    if (it == d->seqs.end()) continue;
-    d->cache->release(it->second);
-    d->seqs.erase(it);
+    Device* dev = d.get();
+    d->queue->post({[dev, seq] {
+                      auto it = dev->seqs.find(seq);
+                      if (it == dev->seqs.end()) return;
+                      dev->cache->release(it->second);
+                      dev->seqs.erase(it);
+                    },
+                    [](const std::string&) {}});
   }
 }
 

@@ -7,6 +7,7 @@
 // A step is cut into micro-batches that flow through the stages so that
 // stages work at the same time; a stage may run at most `credits`
 // micro-batches ahead of the stage after it (back-pressure, bounded buffers).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,7 +59,19 @@ class ParallelEngine : public StepEngine {
   ~ParallelEngine() override;
 
   std::vector<int> step(const std::vector<EngineItem>& items) override;
+  // Frees a sequence on every device after the steps already launched.
   void release(uint64_t seq) override;
+
+  // A step in two halves, for pipelining across steps: launch returns at
+  // once, and steps launched back to back overlap across the stages (each
+  // device takes its jobs in launch order), so with P groups of sequences
+  // in flight no stage waits for another group's tokens. Steps in flight
+  // must hold different sequences. on_done (optional) is called from a
+  // device thread when the step's compute is over; finish then returns its
+  // ids without waiting. launch, finish, step and release are called from
+  // one thread.
+  uint64_t launch(const std::vector<EngineItem>& items, std::function<void()> on_done = {});
+  std::vector<int> finish(uint64_t ticket);
 
   const ModelConfig& config() const;
   int pipeline() const;
@@ -79,6 +92,7 @@ class ParallelEngine : public StepEngine {
 
  private:
   struct Device;
+  struct StepState;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<float> last_logits_;

@@ -20,14 +20,17 @@ ContinuousBatchPolicy::ContinuousBatchPolicy(BatchLimits limits, int block_token
 }
 
 BatchPlan ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
-                                      const std::vector<SeqView>& waiting, int free_blocks) const {
+                                      const std::vector<SeqView>& waiting, int free_blocks,
+                                      int max_sequences, int busy_sequences) const {
+  const int cap = max_sequences > 0 ? std::min(max_sequences, limits_.max_batch_sequences)
+                                    : limits_.max_batch_sequences;
   std::vector<SeqView> live = running;
   {
     BatchPlan plan;
     int free = free_blocks;
     int budget = limits_.max_batch_tokens;
     auto try_add = [&](const SeqView& s) {
-      if (int(plan.entries.size()) >= limits_.max_batch_sequences || budget <= 0) return false;
+      if (int(plan.entries.size()) >= cap || budget <= 0) return false;
       const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
       if (n <= 0) return false;
       const int need = std::max(0, blocks_for(s.cached + n) - s.blocks_held);
@@ -49,17 +52,18 @@ BatchPlan ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
       const SeqView victim = live.back();
       live.pop_back();
       free_blocks += victim.blocks_held;
-      BatchPlan retry = this->plan(live, waiting, free_blocks);
+      BatchPlan retry = this->plan(live, waiting, free_blocks, max_sequences, busy_sequences);
       retry.preempted.insert(retry.preempted.begin(), victim.id);
       return retry;
     }
     // Admit waiting sequences in order while their first chunk fits and one
     // block per running sequence stays free for its next decode step.
-    const int watermark = int(live.size());
+    const int watermark = int(live.size()) + busy_sequences;
     for (const auto& s : waiting) {
-      if (int(plan.entries.size()) >= limits_.max_batch_sequences || budget <= 0) break;
+      if (int(plan.entries.size()) >= cap || budget <= 0) break;
       const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
-      if (blocks_for(s.cached + n) > free - watermark && !(live.empty() && plan.entries.empty()))
+      if (blocks_for(s.cached + n) > free - watermark &&
+          !(live.empty() && plan.entries.empty() && busy_sequences == 0))
         break;
       if (!try_add(s)) break;
       plan.admitted.push_back(s.id);

@@ -41,8 +41,12 @@ class ContinuousBatchPolicy {
   // the order they should be admitted. A running sequence that cannot get
   // the blocks it needs waits a step; if nothing at all can run, the most
   // recently admitted running sequence is preempted to free its blocks.
+  // max_sequences (0: the limit) caps this step below max_batch_sequences:
+  // a pipeline splits its sequences into groups whose steps are in flight at
+  // once. busy_sequences run in such other steps (not listed here): each
+  // keeps a free block in reserve for its next decode, like running ones.
   BatchPlan plan(const std::vector<SeqView>& running, const std::vector<SeqView>& waiting,
-                 int free_blocks) const;
+                 int free_blocks, int max_sequences = 0, int busy_sequences = 0) const;
 
   int blocks_for(int tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
   const BatchLimits& limits() const { return limits_; }

@@ -28,7 +28,7 @@ inline typename V::vec load_w(const void* base, size_t index) {
 // exact f32 partial sums, so the result equals one unblocked chain.
 template <class V, DType WT, int R, int NP>
 void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
-                  float* y, int ldy, int valid_cols) {
+                  float* y, int ldy, int valid_cols, bool prefetch) {
   constexpr int VPP = kPanel / V::kLanes;  // vectors per panel
   constexpr int NV = NP * VPP;
   constexpr int width = NP * kPanel;
@@ -61,11 +61,13 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
       for (int v = 0; v < VPP; ++v)
         w[p * VPP + v] = load_w<V, WT>(
             panels, size_t(p) * panel_stride + size_t(k) * kPanel + size_t(v) * V::kLanes);
-    if constexpr (kPrefetchBytes > 0 && R <= 2) {
-      // Few rows: the kernel streams weights from DRAM; run ahead of the
-      // hardware prefetcher, which tracks only a few streams per page.
+    if constexpr (kPrefetchBytes > 0) {
+      // The first pass over a block of weights streams it from DRAM: run
+      // ahead of the hardware prefetcher, which tracks only a few streams
+      // per page and falls behind at decode batch sizes. Later row blocks
+      // find the block in L1 and skip this.
       constexpr size_t esz = WT == DType::F32 ? 4 : 2;
-      if ((size_t(k) * kPanel * esz) % 64 == 0)
+      if (prefetch && (size_t(k) * kPanel * esz) % 64 == 0)
 #pragma GCC unroll 16
         for (int p = 0; p < NP; ++p)
           _mm_prefetch(static_cast<const char*>(panels) +
@@ -97,12 +99,13 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
 // Calls the kernel instantiated for exactly `rows` (1..R) rows.
 template <class V, DType WT, int R, int NP>
 void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* panels, int K, int k0,
-                 int k1, float* y, int ldy, int valid_cols) {
+                 int k1, float* y, int ldy, int valid_cols, bool prefetch) {
   if constexpr (R > 0) {
     if (rows == R)
-      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols);
+      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols, prefetch);
     else
-      rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols);
+      rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols,
+                                    prefetch);
   }
 }
 
@@ -156,7 +159,7 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
   const int valid = left < NP * kPanel ? left : NP * kPanel;
   const void* panels = panel_ptr<WT>(w, p);
   if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
-    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid);
+    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid, true);
     return;
   }
   for (int k0 = 0; k0 < K; k0 += KB) {
@@ -164,7 +167,7 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
     for (int m0 = 0; m0 < M; m0 += MR) {
       const int rows = M - m0 < MR ? M - m0 : MR;
       rows_kernel<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K, k0,
-                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid);
+                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid, m0 == 0);
     }
   }
 }

@@ -63,6 +63,28 @@ TEST(BatchPolicy, PreemptsTheNewestWhenNothingFits) {
   EXPECT_EQ(plan.entries[0].id, 1u);
 }
 
+// A pipeline's group of sequences: the step takes at most its share, and
+// sequences busy in other steps in flight keep their reserve block.
+TEST(BatchPolicy, GroupCapAndBusySequencesReserve) {
+  ContinuousBatchPolicy p(limits(8, 1000, 512), 16);
+  std::vector<SeqView> running{{1, 1, 8, 1}, {2, 1, 8, 1}, {3, 1, 8, 1}};
+  std::vector<SeqView> waiting{{4, 5, 0, 0}, {5, 5, 0, 0}};
+  auto plan = p.plan(running, waiting, 100, 2);
+  ASSERT_EQ(plan.entries.size(), 2u);
+  EXPECT_EQ(plan.entries[0].id, 1u);
+  EXPECT_EQ(plan.entries[1].id, 2u);
+  EXPECT_TRUE(plan.admitted.empty());
+  // The cap never exceeds the limit.
+  EXPECT_EQ(p.plan(running, waiting, 100, 50).entries.size(), 5u);
+  // Nothing running here, 4 busy elsewhere, 4 blocks free: a newcomer
+  // needing 1 block would leave 3 for 4 busy sequences, so it waits ...
+  plan = p.plan({}, {{6, 5, 0, 0}}, 4, 0, 4);
+  EXPECT_TRUE(plan.entries.empty());
+  // ... and is admitted once the reserve is there.
+  plan = p.plan({}, {{6, 5, 0, 0}}, 5, 0, 4);
+  EXPECT_EQ(plan.admitted, (std::vector<uint64_t>{6}));
+}
+
 TEST(BatchPolicy, EmptyAndBadLimits) {
   ContinuousBatchPolicy p(limits(4, 64, 16), 16);
   EXPECT_TRUE(p.plan({}, {}, 10).entries.empty());

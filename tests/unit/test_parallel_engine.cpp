@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <deque>
 #include <thread>
 
 #include "gpu/parallel_engine.h"
@@ -264,6 +265,80 @@ TEST(ParallelEngine, AShardThatDiesMidStepFailsTheStepNamingIt) {
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find(who), std::string::npos) << e.what();
     }
+  }
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Pipelining across steps: two groups of sequences alternate, each group's
+// next step launched as soon as its previous one finished, while the other
+// group's step is still in the pipeline. The ids equal one device's.
+TEST(ParallelEngine, StepsOfTwoGroupsInFlightGiveTheSingleDeviceIds) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 11, DType::F32);
+  const int S = 6, steps = 8;
+  auto prompt = [&](int s) {
+    std::vector<int> p;
+    for (int i = 0; i < 2 + s; ++i) p.push_back(1 + (i * 29 + s * 13) % (ck.config.vocab_size - 1));
+    return p;
+  };
+  // Reference: one device, one sequence at a time.
+  std::vector<std::vector<int>> want(S);
+  {
+    ParallelLayout one;
+    one.blocks = 128;
+    ParallelEngine ref(ck, DType::F32, one);
+    for (int s = 0; s < S; ++s) {
+      EngineItem it;
+      it.seq = uint64_t(s);
+      it.tokens = prompt(s);
+      it.sample = true;
+      it.sampling.temperature = 0;
+      for (int k = 0; k < steps; ++k) {
+        want[size_t(s)].push_back(ref.step({it})[0]);
+        it.tokens = {want[size_t(s)].back()};
+      }
+    }
+  }
+  for (const auto& [P, T] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 1}}) {
+    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
+    ParallelLayout l;
+    l.pipeline = P;
+    l.tensor = T;
+    l.microbatches = 1;
+    l.blocks = 128;
+    ParallelEngine pe(ck, DType::F32, l);
+    const int G = P;  // one group per stage keeps every stage busy
+    std::vector<std::vector<EngineItem>> group(static_cast<size_t>(G));
+    for (int s = 0; s < S; ++s) {
+      EngineItem it;
+      it.seq = uint64_t(s);
+      it.tokens = prompt(s);
+      it.sample = true;
+      it.sampling.temperature = 0;
+      group[size_t(s % G)].push_back(it);
+    }
+    std::vector<std::vector<int>> got(S);
+    std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket)
+    std::vector<int> done(size_t(G), 0);
+    for (int g = 0; g < G; ++g) flight.emplace_back(g, pe.launch(group[size_t(g)]));
+    while (!flight.empty()) {
+      const auto [g, ticket] = flight.front();
+      flight.pop_front();
+      const auto ids = pe.finish(ticket);
+      auto& items = group[size_t(g)];
+      for (size_t i = 0; i < items.size(); ++i) {
+        got[items[i].seq].push_back(ids[i]);
+        items[i].tokens = {ids[i]};
+      }
+      if (++done[size_t(g)] < steps) flight.emplace_back(g, pe.launch(items));
+    }
+    EXPECT_EQ(got, want);
+    for (int s = 0; s < S; ++s) pe.release(uint64_t(s));
+    EXPECT_THROW(pe.finish(12345), std::invalid_argument);
   }
 }
 
