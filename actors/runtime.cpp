@@ -133,6 +133,13 @@ void ActorRuntime::start(const ModelConfig& config, std::vector<EngineFactory> f
                                 " blocks per device, fewer than one full-context sequence needs (" +
                                 std::to_string(ctx_blocks) + ")");
   cfg_.set("scheduler.max-threads", options_.scheduler_threads);
+  // CAF's idle threads poll for 100 rounds and then wake every 50 us for
+  // 500 more before sleeping on a condition variable. Between engine steps
+  // (milliseconds apart) that polling takes CPU from the device threads,
+  // which on a small machine share the cores with it: go to sleep at once;
+  // an enqueue wakes a sleeping thread.
+  cfg_.set("work-stealing.aggressive-poll-attempts", 10);
+  cfg_.set("work-stealing.moderate-poll-attempts", 0);
   system_ = std::make_unique<caf::actor_system>(cfg_);
 
   RouterOptions ro;
