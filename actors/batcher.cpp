@@ -184,6 +184,10 @@ bool dispatch(caf::event_based_actor* self, std::shared_ptr<BatcherState> st) {
             schedule(self, st);
           },
           [=](caf::error& err) {
+            // With several steps in flight, the others' requests fail with
+            // request_receiver_down once the worker is gone; the link brings
+            // the reason it died, which is what supervision should see.
+            if (err == caf::sec::request_receiver_down) return;
             spdlog::error("replica {}: step failed: {}", st->opts.replica,
                           self->system().render(err));
             self->quit(err);
