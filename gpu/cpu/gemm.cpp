@@ -83,12 +83,12 @@ void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, i
 }
 
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
-                 int ldy) {
+                 int ldy, uint64_t pack_tag) {
   switch (active_isa()) {
     case Isa::Avx512:
-      return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+      return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag);
     case Isa::Avx2:
-      return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy);
+      return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag);
     case Isa::Scalar:
       return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy);
   }
@@ -107,9 +107,11 @@ void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix
     chunk = std::max(4, (panels + want - 1) / want + 3) / 4 * 4;
   }
   const int chunks = (panels + chunk - 1) / chunk;
+  static std::atomic<uint64_t> next_tag{1};
+  const uint64_t tag = next_tag.fetch_add(1, std::memory_order_relaxed);
   pool.parallel_for(chunks, [&](int c, int) {
     const int p0 = c * chunk, p1 = std::min(panels, p0 + chunk);
-    gemm_panels(x, M, ldx, w, p0, p1, y, ldy);
+    gemm_panels(x, M, ldx, w, p0, p1, y, ldy, tag);
   });
 }
 

@@ -15,8 +15,9 @@ void force_isa(Isa isa);  // for tests and benchmarks; throws if unsupported
 
 // Rows m < M of x (row stride ldx) times panels [p0, p1) of w, written to the
 // matching columns of y (row stride ldy). Columns past w.rows() are not written.
+// pack_tag: see detail::GemmFn (0: no reuse).
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
-                 int ldy);
+                 int ldy, uint64_t pack_tag = 0);
 void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
                         float* y, int ldy);
 

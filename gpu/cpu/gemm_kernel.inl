@@ -134,8 +134,11 @@ struct PackBuffer {
 // Row block b of x (rows [b*MR, b*MR + rows)) becomes K groups of `rows`
 // consecutive values, so the kernel's broadcasts read one sequential stream.
 template <int MR>
-float* pack_rows(const float* x, int M, int ldx, int K) {
+const float* pack_rows(const float* x, int M, int ldx, int K, uint64_t tag) {
   static thread_local PackBuffer buffer;
+  static thread_local uint64_t packed_tag = 0;
+  if (tag != 0 && tag == packed_tag) return buffer.data;
+  packed_tag = tag;
   const int blocks = (M + MR - 1) / MR;
   float* xp = buffer.get(size_t(blocks) * MR * size_t(K));
   for (int b = 0; b < blocks; ++b) {
@@ -174,8 +177,8 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
 
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                int ldy) {
-  const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols) : nullptr;
+                int ldy, uint64_t pack_tag) {
+  const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
   int p = p0;
   for (; p + NP <= p1; p += NP)
     gemm_panel_group<V, WT, MR, NP, KB>(x, M, ldx, xp, w, p, y + size_t(p) * kPanel, ldy);
@@ -185,13 +188,13 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
 
 template <class V, int MR, int NP, int KB>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                   int ldy) {
+                   int ldy, uint64_t pack_tag) {
   switch (w.dtype) {
     case DType::F32:
-      return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+      return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
     case DType::BF16:
-      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
     case DType::F16:
-      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy);
+      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
   }
 }

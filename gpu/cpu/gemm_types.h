@@ -19,8 +19,11 @@ struct PanelsRef {
 };
 
 namespace detail {
+// pack_tag: calls with the same non-zero tag pass the same x, so a thread
+// may reuse the copy of x it packed for an earlier call (matmul tags each
+// product; its chunks then pack x once per thread, not once per chunk).
 using GemmFn = void (*)(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
-                        float* y, int ldy);
+                        float* y, int ldy, uint64_t pack_tag);
 GemmFn gemm_avx2();
 GemmFn gemm_avx512();
 }  // namespace detail
