@@ -321,6 +321,11 @@ Metrics::Metrics() {
   stage_comm_bytes_ = &registry_.gauge(
       "troupe_stage_comm_bytes", "Bytes moved by a stage's collectives since its replica started.",
       {"replica", "stage"});
+  pipeline_steps_ = &registry_.counter(
+      "troupe_pipeline_steps_total",
+      "Steps launched on a multi-device replica; overlapped=\"true\" when another step of the "
+      "replica was still in flight (pipeline stages busy with different groups).",
+      {"replica", "overlapped"});
   requests_ = &registry_.counter("troupe_requests_total",
                                  "Completion requests by the HTTP status they ended with "
                                  "(499: the client disconnected).",
@@ -392,6 +397,10 @@ void Metrics::set_stage(int replica, int stage, double busy_s, double bubble_fra
   stage_bubble_->labels({r, st}).set(bubble_fraction);
   stage_comm_share_->labels({r, st}).set(comm_share);
   stage_comm_bytes_->labels({r, st}).set(comm_bytes);
+}
+
+void Metrics::pipeline_step_launched(int replica, bool overlapped) {
+  pipeline_steps_->labels({std::to_string(replica), overlapped ? "true" : "false"}).inc();
 }
 
 void Metrics::replica_restarted(int replica) {

@@ -173,6 +173,9 @@ class Metrics {
   // busy time spent in collectives, and bytes the collectives moved.
   void set_stage(int replica, int stage, double busy_s, double bubble_fraction, double comm_share,
                  double comm_bytes);
+  // A pipeline step launched while another step of the replica was still
+  // in flight: how often the stages are kept busy with different groups.
+  void pipeline_step_launched(int replica, bool overlapped);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
 
@@ -197,6 +200,7 @@ class Metrics {
   Family<Gauge>* stage_bubble_;
   Family<Gauge>* stage_comm_share_;
   Family<Gauge>* stage_comm_bytes_;
+  Family<Counter>* pipeline_steps_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
 };

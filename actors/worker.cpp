@@ -76,6 +76,7 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
           const int m = pending->empty() ? tuner->choose(tokens, now) : 1;
           parallel->set_microbatches(std::min(int(items.size()), m));
         }
+        if (metrics) metrics->pipeline_step_launched(replica, !pending->empty());
         const uint64_t id = (*next_id)++;
         caf::actor me = caf::actor_cast<caf::actor>(self);
         const uint64_t ticket =

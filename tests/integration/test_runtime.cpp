@@ -249,6 +249,38 @@ TEST(Runtime, PipelineStagesRespectDeviceMemory) {
   EXPECT_THROW(ActorRuntime(ckpt, DType::F32, o), std::invalid_argument);
 }
 
+// A two-stage replica keeps two steps in flight over two groups of
+// sequences (so both stages work at once), and the answers do not change.
+TEST(Runtime, PipelineKeepsAStepPerStageInFlight) {
+  const auto ckpt =
+      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  ServingOptions o = options(1);
+  o.pipeline = 2;
+  Metrics metrics;
+  ActorRuntime rt(ckpt, DType::F32, o, &metrics);
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 6; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    auto r = request(uint64_t(500 + i), prompt_for(i), 40);
+    r.ignore_eos = true;
+    rt.submit(r, sinks.back());
+  }
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(sinks[size_t(i)]->wait());
+    GenerateRequest g;
+    g.prompt = prompt_for(i);
+    g.max_tokens = 40;
+    g.sampling.temperature = 0;
+    g.stop_at_eos = false;
+    EXPECT_EQ(sinks[size_t(i)]->tokens(), generate(*fortune(), 1, g).ids) << i;
+  }
+  const std::string text = metrics.render();
+  const auto at = text.find("troupe_pipeline_steps_total{replica=\"0\",overlapped=\"true\"} ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stod(text.substr(text.find('}', at) + 2)), 20.0);
+}
+
 TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
   auto o = options(1);
   o.max_restarts = 1;
