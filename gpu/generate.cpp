@@ -29,48 +29,6 @@ void validate_request(const ModelConfig& c, const GenerateRequest& req) {
   if (req.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
 }
 
-GenerateResult generate(const Model& model, KvCache& cache, ThreadPool& pool, Workspace& ws,
-                        const GenerateRequest& req, const std::function<bool(int)>& on_token) {
-  const ModelConfig& c = model.config();
-  validate_request(c, req);
-  Sampler sampler(req.sampling);
-  GenerateResult res;
-  SequenceCache seq;
-  std::vector<float> logits(size_t(c.vocab_size));
-  auto step = [&](std::span<const int> tokens, bool want_logits) {
-    StepInput in{&seq, tokens, want_logits};
-    model.forward(std::span<const StepInput>(&in, 1), cache, pool, ws, logits.data());
-  };
-  try {
-    auto t0 = std::chrono::steady_clock::now();
-    const std::span<const int> prompt(req.prompt);
-    for (size_t off = 0; off < prompt.size(); off += size_t(req.prefill_chunk)) {
-      const size_t n = std::min(prompt.size() - off, size_t(req.prefill_chunk));
-      step(prompt.subspan(off, n), off + n == prompt.size());
-    }
-    res.prefill_s = seconds_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    res.finish_reason = "length";
-    for (;;) {
-      const int next = sampler.sample(logits);
-      if (req.stop_at_eos && c.is_eos(next)) {
-        res.finish_reason = "stop";
-        break;
-      }
-      res.ids.push_back(next);
-      if (on_token && !on_token(next)) break;
-      if (int(res.ids.size()) >= req.max_tokens || seq.length >= c.max_seq_len) break;
-      step(std::span<const int>(&next, 1), true);
-    }
-    res.decode_s = seconds_since(t0);
-  } catch (...) {
-    cache.release(seq);
-    throw;
-  }
-  cache.release(seq);
-  return res;
-}
-
 GenerateResult generate(StepEngine& engine, const ModelConfig& c, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token) {
   validate_request(c, req);
@@ -119,10 +77,11 @@ GenerateResult generate(const Model& model, int threads, const GenerateRequest& 
                         const std::function<bool(int)>& on_token) {
   const ModelConfig& c = model.config();
   constexpr int kBlock = 16;
-  KvCache cache = KvCache::for_model(c, kBlock, (c.max_seq_len + kBlock - 1) / kBlock);
-  ThreadPool pool(threads);
-  Workspace ws;
-  return generate(model, cache, pool, ws, req, on_token);
+  // A one-device engine over the caller's model (not owned: the aliasing
+  // pointer has no control block), with room for one full-context sequence.
+  Engine engine(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model),
+                EngineOptions{threads, kBlock, (c.max_seq_len + kBlock - 1) / kBlock});
+  return generate(engine, c, req, on_token);
 }
 
 }  // namespace troupe

@@ -32,17 +32,14 @@ struct GenerateResult {
 // or max_tokens < 1.
 void validate_request(const ModelConfig& config, const GenerateRequest& req);
 
-// on_token is called with each id as it is produced; returning false stops.
-GenerateResult generate(const Model& model, KvCache& cache, ThreadPool& pool, Workspace& ws,
-                        const GenerateRequest& req,
-                        const std::function<bool(int)>& on_token = nullptr);
-
-// The same loop over any step engine (e.g. a ParallelEngine layout); the
-// engine samples with req.sampling.
+// One sequence through any step engine (one device, or a ParallelEngine
+// layout); the engine samples with req.sampling. on_token is called with
+// each id as it is produced; returning false stops.
 GenerateResult generate(StepEngine& engine, const ModelConfig& config, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token = nullptr);
 
-// Convenience: own cache, pool and workspace sized for one sequence.
+// The same on one device holding `model`, with its own cache sized for one
+// sequence.
 GenerateResult generate(const Model& model, int threads, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token = nullptr);
 

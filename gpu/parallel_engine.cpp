@@ -49,7 +49,9 @@ struct ParallelEngine::Device {
   Workspace ws;
   std::unordered_map<uint64_t, SequenceCache> seqs;
   std::vector<float> scratch;  // x_out of ranks other than 0
-  double busy_s = 0;
+  // Written by the device's jobs, read by stats() while other steps may be
+  // in flight.
+  std::atomic<double> busy_s{0};
   std::shared_ptr<DeviceQueue> queue = std::make_shared<DeviceQueue>();
   std::unique_ptr<DeviceRunner> runner;
 };
@@ -387,7 +389,7 @@ ParallelStats ParallelEngine::stats() const {
   for (int s = 0; s < m.layout.pipeline; ++s) {
     const Device& d = *m.devices[size_t(s * m.layout.tensor)];
     const CommStats c = d.comm->stats();
-    st.stages.push_back({d.busy_s, c.seconds, c.bytes});
+    st.stages.push_back({d.busy_s.load(), c.seconds, c.bytes});
   }
   for (const auto& d : m.devices) {
     st.weight_bytes.push_back(d->model->weight_bytes());
