@@ -5,7 +5,7 @@
 #include <caf/all.hpp>
 #include <memory>
 
-#include "actors/metrics.h"
+#include "metrics/metrics.h"
 #include "gpu/engine.h"
 #include "scheduler/batch_policy.h"
 

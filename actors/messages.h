@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "actors/completion_service.h"
+#include "service/completion_service.h"
 #include "gpu/engine.h"
 
 namespace troupe {

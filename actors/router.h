@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/metrics.h"
+#include "metrics/metrics.h"
 #include "scheduler/admission_queue.h"
 #include "scheduler/batch_policy.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/completion_service.h"
+#include "service/completion_service.h"
 #include "actors/router.h"
 #include "actors/supervisor.h"
 #include "gpu/layer_profile.h"

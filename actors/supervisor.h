@@ -9,7 +9,7 @@
 #include <string>
 
 #include "actors/batcher.h"
-#include "actors/metrics.h"
+#include "metrics/metrics.h"
 
 namespace troupe {
 

@@ -4,7 +4,7 @@
 #include <caf/all.hpp>
 #include <memory>
 
-#include "actors/metrics.h"
+#include "metrics/metrics.h"
 #include "gpu/engine.h"
 
 namespace troupe {

@@ -12,7 +12,8 @@
 #include "apps/commands.h"
 #include "gpu/generate.h"
 #include "gpu/parallel_engine.h"
-#include "gpu/tokenizer.h"
+#include "text/text_streamer.h"
+#include "text/tokenizer.h"
 
 namespace troupe::app {
 

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "actors/runtime.h"
-#include "actors/runtime_config.h"
+#include "schema/config.h"
 #include "apps/commands.h"
 #include "net/http_server.h"
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "gpu/communicator.h"
+#include "gpu/comm/communicator.h"
 
 namespace troupe {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "gpu/checkpoint.h"
-#include "gpu/communicator.h"
+#include "gpu/comm/in_process_communicator.h"
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
 

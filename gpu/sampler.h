@@ -8,16 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "service/request.h"
 #include "util/rng.h"
 
 namespace troupe {
-
-struct SamplingParams {
-  float temperature = 1;  // 0: greedy (argmax)
-  float top_p = 1;        // in (0, 1]; 1: off
-  int top_k = 0;          // 0: off
-  uint64_t seed = 0;
-};
 
 // Index of the largest value, the lowest index on ties; NaN never wins.
 // Throws std::invalid_argument when empty or all NaN.

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/text_streamer.h"
 #include "util/rng.h"
 
 namespace troupe {
@@ -131,7 +132,7 @@ struct Exchange {
   openai::ResponseMeta meta;
   int prompt_tokens = 0;
   std::optional<TextStreamer> streamer;
-  openai::StopStringFilter stop{{}};
+  StopStringFilter stop{{}};
   std::string text;      // non-streaming: everything released so far
   std::vector<int> ids;  // token ids not yet sent (streaming) or all (non-streaming)
   int completion_tokens = 0;
@@ -408,7 +409,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ex.meta.model = limits.name;
     ex.prompt_tokens = int(ids.size());
     if (server_.tokenizer) ex.streamer.emplace(*server_.tokenizer);
-    ex.stop = openai::StopStringFilter(params.stop);
+    ex.stop = StopStringFilter(params.stop);
     ex.params = std::move(params);
     // HTTP/1.0 has no chunked encoding: stream until close instead.
     chunked_ = req_.version() >= 11;

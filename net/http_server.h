@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "actors/completion_service.h"
-#include "actors/metrics.h"
-#include "gpu/tokenizer.h"
+#include "service/completion_service.h"
+#include "metrics/metrics.h"
+#include "text/tokenizer.h"
 #include "net/openai_api.h"
 
 namespace troupe {

@@ -11,7 +11,8 @@
 #include <variant>
 #include <vector>
 
-#include "actors/completion_service.h"
+#include "service/completion_service.h"
+#include "text/stop_strings.h"
 
 namespace troupe {
 class Tokenizer;
@@ -128,28 +129,5 @@ nlohmann::json models_response(const ModelLimits& limits, int64_t created);
 // JSON text that never throws on invalid UTF-8 (replaced by U+FFFD): model
 // output cut at a stop string or an odd byte must not break a response.
 std::string dump(const nlohmann::json& j);
-
-// ---- stop strings ----
-
-// Takes streamed text and returns what may be shown now. A tail that could be
-// the start of a stop string is held back until it can be decided; when a
-// stop string appears, the text before it is released, the rest (stop string
-// included, as OpenAI does) is dropped and stopped() turns true.
-class StopStringFilter {
- public:
-  explicit StopStringFilter(std::vector<std::string> stops);
-
-  std::string push(std::string_view text);
-  // Generation ended without a stop string: release what was held back.
-  std::string flush();
-  bool stopped() const { return stopped_; }
-
- private:
-  size_t held_tail_length() const;
-
-  std::vector<std::string> stops_;
-  std::string pending_;  // text not yet released
-  bool stopped_ = false;
-};
 
 }  // namespace troupe::openai

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "scheduler/rng.h"
+#include "util/rng.h"
 
 namespace troupe {
 

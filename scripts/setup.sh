@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config
-  libcaf-dev capnproto libcapnp-dev libspdlog-dev libboost-dev libopenblas-dev
+  libcaf-dev libspdlog-dev libboost-dev libopenblas-dev
   libsentencepiece-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev curl)
 

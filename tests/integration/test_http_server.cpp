@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/metrics.h"
-#include "gpu/tokenizer.h"
+#include "metrics/metrics.h"
+#include "text/tokenizer.h"
 #include "net/http_server.h"
 #include "support/test_support.h"
 

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/communicator.h"
-#include "scheduler/rng.h"
+#include "gpu/comm/in_process_communicator.h"
+#include "util/rng.h"
 
 namespace troupe {
 namespace {

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/metrics.h"
+#include "metrics/metrics.h"
 
 namespace troupe {
 namespace {

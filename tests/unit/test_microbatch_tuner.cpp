@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "scheduler/microbatch_tuner.h"
-#include "scheduler/rng.h"
+#include "util/rng.h"
 
 namespace troupe {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "gpu/generate.h"
 #include "gpu/synth_model.h"
-#include "gpu/tokenizer.h"
+#include "text/tokenizer.h"
 #include "support/test_support.h"
 
 namespace troupe {

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/tokenizer.h"
+#include "text/tokenizer.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
 
@@ -479,93 +479,6 @@ TEST(OpenAiResponse, ModelsList) {
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["created"], 123);
   EXPECT_EQ(j["data"][0]["max_model_len"], 256);
-}
-
-// ---- stop strings ----
-
-std::string feed(StopStringFilter& f, const std::vector<std::string>& pieces) {
-  std::string out;
-  for (const auto& p : pieces) out += f.push(p);
-  return out;
-}
-
-TEST(OpenAiStop, NoStopsPassesThrough) {
-  StopStringFilter f({});
-  EXPECT_EQ(f.push("abc"), "abc");
-  EXPECT_EQ(f.flush(), "");
-  EXPECT_FALSE(f.stopped());
-}
-
-TEST(OpenAiStop, StopInsideOnePiece) {
-  StopStringFilter f({"END"});
-  EXPECT_EQ(f.push("hello END world"), "hello ");
-  EXPECT_TRUE(f.stopped());
-  EXPECT_EQ(f.push("more"), "");
-  EXPECT_EQ(f.flush(), "");
-}
-
-TEST(OpenAiStop, StopSplitAcrossTokensIsHeldThenDropped) {
-  StopStringFilter f({"\n\n"});
-  EXPECT_EQ(f.push("one"), "one");
-  EXPECT_EQ(f.push("\n"), "");  // may be the start of the stop string
-  EXPECT_FALSE(f.stopped());
-  EXPECT_EQ(f.push("\ntwo"), "");
-  EXPECT_TRUE(f.stopped());
-}
-
-TEST(OpenAiStop, HeldTailReleasedWhenItDiverges) {
-  StopStringFilter f({"STOP"});
-  EXPECT_EQ(f.push("a ST"), "a ");
-  EXPECT_EQ(f.push("O"), "");
-  EXPECT_EQ(f.push("RM"), "STORM");
-  EXPECT_FALSE(f.stopped());
-}
-
-TEST(OpenAiStop, FlushReleasesTailAtEnd) {
-  StopStringFilter f({"STOP"});
-  EXPECT_EQ(f.push("xS"), "x");
-  EXPECT_EQ(f.flush(), "S");
-}
-
-TEST(OpenAiStop, EarliestOfSeveralStopsWins) {
-  StopStringFilter f({"world", "lo w"});
-  EXPECT_EQ(feed(f, {"hel", "lo", " wor", "ld"}), "hel");
-  EXPECT_TRUE(f.stopped());
-}
-
-TEST(OpenAiStop, OverlappingPrefixes) {
-  StopStringFilter f({"aab"});
-  EXPECT_EQ(feed(f, {"a", "a", "a", "b", "c"}), "a");
-  EXPECT_TRUE(f.stopped());
-}
-
-TEST(OpenAiStop, ConcatenationEqualsTruncatedText) {
-  // Every split of the text into pieces gives the same output.
-  const std::string text = "The cat sat.\nThe dog ran.\n\nEnd of story";
-  const std::string expected = "The cat sat.\nThe dog ran.";
-  for (size_t step = 1; step <= 5; ++step) {
-    StopStringFilter f({"\n\n", "XYZ"});
-    std::string out;
-    for (size_t i = 0; i < text.size() && !f.stopped(); i += step)
-      out += f.push(text.substr(i, step));
-    out += f.flush();
-    EXPECT_EQ(out, expected) << "step " << step;
-    EXPECT_TRUE(f.stopped());
-  }
-}
-
-TEST(OpenAiStop, WithRealTokenizerStream) {
-  const Tokenizer& tok = fortune();
-  std::vector<int> ids = tok.encode("You will meet a tall stranger. Beware of dogs.", false);
-  TextStreamer ts(tok);
-  StopStringFilter f({"stranger"});
-  std::string out;
-  for (int id : ids) {
-    out += f.push(ts.put(id));
-    if (f.stopped()) break;
-  }
-  EXPECT_TRUE(f.stopped());
-  EXPECT_EQ(out, "You will meet a tall ");
 }
 
 }  // namespace

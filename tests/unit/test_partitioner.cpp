@@ -11,7 +11,7 @@
 #include <string>
 
 #include "scheduler/partitioner.h"
-#include "scheduler/rng.h"
+#include "util/rng.h"
 
 namespace troupe {
 namespace {

@@ -7,7 +7,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "scheduler/rng.h"
+#include "util/rng.h"
 #include "scheduler/routing_policy.h"
 
 namespace troupe {

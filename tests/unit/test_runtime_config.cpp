@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "actors/runtime_config.h"
+#include "schema/config.h"
 #include "gpu/model_config.h"  // must coexist: troupe::ModelConfig is the model's shape
 #include "support/test_support.h"
 

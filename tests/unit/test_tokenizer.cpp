@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu/tokenizer.h"
+#include "text/text_streamer.h"
+#include "text/tokenizer.h"
 #include "support/test_support.h"
 
 namespace troupe {

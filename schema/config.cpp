@@ -1,4 +1,4 @@
-#include "actors/runtime_config.h"
+#include "schema/config.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>

@@ -1,32 +1,17 @@
 #pragma once
-// The boundary between the HTTP layer (net/) and the actor runtime: net/
-// parses and validates a request, tokenizes it, and submits it here; tokens
-// and the final outcome come back through a sink. Everything here is plain
-// C++ so that net/ can be tested against a fake service.
+// The boundary between the front ends (the HTTP layer in net/) and the actor
+// runtime: net/ parses and validates a request, tokenizes it, and submits it
+// here; tokens and the final outcome come back through a sink. Everything here
+// is plain C++ so that net/ can be tested against a fake service.
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "gpu/sampler.h"
+#include "service/request.h"
 
 namespace troupe {
-
-struct CompletionRequest {
-  uint64_t id = 0;          // unique per process, assigned by net/
-  std::vector<int> prompt;  // token ids, BOS included when text was given
-  int max_tokens = 16;
-  SamplingParams sampling;        // temperature 0 = greedy
-  std::vector<std::string> stop;  // stop strings (applied by net/ on the text)
-  int priority = 0;               // higher first; 0 .. priority_levels-1
-  double deadline_s = 0;          // seconds from submission; 0 = none
-  bool stream = false;
-  bool ignore_eos = false;  // benchmarks: always generate max_tokens
-};
-
-// How a request ended.
-enum class FinishReason { Stop, Length, Cancelled };
 
 // Why a request failed; net/ maps these to HTTP statuses.
 enum class ServiceErrorKind {

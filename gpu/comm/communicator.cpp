@@ -1,0 +1,59 @@
+#include "gpu/comm/communicator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace troupe {
+
+bool argmax_better(const ArgMax& a, const ArgMax& b) {
+  const bool a_ok = a.index >= 0 && !std::isnan(a.value);
+  const bool b_ok = b.index >= 0 && !std::isnan(b.value);
+  if (a_ok != b_ok) return a_ok;
+  if (!a_ok) return false;
+  if (a.value != b.value) return a.value > b.value;
+  return a.index < b.index;
+}
+
+ArgMax Communicator::all_argmax(float value, int index) {
+  // The index travels as the bits of a float: a copy keeps any bit pattern,
+  // and a float could not hold every int exactly.
+  static_assert(sizeof(int) == sizeof(float));
+  float mine[2];
+  mine[0] = value;
+  std::memcpy(&mine[1], &index, sizeof index);
+  std::vector<float> all(2 * size_t(size()));
+  all_gather(mine, 2, all.data());
+  ArgMax best;
+  best.value = std::nanf("");
+  for (int r = 0; r < size(); ++r) {
+    ArgMax c;
+    c.value = all[2 * size_t(r)];
+    std::memcpy(&c.index, &all[2 * size_t(r) + 1], sizeof c.index);
+    if (argmax_better(c, best)) best = c;
+  }
+  return best;
+}
+
+CommStats Communicator::stats() const {
+  CommStats s;
+  s.calls = calls_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.seconds = double(nanos_.load(std::memory_order_relaxed)) * 1e-9;
+  return s;
+}
+
+void Communicator::reset_stats() {
+  calls_.store(0, std::memory_order_relaxed);
+  bytes_.store(0, std::memory_order_relaxed);
+  nanos_.store(0, std::memory_order_relaxed);
+}
+
+void Communicator::record(uint64_t bytes, std::chrono::nanoseconds elapsed) {
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  nanos_.fetch_add(uint64_t(std::max<int64_t>(0, elapsed.count())), std::memory_order_relaxed);
+}
+
+}  // namespace troupe

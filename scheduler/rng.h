@@ -1,3 +1,0 @@
-#pragma once
-// The policies' random numbers: see util/rng.h.
-#include "util/rng.h"
