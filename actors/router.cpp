@@ -327,7 +327,7 @@ caf::behavior router_actor(caf::event_based_actor* self, RouterOptions options,
         }
         Request r;
         r.submitted = now;
-        r.deadline = req.deadline_s > 0 ? now + req.deadline_s : 0;
+        r.deadline = req.timeout_s > 0 ? now + req.timeout_s : 0;
         r.req = std::move(req);
         r.sink = std::move(sink);
         s.reqs.emplace(id, std::move(r));

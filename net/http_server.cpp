@@ -423,10 +423,8 @@ class Session : public std::enable_shared_from_this<Session> {
     r.sampling.top_p = ex.params.top_p;
     r.sampling.top_k = ex.params.top_k;
     r.sampling.seed = ex.params.seed ? *ex.params.seed : mix64(server_.nonce ^ ex.request_id);
-    r.stop = ex.params.stop;
     r.priority = ex.params.priority;
-    r.deadline_s = server_.opt.request_timeout_s;
-    r.stream = ex.params.stream;
+    r.timeout_s = server_.opt.request_timeout_s;
     r.ignore_eos = ex.params.ignore_eos;
 
     if (server_.opt.request_timeout_s > 0) {

@@ -16,14 +16,15 @@ struct SamplingParams {
 };
 
 struct CompletionRequest {
-  uint64_t id = 0;          // unique per process, assigned by net/
+  uint64_t id = 0;          // unique per process, assigned by the front end
   std::vector<int> prompt;  // token ids, BOS included when text was given
   int max_tokens = 16;
-  SamplingParams sampling;        // temperature 0 = greedy
-  std::vector<std::string> stop;  // stop strings (applied by net/ on the text)
-  int priority = 0;               // higher first; 0 .. priority_levels-1
-  double deadline_s = 0;          // seconds from submission; 0 = none
-  bool stream = false;
+  SamplingParams sampling;  // temperature 0 = greedy
+  int priority = 0;         // higher first; 0 .. priority_levels-1
+  // How long the request may take, in seconds from when the runtime accepts
+  // it (0 = no limit). The runtime turns it into one absolute deadline and is
+  // the only place that enforces it.
+  double timeout_s = 0;
   bool ignore_eos = false;  // benchmarks: always generate max_tokens
 };
 

@@ -506,8 +506,7 @@ TEST_F(HttpServerTest, NonStreamingCompletion) {
   EXPECT_EQ(req->sampling.temperature, 0.0f);
   EXPECT_EQ(req->sampling.seed, 7u);
   EXPECT_EQ(req->priority, 1);
-  EXPECT_DOUBLE_EQ(req->deadline_s, 30);
-  EXPECT_FALSE(req->stream);
+  EXPECT_DOUBLE_EQ(req->timeout_s, 30);
 }
 
 TEST_F(HttpServerTest, StreamingMatchesNonStreaming) {
@@ -798,7 +797,7 @@ TEST_F(HttpServerTest, RequestDeadlineGives504) {
   EXPECT_EQ(r.status, 504) << r.body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
   auto req = fake_.wait_submitted(1);
-  EXPECT_DOUBLE_EQ(req->deadline_s, 0.5);
+  EXPECT_DOUBLE_EQ(req->timeout_s, 0.5);
   EXPECT_EQ(fake_.cancel_count(req->id), 1);
 }
 

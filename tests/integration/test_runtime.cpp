@@ -96,7 +96,7 @@ CompletionRequest request(uint64_t id, std::vector<int> prompt, int max_tokens,
   r.sampling.temperature = temperature;
   r.sampling.seed = seed;
   r.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
-  r.deadline_s = 120;
+  r.timeout_s = 120;
   return r;
 }
 
@@ -377,7 +377,7 @@ TEST(Runtime, DeadlinePassedIsATimeout) {
   // not reached the worker yet.
   auto r = request(1, prompt_for(1), 200);
   r.ignore_eos = true;
-  r.deadline_s = 0.1;
+  r.timeout_s = 0.1;
   rt.submit(r, sink);
   ASSERT_TRUE(sink->wait(10));
   ASSERT_TRUE(sink->error());
