@@ -5,7 +5,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "actors/messages.h"
 
 namespace troupe {
 
@@ -20,7 +19,7 @@ std::string shard_name(int replica, int stage, int rank) {
 // until the actor is gone: its jobs use the engine's device state.
 class ShardRunner : public DeviceRunner {
  public:
-  ShardRunner(caf::actor actor, std::shared_ptr<DeviceQueue> queue)
+  ShardRunner(ShardActor actor, std::shared_ptr<DeviceQueue> queue)
       : actor_(std::move(actor)), queue_(std::move(queue)) {}
   ~ShardRunner() override {
     caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
@@ -28,14 +27,14 @@ class ShardRunner : public DeviceRunner {
   }
 
  private:
-  caf::actor actor_;
+  ShardActor actor_;
   std::shared_ptr<DeviceQueue> queue_;
 };
 
 }  // namespace
 
-caf::behavior shard_actor(caf::event_based_actor* self, std::shared_ptr<DeviceQueue> queue,
-                          int replica, int stage, int rank) {
+ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<DeviceQueue> queue,
+                                int replica, int stage, int rank) {
   const std::string name = shard_name(replica, stage, rank);
   // However the actor ends (a failed job, an injected crash, a link or an
   // exit message), its queue closes, so no job of it is left waiting.
@@ -74,11 +73,10 @@ caf::behavior shard_actor(caf::event_based_actor* self, std::shared_ptr<DeviceQu
   };
 }
 
-DeviceLauncher shard_launcher(caf::event_based_actor* worker, int replica,
-                              std::shared_ptr<std::vector<caf::actor>> spawned) {
+DeviceLauncher shard_launcher(caf::local_actor* worker, int replica,
+                              std::shared_ptr<std::vector<ShardActor>> spawned) {
   return [worker, replica, spawned](int stage, int rank, std::shared_ptr<DeviceQueue> queue) {
-    caf::actor a =
-        worker->spawn<caf::detached + caf::linked>(shard_actor, queue, replica, stage, rank);
+    ShardActor a = worker->spawn<caf::detached + caf::linked>(shard, queue, replica, stage, rank);
     spawned->push_back(a);
     queue->set_notify([a] { caf::anon_send(a, run_atom::value); });
     return std::make_unique<ShardRunner>(std::move(a), std::move(queue));

@@ -13,19 +13,17 @@
 #include <memory>
 #include <vector>
 
+#include "actors/protocol.h"
 #include "gpu/device_queue.h"
 
 namespace troupe {
 
-// Handles (run_atom): runs the next queued job, and (crash_atom): fault
-// injection, the shard dies when its next step reaches it, while the rest of
-// its group is mid-step.
-caf::behavior shard_actor(caf::event_based_actor* self, std::shared_ptr<DeviceQueue> queue,
-                          int replica, int stage, int rank);
+ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<DeviceQueue> queue,
+                                int replica, int stage, int rank);
 
 // Starts each device of a replica as a shard actor spawned by (and linked to)
 // `worker`; the handles are appended to *spawned, stage-major.
-DeviceLauncher shard_launcher(caf::event_based_actor* worker, int replica,
-                              std::shared_ptr<std::vector<caf::actor>> spawned);
+DeviceLauncher shard_launcher(caf::local_actor* worker, int replica,
+                              std::shared_ptr<std::vector<ShardActor>> spawned);
 
 }  // namespace troupe

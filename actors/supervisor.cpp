@@ -3,75 +3,75 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <deque>
 
-#include "actors/messages.h"
+#include "scheduler/restart_intensity.h"
 
 namespace troupe {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct Slot {
-  caf::actor batcher;
-  std::deque<Clock::time_point> restarts;  // within the window
-  bool failed = false;
+  BatcherActor batcher;
+  RestartIntensity intensity;
 };
 
 struct SupervisorState {
   SupervisorOptions opts;
-  caf::actor router;
-  ModelConfig model;
+  RouterActor router;
   std::shared_ptr<SupervisorShared> shared;
   std::vector<Slot> slots;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double now() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 };
 
-void start(caf::event_based_actor* self, SupervisorState& s, int i) {
-  s.slots[size_t(i)].batcher =
-      self->spawn<caf::monitored>(batcher_actor, s.router, s.model, s.opts.batchers[size_t(i)]);
+void start(SupervisorActor::pointer self, SupervisorState& s, size_t i) {
+  s.slots[i].batcher = self->spawn<caf::monitored>(batcher, s.router, s.opts.batchers[i]);
+}
+
+// The replica's batcher, if it is up (fault injection goes nowhere otherwise).
+BatcherActor* live(SupervisorState& s, int replica) {
+  if (replica < 0 || size_t(replica) >= s.slots.size() || !s.slots[size_t(replica)].batcher)
+    return nullptr;
+  return &s.slots[size_t(replica)].batcher;
 }
 
 }  // namespace
 
-caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
-                               SupervisorOptions options, std::shared_ptr<SupervisorShared> shared,
-                               Metrics* metrics) {
+SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterActor router,
+                                          SupervisorOptions options,
+                                          std::shared_ptr<SupervisorShared> shared,
+                                          Metrics* metrics) {
   auto st = std::make_shared<SupervisorState>();
   st->opts = std::move(options);
   st->router = std::move(router);
-  st->model = std::move(model);
   st->shared = std::move(shared);
-  st->slots.resize(size_t(st->opts.replicas));
-  for (int i = 0; i < st->opts.replicas; ++i) start(self, *st, i);
+  for (size_t i = 0; i < st->opts.batchers.size(); ++i)
+    st->slots.push_back({BatcherActor{}, RestartIntensity(st->opts.max_restarts, st->opts.window_s)});
+  for (size_t i = 0; i < st->slots.size(); ++i) start(self, *st, i);
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;
     for (size_t i = 0; i < s.slots.size(); ++i) {
       Slot& slot = s.slots[i];
       if (!slot.batcher || slot.batcher.address() != dm.source) continue;
-      slot.batcher = caf::actor{};
-      const auto now = Clock::now();
-      const auto window = std::chrono::duration<double>(s.opts.window_s);
-      while (!slot.restarts.empty() && now - slot.restarts.front() > window)
-        slot.restarts.pop_front();
-      const bool give_up = int(slot.restarts.size()) >= s.opts.max_restarts;
+      slot.batcher = BatcherActor{};
+      const bool restart = slot.intensity.allow_restart(s.now());
       const std::string why = self->system().render(dm.reason);
       spdlog::warn("replica {} died ({}); {}", i, why,
-                   give_up ? "restart limit reached, it stays down" : "restarting");
+                   restart ? "restarting" : "restart limit reached, it stays down");
       {
         std::lock_guard<std::mutex> l(s.shared->mu);
         s.shared->last_death[i] = why;
       }
-      self->send(s.router, down_atom::value, int(i), give_up);
-      if (give_up) {
-        slot.failed = true;
+      self->send(s.router, down_atom::value, int(i), !restart);
+      if (!restart) {
         s.shared->failed[i] = true;
         return;
       }
-      slot.restarts.push_back(now);
       ++s.shared->restarts[i];
       if (metrics) metrics->replica_restarted(int(i));
-      start(self, s, int(i));
+      start(self, s, i);
       return;
     }
   });
@@ -83,19 +83,13 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, 
   });
   return {
       [=](crash_atom a, int replica) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a);
+        if (auto* b = live(*st, replica)) self->send(*b, a);
       },
       [=](crash_atom a, int replica, int device) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a, device);
+        if (auto* b = live(*st, replica)) self->send(*b, a, device);
       },
       [=](slow_atom a, int replica, double seconds) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a, seconds);
+        if (auto* b = live(*st, replica)) self->send(*b, a, seconds);
       },
   };
 }

@@ -1,12 +1,15 @@
 #pragma once
-// Supervises the replicas (batcher + linked worker) Erlang-style: a replica
-// that dies is restarted, at most max_restarts times within window_s; past
-// that it stays down. The router hears of every death (to resume its
-// requests) and of every give-up.
+// Supervises the replicas (batcher + linked worker + linked shards)
+// Erlang-style: a replica that dies is restarted whole (one_for_all: its
+// shards share one KV cache), within its restart intensity
+// (scheduler/restart_intensity.h); past that it stays down. The router hears
+// of every death (to resume its requests) and of every give-up.
 #include <caf/all.hpp>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "actors/batcher.h"
 #include "metrics/metrics.h"
@@ -14,29 +17,25 @@
 namespace troupe {
 
 struct SupervisorOptions {
-  int replicas = 1;
   std::vector<BatcherOptions> batchers;  // one per replica
   int max_restarts = 3;
   double window_s = 10;
 };
 
-// Shared with the runtime facade: per replica, restarts so far and whether
-// it was given up on (read from other threads).
+// Shared with the runtime facade: per replica, restarts so far, whether it
+// was given up on, and why it last died (read from other threads).
 struct SupervisorShared {
   explicit SupervisorShared(int n)
       : restarts(size_t(n)), failed(size_t(n)), last_death(size_t(n)) {}
   std::vector<std::atomic<int>> restarts;
   std::vector<std::atomic<bool>> failed;
-  // Why each replica last died (empty: never); guarded by mu.
-  mutable std::mutex mu;
-  std::vector<std::string> last_death;
+  mutable std::mutex mu;                // guards last_death
+  std::vector<std::string> last_death;  // empty: never died
 };
 
-// Handles (crash_atom, int replica), (crash_atom, int replica, int device)
-// and (slow_atom, int replica, double s): fault injection, forwarded to that
-// replica.
-caf::behavior supervisor_actor(caf::event_based_actor* self, caf::actor router, ModelConfig model,
-                               SupervisorOptions options, std::shared_ptr<SupervisorShared> shared,
-                               Metrics* metrics);
+SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterActor router,
+                                          SupervisorOptions options,
+                                          std::shared_ptr<SupervisorShared> shared,
+                                          Metrics* metrics);
 
 }  // namespace troupe

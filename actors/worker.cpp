@@ -7,26 +7,37 @@
 #include <stdexcept>
 #include <thread>
 
-#include "actors/messages.h"
 #include "actors/shard.h"
-#include "gpu/parallel_engine.h"
 #include "scheduler/microbatch_tuner.h"
 
 namespace troupe {
 
 namespace {
-void publish_stages(const ParallelEngine& pe, int replica, Metrics& metrics) {
-  const ParallelStats st = pe.stats();
+
+void publish_stages(const StepEngine& engine, int replica, Metrics& metrics) {
+  const EngineStats st = engine.stats();
   for (size_t s = 0; s < st.stages.size(); ++s) {
     const StageStats& g = st.stages[s];
     metrics.set_stage(replica, int(s), g.busy_s, st.bubble_fraction(int(s)),
                       g.busy_s > 0 ? g.comm_s / g.busy_s : 0.0, double(g.comm_bytes));
   }
 }
+
+struct WorkerState {
+  std::unique_ptr<StepEngine> engine;
+  std::vector<ShardActor> shards;
+  std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double delay_s = 0;  // fault injection: added to every step
+  // Steps in flight: worker id -> (engine ticket, the batcher's promise).
+  std::map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<std::vector<int>>>> pending;
+  uint64_t next_id = 1;
+};
+
 }  // namespace
 
-caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, int replica,
-                           Metrics* metrics) {
+WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
+                                  Metrics* metrics) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -39,77 +50,63 @@ caf::behavior worker_actor(caf::event_based_actor* self, EngineFactory factory, 
       return caf::make_error(caf::sec::runtime_error, "unknown exception");
     }
   });
-  // A multi-device engine's devices are shard actors under this worker.
-  auto shards = std::make_shared<std::vector<caf::actor>>();
-  std::shared_ptr<StepEngine> engine = factory(shard_launcher(self, replica, shards));
-  auto* parallel = dynamic_cast<ParallelEngine*>(engine.get());
-  // A pipeline's micro-batch count follows its measured stage times.
-  std::shared_ptr<MicrobatchTuner> tuner;
-  if (parallel && parallel->pipeline() > 1)
-    tuner = std::make_shared<MicrobatchTuner>(parallel->pipeline());
-  const auto start = std::chrono::steady_clock::now();
-  auto delay = std::make_shared<double>(0.0);
-  // Pipeline steps in flight: worker id -> (engine ticket, the batcher's promise).
-  using Pending =
-      std::map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<std::vector<int>>>>;
-  auto pending = std::make_shared<Pending>();
-  auto next_id = std::make_shared<uint64_t>(1);
+  auto st = std::make_shared<WorkerState>();
+  auto spawned = std::make_shared<std::vector<ShardActor>>();
+  st->engine = factory(shard_launcher(self, replica, spawned));
+  st->shards = *spawned;
+  if (st->engine->stages() > 1) st->tuner = std::make_unique<MicrobatchTuner>(st->engine->stages());
   return {
-      [=](step_atom,
-          const std::vector<EngineItem>& items) -> caf::typed_response_promise<std::vector<int>> {
+      [=](step_atom, std::vector<StepItem>& items) -> caf::result<std::vector<int>> {
         auto rp = self->make_response_promise<std::vector<int>>();
-        if (*delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*delay));
-        if (!parallel) {
-          rp.deliver(engine->step(items));
-          return rp;
-        }
-        // A pipeline's steps are launched without waiting: the batcher keeps
-        // one per group of sequences in flight, and their answers come back
-        // as the engine reports each step done.
-        if (tuner) {
+        if (st->delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(st->delay_s));
+        if (st->tuner) {
           size_t tokens = 0;
           for (const auto& it : items) tokens += it.tokens.size();
           const double now =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
           // Micro-batches fill the pipeline only when no other step does; no
           // more of them than sequences (a sequence is not split).
-          const int m = pending->empty() ? tuner->choose(tokens, now) : 1;
-          parallel->set_microbatches(std::min(int(items.size()), m));
+          const int m = st->pending.empty() ? st->tuner->choose(tokens, now) : 1;
+          st->engine->set_microbatches(std::min(int(items.size()), m));
         }
-        if (metrics) metrics->pipeline_step_launched(replica, !pending->empty());
-        const uint64_t id = (*next_id)++;
-        caf::actor me = caf::actor_cast<caf::actor>(self);
-        const uint64_t ticket =
-            parallel->launch(items, [me, id] { caf::anon_send(me, stepdone_atom::value, id); });
-        pending->emplace(id, std::make_pair(ticket, rp));
+        if (metrics && !st->shards.empty())
+          metrics->pipeline_step_launched(replica, !st->pending.empty());
+        // Steps are launched without waiting: with a pipeline the batcher
+        // keeps one per group of sequences in flight, and each is answered
+        // when the engine reports it done.
+        const uint64_t id = st->next_id++;
+        st->pending.emplace(id, std::make_pair(uint64_t(0), rp));
+        WorkerActor me = caf::actor_cast<WorkerActor>(self);
+        st->pending.at(id).first = st->engine->launch(
+            std::move(items), [me, id] { caf::anon_send(me, stepdone_atom::value, id); });
         return rp;
       },
       [=](stepdone_atom, uint64_t id) {
-        auto it = pending->find(id);
-        if (it == pending->end()) return;
+        auto it = st->pending.find(id);
+        if (it == st->pending.end()) return;
         auto [ticket, rp] = it->second;
-        pending->erase(it);
-        auto out = parallel->finish(ticket);  // throws the step's error: this worker dies
-        if (tuner)
-          for (const auto& smp : parallel->last_samples())
-            tuner->observe(smp.stage, smp.tokens, smp.seconds);
-        if (metrics) publish_stages(*parallel, replica, *metrics);
+        st->pending.erase(it);
+        auto out = st->engine->finish(ticket);  // throws the step's error: this worker dies
+        if (st->tuner)
+          for (const auto& smp : st->engine->last_samples())
+            st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
+        if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
         rp.deliver(std::move(out));
       },
-      [=](release_atom, uint64_t seq) { engine->release(seq); },
+      [=](release_atom, uint64_t seq) { st->engine->release(seq); },
       [=](crash_atom) -> caf::result<void> {
         spdlog::warn("worker: injected crash");
         throw std::runtime_error("injected fault: worker crash");
       },
       [=](crash_atom a, int device) {
-        if (device < 0 || size_t(device) >= shards->size()) {
+        if (device < 0 || size_t(device) >= st->shards.size()) {
           spdlog::warn("worker: no shard {} to crash (this replica has {})", device,
-                       shards->size());
+                       st->shards.size());
           return;
         }
-        self->send((*shards)[size_t(device)], a);
+        self->send(st->shards[size_t(device)], a);
       },
-      [=](slow_atom, double seconds) { *delay = seconds; },
+      [=](slow_atom, double seconds) { st->delay_s = seconds; },
   };
 }
 

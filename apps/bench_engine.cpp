@@ -10,9 +10,8 @@
 #include <deque>
 #include <sstream>
 
-#include "actors/runtime.h"
 #include "gpu/cpu/gemm.h"
-#include "gpu/parallel_engine.h"
+#include "gpu/kv_cache.h"
 
 namespace troupe::app {
 
@@ -95,37 +94,41 @@ namespace {
 // next step is launched as soon as its last one is sampled, while the other
 // groups' steps are still in the pipeline (how a pipeline keeps every stage
 // busy at decode, where each step needs the previous step's tokens).
-void decode_in_groups(ParallelEngine& pe, const std::vector<EngineItem>& items, int G, int steps) {
-  std::vector<std::vector<EngineItem>> group(static_cast<size_t>(G));
+void decode_in_groups(StepEngine& engine, const std::vector<StepItem>& items, int G, int steps) {
+  std::vector<std::vector<StepItem>> group(static_cast<size_t>(G));
   for (size_t i = 0; i < items.size(); ++i) group[i % size_t(G)].push_back(items[i]);
   std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket), oldest first
   std::vector<int> done(static_cast<size_t>(G), 0);
-  for (int g = 0; g < G; ++g) flight.emplace_back(g, pe.launch(group[size_t(g)]));
+  for (int g = 0; g < G; ++g) flight.emplace_back(g, engine.launch(group[size_t(g)]));
   while (!flight.empty()) {
     const auto [g, ticket] = flight.front();
     flight.pop_front();
-    const auto ids = pe.finish(ticket);
+    const auto ids = engine.finish(ticket);
     auto& members = group[size_t(g)];
-    for (size_t i = 0; i < members.size(); ++i) members[i].tokens = {ids[i]};
-    if (++done[size_t(g)] < steps) flight.emplace_back(g, pe.launch(members));
+    for (size_t i = 0; i < members.size(); ++i) {
+      members[i].position += int(members[i].tokens.size());
+      members[i].tokens = {ids[i]};
+    }
+    if (++done[size_t(g)] < steps) flight.emplace_back(g, engine.launch(members));
   }
 }
 
 }  // namespace
 
-EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
+EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType dtype,
                                    const std::string& model_name, const EngineBenchOptions& o) {
-  const ModelConfig& c = ckpt.config;
+  const ModelConfig& c = ckpt->config;
   EngineBenchResult r;
   r.model = model_name;
   r.dtype = dtype_name(dtype);
   r.isa = isa_name(active_isa());
-  r.threads = o.threads;
-  r.pipeline = o.pipeline;
-  r.tensor = o.tensor;
-  const int devices = o.pipeline * o.tensor;
+  r.threads = o.engine.threads_of(0);
+  r.pipeline = o.engine.pipeline;
+  r.tensor = o.engine.tensor;
+  int all_threads = 0;
+  for (int d = 0; d < o.engine.devices(); ++d) all_threads += o.engine.threads_of(d);
   // Arrays well past the last-level cache, so the copy measures DRAM.
-  measure_bandwidth(o.threads * devices, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
+  measure_bandwidth(all_threads, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
   r.prompt_len = std::min(o.prompt_len, c.max_seq_len);
 
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
@@ -133,48 +136,34 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
   const int steps = std::min(o.decode_tokens, c.max_seq_len - 16);
   const int reps = std::max(1, std::min(o.repeats, (c.max_seq_len - 16) / std::max(1, steps)));
   const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, 16 + steps * reps));
-  constexpr int kBlock = 16;
-  const int blocks = std::max(1, max_batch) * ((ctx_per_seq + kBlock - 1) / kBlock);
-  std::unique_ptr<StepEngine> engine;
-  ParallelEngine* parallel = nullptr;
-  if (devices == 1) {
-    auto model = std::make_shared<const Model>(ckpt, dtype);
-    r.weight_bytes_per_step = model->weight_bytes_per_step();
-    r.weight_bytes_per_device = {model->weight_bytes()};
-    engine = std::make_unique<Engine>(model, EngineOptions{o.threads, kBlock, blocks});
-  } else {
-    ParallelLayout l;
-    l.pipeline = o.pipeline;
-    l.tensor = o.tensor;
-    l.threads = {o.threads};
-    r.groups = o.pipeline > 1 ? (o.groups > 0 ? o.groups : o.pipeline) : 1;
-    l.microbatches = o.microbatches > 0 ? o.microbatches : (r.groups > 1 ? 1 : 0);
-    r.microbatches = l.microbatches;
-    l.block_tokens = kBlock;
-    l.blocks = blocks;
-    if (o.pipeline > 1) {
-      LayerProfileOptions po;
-      po.threads = o.threads;
-      const LayerProfile profile = profile_layers(ckpt, dtype, po);
-      r.layer_cost_s = profile.seconds;
-      l.stage_layers = balanced_stages(profile, o.pipeline);
-    }
-    r.stage_layers = l.stage_layers;
-    auto pe = std::make_unique<ParallelEngine>(ckpt, dtype, l);
-    parallel = pe.get();
-    const ParallelStats st = pe->stats();
+  EngineSpec spec = o.engine;
+  // Each sequence slot owns a fixed range of blocks (the bench is its own
+  // scheduler): slot b holds blocks [b * per_seq, (b + 1) * per_seq).
+  const int per_seq = (ctx_per_seq + spec.block_tokens - 1) / spec.block_tokens;
+  spec.blocks = std::max(1, max_batch) * per_seq;
+  r.groups = spec.pipeline > 1 ? (o.groups > 0 ? o.groups : spec.pipeline) : 1;
+  spec.microbatches = o.microbatches > 0 ? o.microbatches : (r.groups > 1 ? 1 : 0);
+  if (spec.pipeline > 1) r.microbatches = spec.microbatches;
+  auto builder = std::make_shared<EngineBuilder>(ckpt, dtype);
+  spec = builder->resolve(spec);
+  r.stage_layers = spec.stage_layers;
+  if (const LayerProfile* p = builder->profile()) r.layer_cost_s = p->seconds;
+  const std::unique_ptr<StepEngine> engine = builder->build(spec);
+  {
+    const EngineStats st = engine->stats();
     r.weight_bytes_per_device = st.weight_bytes;
     // Weights streamed per step: every device's share, embeddings aside.
     for (size_t b : st.streamed_bytes) r.weight_bytes_per_step += b;
-    engine = std::move(pe);
   }
   r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
-  r.kv_bytes_per_token = size_t(c.n_layers) * 2 * size_t(c.kv_dim()) * sizeof(float);
+  r.kv_bytes_per_token = c.kv_bytes_per_token();
+  const bool layout = spec.devices() > 1;
   uint64_t next_seq = 1;
-  auto item = [&](uint64_t seq, std::vector<int> tokens) {
-    EngineItem it;
+  auto item = [&](uint64_t seq, int slot, std::vector<int> tokens) {
+    StepItem it;
     it.seq = seq;
     it.tokens = std::move(tokens);
+    it.blocks = contiguous_blocks(slot * per_seq, per_seq);
     it.sample = true;
     it.sampling.temperature = 0;
     return it;
@@ -187,7 +176,7 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
     for (int rep = 0; rep < o.repeats; ++rep) {
       const uint64_t seq = next_seq++;
       const auto t0 = Clock::now();
-      engine->step({item(seq, prompt)});
+      engine->step({item(seq, 0, prompt)});
       best = std::min(best, seconds(t0, Clock::now()));
       engine->release(seq);
     }
@@ -195,27 +184,30 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
   }
 
   // Decode: B sequences with a 16-token context each, then decode_tokens steps.
-  ParallelStats before;
   for (int batch : o.batches) {
-    std::vector<EngineItem> items;
+    std::vector<StepItem> items;
     for (int b = 0; b < batch; ++b)
-      items.push_back(item(next_seq + uint64_t(b), synthetic_ids(16, c.vocab_size, b + 2)));
+      items.push_back(item(next_seq + uint64_t(b), b, synthetic_ids(16, c.vocab_size, b + 2)));
     engine->step(items);
-    if (parallel) before = parallel->stats();
+    for (auto& it : items) it.position = 16;
+    const EngineStats before = engine->stats();
     double best = 1e30;
     const int G = std::min(batch, r.groups);
     for (int rep = 0; rep < reps; ++rep) {
       const auto t0 = Clock::now();
       if (G > 1) {
         for (int b = 0; b < batch; ++b) items[size_t(b)].tokens = {3 + b % (c.vocab_size - 3)};
-        decode_in_groups(*parallel, items, G, steps);
+        decode_in_groups(*engine, items, G, steps);
       } else {
         for (int st = 0; st < steps; ++st) {
           for (int b = 0; b < batch; ++b)
             items[size_t(b)].tokens = {3 + (st * 31 + b) % (c.vocab_size - 3)};
           engine->step(items);
+          for (auto& it : items) ++it.position;
         }
       }
+      if (G > 1)
+        for (auto& it : items) it.position += steps;
       best = std::min(best, seconds(t0, Clock::now()));
     }
     for (int b = 0; b < batch; ++b) engine->release(next_seq + uint64_t(b));
@@ -224,21 +216,12 @@ EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
     p.batch = batch;
     p.tokens_per_s = double(batch) * steps / best;
     p.bound_fraction = (double(steps) / best) / r.bound_steps_per_s;
-    if (parallel) {
+    if (layout) {
       // Bubble and communication share over this batch size's decode steps.
-      const ParallelStats after = parallel->stats();
-      const double wall = after.wall_s - before.wall_s;
-      double busy = 0, comm = 0;
-      for (size_t s = 0; s < after.stages.size(); ++s) {
-        const double b = after.stages[s].busy_s - before.stages[s].busy_s;
-        busy += b;
-        comm += after.stages[s].comm_s - before.stages[s].comm_s;
-        p.bubble_fraction.push_back(wall > 0 ? std::max(0.0, 1.0 - b / wall) : 0.0);
-      }
-      p.comm_share = busy > 0 ? comm / busy : 0;
-      p.comm_bytes = 0;
-      for (size_t s = 0; s < after.stages.size(); ++s)
-        p.comm_bytes += after.stages[s].comm_bytes - before.stages[s].comm_bytes;
+      const EngineStats d = engine->stats().since(before);
+      for (size_t s = 0; s < d.stages.size(); ++s) p.bubble_fraction.push_back(d.bubble_fraction(int(s)));
+      p.comm_share = d.comm_share();
+      p.comm_bytes = d.comm_bytes();
     }
     r.decode.push_back(p);
   }

@@ -4,18 +4,19 @@
 #include <string>
 #include <vector>
 
+#include "deploy/engine_builder.h"
 #include "gpu/model.h"
 
 namespace troupe::app {
 
 struct EngineBenchOptions {
-  int threads = 1;
+  // The replica's engine as the config describes it (layout, threads per
+  // device, memory caps); the bench sizes its KV cache itself.
+  EngineSpec engine;
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
-  int pipeline = 1;      // stages
-  int tensor = 1;        // shards per stage
   int microbatches = 0;  // per step; 0: one per stage (one per step with groups)
   // Pipelines: groups of sequences whose steps are in flight at once (each
   // group's next step starts as soon as its last one is sampled); 0: one per
@@ -60,7 +61,7 @@ struct EngineBenchResult {
 // Measures memory bandwidth with `threads` threads over `bytes` per array.
 void measure_bandwidth(int threads, size_t bytes, double& copy_gbs, double& read_gbs);
 
-EngineBenchResult run_engine_bench(const Checkpoint& ckpt, DType dtype,
+EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType dtype,
                                    const std::string& model_name, const EngineBenchOptions& opts);
 
 size_t peak_rss_bytes();

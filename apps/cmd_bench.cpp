@@ -14,15 +14,16 @@ namespace troupe::app {
 namespace {
 
 struct BenchOptions {
+  ConfigFlags config;
   std::string model;
   std::string preset;
-  std::string dtype = "f32";
+  std::string dtype;
   int threads = 0;
   std::string batches = "1,8,32";
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
-  int replicas = 1, pipeline = 1, tensor = 1, microbatches = 0, groups = 0;
+  int pipeline = 0, tensor = 0, microbatches = 0, groups = 0;  // 0: from the config
   bool json = false;
   std::string isa;
   serving_bench::ServingBenchOptions serving;
@@ -75,8 +76,8 @@ void run_bench(const BenchOptions& o) {
   for (const auto* opt : o.serving_only)
     if (opt->count() > 0)
       throw UsageError(opt->get_name() + " is a serving-mode option; it needs --url");
-  const auto dtype = parse_dtype(o.dtype);
-  if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
+  if (!o.dtype.empty() && !parse_dtype(o.dtype))
+    throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
   if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
   if (o.decode_tokens < 1) throw UsageError("--decode-tokens must be at least 1");
   if (!o.isa.empty()) {
@@ -89,37 +90,42 @@ void run_bench(const BenchOptions& o) {
     else
       throw UsageError("--isa must be scalar, avx2 or avx512");
   }
+  if (o.pipeline < 0 || o.tensor < 0 || o.threads < 0)
+    throw UsageError("--pipeline, --tensor and --threads must be at least 1");
+  if (o.groups < 0) throw UsageError("--groups must be 0 (one per stage) or more");
+  if (!o.preset.empty() && !o.model.empty())
+    throw UsageError("give either --model or --preset, not both");
+  std::vector<std::pair<std::string, std::string>> flags;
+  if (!o.model.empty()) flags.emplace_back("model.path", o.model);
+  if (!o.dtype.empty()) flags.emplace_back("model.dtype", o.dtype);
+  if (o.pipeline > 0) flags.emplace_back("parallel.pipeline", std::to_string(o.pipeline));
+  if (o.tensor > 0) flags.emplace_back("parallel.tensor", std::to_string(o.tensor));
+  // Engine mode measures one replica: replica 0 of the config's layout.
+  const Config config = command_config(o.config, flags, o.threads);
+  const DType dtype = config.model.dtype;
+  std::shared_ptr<const Checkpoint> ckpt;
+  std::string name;
+  if (!o.preset.empty()) {
+    ckpt = std::make_shared<const Checkpoint>(synth_checkpoint(synth_preset(o.preset), 1, dtype));
+    name = "preset:" + o.preset;
+  } else {
+    ckpt = std::make_shared<const Checkpoint>(load_checkpoint(config.model.path));
+    name = config.model.path;
+  }
   EngineBenchOptions eo;
-  eo.threads = o.threads > 0 ? o.threads : default_threads();
+  eo.engine = engine_spec(config, ckpt->config, 0);
   eo.batches = parse_batches(o.batches);
   eo.prompt_len = o.prompt_len;
   eo.decode_tokens = o.decode_tokens;
   eo.repeats = std::max(1, o.repeats);
-  if (o.replicas != 1)
-    throw UsageError(
-        "--replicas: engine mode measures one replica; measure replicas with --url against troupe "
-        "serve");
-  if (o.pipeline < 1 || o.tensor < 1)
-    throw UsageError("--pipeline and --tensor must be at least 1");
-  eo.pipeline = o.pipeline;
-  eo.tensor = o.tensor;
   eo.microbatches = o.microbatches;
-  if (o.groups < 0) throw UsageError("--groups must be 0 (one per stage) or more");
   eo.groups = o.groups;
-  if (o.threads <= 0 && o.pipeline * o.tensor > 1) eo.threads = 1;  // one thread per device
-  Checkpoint ckpt;
-  std::string name;
-  if (!o.preset.empty()) {
-    if (!o.model.empty()) throw UsageError("give either --model or --preset, not both");
-    ckpt = synth_checkpoint(synth_preset(o.preset), 1, *dtype);
-    name = "preset:" + o.preset;
-  } else {
-    const std::filesystem::path path =
-        o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
-    ckpt = load_checkpoint(path);
-    name = path.string();
+  EngineBenchResult r;
+  try {
+    r = run_engine_bench(ckpt, dtype, name, eo);
+  } catch (const LayoutMisfit& e) {
+    throw UsageError(std::string("layout: ") + e.what());
   }
-  const auto r = run_engine_bench(ckpt, *dtype, name, eo);
   if (o.json)
     std::cout << r.to_json().dump() << "\n";
   else
@@ -135,20 +141,19 @@ void register_bench(CLI::App& app) {
       "Measure the engine (prefill and decode tokens/s, bandwidth bound, memory), or with --url a "
       "running server (requests/s, output tokens/s, TTFT, TPOT, latency)");
   auto& e = o->engine_only;
+  add_config_flags(cmd, o->config);
   e.push_back(cmd->add_option("--model,-m", o->model,
-                              "Checkpoint file or directory (default: models/fortune)"));
+                              "Checkpoint file or directory (default: the config's model.path)"));
   e.push_back(cmd->add_option("--preset", o->preset,
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
-  e.push_back(cmd->add_option("--dtype", o->dtype, "Weights in memory: f32 | f16 | bf16")
-                  ->capture_default_str());
-  e.push_back(
-      cmd->add_option("--threads", o->threads,
-                      "CPU threads per device (default: all cores; 1 per device in a layout)"));
-  e.push_back(cmd->add_option("--replicas", o->replicas, "Layout: replicas (engine mode: 1)"));
-  e.push_back(cmd->add_option("--pipeline", o->pipeline, "Layout: pipeline stages per replica")
-                  ->capture_default_str());
-  e.push_back(cmd->add_option("--tensor", o->tensor, "Layout: tensor-parallel shards per stage")
-                  ->capture_default_str());
+  e.push_back(cmd->add_option("--dtype", o->dtype,
+                              "Weights in memory: f32 | f16 | bf16 (default: the config's)"));
+  e.push_back(cmd->add_option("--threads", o->threads,
+                              "CPU threads per device (default: the config's devices[].threads)"));
+  e.push_back(cmd->add_option("--pipeline", o->pipeline,
+                              "Layout: pipeline stages per replica (default: the config's)"));
+  e.push_back(cmd->add_option("--tensor", o->tensor,
+                              "Layout: tensor-parallel shards per stage (default: the config's)"));
   e.push_back(cmd->add_option("--microbatches", o->microbatches,
                               "Pipeline micro-batches per step (0: one per stage, or one per "
                               "step with --groups > 1)"));

@@ -8,10 +8,9 @@
 #include <random>
 #include <sstream>
 
-#include "actors/runtime.h"
 #include "apps/commands.h"
+#include "deploy/engine_builder.h"
 #include "gpu/generate.h"
-#include "gpu/parallel_engine.h"
 #include "text/text_streamer.h"
 #include "text/tokenizer.h"
 
@@ -20,6 +19,7 @@ namespace troupe::app {
 namespace {
 
 struct GenerateOptions {
+  ConfigFlags config;
   std::string model;
   std::string tokenizer;
   std::string prompt;
@@ -31,9 +31,9 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool echo = false;
-  std::string dtype = "f32";
+  std::string dtype;
   int threads = 0;
-  int replicas = 1, pipeline = 1, tensor = 1;
+  int pipeline = 0, tensor = 0;  // 0: from the config
 };
 
 std::vector<int> parse_ids(const std::string& text, const char* option) {
@@ -67,45 +67,41 @@ void run_generate(const GenerateOptions& o) {
     throw UsageError("give either --prompt or --prompt-ids, not both");
   if (o.prompt.empty() && o.prompt_ids.empty())
     throw UsageError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
-  const auto dtype = parse_dtype(o.dtype);
-  if (!dtype) throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
-  const int threads = o.threads > 0 ? o.threads : default_threads();
-
-  if (o.replicas < 1 || o.pipeline < 1 || o.tensor < 1)
-    throw UsageError("--replicas, --pipeline and --tensor must be at least 1");
-  const std::filesystem::path model_path =
-      o.model.empty() ? default_model_path() : std::filesystem::path(o.model);
-  const Checkpoint ckpt = load_checkpoint(model_path);
-  // One sequence runs on one replica; a layout splits it over P x T devices.
-  const bool layout = o.pipeline * o.tensor > 1;
-  std::shared_ptr<const Model> model;
-  std::unique_ptr<ParallelEngine> parallel;
-  if (layout) {
-    ParallelLayout l;
-    l.pipeline = o.pipeline;
-    l.tensor = o.tensor;
-    l.threads = {o.threads > 0 ? o.threads : 1};
-    l.blocks = (ckpt.config.max_seq_len + l.block_tokens - 1) / l.block_tokens;
-    try {
-      if (o.pipeline > 1 && o.pipeline <= ckpt.config.n_layers) {
-        LayerProfileOptions po;
-        po.threads = l.threads[0];
-        l.stage_layers = balanced_stages(profile_layers(ckpt, *dtype, po), o.pipeline);
-      }
-      parallel = std::make_unique<ParallelEngine>(ckpt, *dtype, l);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("layout: ") + e.what());
-    }
-  } else {
-    model = std::make_shared<const Model>(ckpt, *dtype);
+  if (!o.dtype.empty() && !parse_dtype(o.dtype))
+    throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
+  if (o.threads < 0 || o.pipeline < 0 || o.tensor < 0)
+    throw UsageError("--threads, --pipeline and --tensor must be at least 1");
+  std::vector<std::pair<std::string, std::string>> flags;
+  if (!o.model.empty()) flags.emplace_back("model.path", o.model);
+  if (!o.tokenizer.empty()) flags.emplace_back("model.tokenizer", o.tokenizer);
+  if (!o.dtype.empty()) flags.emplace_back("model.dtype", o.dtype);
+  if (o.pipeline > 0) flags.emplace_back("parallel.pipeline", std::to_string(o.pipeline));
+  if (o.tensor > 0) flags.emplace_back("parallel.tensor", std::to_string(o.tensor));
+  const Config config = command_config(o.config, flags, o.threads);
+  const DType dtype = config.model.dtype;
+  const std::filesystem::path model_path = config.model.path;
+  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(model_path));
+  const ModelConfig& cfg = ckpt->config;
+  // One sequence runs on one replica: replica 0's devices, with a KV cache
+  // for one full-context sequence.
+  if (config.parallel.replicas > 1)
+    spdlog::info("generate runs one sequence on one replica; parallel.replicas = {} is not used",
+                 config.parallel.replicas);
+  auto builder = std::make_shared<EngineBuilder>(ckpt, dtype);
+  EngineSpec spec = engine_spec(config, cfg, 0);
+  spec.blocks = (cfg.max_seq_len + spec.block_tokens - 1) / spec.block_tokens;
+  std::unique_ptr<StepEngine> engine;
+  try {
+    engine = builder->build(builder->resolve(spec));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("layout: ") + e.what());
   }
-  const ModelConfig& cfg = ckpt.config;
   spdlog::info("loaded {}: dim {}, {} layers, {} heads ({} kv), vocab {}, context {}, {} weights",
                model_path.string(), cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-               cfg.vocab_size, cfg.max_seq_len, dtype_name(*dtype));
+               cfg.vocab_size, cfg.max_seq_len, dtype_name(dtype));
 
   std::optional<Tokenizer> tokenizer;
-  const auto tok_path = resolve_tokenizer(ckpt.tokenizer_path, o.tokenizer);
+  const auto tok_path = tokenizer_path(config, ckpt->tokenizer_path);
   auto load_tokenizer = [&] {
     if (tok_path.empty())
       throw UsageError("model " + model_path.string() +
@@ -149,8 +145,7 @@ void run_generate(const GenerateOptions& o) {
     if (streamer) std::cout << streamer->put(id) << std::flush;
     return true;
   };
-  const GenerateResult r =
-      layout ? generate(*parallel, cfg, req, on_token) : generate(*model, threads, req, on_token);
+  const GenerateResult r = generate(*engine, cfg, req, on_token);
   if (o.print_ids) {
     for (size_t i = 0; i < r.ids.size(); ++i) std::cout << (i ? "," : "") << r.ids[i];
     std::cout << "\n";
@@ -163,8 +158,10 @@ void run_generate(const GenerateOptions& o) {
   std::fprintf(stderr,
                "prompt tokens: %zu, generated tokens: %zu (%s), prefill %.1f tokens/s, decode %.1f "
                "tokens/s, %d threads, %s weights, seed %llu\n",
-               req.prompt.size(), r.ids.size(), r.finish_reason.c_str(), prefill_tps, decode_tps,
-               threads, dtype_name(*dtype), static_cast<unsigned long long>(req.sampling.seed));
+               req.prompt.size(), r.ids.size(),
+               r.finish_reason == FinishReason::Stop ? "stop" : "length", prefill_tps, decode_tps,
+               spec.threads_of(0), dtype_name(dtype),
+               static_cast<unsigned long long>(req.sampling.seed));
 }
 
 }  // namespace
@@ -175,7 +172,8 @@ void register_generate(CLI::App& app) {
       app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
   cmd->add_option(
       "--model,-m", opts->model,
-      "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: models/fortune)");
+      "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: the config's "
+      "model.path, models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "SentencePiece tokenizer.model (default: the one beside the model)");
   cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (BOS is prepended)");
@@ -195,15 +193,15 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ids", opts->print_ids,
                 "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
-  cmd->add_option("--dtype", opts->dtype, "Weights in memory: f32 | f16 | bf16")
-      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype,
+                  "Weights in memory: f32 | f16 | bf16 (default: the config's model.dtype)");
   cmd->add_option("--threads", opts->threads,
-                  "CPU threads (default: all cores; per device in a layout: 1)");
-  cmd->add_option("--replicas", opts->replicas, "Layout: replicas (one sequence uses one)")
-      ->capture_default_str();
-  cmd->add_option("--pipeline", opts->pipeline, "Layout: pipeline stages")->capture_default_str();
-  cmd->add_option("--tensor", opts->tensor, "Layout: tensor-parallel shards per stage")
-      ->capture_default_str();
+                  "CPU threads per device (default: the config's devices[].threads)");
+  cmd->add_option("--pipeline", opts->pipeline,
+                  "Layout: pipeline stages (default: the config's parallel.pipeline)");
+  cmd->add_option("--tensor", opts->tensor,
+                  "Layout: tensor-parallel shards per stage (default: the config's parallel.tensor)");
+  add_config_flags(cmd, opts->config);
   cmd->callback([opts] { run_generate(*opts); });
 }
 

@@ -6,63 +6,25 @@
 #include <iostream>
 
 #include "actors/runtime.h"
-#include "schema/config.h"
 #include "apps/commands.h"
+#include "deploy/config.h"
 #include "net/http_server.h"
+#include "text/tokenizer.h"
 
 namespace troupe::app {
 
 namespace {
 
 struct ServeOptions {
-  std::string config;
-  std::vector<std::string> overrides;
+  ConfigFlags config;
   std::string listen;
   bool print_config = false;
 };
 
-ServingOptions serving_options(const RuntimeConfig& c, const troupe::ModelConfig& model) {
-  ServingOptions o;
-  o.replicas = c.parallel.replicas;
-  o.pipeline = c.parallel.pipeline;
-  o.tensor = c.parallel.tensor;
-  o.threads.clear();
-  for (int d = 0; d < c.parallel.device_count(); ++d) {
-    o.threads.push_back(threads_for_device(c, d));
-    o.device_memory_bytes.push_back(device_spec(c, d).memory_bytes);
-  }
-  o.block_tokens = c.kv_cache.block_tokens;
-  o.kv_blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
-                                                                 size_t(c.kv_cache.bytes))
-                                     : int(c.kv_cache.blocks);
-  o.batching = {c.batching.max_batch_sequences, c.batching.max_batch_tokens,
-                c.batching.prefill_chunk_tokens};
-  o.max_waiting_per_replica = c.batching.max_waiting;
-  o.routing_policy = c.routing.policy;
-  o.routing_seed = c.routing.seed;
-  o.admission.max_size = size_t(c.admission.max_queue);
-  o.admission.priority_levels = size_t(c.admission.priority_levels);
-  o.admission.max_wait_s = c.admission.queue_timeout_s;
-  o.admission.on_timeout = c.admission.on_timeout;
-  o.max_restarts = c.supervision.max_restarts;
-  o.restart_window_s = c.supervision.within_s;
-  return o;
-}
-
 void run_serve(const ServeOptions& so) {
-  RuntimeConfig cfg;
-  if (!so.config.empty()) {
-    cfg = load_runtime_config(so.config);
-  } else {
-    const auto def = default_model_path().parent_path().parent_path() / "configs" / "default.yaml";
-    cfg = std::filesystem::exists(def) ? load_runtime_config(def) : default_runtime_config();
-  }
-  for (const auto& kv : so.overrides) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos) throw UsageError("--set expects KEY=VALUE, got '" + kv + "'");
-    apply_override(cfg, kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  if (!so.listen.empty()) apply_override(cfg, "server.listen", so.listen);
+  std::vector<std::pair<std::string, std::string>> flags;
+  if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
+  const Config cfg = command_config(so.config, flags);
   if (so.print_config) {
     std::cout << to_yaml(cfg);
     return;
@@ -71,29 +33,17 @@ void run_serve(const ServeOptions& so) {
   for (const auto& d : cfg.devices)
     if (d.kind == DeviceKind::Cuda)
       throw UsageError("devices: kind cuda is not available in this build yet; use cpu or auto");
-  // One whole model shared by the replicas, or each replica's devices
-  // packing their own shards from the memory-mapped checkpoint.
   auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
   const ModelConfig mc = ckpt->config;
-  validate_layout_for_model(cfg, mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.vocab_size);
-  const bool whole = cfg.parallel.pipeline == 1 && cfg.parallel.tensor == 1;
-  std::shared_ptr<const Model> model;
-  if (whole) model = std::make_shared<const Model>(*ckpt, cfg.model.dtype);
   std::optional<Tokenizer> tokenizer;
-  const std::filesystem::path tok_path = cfg.model.tokenizer.empty()
-                                             ? ckpt->tokenizer_path
-                                             : std::filesystem::path(cfg.model.tokenizer);
+  const std::filesystem::path tok_path = tokenizer_path(cfg, ckpt->tokenizer_path);
   if (!tok_path.empty())
     tokenizer = Tokenizer::load(tok_path);
   else
     spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
 
   Metrics metrics;
-  auto runtime_ptr = whole
-                         ? std::make_unique<ActorRuntime>(model, serving_options(cfg, mc), &metrics)
-                         : std::make_unique<ActorRuntime>(ckpt, cfg.model.dtype,
-                                                          serving_options(cfg, mc), &metrics);
-  ActorRuntime& runtime = *runtime_ptr;
+  ActorRuntime runtime(cfg, std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype), &metrics);
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;
   ho.host = host;
@@ -151,9 +101,7 @@ void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand(
       "serve", "Serve the OpenAI-compatible HTTP API (POST /v1/completions, ...)");
-  cmd->add_option("--config,-c", o->config, "Deployment YAML (default: configs/default.yaml)");
-  cmd->add_option("--set", o->overrides,
-                  "Override a config key, e.g. --set parallel.replicas=2 (repeatable)");
+  add_config_flags(cmd, o->config);
   cmd->add_option("--listen", o->listen,
                   "Override server.listen (host:port; port 0 = any free port)");
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");

@@ -2,33 +2,67 @@
 #include "apps/commands.h"
 
 #include <filesystem>
-#include <thread>
 
 namespace troupe::app {
 
-std::filesystem::path default_model_path() {
-  const std::filesystem::path here = "models/fortune";
-  if (std::filesystem::exists(here)) return here;
+namespace {
+
+bool is_bundle(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir / "models/fortune", ec) &&
+         std::filesystem::exists(dir / "configs", ec);
+}
+
+}  // namespace
+
+std::filesystem::path bundle_root() {
+  if (is_bundle(".")) return ".";
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
+  if (!ec)
     for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
-         dir = dir.parent_path()) {
-      if (std::filesystem::exists(dir / "models/fortune")) return dir / "models/fortune";
-    }
+         dir = dir.parent_path())
+      if (is_bundle(dir)) return dir;
+  return ".";
+}
+
+void add_config_flags(CLI::App* cmd, ConfigFlags& flags) {
+  cmd->add_option("--config", flags.file,
+                  "Deployment YAML (default: configs/default.yaml); the command's flags override it");
+  cmd->add_option("--set", flags.overrides,
+                  "Override a config key, e.g. --set parallel.tensor=2 (repeatable)");
+}
+
+Config command_config(const ConfigFlags& flags,
+                      const std::vector<std::pair<std::string, std::string>>& command_overrides,
+                      int threads) {
+  Config cfg;
+  if (!flags.file.empty()) {
+    cfg = load_config(flags.file);
+  } else {
+    const auto def = bundle_root() / "configs" / "default.yaml";
+    cfg = std::filesystem::exists(def) ? load_config(def) : default_config();
   }
-  return here;
-}
-
-std::filesystem::path resolve_tokenizer(const std::filesystem::path& model_tokenizer,
-                                        const std::string& option) {
-  if (!option.empty()) return option;
-  return model_tokenizer;
-}
-
-int default_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : int(n);
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const auto& kv : flags.overrides) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) throw UsageError("--set expects KEY=VALUE, got '" + kv + "'");
+    overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  overrides.insert(overrides.end(), command_overrides.begin(), command_overrides.end());
+  if (!overrides.empty()) apply_overrides(cfg, overrides);
+  if (threads > 0) {
+    std::vector<std::pair<std::string, std::string>> each;
+    for (size_t i = 0; i < cfg.devices.size(); ++i)
+      each.emplace_back("devices[" + std::to_string(i) + "].threads", std::to_string(threads));
+    apply_overrides(cfg, each, "--threads");
+  }
+  const std::filesystem::path model = cfg.model.path;
+  std::error_code ec;
+  if (model.is_relative() && !std::filesystem::exists(model, ec) &&
+      std::filesystem::exists(bundle_root() / model, ec))
+    cfg.model.path = (bundle_root() / model).string();
+  return cfg;
 }
 
 }  // namespace troupe::app

@@ -1,8 +1,15 @@
 #pragma once
-// Each subcommand registers its options and a callback on the main app.
+// Each subcommand registers its options and a callback on the main app; the
+// helpers here give serve, generate and bench one way to build their
+// configuration.
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "deploy/config.h"
 
 namespace troupe::app {
 
@@ -11,18 +18,32 @@ void register_synth_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 
-// The bundled default model: models/fortune under the working directory, or
-// beside the build directory of this executable.
-std::filesystem::path default_model_path();
-// Resolves the tokenizer for a model: --tokenizer PATH, else the one beside it.
-std::filesystem::path resolve_tokenizer(const std::filesystem::path& model_tokenizer,
-                                        const std::string& option);
-int default_threads();
-
 // Thrown for invalid command-line values; main prints it and exits with 2.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The directory holding the bundled models/ and configs/: the working
+// directory when it has them, else the nearest directory above the
+// executable that does.
+std::filesystem::path bundle_root();
+
+// --config and --set, the same in every command that runs a model.
+struct ConfigFlags {
+  std::string file;
+  std::vector<std::string> overrides;  // KEY=VALUE
+};
+void add_config_flags(CLI::App* cmd, ConfigFlags& flags);
+
+// The configuration a command runs with, validated: the --config file (by
+// default the bundle's configs/default.yaml, else the built-in defaults),
+// then --set, then the command's own flags as (key, value) overrides (with
+// threads > 0: every device's threads). A relative model.path that is not
+// found from the working directory is taken from the bundle, so the bundled
+// model works from anywhere.
+Config command_config(const ConfigFlags& flags,
+                      const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
+                      int threads = 0);
 
 }  // namespace troupe::app

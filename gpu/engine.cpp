@@ -1,36 +1,121 @@
 #include "gpu/engine.h"
 
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
 namespace troupe {
+
+double EngineStats::bubble_fraction(int stage) const {
+  if (wall_s <= 0 || stage < 0 || size_t(stage) >= stages.size()) return 0;
+  return std::max(0.0, 1.0 - stages[size_t(stage)].busy_s / wall_s);
+}
+
+double EngineStats::comm_share() const {
+  double busy = 0, comm = 0;
+  for (const auto& s : stages) {
+    busy += s.busy_s;
+    comm += s.comm_s;
+  }
+  return busy > 0 ? comm / busy : 0;
+}
+
+uint64_t EngineStats::comm_bytes() const {
+  uint64_t b = 0;
+  for (const auto& s : stages) b += s.comm_bytes;
+  return b;
+}
+
+EngineStats EngineStats::since(const EngineStats& before) const {
+  EngineStats d = *this;
+  d.steps -= before.steps;
+  d.wall_s -= before.wall_s;
+  for (size_t s = 0; s < d.stages.size() && s < before.stages.size(); ++s) {
+    d.stages[s].busy_s -= before.stages[s].busy_s;
+    d.stages[s].comm_s -= before.stages[s].comm_s;
+    d.stages[s].comm_bytes -= before.stages[s].comm_bytes;
+  }
+  return d;
+}
+
+std::vector<int> StepEngine::step(std::vector<StepItem> items) {
+  return finish(launch(std::move(items)));
+}
+
+std::vector<StepInput> step_inputs(const std::vector<StepItem>& items,
+                                   std::vector<SequenceCache>& caches, size_t first, size_t last) {
+  last = std::min(last, items.size());
+  caches.resize(last - first);
+  std::vector<StepInput> inputs;
+  inputs.reserve(last - first);
+  for (size_t i = first; i < last; ++i) {
+    SequenceCache& c = caches[i - first];
+    c.blocks = items[i].blocks;
+    c.length = items[i].position;
+    inputs.push_back({&c, items[i].tokens, items[i].sample});
+  }
+  return inputs;
+}
 
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
     : model_(std::move(model)),
+      options_(o),
       cache_(model_->make_cache(o.block_tokens, o.blocks)),
       pool_(o.threads) {}
 
-std::vector<int> Engine::step(const std::vector<EngineItem>& items) {
-  std::vector<StepInput> inputs;
-  inputs.reserve(items.size());
-  for (const auto& it : items) inputs.push_back({&seqs_[it.seq].cache, it.tokens, it.sample});
+std::vector<int> Engine::run(const std::vector<StepItem>& items) {
+  std::vector<SequenceCache> caches;
+  const std::vector<StepInput> inputs = step_inputs(items, caches);
   const size_t vocab = size_t(model_->config().vocab_size);
   if (logits_.size() < items.size() * vocab) logits_.resize(items.size() * vocab);
   model_->forward(inputs, cache_, pool_, ws_, logits_.data());
   std::vector<int> out(items.size(), -1);
+  last_logits_.clear();
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].sample) continue;
-    Seq& s = seqs_[items[i].seq];
-    if (!s.sampler) {
-      s.sampler = Sampler::resumed(items[i].sampling, uint64_t(items[i].generated));
-    }
-    out[i] = s.sampler->sample({logits_.data() + i * vocab, vocab});
+    const std::span<const float> row{logits_.data() + i * vocab, vocab};
+    if (keep_logits_) last_logits_.insert(last_logits_.end(), row.begin(), row.end());
+    out[i] = samplers_.sample(items[i], row);
   }
   return out;
 }
 
-void Engine::release(uint64_t seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return;
-  cache_.release(it->second.cache);
-  seqs_.erase(it);
+uint64_t Engine::launch(std::vector<StepItem> items, std::function<void()> on_done) {
+  if (items.empty()) throw std::invalid_argument("launch: a step needs at least one item");
+  const uint64_t ticket = next_ticket_++;
+  Result& r = results_[ticket];
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    r.ids = run(items);
+  } catch (...) {
+    r.error = std::current_exception();
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  busy_s_ += took;
+  ++steps_;
+  size_t tokens = 0;
+  for (const auto& it : items) tokens += it.tokens.size();
+  last_samples_ = {StageSample{0, tokens, took}};
+  if (on_done) on_done();
+  return ticket;
+}
+
+std::vector<int> Engine::finish(uint64_t ticket) {
+  auto node = results_.extract(ticket);
+  if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
+  if (node.mapped().error) std::rethrow_exception(node.mapped().error);
+  return std::move(node.mapped().ids);
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.steps = steps_;
+  s.wall_s = busy_s_;  // one device: busy whenever a step is in flight
+  s.stages = {StageStats{busy_s_, 0, 0}};
+  s.weight_bytes = {model_->weight_bytes()};
+  s.streamed_bytes = {model_->weight_bytes_per_step()};
+  return s;
 }
 
 }  // namespace troupe

@@ -1,18 +1,100 @@
 #pragma once
-// One device's worth of serving compute: the model, its paged KV cache, a
-// thread pool and, per sequence, its cache table and sampler. Synchronous:
-// the worker actor that owns it calls step() off the actor scheduler.
+// What a replica's worker drives: a StepEngine runs batched steps of
+// StepItems on one device (Engine, here) or on a parallel layout of devices
+// (ParallelEngine), and a GPU backend implements the same interface. The
+// replica's scheduler owns the KV-block book and sends every item with its
+// block table and position; an engine keeps only per-sequence samplers.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
-#include <unordered_map>
+#include <string>
 #include <vector>
 
-#include "gpu/device_queue.h"
 #include "gpu/model.h"
 #include "gpu/sampler.h"
+#include "service/step_item.h"
 
 namespace troupe {
+
+// Busy and communication time of one pipeline stage (rank 0 of its group).
+struct StageStats {
+  double busy_s = 0;  // computing (collectives included)
+  double comm_s = 0;  // inside collectives
+  uint64_t comm_bytes = 0;
+};
+
+// Counters since the engine started. Subtract two snapshots (since()) for
+// the figures of an interval.
+struct EngineStats {
+  uint64_t steps = 0;
+  double wall_s = 0;                   // time with at least one step in flight
+  std::vector<StageStats> stages;      // per pipeline stage
+  std::vector<size_t> weight_bytes;    // per device
+  std::vector<size_t> streamed_bytes;  // per device: weights one decode step reads
+  std::vector<int> max_in_flight;      // per stage boundary: most micro-batches buffered
+
+  // Idle share of the wall time of one stage: the pipeline bubble.
+  double bubble_fraction(int stage) const;
+  // Time in collectives over busy time, all stages together.
+  double comm_share() const;
+  uint64_t comm_bytes() const;
+  // The counters of the interval between `before` and this snapshot.
+  EngineStats since(const EngineStats& before) const;
+};
+
+// How long one stage took for one micro-batch: what a micro-batch tuner
+// learns from.
+struct StageSample {
+  int stage = 0;
+  size_t tokens = 0;
+  double seconds = 0;
+};
+
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // KV blocks each device holds, and positions per block: the size of the
+  // book the scheduler keeps for this engine.
+  virtual int kv_blocks() const = 0;
+  virtual int block_tokens() const = 0;
+  // Pipeline stages: how many steps can usefully be in flight at once.
+  virtual int stages() const { return 1; }
+
+  // Starts a step and returns its ticket. Steps launched back to back may
+  // overlap (on a pipeline each device takes its jobs in launch order);
+  // steps in flight must hold different sequences. `on_done` (optional) is
+  // called, possibly before launch returns and possibly from a device
+  // thread, once the step's compute is over; finish() then returns at once.
+  // Throws at once when the engine cannot take a step (a dead device).
+  virtual uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) = 0;
+  // The sampled ids of a launched step, one per item (-1 where sample is
+  // false), waiting for it if needed. Throws the step's error.
+  virtual std::vector<int> finish(uint64_t ticket) = 0;
+  // launch + finish.
+  std::vector<int> step(std::vector<StepItem> items);
+  // Forgets a sequence's sampler; unknown ids are ignored.
+  virtual void release(uint64_t seq) = 0;
+
+  // Micro-batches per step from now on (0: the engine's default); only
+  // pipelines have a use for it.
+  virtual void set_microbatches(int /*m*/) {}
+  // The last finished step's per-stage, per-micro-batch times.
+  virtual std::vector<StageSample> last_samples() const = 0;
+  virtual EngineStats stats() const = 0;
+
+  // Tests comparing layouts: keep every sampled item's full-vocabulary
+  // logits (in item order) for last_logits(). Off by default: it copies a
+  // vocabulary per item per step.
+  void keep_logits(bool on) { keep_logits_ = on; }
+  const std::vector<float>& last_logits() const { return last_logits_; }
+
+ protected:
+  bool keep_logits_ = false;
+  std::vector<float> last_logits_;
+};
 
 struct EngineOptions {
   int threads = 1;
@@ -20,51 +102,49 @@ struct EngineOptions {
   int blocks = 4096;
 };
 
-struct EngineItem {
-  uint64_t seq = 0;
-  std::vector<int> tokens;  // appended to the sequence's cache
-  bool sample = false;      // sample a token from the last one's logits
-  SamplingParams sampling;  // used when the sequence's sampler is created
-  int generated = 0;        // tokens already generated: the sampler skips that many draws
-};
-
-// What a device worker drives: one batched step at a time.
-class StepEngine {
- public:
-  virtual ~StepEngine() = default;
-  // Runs one batched step; returns one id per item (-1 where sample is false).
-  virtual std::vector<int> step(const std::vector<EngineItem>& items) = 0;
-  // Frees a sequence's blocks and sampler; unknown ids are ignored.
-  virtual void release(uint64_t seq) = 0;
-};
-
-// Builds a replica's engine on the thread that will use it; a multi-device
-// engine starts its devices' runners with the launcher (empty: threads).
-using EngineFactory = std::function<std::unique_ptr<StepEngine>(const DeviceLauncher& launcher)>;
-
-// One device holding the whole model.
+// One device holding the whole model. Steps run synchronously inside
+// launch(), on the caller's thread and the engine's thread pool.
 class Engine : public StepEngine {
  public:
   Engine(std::shared_ptr<const Model> model, EngineOptions options);
 
-  std::vector<int> step(const std::vector<EngineItem>& items) override;
-  void release(uint64_t seq) override;
+  const ModelConfig& config() const override { return model_->config(); }
+  int kv_blocks() const override { return options_.blocks; }
+  int block_tokens() const override { return options_.block_tokens; }
+  uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) override;
+  std::vector<int> finish(uint64_t ticket) override;
+  void release(uint64_t seq) override { samplers_.release(seq); }
+  std::vector<StageSample> last_samples() const override { return last_samples_; }
+  EngineStats stats() const override;
 
   const Model& model() const { return *model_; }
-  const KvCache& cache() const { return cache_; }
-  size_t live_sequences() const { return seqs_.size(); }
 
  private:
-  struct Seq {
-    SequenceCache cache;
-    std::unique_ptr<Sampler> sampler;
-  };
+  std::vector<int> run(const std::vector<StepItem>& items);
+
   std::shared_ptr<const Model> model_;
+  EngineOptions options_;
   KvCache cache_;
   ThreadPool pool_;
   Workspace ws_;
-  std::unordered_map<uint64_t, Seq> seqs_;
+  SequenceSamplers samplers_;
   std::vector<float> logits_;
+  std::vector<StageSample> last_samples_;
+  // Finished steps not yet collected: their ids, or the error they threw.
+  struct Result {
+    std::vector<int> ids;
+    std::exception_ptr error;
+  };
+  std::map<uint64_t, Result> results_;
+  uint64_t next_ticket_ = 1;
+  uint64_t steps_ = 0;
+  double busy_s_ = 0;
 };
+
+// Runs a step's items as StepInputs over `caches`, one SequenceCache per
+// item built from the item's block table and position.
+std::vector<StepInput> step_inputs(const std::vector<StepItem>& items,
+                                   std::vector<SequenceCache>& caches, size_t first = 0,
+                                   size_t last = size_t(-1));
 
 }  // namespace troupe

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "service/stop_rule.h"
+
 namespace troupe {
 
 namespace {
@@ -32,33 +34,46 @@ void validate_request(const ModelConfig& c, const GenerateRequest& req) {
 GenerateResult generate(StepEngine& engine, const ModelConfig& c, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token) {
   validate_request(c, req);
+  const int bt = engine.block_tokens();
+  const int needed = (std::min(c.max_seq_len, int(req.prompt.size()) + req.max_tokens) + bt - 1) / bt;
+  if (needed > engine.kv_blocks())
+    throw std::invalid_argument("the engine's KV cache holds " + std::to_string(engine.kv_blocks()) +
+                                " blocks; this generation needs " + std::to_string(needed));
+  const StopRule rule{c.eos_ids, c.max_seq_len};
   constexpr uint64_t kSeq = 1;
   GenerateResult res;
-  EngineItem it;
+  StepItem it;
   it.seq = kSeq;
   it.sampling = req.sampling;
+  it.blocks = contiguous_blocks(0, needed);
   int next = -1;
   try {
     auto t0 = std::chrono::steady_clock::now();
     for (size_t off = 0; off < req.prompt.size(); off += size_t(req.prefill_chunk)) {
       const size_t n = std::min(req.prompt.size() - off, size_t(req.prefill_chunk));
       it.tokens.assign(req.prompt.begin() + long(off), req.prompt.begin() + long(off + n));
+      it.position = int(off);
       it.sample = off + n == req.prompt.size();
       next = engine.step({it})[0];
     }
     res.prefill_s = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
-    res.finish_reason = "length";
-    size_t fed = req.prompt.size();
+    int fed = int(req.prompt.size());
     for (;;) {
-      if (req.stop_at_eos && c.is_eos(next)) {
-        res.finish_reason = "stop";
+      const auto outcome =
+          rule.judge(next, int(res.ids.size()), req.max_tokens, fed, req.ignore_eos);
+      if (!outcome.deliver) {
+        res.finish_reason = *outcome.finish;
         break;
       }
       res.ids.push_back(next);
       if (on_token && !on_token(next)) break;
-      if (int(res.ids.size()) >= req.max_tokens || int(fed) >= c.max_seq_len) break;
+      if (outcome.finish) {
+        res.finish_reason = *outcome.finish;
+        break;
+      }
       it.tokens = {next};
+      it.position = fed;
       it.sample = true;
       it.generated = int(res.ids.size());
       next = engine.step({it})[0];

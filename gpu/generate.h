@@ -10,6 +10,7 @@
 #include "gpu/engine.h"
 #include "gpu/model.h"
 #include "gpu/sampler.h"
+#include "service/request.h"
 
 namespace troupe {
 
@@ -17,13 +18,13 @@ struct GenerateRequest {
   std::vector<int> prompt;
   int max_tokens = 16;
   SamplingParams sampling;
-  bool stop_at_eos = true;
+  bool ignore_eos = false;
   int prefill_chunk = 512;
 };
 
 struct GenerateResult {
-  std::vector<int> ids;                // generated ids (EOS not included)
-  std::string finish_reason;           // "stop" (EOS), "length" (max_tokens or context)
+  std::vector<int> ids;                              // generated ids (EOS not included)
+  FinishReason finish_reason = FinishReason::Length;  // Stop (EOS) or Length (max_tokens, context)
   double prefill_s = 0, decode_s = 0;  // wall time of prompt processing, then of decoding
 };
 
@@ -33,8 +34,10 @@ struct GenerateResult {
 void validate_request(const ModelConfig& config, const GenerateRequest& req);
 
 // One sequence through any step engine (one device, or a ParallelEngine
-// layout); the engine samples with req.sampling. on_token is called with
-// each id as it is produced; returning false stops.
+// layout), in blocks 0, 1, ... of its cache (a stopped generation leaves
+// them free); the engine samples with req.sampling and the stop rule is
+// service/stop_rule.h's, as in serving. on_token is called with each id as
+// it is produced; returning false stops.
 GenerateResult generate(StepEngine& engine, const ModelConfig& config, const GenerateRequest& req,
                         const std::function<bool(int)>& on_token = nullptr);
 

@@ -1,21 +1,28 @@
 #pragma once
-// Paged KV cache: one pre-allocated pool of blocks of `block_tokens`
-// positions for every layer; each sequence owns a block table. Nothing is
-// allocated while decoding.
+// Paged KV cache storage: one pre-allocated pool of blocks of `block_tokens`
+// positions for every layer. Which blocks a sequence holds is decided by the
+// replica's scheduler (scheduler/block_allocator.h, the one book of blocks);
+// a step brings each sequence's block table. Nothing is allocated while
+// decoding.
 #include <cstddef>
 #include <vector>
 
-#include "gpu/block_allocator.h"
 #include "gpu/cpu/kernels.h"
 #include "gpu/model_config.h"
 #include "gpu/tensor.h"
 
 namespace troupe {
 
+// A sequence as one step sees it: its block table and how many positions
+// are already filled.
 struct SequenceCache {
   std::vector<int> blocks;  // block ids, in position order
   int length = 0;           // positions filled
 };
+
+// Block ids first, first + 1, ...: for drivers that place sequences in fixed
+// ranges themselves (one-sequence generation, benchmarks, profiling).
+std::vector<int> contiguous_blocks(int first, int count);
 
 class KvCache {
  public:
@@ -29,17 +36,14 @@ class KvCache {
   static int blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes);
 
   int block_tokens() const { return block_tokens_; }
+  int num_blocks() const { return num_blocks_; }
   int kv_dim() const { return kv_dim_; }
-  const BlockAllocator& allocator() const { return alloc_; }
-  size_t bytes_per_token() const { return size_t(n_layers_) * 2 * size_t(kv_dim_) * sizeof(float); }
+  size_t bytes_per_token() const { return kv_bytes_per_token(n_layers_, kv_dim_); }
   size_t total_bytes() const { return storage_.nbytes(); }
 
-  // Blocks `seq` still needs to hold `tokens` positions.
-  int blocks_needed(const SequenceCache& seq, int tokens) const;
-  // Grows the table to hold `tokens` positions; all or nothing (KvCacheFull).
-  void reserve(SequenceCache& seq, int tokens);
-  // Returns all of seq's blocks and empties it.
-  void release(SequenceCache& seq);
+  // Throws std::invalid_argument unless seq's block table holds `tokens`
+  // positions with valid block ids.
+  void check_covers(const SequenceCache& seq, int tokens) const;
 
   // Layer `layer` of `seq` as the attention kernel reads it.
   kernels::PagedKv paged(int layer, const SequenceCache& seq) {
@@ -67,7 +71,6 @@ class KvCache {
   }
 
   int n_layers_, kv_dim_, block_tokens_, num_blocks_;
-  BlockAllocator alloc_;
   Tensor storage_;
 };
 

@@ -45,6 +45,8 @@ LayerProfile profile_layers(const Checkpoint& ckpt, DType dtype, const LayerProf
   ThreadPool pool(o.threads);
   Workspace ws;
   std::vector<SequenceCache> seqs(static_cast<size_t>(o.batch));
+  for (size_t s = 0; s < seqs.size(); ++s)
+    seqs[s].blocks = contiguous_blocks(int(s) * blocks_per_seq, blocks_per_seq);
   std::vector<float> logits(seqs.size() * size_t(m.dims().vocab_stride));
   const size_t L = size_t(c.n_layers);
   // One step in which every sequence appends `n` tokens; returns its per-layer times.
@@ -75,7 +77,6 @@ LayerProfile profile_layers(const Checkpoint& ckpt, DType dtype, const LayerProf
     out.seconds.push_back(t[t.size() / 2]);
   }
   out.weight_bytes = layer_weight_bytes(c, dtype);
-  for (auto& s : seqs) cache.release(s);
   return out;
 }
 

@@ -49,23 +49,56 @@ void for_each_token(ThreadPool& pool, int tokens, Fn&& fn) {
 
 }  // namespace
 
+namespace {
+
+bool tensor_fits(const ModelConfig& c, int t) {
+  const bool kv_ok = c.n_kv_heads % t == 0 || t % c.n_kv_heads == 0;
+  return c.n_heads % t == 0 && kv_ok && t <= c.hidden_dim && t <= c.vocab_size;
+}
+
+}  // namespace
+
+void check_layout_fits(const ModelConfig& c, int pipeline, int t) {
+  if (c.n_layers < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.vocab_size < 1 ||
+      c.hidden_dim < 1 || c.n_heads % c.n_kv_heads != 0)
+    throw std::invalid_argument(
+        "impossible model dimensions (layers " + std::to_string(c.n_layers) + ", heads " +
+        std::to_string(c.n_heads) + ", kv heads " + std::to_string(c.n_kv_heads) + ", vocab " +
+        std::to_string(c.vocab_size) + ", hidden " + std::to_string(c.hidden_dim) + ")");
+  using Axis = LayoutMisfit::Axis;
+  if (t < 1) throw LayoutMisfit(Axis::Tensor, "parallel.tensor must be at least 1");
+  if (pipeline < 1) throw LayoutMisfit(Axis::Pipeline, "parallel.pipeline must be at least 1");
+  if (!tensor_fits(c, t)) {
+    std::string fits;
+    for (int d = 1; d <= c.n_heads; ++d)
+      if (tensor_fits(c, d)) fits += (fits.empty() ? "" : ", ") + std::to_string(d);
+    const std::string tensor = "parallel.tensor = " + std::to_string(t);
+    std::string why;
+    if (c.n_heads % t != 0)
+      why = tensor + " does not divide the model's " + std::to_string(c.n_heads) +
+            " attention heads";
+    else if (c.n_kv_heads % t != 0 && t % c.n_kv_heads != 0)
+      why = tensor + " can neither split nor evenly replicate the model's " +
+            std::to_string(c.n_kv_heads) + " KV heads";
+    else
+      why = tensor + " is more than the model's FFN width of " + std::to_string(c.hidden_dim) +
+            " or vocabulary of " + std::to_string(c.vocab_size);
+    throw LayoutMisfit(Axis::Tensor, why + "; tensor degrees that fit this model: " + fits);
+  }
+  if (pipeline > c.n_layers)
+    throw LayoutMisfit(Axis::Pipeline, "parallel.pipeline = " + std::to_string(pipeline) +
+                                           " is more than the model's " +
+                                           std::to_string(c.n_layers) +
+                                           " layers: each stage needs at least one");
+}
+
 ShardDims shard_dims(const ModelConfig& c, const ShardSpec& spec) {
   ShardDims d;
   const int T = spec.tp_size;
   if (T < 1 || spec.tp_rank < 0 || spec.tp_rank >= T)
     throw std::invalid_argument("tensor-parallel rank " + std::to_string(spec.tp_rank) + " of " +
                                 std::to_string(T) + " is out of range");
-  if (c.n_heads % T != 0)
-    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) +
-                                " does not divide the model's " + std::to_string(c.n_heads) +
-                                " attention heads");
-  if (c.n_kv_heads % T != 0 && T % c.n_kv_heads != 0)
-    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) + " and the model's " +
-                                std::to_string(c.n_kv_heads) +
-                                " kv heads: one must divide the other");
-  if (T > c.hidden_dim || T > c.vocab_size)
-    throw std::invalid_argument("parallel.tensor = " + std::to_string(T) +
-                                " is larger than the model");
+  check_layout_fits(c, 1, T);
   d.layer_begin = spec.layer_begin;
   d.layer_end = spec.layer_end < 0 ? c.n_layers : spec.layer_end;
   if (d.layer_begin < 0 || d.layer_end > c.n_layers || d.layer_begin >= d.layer_end)
@@ -256,15 +289,10 @@ void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPoo
 
 void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
                           Workspace& ws, const ShardIo& io) const {
+  // Every input is checked before anything is touched, so a bad step leaves
+  // the cache and the sequences as they were.
   validate(inputs);
-  // Reserve every input's blocks before touching anything, so a full cache
-  // leaves all sequences as they were.
-  int need = 0;
-  for (const auto& in : inputs)
-    need += cache.blocks_needed(*in.cache, in.cache->length + int(in.tokens.size()));
-  if (need > cache.allocator().free_count())
-    throw KvCacheFull(need, cache.allocator().free_count(), cache.allocator().total());
-  for (const auto& in : inputs) cache.reserve(*in.cache, in.cache->length + int(in.tokens.size()));
+  for (const auto& in : inputs) cache.check_covers(*in.cache, in.cache->length + int(in.tokens.size()));
 
   const ModelConfig& c = config_;
   const ShardDims& d = dims_;

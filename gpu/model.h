@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gpu/checkpoint.h"
@@ -43,8 +45,27 @@ struct ShardDims {
   int layers() const { return layer_end - layer_begin; }
 };
 
+// A parallel layout that does not fit the model; what() says why, and for
+// the tensor degree which degrees would fit.
+class LayoutMisfit : public std::invalid_argument {
+ public:
+  enum class Axis { Tensor, Pipeline };
+  LayoutMisfit(Axis axis, const std::string& why) : std::invalid_argument(why), axis_(axis) {}
+  Axis axis() const { return axis_; }
+
+ private:
+  Axis axis_;
+};
+
+// The one rule for which layouts fit a model: the tensor degree T splits the
+// attention heads evenly, splits the KV heads evenly or replicates them
+// evenly (vLLM's rule), and is at most the FFN width and the vocabulary; the
+// pipeline degree P is at most the layers (a stage needs one). Throws
+// LayoutMisfit; std::invalid_argument for impossible model dimensions.
+void check_layout_fits(const ModelConfig& config, int pipeline, int tensor);
+
 // Throws std::invalid_argument saying why the layout does not fit the model
-// (heads not divisible by tp_size, a layer range out of bounds, ...).
+// (check_layout_fits, a rank or layer range out of bounds).
 ShardDims shard_dims(const ModelConfig& config, const ShardSpec& spec);
 
 struct StepInput {
@@ -102,10 +123,11 @@ class Model {
   // Bytes of weights one decode step streams (everything but the embedding).
   size_t weight_bytes_per_step() const;
 
-  // Runs one step. Checks every id and position first (std::invalid_argument
-  // naming the problem), then reserves cache blocks for all inputs (KvCacheFull
-  // with nothing changed). `logits` has one row of vocab_size per input; rows
-  // of inputs that do not want logits are left untouched.
+  // Runs one step. Checks every id, position and block table first
+  // (std::invalid_argument naming the problem, nothing changed), then writes
+  // each input's keys and values into its blocks and advances its length.
+  // `logits` has one row of vocab_size per input; rows of inputs that do not
+  // want logits are left untouched.
   // Whole model only (one shard holding everything).
   void forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool, Workspace& ws,
                float* logits) const;

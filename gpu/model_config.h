@@ -1,5 +1,6 @@
 #pragma once
 // Hyper-parameters of a LLaMA-family decoder, as read from a checkpoint.
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,12 @@ namespace troupe {
 // How RoPE pairs the elements of a head: llama2.c rotates adjacent pairs
 // (2i, 2i+1); Hugging Face Llama rotates (i, i + head_dim/2).
 enum class RopeLayout { Interleaved, RotateHalf };
+
+// KV-cache bytes per token for `layers` layers of `kv_dim` keys and values
+// (f32): the one formula for the model, a shard's cache and the partitioner.
+inline size_t kv_bytes_per_token(int layers, int kv_dim) {
+  return size_t(layers) * 2 * size_t(kv_dim) * sizeof(float);
+}
 
 struct ModelConfig {
   int dim = 0;         // hidden size
@@ -27,9 +34,15 @@ struct ModelConfig {
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  // KV-cache bytes one token takes on a device holding every layer.
+  size_t kv_bytes_per_token() const;
   // Throws std::invalid_argument naming `source` and the inconsistent fields.
   void validate(const std::string& source) const;
   bool is_eos(int id) const;
 };
+
+inline size_t ModelConfig::kv_bytes_per_token() const {
+  return troupe::kv_bytes_per_token(n_layers, kv_dim());
+}
 
 }  // namespace troupe

@@ -24,20 +24,6 @@ double seconds_since(Clock::time_point t0) {
 }
 }  // namespace
 
-double ParallelStats::bubble_fraction(int stage) const {
-  if (wall_s <= 0 || stage < 0 || size_t(stage) >= stages.size()) return 0;
-  return std::max(0.0, 1.0 - stages[size_t(stage)].busy_s / wall_s);
-}
-
-double ParallelStats::comm_share() const {
-  double busy = 0, comm = 0;
-  for (const auto& s : stages) {
-    busy += s.busy_s;
-    comm += s.comm_s;
-  }
-  return busy > 0 ? comm / busy : 0;
-}
-
 // A device: one shard, its cache and threads, and the queue of jobs its
 // runner (a thread, or a shard actor) works through: the device's "stream".
 struct ParallelEngine::Device {
@@ -47,8 +33,8 @@ struct ParallelEngine::Device {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<InProcessCommunicator> comm;
   Workspace ws;
-  std::unordered_map<uint64_t, SequenceCache> seqs;
-  std::vector<float> scratch;  // x_out of ranks other than 0
+  std::vector<SequenceCache> caches;  // the current micro-batch's sequences
+  std::vector<float> scratch;         // x_out of ranks other than 0
   // Written by the device's jobs, read by stats() while other steps may be
   // in flight.
   std::atomic<double> busy_s{0};
@@ -58,10 +44,10 @@ struct ParallelEngine::Device {
 
 struct ParallelEngine::Impl {
   ModelConfig config;
-  ParallelLayout layout;
+  ParallelEngineOptions layout;
   std::vector<std::unique_ptr<Device>> devices;                     // stage-major
   std::vector<std::unique_ptr<std::counting_semaphore<>>> credits;  // per stage boundary
-  std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers;
+  SequenceSamplers samplers;
   // Per boundary: micro-batches produced and not yet consumed, and the most seen.
   std::vector<std::unique_ptr<std::atomic<int>>> in_flight;
   std::vector<int> max_in_flight;
@@ -73,9 +59,22 @@ struct ParallelEngine::Impl {
   uint64_t steps = 0;
   double wall_s = 0;  // time with at least one step in flight
   Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
+  size_t vocab_stride() { return size_t(device(layout.pipeline - 1, 0).model->dims().vocab_stride); }
+
+  // A device that fails records the step's error, wakes everyone (peers
+  // blocked in collectives, later stages waiting for its micro-batches,
+  // earlier ones waiting for credits) and counts down its own remaining
+  // micro-batches. True when its failure is the step's first.
+  bool fail(StepState& st, int stage, int from_mb, std::exception_ptr e, const std::string& why);
+  // Device (s, t)'s share of a step: its stage's layers for every
+  // micro-batch, in order, waiting for the previous stage and for credits.
+  void run_device(StepState& st, int s, int t);
+  // Greedy items take the best of each rank's local argmax (a distributed
+  // argmax, ties to the lowest id); others gather the slices and sample.
+  std::vector<int> sample(const StepState& st, bool keep_logits, std::vector<float>& logits_out);
 };
 
-ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelLayout layout,
+ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngineOptions layout,
                                DeviceLauncher launcher)
     : impl_(std::make_unique<Impl>()) {
   if (!launcher) launcher = launch_device_thread;
@@ -133,7 +132,13 @@ ParallelEngine::~ParallelEngine() {
 const ModelConfig& ParallelEngine::config() const {
   return impl_->config;
 }
-int ParallelEngine::pipeline() const {
+int ParallelEngine::kv_blocks() const {
+  return impl_->layout.blocks;
+}
+int ParallelEngine::block_tokens() const {
+  return impl_->layout.block_tokens;
+}
+int ParallelEngine::stages() const {
   return impl_->layout.pipeline;
 }
 void ParallelEngine::set_microbatches(int m) {
@@ -144,7 +149,7 @@ void ParallelEngine::set_microbatches(int m) {
 // device job lets go (a latch's count_down may still be waking the waiter
 // when it returns, so they must not die with finish()'s frame).
 struct ParallelEngine::StepState {
-  std::vector<EngineItem> items;
+  std::vector<StepItem> items;
   int M = 1;
   std::vector<int> first;      // micro-batch mb: items [first[mb], first[mb+1])
   std::vector<size_t> tokens;  // per micro-batch
@@ -162,8 +167,87 @@ struct ParallelEngine::StepState {
   }
 };
 
-uint64_t ParallelEngine::launch(const std::vector<EngineItem>& items,
-                                std::function<void()> on_done) {
+bool ParallelEngine::Impl::fail(StepState& st, int s, int from_mb, std::exception_ptr e,
+                                const std::string& why) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> l(st.err_mu);
+    first = !st.error;
+    if (first) st.error = e;
+  }
+  for (auto& dev : devices) dev->comm->group().abort(why);
+  for (int mb = from_mb; mb < st.M; ++mb) st.done[size_t(s)][size_t(mb)]->count_down();
+  for (auto& c : credits) c->release(st.M);
+  return first;
+}
+
+void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
+  const int P = layout.pipeline, T = layout.tensor;
+  Device& d = device(s, t);
+  const size_t dim = size_t(config.dim);
+  const size_t stride = vocab_stride();
+  int mb = 0;
+  try {
+    for (; mb < st.M; ++mb) {
+      if (s > 0) st.done[size_t(s - 1)][size_t(mb)]->wait();
+      {
+        std::lock_guard<std::mutex> l(st.err_mu);
+        if (st.error) throw std::runtime_error("step aborted");
+      }
+      if (s + 1 < P && t == 0) credits[size_t(s)]->acquire();
+      const auto t0 = Clock::now();
+      const std::vector<StepInput> inputs = step_inputs(
+          st.items, d.caches, size_t(st.first[size_t(mb)]), size_t(st.first[size_t(mb) + 1]));
+      ShardIo io;
+      io.tp = T > 1 ? d.comm.get() : nullptr;
+      if (s > 0) io.x_in = st.act[size_t(s - 1)][size_t(mb)].data();
+      if (s + 1 < P) {
+        if (t == 0) {
+          io.x_out = st.act[size_t(s)][size_t(mb)].data();
+        } else {
+          d.scratch.resize(st.tokens[size_t(mb)] * dim);
+          io.x_out = d.scratch.data();
+        }
+      } else {
+        io.logits = st.logits[size_t(t)].data() + size_t(st.first[size_t(mb)]) * stride;
+      }
+      d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
+      if (size_t(s) < layout.stage_delay_s.size() && layout.stage_delay_s[size_t(s)] > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double>(layout.stage_delay_s[size_t(s)]));
+      const double took = seconds_since(t0);
+      d.busy_s += took;
+      if (t == 0) st.mb_seconds[size_t(s)][size_t(mb)] = took;
+      if (t == 0 && s + 1 < P) {
+        const int now = ++*in_flight[size_t(s)];
+        std::lock_guard<std::mutex> l(in_flight_mu);
+        max_in_flight[size_t(s)] = std::max(max_in_flight[size_t(s)], now);
+      }
+      // The previous stage's buffer for this micro-batch is consumed.
+      if (s > 0 && t == 0) {
+        --*in_flight[size_t(s - 1)];
+        credits[size_t(s - 1)]->release();
+      }
+      st.done[size_t(s)][size_t(mb)]->count_down();
+    }
+  } catch (const std::exception& e) {
+    // The shard whose failure started it dies ("let it crash"); peers that
+    // were only woken by the abort live on until the group is rebuilt.
+    const std::string why = "shard (stage " + std::to_string(s) + ", rank " + std::to_string(t) +
+                            ") failed: " + e.what();
+    const bool first = fail(st, s, mb, std::current_exception(), why);
+    st.job_over();
+    if (first) throw;
+    return;
+  } catch (...) {
+    const bool first = fail(st, s, mb, std::current_exception(), "a shard failed: unknown exception");
+    st.job_over();
+    if (first) throw;
+    return;
+  }
+  st.job_over();
+}
+
+uint64_t ParallelEngine::launch(std::vector<StepItem> items, std::function<void()> on_done) {
   Impl& m = *impl_;
   const int P = m.layout.pipeline, T = m.layout.tensor, n = int(items.size());
   if (n == 0) throw std::invalid_argument("launch: a step needs at least one item");
@@ -175,7 +259,7 @@ uint64_t ParallelEngine::launch(const std::vector<EngineItem>& items,
                                std::to_string(d->rank) + ") is down: " + d->queue->close_reason());
   auto state = std::make_shared<StepState>();
   StepState& st = *state;
-  st.items = items;
+  st.items = std::move(items);
   st.on_done = std::move(on_done);
   const int M = std::max(1, std::min(n, m.layout.microbatches > 0 ? m.layout.microbatches : P));
   st.M = M;
@@ -185,15 +269,14 @@ uint64_t ParallelEngine::launch(const std::vector<EngineItem>& items,
   st.tokens.assign(size_t(M), 0);
   for (int mb = 0; mb < M; ++mb)
     for (int i = st.first[size_t(mb)]; i < st.first[size_t(mb) + 1]; ++i)
-      st.tokens[size_t(mb)] += items[size_t(i)].tokens.size();
+      st.tokens[size_t(mb)] += st.items[size_t(i)].tokens.size();
   const size_t dim = size_t(m.config.dim);
   st.act.resize(size_t(std::max(0, P - 1)));
   for (auto& a : st.act) {
     a.resize(size_t(M));
     for (int mb = 0; mb < M; ++mb) a[size_t(mb)].resize(st.tokens[size_t(mb)] * dim);
   }
-  const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
-  st.logits.assign(size_t(T), std::vector<float>(size_t(n) * stride));
+  st.logits.assign(size_t(T), std::vector<float>(size_t(n) * m.vocab_stride()));
   st.done.resize(size_t(P));
   for (auto& v : st.done)
     for (int mb = 0; mb < M; ++mb) v.push_back(std::make_unique<std::latch>(T));
@@ -201,104 +284,63 @@ uint64_t ParallelEngine::launch(const std::vector<EngineItem>& items,
   st.jobs_left = P * T;
   if (m.active++ == 0) m.active_since = Clock::now();
 
-  // A device that fails records the step's error, wakes everyone (peers
-  // blocked in collectives, later stages waiting for its micro-batches,
-  // earlier ones waiting for credits) and counts down its own remaining
-  // micro-batches. True when its failure is the step's first.
-  auto fail = [&m, state](int s, int from_mb, std::exception_ptr e, const std::string& why) {
-    bool first = false;
-    {
-      std::lock_guard<std::mutex> l(state->err_mu);
-      first = !state->error;
-      if (first) state->error = e;
-    }
-    for (auto& dev : m.devices) dev->comm->group().abort(why);
-    for (int mb = from_mb; mb < state->M; ++mb) state->done[size_t(s)][size_t(mb)]->count_down();
-    for (auto& c : m.credits) c->release(state->M);
-    return first;
-  };
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {
-      Device& d = m.device(s, t);
       DeviceJob job;
-      job.abandon = [fail, state, s](const std::string& why) {
-        fail(s, 0, std::make_exception_ptr(std::runtime_error(why)), why);
+      job.abandon = [&m, state, s](const std::string& why) {
+        m.fail(*state, s, 0, std::make_exception_ptr(std::runtime_error(why)), why);
         state->job_over();
       };
-      job.run = [&m, state, s, t, P, T, fail, &d = d] {
-        StepState& st = *state;
-        const size_t dim = size_t(m.config.dim);
-        const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
-        int mb = 0;
-        try {
-          for (; mb < st.M; ++mb) {
-            if (s > 0) st.done[size_t(s - 1)][size_t(mb)]->wait();
-            {
-              std::lock_guard<std::mutex> l(st.err_mu);
-              if (st.error) throw std::runtime_error("step aborted");
-            }
-            if (s + 1 < P && t == 0) m.credits[size_t(s)]->acquire();
-            const auto t0 = Clock::now();
-            std::vector<StepInput> inputs;
-            for (int i = st.first[size_t(mb)]; i < st.first[size_t(mb) + 1]; ++i)
-              inputs.push_back({&d.seqs[st.items[size_t(i)].seq], st.items[size_t(i)].tokens,
-                                st.items[size_t(i)].sample});
-            ShardIo io;
-            io.tp = T > 1 ? d.comm.get() : nullptr;
-            if (s > 0) io.x_in = st.act[size_t(s - 1)][size_t(mb)].data();
-            if (s + 1 < P) {
-              if (t == 0) {
-                io.x_out = st.act[size_t(s)][size_t(mb)].data();
-              } else {
-                d.scratch.resize(st.tokens[size_t(mb)] * dim);
-                io.x_out = d.scratch.data();
-              }
-            } else {
-              io.logits = st.logits[size_t(t)].data() + size_t(st.first[size_t(mb)]) * stride;
-            }
-            d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
-            if (size_t(s) < m.layout.stage_delay_s.size() && m.layout.stage_delay_s[size_t(s)] > 0)
-              std::this_thread::sleep_for(
-                  std::chrono::duration<double>(m.layout.stage_delay_s[size_t(s)]));
-            const double took = seconds_since(t0);
-            d.busy_s += took;
-            if (t == 0) st.mb_seconds[size_t(s)][size_t(mb)] = took;
-            if (t == 0 && s + 1 < P) {
-              const int now = ++*m.in_flight[size_t(s)];
-              std::lock_guard<std::mutex> l(m.in_flight_mu);
-              m.max_in_flight[size_t(s)] = std::max(m.max_in_flight[size_t(s)], now);
-            }
-            // The previous stage's buffer for this micro-batch is consumed.
-            if (s > 0 && t == 0) {
-              --*m.in_flight[size_t(s - 1)];
-              m.credits[size_t(s - 1)]->release();
-            }
-            st.done[size_t(s)][size_t(mb)]->count_down();
-          }
-        } catch (const std::exception& e) {
-          // The shard whose failure started it dies ("let it crash"); peers
-          // that were only woken by the abort live on until the group is
-          // rebuilt.
-          const std::string why = "shard (stage " + std::to_string(s) + ", rank " +
-                                  std::to_string(t) + ") failed: " + e.what();
-          const bool first = fail(s, mb, std::current_exception(), why);
-          st.job_over();
-          if (first) throw;
-          return;
-        } catch (...) {
-          const bool first =
-              fail(s, mb, std::current_exception(), "a shard failed: unknown exception");
-          st.job_over();
-          if (first) throw;
-          return;
-        }
-        st.job_over();
-      };
-      d.queue->post(std::move(job));
+      job.run = [&m, state, s, t] { m.run_device(*state, s, t); };
+      m.device(s, t).queue->post(std::move(job));
     }
   const uint64_t ticket = m.next_ticket++;
   m.launched.emplace(ticket, std::move(state));
   return ticket;
+}
+
+std::vector<int> ParallelEngine::Impl::sample(const StepState& st, bool keep_logits,
+                                              std::vector<float>& logits_out) {
+  const int P = layout.pipeline, T = layout.tensor, n = int(st.items.size());
+  const size_t stride = vocab_stride();
+  std::vector<int> out(size_t(n), -1);
+  logits_out.clear();
+  // The full row is gathered only where it is used: sampling, or tests.
+  std::vector<float> full;
+  auto gather = [&](int i) {
+    full.resize(size_t(config.vocab_size));
+    for (int t = 0; t < T; ++t) {
+      const auto& dm = device(P - 1, t).model->dims();
+      std::copy_n(st.logits[size_t(t)].data() + size_t(i) * stride, dm.vocab,
+                  full.data() + dm.vocab_begin);
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    const StepItem& it = st.items[size_t(i)];
+    if (!it.sample) continue;
+    if (keep_logits) {
+      gather(i);
+      logits_out.insert(logits_out.end(), full.begin(), full.end());
+    }
+    if (it.sampling.temperature <= 0) {
+      float best = -std::numeric_limits<float>::infinity();
+      int best_id = -1;
+      for (int t = 0; t < T; ++t) {
+        const auto& dm = device(P - 1, t).model->dims();
+        const float* row = st.logits[size_t(t)].data() + size_t(i) * stride;
+        const int local = argmax({row, size_t(dm.vocab)});
+        if (best_id < 0 || row[local] > best) {
+          best = row[local];
+          best_id = dm.vocab_begin + local;
+        }
+      }
+      out[size_t(i)] = best_id;
+      continue;
+    }
+    if (!keep_logits) gather(i);
+    out[size_t(i)] = samplers.sample(it, full);
+  }
+  return out;
 }
 
 std::vector<int> ParallelEngine::finish(uint64_t ticket) {
@@ -307,7 +349,7 @@ std::vector<int> ParallelEngine::finish(uint64_t ticket) {
   if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
   const std::shared_ptr<StepState> state = std::move(node.mapped());
   StepState& st = *state;
-  const int P = m.layout.pipeline, T = m.layout.tensor, n = int(st.items.size()), M = st.M;
+  const int P = m.layout.pipeline, M = st.M;
   // Every device has finished this step's jobs once every stage has.
   for (int s = P - 1; s >= 0; --s)
     for (int mb = 0; mb < M; ++mb) st.done[size_t(s)][size_t(mb)]->wait();
@@ -317,73 +359,18 @@ std::vector<int> ParallelEngine::finish(uint64_t ticket) {
   for (int s = 0; s < P; ++s)
     for (int mb = 0; mb < M; ++mb)
       last_samples_.push_back({s, st.tokens[size_t(mb)], st.mb_seconds[size_t(s)][size_t(mb)]});
-
-  // Sampling: greedy items take the best of each rank's local argmax (a
-  // distributed argmax, ties to the lowest id); others gather the slices.
-  const size_t stride = size_t(m.device(P - 1, 0).model->dims().vocab_stride);
-  const auto& logits = st.logits;
-  std::vector<int> out(size_t(n), -1);
-  const int V = m.config.vocab_size;
-  last_logits_.clear();
-  std::vector<float> full(static_cast<size_t>(V));
-  for (int i = 0; i < n; ++i) {
-    const EngineItem& it = st.items[size_t(i)];
-    if (!it.sample) continue;
-    for (int t = 0; t < T; ++t) {
-      const auto& dm = m.device(P - 1, t).model->dims();
-      std::copy_n(logits[size_t(t)].data() + size_t(i) * stride, dm.vocab,
-                  full.data() + dm.vocab_begin);
-    }
-    last_logits_.insert(last_logits_.end(), full.begin(), full.end());
-    if (it.sampling.temperature <= 0) {
-      float best = -std::numeric_limits<float>::infinity();
-      int best_id = -1;
-      for (int t = 0; t < T; ++t) {
-        const auto& dm = m.device(P - 1, t).model->dims();
-        const int local = argmax({logits[size_t(t)].data() + size_t(i) * stride, size_t(dm.vocab)});
-        const float v = logits[size_t(t)][size_t(i) * stride + size_t(local)];
-        if (best_id < 0 || v > best) {
-          best = v;
-          best_id = dm.vocab_begin + local;
-        }
-      }
-      out[size_t(i)] = best_id;
-      continue;
-    }
-    auto& sampler = m.samplers[it.seq];
-    if (!sampler) {
-      sampler = Sampler::resumed(it.sampling, uint64_t(it.generated));
-    }
-    out[size_t(i)] = sampler->sample(full);
-  }
+  std::vector<int> out = m.sample(st, keep_logits_, last_logits_);
   ++m.steps;
   return out;
 }
 
-std::vector<int> ParallelEngine::step(const std::vector<EngineItem>& items) {
-  if (items.empty()) return {};
-  return finish(launch(items));
-}
-
 void ParallelEngine::release(uint64_t seq) {
-  Impl& m = *impl_;
-  m.samplers.erase(seq);
-  // On each device's own thread, after the steps already launched.
-  for (auto& d : m.devices) {
-    Device* dev = d.get();
-    d->queue->post({[dev, seq] {
-                      auto it = dev->seqs.find(seq);
-                      if (it == dev->seqs.end()) return;
-                      dev->cache->release(it->second);
-                      dev->seqs.erase(it);
-                    },
-                    [](const std::string&) {}});
-  }
+  impl_->samplers.release(seq);
 }
 
-ParallelStats ParallelEngine::stats() const {
+EngineStats ParallelEngine::stats() const {
   const Impl& m = *impl_;
-  ParallelStats st;
+  EngineStats st;
   st.steps = m.steps;
   st.wall_s = m.wall_s;
   for (int s = 0; s < m.layout.pipeline; ++s) {

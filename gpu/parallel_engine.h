@@ -14,12 +14,14 @@
 
 #include "gpu/checkpoint.h"
 #include "gpu/comm/in_process_communicator.h"
+#include "gpu/kv_cache.h"
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
 
 namespace troupe {
 
-struct ParallelLayout {
+// One replica's layout on this process's devices, and how it pipelines.
+struct ParallelEngineOptions {
   int pipeline = 1;
   int tensor = 1;
   std::vector<int> threads{1};                    // per device (stage-major), or one for all
@@ -31,71 +33,36 @@ struct ParallelLayout {
   int blocks = 4096;
 };
 
-struct StageStats {
-  double busy_s = 0;  // computing (collectives included)
-  double comm_s = 0;  // inside collectives
-  uint64_t comm_bytes = 0;
-};
-
-struct ParallelStats {
-  uint64_t steps = 0;
-  double wall_s = 0;                   // sum of step wall times
-  std::vector<StageStats> stages;      // per stage (rank 0 of its group)
-  std::vector<size_t> weight_bytes;    // per device
-  std::vector<size_t> streamed_bytes;  // per device: weights one step reads (no embedding)
-  std::vector<int>
-      max_in_flight;  // per stage boundary: most micro-batches produced, not yet consumed
-  double bubble_fraction(int stage) const;
-  double comm_share() const;  // time in collectives / busy time, all stages
-};
-
 class ParallelEngine : public StepEngine {
  public:
   // Builds every device's shard from the checkpoint and starts its runner
   // with `launcher` (empty: plain threads). Throws std::invalid_argument
   // when the layout does not fit the model.
-  ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelLayout layout,
+  ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelEngineOptions options,
                  DeviceLauncher launcher = {});
   ~ParallelEngine() override;
 
-  std::vector<int> step(const std::vector<EngineItem>& items) override;
-  // Frees a sequence on every device after the steps already launched.
+  const ModelConfig& config() const override;
+  int kv_blocks() const override;
+  int block_tokens() const override;
+  int stages() const override;
+  // Steps launched back to back overlap across the stages (each device
+  // takes its jobs in launch order), so with P groups of sequences in
+  // flight no stage waits for another group's tokens. on_done is called
+  // from a device thread. launch, finish and release are called from one
+  // thread.
+  uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) override;
+  std::vector<int> finish(uint64_t ticket) override;
   void release(uint64_t seq) override;
-
-  // A step in two halves, for pipelining across steps: launch returns at
-  // once, and steps launched back to back overlap across the stages (each
-  // device takes its jobs in launch order), so with P groups of sequences
-  // in flight no stage waits for another group's tokens. Steps in flight
-  // must hold different sequences. on_done (optional) is called from a
-  // device thread when the step's compute is over; finish then returns its
-  // ids without waiting. launch, finish, step and release are called from
-  // one thread.
-  uint64_t launch(const std::vector<EngineItem>& items, std::function<void()> on_done = {});
-  std::vector<int> finish(uint64_t ticket);
-
-  const ModelConfig& config() const;
-  int pipeline() const;
-  // Micro-batches per step from now on (0: one per stage); a tuner sets it.
-  void set_microbatches(int m);
-  // The last step's (stage, tokens, seconds) per micro-batch, rank 0 of
-  // each stage: what a micro-batch tuner learns from.
-  struct StageSample {
-    int stage;
-    size_t tokens;
-    double seconds;
-  };
-  const std::vector<StageSample>& last_samples() const { return last_samples_; }
-  ParallelStats stats() const;
-  // Full-vocabulary logits of the last step's sampled items, in item order
-  // (for tests comparing layouts).
-  const std::vector<float>& last_logits() const { return last_logits_; }
+  void set_microbatches(int m) override;
+  std::vector<StageSample> last_samples() const override { return last_samples_; }
+  EngineStats stats() const override;
 
  private:
   struct Device;
   struct StepState;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::vector<float> last_logits_;
   std::vector<StageSample> last_samples_;
 };
 

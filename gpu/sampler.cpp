@@ -336,4 +336,10 @@ int Sampler::sample(std::span<const float> logits) {
   return last;  // rounding left r a hair above the final sum
 }
 
+int SequenceSamplers::sample(const StepItem& item, std::span<const float> logits) {
+  auto& s = samplers_[item.seq];
+  if (!s) s = Sampler::resumed(item.sampling, uint64_t(item.generated));
+  return s->sample(logits);
+}
+
 }  // namespace troupe

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "service/request.h"
+#include "service/step_item.h"
 #include "util/rng.h"
 
 namespace troupe {
@@ -62,6 +64,21 @@ class Sampler {
   // Reused between calls so sampling a 32k vocabulary allocates nothing.
   std::vector<float> weight_;                // per id, unnormalized
   std::vector<std::pair<float, int>> cand_;  // (logit, id), for top-k / top-p
+};
+
+// An engine's per-sequence samplers: made at a sequence's first sampled
+// step, resumed past the draws its earlier tokens used (so a sequence resumed
+// on another replica draws exactly what it would have drawn here), and
+// dropped on release.
+class SequenceSamplers {
+ public:
+  // Samples the item's next token from its full-vocabulary logits.
+  int sample(const StepItem& item, std::span<const float> logits);
+  void release(uint64_t seq) { samplers_.erase(seq); }
+  size_t size() const { return samplers_.size(); }
+
+ private:
+  std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers_;
 };
 
 }  // namespace troupe

@@ -111,20 +111,30 @@ std::vector<int> reference(const std::vector<int>& prompt, int max_tokens, float
   return generate(*fortune(), 1, g).ids;
 }
 
-ServingOptions options(int replicas) {
-  ServingOptions o;
-  o.replicas = replicas;
-  o.threads = {1};
-  o.kv_blocks = 256;
-  o.batching.max_batch_sequences = 8;
-  o.batching.max_batch_tokens = 256;
-  o.batching.prefill_chunk_tokens = 16;  // long prompts prefill over several steps
-  o.routing_policy = "least_outstanding";
-  return o;
+std::shared_ptr<const Checkpoint> fortune_checkpoint() {
+  static auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  return ck;
+}
+
+std::shared_ptr<EngineBuilder> engines() {
+  return std::make_shared<EngineBuilder>(fortune_checkpoint(), DType::F32);
+}
+
+Config config(int replicas) {
+  Config c;
+  c.model.path = test::model_path("fortune").string();
+  c.parallel.replicas = replicas;
+  c.devices = {DeviceSpec{DeviceKind::Cpu, 1, 0}};
+  c.kv_cache.blocks = 256;
+  c.batching.max_batch_sequences = 8;
+  c.batching.max_batch_tokens = 256;
+  c.batching.prefill_chunk_tokens = 16;  // long prompts prefill over several steps
+  c.routing.policy = "least_outstanding";
+  return c;
 }
 
 TEST(Runtime, ConcurrentGreedyRequestsEqualGenerate) {
-  ActorRuntime rt(fortune(), options(2));
+  ActorRuntime rt(config(2), engines());
   ASSERT_TRUE(rt.wait_live(2, 30));
   EXPECT_TRUE(rt.ready());
   std::vector<std::shared_ptr<RecordingSink>> sinks;
@@ -141,7 +151,7 @@ TEST(Runtime, ConcurrentGreedyRequestsEqualGenerate) {
 }
 
 TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {
-  ActorRuntime rt(fortune(), options(2));
+  ActorRuntime rt(config(2), engines());
   ASSERT_TRUE(rt.wait_live(2, 30));
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   const int n = 8;
@@ -171,18 +181,16 @@ TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {
 // aborts its group, supervision rebuilds the replica, and every request ends
 // with exactly the single-device tokens, for every shard position.
 TEST(Runtime, ShardKilledMidStepIsRecoveredBySupervisionWithNoLostRequest) {
-  const auto ckpt =
-      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
   struct Case {
     int replicas, pipeline, tensor, device;
   };
   for (const Case c : {Case{1, 2, 2, 3}, Case{1, 2, 2, 0}, Case{2, 1, 2, 1}, Case{1, 3, 1, 1}}) {
     SCOPED_TRACE("R=" + std::to_string(c.replicas) + " P=" + std::to_string(c.pipeline) +
                  " T=" + std::to_string(c.tensor) + " shard " + std::to_string(c.device));
-    ServingOptions o = options(c.replicas);
-    o.pipeline = c.pipeline;
-    o.tensor = c.tensor;
-    ActorRuntime rt(ckpt, DType::F32, o);
+    Config o = config(c.replicas);
+    o.parallel.pipeline = c.pipeline;
+    o.parallel.tensor = c.tensor;
+    ActorRuntime rt(o, engines());
     ASSERT_TRUE(rt.wait_live(c.replicas, 30));
     std::vector<std::shared_ptr<RecordingSink>> sinks;
     const int n = 6;
@@ -228,15 +236,15 @@ TEST(Runtime, ShardKilledMidStepIsRecoveredBySupervisionWithNoLostRequest) {
 // a first device that holds one layer gets exactly one, and the answer is
 // the same.
 TEST(Runtime, PipelineStagesRespectDeviceMemory) {
-  const auto ckpt =
-      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  const auto ckpt = fortune_checkpoint();
   const LayerProfile p = profile_layers(*ckpt, DType::F32, {});
-  ServingOptions o = options(1);
-  o.pipeline = 2;
-  const int64_t kv_per_layer =
-      int64_t(o.kv_blocks) * o.block_tokens * 2 * ckpt->config.kv_dim() * int64_t(sizeof(float));
-  o.device_memory_bytes = {int64_t(p.weight_bytes[0]) + kv_per_layer + 1024, 0};
-  ActorRuntime rt(ckpt, DType::F32, o);
+  Config o = config(1);
+  o.parallel.pipeline = 2;
+  const int64_t kv_per_layer = int64_t(o.kv_cache.blocks) * o.kv_cache.block_tokens * 2 *
+                               ckpt->config.kv_dim() * int64_t(sizeof(float));
+  o.devices = {DeviceSpec{DeviceKind::Cpu, 1, int64_t(p.weight_bytes[0]) + kv_per_layer + 1024},
+               DeviceSpec{DeviceKind::Cpu, 1, 0}};
+  ActorRuntime rt(o, engines());
   ASSERT_EQ(rt.stage_layers().size(), 1u);
   EXPECT_EQ(rt.stage_layers()[0], (std::vector<std::pair<int, int>>{{0, 1}, {1, 5}}));
   ASSERT_TRUE(rt.wait_live(1, 30));
@@ -245,19 +253,17 @@ TEST(Runtime, PipelineStagesRespectDeviceMemory) {
   ASSERT_TRUE(sink->wait());
   EXPECT_EQ(sink->tokens(), reference(prompt_for(3), 30));
   // No split fits: start-up says so.
-  o.device_memory_bytes = {1024};
-  EXPECT_THROW(ActorRuntime(ckpt, DType::F32, o), std::invalid_argument);
+  o.devices = {DeviceSpec{DeviceKind::Cpu, 1, 1024}};
+  EXPECT_THROW(ActorRuntime(o, engines()), std::invalid_argument);
 }
 
 // A two-stage replica keeps two steps in flight over two groups of
 // sequences (so both stages work at once), and the answers do not change.
 TEST(Runtime, PipelineKeepsAStepPerStageInFlight) {
-  const auto ckpt =
-      std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
-  ServingOptions o = options(1);
-  o.pipeline = 2;
+  Config o = config(1);
+  o.parallel.pipeline = 2;
   Metrics metrics;
-  ActorRuntime rt(ckpt, DType::F32, o, &metrics);
+  ActorRuntime rt(o, engines(), &metrics);
   ASSERT_TRUE(rt.wait_live(1, 30));
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (int i = 0; i < 6; ++i) {
@@ -272,7 +278,7 @@ TEST(Runtime, PipelineKeepsAStepPerStageInFlight) {
     g.prompt = prompt_for(i);
     g.max_tokens = 40;
     g.sampling.temperature = 0;
-    g.stop_at_eos = false;
+    g.ignore_eos = true;
     EXPECT_EQ(sinks[size_t(i)]->tokens(), generate(*fortune(), 1, g).ids) << i;
   }
   const std::string text = metrics.render();
@@ -282,10 +288,10 @@ TEST(Runtime, PipelineKeepsAStepPerStageInFlight) {
 }
 
 TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
-  auto o = options(1);
-  o.max_restarts = 1;
-  o.restart_window_s = 60;
-  ActorRuntime rt(fortune(), o);
+  auto o = config(1);
+  o.supervision.max_restarts = 1;
+  o.supervision.within_s = 60;
+  ActorRuntime rt(o, engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
   rt.inject_crash(0);  // restart 1 of 1
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -307,9 +313,9 @@ TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
 }
 
 TEST(Runtime, CancelEndsTheRequestAndFreesItsBlocks) {
-  auto o = options(1);
-  o.kv_blocks = 16;  // one full-context sequence (256 tokens / 16)
-  ActorRuntime rt(fortune(), o);
+  auto o = config(1);
+  o.kv_cache.blocks = 16;  // one full-context sequence (256 tokens / 16)
+  ActorRuntime rt(o, engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
   auto sink = std::make_shared<RecordingSink>();
   rt.submit(request(1, prompt_for(3), 250), sink);
@@ -327,7 +333,7 @@ TEST(Runtime, CancelEndsTheRequestAndFreesItsBlocks) {
 }
 
 TEST(Runtime, ACancelledRequestIsNotResumedAfterACrash) {
-  ActorRuntime rt(fortune(), options(1));
+  ActorRuntime rt(config(1), engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
   auto sink = std::make_shared<RecordingSink>();
   rt.submit(request(1, prompt_for(5), 250), sink);
@@ -342,11 +348,11 @@ TEST(Runtime, ACancelledRequestIsNotResumedAfterACrash) {
 }
 
 TEST(Runtime, OverloadIsRefusedWithRetryAfter) {
-  auto o = options(1);
+  auto o = config(1);
   o.batching.max_batch_sequences = 1;
-  o.max_waiting_per_replica = 0;
-  o.admission.max_size = 2;
-  ActorRuntime rt(fortune(), o);
+  o.batching.max_waiting = 0;
+  o.admission.max_queue = 2;
+  ActorRuntime rt(o, engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (int i = 0; i < 10; ++i) {
@@ -369,7 +375,7 @@ TEST(Runtime, OverloadIsRefusedWithRetryAfter) {
 }
 
 TEST(Runtime, DeadlinePassedIsATimeout) {
-  ActorRuntime rt(fortune(), options(1));
+  ActorRuntime rt(config(1), engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
   rt.inject_slowness(0, 0.05);
   auto sink = std::make_shared<RecordingSink>();

@@ -4,10 +4,8 @@
 #include <cmath>
 #include <random>
 
-#include "gpu/block_allocator.h"
 #include "gpu/cpu/kernels.h"
 #include "gpu/dtype.h"
-#include "gpu/kv_cache.h"
 
 namespace troupe {
 namespace {
@@ -106,72 +104,9 @@ TEST(DTypes, ConversionsRoundTrip) {
   EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);  // tie -> even (up)
 }
 
-TEST(BlockAllocator, AllocatesReleasesAndRefusesWhenFull) {
-  BlockAllocator a(10);
-  std::vector<int> s1, s2;
-  a.allocate(4, s1);
-  a.allocate(6, s2);
-  EXPECT_EQ(a.free_count(), 0);
-  std::vector<int> s3;
-  try {
-    a.allocate(1, s3);
-    FAIL() << "expected KvCacheFull";
-  } catch (const KvCacheFull& e) {
-    EXPECT_EQ(e.wanted(), 1);
-    EXPECT_NE(std::string(e.what()).find("KV cache full"), std::string::npos);
-  }
-  EXPECT_TRUE(s3.empty());
-  a.release(s1);
-  EXPECT_EQ(a.free_count(), 4);
-  EXPECT_THROW(a.release(s1), std::logic_error);  // double free is a bug, caught
-  a.allocate(3, s3);
-  EXPECT_EQ(a.used_count(), 9);
-  // All ids distinct.
-  std::vector<int> all = s2;
-  all.insert(all.end(), s3.begin(), s3.end());
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::unique(all.begin(), all.end()), all.end());
-}
-
-TEST(BlockAllocator, NoLeakAfterManySequences) {
-  KvCache cache(2, 8, 16, 64);
-  std::mt19937 rng(9);
-  std::vector<SequenceCache> live(8);
-  for (int round = 0; round < 2000; ++round) {
-    auto& s = live[rng() % live.size()];
-    if (rng() % 3 == 0) {
-      cache.release(s);
-    } else {
-      const int grow = s.length + int(rng() % 40);
-      try {
-        cache.reserve(s, grow);
-        s.length = grow;
-      } catch (const KvCacheFull&) {
-        // all-or-nothing: the sequence keeps exactly what it had
-        EXPECT_EQ(int(s.blocks.size()), (s.length + 15) / 16);
-      }
-    }
-    int held = 0;
-    for (auto& q : live) held += int(q.blocks.size());
-    ASSERT_EQ(held, cache.allocator().used_count());
-  }
-  for (auto& s : live) cache.release(s);
-  EXPECT_EQ(cache.allocator().free_count(), 64);
-}
-
-TEST(KvCacheTest, BytesPerTokenAndSizing) {
-  ModelConfig c;
-  c.n_layers = 5;
-  c.n_kv_heads = 2;
-  c.head_dim = 32;
-  KvCache cache = KvCache::for_model(c, 16, 10);
-  EXPECT_EQ(cache.bytes_per_token(), size_t(5 * 2 * 64 * 4));
-  EXPECT_EQ(cache.total_bytes(), cache.bytes_per_token() * 160);
-  EXPECT_EQ(KvCache::blocks_for_bytes(c, 16, cache.bytes_per_token() * 16 * 7 + 5), 7);
-}
-
 }  // namespace
 }  // namespace troupe
+
 
 namespace troupe {
 namespace {
@@ -183,5 +118,6 @@ TEST(Kernels, ExpApproxIsAccurate) {
   EXPECT_EQ(kernels::exp_approx(0.0f), 1.0f);
   EXPECT_LT(kernels::exp_approx(-1000.0f), 1e-37f);
 }
+
 }  // namespace
 }  // namespace troupe

@@ -1,13 +1,11 @@
 // Per-layer profiling for the partitioner: one measured time per layer and
-// the bytes each layer's stage would hold; balanced_stages turns them into
-// contiguous stages within memory caps. Times are only checked for sanity
-// here (timing belongs in benchmarks); the partitioner's balancing itself is
-// tested on fixed cost lists in test_partitioner.cpp.
+// the bytes each layer's stage would hold (deploy/engine_builder's
+// balanced_stages turns them into stages: test_engine_builder.cpp). Times
+// are only checked for sanity here (timing belongs in benchmarks).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "actors/runtime.h"
 #include "gpu/layer_profile.h"
 #include "gpu/model.h"
 #include "support/test_support.h"
@@ -38,23 +36,6 @@ TEST(LayerProfile, OneTimePerLayerAndTheBytesEachLayerBrings) {
   LayerProfileOptions bad;
   bad.batch = 0;
   EXPECT_THROW(profile_layers(ck, DType::F32, bad), std::invalid_argument);
-}
-
-TEST(LayerProfile, BalancedStagesFollowTheCostsAndTheMemoryCaps) {
-  LayerProfile p;
-  p.seconds = {1, 1, 1, 1, 1, 5};  // a heavy last layer (the classifier)
-  p.weight_bytes = {100, 100, 100, 100, 100, 100};
-  auto stages = balanced_stages(p, 2);
-  EXPECT_EQ(stages, (std::vector<std::pair<int, int>>{{0, 5}, {5, 6}}));
-  // Stage 0 can hold two layers with their KV share: the rest goes to stage 1.
-  StageMemory m;
-  m.kv_bytes_per_layer = 20;
-  m.stage_cap_bytes = {240, std::numeric_limits<uint64_t>::max()};
-  stages = balanced_stages(p, 2, m);
-  EXPECT_EQ(stages, (std::vector<std::pair<int, int>>{{0, 2}, {2, 6}}));
-  m.stage_cap_bytes = {100, 100};
-  EXPECT_THROW(balanced_stages(p, 2, m), std::invalid_argument);
-  EXPECT_TRUE(balanced_stages(p, 1).empty());
 }
 
 }  // namespace

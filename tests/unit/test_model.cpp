@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/generate.h"
+#include "gpu/kv_cache.h"
 #include "gpu/synth_model.h"
 #include "text/tokenizer.h"
 #include "support/test_support.h"
@@ -17,16 +18,24 @@ std::vector<int> greedy(const Model& m, const std::vector<int>& prompt, int n, i
   req.prompt = prompt;
   req.max_tokens = n;
   req.sampling.temperature = 0;
-  req.stop_at_eos = false;
+  req.ignore_eos = true;
   return generate(m, threads, req).ids;
+}
+
+// A sequence that owns blocks [first, first + count) of its cache.
+SequenceCache seq_at(int first, int count) {
+  SequenceCache s;
+  s.blocks = contiguous_blocks(first, count);
+  return s;
 }
 
 // Logits of the last prompt token, prompt fed in one step.
 std::vector<float> last_logits(const Model& m, const std::vector<int>& prompt) {
-  KvCache cache = KvCache::for_model(m.config(), 16, (m.config().max_seq_len + 15) / 16);
+  const int blocks = (m.config().max_seq_len + 15) / 16;
+  KvCache cache = KvCache::for_model(m.config(), 16, blocks);
   ThreadPool pool(2);
   Workspace ws;
-  SequenceCache seq;
+  SequenceCache seq = seq_at(0, blocks);
   std::vector<float> logits(size_t(m.config().vocab_size));
   StepInput in{&seq, prompt, true};
   m.forward({&in, 1}, cache, pool, ws, logits.data());
@@ -90,7 +99,7 @@ void check_batched_equals_single(const Model& m, int threads) {
     Workspace ws;
     std::vector<float> logits(size_t(c.vocab_size));
     for (size_t s = 0; s < prompts.size(); ++s) {
-      SequenceCache seq;
+      SequenceCache seq = seq_at(0, 512);
       StepInput in{&seq, prompts[s], true};
       m.forward({&in, 1}, cache, pool, ws, logits.data());
       alone[s].push_back(logits);
@@ -100,7 +109,6 @@ void check_batched_equals_single(const Model& m, int threads) {
         m.forward({&d, 1}, cache, pool, ws, logits.data());
         alone[s].push_back(logits);
       }
-      cache.release(seq);
     }
   }
   // Batched: sequence s joins at step s (so prefills overlap other decodes),
@@ -108,7 +116,8 @@ void check_batched_equals_single(const Model& m, int threads) {
   KvCache cache = KvCache::for_model(c, 4, 512);
   ThreadPool pool(threads);
   Workspace ws;
-  std::vector<SequenceCache> seqs(prompts.size());
+  std::vector<SequenceCache> seqs;
+  for (size_t s = 0; s < prompts.size(); ++s) seqs.push_back(seq_at(int(s) * 100, 100));
   std::vector<size_t> fed(prompts.size(), 0);
   std::vector<std::vector<std::vector<float>>> batched(prompts.size());
   std::vector<int> next_tok(prompts.size());
@@ -170,7 +179,7 @@ TEST(BatchedForward, ThreadCountDoesNotChangeLogits) {
     KvCache cache = KvCache::for_model(m->config(), 16, 32);
     ThreadPool pool(threads);
     Workspace ws;
-    SequenceCache seq;
+    SequenceCache seq = seq_at(0, 32);
     std::vector<float> logits(size_t(m->config().vocab_size));
     StepInput in{&seq, prompt, true};
     m->forward({&in, 1}, cache, pool, ws, logits.data());
@@ -201,14 +210,14 @@ TEST(SixteenBitWeights, LogitsWithinToleranceOfF32) {
   EXPECT_EQ(greedy(f16, prompt, 8), greedy(f32, prompt, 8));
 }
 
-TEST(StepErrors, BadIdsContextOverflowAndFullCacheAreCleanErrors) {
+TEST(StepErrors, BadIdsContextOverflowAndShortBlockTablesAreCleanErrors) {
   Model m(synth_checkpoint(synth_preset("tiny"), 1, DType::F32), DType::F32);
   const auto& c = m.config();
   KvCache cache = KvCache::for_model(c, 16, 3);  // 48 positions
   ThreadPool pool(1);
   Workspace ws;
   std::vector<float> logits(2 * size_t(c.vocab_size));
-  SequenceCache a, b;
+  SequenceCache a = seq_at(0, 3), b;
   const std::vector<int> bad{1, c.vocab_size};
   StepInput in{&a, bad, true};
   try {
@@ -221,18 +230,27 @@ TEST(StepErrors, BadIdsContextOverflowAndFullCacheAreCleanErrors) {
   const std::vector<int> too_long(size_t(c.max_seq_len) + 1, 1);
   in = {&a, too_long, true};
   EXPECT_THROW(m.forward({&in, 1}, cache, pool, ws, logits.data()), std::invalid_argument);
-  // 40 + 20 tokens need 3 + 2 blocks; only 3 exist: neither sequence changes.
+  // 40 + 20 tokens: b's block table holds none of its 20 positions, so the
+  // step is refused and neither sequence changes.
   const std::vector<int> p40(40, 3), p20(20, 4);
   StepInput two[2] = {{&a, p40, true}, {&b, p20, true}};
-  EXPECT_THROW(m.forward(two, cache, pool, ws, logits.data()), KvCacheFull);
+  try {
+    m.forward(two, cache, pool, ws, logits.data());
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("block table holds 0 positions; the step needs 20"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(a.length, 0);
   EXPECT_EQ(b.length, 0);
-  EXPECT_EQ(cache.allocator().free_count(), 3);
-  // After the failure the cache still works.
+  // A block id outside the cache is refused too.
+  b.blocks = {3};
+  EXPECT_THROW(m.forward({&two[1], 1}, cache, pool, ws, logits.data()), std::invalid_argument);
+  EXPECT_EQ(b.length, 0);
+  // After the failures the cache still works.
   m.forward({two, 1}, cache, pool, ws, logits.data());
   EXPECT_EQ(a.length, 40);
-  cache.release(a);
-  EXPECT_EQ(cache.allocator().free_count(), 3);
 }
 
 TEST(GenerateRequests, ValidationMessages) {
@@ -244,9 +262,9 @@ TEST(GenerateRequests, ValidationMessages) {
   EXPECT_THROW(generate(m, 1, req), std::invalid_argument);
   req.max_tokens = 1000;  // more than the context: stops at the context
   req.sampling.temperature = 0;
-  req.stop_at_eos = false;
+  req.ignore_eos = true;
   const auto r = generate(m, 1, req);
-  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(r.finish_reason, FinishReason::Length);
   EXPECT_EQ(int(r.ids.size()), m.config().max_seq_len - 2 + 1);
 }
 

@@ -9,6 +9,7 @@
 
 #include "gpu/parallel_engine.h"
 #include "gpu/synth_model.h"
+#include "support/engine_driver.h"
 #include "support/test_support.h"
 
 namespace troupe {
@@ -21,8 +22,10 @@ struct Run {
 
 // Five sequences join at different steps; prompts are fed in chunks of 4
 // while others decode, then each decodes 6 greedy tokens.
-Run drive(StepEngine& engine, ParallelEngine* pe, const ModelConfig& c) {
+Run drive(StepEngine& engine, bool logits, const ModelConfig& c) {
   const int S = 5, extra = 6;
+  test::SlotBook book(engine.kv_blocks() / S);
+  engine.keep_logits(logits);
   std::vector<std::vector<int>> prompts(S);
   for (int s = 0; s < S; ++s)
     for (int i = 0; i < 3 + 5 * s; ++i)
@@ -31,51 +34,48 @@ Run drive(StepEngine& engine, ParallelEngine* pe, const ModelConfig& c) {
   Run run;
   run.ids.resize(S);
   for (int step = 0; step < 60; ++step) {
-    std::vector<EngineItem> items;
+    std::vector<StepItem> items;
     std::vector<int> who;
     for (int s = 0; s < S; ++s) {
       if (s > step || int(run.ids[size_t(s)].size()) >= extra) continue;
-      EngineItem it;
-      it.seq = uint64_t(s);
-      it.sampling.temperature = 0;
       if (fed[size_t(s)] < prompts[size_t(s)].size()) {
         const size_t n = std::min<size_t>(4, prompts[size_t(s)].size() - fed[size_t(s)]);
-        it.tokens.assign(prompts[size_t(s)].begin() + long(fed[size_t(s)]),
-                         prompts[size_t(s)].begin() + long(fed[size_t(s)] + n));
+        std::vector<int> chunk(prompts[size_t(s)].begin() + long(fed[size_t(s)]),
+                               prompts[size_t(s)].begin() + long(fed[size_t(s)] + n));
         fed[size_t(s)] += n;
-        it.sample = fed[size_t(s)] == prompts[size_t(s)].size();
+        items.push_back(book.next(uint64_t(s), chunk, fed[size_t(s)] == prompts[size_t(s)].size()));
       } else {
-        it.tokens = {run.ids[size_t(s)].back()};
-        it.sample = true;
+        items.push_back(book.next(uint64_t(s), {run.ids[size_t(s)].back()}));
       }
-      items.push_back(it);
       who.push_back(s);
     }
     if (items.empty()) break;
     const auto out = engine.step(items);
     for (size_t i = 0; i < items.size(); ++i)
       if (items[i].sample) run.ids[size_t(who[i])].push_back(out[i]);
-    if (pe) run.logits.push_back(pe->last_logits());
+    if (logits) run.logits.push_back(engine.last_logits());
   }
   for (int s = 0; s < S; ++s) engine.release(uint64_t(s));
   return run;
 }
 
 void check_layouts(const Checkpoint& ck) {
-  ParallelLayout one;
+  ParallelEngineOptions one;
   one.blocks = 256;
   one.block_tokens = 4;
   ParallelEngine ref(ck, DType::F32, one);
-  const Run want = drive(ref, &ref, ck.config);
+  const Run want = drive(ref, true, ck.config);
   // The single-device Engine agrees bit for bit with the 1x1 layout.
   Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 4, 256});
-  EXPECT_EQ(drive(single, nullptr, ck.config).ids, want.ids);
+  const Run single_run = drive(single, true, ck.config);
+  EXPECT_EQ(single_run.ids, want.ids);
+  EXPECT_EQ(single_run.logits, want.logits);
   for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {3, 1}, {1, 4}}) {
-    ParallelLayout l = one;
+    ParallelEngineOptions l = one;
     l.pipeline = P;
     l.tensor = T;
     ParallelEngine pe(ck, DType::F32, l);
-    const Run got = drive(pe, &pe, ck.config);
+    const Run got = drive(pe, true, ck.config);
     EXPECT_EQ(got.ids, want.ids) << "layout P=" << P << " T=" << T;
     ASSERT_EQ(got.logits.size(), want.logits.size());
     float worst = 0;
@@ -104,7 +104,7 @@ TEST(ParallelEngine, LayoutsMatchSingleDeviceOnGqaRandomModel) {
 
 TEST(ParallelEngine, ShardsHoldOnlyTheirSlice) {
   const auto ck = synth_checkpoint(synth_preset("tiny"), 3, DType::F32);
-  ParallelLayout l;
+  ParallelEngineOptions l;
   l.tensor = 2;
   l.blocks = 64;
   ParallelEngine pe(ck, DType::F32, l);
@@ -116,7 +116,7 @@ TEST(ParallelEngine, ShardsHoldOnlyTheirSlice) {
 
 TEST(ParallelEngine, BadLayoutsAreRefusedWithAReason) {
   const auto ck = load_checkpoint(test::model_path("fortune"));  // 6 heads, 2 kv heads, 5 layers
-  ParallelLayout l;
+  ParallelEngineOptions l;
   l.tensor = 4;
   try {
     ParallelEngine pe(ck, DType::F32, l);
@@ -144,22 +144,16 @@ namespace {
 // `credits` micro-batches (back-pressure), and the answer is unchanged.
 TEST(ParallelEngine, CreditsBoundInFlightMicroBatchesBehindASlowStage) {
   const auto ck = synth_checkpoint(synth_preset("tiny"), 5, DType::F32);
-  ParallelLayout l;
+  ParallelEngineOptions l;
   l.pipeline = 3;
   l.microbatches = 6;
   l.credits = 1;
   l.blocks = 128;
   l.stage_delay_s = {0, 0, 0.05};
   ParallelEngine pe(ck, DType::F32, l);
-  std::vector<EngineItem> items;
-  for (int s = 0; s < 6; ++s) {
-    EngineItem it;
-    it.seq = uint64_t(s);
-    it.tokens = {1, 5 + s, 9};
-    it.sample = true;
-    it.sampling.temperature = 0;
-    items.push_back(it);
-  }
+  test::SlotBook book(16);
+  std::vector<StepItem> items;
+  for (int s = 0; s < 6; ++s) items.push_back(book.next(uint64_t(s), {1, 5 + s, 9}));
   const auto out = pe.step(items);
   const auto st = pe.stats();
   ASSERT_EQ(st.max_in_flight.size(), 2u);
@@ -168,7 +162,7 @@ TEST(ParallelEngine, CreditsBoundInFlightMicroBatchesBehindASlowStage) {
     EXPECT_LE(m, 1);  // never more than the credits
   }
   EXPECT_GT(st.bubble_fraction(0), 0.3);  // the fast stage waited
-  ParallelLayout one;
+  ParallelEngineOptions one;
   one.blocks = 128;
   ParallelEngine ref(ck, DType::F32, one);
   EXPECT_EQ(out, ref.step(items));
@@ -214,16 +208,9 @@ class KillableRunner : public DeviceRunner {
   std::thread thread_;
 };
 
-std::vector<EngineItem> prompts(int n) {
-  std::vector<EngineItem> items;
-  for (int s = 0; s < n; ++s) {
-    EngineItem it;
-    it.seq = uint64_t(s);
-    it.tokens = {1, 5 + s, 9, 3};
-    it.sample = true;
-    it.sampling.temperature = 0;
-    items.push_back(it);
-  }
+std::vector<StepItem> prompts(test::SlotBook& book, int n) {
+  std::vector<StepItem> items;
+  for (int s = 0; s < n; ++s) items.push_back(book.next(uint64_t(s), {1, 5 + s, 9, 3}));
   return items;
 }
 
@@ -240,17 +227,18 @@ TEST(ParallelEngine, AShardThatDiesMidStepFailsTheStepNamingIt) {
       runners.push_back(r.get());
       return r;
     };
-    ParallelLayout l;
+    ParallelEngineOptions l;
     l.pipeline = 2;
     l.tensor = 2;
     l.microbatches = 3;
     l.blocks = 64;
     ParallelEngine pe(ck, DType::F32, l, launcher);
     ASSERT_EQ(runners.size(), 4u);
-    pe.step(prompts(3));  // healthy
+    test::SlotBook book(16);
+    pe.step(prompts(book, 3));  // healthy
     runners[size_t(victim)]->kill_ = true;
-    auto next = prompts(3);
-    for (auto& it : next) it.tokens = {7};
+    std::vector<StepItem> next;
+    for (int s = 0; s < 3; ++s) next.push_back(book.next(uint64_t(s), {7}));
     const std::string who =
         "stage " + std::to_string(victim / 2) + ", rank " + std::to_string(victim % 2);
     try {
@@ -288,39 +276,30 @@ TEST(ParallelEngine, StepsOfTwoGroupsInFlightGiveTheSingleDeviceIds) {
   // Reference: one device, one sequence at a time.
   std::vector<std::vector<int>> want(S);
   {
-    ParallelLayout one;
+    ParallelEngineOptions one;
     one.blocks = 128;
     ParallelEngine ref(ck, DType::F32, one);
+    test::SlotBook book(16);
     for (int s = 0; s < S; ++s) {
-      EngineItem it;
-      it.seq = uint64_t(s);
-      it.tokens = prompt(s);
-      it.sample = true;
-      it.sampling.temperature = 0;
+      std::vector<int> tokens = prompt(s);
       for (int k = 0; k < steps; ++k) {
-        want[size_t(s)].push_back(ref.step({it})[0]);
-        it.tokens = {want[size_t(s)].back()};
+        want[size_t(s)].push_back(ref.step({book.next(uint64_t(s), tokens)})[0]);
+        tokens = {want[size_t(s)].back()};
       }
     }
   }
   for (const auto& [P, T] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 1}}) {
     SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
-    ParallelLayout l;
+    ParallelEngineOptions l;
     l.pipeline = P;
     l.tensor = T;
     l.microbatches = 1;
     l.blocks = 128;
     ParallelEngine pe(ck, DType::F32, l);
     const int G = P;  // one group per stage keeps every stage busy
-    std::vector<std::vector<EngineItem>> group(static_cast<size_t>(G));
-    for (int s = 0; s < S; ++s) {
-      EngineItem it;
-      it.seq = uint64_t(s);
-      it.tokens = prompt(s);
-      it.sample = true;
-      it.sampling.temperature = 0;
-      group[size_t(s % G)].push_back(it);
-    }
+    test::SlotBook book(16);
+    std::vector<std::vector<StepItem>> group(static_cast<size_t>(G));
+    for (int s = 0; s < S; ++s) group[size_t(s % G)].push_back(book.next(uint64_t(s), prompt(s)));
     std::vector<std::vector<int>> got(S);
     std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket)
     std::vector<int> done(size_t(G), 0);
@@ -338,7 +317,7 @@ TEST(ParallelEngine, StepsOfTwoGroupsInFlightGiveTheSingleDeviceIds) {
       auto& items = group[size_t(g)];
       for (size_t i = 0; i < items.size(); ++i) {
         got[items[i].seq].push_back(ids[i]);
-        items[i].tokens = {ids[i]};
+        items[i] = book.next(items[i].seq, {ids[i]});
       }
       if (++done[size_t(g)] < steps) flight.emplace_back(g, launch(g));
     }

@@ -1,4 +1,4 @@
-#include "schema/config.h"
+#include "deploy/config.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "gpu/model.h"
 #include "scheduler/routing_policy.h"
 
 namespace troupe {
@@ -403,7 +404,9 @@ void read_batching(Origin& o, const Node& n, const std::string& path, BatchingSe
               {{"max_batch_sequences", count(b.max_batch_sequences)},
                {"max_batch_tokens", count(b.max_batch_tokens)},
                {"prefill_chunk_tokens", count(b.prefill_chunk_tokens)},
-               {"max_waiting", count(b.max_waiting)}});
+               {"max_waiting", [&](const Node& v, const std::string& k) {
+                  b.max_waiting = read_int(o, v, k, kNonNegativeInt);
+                }}});
 }
 
 // The sizing given here replaces any earlier one (the defaults, or the file
@@ -475,7 +478,7 @@ void read_logging(Origin& o, const Node& n, const std::string& path, LoggingSect
                             }}});
 }
 
-void read_root(Origin& o, const Node& root, RuntimeConfig& c) {
+void read_root(Origin& o, const Node& root, Config& c) {
   // Each section reader takes (origin, node, key path, section).
   auto section = [&](auto reader, auto& part) {
     return [&o, reader, &part](const Node& v, const std::string& k) { reader(o, v, k, part); };
@@ -557,7 +560,7 @@ void validate_parallel(const Origin& o, const ParallelLayout& p) {
   }
 }
 
-void validate_devices(const Origin& o, const RuntimeConfig& c) {
+void validate_devices(const Origin& o, const Config& c) {
   const size_t n = c.devices.size();
   const auto needed = size_t(c.parallel.device_count());
   if (n != 1 && n != needed) {
@@ -575,7 +578,7 @@ void validate_batching(const Origin& o, const BatchingSection& b) {
   check_positive(o, "batching.max_batch_sequences", b.max_batch_sequences);
   check_positive(o, "batching.max_batch_tokens", b.max_batch_tokens);
   check_positive(o, "batching.prefill_chunk_tokens", b.prefill_chunk_tokens);
-  check_positive(o, "batching.max_waiting", b.max_waiting);
+  check_non_negative(o, "batching.max_waiting", b.max_waiting);
   if (b.prefill_chunk_tokens > b.max_batch_tokens) {
     o.fail("batching.prefill_chunk_tokens",
            std::to_string(b.prefill_chunk_tokens) + " is more than batching.max_batch_tokens (" +
@@ -614,7 +617,7 @@ void validate_supervision(const Origin& o, const SupervisionSection& s) {
   check_seconds(o, "supervision.within_s", s.within_s, false);
 }
 
-void validate(const Origin& o, const RuntimeConfig& c) {
+void validate(const Origin& o, const Config& c) {
   validate_model(o, c.model);
   validate_server(o, c.server);
   validate_parallel(o, c.parallel);
@@ -753,7 +756,7 @@ std::optional<DeviceEntryKey> device_entry_key(const std::string& key) {
   return parsed;
 }
 
-void apply_one(Origin& o, RuntimeConfig& c, const std::string& key, const std::string& text) {
+void apply_one(Origin& o, Config& c, const std::string& key, const std::string& text) {
   const Node value = override_value(o, key, text);
   const auto device = device_entry_key(key);
   if (!device) {
@@ -776,13 +779,13 @@ const char* device_kind_name(DeviceKind k) {
   return name_in(kDeviceKinds, k).data();
 }
 
-RuntimeConfig default_runtime_config() {
-  return RuntimeConfig{};
+Config default_config() {
+  return Config{};
 }
 
-RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::string& source_name) {
+Config parse_config(const std::string& yaml_text, const std::string& source_name) {
   Origin origin(source_name);
-  RuntimeConfig config;
+  Config config;
   guarded(source_name, [&] {
     read_root(origin, load_document(yaml_text, source_name), config);
     validate(origin, config);
@@ -790,7 +793,7 @@ RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::stri
   return config;
 }
 
-RuntimeConfig load_runtime_config(const std::filesystem::path& file) {
+Config load_config(const std::filesystem::path& file) {
   const std::string source = file.string();
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) {
@@ -804,14 +807,14 @@ RuntimeConfig load_runtime_config(const std::filesystem::path& file) {
   if (!(in && text << in.rdbuf())) {
     throw key_error(source, "", "cannot read the config file", 0);
   }
-  return parse_runtime_config(text.str(), source);
+  return parse_config(text.str(), source);
 }
 
-void apply_overrides(RuntimeConfig& config,
+void apply_overrides(Config& config,
                      const std::vector<std::pair<std::string, std::string>>& key_values,
                      const std::string& source_name) {
   Origin origin(source_name);
-  RuntimeConfig updated = config;  // untouched when any override fails
+  Config updated = config;  // untouched when any override fails
   guarded(source_name, [&] {
     for (const auto& [key, value] : key_values) apply_one(origin, updated, key, value);
     validate(origin, updated);
@@ -819,16 +822,16 @@ void apply_overrides(RuntimeConfig& config,
   config = std::move(updated);
 }
 
-void apply_override(RuntimeConfig& config, const std::string& dotted_key, const std::string& value,
+void apply_override(Config& config, const std::string& dotted_key, const std::string& value,
                     const std::string& source_name) {
   apply_overrides(config, {{dotted_key, value}}, source_name);
 }
 
-void validate_runtime_config(const RuntimeConfig& config, const std::string& source_name) {
+void validate_config(const Config& config, const std::string& source_name) {
   validate(Origin(source_name), config);
 }
 
-std::string to_yaml(const RuntimeConfig& c) {
+std::string to_yaml(const Config& c) {
   YAML::Emitter out;
   auto number = [](double v) { return format_number(v); };
   out << YAML::BeginMap;
@@ -950,7 +953,7 @@ int device_index(const ParallelLayout& parallel, int replica, int stage, int sha
   return (replica * parallel.pipeline + stage) * parallel.tensor + shard;
 }
 
-const DeviceSpec& device_spec(const RuntimeConfig& config, int device_index) {
+const DeviceSpec& device_spec(const Config& config, int device_index) {
   if (device_index < 0 || device_index >= config.parallel.device_count() ||
       config.devices.empty()) {
     throw std::out_of_range("device " + std::to_string(device_index) + " is outside the layout " +
@@ -960,11 +963,11 @@ const DeviceSpec& device_spec(const RuntimeConfig& config, int device_index) {
   return config.devices.at(size_t(device_index));
 }
 
-int threads_for_device(const RuntimeConfig& config, int device_index) {
+int threads_for_device(const Config& config, int device_index) {
   return device_spec(config, device_index).threads;
 }
 
-std::string served_model_name(const RuntimeConfig& config) {
+std::string served_model_name(const Config& config) {
   if (!config.model.name.empty()) return config.model.name;
   std::filesystem::path p = std::filesystem::path(config.model.path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "models/fortune/"
@@ -977,7 +980,13 @@ std::string served_model_name(const RuntimeConfig& config) {
   return name.empty() || name == "." || name == ".." ? "model" : name;
 }
 
-AdmissionQueueOptions admission_queue_options(const RuntimeConfig& config) {
+std::filesystem::path tokenizer_path(const Config& config,
+                                     const std::filesystem::path& beside_weights) {
+  return config.model.tokenizer.empty() ? beside_weights
+                                        : std::filesystem::path(config.model.tokenizer);
+}
+
+AdmissionQueueOptions admission_queue_options(const Config& config) {
   AdmissionQueueOptions options;
   options.max_size = size_t(config.admission.max_queue);
   options.priority_levels = size_t(config.admission.priority_levels);
@@ -986,59 +995,14 @@ AdmissionQueueOptions admission_queue_options(const RuntimeConfig& config) {
   return options;
 }
 
-namespace {
-
-// Tensor degrees that fit: the shards split the attention heads evenly, and
-// split the KV heads evenly or replicate them evenly (vLLM's rule).
-bool tensor_fits(int t, int n_heads, int n_kv_heads, int vocab) {
-  const bool kv_ok = n_kv_heads % t == 0 || t % n_kv_heads == 0;
-  return n_heads % t == 0 && kv_ok && t <= vocab;
-}
-
-std::string fitting_tensor_degrees(int n_heads, int n_kv_heads, int vocab) {
-  std::string out;
-  for (int t = 1; t <= n_heads; ++t) {
-    if (!tensor_fits(t, n_heads, n_kv_heads, vocab)) continue;
-    out += (out.empty() ? "" : ", ") + std::to_string(t);
-  }
-  return out;
-}
-
-}  // namespace
-
-void validate_layout_for_model(const RuntimeConfig& config, int n_layers, int n_heads,
-                               int n_kv_heads, int vocab) {
-  if (n_layers < 1 || n_heads < 1 || n_kv_heads < 1 || vocab < 1 || n_heads % n_kv_heads != 0) {
-    throw std::invalid_argument("validate_layout_for_model: impossible model dimensions (layers " +
-                                std::to_string(n_layers) + ", heads " + std::to_string(n_heads) +
-                                ", kv heads " + std::to_string(n_kv_heads) + ", vocab " +
-                                std::to_string(vocab) + ")");
-  }
-  const std::string& model = config.model.path;
-  auto fail = [&](const std::string& key, const std::string& why) {
-    throw ConfigError(why + " (model " + model + ")", model, key);
-  };
-  const int t = config.parallel.tensor;
-  const std::string fits =
-      "; tensor degrees that fit this model: " + fitting_tensor_degrees(n_heads, n_kv_heads, vocab);
-  const std::string tensor = "parallel.tensor = " + std::to_string(t);
-  if (n_heads % t != 0) {
-    fail("parallel.tensor", tensor + " does not divide the model's " + std::to_string(n_heads) +
-                                " attention heads" + fits);
-  }
-  if (n_kv_heads % t != 0 && t % n_kv_heads != 0) {
-    fail("parallel.tensor", tensor + " can neither split nor evenly replicate the model's " +
-                                std::to_string(n_kv_heads) + " KV heads" + fits);
-  }
-  if (t > vocab) {
-    fail("parallel.tensor",
-         tensor + " is more than the model's vocabulary of " + std::to_string(vocab) + fits);
-  }
-  const int p = config.parallel.pipeline;
-  if (p > n_layers) {
-    fail("parallel.pipeline", "parallel.pipeline = " + std::to_string(p) +
-                                  " is more than the model's " + std::to_string(n_layers) +
-                                  " layers: each stage needs at least one");
+void validate_layout_for_model(const Config& config, const ModelConfig& model) {
+  try {
+    check_layout_fits(model, config.parallel.pipeline, config.parallel.tensor);
+  } catch (const LayoutMisfit& e) {
+    const std::string key =
+        e.axis() == LayoutMisfit::Axis::Tensor ? "parallel.tensor" : "parallel.pipeline";
+    throw ConfigError(std::string(e.what()) + " (model " + config.model.path + ")",
+                      config.model.path, key);
   }
 }
 

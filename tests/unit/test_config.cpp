@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "schema/config.h"
+#include "deploy/config.h"
 #include "gpu/model_config.h"  // must coexist: troupe::ModelConfig is the model's shape
 #include "support/test_support.h"
 
@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 
 const char* const kSource = "configs/x.yaml";
 
-RuntimeConfig parse(const std::string& yaml) {
-  return parse_runtime_config(yaml, kSource);
+Config parse(const std::string& yaml) {
+  return parse_config(yaml, kSource);
 }
 
 // Parses `yaml`, expecting a ConfigError about `key` whose message contains
@@ -40,7 +40,7 @@ std::string expect_error(const std::string& yaml, const std::string& key,
   return {};
 }
 
-std::string override_error(RuntimeConfig& config, const std::string& key,
+std::string override_error(Config& config, const std::string& key,
                            const std::string& value) {
   try {
     apply_override(config, key, value);
@@ -58,7 +58,7 @@ std::filesystem::path shipped(const std::string& name) {
 // ---- defaults and shipped files ----
 
 TEST(RuntimeConfigTest, DefaultsMatchTheSchema) {
-  const RuntimeConfig c = default_runtime_config();
+  const Config c = default_config();
   EXPECT_EQ(c.model.path, "models/fortune");
   EXPECT_EQ(c.model.tokenizer, "");
   EXPECT_EQ(c.model.dtype, DType::F32);
@@ -88,29 +88,29 @@ TEST(RuntimeConfigTest, DefaultsMatchTheSchema) {
   EXPECT_EQ(c.supervision.max_restarts, 3);
   EXPECT_EQ(c.supervision.within_s, 10);
   EXPECT_EQ(c.logging.level, spdlog::level::info);
-  EXPECT_NO_THROW(validate_runtime_config(c));
+  EXPECT_NO_THROW(validate_config(c));
 }
 
 TEST(RuntimeConfigTest, EveryKeyIsOptional) {
-  EXPECT_EQ(parse(""), default_runtime_config());
-  EXPECT_EQ(parse("{}"), default_runtime_config());
-  EXPECT_EQ(parse("# only a comment\n"), default_runtime_config());
-  EXPECT_EQ(parse("model:\nbatching:\n"), default_runtime_config());
-  const RuntimeConfig c = parse("batching: {max_batch_tokens: 4096}\n");
+  EXPECT_EQ(parse(""), default_config());
+  EXPECT_EQ(parse("{}"), default_config());
+  EXPECT_EQ(parse("# only a comment\n"), default_config());
+  EXPECT_EQ(parse("model:\nbatching:\n"), default_config());
+  const Config c = parse("batching: {max_batch_tokens: 4096}\n");
   EXPECT_EQ(c.batching.max_batch_tokens, 4096);
   EXPECT_EQ(c.batching.max_batch_sequences, 32);
 }
 
 TEST(RuntimeConfigTest, ShippedDefaultIsTheDefault) {
-  const RuntimeConfig c = load_runtime_config(shipped("default.yaml"));
-  EXPECT_EQ(c, default_runtime_config());
+  const Config c = load_config(shipped("default.yaml"));
+  EXPECT_EQ(c, default_config());
   EXPECT_EQ(parse_listen(c.server.listen),
             std::make_pair(std::string("127.0.0.1"), uint16_t(8080)));
   EXPECT_EQ(threads_for_device(c, 0), 2);
 }
 
 TEST(RuntimeConfigTest, ShippedTwoReplicas) {
-  const RuntimeConfig c = load_runtime_config(shipped("two-replicas.yaml"));
+  const Config c = load_config(shipped("two-replicas.yaml"));
   EXPECT_EQ(c.model.path, "models/fortune");
   EXPECT_EQ(c.parallel.replicas, 2);
   EXPECT_EQ(c.parallel.device_count(), 2);
@@ -261,7 +261,7 @@ TEST(RuntimeConfigTest, DeviceCountMustMatchTheLayout) {
   EXPECT_THAT(m, HasSubstr("(line 2)"));
   expect_error("devices: []\n", "devices", "has 0 entries");
 
-  const RuntimeConfig c = parse(
+  const Config c = parse(
       "parallel: {replicas: 2, pipeline: 1, tensor: 2}\n"
       "devices: [{threads: 1}, {threads: 2}, {threads: 3}, {kind: auto, threads: 4}]\n");
   EXPECT_EQ(threads_for_device(c, device_index(c.parallel, 0, 0, 0)), 1);
@@ -273,7 +273,7 @@ TEST(RuntimeConfigTest, DeviceCountMustMatchTheLayout) {
 }
 
 TEST(RuntimeConfigTest, ByteCountsTakeBinaryUnits) {
-  const RuntimeConfig c = parse("kv_cache: {bytes: 256MiB}\nserver: {max_body_bytes: 64 KiB}\n");
+  const Config c = parse("kv_cache: {bytes: 256MiB}\nserver: {max_body_bytes: 64 KiB}\n");
   EXPECT_EQ(c.kv_cache.bytes, int64_t(256) << 20);
   EXPECT_EQ(c.kv_cache.blocks, 0);  // sized by bytes now
   EXPECT_EQ(c.server.max_body_bytes, 64 * 1024);
@@ -281,9 +281,9 @@ TEST(RuntimeConfigTest, ByteCountsTakeBinaryUnits) {
   expect_error("kv_cache: {bytes: 99999999999TiB}\n", "kv_cache.bytes", "too large");
   expect_error("server: {max_body_bytes: 0}\n", "server.max_body_bytes",
                "expected a positive byte count, got 0");
-  const RuntimeConfig d = parse("devices: [{kind: cpu, threads: 1, memory: 3GiB}]\n");
+  const Config d = parse("devices: [{kind: cpu, threads: 1, memory: 3GiB}]\n");
   EXPECT_EQ(d.devices[0].memory_bytes, int64_t(3) << 30);
-  EXPECT_EQ(default_runtime_config().devices[0].memory_bytes, 0);  // no cap
+  EXPECT_EQ(default_config().devices[0].memory_bytes, 0);  // no cap
   expect_error("devices: [{memory: -1}]\n", "devices[0].memory", "expected a byte count");
 }
 
@@ -305,7 +305,7 @@ TEST(RuntimeConfigTest, LoadNamesTheFile) {
   const auto file = dir / "bad.yaml";
   troupe::test::write_file(file, "logging:\n  level: loud\n");
   try {
-    load_runtime_config(file);
+    load_config(file);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -314,20 +314,20 @@ TEST(RuntimeConfigTest, LoadNamesTheFile) {
                   "off, got 'loud' (line 2)");
   }
   try {
-    load_runtime_config(dir / "missing.yaml");
+    load_config(dir / "missing.yaml");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("missing.yaml: cannot read the config file"));
   }
-  EXPECT_THROW(load_runtime_config(dir.path()), ConfigError);
+  EXPECT_THROW(load_config(dir.path()), ConfigError);
   // ConfigError is an invalid_argument, so generic handlers catch it too.
-  EXPECT_THROW(load_runtime_config(dir / "missing.yaml"), std::invalid_argument);
+  EXPECT_THROW(load_config(dir / "missing.yaml"), std::invalid_argument);
 }
 
 // ---- overrides ----
 
 TEST(RuntimeConfigTest, OverridesApplyOnTop) {
-  RuntimeConfig c = load_runtime_config(shipped("default.yaml"));
+  Config c = load_config(shipped("default.yaml"));
   apply_override(c, "batching.max_batch_tokens", "4096");
   apply_override(c, "parallel.replicas", "2");
   apply_override(c, "server.listen", "0.0.0.0:0");
@@ -347,7 +347,7 @@ TEST(RuntimeConfigTest, OverridesApplyOnTop) {
 }
 
 TEST(RuntimeConfigTest, OverridesReachSectionsAndDeviceEntries) {
-  RuntimeConfig c;
+  Config c;
   apply_override(c, "parallel", "{replicas: 2, tensor: 2}");
   EXPECT_EQ(c.parallel.device_count(), 4);
   apply_override(c, "devices[0].threads", "3");
@@ -367,8 +367,8 @@ TEST(RuntimeConfigTest, OverridesReachSectionsAndDeviceEntries) {
 }
 
 TEST(RuntimeConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
-  RuntimeConfig c;
-  const RuntimeConfig before = c;
+  Config c;
+  const Config before = c;
   EXPECT_EQ(override_error(c, "batching.max_batch_tokens", "lots"),
             "command line: batching.max_batch_tokens: expected a positive integer, got 'lots'");
   EXPECT_THAT(override_error(c, "batching.max_batch_token", "1"),
@@ -395,8 +395,8 @@ TEST(RuntimeConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
 }
 
 TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
-  RuntimeConfig c = parse("parallel: {replicas: 2}\ndevices: [{threads: 1}, {threads: 3}]\n");
-  const RuntimeConfig before = c;
+  Config c = parse("parallel: {replicas: 2}\ndevices: [{threads: 1}, {threads: 3}]\n");
+  const Config before = c;
   // Alone, three replicas do not fit two device entries...
   try {
     apply_override(c, "parallel.replicas", "3", "--set");
@@ -413,8 +413,8 @@ TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
 
 // ---- round trip ----
 
-RuntimeConfig everything_changed() {
-  RuntimeConfig c;
+Config everything_changed() {
+  Config c;
   c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, "true"};
   c.server = {"[::1]:0", 4096, 0.5, 100, 4};
   c.parallel = {2, 3, 1};
@@ -431,16 +431,16 @@ RuntimeConfig everything_changed() {
 }
 
 TEST(RuntimeConfigTest, ToYamlRoundTrips) {
-  for (const RuntimeConfig& c :
-       {default_runtime_config(), load_runtime_config(shipped("two-replicas.yaml")),
+  for (const Config& c :
+       {default_config(), load_config(shipped("two-replicas.yaml")),
         everything_changed()}) {
     const std::string yaml = to_yaml(c);
-    RuntimeConfig back;
-    ASSERT_NO_THROW(back = parse_runtime_config(yaml, "printed")) << yaml;
+    Config back;
+    ASSERT_NO_THROW(back = parse_config(yaml, "printed")) << yaml;
     EXPECT_EQ(back, c) << yaml;
     EXPECT_EQ(to_yaml(back), yaml);
   }
-  EXPECT_THAT(to_yaml(default_runtime_config()), HasSubstr("max_batch_tokens: 2048"));
+  EXPECT_THAT(to_yaml(default_config()), HasSubstr("max_batch_tokens: 2048"));
 }
 
 // ---- helpers ----
@@ -469,7 +469,7 @@ TEST(RuntimeConfigTest, DeviceIndexIsReplicaMajor) {
 }
 
 TEST(RuntimeConfigTest, ServedModelName) {
-  RuntimeConfig c;
+  Config c;
   EXPECT_EQ(served_model_name(c), "fortune");
   c.model.path = "models/fortune/";
   EXPECT_EQ(served_model_name(c), "fortune");
@@ -482,7 +482,7 @@ TEST(RuntimeConfigTest, ServedModelName) {
 }
 
 TEST(RuntimeConfigTest, AdmissionOptionsBuildAQueue) {
-  const RuntimeConfig c =
+  const Config c =
       parse("admission: {max_queue: 3, priority_levels: 4, on_timeout: keep}\n");
   const AdmissionQueueOptions options = admission_queue_options(c);
   EXPECT_EQ(options.max_size, 3u);
@@ -494,13 +494,23 @@ TEST(RuntimeConfigTest, AdmissionOptionsBuildAQueue) {
 
 // ---- layout against the model ----
 
+ModelConfig model_shape(int layers, int heads, int kv_heads, int vocab) {
+  ModelConfig m;
+  m.n_layers = layers;
+  m.n_heads = heads;
+  m.n_kv_heads = kv_heads;
+  m.vocab_size = vocab;
+  m.hidden_dim = 768;
+  return m;
+}
+
 TEST(RuntimeConfigTest, LayoutForModel) {
   // models/fortune: 5 layers, 6 heads, 2 KV heads, vocabulary 2000.
-  RuntimeConfig c;
+  Config c;
   auto layout_error = [&](int pipeline, int tensor) -> std::string {
     c.parallel = {1, pipeline, tensor};
     try {
-      validate_layout_for_model(c, 5, 6, 2, 2000);
+      validate_layout_for_model(c, model_shape(5, 6, 2, 2000));
     } catch (const ConfigError& e) {
       return e.what();
     }
@@ -521,10 +531,10 @@ TEST(RuntimeConfigTest, LayoutForModel) {
 
   // stories260K: 8 heads, 4 KV heads; T=8 replicates each KV head on 2 shards.
   c.parallel = {2, 2, 8};
-  EXPECT_NO_THROW(validate_layout_for_model(c, 5, 8, 4, 512));
+  EXPECT_NO_THROW(validate_layout_for_model(c, model_shape(5, 8, 4, 512)));
   c.parallel = {1, 1, 2};
-  EXPECT_THROW(validate_layout_for_model(c, 5, 6, 4, 512), std::invalid_argument);  // 6 % 4
-  EXPECT_THROW(validate_layout_for_model(c, 0, 6, 2, 512), std::invalid_argument);
+  EXPECT_THROW(validate_layout_for_model(c, model_shape(5, 6, 4, 512)), std::invalid_argument);  // 6 % 4
+  EXPECT_THROW(validate_layout_for_model(c, model_shape(0, 6, 2, 512)), std::invalid_argument);
 }
 
 }  // namespace

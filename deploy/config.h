@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/dtype.h"
+#include "gpu/model_config.h"
 #include "scheduler/admission_queue.h"
 
 namespace troupe {
@@ -101,7 +102,7 @@ struct LoggingSection {
   bool operator==(const LoggingSection&) const = default;
 };
 
-struct RuntimeConfig {
+struct Config {
   ModelSection model;
   ServerSection server;
   ParallelLayout parallel;
@@ -114,7 +115,7 @@ struct RuntimeConfig {
   AdmissionSection admission;
   SupervisionSection supervision;
   LoggingSection logging;
-  bool operator==(const RuntimeConfig&) const = default;
+  bool operator==(const Config&) const = default;
 };
 
 // A configuration error: what() is "SOURCE: KEY.PATH: problem", with
@@ -132,12 +133,12 @@ class ConfigError : public std::invalid_argument {
   std::string key_;
 };
 
-RuntimeConfig default_runtime_config();
+Config default_config();
 
 // Reads and validates a YAML file; every key is optional.
-RuntimeConfig load_runtime_config(const std::filesystem::path& file);
+Config load_config(const std::filesystem::path& file);
 // The same from text; `source_name` prefixes error messages (a file name).
-RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::string& source_name);
+Config parse_config(const std::string& yaml_text, const std::string& source_name);
 
 // Sets one key, e.g. ("batching.max_batch_tokens", "4096"), with the same
 // checks as the file, then re-validates the whole config. A value that starts
@@ -145,21 +146,21 @@ RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::stri
 // "[{kind: cpu, threads: 1}]"); `devices[N].threads` reaches one entry.
 // Setting kv_cache.blocks clears kv_cache.bytes and vice versa: the command
 // line replaces the file's sizing rather than conflicting with it.
-void apply_override(RuntimeConfig& config, const std::string& dotted_key, const std::string& value,
+void apply_override(Config& config, const std::string& dotted_key, const std::string& value,
                     const std::string& source_name = "command line");
 // Applies several, validating once at the end, so that overrides which only
 // make sense together (--replicas 2 with a two-entry device list) are allowed.
-void apply_overrides(RuntimeConfig& config,
+void apply_overrides(Config& config,
                      const std::vector<std::pair<std::string, std::string>>& key_values,
                      const std::string& source_name = "command line");
 
 // The checks that span keys and every range check; the loaders call it, and
-// code that builds a RuntimeConfig by hand should too. Throws ConfigError.
-void validate_runtime_config(const RuntimeConfig& config,
+// code that builds a Config by hand should too. Throws ConfigError.
+void validate_config(const Config& config,
                              const std::string& source_name = "config");
 
-// YAML that parse_runtime_config reads back as an equal config (--print-config).
-std::string to_yaml(const RuntimeConfig& config);
+// YAML that parse_config reads back as an equal config (--print-config).
+std::string to_yaml(const Config& config);
 
 // "host:port" or "[v6addr]:port" -> (host, port). Throws std::invalid_argument.
 std::pair<std::string, uint16_t> parse_listen(const std::string& listen);
@@ -169,20 +170,24 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& listen);
 int device_index(const ParallelLayout& parallel, int replica, int stage, int shard);
 // The entry that applies to device `device_index` (the single entry when
 // there is one). Throws std::out_of_range for an index outside the layout.
-const DeviceSpec& device_spec(const RuntimeConfig& config, int device_index);
-int threads_for_device(const RuntimeConfig& config, int device_index);
+const DeviceSpec& device_spec(const Config& config, int device_index);
+int threads_for_device(const Config& config, int device_index);
 
 // model.name, or the weights' name: "models/fortune" -> "fortune",
 // "models/stories260K/stories260K.bin" -> "stories260K".
-std::string served_model_name(const RuntimeConfig& config);
+std::string served_model_name(const Config& config);
+
+// The tokenizer to use: model.tokenizer when set, else the one found beside
+// the weights (`beside_weights`, empty when there is none).
+std::filesystem::path tokenizer_path(const Config& config,
+                                     const std::filesystem::path& beside_weights);
 
 // Options for the admission queue in front of the replicas.
-AdmissionQueueOptions admission_queue_options(const RuntimeConfig& config);
+AdmissionQueueOptions admission_queue_options(const Config& config);
 
-// Throws ConfigError saying why the parallel layout does not fit a model
-// with these dimensions (T must divide the attention heads, and divide or be
-// a multiple of the KV heads; P at most the layers; T at most the vocabulary).
-void validate_layout_for_model(const RuntimeConfig& config, int n_layers, int n_heads,
-                               int n_kv_heads, int vocab);
+// Throws ConfigError (key parallel.tensor or parallel.pipeline) when the
+// parallel layout does not fit the model (gpu/model.h's check_layout_fits,
+// the one rule), and std::invalid_argument for impossible model dimensions.
+void validate_layout_for_model(const Config& config, const ModelConfig& model);
 
 }  // namespace troupe

@@ -1,4 +1,4 @@
-#include "gpu/block_allocator.h"
+#include "scheduler/block_allocator.h"
 
 #include <string>
 

@@ -1,0 +1,78 @@
+#pragma once
+// The serving actors' protocols as types: each actor's handle is a CAF typed
+// actor, so the messages it takes (and what it answers) are checked by the
+// compiler at every send. Inside one process the payloads are never
+// serialized (CAF_ALLOW_UNSAFE_MESSAGE_TYPE below).
+//
+// Supervision tree (see docs/ARCHITECTURE.md):
+//   supervisor --monitors--> batcher (one per replica)
+//   batcher --links--> worker (detached: runs the engine)
+//   worker --links--> shard (detached, one per device of a parallel layout)
+// The router hears from the supervisor of every replica that comes up or
+// goes down.
+#include <caf/all.hpp>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "scheduler/replica_messages.h"
+#include "service/completion_service.h"
+#include "service/step_item.h"
+
+namespace troupe {
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using assign_atom = caf::atom_constant<caf::atom("assign")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using events_atom = caf::atom_constant<caf::atom("events")>;
+using up_atom = caf::atom_constant<caf::atom("up")>;
+using down_atom = caf::atom_constant<caf::atom("down")>;
+using crash_atom = caf::atom_constant<caf::atom("crash")>;
+using slow_atom = caf::atom_constant<caf::atom("slow")>;
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using stepdone_atom = caf::atom_constant<caf::atom("stepdone")>;
+using rtick_atom = caf::atom_constant<caf::atom("rtick")>;
+
+// A device of a parallel layout: (run) takes its next queued job; (crash)
+// arms it to die at its next step, mid-step for the rest of its group.
+using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<crash_atom>>;
+
+// A replica's engine on its own thread. (step, items) -> one sampled id per
+// item; (stepdone, ticket) is its own note that a launched step is over;
+// (release, seq) drops a sequence's sampler. Fault injection: (crash) throws
+// at once, (crash, device) kills that shard mid-step, (slow, seconds) delays
+// every later step.
+using WorkerActor = caf::typed_actor<
+    caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
+    caf::reacts_to<stepdone_atom, uint64_t>, caf::reacts_to<release_atom, uint64_t>,
+    caf::reacts_to<crash_atom>, caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
+
+// A replica's continuous batcher: requests placed on it and cancelled
+// there; fault injection is forwarded to its worker.
+using BatcherActor =
+    caf::typed_actor<caf::reacts_to<assign_atom, Assignment>, caf::reacts_to<cancel_atom, uint64_t>,
+                     caf::reacts_to<crash_atom>, caf::reacts_to<crash_atom, int>,
+                     caf::reacts_to<slow_atom, double>>;
+
+// The router: requests from the front end, step events from the batchers,
+// replicas up and down from the supervisor, and its own deadline tick.
+using RouterActor = caf::typed_actor<
+    caf::reacts_to<submit_atom, CompletionRequest, std::shared_ptr<CompletionSink>>,
+    caf::reacts_to<cancel_atom, uint64_t>, caf::reacts_to<events_atom, StepEvents>,
+    caf::reacts_to<up_atom, int, BatcherActor>, caf::reacts_to<down_atom, int, bool>,
+    caf::reacts_to<rtick_atom>>;
+
+// The supervisor: fault injection into replica r (and its device d).
+using SupervisorActor =
+    caf::typed_actor<caf::reacts_to<crash_atom, int>, caf::reacts_to<crash_atom, int, int>,
+                     caf::reacts_to<slow_atom, int, double>>;
+
+}  // namespace troupe
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::CompletionRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::CompletionSink>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::Assignment)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::StepItem>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::StepEvents)

@@ -1,0 +1,149 @@
+#include "deploy/engine_builder.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+#include "gpu/kv_cache.h"
+#include "gpu/parallel_engine.h"
+#include "scheduler/partitioner.h"
+
+namespace troupe {
+
+int EngineSpec::threads_of(int device) const {
+  if (threads.empty()) return 1;
+  return threads.size() == 1 ? threads[0] : threads.at(size_t(device));
+}
+
+int64_t EngineSpec::memory_of(int device) const {
+  if (memory_bytes.empty()) return 0;
+  return memory_bytes.size() == 1 ? memory_bytes[0] : memory_bytes.at(size_t(device));
+}
+
+EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
+  EngineSpec s;
+  s.pipeline = c.parallel.pipeline;
+  s.tensor = c.parallel.tensor;
+  s.threads.clear();
+  for (int st = 0; st < s.pipeline; ++st)
+    for (int t = 0; t < s.tensor; ++t) {
+      const DeviceSpec& d = device_spec(c, device_index(c.parallel, replica, st, t));
+      s.threads.push_back(d.threads);
+      s.memory_bytes.push_back(d.memory_bytes);
+    }
+  s.block_tokens = c.kv_cache.block_tokens;
+  s.blocks = c.kv_cache.bytes > 0
+                 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens, size_t(c.kv_cache.bytes))
+                 : int(c.kv_cache.blocks);
+  return s;
+}
+
+StageMemory stage_memory(const ModelConfig& c, const EngineSpec& spec) {
+  StageMemory m;
+  bool any = false;
+  for (int d = 0; d < spec.devices(); ++d) any = any || spec.memory_of(d) > 0;
+  if (!any) return m;
+  // A layer's KV share on one device: the replica's blocks for that layer.
+  m.kv_bytes_per_layer = uint64_t(spec.blocks) * uint64_t(spec.block_tokens) *
+                         kv_bytes_per_token(1, c.kv_dim());
+  for (int s = 0; s < spec.pipeline; ++s) {
+    // A stage's T shards split its layers: it holds T times its smallest
+    // shard's memory (0 is no cap).
+    uint64_t cap = std::numeric_limits<uint64_t>::max();
+    for (int t = 0; t < spec.tensor; ++t) {
+      const int64_t b = spec.memory_of(s * spec.tensor + t);
+      if (b > 0) cap = std::min(cap, uint64_t(b) * uint64_t(spec.tensor));
+    }
+    m.stage_cap_bytes.push_back(cap);
+  }
+  return m;
+}
+
+std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, int stages,
+                                                 const StageMemory& memory) {
+  if (stages <= 1) return {};
+  PartitionRequest req;
+  req.stages = stages;
+  req.layer_cost_s = profile.seconds;
+  if (!memory.stage_cap_bytes.empty()) {
+    for (uint64_t w : profile.weight_bytes)
+      req.layer_memory_bytes.push_back(w + memory.kv_bytes_per_layer);
+    req.stage_memory_cap_bytes = memory.stage_cap_bytes;
+  }
+  const StagePartition p = partition_layers(req);
+  std::vector<std::pair<int, int>> out;
+  std::string text;
+  for (int s = 0; s < p.stages(); ++s) {
+    out.emplace_back(p.begin(s), p.end(s));
+    text += fmt::format("{}[{}, {}) {:.3f} ms", s ? ", " : "", p.begin(s), p.end(s),
+                        p.stage_cost_s[size_t(s)] * 1e3);
+  }
+  spdlog::info("pipeline stages from measured layer times: {}", text);
+  return out;
+}
+
+EngineBuilder::EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype)
+    : checkpoint_(std::move(checkpoint)), dtype_(dtype) {}
+
+EngineSpec EngineBuilder::resolve(EngineSpec spec) {
+  check_layout_fits(model(), spec.pipeline, spec.tensor);
+  if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
+    throw std::invalid_argument("give one thread count, or one per device");
+  if (spec.devices() == 1) {
+    whole_model();  // packed now, on this thread, not in a worker
+    return spec;
+  }
+  if (spec.pipeline > 1 && spec.stage_layers.empty()) {
+    // Stages are balanced on layer times measured once, on a device like
+    // the first one; replicas differ only in their memory caps.
+    const int threads = spec.threads_of(0);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = profiles_.find(threads);
+    if (it == profiles_.end()) {
+      LayerProfileOptions po;
+      po.threads = threads;
+      it = profiles_.emplace(threads, profile_layers(*checkpoint_, dtype_, po)).first;
+    }
+    last_profile_ = &it->second;
+    spec.stage_layers = balanced_stages(it->second, spec.pipeline, stage_memory(model(), spec));
+  }
+  return spec;
+}
+
+const LayerProfile* EngineBuilder::profile() const {
+  return last_profile_;
+}
+
+std::shared_ptr<const Model> EngineBuilder::whole_model() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!whole_) whole_ = std::make_shared<const Model>(*checkpoint_, dtype_);
+  return whole_;
+}
+
+std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
+                                                 const DeviceLauncher& launcher) {
+  if (spec.devices() == 1)
+    return std::make_unique<Engine>(whole_model(),
+                                    EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
+  ParallelEngineOptions o;
+  o.pipeline = spec.pipeline;
+  o.tensor = spec.tensor;
+  o.threads = spec.threads;
+  o.stage_layers = spec.stage_layers;
+  o.microbatches = spec.microbatches;
+  o.credits = spec.credits;
+  o.block_tokens = spec.block_tokens;
+  o.blocks = spec.blocks;
+  return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, o, launcher);
+}
+
+EngineFactory EngineBuilder::factory(EngineSpec spec) {
+  const EngineSpec resolved = resolve(std::move(spec));
+  return [self = shared_from_this(), resolved](const DeviceLauncher& launcher) {
+    return self->build(resolved, launcher);
+  };
+}
+
+}  // namespace troupe

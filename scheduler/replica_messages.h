@@ -1,0 +1,52 @@
+#pragma once
+// What the request table and a replica's scheduler tell each other: a
+// request placed on a replica, and what each step of the replica produced.
+// Plain types: the actors carry them (across processes too), the simulator
+// passes them directly.
+#include <cstdint>
+#include <vector>
+
+#include "service/request.h"
+
+namespace troupe {
+
+// A request placed on a replica: the prompt plus every token already
+// delivered to the client (resumption after a crash prefills them too).
+struct Assignment {
+  uint64_t id = 0;
+  std::vector<int> tokens;  // prompt + delivered
+  int generated = 0;        // delivered tokens, at the end of `tokens`
+  int max_tokens = 0;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+};
+
+struct TokenEvent {
+  uint64_t id = 0;
+  int index = 0;  // position in the completion, 0-based
+  int token = 0;
+};
+
+struct DoneEvent {
+  uint64_t id = 0;
+  FinishReason reason = FinishReason::Stop;
+  int completion_tokens = 0;
+};
+
+// What one step of one replica produced (or, with no step, which requests
+// ended there), and the replica's load after it.
+struct StepEvents {
+  int replica = 0;
+  double step_s = 0;
+  int batch_sequences = 0;  // 0: no step (only ended requests)
+  int batch_tokens = 0;
+  int prefill_tokens = 0;  // of batch_tokens, prompt (or resumed) tokens
+  std::vector<TokenEvent> tokens;
+  std::vector<DoneEvent> done;
+  int running = 0;
+  int queued_tokens = 0;  // prompt tokens still to prefill there
+  int blocks_used = 0;
+  int blocks_free = 0;
+};
+
+}  // namespace troupe

@@ -1,0 +1,118 @@
+#pragma once
+// One replica's continuous batching as a plain class: the requests placed on
+// the replica, the one book of its KV blocks, which sequences run in each
+// step (scheduler/batch_policy.h), and what each step's sampled ids mean for
+// the requests (service/stop_rule.h). The batcher actor drives it in the
+// runtime; the simulator can drive the same object on a virtual clock.
+//
+// KV blocks: a sequence holds the blocks its cached and in-flight tokens
+// need, allocated here when a step is planned and returned here when the
+// sequence ends, is cancelled or is preempted. Engines only receive block
+// tables; nothing else allocates.
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "scheduler/batch_policy.h"
+#include "scheduler/block_allocator.h"
+#include "scheduler/replica_messages.h"
+#include "service/step_item.h"
+#include "service/stop_rule.h"
+
+namespace troupe {
+
+struct ReplicaSchedulerOptions {
+  int replica = 0;
+  int kv_blocks = 0;  // blocks each device of the replica holds
+  int block_tokens = 16;
+  BatchLimits limits;
+  // Steps in flight at once, each over its own group of sequences: a
+  // pipeline of P stages runs P, so that no stage waits for the tokens of
+  // the step ahead of it. 1: one step at a time.
+  int groups = 1;
+  StopRule stop;
+  int bos = 1;  // the probe step's token
+};
+
+struct PlannedStep {
+  uint64_t id = 0;
+  std::vector<StepItem> items;
+};
+
+class ReplicaScheduler {
+ public:
+  // Throws std::invalid_argument naming a bad limit.
+  explicit ReplicaScheduler(ReplicaSchedulerOptions options);
+
+  // A request placed here waits for a step. Throws std::logic_error for an
+  // id already here (the request table places a request once at a time).
+  void add(Assignment a);
+  // The request ends as Cancelled before the next step, or once the step in
+  // flight that holds it returns. Unknown ids are ignored.
+  void cancel(uint64_t id);
+
+  // True when fewer steps than groups are in flight.
+  bool can_launch() const;
+  // Ends cancelled sequences that no step holds (see take_ended), then plans
+  // the next step over the sequences not in a step in flight: allocates the
+  // blocks it needs, preempting the newest sequences if nothing fits.
+  // Nothing when no group is free or nothing can run.
+  std::optional<PlannedStep> next_step();
+  // A launched step's sampled ids (one per item, -1 where not sampled): the
+  // tokens delivered and the requests that ended, with the load after it.
+  // Throws std::logic_error for a step that is not in flight.
+  StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s);
+
+  // The step that proves a new replica works before it is routed to: the
+  // BOS token, greedy, in one block; finish_probe() returns the block.
+  PlannedStep probe_step();
+  void finish_probe(uint64_t step);
+
+  // Requests that ended without a step (cancelled while idle), if any.
+  std::optional<StepEvents> take_ended();
+  // Sequences whose engine state (their sampler) may be dropped: ended or
+  // preempted since the last call.
+  std::vector<uint64_t> take_released();
+
+  int replica() const { return options_.replica; }
+  int running() const { return int(running_.size()); }
+  int waiting() const { return int(waiting_.size()); }
+  int in_flight() const { return int(in_flight_.size()); }
+  int blocks_used() const { return blocks_.used_count(); }
+  int blocks_free() const { return blocks_.free_count(); }
+  // Prompt (or resumed) tokens not yet in the KV cache.
+  int queued_tokens() const;
+  bool holds(uint64_t id) const { return seqs_.count(id) != 0; }
+
+ private:
+  struct Sequence {
+    Assignment a;
+    std::vector<int> tokens;  // prompt + generated so far
+    int prefill_end = 0;      // tokens known at placement (prompt + delivered)
+    int cached = 0;           // tokens in the KV cache
+    std::vector<int> blocks;  // its block table
+    uint64_t step = 0;        // the step in flight that holds it (0: none)
+    bool cancelled = false;
+  };
+
+  void end(StepEvents& ev, uint64_t id, FinishReason reason);
+  void fill_load(StepEvents& ev) const;
+  void preempt(uint64_t id);
+
+  ReplicaSchedulerOptions options_;
+  ContinuousBatchPolicy policy_;
+  BlockAllocator blocks_;
+  std::unordered_map<uint64_t, Sequence> seqs_;
+  std::vector<uint64_t> running_;  // admission order
+  std::deque<uint64_t> waiting_;
+  std::unordered_map<uint64_t, std::vector<StepItem>> in_flight_;  // by step id
+  uint64_t next_step_ = 1;
+  std::optional<StepEvents> ended_;
+  std::vector<uint64_t> released_;
+  std::vector<int> probe_blocks_;
+};
+
+}  // namespace troupe

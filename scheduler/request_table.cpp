@@ -1,0 +1,287 @@
+#include "scheduler/request_table.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace troupe {
+
+RequestTable::RequestTable(RequestTableOptions options, std::unique_ptr<RoutingPolicy> policy,
+                           ReplicaChannel& replicas)
+    : options_(std::move(options)),
+      policy_(std::move(policy)),
+      channel_(replicas),
+      queue_(options_.admission),
+      replicas_(size_t(std::max(0, options_.replicas))) {
+  if (options_.replicas < 1) throw std::invalid_argument("a request table needs a replica");
+  if (!policy_) throw std::invalid_argument("a request table needs a routing policy");
+}
+
+RequestInfo RequestTable::info(const Request& r) const {
+  return {r.req.id, r.req.prompt.size() + r.delivered.size(), size_t(r.req.max_tokens)};
+}
+
+int RequestTable::live_replicas() const {
+  int live = 0;
+  for (const auto& r : replicas_) live += r.live ? 1 : 0;
+  return live;
+}
+
+size_t RequestTable::running() const {
+  size_t n = 0;
+  for (const auto& r : replicas_) n += r.running;
+  return n;
+}
+
+std::optional<int> RequestTable::placement(uint64_t id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second.replica < 0) return std::nullopt;
+  return it->second.replica;
+}
+
+std::vector<int> RequestTable::delivered(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? std::vector<int>{} : it->second.delivered;
+}
+
+RequestTable::Request RequestTable::take(uint64_t id) {
+  auto node = requests_.extract(id);
+  queue_.remove(id);
+  std::erase(resume_, id);
+  return std::move(node.mapped());
+}
+
+void RequestTable::end_with_error(uint64_t id, ServiceErrorKind kind, const std::string& message,
+                                  double retry_after) {
+  if (!requests_.count(id)) return;
+  Request r = take(id);
+  if (r.replica >= 0) {
+    ReplicaView& rep = replicas_[size_t(r.replica)];
+    if (rep.outstanding > 0) --rep.outstanding;
+    if (rep.live) channel_.cancel(r.replica, id);
+  }
+  r.sink->on_error(ServiceError{kind, message, retry_after});
+}
+
+void RequestTable::end_cancelled(uint64_t id) {
+  if (!requests_.count(id)) return;
+  Request r = take(id);
+  r.sink->on_done(FinishReason::Cancelled, int(r.req.prompt.size()), int(r.delivered.size()));
+}
+
+bool RequestTable::has_capacity(const ReplicaView& r) const {
+  return r.live && r.outstanding < size_t(options_.max_batch_sequences +
+                                          options_.max_waiting_per_replica);
+}
+
+std::optional<size_t> RequestTable::choose(const Request& r, double now) {
+  std::vector<ReplicaLoad> loads;
+  loads.reserve(replicas_.size());
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const ReplicaView& rep = replicas_[i];
+    ReplicaLoad l;
+    l.index = i;
+    l.live = has_capacity(rep);
+    l.outstanding = rep.outstanding;
+    l.queued_tokens = rep.queued_tokens;
+    l.running = rep.running;
+    l.max_batch_sequences = size_t(options_.max_batch_sequences);
+    loads.push_back(l);
+  }
+  return policy_->choose(loads, info(r), now);
+}
+
+void RequestTable::place(Request& r, size_t replica, double now) {
+  ReplicaView& rep = replicas_[replica];
+  Assignment a;
+  a.id = r.req.id;
+  a.tokens = r.req.prompt;
+  a.tokens.insert(a.tokens.end(), r.delivered.begin(), r.delivered.end());
+  a.generated = int(r.delivered.size());
+  a.max_tokens = r.req.max_tokens;
+  a.sampling = r.req.sampling;
+  a.ignore_eos = r.req.ignore_eos;
+  r.replica = int(replica);
+  r.resuming = false;
+  ++rep.outstanding;
+  rep.queued_tokens += a.tokens.size();
+  policy_->on_dispatch(replica, info(r), now);
+  channel_.assign(int(replica), std::move(a));
+}
+
+void RequestTable::dispatch(double now) {
+  // Resumed requests first: their clients are already waiting mid-stream.
+  while (!resume_.empty()) {
+    Request& r = requests_.at(resume_.front());
+    const auto target = choose(r, now);
+    if (!target) return;
+    resume_.pop_front();
+    place(r, *target, now);
+  }
+  while (!queue_.empty()) {
+    if (std::none_of(replicas_.begin(), replicas_.end(),
+                     [&](const ReplicaView& r) { return has_capacity(r); }))
+      return;
+    const auto id = queue_.pop(now);
+    if (!id) return;
+    auto it = requests_.find(*id);
+    if (it == requests_.end()) continue;
+    const auto target = choose(it->second, now);
+    if (!target) {
+      resume_.push_back(*id);  // keeps its turn
+      return;
+    }
+    place(it->second, *target, now);
+  }
+}
+
+void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink> sink,
+                          double now) {
+  const uint64_t id = req.id;
+  if (requests_.count(id)) {
+    sink->on_error({ServiceErrorKind::BadRequest, "duplicate request id", 0});
+    return;
+  }
+  if (req.prompt.empty() || int(req.prompt.size()) > options_.max_seq_len) {
+    sink->on_error({ServiceErrorKind::BadRequest,
+                    "the prompt must have 1 to " + std::to_string(options_.max_seq_len) + " tokens",
+                    0});
+    return;
+  }
+  if (std::all_of(replicas_.begin(), replicas_.end(),
+                  [](const ReplicaView& r) { return r.failed; })) {
+    sink->on_error({ServiceErrorKind::Unavailable, "no live replica: all replicas failed", 5});
+    return;
+  }
+  const auto res = queue_.push(id, req.priority, now);
+  if (!res.admitted()) {
+    if (res.status == AdmitStatus::InvalidPriority)
+      sink->on_error({ServiceErrorKind::BadRequest,
+                      "priority must be between 0 and " +
+                          std::to_string(queue_.priority_levels() - 1),
+                      0});
+    else
+      sink->on_error({ServiceErrorKind::QueueFull, "the admission queue is full",
+                      res.retry_after_s});
+    return;
+  }
+  Request r;
+  r.deadline = req.timeout_s > 0 ? now + req.timeout_s : 0;
+  r.req = std::move(req);
+  r.sink = std::move(sink);
+  requests_.emplace(id, std::move(r));
+  dispatch(now);
+}
+
+void RequestTable::cancel(uint64_t id, double /*now*/) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = it->second;
+  if (r.replica >= 0 && replicas_[size_t(r.replica)].live) {
+    r.cancelled = true;
+    channel_.cancel(r.replica, id);
+    return;  // the replica reports it done (cancelled) within a step
+  }
+  end_cancelled(id);
+}
+
+void RequestTable::on_events(const StepEvents& ev, double now) {
+  if (ev.replica < 0 || size_t(ev.replica) >= replicas_.size()) return;
+  ReplicaView& rep = replicas_[size_t(ev.replica)];
+  rep.running = size_t(ev.running);
+  rep.queued_tokens = size_t(ev.queued_tokens);
+  // The policy learns decode speed from decode steps and prefill speed from
+  // steps that prefilled (a mixed step's time counts against its prefill,
+  // which underestimates the rate: the conservative side).
+  if (ev.batch_sequences > 0) {
+    if (ev.prefill_tokens > 0)
+      policy_->on_prefill(size_t(ev.replica), size_t(ev.prefill_tokens), ev.step_s, now);
+    else
+      policy_->on_step(size_t(ev.replica), ev.step_s, size_t(ev.batch_sequences), now);
+  }
+  for (const auto& t : ev.tokens) {
+    auto it = requests_.find(t.id);
+    if (it == requests_.end()) continue;
+    Request& r = it->second;
+    // Exactly once: a resumed sequence regenerates from the first token the
+    // client has not seen, and a late token from a dead replica is the same
+    // token (deterministic sampling), so index order decides.
+    if (size_t(t.index) != r.delivered.size()) continue;
+    r.delivered.push_back(t.token);
+    r.sink->on_token(t.token);
+  }
+  for (const auto& d : ev.done) {
+    auto it = requests_.find(d.id);
+    if (it == requests_.end() || it->second.replica != ev.replica) continue;
+    Request& r = it->second;
+    if (d.reason != FinishReason::Cancelled && size_t(d.completion_tokens) != r.delivered.size())
+      continue;  // a stale replica's view; the live one will finish it
+    if (rep.outstanding > 0) --rep.outstanding;
+    policy_->on_complete(size_t(ev.replica), info(r), now);
+    Request done = take(d.id);
+    done.sink->on_done(d.reason, int(done.req.prompt.size()), int(done.delivered.size()));
+  }
+  dispatch(now);
+}
+
+void RequestTable::replica_up(int replica, double now) {
+  if (replica < 0 || size_t(replica) >= replicas_.size()) return;
+  replicas_[size_t(replica)] = ReplicaView{true, false, 0, 0, 0};
+  dispatch(now);
+}
+
+size_t RequestTable::replica_down(int replica, bool permanent, double now) {
+  if (replica < 0 || size_t(replica) >= replicas_.size()) return 0;
+  ReplicaView& rep = replicas_[size_t(replica)];
+  rep = ReplicaView{false, permanent, 0, 0, 0};
+  std::vector<uint64_t> orphans;
+  for (auto& [id, r] : requests_)
+    if (r.replica == replica) orphans.push_back(id);
+  // Oldest first, ahead of everything queued.
+  std::sort(orphans.begin(), orphans.end());
+  size_t resumed = 0;
+  for (auto it = orphans.rbegin(); it != orphans.rend(); ++it) {
+    Request& r = requests_.at(*it);
+    if (r.cancelled) {  // the client is gone: nothing to resume for
+      end_cancelled(*it);
+      continue;
+    }
+    r.replica = -1;
+    r.resuming = true;
+    resume_.push_front(*it);
+    ++resumed;
+  }
+  if (std::all_of(replicas_.begin(), replicas_.end(),
+                  [](const ReplicaView& r) { return r.failed; })) {
+    // Nothing will come back: everything waiting ends now with a clear error.
+    shutdown("no live replica: all replicas failed");
+    return 0;
+  }
+  dispatch(now);
+  return resumed;
+}
+
+void RequestTable::tick(double now) {
+  for (uint64_t id : queue_.expire(now))
+    end_with_error(id, ServiceErrorKind::Unavailable, "timed out waiting in the admission queue",
+                   queue_.retry_after_s(now));
+  std::vector<std::pair<uint64_t, bool>> late;
+  for (const auto& [id, r] : requests_)
+    if (r.deadline > 0 && now >= r.deadline) late.emplace_back(id, r.resuming);
+  for (auto [id, resuming] : late) {
+    if (resuming)
+      end_with_error(id, ServiceErrorKind::Unavailable,
+                     "its replica failed and no live replica could resume it before its deadline",
+                     5);
+    else
+      end_with_error(id, ServiceErrorKind::Timeout, "request timed out");
+  }
+  dispatch(now);
+}
+
+void RequestTable::shutdown(const std::string& why) {
+  std::vector<uint64_t> all;
+  for (const auto& [id, r] : requests_) all.push_back(id);
+  for (uint64_t id : all) end_with_error(id, ServiceErrorKind::Unavailable, why, 5);
+}
+
+}  // namespace troupe

@@ -1,0 +1,96 @@
+// The one place that turns the configuration into engines: specs from the
+// config, stage placement from measured layer times and memory caps, and
+// the engines built from a spec.
+#include "deploy/engine_builder.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "gpu/parallel_engine.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+TEST(EngineBuilder, BalancedStagesFollowTheCostsAndTheMemoryCaps) {
+  LayerProfile p;
+  p.seconds = {1, 1, 1, 1, 1, 5};  // a heavy last layer (the classifier)
+  p.weight_bytes = {100, 100, 100, 100, 100, 100};
+  auto stages = balanced_stages(p, 2);
+  EXPECT_EQ(stages, (std::vector<std::pair<int, int>>{{0, 5}, {5, 6}}));
+  // Stage 0 can hold two layers with their KV share: the rest goes to stage 1.
+  StageMemory m;
+  m.kv_bytes_per_layer = 20;
+  m.stage_cap_bytes = {240, std::numeric_limits<uint64_t>::max()};
+  stages = balanced_stages(p, 2, m);
+  EXPECT_EQ(stages, (std::vector<std::pair<int, int>>{{0, 2}, {2, 6}}));
+  m.stage_cap_bytes = {100, 100};
+  EXPECT_THROW(balanced_stages(p, 2, m), std::invalid_argument);
+  EXPECT_TRUE(balanced_stages(p, 1).empty());
+}
+
+TEST(EngineBuilder, SpecsComeFromTheConfigPerReplica) {
+  Config c = parse_config(
+      "parallel: {replicas: 2, pipeline: 1, tensor: 2}\n"
+      "devices: [{threads: 1}, {threads: 2, memory: 1GiB}, {threads: 3}, {threads: 4}]\n"
+      "kv_cache: {block_tokens: 8, blocks: 77}\n",
+      "test");
+  ModelConfig m;
+  m.n_layers = 4;
+  m.n_kv_heads = 2;
+  m.head_dim = 16;
+  const EngineSpec r0 = engine_spec(c, m, 0), r1 = engine_spec(c, m, 1);
+  EXPECT_EQ(r0.threads, (std::vector<int>{1, 2}));
+  EXPECT_EQ(r1.threads, (std::vector<int>{3, 4}));
+  EXPECT_EQ(r0.memory_of(1), int64_t(1) << 30);
+  EXPECT_EQ(r0.memory_of(0), 0);
+  EXPECT_EQ(r0.tensor, 2);
+  EXPECT_EQ(r0.block_tokens, 8);
+  EXPECT_EQ(r0.blocks, 77);
+  // A byte budget becomes blocks through the model's KV size per token.
+  apply_override(c, "kv_cache.bytes", std::to_string(m.kv_bytes_per_token() * 8 * 5 + 3));
+  EXPECT_EQ(engine_spec(c, m, 0).blocks, 5);
+  // A stage holds T times its smallest shard's cap; no cap is "max".
+  const StageMemory sm = stage_memory(m, r0);
+  ASSERT_EQ(sm.stage_cap_bytes.size(), 1u);
+  EXPECT_EQ(sm.stage_cap_bytes[0], uint64_t(2) << 30);
+  EXPECT_EQ(sm.kv_bytes_per_layer, uint64_t(77) * 8 * kv_bytes_per_token(1, m.kv_dim()));
+  EXPECT_TRUE(stage_memory(m, r1).stage_cap_bytes.empty());
+}
+
+TEST(EngineBuilder, ResolvesStagesRefusesMisfitsAndSharesOneDeviceWeights) {
+  auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  auto builder = std::make_shared<EngineBuilder>(ck, DType::F32);
+  EngineSpec spec;
+  spec.tensor = 4;  // 6 heads
+  try {
+    builder->resolve(spec);
+    FAIL();
+  } catch (const LayoutMisfit& e) {
+    EXPECT_NE(std::string(e.what()).find("6 attention heads"), std::string::npos) << e.what();
+  }
+  spec.tensor = 1;
+  spec.pipeline = 2;
+  spec.blocks = 64;
+  const EngineSpec resolved = builder->resolve(spec);
+  ASSERT_EQ(resolved.stage_layers.size(), 2u);
+  EXPECT_EQ(resolved.stage_layers.front().first, 0);
+  EXPECT_EQ(resolved.stage_layers.front().second, resolved.stage_layers.back().first);
+  EXPECT_EQ(resolved.stage_layers.back().second, 5);
+  ASSERT_NE(builder->profile(), nullptr);
+  EXPECT_EQ(builder->profile()->seconds.size(), 5u);
+  auto pipeline = builder->build(resolved);
+  EXPECT_EQ(pipeline->stages(), 2);
+  EXPECT_EQ(pipeline->kv_blocks(), 64);
+  // One-device replicas share one copy of the weights.
+  EngineSpec one;
+  one.blocks = 32;
+  auto a = builder->factory(one)({}), b = builder->factory(one)({});
+  ASSERT_NE(dynamic_cast<Engine*>(a.get()), nullptr);
+  EXPECT_EQ(&dynamic_cast<Engine&>(*a).model(), &dynamic_cast<Engine&>(*b).model());
+  EXPECT_EQ(a->kv_blocks(), 32);
+}
+
+}  // namespace
+}  // namespace troupe
