@@ -23,7 +23,8 @@ struct BatcherState {
 // worker (before any later step), and requests that ended idle, to the router.
 void flush(BatcherActor::pointer self, BatcherState& s) {
   for (uint64_t id : s.sched->take_released()) self->send(s.worker, release_atom::value, id);
-  if (auto ended = s.sched->take_ended()) self->send(s.router, events_atom::value, std::move(*ended));
+  if (auto ended = s.sched->take_ended())
+    self->send(s.router, events_atom::value, std::move(*ended));
 }
 
 void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {

@@ -44,10 +44,11 @@ using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<cra
 // (release, seq) drops a sequence's sampler. Fault injection: (crash) throws
 // at once, (crash, device) kills that shard mid-step, (slow, seconds) delays
 // every later step.
-using WorkerActor = caf::typed_actor<
-    caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
-    caf::reacts_to<stepdone_atom, uint64_t>, caf::reacts_to<release_atom, uint64_t>,
-    caf::reacts_to<crash_atom>, caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
+using WorkerActor =
+    caf::typed_actor<caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
+                     caf::reacts_to<stepdone_atom, uint64_t>,
+                     caf::reacts_to<release_atom, uint64_t>, caf::reacts_to<crash_atom>,
+                     caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
 
 // A replica's continuous batcher: requests placed on it and cancelled
 // there; fault injection is forwarded to its worker.

@@ -81,7 +81,8 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
       [=](cancel_atom, uint64_t id) { st->table->cancel(id, st->now()); },
       [=](events_atom, const StepEvents& ev) {
         if (st->metrics) {
-          if (ev.batch_sequences > 0) st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
+          if (ev.batch_sequences > 0)
+            st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
           st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
         }
         st->table->on_events(ev, st->now());

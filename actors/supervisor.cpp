@@ -48,7 +48,8 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   st->router = std::move(router);
   st->shared = std::move(shared);
   for (size_t i = 0; i < st->opts.batchers.size(); ++i)
-    st->slots.push_back({BatcherActor{}, RestartIntensity(st->opts.max_restarts, st->opts.window_s)});
+    st->slots.push_back(
+        {BatcherActor{}, RestartIntensity(st->opts.max_restarts, st->opts.window_s)});
   for (size_t i = 0; i < st->slots.size(); ++i) start(self, *st, i);
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;

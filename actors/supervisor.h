@@ -4,8 +4,8 @@
 // shards share one KV cache), within its restart intensity
 // (scheduler/restart_intensity.h); past that it stays down. The router hears
 // of every death (to resume its requests) and of every give-up.
-#include <caf/all.hpp>
 #include <atomic>
+#include <caf/all.hpp>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -58,7 +58,8 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
   return {
       [=](step_atom, std::vector<StepItem>& items) -> caf::result<std::vector<int>> {
         auto rp = self->make_response_promise<std::vector<int>>();
-        if (st->delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(st->delay_s));
+        if (st->delay_s > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(st->delay_s));
         if (st->tuner) {
           size_t tokens = 0;
           for (const auto& it : items) tokens += it.tokens.size();

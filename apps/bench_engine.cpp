@@ -219,7 +219,8 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
     if (layout) {
       // Bubble and communication share over this batch size's decode steps.
       const EngineStats d = engine->stats().since(before);
-      for (size_t s = 0; s < d.stages.size(); ++s) p.bubble_fraction.push_back(d.bubble_fraction(int(s)));
+      for (size_t s = 0; s < d.stages.size(); ++s)
+        p.bubble_fraction.push_back(d.bubble_fraction(int(s)));
       p.comm_share = d.comm_share();
       p.comm_bytes = d.comm_bytes();
     }

@@ -199,8 +199,9 @@ void register_generate(CLI::App& app) {
                   "CPU threads per device (default: the config's devices[].threads)");
   cmd->add_option("--pipeline", opts->pipeline,
                   "Layout: pipeline stages (default: the config's parallel.pipeline)");
-  cmd->add_option("--tensor", opts->tensor,
-                  "Layout: tensor-parallel shards per stage (default: the config's parallel.tensor)");
+  cmd->add_option(
+      "--tensor", opts->tensor,
+      "Layout: tensor-parallel shards per stage (default: the config's parallel.tensor)");
   add_config_flags(cmd, opts->config);
   cmd->callback([opts] { run_generate(*opts); });
 }

@@ -27,8 +27,9 @@ std::filesystem::path bundle_root() {
 }
 
 void add_config_flags(CLI::App* cmd, ConfigFlags& flags) {
-  cmd->add_option("--config", flags.file,
-                  "Deployment YAML (default: configs/default.yaml); the command's flags override it");
+  cmd->add_option(
+      "--config", flags.file,
+      "Deployment YAML (default: configs/default.yaml); the command's flags override it");
   cmd->add_option("--set", flags.overrides,
                   "Override a config key, e.g. --set parallel.tensor=2 (repeatable)");
 }

@@ -42,8 +42,9 @@ void add_config_flags(CLI::App* cmd, ConfigFlags& flags);
 // threads > 0: every device's threads). A relative model.path that is not
 // found from the working directory is taken from the bundle, so the bundled
 // model works from anywhere.
-Config command_config(const ConfigFlags& flags,
-                      const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
-                      int threads = 0);
+Config command_config(
+    const ConfigFlags& flags,
+    const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
+    int threads = 0);
 
 }  // namespace troupe::app

@@ -156,8 +156,7 @@ void apply_overrides(Config& config,
 
 // The checks that span keys and every range check; the loaders call it, and
 // code that builds a Config by hand should too. Throws ConfigError.
-void validate_config(const Config& config,
-                             const std::string& source_name = "config");
+void validate_config(const Config& config, const std::string& source_name = "config");
 
 // YAML that parse_config reads back as an equal config (--print-config).
 std::string to_yaml(const Config& config);

@@ -34,9 +34,9 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
       s.memory_bytes.push_back(d.memory_bytes);
     }
   s.block_tokens = c.kv_cache.block_tokens;
-  s.blocks = c.kv_cache.bytes > 0
-                 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens, size_t(c.kv_cache.bytes))
-                 : int(c.kv_cache.blocks);
+  s.blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
+                                                              size_t(c.kv_cache.bytes))
+                                  : int(c.kv_cache.blocks);
   return s;
 }
 
@@ -46,8 +46,8 @@ StageMemory stage_memory(const ModelConfig& c, const EngineSpec& spec) {
   for (int d = 0; d < spec.devices(); ++d) any = any || spec.memory_of(d) > 0;
   if (!any) return m;
   // A layer's KV share on one device: the replica's blocks for that layer.
-  m.kv_bytes_per_layer = uint64_t(spec.blocks) * uint64_t(spec.block_tokens) *
-                         kv_bytes_per_token(1, c.kv_dim());
+  m.kv_bytes_per_layer =
+      uint64_t(spec.blocks) * uint64_t(spec.block_tokens) * kv_bytes_per_token(1, c.kv_dim());
   for (int s = 0; s < spec.pipeline; ++s) {
     // A stage's T shards split its layers: it holds T times its smallest
     // shard's memory (0 is no cap).
@@ -125,8 +125,8 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
   if (spec.devices() == 1)
-    return std::make_unique<Engine>(whole_model(),
-                                    EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
+    return std::make_unique<Engine>(
+        whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
   ParallelEngineOptions o;
   o.pipeline = spec.pipeline;
   o.tensor = spec.tensor;

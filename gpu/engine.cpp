@@ -90,8 +90,7 @@ uint64_t Engine::launch(std::vector<StepItem> items, std::function<void()> on_do
   } catch (...) {
     r.error = std::current_exception();
   }
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   busy_s_ += took;
   ++steps_;
   size_t tokens = 0;

@@ -35,9 +35,11 @@ GenerateResult generate(StepEngine& engine, const ModelConfig& c, const Generate
                         const std::function<bool(int)>& on_token) {
   validate_request(c, req);
   const int bt = engine.block_tokens();
-  const int needed = (std::min(c.max_seq_len, int(req.prompt.size()) + req.max_tokens) + bt - 1) / bt;
+  const int needed =
+      (std::min(c.max_seq_len, int(req.prompt.size()) + req.max_tokens) + bt - 1) / bt;
   if (needed > engine.kv_blocks())
-    throw std::invalid_argument("the engine's KV cache holds " + std::to_string(engine.kv_blocks()) +
+    throw std::invalid_argument("the engine's KV cache holds " +
+                                std::to_string(engine.kv_blocks()) +
                                 " blocks; this generation needs " + std::to_string(needed));
   const StopRule rule{c.eos_ids, c.max_seq_len};
   constexpr uint64_t kSeq = 1;

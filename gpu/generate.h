@@ -23,7 +23,7 @@ struct GenerateRequest {
 };
 
 struct GenerateResult {
-  std::vector<int> ids;                              // generated ids (EOS not included)
+  std::vector<int> ids;                               // generated ids (EOS not included)
   FinishReason finish_reason = FinishReason::Length;  // Stop (EOS) or Length (max_tokens, context)
   double prefill_s = 0, decode_s = 0;  // wall time of prompt processing, then of decoding
 };

@@ -9,10 +9,7 @@
 namespace troupe {
 
 KvCache::KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks)
-    : n_layers_(n_layers),
-      kv_dim_(kv_dim),
-      block_tokens_(block_tokens),
-      num_blocks_(num_blocks) {
+    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), num_blocks_(num_blocks) {
   if (block_tokens <= 0) throw std::invalid_argument("kv_cache.block_tokens must be positive");
   if (n_layers <= 0 || kv_dim <= 0) throw std::invalid_argument("KV cache needs layers and heads");
   if (num_blocks <= 0) throw std::invalid_argument("KV cache needs at least one block");

@@ -59,7 +59,9 @@ struct ParallelEngine::Impl {
   uint64_t steps = 0;
   double wall_s = 0;  // time with at least one step in flight
   Device& device(int stage, int rank) { return *devices[size_t(stage * layout.tensor + rank)]; }
-  size_t vocab_stride() { return size_t(device(layout.pipeline - 1, 0).model->dims().vocab_stride); }
+  size_t vocab_stride() {
+    return size_t(device(layout.pipeline - 1, 0).model->dims().vocab_stride);
+  }
 
   // A device that fails records the step's error, wakes everyone (peers
   // blocked in collectives, later stages waiting for its micro-batches,
@@ -239,7 +241,8 @@ void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
     if (first) throw;
     return;
   } catch (...) {
-    const bool first = fail(st, s, mb, std::current_exception(), "a shard failed: unknown exception");
+    const bool first =
+        fail(st, s, mb, std::current_exception(), "a shard failed: unknown exception");
     st.job_over();
     if (first) throw;
     return;

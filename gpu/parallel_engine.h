@@ -14,9 +14,9 @@
 
 #include "gpu/checkpoint.h"
 #include "gpu/comm/in_process_communicator.h"
-#include "gpu/kv_cache.h"
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
+#include "gpu/kv_cache.h"
 
 namespace troupe {
 

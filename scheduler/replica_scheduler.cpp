@@ -147,8 +147,8 @@ StepEvents ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& 
   const std::vector<StepItem>& items = node.mapped();
   if (ids.size() != items.size())
     throw std::logic_error("step " + std::to_string(step) + " returned " +
-                           std::to_string(ids.size()) + " ids for " +
-                           std::to_string(items.size()) + " items");
+                           std::to_string(ids.size()) + " ids for " + std::to_string(items.size()) +
+                           " items");
   StepEvents ev;
   ev.step_s = step_s;
   ev.batch_sequences = int(items.size());
@@ -165,7 +165,8 @@ StepEvents ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& 
     if (!item.sample || q.cancelled) continue;
     const int tok = ids[i];
     const int fed = int(q.tokens.size());
-    const auto outcome = options_.stop.judge(tok, q.a.generated, q.a.max_tokens, fed, q.a.ignore_eos);
+    const auto outcome =
+        options_.stop.judge(tok, q.a.generated, q.a.max_tokens, fed, q.a.ignore_eos);
     if (outcome.deliver) {
       ev.tokens.push_back({q.a.id, q.a.generated, tok});
       ++q.a.generated;

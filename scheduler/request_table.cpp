@@ -69,8 +69,8 @@ void RequestTable::end_cancelled(uint64_t id) {
 }
 
 bool RequestTable::has_capacity(const ReplicaView& r) const {
-  return r.live && r.outstanding < size_t(options_.max_batch_sequences +
-                                          options_.max_waiting_per_replica);
+  return r.live &&
+         r.outstanding < size_t(options_.max_batch_sequences + options_.max_waiting_per_replica);
 }
 
 std::optional<size_t> RequestTable::choose(const Request& r, double now) {
@@ -134,8 +134,7 @@ void RequestTable::dispatch(double now) {
   }
 }
 
-void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink> sink,
-                          double now) {
+void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink> sink, double now) {
   const uint64_t id = req.id;
   if (requests_.count(id)) {
     sink->on_error({ServiceErrorKind::BadRequest, "duplicate request id", 0});
@@ -155,13 +154,12 @@ void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink>
   const auto res = queue_.push(id, req.priority, now);
   if (!res.admitted()) {
     if (res.status == AdmitStatus::InvalidPriority)
-      sink->on_error({ServiceErrorKind::BadRequest,
-                      "priority must be between 0 and " +
-                          std::to_string(queue_.priority_levels() - 1),
-                      0});
+      sink->on_error(
+          {ServiceErrorKind::BadRequest,
+           "priority must be between 0 and " + std::to_string(queue_.priority_levels() - 1), 0});
     else
-      sink->on_error({ServiceErrorKind::QueueFull, "the admission queue is full",
-                      res.retry_after_s});
+      sink->on_error(
+          {ServiceErrorKind::QueueFull, "the admission queue is full", res.retry_after_s});
     return;
   }
   Request r;

@@ -2,79 +2,15 @@
 // crash recovery by supervision, restart limits, cancellation, overload.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
-
 #include "actors/runtime.h"
 #include "gpu/generate.h"
+#include "support/recording_sink.h"
 #include "support/test_support.h"
 
 namespace troupe {
 namespace {
 
-class RecordingSink : public CompletionSink {
- public:
-  void on_token(int id) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (finished_) violations_++;
-    tokens_.push_back(id);
-    cv_.notify_all();
-  }
-  void on_done(FinishReason r, int prompt, int completion) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (finished_) violations_++;
-    finished_ = true;
-    reason_ = r;
-    prompt_tokens_ = prompt;
-    completion_tokens_ = completion;
-    cv_.notify_all();
-  }
-  void on_error(const ServiceError& e) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (finished_) violations_++;
-    finished_ = true;
-    error_ = e;
-    cv_.notify_all();
-  }
-  bool wait(double timeout_s = 60) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return finished_; });
-  }
-  bool wait_tokens(size_t n, double timeout_s = 60) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_for(l, std::chrono::duration<double>(timeout_s),
-                        [&] { return tokens_.size() >= n || finished_; });
-  }
-  std::vector<int> tokens() {
-    std::lock_guard<std::mutex> l(mu_);
-    return tokens_;
-  }
-  std::optional<ServiceError> error() {
-    std::lock_guard<std::mutex> l(mu_);
-    return error_;
-  }
-  FinishReason reason() {
-    std::lock_guard<std::mutex> l(mu_);
-    return reason_;
-  }
-  int completion_tokens() {
-    std::lock_guard<std::mutex> l(mu_);
-    return completion_tokens_;
-  }
-  int violations() {
-    std::lock_guard<std::mutex> l(mu_);
-    return violations_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int> tokens_;
-  bool finished_ = false;
-  FinishReason reason_ = FinishReason::Stop;
-  int prompt_tokens_ = 0, completion_tokens_ = 0, violations_ = 0;
-  std::optional<ServiceError> error_;
-};
+using test::RecordingSink;
 
 std::shared_ptr<const Model> fortune() {
   static auto m = Model::load(test::model_path("fortune"), DType::F32);

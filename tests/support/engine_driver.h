@@ -17,8 +17,7 @@ class SlotBook {
   explicit SlotBook(int blocks_per_seq) : per_seq_(blocks_per_seq) {}
 
   // The next item of `seq`: its tokens at the sequence's next positions.
-  StepItem next(uint64_t seq, std::vector<int> tokens, bool sample = true,
-                float temperature = 0) {
+  StepItem next(uint64_t seq, std::vector<int> tokens, bool sample = true, float temperature = 0) {
     StepItem it;
     it.seq = seq;
     it.position = positions_[seq];

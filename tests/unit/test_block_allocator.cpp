@@ -1,11 +1,11 @@
-#include "scheduler/block_allocator.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "scheduler/block_allocator.h"
 
 namespace troupe {
 namespace {

@@ -1,12 +1,11 @@
 // The one place that turns the configuration into engines: specs from the
 // config, stage placement from measured layer times and memory caps, and
 // the engines built from a spec.
-#include "deploy/engine_builder.h"
-
 #include <gtest/gtest.h>
 
 #include <limits>
 
+#include "deploy/engine_builder.h"
 #include "gpu/parallel_engine.h"
 #include "support/test_support.h"
 

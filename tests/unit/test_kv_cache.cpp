@@ -1,9 +1,9 @@
-#include "gpu/kv_cache.h"
-
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
+
+#include "gpu/kv_cache.h"
 
 namespace troupe {
 namespace {
@@ -19,7 +19,6 @@ TEST(KvCacheTest, BytesPerTokenAndSizing) {
   EXPECT_EQ(KvCache::blocks_for_bytes(c, 16, cache.bytes_per_token() * 16 * 7 + 5), 7);
 }
 
-
 TEST(KvCacheTest, BlockTablesMustCoverTheStep) {
   KvCache cache(2, 8, 16, 4);
   SequenceCache s;
@@ -30,7 +29,8 @@ TEST(KvCacheTest, BlockTablesMustCoverTheStep) {
     cache.check_covers(s, 33);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("holds 32 positions; the step needs 33"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("holds 32 positions; the step needs 33"),
+              std::string::npos);
   }
   s.blocks = {0, 4};
   EXPECT_THROW(cache.check_covers(s, 1), std::invalid_argument);

@@ -7,8 +7,8 @@
 #include "gpu/generate.h"
 #include "gpu/kv_cache.h"
 #include "gpu/synth_model.h"
-#include "text/tokenizer.h"
 #include "support/test_support.h"
+#include "text/tokenizer.h"
 
 namespace troupe {
 namespace {

@@ -1,0 +1,234 @@
+// One replica's continuous batching without actors or engines: steps
+// planned over the KV-block book, tokens judged by the stop rule, blocks
+// returned on every way a request ends, cancellation and preemption.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "scheduler/replica_scheduler.h"
+
+namespace troupe {
+namespace {
+
+ReplicaSchedulerOptions options(int blocks, int groups = 1) {
+  ReplicaSchedulerOptions o;
+  o.replica = 3;
+  o.kv_blocks = blocks;
+  o.block_tokens = 4;
+  o.limits = {4, 64, 8};  // 4 sequences, 64 tokens, prefill chunks of 8
+  o.groups = groups;
+  o.stop = StopRule{{2}, 32};  // EOS 2, context 32
+  o.bos = 1;
+  return o;
+}
+
+Assignment assignment(uint64_t id, std::vector<int> tokens, int max_tokens, int generated = 0) {
+  Assignment a;
+  a.id = id;
+  a.tokens = std::move(tokens);
+  a.generated = generated;
+  a.max_tokens = max_tokens;
+  a.sampling.temperature = 0;
+  return a;
+}
+
+// The ids an engine would return: `token` for every sampled item.
+std::vector<int> sampled(const PlannedStep& s, int token) {
+  std::vector<int> out;
+  for (const auto& it : s.items) out.push_back(it.sample ? token : -1);
+  return out;
+}
+
+TEST(ReplicaScheduler, PrefillsInChunksThenDecodesWithGrowingBlockTables) {
+  ReplicaScheduler r(options(16));
+  std::vector<int> prompt(11, 7);
+  r.add(assignment(1, prompt, 3));
+  auto s1 = r.next_step();
+  ASSERT_TRUE(s1);
+  ASSERT_EQ(s1->items.size(), 1u);
+  EXPECT_EQ(s1->items[0].tokens.size(), 8u);  // one prefill chunk
+  EXPECT_EQ(s1->items[0].position, 0);
+  EXPECT_FALSE(s1->items[0].sample);
+  EXPECT_EQ(s1->items[0].blocks.size(), 2u);  // 8 positions, 4 per block
+  EXPECT_FALSE(r.can_launch());               // one group: one step at a time
+  EXPECT_FALSE(r.next_step());
+  auto ev = r.finish_step(s1->id, sampled(*s1, 0), 0.01);
+  EXPECT_EQ(ev.replica, 3);
+  EXPECT_EQ(ev.prefill_tokens, 8);
+  EXPECT_TRUE(ev.tokens.empty());
+  EXPECT_EQ(ev.queued_tokens, 3);
+  auto s2 = r.next_step();
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(s2->items[0].tokens.size(), 3u);
+  EXPECT_EQ(s2->items[0].position, 8);
+  EXPECT_TRUE(s2->items[0].sample);
+  EXPECT_EQ(s2->items[0].blocks.size(), 3u);
+  EXPECT_EQ(std::vector<int>(s2->items[0].blocks.begin(), s2->items[0].blocks.begin() + 2),
+            s1->items[0].blocks);  // the table only grows
+  ev = r.finish_step(s2->id, sampled(*s2, 40), 0.01);
+  ASSERT_EQ(ev.tokens.size(), 1u);
+  EXPECT_EQ(ev.tokens[0].index, 0);
+  EXPECT_EQ(ev.tokens[0].token, 40);
+  auto s3 = r.next_step();
+  ASSERT_TRUE(s3);
+  EXPECT_EQ(s3->items[0].tokens, (std::vector<int>{40}));  // the sampled token is fed back
+  EXPECT_EQ(s3->items[0].position, 11);
+  EXPECT_EQ(s3->items[0].generated, 1);
+  ev = r.finish_step(s3->id, sampled(*s3, 41), 0.01);
+  auto s4 = r.next_step();
+  ev = r.finish_step(s4->id, sampled(*s4, 42), 0.01);
+  ASSERT_EQ(ev.done.size(), 1u);  // max_tokens 3
+  EXPECT_EQ(ev.done[0].reason, FinishReason::Length);
+  EXPECT_EQ(ev.done[0].completion_tokens, 3);
+  EXPECT_EQ(ev.blocks_used, 0);  // every block back
+  EXPECT_EQ(ev.blocks_free, 16);
+  EXPECT_EQ(r.take_released(), (std::vector<uint64_t>{1}));
+  EXPECT_FALSE(r.next_step());
+}
+
+TEST(ReplicaScheduler, EosEndsWithoutDeliveringUnlessIgnored) {
+  ReplicaScheduler r(options(16));
+  r.add(assignment(1, {1, 5}, 8));
+  auto ig = assignment(2, {1, 6}, 2);
+  ig.ignore_eos = true;
+  r.add(ig);
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  auto ev = r.finish_step(s->id, sampled(*s, 2), 0.01);  // both sample EOS
+  ASSERT_EQ(ev.tokens.size(), 1u);
+  EXPECT_EQ(ev.tokens[0].id, 2u);
+  ASSERT_EQ(ev.done.size(), 1u);
+  EXPECT_EQ(ev.done[0].id, 1u);
+  EXPECT_EQ(ev.done[0].reason, FinishReason::Stop);
+  EXPECT_EQ(ev.done[0].completion_tokens, 0);
+}
+
+TEST(ReplicaScheduler, TheContextEndsASequence) {
+  ReplicaScheduler r(options(16));
+  r.add(assignment(1, std::vector<int>(31, 5), 100));
+  auto s = r.next_step();
+  r.finish_step(s->id, sampled(*s, 0), 0.01);
+  for (int i = 0; i < 10 && r.holds(1); ++i) {
+    s = r.next_step();
+    ASSERT_TRUE(s);
+    const auto ev = r.finish_step(s->id, sampled(*s, 9), 0.01);
+    if (!ev.done.empty()) {
+      EXPECT_EQ(ev.done[0].reason, FinishReason::Length);
+      // 31 prompt tokens + 2 generated: the second has no room to be fed.
+      EXPECT_EQ(ev.done[0].completion_tokens, 2);
+    }
+  }
+  EXPECT_FALSE(r.holds(1));
+}
+
+TEST(ReplicaScheduler, AResumedRequestRegeneratesFromItsNextToken) {
+  ReplicaScheduler r(options(16));
+  // Prompt of 3 plus 2 tokens already delivered elsewhere.
+  r.add(assignment(7, {1, 5, 9, 20, 21}, 4, 2));
+  auto s = r.next_step();
+  EXPECT_EQ(s->items[0].tokens.size(), 5u);
+  EXPECT_EQ(s->items[0].generated, 2);  // its sampler skips two draws
+  const auto ev = r.finish_step(s->id, sampled(*s, 22), 0.01);
+  EXPECT_EQ(ev.prefill_tokens, 5);
+  ASSERT_EQ(ev.tokens.size(), 1u);
+  EXPECT_EQ(ev.tokens[0].index, 2);
+}
+
+TEST(ReplicaScheduler, CancelledRequestsEndBeforeTheNextStepOrWhenTheirStepReturns) {
+  ReplicaScheduler r(options(16));
+  r.add(assignment(1, {1, 5}, 8));
+  r.add(assignment(2, {1, 6}, 8));
+  auto s = r.next_step();
+  r.cancel(1);  // in a step in flight: ends when it returns
+  auto ev = r.finish_step(s->id, sampled(*s, 30), 0.01);
+  ASSERT_EQ(ev.tokens.size(), 1u);  // only request 2's token
+  EXPECT_EQ(ev.tokens[0].id, 2u);
+  EXPECT_TRUE(r.holds(1));
+  auto next = r.next_step();
+  auto ended = r.take_ended();
+  ASSERT_TRUE(ended);
+  ASSERT_EQ(ended->done.size(), 1u);
+  EXPECT_EQ(ended->done[0].id, 1u);
+  EXPECT_EQ(ended->done[0].reason, FinishReason::Cancelled);
+  EXPECT_FALSE(r.holds(1));
+  ASSERT_TRUE(next);
+  ASSERT_EQ(next->items.size(), 1u);
+  EXPECT_EQ(next->items[0].seq, 2u);
+  const auto released = r.take_released();
+  EXPECT_NE(std::find(released.begin(), released.end(), 1u), released.end());
+  // Idle and cancelled: ends at the next planning, with its blocks back.
+  r.finish_step(next->id, sampled(*next, 31), 0.01);
+  r.cancel(2);
+  r.cancel(99);  // unknown: ignored
+  EXPECT_FALSE(r.next_step());
+  ended = r.take_ended();
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(ended->done[0].id, 2u);
+  EXPECT_EQ(ended->blocks_used, 0);
+}
+
+TEST(ReplicaScheduler, WhenBlocksRunOutTheNewestIsPreemptedAndRecomputedLater) {
+  ReplicaScheduler r(options(6));  // 24 positions
+  r.add(assignment(1, std::vector<int>(8, 5), 20));
+  r.add(assignment(2, std::vector<int>(8, 6), 20));
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  r.finish_step(s->id, sampled(*s, 9), 0.01);  // 2 x 9 tokens: 3 + 3 blocks needed next
+  std::set<uint64_t> preempted;
+  for (int i = 0; i < 6; ++i) {
+    s = r.next_step();
+    ASSERT_TRUE(s);
+    for (uint64_t id : r.take_released()) preempted.insert(id);
+    std::set<int> blocks;
+    for (const auto& it : s->items)
+      for (int b : it.blocks) EXPECT_TRUE(blocks.insert(b).second) << "block " << b << " twice";
+    r.finish_step(s->id, sampled(*s, 9), 0.01);
+    EXPECT_LE(r.blocks_used(), 6);
+  }
+  EXPECT_EQ(preempted, (std::set<uint64_t>{2}));  // the newest gave way
+}
+
+TEST(ReplicaScheduler, GroupsKeepSeveralStepsInFlightOverDisjointSequences) {
+  ReplicaScheduler r(options(32, 2));
+  for (uint64_t id = 1; id <= 4; ++id) r.add(assignment(id, {1, int(id) + 4}, 8));
+  auto a = r.next_step(), b = r.next_step();
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(r.can_launch());
+  std::set<uint64_t> seen;
+  for (const auto* s : {&*a, &*b})
+    for (const auto& it : s->items) EXPECT_TRUE(seen.insert(it.seq).second);
+  EXPECT_EQ(seen.size(), 4u);
+  EXPECT_EQ(a->items.size(), 2u);              // each group takes its share
+  r.finish_step(b->id, sampled(*b, 9), 0.01);  // out of order is fine
+  EXPECT_TRUE(r.can_launch());
+  EXPECT_THROW(r.finish_step(b->id, sampled(*b, 9), 0.01), std::logic_error);
+}
+
+TEST(ReplicaScheduler, TheProbeStepBorrowsOneBlock) {
+  ReplicaScheduler r(options(4));
+  auto p = r.probe_step();
+  ASSERT_EQ(p.items.size(), 1u);
+  EXPECT_EQ(p.items[0].tokens, (std::vector<int>{1}));
+  EXPECT_EQ(p.items[0].blocks.size(), 1u);
+  EXPECT_EQ(r.blocks_used(), 1);
+  r.finish_probe(p.id);
+  EXPECT_EQ(r.blocks_used(), 0);
+  EXPECT_EQ(r.take_released().size(), 1u);
+}
+
+TEST(ReplicaScheduler, BadInputIsRefused) {
+  ReplicaScheduler r(options(4));
+  r.add(assignment(1, {1}, 4));
+  EXPECT_THROW(r.add(assignment(1, {1}, 4)), std::logic_error);
+  auto o = options(4);
+  o.limits.max_batch_tokens = 0;
+  EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
+  o = options(4);
+  o.groups = 0;
+  EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
