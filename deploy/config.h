@@ -1,9 +1,10 @@
 #pragma once
-// The one configuration schema every `troupe` command reads (DESIGN.md, "One
-// configuration schema"): a YAML file, then command-line overrides on top,
-// all validated before anything starts, so a typo stops start-up with a
-// message naming the file and the key instead of surfacing later as odd
-// behaviour. Checks that need the model (heads divisible by the tensor
+// The one configuration every `troupe` command builds: a YAML file, then
+// command-line overrides on top, all validated before anything starts, so a
+// typo stops start-up with a message naming the file and the key instead of
+// surfacing later as odd behaviour. Each key is declared once, in
+// config.cpp's schema (deploy/yaml_schema.h does the reading, checking and
+// writing). Checks that need the model (heads divisible by the tensor
 // degree, ...) live in validate_layout_for_model, called once it is loaded.
 #include <spdlog/common.h>
 
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "deploy/yaml_schema.h"
 #include "gpu/dtype.h"
 #include "gpu/model_config.h"
 #include "scheduler/admission_queue.h"
@@ -116,21 +118,6 @@ struct Config {
   SupervisionSection supervision;
   LoggingSection logging;
   bool operator==(const Config&) const = default;
-};
-
-// A configuration error: what() is "SOURCE: KEY.PATH: problem", with
-// " (line N)" when the key came from a file. key() is the dotted path, empty
-// for errors about the whole document (YAML syntax, an unreadable file).
-class ConfigError : public std::invalid_argument {
- public:
-  ConfigError(const std::string& message, std::string source, std::string key)
-      : std::invalid_argument(message), source_(std::move(source)), key_(std::move(key)) {}
-  const std::string& source() const { return source_; }
-  const std::string& key() const { return key_; }
-
- private:
-  std::string source_;
-  std::string key_;
 };
 
 Config default_config();
