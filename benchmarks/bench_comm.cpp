@@ -2,8 +2,14 @@
 // in-process communicator, on a decode step's vector (768 x 16 floats) and a
 // prefill's (768 x 256). The two ranks are the benchmark's two threads; each
 // Gloo rank has its own device and connections, as two processes would.
+// For reference, Gloo's own ring all-reduce on the same vectors (it adds in
+// ring order, which the contract does not allow; see gloo_communicator.h).
 // Run: build/bench_comm
 #include <benchmark/benchmark.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/transport/tcp/device.h>
 
 #include <memory>
 #include <thread>
@@ -41,6 +47,38 @@ Group& in_process_group() {
   return group;
 }
 
+// Two ranks of plain Gloo contexts over loopback, for its ring all-reduce.
+std::vector<std::shared_ptr<gloo::Context>>& gloo_ring_contexts() {
+  static std::vector<std::shared_ptr<gloo::Context>> contexts = [] {
+    gloo::rendezvous::HashStore store;
+    std::vector<std::shared_ptr<gloo::Context>> c(2);
+    auto join = [&](int rank) {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = "127.0.0.1";
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, 2);
+      ctx->connectFullMesh(store, device);
+      c[size_t(rank)] = ctx;
+    };
+    std::thread peer(join, 1);
+    join(0);
+    peer.join();
+    return c;
+  }();
+  return contexts;
+}
+
+void BM_GlooRingAllReduce(benchmark::State& state) {
+  auto ctx = gloo_ring_contexts()[size_t(state.thread_index())];
+  std::vector<float> v(size_t(state.range(0)), 1.f);
+  gloo::AllreduceRing<float> ring(ctx, {v.data()}, int(v.size()));
+  for (auto _ : state) {
+    ring.run();
+    benchmark::DoNotOptimize(v.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(v.size() * sizeof(float)));
+}
+
 // Both threads run the same number of iterations, so every call has its peer.
 void BM_AllReduce(benchmark::State& state, Group& (*group)()) {
   Communicator& comm = *group()[size_t(state.thread_index())];
@@ -57,6 +95,7 @@ BENCHMARK_CAPTURE(BM_AllReduce, gloo, gloo_group)
     ->Arg(768 * 256)
     ->Threads(2)
     ->UseRealTime();
+BENCHMARK(BM_GlooRingAllReduce)->Arg(768 * 16)->Arg(768 * 256)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_AllReduce, in_process, in_process_group)
     ->Arg(768 * 16)
     ->Arg(768 * 256)

@@ -110,12 +110,18 @@ void ignore_sigpipe() {
   });
 }
 
-// One message of a round: to or from `peer`, `bytes` at `offset` of the
-// round's buffer.
+// One message: to or from `peer`, `bytes` at `offset` of its batch's buffer.
 struct Leg {
   int peer;
   size_t offset;
   size_t bytes;
+};
+
+// Messages posted together on one buffer: all receives or all sends.
+struct Batch {
+  Buffer* buf = nullptr;
+  bool recv = false;
+  std::vector<int> peers;
 };
 
 }  // namespace
@@ -157,21 +163,19 @@ struct GlooCommunicator::Impl {
   std::atomic<int64_t> call_start_ns{0};
   std::atomic<const char*> call_op{""};
   std::atomic<size_t> call_n{0};
-  // Messages of the call not yet done, receives and sends apart: the call
-  // waits for its receives first, in arrival order, so while it waits the
-  // receives still counted are exactly the missing ones; sends complete in
-  // any order but are counted off only once the receives are in.
-  std::unique_ptr<std::atomic<int>[]> pending;  // [(recv ? 0 : 1) * size + peer]
-  std::atomic<int>& pending_of(bool recv, int peer) {
-    return pending[size_t(recv ? 0 : size) + size_t(peer)];
-  }
+  // Per peer, the messages of the batch being awaited that are not done: a
+  // batch's completions are taken in arrival order, so while the rank waits
+  // these are exactly the missing ones.
+  std::unique_ptr<std::atomic<int>[]> pending;  // [peer]
 
   // Used by the rank's own thread only.
   uint32_t coll_seq = 0;
   std::vector<uint32_t> send_seq, recv_seq;  // [peer], point to point
   std::vector<float> scratch;
   std::vector<const float*> parts;
-  std::vector<Leg> recv_legs, send_legs;
+  std::vector<Leg> legs;                              // of the next batch
+  std::vector<std::unique_ptr<Buffer>> call_buffers;  // the call's, all in `active`
+  bool probing = false;  // the call was interrupted: take completions without waiting
   int token = 0;
   std::vector<int> tokens;
 
@@ -227,16 +231,12 @@ struct GlooCommunicator::Impl {
     if (scratch.size() < n) scratch.resize(n);
     return scratch.data();
   }
-  void round(Kind kind, uint32_t seq, void* dst, size_t dst_bytes, const void* src,
-             size_t src_bytes);
-  void await(Buffer& buf, bool recv, size_t count, bool& probing);
-  void add_leg(std::vector<Leg>& legs, int peer, size_t offset_floats, size_t n_floats) {
-    if (n_floats) legs.push_back({peer, floats_bytes(offset_floats), floats_bytes(n_floats)});
+  // Adds a message of n floats at offset (in floats) to the next batch.
+  void leg(int peer, size_t offset, size_t n) {
+    if (n) legs.push_back({peer, floats_bytes(offset), floats_bytes(n)});
   }
-  void clear_legs() {
-    recv_legs.clear();
-    send_legs.clear();
-  }
+  Batch post(Kind kind, uint32_t seq, bool recv, const void* base, size_t bytes);
+  void await(const Batch& b);
 };
 
 namespace {
@@ -318,8 +318,8 @@ GlooCommunicator::Impl::Impl(int r, int p, RendezvousStore& store, GlooOptions o
     throw std::invalid_argument("gloo group: " + std::to_string(opt.peer_names.size()) +
                                 " peer names for " + std::to_string(size) + " ranks");
   }
-  pending.reset(new std::atomic<int>[2 * size_t(size)]);
-  for (int j = 0; j < 2 * size; ++j) pending[j].store(0);
+  pending.reset(new std::atomic<int>[size_t(size)]);
+  for (int j = 0; j < size; ++j) pending[j].store(0);
   send_seq.assign(size_t(size), 0);
   recv_seq.assign(size_t(size), 0);
   parts.resize(size_t(size));
@@ -433,16 +433,12 @@ void GlooCommunicator::Impl::watch() {
 }
 
 std::string GlooCommunicator::Impl::pending_ranks() const {
-  for (int dir = 0; dir < 2; ++dir) {
-    std::string s;
-    for (int j = 0; j < size; ++j) {
-      if (j == rank || pending[size_t(dir * size + j)].load(std::memory_order_relaxed) <= 0)
-        continue;
-      s += (s.empty() ? "" : ", ") + who(j);
-    }
-    if (!s.empty()) return s;
+  std::string s;
+  for (int j = 0; j < size; ++j) {
+    if (j == rank || pending[j].load(std::memory_order_relaxed) <= 0) continue;
+    s += (s.empty() ? "" : ", ") + who(j);
   }
-  return "its peers";
+  return s.empty() ? "its peers" : s;
 }
 
 // The first failure wins: it records the reason, tells the peers, interrupts
@@ -513,38 +509,27 @@ CommError GlooCommunicator::Impl::transport_error(const std::exception& e) {
 
 namespace {
 
-// Registers the buffers of a round, so that a failure from another thread
-// can interrupt the waits on them; unregisters before they are destroyed.
-class ActiveRound {
- public:
-  ActiveRound(GlooCommunicator::Impl& g, Buffer* a, Buffer* b) : g_(g) {
-    std::lock_guard<std::mutex> lock(g_.mu);
-    if (g_.failed.load()) throw CommError(g_.reason);
-    if (a) g_.active.push_back(a);
-    if (b) g_.active.push_back(b);
-  }
-  ~ActiveRound() {
-    std::lock_guard<std::mutex> lock(g_.mu);
-    g_.active.clear();
-  }
-  ActiveRound(const ActiveRound&) = delete;
-  ActiveRound& operator=(const ActiveRound&) = delete;
-
- private:
-  GlooCommunicator::Impl& g_;
-};
-
-// Tells the watchdog that a call runs, and which.
+// One call: tells the watchdog that it runs, and which; owns the buffers
+// of its batches, which it unregisters (so that a failure can no longer
+// interrupt them) before destroying them.
 class CallScope {
  public:
   CallScope(GlooCommunicator::Impl& g, const char* op, size_t n) : g_(g) {
-    for (int j = 0; j < 2 * g_.size; ++j) g_.pending[j].store(0, std::memory_order_relaxed);
+    g_.probing = false;
     g_.call_op.store(op, std::memory_order_relaxed);
     g_.call_n.store(n, std::memory_order_relaxed);
     g_.call_start_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     g_.epoch.fetch_add(1, std::memory_order_release);
   }
-  ~CallScope() { g_.epoch.fetch_add(1, std::memory_order_release); }
+  ~CallScope() {
+    {
+      std::lock_guard<std::mutex> lock(g_.mu);
+      g_.active.clear();
+    }
+    g_.call_buffers.clear();
+    g_.legs.clear();
+    g_.epoch.fetch_add(1, std::memory_order_release);
+  }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
 
@@ -554,68 +539,72 @@ class CallScope {
 
 }  // namespace
 
-// One round of direct messages: posts recv_legs into dst, then send_legs
-// from src, and waits for all of them. Receives go first so that a peer's
-// send never waits on this rank's sends.
-void GlooCommunicator::Impl::round(Kind kind, uint32_t seq, void* dst, size_t dst_bytes,
-                                   const void* src, size_t src_bytes) {
-  check_live();
-  if (recv_legs.empty() && send_legs.empty()) return;
-  for (const auto* legs : {&recv_legs, &send_legs}) {
-    for (const Leg& l : *legs) {
-      if (l.bytes > kMaxMessageBytes) {
-        bad_argument("a message of " + std::to_string(l.bytes) + " bytes exceeds the limit of " +
-                     std::to_string(kMaxMessageBytes));
-      }
+// Posts the legs as receives into, or sends from, [base, base + bytes) and
+// clears them. The buffer lives until the call ends.
+Batch GlooCommunicator::Impl::post(Kind kind, uint32_t seq, bool recv, const void* base,
+                                   size_t bytes) {
+  Batch b;
+  b.recv = recv;
+  if (legs.empty()) return b;
+  for (const Leg& l : legs) {
+    if (l.bytes > kMaxMessageBytes) {
+      bad_argument("a message of " + std::to_string(l.bytes) + " bytes exceeds the limit of " +
+                   std::to_string(kMaxMessageBytes));
     }
   }
-  std::unique_ptr<Buffer> rb, sb;
-  if (!recv_legs.empty()) rb = ctx->createUnboundBuffer(dst, dst_bytes);
   // Gloo only reads a buffer it sends from.
-  if (!send_legs.empty()) sb = ctx->createUnboundBuffer(const_cast<void*>(src), src_bytes);
-  ActiveRound registered(*this, rb.get(), sb.get());
-  auto post = [&](const Leg& l, bool recv) {
-    pending_of(recv, l.peer).fetch_add(1, std::memory_order_relaxed);
+  auto buf = ctx->createUnboundBuffer(const_cast<void*>(base), bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failed.load()) throw CommError(reason);
+    active.push_back(buf.get());
+  }
+  b.buf = buf.get();
+  call_buffers.push_back(std::move(buf));
+  for (const Leg& l : legs) {
     try {
       if (recv) {
-        rb->recv(l.peer, tag(kind, seq, l.bytes), l.offset, l.bytes);
+        b.buf->recv(l.peer, tag(kind, seq, l.bytes), l.offset, l.bytes);
       } else {
-        sb->send(l.peer, tag(kind, seq, l.bytes), l.offset, l.bytes);
+        b.buf->send(l.peer, tag(kind, seq, l.bytes), l.offset, l.bytes);
       }
     } catch (const std::exception& e) {
       fail_here("lost " + who(l.peer) + ": " + gloo_message(e));
       throw failure();
     }
-  };
-  for (const Leg& l : recv_legs) post(l, true);
-  for (const Leg& l : send_legs) post(l, false);
-  bool probing = false;
-  if (rb) await(*rb, true, recv_legs.size(), probing);
-  if (sb) await(*sb, false, send_legs.size(), probing);
+    b.peers.push_back(l.peer);
+  }
+  legs.clear();
+  return b;
 }
 
-// Waits for `count` completions on buf. A wait that a failure interrupted
-// is retried without waiting: when the data had all arrived the round
-// succeeded after all (the next call throws); otherwise this one throws.
-void GlooCommunicator::Impl::await(Buffer& buf, bool recv, size_t count, bool& probing) {
+// Waits until every message of b is done. A wait that a failure interrupted
+// is retried without waiting: when the data had all arrived the call
+// succeeds after all (the next one throws); otherwise this one throws.
+void GlooCommunicator::Impl::await(const Batch& b) {
+  if (!b.buf) return;
+  for (int j = 0; j < size; ++j) pending[j].store(0, std::memory_order_relaxed);
+  for (int peer : b.peers) pending[peer].fetch_add(1, std::memory_order_relaxed);
   // Beyond the watchdog's deadline: Gloo's own timeout is a backstop only.
   const milliseconds backstop = 2 * opt.timeout + milliseconds(1000);
-  for (size_t done = 0; done < count;) {
+  int interrupted = 0;
+  for (size_t done = 0; done < b.peers.size();) {
     int peer = -1;
     bool completed = false;
     try {
       const milliseconds wait = probing ? milliseconds(0) : backstop;
-      completed = recv ? buf.waitRecv(&peer, wait) : buf.waitSend(&peer, wait);
+      completed = b.recv ? b.buf->waitRecv(&peer, wait) : b.buf->waitSend(&peer, wait);
     } catch (const std::exception& e) {
       if (probing || failed.load()) throw failure();
       throw transport_error(e);
     }
     if (!completed) {
-      if (probing) throw failure();
+      // abortWait*() interrupts one wait per buffer; look again, not waiting.
+      if (++interrupted > 1) throw failure();
       probing = true;
       continue;
     }
-    if (peer >= 0 && peer < size) pending_of(recv, peer).fetch_sub(1, std::memory_order_relaxed);
+    if (peer >= 0 && peer < size) pending[peer].fetch_sub(1, std::memory_order_relaxed);
     ++done;
   }
 }
@@ -668,26 +657,35 @@ void GlooCommunicator::all_reduce_sum(float* data, size_t n) {
     const size_t chunk = (n + size_t(p) - 1) / size_t(p);
     auto lo = [&](int c) { return std::min(n, size_t(c) * chunk); };
     auto len = [&](int c) { return std::min(n, lo(c) + chunk) - lo(c); };
-    // Round 1: every peer's copy of chunk r, peer j's at j * len(r).
-    float* copies = g.scratch_for(size_t(p) * len(r));
-    g.clear_legs();
+    const uint32_t scatter = g.coll_seq++, gather = g.coll_seq++;
+    // The gather round's receives go first, so that a peer that finishes its
+    // sum early finds this rank ready. They land in the chunks this rank
+    // sends in the scatter round, but only after the peer has received them.
     for (int j = 0; j < p; ++j) {
-      if (j == r) continue;
-      g.add_leg(g.recv_legs, j, size_t(j) * len(r), len(r));
-      g.add_leg(g.send_legs, j, lo(j), len(j));
+      if (j != r) g.leg(j, lo(j), len(j));
     }
-    g.round(Kind::kAllReduceScatter, g.coll_seq++, copies, floats_bytes(size_t(p) * len(r)), data,
-            floats_bytes(n));
+    const Batch gathered = g.post(Kind::kAllReduceGather, gather, true, data, floats_bytes(n));
+    // Scatter round: every peer's copy of chunk r, peer j's at j * len(r).
+    float* copies = g.scratch_for(size_t(p) * len(r));
+    for (int j = 0; j < p; ++j) {
+      if (j != r) g.leg(j, size_t(j) * len(r), len(r));
+    }
+    const Batch scattered =
+        g.post(Kind::kAllReduceScatter, scatter, true, copies, floats_bytes(size_t(p) * len(r)));
+    for (int j = 0; j < p; ++j) {
+      if (j != r) g.leg(j, lo(j), len(j));
+    }
+    const Batch sent = g.post(Kind::kAllReduceScatter, scatter, false, data, floats_bytes(n));
+    g.await(scattered);
     for (int j = 0; j < p; ++j) g.parts[j] = j == r ? data + lo(r) : copies + size_t(j) * len(r);
     sum_in_rank_order(g.parts.data(), p, len(r), data + lo(r));
-    // Round 2: the summed chunks to everyone.
-    g.clear_legs();
     for (int j = 0; j < p; ++j) {
-      if (j == r) continue;
-      g.add_leg(g.recv_legs, j, lo(j), len(j));
-      g.add_leg(g.send_legs, j, lo(r), len(r));
+      if (j != r) g.leg(j, lo(r), len(r));
     }
-    g.round(Kind::kAllReduceGather, g.coll_seq++, data, floats_bytes(n), data, floats_bytes(n));
+    const Batch shared = g.post(Kind::kAllReduceGather, gather, false, data, floats_bytes(n));
+    g.await(gathered);
+    g.await(sent);
+    g.await(shared);
   });
 }
 
@@ -703,14 +701,18 @@ void GlooCommunicator::all_gather(const float* send, size_t n_per_rank, float* r
     if (send != own && n_per_rank) std::memcpy(own, send, floats_bytes(n_per_rank));
     if (p == 1) return;
     CallScope call(g, "all_gather", n_per_rank);
-    g.clear_legs();
+    const uint32_t seq = g.coll_seq++;
     for (int j = 0; j < p; ++j) {
-      if (j == r) continue;
-      g.add_leg(g.recv_legs, j, size_t(j) * n_per_rank, n_per_rank);
-      g.add_leg(g.send_legs, j, 0, n_per_rank);
+      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
     }
-    g.round(Kind::kAllGather, g.coll_seq++, recv, floats_bytes(size_t(p) * n_per_rank), send,
-            floats_bytes(n_per_rank));
+    const Batch in =
+        g.post(Kind::kAllGather, seq, true, recv, floats_bytes(size_t(p) * n_per_rank));
+    for (int j = 0; j < p; ++j) {
+      if (j != r) g.leg(j, 0, n_per_rank);
+    }
+    const Batch out = g.post(Kind::kAllGather, seq, false, send, floats_bytes(n_per_rank));
+    g.await(in);
+    g.await(out);
   });
 }
 
@@ -727,19 +729,23 @@ void GlooCommunicator::reduce_scatter_sum(const float* send, size_t n_per_rank, 
       return;
     }
     CallScope call(g, "reduce_scatter_sum", n_per_rank);
-    float* copies = g.scratch_for(size_t(p) * n_per_rank);
-    g.clear_legs();
+    const uint32_t seq = g.coll_seq++;
+    const size_t all = size_t(p) * n_per_rank;
+    float* copies = g.scratch_for(all);
     for (int j = 0; j < p; ++j) {
-      if (j == r) continue;
-      g.add_leg(g.recv_legs, j, size_t(j) * n_per_rank, n_per_rank);
-      g.add_leg(g.send_legs, j, size_t(j) * n_per_rank, n_per_rank);
+      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
     }
-    g.round(Kind::kReduceScatter, g.coll_seq++, copies, floats_bytes(size_t(p) * n_per_rank), send,
-            floats_bytes(size_t(p) * n_per_rank));
+    const Batch in = g.post(Kind::kReduceScatter, seq, true, copies, floats_bytes(all));
+    for (int j = 0; j < p; ++j) {
+      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
+    }
+    const Batch out = g.post(Kind::kReduceScatter, seq, false, send, floats_bytes(all));
+    g.await(in);
     for (int j = 0; j < p; ++j) {
       g.parts[j] = j == r ? send + size_t(r) * n_per_rank : copies + size_t(j) * n_per_rank;
     }
     sum_in_rank_order(g.parts.data(), p, n_per_rank, recv);
+    g.await(out);
   });
 }
 
@@ -755,13 +761,15 @@ void GlooCommunicator::broadcast(float* data, size_t n, int root) {
     g.check_live();
     if (p == 1) return;
     CallScope call(g, "broadcast", n);
-    g.clear_legs();
-    for (int j = 0; j < p; ++j) {
-      if (j == root) continue;
-      if (r == root) g.add_leg(g.send_legs, j, 0, n);
-      if (r == j) g.add_leg(g.recv_legs, root, 0, n);
+    const uint32_t seq = g.coll_seq++;
+    if (r == root) {
+      for (int j = 0; j < p; ++j) {
+        if (j != root) g.leg(j, 0, n);
+      }
+    } else {
+      g.leg(root, 0, n);
     }
-    g.round(Kind::kBroadcast, g.coll_seq++, data, floats_bytes(n), data, floats_bytes(n));
+    g.await(g.post(Kind::kBroadcast, seq, r != root, data, floats_bytes(n)));
   });
 }
 
@@ -772,15 +780,19 @@ void GlooCommunicator::barrier() {
     g.check_live();
     if (p == 1) return;
     CallScope call(g, "barrier", 0);
-    g.clear_legs();
+    const uint32_t seq = g.coll_seq++;
+    // A token of one int each way: a message carries at least a byte.
     for (int j = 0; j < p; ++j) {
-      if (j == g.rank) continue;
-      // A token of one int each way: Gloo's messages carry at least a byte.
-      g.recv_legs.push_back({j, size_t(j) * sizeof(int), sizeof(int)});
-      g.send_legs.push_back({j, 0, sizeof(int)});
+      if (j != g.rank) g.legs.push_back({j, size_t(j) * sizeof(int), sizeof(int)});
     }
-    g.round(Kind::kBarrier, g.coll_seq++, g.tokens.data(), g.tokens.size() * sizeof(int), &g.token,
-            sizeof(int));
+    const Batch in =
+        g.post(Kind::kBarrier, seq, true, g.tokens.data(), g.tokens.size() * sizeof(int));
+    for (int j = 0; j < p; ++j) {
+      if (j != g.rank) g.legs.push_back({j, 0, sizeof(int)});
+    }
+    const Batch out = g.post(Kind::kBarrier, seq, false, &g.token, sizeof(int));
+    g.await(in);
+    g.await(out);
   });
 }
 
@@ -791,9 +803,8 @@ void GlooCommunicator::send(const float* data, size_t n, int peer) {
     g.check_buffer(data, n, "send");
     g.check_live();
     CallScope call(g, "send", n);
-    g.clear_legs();
-    g.add_leg(g.send_legs, peer, 0, n);
-    g.round(Kind::kPointToPoint, g.send_seq[peer]++, nullptr, 0, data, floats_bytes(n));
+    g.leg(peer, 0, n);
+    g.await(g.post(Kind::kPointToPoint, g.send_seq[peer]++, false, data, floats_bytes(n)));
   });
 }
 
@@ -804,9 +815,8 @@ void GlooCommunicator::recv(float* data, size_t n, int peer) {
     g.check_buffer(data, n, "recv");
     g.check_live();
     CallScope call(g, "recv", n);
-    g.clear_legs();
-    g.add_leg(g.recv_legs, peer, 0, n);
-    g.round(Kind::kPointToPoint, g.recv_seq[peer]++, data, floats_bytes(n), nullptr, 0);
+    g.leg(peer, 0, n);
+    g.await(g.post(Kind::kPointToPoint, g.recv_seq[peer]++, true, data, floats_bytes(n)));
   });
 }
 

@@ -13,7 +13,9 @@
 //   peer's vector and adds the P copies locally, rank 0's first, in blocks
 //   that stay in L1) then an all-gather round (rank c sends its summed chunk
 //   to every peer). Each rank moves 2(P-1)/P of the vector, as a ring does,
-//   in two rounds of P-1 messages in each direction instead of 2(P-1) steps.
+//   in two rounds of P-1 messages in each direction instead of 2(P-1) steps;
+//   the second round's receives are posted with the first's, so a peer that
+//   finishes its sum early never waits for this rank to be ready.
 //   reduce_scatter_sum is the first round alone; all_gather, broadcast and
 //   barrier are one round of direct messages.
 //
@@ -49,8 +51,9 @@
 //
 // send returns once the peer has posted the matching recv and the data is
 // written to the connection (Gloo sends nothing before the receiver is
-// ready), so two ranks that send to each other first wait for each other, as
-// the contract says; order exchanges.
+// ready): the contract's send, so two ranks that send to each other first
+// wait for each other (until the timeout); order exchanges. A zero-length
+// send or recv moves nothing and does not wait for the peer.
 //
 // SIGPIPE: Gloo writes without MSG_NOSIGNAL, so the first communicator of a
 // process with more than one rank sets SIGPIPE to SIG_IGN (unless the process
