@@ -117,6 +117,12 @@ struct Leg {
   size_t bytes;
 };
 
+// Where a message sits in its batch's buffer, and how long it is, in floats.
+struct Span {
+  size_t offset;
+  size_t n;
+};
+
 // Messages posted together on one buffer: all receives or all sends.
 struct Batch {
   Buffer* buf = nullptr;
@@ -176,8 +182,8 @@ struct GlooCommunicator::Impl {
   std::vector<Leg> legs;                              // of the next batch
   std::vector<std::unique_ptr<Buffer>> call_buffers;  // the call's, all in `active`
   bool probing = false;  // the call was interrupted: take completions without waiting
-  int token = 0;
-  std::vector<int> tokens;
+  float token = 0;
+  std::vector<float> tokens;
 
   std::string who(int r) const {
     std::string s = "rank " + std::to_string(r);
@@ -234,6 +240,15 @@ struct GlooCommunicator::Impl {
   // Adds a message of n floats at offset (in floats) to the next batch.
   void leg(int peer, size_t offset, size_t n) {
     if (n) legs.push_back({peer, floats_bytes(offset), floats_bytes(n)});
+  }
+  // A message to or from every peer j: span(j) = {offset, n} in floats.
+  template <class Span>
+  void leg_each_peer(Span span) {
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      const auto [offset, n] = span(j);
+      leg(j, offset, n);
+    }
   }
   Batch post(Kind kind, uint32_t seq, bool recv, const void* base, size_t bytes);
   void await(const Batch& b);
@@ -661,27 +676,19 @@ void GlooCommunicator::all_reduce_sum(float* data, size_t n) {
     // The gather round's receives go first, so that a peer that finishes its
     // sum early finds this rank ready. They land in the chunks this rank
     // sends in the scatter round, but only after the peer has received them.
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, lo(j), len(j));
-    }
+    g.leg_each_peer([&](int j) { return Span{lo(j), len(j)}; });
     const Batch gathered = g.post(Kind::kAllReduceGather, gather, true, data, floats_bytes(n));
     // Scatter round: every peer's copy of chunk r, peer j's at j * len(r).
     float* copies = g.scratch_for(size_t(p) * len(r));
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, size_t(j) * len(r), len(r));
-    }
+    g.leg_each_peer([&](int j) { return Span{size_t(j) * len(r), len(r)}; });
     const Batch scattered =
         g.post(Kind::kAllReduceScatter, scatter, true, copies, floats_bytes(size_t(p) * len(r)));
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, lo(j), len(j));
-    }
+    g.leg_each_peer([&](int j) { return Span{lo(j), len(j)}; });
     const Batch sent = g.post(Kind::kAllReduceScatter, scatter, false, data, floats_bytes(n));
     g.await(scattered);
     for (int j = 0; j < p; ++j) g.parts[j] = j == r ? data + lo(r) : copies + size_t(j) * len(r);
     sum_in_rank_order(g.parts.data(), p, len(r), data + lo(r));
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, lo(r), len(r));
-    }
+    g.leg_each_peer([&](int) { return Span{lo(r), len(r)}; });
     const Batch shared = g.post(Kind::kAllReduceGather, gather, false, data, floats_bytes(n));
     g.await(gathered);
     g.await(sent);
@@ -702,14 +709,10 @@ void GlooCommunicator::all_gather(const float* send, size_t n_per_rank, float* r
     if (p == 1) return;
     CallScope call(g, "all_gather", n_per_rank);
     const uint32_t seq = g.coll_seq++;
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
-    }
+    g.leg_each_peer([&](int j) { return Span{size_t(j) * n_per_rank, n_per_rank}; });
     const Batch in =
         g.post(Kind::kAllGather, seq, true, recv, floats_bytes(size_t(p) * n_per_rank));
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, 0, n_per_rank);
-    }
+    g.leg_each_peer([&](int) { return Span{0, n_per_rank}; });
     const Batch out = g.post(Kind::kAllGather, seq, false, send, floats_bytes(n_per_rank));
     g.await(in);
     g.await(out);
@@ -732,13 +735,10 @@ void GlooCommunicator::reduce_scatter_sum(const float* send, size_t n_per_rank, 
     const uint32_t seq = g.coll_seq++;
     const size_t all = size_t(p) * n_per_rank;
     float* copies = g.scratch_for(all);
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
-    }
+    auto block = [&](int j) { return Span{size_t(j) * n_per_rank, n_per_rank}; };
+    g.leg_each_peer(block);
     const Batch in = g.post(Kind::kReduceScatter, seq, true, copies, floats_bytes(all));
-    for (int j = 0; j < p; ++j) {
-      if (j != r) g.leg(j, size_t(j) * n_per_rank, n_per_rank);
-    }
+    g.leg_each_peer(block);
     const Batch out = g.post(Kind::kReduceScatter, seq, false, send, floats_bytes(all));
     g.await(in);
     for (int j = 0; j < p; ++j) {
@@ -763,9 +763,7 @@ void GlooCommunicator::broadcast(float* data, size_t n, int root) {
     CallScope call(g, "broadcast", n);
     const uint32_t seq = g.coll_seq++;
     if (r == root) {
-      for (int j = 0; j < p; ++j) {
-        if (j != root) g.leg(j, 0, n);
-      }
+      g.leg_each_peer([&](int) { return Span{0, n}; });
     } else {
       g.leg(root, 0, n);
     }
@@ -781,16 +779,11 @@ void GlooCommunicator::barrier() {
     if (p == 1) return;
     CallScope call(g, "barrier", 0);
     const uint32_t seq = g.coll_seq++;
-    // A token of one int each way: a message carries at least a byte.
-    for (int j = 0; j < p; ++j) {
-      if (j != g.rank) g.legs.push_back({j, size_t(j) * sizeof(int), sizeof(int)});
-    }
-    const Batch in =
-        g.post(Kind::kBarrier, seq, true, g.tokens.data(), g.tokens.size() * sizeof(int));
-    for (int j = 0; j < p; ++j) {
-      if (j != g.rank) g.legs.push_back({j, 0, sizeof(int)});
-    }
-    const Batch out = g.post(Kind::kBarrier, seq, false, &g.token, sizeof(int));
+    // A token of one float each way: a message carries at least a byte.
+    g.leg_each_peer([&](int j) { return Span{size_t(j), 1}; });
+    const Batch in = g.post(Kind::kBarrier, seq, true, g.tokens.data(), floats_bytes(size_t(p)));
+    g.leg_each_peer([&](int) { return Span{0, 1}; });
+    const Batch out = g.post(Kind::kBarrier, seq, false, &g.token, floats_bytes(1));
     g.await(in);
     g.await(out);
   });

@@ -661,58 +661,64 @@ void all_reduce_until_failure(int rank, int p, const std::filesystem::path& dir,
   }
 }
 
-TEST(GlooCommunicatorProcesses, AKilledPeerIsNamedAtOnce) {
+// What a surviving rank reported, and how long after the signal.
+struct Noticed {
+  std::string line;
+  double after_s;
+};
+
+// Forks 3 ranks that all-reduce in a loop, sends rank 2 `sig` once all are
+// in the loop, and returns what ranks 0 and 1 report.
+std::vector<Noticed> signal_rank_2(Ranks& ranks, const std::filesystem::path& dir, int sig,
+                                   std::chrono::milliseconds timeout) {
   const int p = 3;
-  test::TempDir dir;
-  const GlooOptions o = options(p, 5s);
-  Ranks ranks;
+  const GlooOptions o = options(p, timeout);
   for (int r = 0; r < p; ++r) {
-    ranks.spawn(
-        [&, r](const auto& report) { all_reduce_until_failure(r, p, dir.path(), o, report); });
+    ranks.spawn([&, r](const auto& report) { all_reduce_until_failure(r, p, dir, o, report); });
   }
-  for (int r = 0; r < p; ++r) ASSERT_EQ(ranks.line(r, 15), "ready") << "rank " << r;
+  for (int r = 0; r < p; ++r) {
+    const std::string l = ranks.line(r, 15);
+    if (l != "ready") ADD_FAILURE() << "rank " << r << " did not start: " << l;
+  }
   std::this_thread::sleep_for(50ms);  // well into the loop
-  const auto killed_at = Clock::now();
-  ASSERT_EQ(kill(ranks.pid(2), SIGKILL), 0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(kill(ranks.pid(2), sig), 0);
+  std::vector<Noticed> noticed;
   for (int r = 0; r < 2; ++r) {
-    const std::string l = ranks.line(r, 10);
-    const double detected = seconds_since(killed_at);
-    EXPECT_TRUE(contains(l, "error ")) << "rank " << r << ": " << l;
-    EXPECT_TRUE(contains(l, "rank 2 (node-c)")) << "rank " << r << ": " << l;
-    EXPECT_LT(detected, 2.5) << "rank " << r;  // a read error comes at once
-    std::printf("rank %d noticed the SIGKILL after %.1f ms: %s\n", r, detected * 1e3, l.c_str());
+    noticed.push_back({ranks.line(r, 10), 0});
+    noticed.back().after_s = seconds_since(t0);
+    EXPECT_TRUE(contains(noticed.back().line, "error "))
+        << "rank " << r << ": " << noticed.back().line;
+    EXPECT_TRUE(contains(noticed.back().line, "rank 2 (node-c)"))
+        << "rank " << r << ": " << noticed.back().line;
+    std::printf("rank %d noticed signal %d after %.1f ms: %s\n", r, sig,
+                noticed.back().after_s * 1e3, noticed.back().line.c_str());
   }
-  for (int r = 0; r < p; ++r) EXPECT_TRUE(ranks.reap(r, 10)) << "rank " << r;
+  return noticed;
+}
+
+TEST(GlooCommunicatorProcesses, AKilledPeerIsNamedAtOnce) {
+  test::TempDir dir;
+  Ranks ranks;
+  for (const Noticed& n : signal_rank_2(ranks, dir.path(), SIGKILL, 5s)) {
+    EXPECT_LT(n.after_s, 2.5) << n.line;  // a read error comes at once
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(ranks.reap(r, 10)) << "rank " << r;
 }
 
 TEST(GlooCommunicatorProcesses, AStoppedPeerIsNamedAtTheTimeout) {
-  const int p = 3;
   test::TempDir dir;
-  const GlooOptions o = options(p, 1s);
   Ranks ranks;
-  for (int r = 0; r < p; ++r) {
-    ranks.spawn(
-        [&, r](const auto& report) { all_reduce_until_failure(r, p, dir.path(), o, report); });
-  }
-  for (int r = 0; r < p; ++r) ASSERT_EQ(ranks.line(r, 15), "ready") << "rank " << r;
-  std::this_thread::sleep_for(50ms);
-  const auto stopped_at = Clock::now();
-  ASSERT_EQ(kill(ranks.pid(2), SIGSTOP), 0);
-  for (int r = 0; r < 2; ++r) {
-    const std::string l = ranks.line(r, 10);
-    const double detected = seconds_since(stopped_at);
-    EXPECT_TRUE(contains(l, "error ")) << "rank " << r << ": " << l;
-    EXPECT_TRUE(contains(l, "rank 2 (node-c)")) << "rank " << r << ": " << l;
-    EXPECT_TRUE(contains(l, "timed out")) << "rank " << r << ": " << l;
-    EXPECT_GT(detected, 0.5) << "rank " << r;
-    EXPECT_LT(detected, 3.0) << "rank " << r;
-    std::printf("rank %d noticed the SIGSTOP after %.0f ms: %s\n", r, detected * 1e3, l.c_str());
+  for (const Noticed& n : signal_rank_2(ranks, dir.path(), SIGSTOP, 1s)) {
+    EXPECT_TRUE(contains(n.line, "timed out")) << n.line;
+    EXPECT_GT(n.after_s, 0.5) << n.line;
+    EXPECT_LT(n.after_s, 3.0) << n.line;
   }
   // Woken, the stopped rank finds its group failed too.
   ASSERT_EQ(kill(ranks.pid(2), SIGCONT), 0);
   const std::string l2 = ranks.line(2, 10);
   EXPECT_TRUE(contains(l2, "error ")) << l2;
-  for (int r = 0; r < p; ++r) EXPECT_TRUE(ranks.reap(r, 10)) << "rank " << r;
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(ranks.reap(r, 10)) << "rank " << r;
 }
 
 }  // namespace
