@@ -309,8 +309,8 @@ class StoreAdapter final : public gloo::rendezvous::Store {
       }
       os << "key '" << prefix_ << k << '\'';
     }
-    return CommError(os.str() + " did not join within " +
-                     std::to_string(double(g_.opt.timeout.count()) / 1000) + " s");
+    os << " did not join within " << double(g_.opt.timeout.count()) / 1000 << " s";
+    return CommError(os.str());
   }
 
   RendezvousStore& store_;

@@ -346,6 +346,24 @@ TEST_P(GlooRanks, MixedCollectivesOfChangingSizes) {
 INSTANTIATE_TEST_SUITE_P(P, GlooRanks, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "P" + std::to_string(info.param); });
 
+TEST(InMemoryRendezvousStore, GetWaitsForASetAndTimesOutNamingTheKeys) {
+  InMemoryRendezvousStore store;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(20ms);
+    store.set("g/1", {'a', 'b'});
+  });
+  EXPECT_EQ(store.get("g/1", 5s), (std::vector<char>{'a', 'b'}));
+  setter.join();
+  store.wait({"g/1"}, 0ms);
+  try {
+    store.wait({"g/1", "g/2", "g/3"}, 10ms);
+    ADD_FAILURE() << "wait returned";
+  } catch (const CommError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "rendezvous: timed out after 0.01 s waiting for key(s) 'g/2', 'g/3'");
+  }
+}
+
 // ---- failures among threads ----
 
 TEST(GlooCommunicator, AbortFromAnotherThreadUnblocksAWaitingRank) {
@@ -446,8 +464,8 @@ TEST(GlooCommunicator, AJoinThatTimesOutNamesTheRanksThatDidNotCome) {
     GlooCommunicator c(0, 3, store, o);  // ranks 1 and 2 never come
     ADD_FAILURE() << "joined alone";
   } catch (const CommError& e) {
-    EXPECT_TRUE(contains(e.what(), "rank 1 (node-b)")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "did not join")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 0 (node-a): rank 1 (node-b)")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "did not join within 0.3 s")) << e.what();
   }
   EXPECT_LT(seconds_since(t0), 5.0);
 }
