@@ -11,6 +11,8 @@
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -68,26 +70,37 @@ std::vector<std::shared_ptr<gloo::Context>>& gloo_ring_contexts() {
   return contexts;
 }
 
+// Runs call() once per iteration on each of the two threads (both run the
+// same number of iterations, so every call has its peer). Besides the mean,
+// reports the median call on thread 0: on a shared machine, descheduled
+// threads put a long tail on the mean.
+template <class Call>
+void run_calls(benchmark::State& state, size_t n, Call call) {
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n * sizeof(float)));
+  if (state.thread_index() == 0 && !us.empty()) {
+    std::nth_element(us.begin(), us.begin() + long(us.size() / 2), us.end());
+    state.counters["p50_us"] = us[us.size() / 2];
+  }
+}
+
 void BM_GlooRingAllReduce(benchmark::State& state) {
   auto ctx = gloo_ring_contexts()[size_t(state.thread_index())];
   std::vector<float> v(size_t(state.range(0)), 1.f);
   gloo::AllreduceRing<float> ring(ctx, {v.data()}, int(v.size()));
-  for (auto _ : state) {
-    ring.run();
-    benchmark::DoNotOptimize(v.data());
-  }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(v.size() * sizeof(float)));
+  run_calls(state, v.size(), [&] { ring.run(); });
 }
 
-// Both threads run the same number of iterations, so every call has its peer.
 void BM_AllReduce(benchmark::State& state, Group& (*group)()) {
   Communicator& comm = *group()[size_t(state.thread_index())];
   std::vector<float> v(size_t(state.range(0)), 1.f);
-  for (auto _ : state) {
-    comm.all_reduce_sum(v.data(), v.size());
-    benchmark::DoNotOptimize(v.data());
-  }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(v.size() * sizeof(float)));
+  run_calls(state, v.size(), [&] { comm.all_reduce_sum(v.data(), v.size()); });
 }
 
 BENCHMARK_CAPTURE(BM_AllReduce, gloo, gloo_group)
