@@ -4,7 +4,9 @@
 // Gloo rank has its own device and connections, as two processes would.
 // For reference, Gloo's own ring all-reduce on the same vectors (it adds in
 // ring order, which the contract does not allow; see gloo_communicator.h).
-// Run: build/bench_comm
+// Google Benchmark sums the iterations of both threads, so its time column
+// is half a call; p50_us is the median call itself.
+// Run: build/bench_comm --benchmark_min_time=1 --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
