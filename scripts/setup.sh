@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake ninja-build pkg-config
   libcaf-dev libspdlog-dev libboost-dev libopenblas-dev
   libsentencepiece-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev curl)
+  libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev curl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -70,9 +70,11 @@ class Communicator {
   virtual void reduce_scatter_sum(const float* send, size_t n_per_rank, float* recv) = 0;
   // Every rank's data (n floats) becomes root's.
   virtual void broadcast(float* data, size_t n, int root) = 0;
-  // Point to point. send returns once the peer has the data (synchronous, like
-  // MPI_Ssend: no hidden buffering), so two ranks that send to each other at
-  // the same time deadlock; order exchanges (e.g. even ranks send first).
+  // Point to point. send returns once the peer has posted the matching recv
+  // (in-process: once the peer has copied the data; across processes: once
+  // the data is written to the connection): synchronous, like MPI_Ssend, with
+  // no hidden buffering of unmatched sends, so two ranks that send to each
+  // other at the same time deadlock; order exchanges (e.g. even ranks first).
   virtual void send(const float* data, size_t n, int peer) = 0;
   virtual void recv(float* data, size_t n, int peer) = 0;
   virtual void barrier() = 0;
