@@ -30,6 +30,16 @@ void run_serve(const ServeOptions& so) {
     return;
   }
   spdlog::set_level(cfg.logging.level);
+  // Block the shutdown and fault-injection signals before any thread starts
+  // (the runtime's threads, and the ones it starts later, inherit the mask),
+  // so that sigwait below is the only one to receive them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  sigaddset(&signals, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   for (const auto& d : cfg.devices)
     if (d.kind == DeviceKind::Cuda)
       throw UsageError("devices: kind cuda is not available in this build yet; use cpu or auto");
@@ -53,15 +63,6 @@ void run_serve(const ServeOptions& so) {
   ho.io_threads = cfg.server.io_threads;
   openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
                              cfg.server.max_tokens_limit};
-  // Block the shutdown signals before any thread starts, so sigwait below
-  // is the only one to receive them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGUSR1);
-  sigaddset(&signals, SIGUSR2);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
   std::fprintf(
