@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "net/completion_stream.h"
+
 namespace troupe::app::serving_bench {
 
 namespace beast = boost::beast;
@@ -160,89 +162,6 @@ double PoissonArrivals::next_gap_s() {
   // (an infinite gap) and 1 (a zero gap).
   const double u = (double(rng_.next() >> 11) + 0.5) * 0x1.0p-53;
   return -std::log(u) / rate_;
-}
-
-// ---- server-sent events ----
-
-void SseParser::feed(std::string_view bytes, const EventFn& on_event) {
-  for (const char c : bytes) {
-    if (after_cr_ && c == '\n') {  // the CR of this CRLF already ended the line
-      after_cr_ = false;
-      continue;
-    }
-    after_cr_ = c == '\r';
-    if (c == '\r' || c == '\n') {
-      line(pending_, on_event);
-      pending_.clear();
-    } else {
-      pending_ += c;
-    }
-  }
-}
-
-void SseParser::line(std::string_view text, const EventFn& on_event) {
-  if (text.empty()) {
-    if (has_data_) {
-      // Moved out first so that a callback that throws leaves a clean state.
-      std::string data = std::move(data_);
-      data_.clear();
-      has_data_ = false;
-      on_event(data);
-    }
-    return;
-  }
-  if (text[0] == ':') return;  // comment (keep-alive pings)
-  const size_t colon = text.find(':');
-  const std::string_view field = text.substr(0, colon);
-  std::string_view value = colon == std::string_view::npos ? "" : text.substr(colon + 1);
-  if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
-  if (field != "data") return;  // event, id, retry: nothing the benchmark needs
-  if (has_data_) data_ += '\n';
-  data_ += value;
-  has_data_ = true;
-}
-
-void CompletionStream::feed(std::string_view body_bytes, Clock::time_point now) {
-  sse_.feed(body_bytes, [&](const std::string& data) { event(data, now); });
-}
-
-void CompletionStream::event(const std::string& data, Clock::time_point now) {
-  if (data == "[DONE]") {
-    done_ = true;
-    return;
-  }
-  const auto j = nlohmann::json::parse(data, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    if (error_.empty()) error_ = "bad_stream";
-    return;
-  }
-  if (const auto e = j.find("error"); e != j.end()) {
-    error_ = "stream_error";
-    error_detail_ = e->is_object() && e->contains("message") && (*e)["message"].is_string()
-                        ? (*e)["message"].get<std::string>()
-                        : e->dump();
-  }
-  if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
-    if (const auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer())
-      usage_tokens_ = c->get<int>();
-  }
-  int tokens = 0;
-  if (const auto ch = j.find("choices"); ch != j.end() && ch->is_array()) {
-    for (const auto& choice : *ch) {
-      if (!choice.is_object()) continue;
-      if (const auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
-        tokens += int(ids->size());
-      } else if (const auto t = choice.find("text");
-                 t != choice.end() && t->is_string() && !t->get_ref<const std::string&>().empty()) {
-        tokens += 1;
-      }
-    }
-  }
-  if (tokens > 0) {
-    if (!first_) first_ = now;
-    last_ = now;
-    counted_tokens_ += tokens;
-  }
 }
 
 // ---- the client ----

@@ -1,4 +1,4 @@
-// `troupe bench` serving mode: statistics, arrivals, SSE parsing, URLs, and
+// `troupe bench` serving mode: statistics, arrivals, URLs, and
 // the load generator end to end against a small fake server on 127.0.0.1.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "apps/bench_serving.h"
+#include "support/sse_samples.h"
 
 namespace troupe::app::serving_bench {
 namespace {
@@ -117,150 +118,6 @@ TEST(BenchServingPoisson, MeanGapIsOneOverRate) {
     sum += u;
   }
   EXPECT_NEAR(sum / 100000, 0.5, 0.01);
-}
-
-// ---- SSE ----
-
-std::string token_chunk(const std::string& text) {
-  return "data: " +
-         json{{"id", "cmpl-1"},
-              {"object", "text_completion"},
-              {"choices", {{{"index", 0}, {"text", text}, {"finish_reason", nullptr}}}}}
-             .dump() +
-         "\n\n";
-}
-
-std::string sample_stream(int tokens, bool usage) {
-  std::string s = ": keep-alive comment\n\n";
-  for (int i = 0; i < tokens; ++i) {
-    std::string text = "t";
-    text.append(std::to_string(i));
-    s += token_chunk(text);
-  }
-  s += "data: " +
-       json{{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}}.dump() +
-       "\n\n";
-  if (usage)
-    s += "data: " +
-         json{{"choices", json::array()},
-              {"usage", {{"prompt_tokens", 4}, {"completion_tokens", tokens}, {"total_tokens", 9}}}}
-             .dump() +
-         "\n\n";
-  return s + "data: [DONE]\n\n";
-}
-
-std::vector<std::string> events_of(const std::string& stream, const std::vector<size_t>& cuts) {
-  SseParser p;
-  std::vector<std::string> out;
-  size_t at = 0;
-  for (const size_t c : cuts) {
-    p.feed(std::string_view(stream).substr(at, c - at),
-           [&](const std::string& d) { out.push_back(d); });
-    at = c;
-  }
-  p.feed(std::string_view(stream).substr(at), [&](const std::string& d) { out.push_back(d); });
-  return out;
-}
-
-TEST(BenchServingSse, SplitAtAnyByte) {
-  for (const char* eol : {"\n", "\r\n", "\r"}) {
-    std::string stream = sample_stream(3, true);
-    std::string converted;
-    for (const char c : stream) converted += c == '\n' ? std::string(eol) : std::string(1, c);
-    const auto whole = events_of(converted, {});
-    ASSERT_EQ(whole.size(), 6u) << "3 tokens, finish, usage, [DONE]";
-    EXPECT_EQ(whole.back(), "[DONE]");
-    EXPECT_EQ(json::parse(whole[0])["choices"][0]["text"], "t0");
-    for (size_t cut = 0; cut <= converted.size(); ++cut)
-      ASSERT_EQ(events_of(converted, {cut}), whole) << "cut at " << cut;
-    std::vector<size_t> every;
-    for (size_t i = 1; i < converted.size(); ++i) every.push_back(i);
-    EXPECT_EQ(events_of(converted, every), whole);
-    Xoshiro256 rng(11);
-    for (int trial = 0; trial < 200; ++trial) {
-      std::vector<size_t> cuts;
-      for (size_t at = 0;;) {
-        at += 1 + rng.next() % 40;
-        if (at >= converted.size()) break;
-        cuts.push_back(at);
-      }
-      ASSERT_EQ(events_of(converted, cuts), whole) << "trial " << trial;
-    }
-  }
-}
-
-TEST(BenchServingSse, FieldsCommentsAndMultilineData) {
-  const std::string s =
-      ":comment\n"
-      "event: completion\n"
-      "id: 7\n"
-      "data:no-space\n"
-      "\n"
-      "data: first\n"
-      "data:  second keeps one space\n"
-      "retry: 100\n"
-      "\n"
-      "data\n"
-      "\n"
-      "\n\n"
-      "data: never dispatched without a blank line";
-  const auto ev = events_of(s, {});
-  ASSERT_EQ(ev.size(), 3u);
-  EXPECT_EQ(ev[0], "no-space");
-  EXPECT_EQ(ev[1], "first\n second keeps one space");
-  EXPECT_EQ(ev[2], "");
-}
-
-TEST(BenchServingStream, UsageCountsAndTimes) {
-  const auto t0 = Clock::now();
-  CompletionStream cs;
-  const std::string s = sample_stream(4, true);
-  // Token 0 arrives at t0+1ms, the rest at t0+9ms; usage says 4.
-  const size_t split = s.find("t1") - 20;
-  cs.feed(std::string_view(s).substr(0, split), t0 + std::chrono::milliseconds(1));
-  EXPECT_FALSE(cs.done());
-  cs.feed(std::string_view(s).substr(split), t0 + std::chrono::milliseconds(9));
-  EXPECT_TRUE(cs.done());
-  EXPECT_TRUE(cs.error().empty());
-  EXPECT_TRUE(cs.has_usage());
-  EXPECT_EQ(cs.output_tokens(), 4);
-  EXPECT_EQ(cs.counted_tokens(), 4) << "the finish chunk with empty text is no token";
-  ASSERT_TRUE(cs.first_token() && cs.last_token());
-  EXPECT_EQ(*cs.first_token(), t0 + std::chrono::milliseconds(1));
-  EXPECT_EQ(*cs.last_token(), t0 + std::chrono::milliseconds(9));
-}
-
-TEST(BenchServingStream, UsageWinsOverChunkCount) {
-  CompletionStream cs;
-  // Two tokens per chunk (a server that coalesces), usage says 6.
-  std::string s = token_chunk("ab") + token_chunk("cd") + token_chunk("ef");
-  s += "data: {\"choices\":[],\"usage\":{\"completion_tokens\":6}}\n\ndata: [DONE]\n\n";
-  cs.feed(s, Clock::now());
-  EXPECT_EQ(cs.counted_tokens(), 3);
-  EXPECT_EQ(cs.output_tokens(), 6);
-}
-
-TEST(BenchServingStream, TokenIdsAndNoUsage) {
-  CompletionStream cs;
-  cs.feed(
-      "data: {\"choices\":[{\"text\":\"\",\"token_ids\":[5,6,7]}]}\n\n"
-      "data: {\"choices\":[{\"text\":\"x\"}]}\n\n"
-      "data: [DONE]\n\n",
-      Clock::now());
-  EXPECT_TRUE(cs.done());
-  EXPECT_FALSE(cs.has_usage());
-  EXPECT_EQ(cs.output_tokens(), 4);
-}
-
-TEST(BenchServingStream, ErrorsInTheStream) {
-  CompletionStream a;
-  a.feed(token_chunk("x") + "data: {\"error\":{\"message\":\"replica lost\"}}\n\ndata: [DONE]\n\n",
-         Clock::now());
-  EXPECT_EQ(a.error(), "stream_error");
-  CompletionStream b;
-  b.feed("data: {not json\n\n", Clock::now());
-  EXPECT_EQ(b.error(), "bad_stream");
-  EXPECT_FALSE(b.done());
 }
 
 // ---- URL and options ----
@@ -489,7 +346,7 @@ class FakeServer {
     while (Clock::now() < until && !stop_)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (stop_) return false;
-    const std::string sse = sample_stream(cfg_.tokens, cfg_.usage);
+    const std::string sse = test::sample_stream(cfg_.tokens, cfg_.usage);
     beast::error_code ec;
     asio::write(s,
                 asio::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n") +
