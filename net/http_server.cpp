@@ -30,7 +30,6 @@ namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 
 namespace {
 
@@ -46,7 +45,6 @@ struct Gate {
 
 constexpr size_t kMaxPipelinedBytes = 64 * 1024;  // read ahead while a request runs
 constexpr auto kLingerTime = std::chrono::seconds(2);
-constexpr double kDeadlineGraceS = 2;  // the service should time out first
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -146,7 +144,7 @@ struct Exchange {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl& server)
-      : server_(server), stream_(std::move(socket)), deadline_(stream_.get_executor()) {}
+      : server_(server), stream_(std::move(socket)) {}
 
   ~Session() { server_.remove_session(this); }
 
@@ -427,12 +425,6 @@ class Session : public std::enable_shared_from_this<Session> {
     r.timeout_s = server_.opt.request_timeout_s;
     r.ignore_eos = ex.params.ignore_eos;
 
-    if (server_.opt.request_timeout_s > 0) {
-      deadline_.expires_after(seconds(server_.opt.request_timeout_s + kDeadlineGraceS));
-      deadline_.async_wait([self = shared_from_this(), seq = ex.seq](beast::error_code ec) {
-        if (!ec) self->on_deadline(seq);
-      });
-    }
     ex.submitted = Clock::now();
     auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), ex.seq);
     try {
@@ -450,19 +442,6 @@ class Session : public std::enable_shared_from_this<Session> {
     if (active_ && !active_->finished) start_monitor();
   }
 
-  void on_deadline(uint64_t seq) {
-    Exchange* ex = current(seq);
-    if (!ex) return;
-    spdlog::warn("request {}: no result from the service within {} s; cancelling", ex->request_id,
-                 server_.opt.request_timeout_s);
-    cancel_service();
-    ServiceError e{ServiceErrorKind::Timeout,
-                   "The request did not finish within " +
-                       openai::dump(json(server_.opt.request_timeout_s)) + " seconds.",
-                   0};
-    finish_error(openai::from_service_error(e));
-  }
-
   // A completion request refused before submission.
   void reject(const openai::ApiError& e) {
     server_.metrics.request_finished(e.status);
@@ -474,7 +453,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void finish_ok(FinishReason reason, const std::string& tail, Clock::time_point end) {
     Exchange& ex = *active_;
     ex.finished = true;
-    deadline_.cancel();
     openai::Usage usage{ex.prompt_tokens, ex.completion_tokens};
     if (ex.params.stream) {
       std::string bytes =
@@ -493,7 +471,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void finish_error(const openai::ApiError& e) {
     Exchange& ex = *active_;
     ex.finished = true;
-    deadline_.cancel();
     if (ex.params.stream && ex.headers_sent) {
       stream_bytes(openai::sse_error(e) + openai::sse_done(), /*last=*/true);
     } else {
@@ -531,7 +508,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void client_gone() {
     if (active_ && !active_->finished) {
       active_->finished = true;
-      deadline_.cancel();
       cancel_service();
       server_.metrics.request_finished(499);
       server_.metrics.add_prompt_tokens(active_->prompt_tokens);
@@ -704,7 +680,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
-    deadline_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -747,7 +722,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   HttpServer::Impl& server_;
   beast::tcp_stream stream_;
-  net::steady_timer deadline_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> req_;

@@ -3,6 +3,7 @@
 // operation has a timeout, so a hung server fails a test instead of hanging it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -59,7 +60,9 @@ std::string expected_text(const std::string& prompt, int n) {
 // ---- the fake service ----
 
 // One worker thread plays a batcher: each step, every running job gets one
-// token. Knobs make it fail, hang, stall or stop early.
+// token. Knobs make it fail, hang, stall or stop early. Like the runtime's
+// request table, it alone enforces a request's timeout_s: a job still running
+// then is stopped and ends with ServiceErrorKind::Timeout.
 class FakeService : public CompletionService {
  public:
   FakeService() : worker_([this] { run(); }) {}
@@ -85,6 +88,10 @@ class FakeService : public CompletionService {
       return;
     }
     Job j;
+    if (r.timeout_s > 0)
+      j.deadline = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(r.timeout_s));
     j.out = fake_output(r.prompt, r.max_tokens);
     j.prompt_tokens = int(r.prompt.size());
     j.req = std::move(r);
@@ -135,8 +142,17 @@ class FakeService : public CompletionService {
   // Observations.
   int cancel_count(uint64_t id) {
     std::lock_guard lock(mu_);
-    auto it = cancels_.find(id);
-    return it == cancels_.end() ? 0 : it->second;
+    return count(cancels_, id);
+  }
+  // Requests that their deadline ended.
+  int timeout_count(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return count(timeouts_, id);
+  }
+  // Times the request was stopped, by cancel() or by its deadline.
+  int stop_count(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return count(cancels_, id) + count(timeouts_, id);
   }
   bool wait_cancel(uint64_t id, std::chrono::milliseconds within = 5000ms) {
     std::unique_lock lock(mu_);
@@ -167,7 +183,13 @@ class FakeService : public CompletionService {
     size_t next = 0;
     int prompt_tokens = 0;
     bool hang = false;
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   };
+
+  static int count(const std::map<uint64_t, int>& m, uint64_t id) {
+    auto it = m.find(id);
+    return it == m.end() ? 0 : it->second;
+  }
 
   bool any_active() const {
     for (const Job& j : jobs_)
@@ -175,11 +197,42 @@ class FakeService : public CompletionService {
     return false;
   }
 
+  std::chrono::steady_clock::time_point next_deadline() const {
+    auto t = std::chrono::steady_clock::time_point::max();
+    for (const Job& j : jobs_) t = std::min(t, j.deadline);
+    return t;
+  }
+
+  // As the runtime does: stop the generation, then end with Timeout.
+  void end_late_jobs() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->deadline > now) {
+        ++it;
+        continue;
+      }
+      ++timeouts_[it->req.id];
+      it->sink->on_error(ServiceError{ServiceErrorKind::Timeout, "request timed out", 0});
+      it = jobs_.erase(it);
+      changed_.notify_all();
+    }
+  }
+
   void run() {
     std::unique_lock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || any_active(); });
       if (stop_) return;
+      // Woken by a new job, a stop, or the earliest deadline, which a new
+      // job may have moved: so no predicate, and look again each time.
+      const auto deadline = next_deadline();
+      if (!any_active() && deadline > std::chrono::steady_clock::now()) {
+        if (deadline == std::chrono::steady_clock::time_point::max())
+          cv_.wait(lock);
+        else
+          cv_.wait_until(lock, deadline);
+        continue;
+      }
+      end_late_jobs();
       for (auto it = jobs_.begin(); it != jobs_.end();) {
         Job& j = *it;
         if (j.hang) {
@@ -216,6 +269,7 @@ class FakeService : public CompletionService {
   std::list<Job> jobs_;
   std::vector<CompletionRequest> submitted_;
   std::map<uint64_t, int> cancels_;
+  std::map<uint64_t, int> timeouts_;
   std::optional<ServiceError> fail_;
   bool hang_ = false;
   std::chrono::milliseconds delay_{1};
@@ -709,17 +763,21 @@ TEST_F(HttpServerTest, ClientDisconnectWhileWaitingCancelsOnce) {
 
 TEST_F(HttpServerTest, RequestDeadlineGives504) {
   HttpServer::Options o = default_options();
-  o.request_timeout_s = 0.5;  // the server waits this plus a 2 s grace
+  o.request_timeout_s = 0.5;  // the service ends the request after this
   start(o);
   fake_.set_hang(true);
   Client c(port_);
   auto t0 = std::chrono::steady_clock::now();
   HttpResponse r = c.post("/v1/completions", completion("Slow", 5));
   EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_EQ(body_json(r)["error"]["message"], "request timed out");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 500ms);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
   auto req = fake_.wait_submitted(1);
   EXPECT_DOUBLE_EQ(req->timeout_s, 0.5);
-  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+  EXPECT_EQ(fake_.timeout_count(req->id), 1) << "the service's deadline ended it";
+  EXPECT_EQ(fake_.stop_count(req->id), 1)
+      << "stopped once: the server does not cancel what the service ended";
 }
 
 TEST_F(HttpServerTest, ThirtyTwoConcurrentRequests) {
