@@ -135,20 +135,22 @@ TEST(HttpClient, StreamedPiecesArriveAsTheyAreSent) {
     return stream_pieces(c, {"one ", "two ", "three"}, true, 0.05);
   });
   HttpClient c(options(server.port()));
-  std::vector<std::string> got;
-  std::vector<Clock::time_point> at;
+  std::string got;
+  int pieces = 0;
+  Clock::time_point first;
   const HttpResponse r = c.request(get("/s"), [&](const HttpResponse& head, std::string_view p) {
     EXPECT_EQ(head.status, 200);
     EXPECT_EQ(head.header("content-type").rfind("text/event-stream", 0), 0u);
-    got.emplace_back(p);
-    at.push_back(Clock::now());
+    if (pieces++ == 0) first = Clock::now();
+    got.append(p);
     return true;
   });
+  const auto end = Clock::now();
   ASSERT_TRUE(r.complete()) << r.error.message;
   EXPECT_TRUE(r.body.empty()) << "the callback took the body";
-  ASSERT_EQ(got.size(), 3u) << "one piece per pause";
-  EXPECT_EQ(got[0] + got[1] + got[2], "one two three");
-  EXPECT_GE(at[2] - at[0], 80ms);
+  EXPECT_EQ(got, "one two three");
+  EXPECT_GE(pieces, 2) << "not held back until the end";
+  EXPECT_GE(end - first, 80ms) << "the first piece came two pauses before the end";
 }
 
 TEST(HttpClient, StoppingMidStreamClosesTheConnection) {
