@@ -2,31 +2,22 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <latch>
-#include <limits>
 #include <mutex>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
-namespace troupe::app::serving_bench {
+#include "net/completion_stream.h"
+#include "net/http_client.h"
 
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
+namespace troupe::app::serving_bench {
 
 namespace {
 
@@ -52,8 +43,7 @@ bool starts_with_nocase(std::string_view s, std::string_view prefix) {
 // ---- URL ----
 
 std::string HttpUrl::authority() const {
-  const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  return port == "80" ? h : h + ":" + port;
+  return http_authority(host, port);
 }
 
 HttpUrl parse_http_url(const std::string& url) {
@@ -162,89 +152,6 @@ double PoissonArrivals::next_gap_s() {
   return -std::log(u) / rate_;
 }
 
-// ---- server-sent events ----
-
-void SseParser::feed(std::string_view bytes, const EventFn& on_event) {
-  for (const char c : bytes) {
-    if (after_cr_ && c == '\n') {  // the CR of this CRLF already ended the line
-      after_cr_ = false;
-      continue;
-    }
-    after_cr_ = c == '\r';
-    if (c == '\r' || c == '\n') {
-      line(pending_, on_event);
-      pending_.clear();
-    } else {
-      pending_ += c;
-    }
-  }
-}
-
-void SseParser::line(std::string_view text, const EventFn& on_event) {
-  if (text.empty()) {
-    if (has_data_) {
-      // Moved out first so that a callback that throws leaves a clean state.
-      std::string data = std::move(data_);
-      data_.clear();
-      has_data_ = false;
-      on_event(data);
-    }
-    return;
-  }
-  if (text[0] == ':') return;  // comment (keep-alive pings)
-  const size_t colon = text.find(':');
-  const std::string_view field = text.substr(0, colon);
-  std::string_view value = colon == std::string_view::npos ? "" : text.substr(colon + 1);
-  if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
-  if (field != "data") return;  // event, id, retry: nothing the benchmark needs
-  if (has_data_) data_ += '\n';
-  data_ += value;
-  has_data_ = true;
-}
-
-void CompletionStream::feed(std::string_view body_bytes, Clock::time_point now) {
-  sse_.feed(body_bytes, [&](const std::string& data) { event(data, now); });
-}
-
-void CompletionStream::event(const std::string& data, Clock::time_point now) {
-  if (data == "[DONE]") {
-    done_ = true;
-    return;
-  }
-  const auto j = nlohmann::json::parse(data, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    if (error_.empty()) error_ = "bad_stream";
-    return;
-  }
-  if (const auto e = j.find("error"); e != j.end()) {
-    error_ = "stream_error";
-    error_detail_ = e->is_object() && e->contains("message") && (*e)["message"].is_string()
-                        ? (*e)["message"].get<std::string>()
-                        : e->dump();
-  }
-  if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
-    if (const auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer())
-      usage_tokens_ = c->get<int>();
-  }
-  int tokens = 0;
-  if (const auto ch = j.find("choices"); ch != j.end() && ch->is_array()) {
-    for (const auto& choice : *ch) {
-      if (!choice.is_object()) continue;
-      if (const auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
-        tokens += int(ids->size());
-      } else if (const auto t = choice.find("text");
-                 t != choice.end() && t->is_string() && !t->get_ref<const std::string&>().empty()) {
-        tokens += 1;
-      }
-    }
-  }
-  if (tokens > 0) {
-    if (!first_) first_ = now;
-    last_ = now;
-    counted_tokens_ += tokens;
-  }
-}
-
 // ---- the client ----
 
 namespace {
@@ -263,226 +170,93 @@ std::string error_message(const std::string& body) {
   return body.substr(0, 200);
 }
 
-bool is_timeout(const beast::error_code& ec) {
-  return ec == beast::error::timeout;
+bool is_event_stream(const HttpResponse& res) {
+  return starts_with_nocase(res.header("Content-Type"), "text/event-stream");
 }
 
-// One keep-alive HTTP/1.1 connection driven by its own io_context. Each call
-// blocks its thread like a synchronous client, but the operations are
-// asynchronous underneath because only those honour tcp_stream's deadline;
-// a plain synchronous read could hang forever on a stalled server.
-class Connection {
- public:
-  explicit Connection(const HttpUrl& url) : url_(url) {}
-  ~Connection() { close(); }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
+HttpClient::Options client_options(const HttpUrl& url, double timeout_s) {
+  HttpClient::Options o;
+  o.host = url.host;
+  o.port = url.port;
+  o.user_agent = "troupe-bench";
+  // Each request's deadline is what bounds it; no single wait ends it sooner.
+  o.connect_timeout_s = timeout_s;
+  o.io_timeout_s = timeout_s;
+  return o;
+}
 
-  beast::error_code ensure_connected(Clock::time_point deadline) {
-    if (connected_) return {};
-    buffer_.clear();
-    beast::error_code ec;
-    if (endpoints_.empty()) {
-      tcp::resolver resolver(ioc_);
-      const auto found = resolver.resolve(url_.host, url_.port, ec);
-      if (ec) return ec;
-      endpoints_.assign(found.begin(), found.end());
-    }
-    // A fresh stream each time: one whose deadline fired is closed for good.
-    stream_.emplace(ioc_);
-    stream_->expires_at(deadline);
-    ec = run([&](auto done) {
-      stream_->async_connect(endpoints_,
-                             [done](beast::error_code e, const tcp::endpoint&) { done(e); });
-    });
-    if (ec) {
-      close();
-      return ec;
-    }
-    stream_->socket().set_option(tcp::no_delay(true), ec);
-    connected_ = true;
-    return {};
-  }
-
-  void close() {
-    connected_ = false;
-    if (!stream_) return;
-    beast::error_code ignored;
-    stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_->socket().close(ignored);
-  }
-
-  // A GET whose whole body is returned; for the /v1/models probe.
-  beast::error_code get(const std::string& target, Clock::time_point deadline, int& status,
-                        std::string& body) {
-    if (auto ec = ensure_connected(deadline)) return ec;
-    http::request<http::empty_body> req{http::verb::get, target, 11};
-    req.set(http::field::host, url_.authority());
-    req.set(http::field::user_agent, "troupe-bench");
-    stream_->expires_at(deadline);
-    auto ec = run([&](auto done) {
-      http::async_write(*stream_, req, [done](beast::error_code e, size_t) { done(e); });
-    });
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(16u << 20);
-    if (!ec)
-      ec = run([&](auto done) {
-        http::async_read(*stream_, buffer_, parser,
-                         [done](beast::error_code e, size_t) { done(e); });
-      });
-    if (ec) {
-      close();
-      return ec;
-    }
-    status = parser.get().result_int();
-    body = std::move(parser.get().body());
-    if (!parser.keep_alive()) close();
-    return {};
-  }
-
-  // POSTs a streamed completion. `origin` is when the request counts as
-  // issued (latency and TTFT are measured from it).
-  RequestResult complete(const std::string& target, const std::string& body,
-                         Clock::time_point origin, Clock::time_point deadline) {
-    RequestResult r;
-    // A kept-alive connection the server has quietly closed fails before any
-    // response byte; that is not the server refusing this request, so it is
-    // tried once more on a fresh connection.
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      const bool reused = connected_;
-      if (const auto ec = ensure_connected(deadline)) {
-        r.error = is_timeout(ec) ? "timeout" : "connect";
-        r.detail = ec.message();
-        break;
-      }
-      bool got_response = false;
-      exchange(target, body, origin, deadline, r, got_response);
-      if (!r.error.empty() && !got_response && reused && attempt == 0 && r.error == "io") {
-        r = RequestResult{};
-        continue;
-      }
-      break;
-    }
-    r.latency_s = seconds(origin, Clock::now());
+// What one completion came to, from the response and its body as read.
+RequestResult outcome(const HttpResponse& res, const CompletionStream& stream,
+                      const std::string& plain, Clock::time_point origin) {
+  RequestResult r;
+  r.status = res.status;
+  if (!res.complete()) {
+    r.error = to_string(res.error.kind);
+    r.detail = res.error.message;
     return r;
   }
-
- private:
-  // Runs one asynchronous operation to completion on this thread.
-  template <class Initiate>
-  beast::error_code run(Initiate&& initiate) {
-    beast::error_code result = asio::error::operation_aborted;
-    initiate([&result](beast::error_code ec) { result = ec; });
-    ioc_.restart();
-    ioc_.run();
-    return result;
+  if (r.status != 200) {
+    r.error = std::to_string(r.status);
+    r.detail = error_message(plain);
+    return r;
   }
-
-  void exchange(const std::string& target, const std::string& body, Clock::time_point origin,
-                Clock::time_point deadline, RequestResult& r, bool& got_response) {
-    http::request<http::string_body> req{http::verb::post, target, 11};
-    req.set(http::field::host, url_.authority());
-    req.set(http::field::user_agent, "troupe-bench");
-    req.set(http::field::content_type, "application/json");
-    req.set(http::field::accept, "text/event-stream");
-    req.keep_alive(true);
-    req.body() = body;
-    req.prepare_payload();
-
-    const auto fail = [&](const beast::error_code& ec) {
-      r.error = is_timeout(ec) ? "timeout" : "io";
-      r.detail = ec.message();
-      close();
-    };
-    stream_->expires_at(deadline);
-    auto ec = run([&](auto done) {
-      http::async_write(*stream_, req, [done](beast::error_code e, size_t) { done(e); });
-    });
-    if (ec) return fail(ec);
-
-    http::response_parser<http::buffer_body> parser;
-    // A long stream is the point and nothing is kept. Not boost::none: Beast
-    // 1.74 compares a Content-Length against an empty optional as exceeding.
-    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-    ec = run([&](auto done) {
-      http::async_read_header(*stream_, buffer_, parser,
-                              [done](beast::error_code e, size_t) { done(e); });
-    });
-    if (ec) return fail(ec);
-    got_response = true;
-    r.status = parser.get().result_int();
-    const auto type = parser.get()[http::field::content_type];
-    const bool sse = starts_with_nocase({type.data(), type.size()}, "text/event-stream");
-
-    CompletionStream stream;
-    std::string plain;  // a non-streamed body (error JSON, or a server that ignored "stream")
-    constexpr size_t kPlainCap = 4u << 20;
-    char chunk[16384];
-    while (!parser.is_done()) {
-      parser.get().body().data = chunk;
-      parser.get().body().size = sizeof chunk;
-      // read_some, not read: it returns as soon as some body arrived, which
-      // is what gives each token its arrival time.
-      ec = run([&](auto done) {
-        http::async_read_some(*stream_, buffer_, parser,
-                              [done](beast::error_code e, size_t) { done(e); });
-      });
-      if (ec == http::error::need_buffer) ec = {};
-      const size_t n = sizeof chunk - parser.get().body().size;
-      if (n > 0) {
-        const auto now = Clock::now();
-        if (r.status == 200 && sse)
-          stream.feed({chunk, n}, now);
-        else if (plain.size() < kPlainCap)
-          plain.append(chunk, std::min(n, kPlainCap - plain.size()));
-      }
-      if (ec) return fail(ec);
+  std::optional<Clock::time_point> first, last;
+  if (is_event_stream(res)) {
+    if (!stream.error().empty()) {
+      r.error = stream.error();
+      r.detail = stream.error_detail();
+      return r;
     }
-    if (!parser.keep_alive()) close();
-
-    if (r.status != 200) {
-      r.error = std::to_string(r.status);
+    if (!stream.done()) {
+      r.error = "incomplete";  // the body ended without data: [DONE]
+      return r;
+    }
+    r.output_tokens = stream.output_tokens();
+    first = stream.first_token();
+    last = stream.last_token();
+  } else {
+    const auto j = nlohmann::json::parse(plain, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.contains("error")) {
+      r.error = "bad_response";
       r.detail = error_message(plain);
-      return;
+      return r;
     }
-    std::optional<Clock::time_point> first, last;
-    if (sse) {
-      if (!stream.error().empty()) {
-        r.error = stream.error();
-        r.detail = stream.error_detail();
-        return;
-      }
-      if (!stream.done()) {
-        r.error = "incomplete";  // the body ended without data: [DONE]
-        return;
-      }
-      r.output_tokens = stream.output_tokens();
-      first = stream.first_token();
-      last = stream.last_token();
-    } else {
-      const auto j = nlohmann::json::parse(plain, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || j.contains("error")) {
-        r.error = "bad_response";
-        r.detail = error_message(plain);
-        return;
-      }
-      const auto usage = j.value("usage", nlohmann::json::object());
-      r.output_tokens = usage.value("completion_tokens", 0);
-      if (r.output_tokens > 0) first = last = Clock::now();
-    }
-    r.ok = true;
-    if (first) r.ttft_s = seconds(origin, *first);
-    if (first && last && r.output_tokens > 1)
-      r.tpot_s = seconds(*first, *last) / double(r.output_tokens - 1);
+    const auto usage = j.value("usage", nlohmann::json::object());
+    r.output_tokens = usage.value("completion_tokens", 0);
+    if (r.output_tokens > 0) first = last = Clock::now();
   }
+  r.ok = true;
+  if (first) r.ttft_s = seconds(origin, *first);
+  if (first && last && r.output_tokens > 1)
+    r.tpot_s = seconds(*first, *last) / double(r.output_tokens - 1);
+  return r;
+}
 
-  HttpUrl url_;
-  asio::io_context ioc_;
-  std::optional<beast::tcp_stream> stream_;
-  beast::flat_buffer buffer_;
-  std::vector<tcp::endpoint> endpoints_;
-  bool connected_ = false;
-};
+// POSTs a streamed completion. `origin` is when the request counts as
+// issued (latency and TTFT are measured from it).
+RequestResult complete(HttpClient& client, const std::string& target, const std::string& body,
+                       Clock::time_point origin, Clock::time_point deadline) {
+  HttpRequest req;
+  req.method = "POST";
+  req.target = target;
+  req.body = body;
+  req.headers = {{"Accept", "text/event-stream"}};
+  CompletionStream stream;
+  std::string plain;  // a non-streamed body (error JSON, or a server that ignored "stream")
+  constexpr size_t kPlainCap = 4u << 20;
+  const auto on_body = [&](const HttpResponse& head, std::string_view piece) {
+    const auto now = Clock::now();
+    if (head.status == 200 && is_event_stream(head))
+      stream.feed(piece, now);
+    else
+      plain.append(piece.substr(0, kPlainCap - std::min(kPlainCap, plain.size())));
+    return true;
+  };
+  const HttpResponse res = client.request(req, on_body, deadline);
+  RequestResult r = outcome(res, stream, plain, origin);
+  r.latency_s = seconds(origin, Clock::now());
+  return r;
+}
 
 std::string request_body(const ServingBenchOptions& o, const std::string& model, int vocab,
                          int index) {
@@ -506,14 +280,15 @@ void probe_server(const HttpUrl& url, const ServingBenchOptions& o, ServingBench
   res.model = o.model;
   res.vocab = o.vocab;
   res.vocab_source = "option";
-  Connection c(url);
-  int status = 0;
-  std::string body;
-  const auto deadline = Clock::now() + to_duration(std::min(o.timeout_s, 30.0));
-  if (const auto ec = c.get(api_root(url) + "/models", deadline, status, body))
-    throw std::runtime_error("cannot reach " + o.url + ": " + ec.message());
-  if (status != 200) return;
-  const auto j = nlohmann::json::parse(body, nullptr, false);
+  HttpClient c(client_options(url, o.timeout_s));
+  HttpRequest models;
+  models.target = api_root(url) + "/models";
+  const HttpResponse answer =
+      c.request(models, Clock::now() + to_duration(std::min(o.timeout_s, 30.0)));
+  if (!answer.complete())
+    throw std::runtime_error("cannot reach " + o.url + ": " + answer.error.message);
+  if (answer.status != 200) return;
+  const auto j = nlohmann::json::parse(answer.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return;
   const nlohmann::json* entry = nullptr;
   if (const auto d = j.find("data");
@@ -552,13 +327,13 @@ void run_closed_loop(const HttpUrl& url, const ServingBenchOptions& o, const std
   threads.reserve(size_t(workers));
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
-      Connection c(url);
-      c.ensure_connected(Clock::now() + to_duration(std::min(o.timeout_s, 30.0)));
+      HttpClient c(client_options(url, o.timeout_s));
+      c.connect(Clock::now() + to_duration(std::min(o.timeout_s, 30.0)));
       connected.arrive_and_wait();
       for (int i = next++; i < o.requests; i = next++) {
         const std::string body = request_body(o, res.model, res.vocab, i);
         const auto t0 = Clock::now();
-        res.requests[size_t(i)] = c.complete(target, body, t0, t0 + to_duration(o.timeout_s));
+        res.requests[size_t(i)] = complete(c, target, body, t0, t0 + to_duration(o.timeout_s));
       }
     });
   }
@@ -582,7 +357,7 @@ void run_open_loop(const HttpUrl& url, const ServingBenchOptions& o, const std::
   std::vector<std::thread> workers;
 
   const auto worker = [&] {
-    Connection c(url);
+    HttpClient c(client_options(url, o.timeout_s));
     std::unique_lock lock(m);
     for (;;) {
       ++idle;
@@ -597,7 +372,7 @@ void run_open_loop(const HttpUrl& url, const ServingBenchOptions& o, const std::
       // to it: otherwise a saturated client would hide the queueing delay
       // its users would see (coordinated omission).
       res.requests[size_t(job.index)] =
-          c.complete(target, body, job.arrival, Clock::now() + to_duration(o.timeout_s));
+          complete(c, target, body, job.arrival, Clock::now() + to_duration(o.timeout_s));
       lock.lock();
       --inflight;
       space_cv.notify_one();

@@ -4,12 +4,10 @@
 // engine figures come from the same command.
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "util/rng.h"
@@ -67,54 +65,6 @@ class PoissonArrivals {
  private:
   double rate_;
   Xoshiro256 rng_;
-};
-
-// ---- server-sent events ----
-
-// Incremental SSE parser (the WHATWG event-stream rules we need: data lines,
-// comments, CR/LF/CRLF line ends, blank line dispatches). Bytes may arrive
-// split anywhere, even inside a line ending.
-class SseParser {
- public:
-  using EventFn = std::function<void(const std::string& data)>;
-  void feed(std::string_view bytes, const EventFn& on_event);
-
- private:
-  void line(std::string_view text, const EventFn& on_event);
-  std::string pending_;  // an unfinished line
-  std::string data_;     // data lines of the event being built
-  bool has_data_ = false;
-  bool after_cr_ = false;  // last byte was CR: a following LF ends nothing
-};
-
-// One streamed completion as the client sees it: counts output tokens and
-// records when they arrived.
-class CompletionStream {
- public:
-  void feed(std::string_view body_bytes, Clock::time_point now);
-
-  bool done() const { return done_; }  // saw data: [DONE]
-  // Not empty when the stream carried an error object or was not JSON.
-  const std::string& error() const { return error_; }
-  // The server's message for an error object.
-  const std::string& error_detail() const { return error_detail_; }
-  // usage.completion_tokens when the server sent it, else the count from
-  // chunks (token_ids when present, else one per chunk with non-empty text).
-  int output_tokens() const { return usage_tokens_ ? *usage_tokens_ : counted_tokens_; }
-  bool has_usage() const { return usage_tokens_.has_value(); }
-  int counted_tokens() const { return counted_tokens_; }
-  const std::optional<Clock::time_point>& first_token() const { return first_; }
-  const std::optional<Clock::time_point>& last_token() const { return last_; }
-
- private:
-  void event(const std::string& data, Clock::time_point now);
-  SseParser sse_;
-  bool done_ = false;
-  std::string error_;
-  std::string error_detail_;
-  std::optional<int> usage_tokens_;
-  int counted_tokens_ = 0;
-  std::optional<Clock::time_point> first_, last_;
 };
 
 // ---- the benchmark ----

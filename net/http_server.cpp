@@ -9,7 +9,6 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <mutex>
 #include <random>
 #include <shared_mutex>
@@ -20,7 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "text/text_streamer.h"
+#include "net/completion_exchange.h"
+#include "net/http_framing.h"
+#include "net/router.h"
 #include "util/rng.h"
 
 namespace troupe {
@@ -30,7 +31,6 @@ namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 
 namespace {
 
@@ -46,15 +46,20 @@ struct Gate {
 
 constexpr size_t kMaxPipelinedBytes = 64 * 1024;  // read ahead while a request runs
 constexpr auto kLingerTime = std::chrono::seconds(2);
-constexpr double kDeadlineGraceS = 2;  // the service should time out first
 
-std::chrono::steady_clock::duration seconds(double s) {
+Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::string_view path_of(beast::string_view target) {
-  std::string_view t(target.data(), target.size());
-  return t.substr(0, t.find('?'));
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Beast 1.74's string_view is Boost's, which does not convert to std's.
+std::string_view sv(beast::string_view s) {
+  return {s.data(), s.size()};
 }
 
 bool is_http_parse_error(const beast::error_code& ec) {
@@ -66,13 +71,21 @@ uint64_t next_request_id() {
   return ++counter;
 }
 
-// splitmix64 of one value: seeds that differ per request without a lock.
-uint64_t mix64(uint64_t x) {
-  return splitmix64(x);
+openai::ApiError server_error(std::string message) {
+  openai::ApiError e;
+  e.status = 500;
+  e.type = "server_error";
+  e.message = std::move(message);
+  return e;
 }
 
-double secs(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
+openai::ApiError unavailable(std::string message) {
+  openai::ApiError e;
+  e.status = 503;
+  e.type = "service_unavailable";
+  e.message = std::move(message);
+  e.retry_after_s = 1;
+  return e;
 }
 
 }  // namespace
@@ -86,9 +99,7 @@ struct HttpServer::Impl {
         model(std::move(m)),
         metrics(mx),
         nonce(std::random_device{}() * 0x100000000ull ^ std::random_device{}()),
-        created(std::chrono::duration_cast<std::chrono::seconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count()) {}
+        created(unix_now()) {}
 
   void run_io();
   void do_accept();
@@ -96,6 +107,8 @@ struct HttpServer::Impl {
   void add_session(Session* s, std::weak_ptr<Session> w);
   void remove_session(Session* s);
   size_t session_count();
+  // The endpoints that answer at once (all but completions).
+  Response answer(Endpoint endpoint);
 
   Options opt;
   CompletionService& service;
@@ -124,29 +137,13 @@ struct HttpServer::Impl {
 
 namespace {
 
-// One request/response on a connection, from submission to the last byte.
-struct Exchange {
-  uint64_t seq = 0;  // session-local: events of an earlier exchange are ignored
-  uint64_t request_id = 0;
-  openai::CompletionParams params;
-  openai::ResponseMeta meta;
-  int prompt_tokens = 0;
-  std::optional<TextStreamer> streamer;
-  StopStringFilter stop{{}};
-  std::string text;      // non-streaming: everything released so far
-  std::vector<int> ids;  // token ids not yet sent (streaming) or all (non-streaming)
-  int completion_tokens = 0;
-  Clock::time_point submitted, first_token, last_token;
-  bool finished = false;      // the outcome is decided (and counted)
-  bool cancel_sent = false;   // service.cancel() was called
-  bool headers_sent = false;  // streaming: the 200 and SSE headers are out
-  bool warned_overflow = false;
-};
-
+// One connection: reads requests, routes them, runs a completion exchange
+// for POST /v1/completions, and writes the responses in order. Everything
+// runs on the connection's strand.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl& server)
-      : server_(server), stream_(std::move(socket)), deadline_(stream_.get_executor()) {}
+      : server_(server), stream_(std::move(socket)) {}
 
   ~Session() { server_.remove_session(this); }
 
@@ -159,20 +156,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // Beyond max_connections: one 503, then close.
   void reject_busy() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      openai::ApiError e;
-      e.status = 503;
-      e.type = "service_unavailable";
-      e.message = "Too many open connections; retry later.";
-      e.retry_after_s = 1;
-      self->keep_alive_ = false;
-      self->respond_error(e, /*close=*/true);
+      self->reply_.keep_alive = false;
+      self->respond(error_response(unavailable("Too many open connections; retry later.")));
     });
   }
 
   // The server is stopping: give up the request in flight and close.
   void shutdown() {
-    if (active_ && !active_->finished) {
-      active_->finished = true;
+    if (phase_ == Phase::Answering) {
+      active_->abandon();
       cancel_service();
     }
     close();
@@ -180,98 +172,49 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- events from the sink (on the strand) ----
 
-  void on_token(uint64_t seq, int id, Clock::time_point t) {
-    Exchange* ex = current(seq);
-    if (!ex) return;
-    if (ex->completion_tokens >= ex->params.max_tokens) {
-      if (!ex->warned_overflow)
-        spdlog::warn("request {}: the service sent more than max_tokens={} tokens; extra ignored",
-                     ex->request_id, ex->params.max_tokens);
-      ex->warned_overflow = true;
-      return;
-    }
-    if (ex->completion_tokens == 0) ex->first_token = t;
-    ex->last_token = t;
-    ++ex->completion_tokens;
-    ex->ids.push_back(id);
-
-    std::string piece;
-    if (ex->streamer) {
-      try {
-        piece = ex->streamer->put(id);
-      } catch (const std::exception& e) {
-        spdlog::warn("request {}: token {} cannot be decoded: {}", ex->request_id, id, e.what());
-      }
-    }
-    std::string out = ex->stop.push(piece);
-    if (ex->stop.stopped()) {
-      // Our stop string, not the service's: end now and stop the generation.
-      cancel_service();
-      finish_ok(FinishReason::Stop, out, t);
-      return;
-    }
-    if (!ex->params.stream) {
-      ex->text += out;
-      return;
-    }
-    // Without a tokenizer every token is news (its id); with one, only text is.
-    if (!out.empty() || !server_.tokenizer) {
-      std::string chunk = openai::sse_text_chunk(ex->meta, out, std::nullopt,
-                                                 ex->params.include_usage, ids_to_send(*ex));
-      ex->ids.clear();
-      stream_bytes(chunk, /*last=*/false);
-    }
+  void on_token(uint64_t request_id, int token_id, Clock::time_point t) {
+    if (answering(request_id)) apply(active_->on_token(token_id, t));
   }
 
-  void on_done(uint64_t seq, FinishReason reason, int prompt_tokens, Clock::time_point t) {
-    Exchange* ex = current(seq);
-    if (!ex) return;
-    if (reason == FinishReason::Cancelled) {
-      // Only we cancel, and then the exchange has already ended.
-      ServiceError e{ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1};
-      finish_error(openai::from_service_error(e));
-      return;
-    }
-    if (prompt_tokens > 0) ex->prompt_tokens = prompt_tokens;
-    std::string tail;
-    if (ex->streamer) {
-      try {
-        tail = ex->streamer->finish();
-      } catch (const std::exception& e) {
-        spdlog::warn("request {}: decoding the tail failed: {}", ex->request_id, e.what());
-      }
-    }
-    std::string out = ex->stop.push(tail);
-    if (ex->stop.stopped()) {
-      reason = FinishReason::Stop;
-    } else {
-      out += ex->stop.flush();
-    }
-    finish_ok(reason, out, t);
+  void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, Clock::time_point t) {
+    if (answering(request_id)) apply(active_->on_done(reason, prompt_tokens, t));
   }
 
-  void on_error(uint64_t seq, const ServiceError& e) {
-    if (!current(seq)) return;
-    finish_error(openai::from_service_error(e));
+  void on_error(uint64_t request_id, const ServiceError& e) {
+    if (answering(request_id)) apply(active_->on_error(e));
   }
 
  private:
-  Exchange* current(uint64_t seq) {
-    if (!active_ || active_->seq != seq || active_->finished) return nullptr;
-    return &*active_;
-  }
+  // Where the connection is: one state machine instead of a flag per concern.
+  // Alongside the phase the socket may have one write in flight (inflight_
+  // not empty) and, until a response is written, one read watching for the
+  // client going away (watching_).
+  enum class Phase {
+    ReadingRequest,  // reading a request, until its response or exchange starts
+    Answering,       // a completion exchange runs; its bytes go out as they come
+    Flushing,        // the response is complete; its last bytes are being written
+    Rearming,        // written; the watch read is being stopped, then the next request
+    Draining,        // after a closing response: half-closed, reading and discarding a moment
+    Closed,
+  };
 
-  const std::vector<int>* ids_to_send(const Exchange& ex) const {
-    return (ex.params.return_token_ids || !server_.tokenizer) ? &ex.ids : nullptr;
+  // How the current response goes on the wire.
+  struct Reply {
+    bool keep_alive = true;
+    bool chunked = true;  // a streamed body; HTTP/1.0 streams until close instead
+  };
+
+  bool answering(uint64_t request_id) const {
+    return phase_ == Phase::Answering && active_->request_id() == request_id;
   }
 
   // ---- reading requests ----
 
   void read_request() {
-    if (closed_) return;
+    if (phase_ == Phase::Closed) return;
+    phase_ = Phase::ReadingRequest;
     active_.reset();
-    response_complete_ = false;
-    close_after_response_ = false;
+    reply_ = {};
     parser_.emplace();
     parser_->header_limit(uint32_t(std::min<size_t>(server_.opt.max_header_bytes, UINT32_MAX)));
     parser_->body_limit(server_.opt.max_body_bytes);
@@ -282,13 +225,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_header(beast::error_code ec) {
-    if (closed_) return;
+    if (phase_ == Phase::Closed) return;
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
     if (auto len = parser_->content_length(); len && *len > server_.opt.max_body_bytes)
       return on_read_error(http::error::body_limit);
-    auto expect = req[http::field::expect];
-    if (beast::iequals(expect, "100-continue")) queue_bytes("HTTP/1.1 100 Continue\r\n\r\n");
+    if (beast::iequals(req[http::field::expect], "100-continue"))
+      send(http_framing::interim_continue());
     stream_.expires_after(seconds(server_.opt.read_timeout_s));
     http::async_read(
         stream_, buffer_, *parser_,
@@ -296,26 +239,24 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_body(beast::error_code ec) {
-    if (closed_) return;
+    if (phase_ == Phase::Closed) return;
     if (ec) return on_read_error(ec);
     req_ = parser_->release();
     parser_.reset();
-    keep_alive_ = req_.keep_alive();
+    reply_.keep_alive = req_.keep_alive();
     try {
       handle_request();
     } catch (const std::exception& e) {
       // A bug, not the client's fault; the connection must still get an answer.
       spdlog::error("http: handling {} {} failed: {}", std::string(req_.method_string()),
                     std::string(req_.target()), e.what());
-      openai::ApiError err;
-      err.status = 500;
-      err.type = "server_error";
-      err.message = "Internal server error.";
-      if (active_ && !active_->finished) {
+      const openai::ApiError err = server_error("Internal server error.");
+      if (phase_ == Phase::Answering) {
         cancel_service();
-        finish_error(err);
-      } else if (!response_complete_) {
-        respond_error(err, true);
+        apply(active_->fail(err));
+      } else if (phase_ == Phase::ReadingRequest) {
+        reply_.keep_alive = false;
+        respond(error_response(err));
       }
     }
   }
@@ -326,13 +267,13 @@ class Session : public std::enable_shared_from_this<Session> {
       // The client is done, or idle / too slow (the stream is already closed).
       return close();
     }
-    keep_alive_ = false;
+    reply_.keep_alive = false;
     if (ec == http::error::header_limit) {
       openai::ApiError e =
           openai::bad_request("The request headers are larger than " +
                               std::to_string(server_.opt.max_header_bytes) + " bytes.");
       e.status = 431;
-      return respond_error(e, true);
+      return respond(error_response(e));
     }
     if (ec == http::error::body_limit) {
       openai::ApiError e =
@@ -340,56 +281,27 @@ class Session : public std::enable_shared_from_this<Session> {
                                   std::to_string(server_.opt.max_body_bytes) + " bytes.",
                               {}, "request_too_large");
       e.status = 413;
-      if (parser_ && path_of(parser_->get().target()) == "/v1/completions")
+      if (parser_ && path_of(sv(parser_->get().target())) == kCompletionsPath)
         server_.metrics.request_finished(413);
-      return respond_error(e, true);
+      return respond(error_response(e));
     }
     if (is_http_parse_error(ec))
-      return respond_error(openai::bad_request("Malformed HTTP request: " + ec.message()), true);
+      return respond(
+          error_response(openai::bad_request("Malformed HTTP request: " + ec.message())));
     close();  // reset by peer and the like
   }
 
-  // ---- routing ----
+  // ---- answering ----
 
   void handle_request() {
-    std::string_view path = path_of(req_.target());
-    auto method = req_.method();
-    auto only = [&](http::verb v, const char* allow) {
-      if (method == v) return true;
-      openai::ApiError e =
-          openai::bad_request("Method " + std::string(req_.method_string()) +
-                              " is not allowed on " + std::string(path) + "; use " + allow + ".");
-      e.status = 405;
-      respond_error(e, false, {{"Allow", allow}});
-      return false;
-    };
-    if (path == "/v1/completions") {
-      if (only(http::verb::post, "POST")) handle_completions();
-    } else if (path == "/v1/models") {
-      if (only(http::verb::get, "GET"))
-        respond(200, openai::dump(openai::models_response(server_.model, server_.created)));
-    } else if (path == "/health") {
-      if (only(http::verb::get, "GET")) respond(200, R"({"status":"ok"})");
-    } else if (path == "/ready") {
-      if (!only(http::verb::get, "GET")) return;
-      if (server_.service.ready()) return respond(200, R"({"status":"ready"})");
-      openai::ApiError e;
-      e.status = 503;
-      e.type = "service_unavailable";
-      e.message = "No replica is ready to serve.";
-      e.retry_after_s = 1;
-      respond_error(e, false);
-    } else if (path == "/metrics") {
-      if (only(http::verb::get, "GET"))
-        respond(200, server_.metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
-    } else {
-      openai::ApiError e = openai::bad_request("Not found: " + std::string(path), {}, "not_found");
-      e.status = 404;
-      respond_error(e, false);
-    }
+    auto routed = route(sv(req_.method_string()), sv(req_.target()));
+    if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
+    const Endpoint endpoint = std::get<Endpoint>(routed);
+    if (endpoint == Endpoint::Completions) return start_completion();
+    respond(server_.answer(endpoint));
   }
 
-  void handle_completions() {
+  void start_completion() {
     const openai::ModelLimits& limits = server_.model;
     auto parsed = openai::parse_completion_request(req_.body(), limits);
     if (auto* e = std::get_if<openai::ApiError>(&parsed)) return reject(*e);
@@ -399,222 +311,81 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* e = std::get_if<openai::ApiError>(&prompt)) return reject(*e);
     std::vector<int>& ids = std::get<std::vector<int>>(prompt);
 
-    Exchange& ex = active_.emplace();
-    ex.seq = ++next_seq_;
-    ex.request_id = next_request_id();
-    ex.meta.id = openai::completion_id(server_.nonce, ex.request_id);
-    ex.meta.created = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-    ex.meta.model = limits.name;
-    ex.prompt_tokens = int(ids.size());
-    if (server_.tokenizer) ex.streamer.emplace(*server_.tokenizer);
-    ex.stop = StopStringFilter(params.stop);
-    ex.params = std::move(params);
-    // HTTP/1.0 has no chunked encoding: stream until close instead.
-    chunked_ = req_.version() >= 11;
-    if (ex.params.stream && !chunked_) keep_alive_ = false;
-
-    CompletionRequest r;
-    r.id = ex.request_id;
-    r.prompt = std::move(ids);
-    r.max_tokens = ex.params.max_tokens;
-    r.sampling.temperature = ex.params.temperature;
-    r.sampling.top_p = ex.params.top_p;
-    r.sampling.top_k = ex.params.top_k;
-    r.sampling.seed = ex.params.seed ? *ex.params.seed : mix64(server_.nonce ^ ex.request_id);
-    r.priority = ex.params.priority;
-    r.timeout_s = server_.opt.request_timeout_s;
-    r.ignore_eos = ex.params.ignore_eos;
-
-    if (server_.opt.request_timeout_s > 0) {
-      deadline_.expires_after(seconds(server_.opt.request_timeout_s + kDeadlineGraceS));
-      deadline_.async_wait([self = shared_from_this(), seq = ex.seq](beast::error_code ec) {
-        if (!ec) self->on_deadline(seq);
-      });
-    }
-    ex.submitted = Clock::now();
-    auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), ex.seq);
+    const uint64_t id = next_request_id();
+    reply_.chunked = req_.version() >= 11;
+    if (params.stream && !reply_.chunked) reply_.keep_alive = false;
+    // A seed that differs per request and per process, without a lock.
+    uint64_t seed_state = server_.nonce ^ id;
+    const uint64_t seed = splitmix64(seed_state);
+    CompletionRequest request =
+        service_request(id, params, std::move(ids), seed, server_.opt.request_timeout_s);
+    const int prompt_tokens = int(request.prompt.size());
+    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id), unix_now(), limits.name};
+    active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now());
+    phase_ = Phase::Answering;
+    auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), id);
     try {
-      server_.service.submit(std::move(r), std::move(sink));
+      server_.service.submit(std::move(request), std::move(sink));
     } catch (const std::exception& e) {
-      spdlog::error("request {}: submit failed: {}", ex.request_id, e.what());
-      openai::ApiError err;
-      err.status = 500;
-      err.type = "server_error";
-      err.message = "The request could not be submitted.";
-      return finish_error(err);
+      spdlog::error("request {}: submit failed: {}", id, e.what());
+      return apply(active_->fail(server_error("The request could not be submitted.")));
     }
     // The events may already be queued on our strand; they run after this
-    // handler, so the exchange is still ours here.
-    if (active_ && !active_->finished) start_monitor();
-  }
-
-  void on_deadline(uint64_t seq) {
-    Exchange* ex = current(seq);
-    if (!ex) return;
-    spdlog::warn("request {}: no result from the service within {} s; cancelling", ex->request_id,
-                 server_.opt.request_timeout_s);
-    cancel_service();
-    ServiceError e{ServiceErrorKind::Timeout,
-                   "The request did not finish within " +
-                       openai::dump(json(server_.opt.request_timeout_s)) + " seconds.",
-                   0};
-    finish_error(openai::from_service_error(e));
+    // handler, so the exchange is still running here.
+    start_watch();
   }
 
   // A completion request refused before submission.
   void reject(const openai::ApiError& e) {
     server_.metrics.request_finished(e.status);
-    respond_error(e, false);
+    respond(error_response(e));
   }
 
-  // ---- ending an exchange ----
-
-  void finish_ok(FinishReason reason, const std::string& tail, Clock::time_point end) {
-    Exchange& ex = *active_;
-    ex.finished = true;
-    deadline_.cancel();
-    openai::Usage usage{ex.prompt_tokens, ex.completion_tokens};
-    if (ex.params.stream) {
-      std::string bytes =
-          openai::sse_text_chunk(ex.meta, tail, reason, ex.params.include_usage, ids_to_send(ex));
-      if (ex.params.include_usage) bytes += openai::sse_usage_chunk(ex.meta, usage);
-      bytes += openai::sse_done();
-      stream_bytes(bytes, /*last=*/true);
-    } else {
-      ex.text += tail;
-      respond(200, openai::dump(openai::completion_response(ex.meta, ex.text, reason, usage,
-                                                            ids_to_send(ex))));
-    }
-    record(ex, 200, end);
+  // Does what the exchange says, in its order.
+  void apply(const ExchangeStep& step) {
+    if (step.cancel_service) cancel_service();
+    if (step.response) send(http_framing::response(*step.response, reply_.keep_alive));
+    if (step.start_stream) send(http_framing::stream_head(reply_.chunked, reply_.keep_alive));
+    send(http_framing::stream_data(step.events, reply_.chunked));
+    if (step.end_stream) send(http_framing::stream_end(reply_.chunked));
+    if (step.ends_response()) phase_ = Phase::Flushing;
+    if (step.finished) record(*step.finished, server_.metrics);
   }
 
-  void finish_error(const openai::ApiError& e) {
-    Exchange& ex = *active_;
-    ex.finished = true;
-    deadline_.cancel();
-    if (ex.params.stream && ex.headers_sent) {
-      stream_bytes(openai::sse_error(e) + openai::sse_done(), /*last=*/true);
-    } else {
-      respond_error(e, false);
-    }
-    record(ex, e.status, Clock::now());
-  }
-
-  void record(const Exchange& ex, int status, Clock::time_point end) {
-    Metrics& m = server_.metrics;
-    m.request_finished(status);
-    m.add_prompt_tokens(ex.prompt_tokens);
-    m.add_generation_tokens(ex.completion_tokens);
-    if (status != 200) return;
-    if (ex.completion_tokens > 0) {
-      m.observe_time_to_first_token(secs(ex.first_token - ex.submitted));
-      if (ex.completion_tokens > 1)
-        m.observe_time_per_output_token(secs(ex.last_token - ex.first_token) /
-                                        (ex.completion_tokens - 1));
-    }
-    m.observe_request_latency(secs(end - ex.submitted));
+  void respond(const Response& r) {
+    send(http_framing::response(r, reply_.keep_alive));
+    phase_ = Phase::Flushing;
   }
 
   void cancel_service() {
-    if (!active_ || active_->cancel_sent) return;
-    active_->cancel_sent = true;
     try {
-      server_.service.cancel(active_->request_id);
+      server_.service.cancel(active_->request_id());
     } catch (const std::exception& e) {
-      spdlog::error("request {}: cancel failed: {}", active_->request_id, e.what());
+      spdlog::error("request {}: cancel failed: {}", active_->request_id(), e.what());
     }
   }
 
   // The client went away (EOF, reset, a failed or stalled write).
   void client_gone() {
-    if (active_ && !active_->finished) {
-      active_->finished = true;
-      deadline_.cancel();
+    if (phase_ == Phase::Answering) {
       cancel_service();
-      server_.metrics.request_finished(499);
-      server_.metrics.add_prompt_tokens(active_->prompt_tokens);
-      server_.metrics.add_generation_tokens(active_->completion_tokens);
+      record(active_->abandon(), server_.metrics);
     }
     close();
   }
 
   // ---- writing ----
 
-  static std::string status_line(int status) {
-    auto reason = http::obsolete_reason(http::int_to_status(unsigned(status)));
-    return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason.data(), reason.size()) +
-           "\r\n";
-  }
-
-  using Headers = std::vector<std::pair<std::string, std::string>>;
-
-  void respond(int status, const std::string& body,
-               std::string_view content_type = "application/json", const Headers& extra = {},
-               bool close = false) {
-    close_after_response_ = close_after_response_ || close || !keep_alive_;
-    std::string out = status_line(status);
-    out += "Server: troupe\r\nContent-Type: ";
-    out += content_type;
-    out += "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-    for (const auto& [k, v] : extra) out += k + ": " + v + "\r\n";
-    out += close_after_response_ ? "Connection: close\r\n\r\n" : "Connection: keep-alive\r\n\r\n";
-    out += body;
-    response_complete_ = true;
-    queue_bytes(std::move(out));
-  }
-
-  void respond_error(const openai::ApiError& e, bool close, Headers extra = {}) {
-    if (e.retry_after_s > 0)
-      extra.emplace_back("Retry-After",
-                         std::to_string(openai::retry_after_header_seconds(e.retry_after_s)));
-    respond(e.status, openai::error_body(e), "application/json", extra, close);
-  }
-
-  // Streaming: the headers go out with the first bytes, so that an error
-  // before any token (429, 503) still gets its own status.
-  void stream_bytes(const std::string& data, bool last) {
-    Exchange& ex = *active_;
-    std::string out;
-    if (!ex.headers_sent) {
-      ex.headers_sent = true;
-      out = status_line(200);
-      out +=
-          "Server: troupe\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-          "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
-      out += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
-      out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-    }
-    if (chunked_) {
-      char size[20];
-      std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-      out += size;
-      out += data;
-      out += "\r\n";
-      if (last) out += "0\r\n\r\n";
-    } else {
-      out += data;
-    }
-    if (last) {
-      response_complete_ = true;
-      close_after_response_ = close_after_response_ || !keep_alive_;
-    }
-    queue_bytes(std::move(out));
-  }
-
-  // One write in flight at a time; what arrives meanwhile is coalesced, so a
-  // slow reader costs at most max_tokens chunks of memory.
-  void queue_bytes(std::string bytes) {
+  // One write in flight at a time; what arrives meanwhile is coalesced into
+  // the next one, so a slow reader costs at most one response of memory.
+  void send(std::string bytes) {
     out_ += bytes;
     kick_writer();
   }
 
   void kick_writer() {
-    if (writing_ || closed_ || out_.empty()) return;
-    writing_ = true;
+    if (!inflight_.empty() || phase_ == Phase::Closed || out_.empty()) return;
     inflight_.swap(out_);
-    out_.clear();
     stream_.expires_after(seconds(server_.opt.write_timeout_s));
     net::async_write(
         stream_, net::buffer(inflight_),
@@ -622,21 +393,19 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_written(beast::error_code ec) {
-    writing_ = false;
     inflight_.clear();
-    if (closed_) return;
+    if (phase_ == Phase::Closed) return;
     if (ec) return client_gone();
     if (!out_.empty()) return kick_writer();
-    if (response_complete_) end_response();
+    if (phase_ == Phase::Flushing) end_response();
   }
 
   void end_response() {
-    response_complete_ = false;
-    if (close_after_response_) return graceful_close();
-    if (monitor_pending_) {
+    if (!reply_.keep_alive) return graceful_close();
+    if (watching_) {
       // The watch read must end before the next request is read; whatever it
       // got is kept in buffer_.
-      resume_after_monitor_ = true;
+      phase_ = Phase::Rearming;
       beast::error_code ignored;
       stream_.socket().cancel(ignored);
       return;
@@ -644,29 +413,34 @@ class Session : public std::enable_shared_from_this<Session> {
     read_request();
   }
 
-  // ---- watching for disconnects while a request runs ----
+  // ---- watching for disconnects while a request is answered ----
 
-  void start_monitor() {
-    if (monitor_pending_ || closed_ || buffer_.size() >= kMaxPipelinedBytes) return;
-    monitor_pending_ = true;
+  void start_watch() {
+    if (phase_ != Phase::Answering || watching_ || buffer_.size() >= kMaxPipelinedBytes) return;
+    watching_ = true;
     stream_.expires_never();  // only the read side if a write is in flight
     stream_.async_read_some(
         buffer_.prepare(4096),
-        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_monitor(ec, n); });
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
-  void on_monitor(beast::error_code ec, size_t n) {
-    monitor_pending_ = false;
+  void on_watch(beast::error_code ec, size_t n) {
+    watching_ = false;
     buffer_.commit(n);
-    if (closed_) return;
-    if (draining_) return drain();
-    if (resume_after_monitor_) {
-      resume_after_monitor_ = false;
-      if (ec && ec != net::error::operation_aborted) return close();
-      return read_request();
+    switch (phase_) {
+      case Phase::Closed:
+      case Phase::ReadingRequest:
+        return;
+      case Phase::Draining:
+        return drain();
+      case Phase::Rearming:
+        if (ec && ec != net::error::operation_aborted) return close();
+        return read_request();
+      case Phase::Answering:
+      case Phase::Flushing:
+        if (ec) return client_gone();
+        return start_watch();  // pipelined bytes: kept for the next request
     }
-    if (ec) return client_gone();
-    start_monitor();  // pipelined bytes: keep them for the next request
   }
 
   // ---- closing ----
@@ -675,24 +449,22 @@ class Session : public std::enable_shared_from_this<Session> {
   // limit): half-close, then read and discard for a moment, so that the
   // client sees the response instead of a connection reset.
   void graceful_close() {
-    if (closed_) return;
+    if (phase_ == Phase::Closed) return;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    draining_ = true;
-    if (monitor_pending_) {
-      stream_.socket().cancel(ignored);  // on_monitor() continues with drain()
+    phase_ = Phase::Draining;
+    linger_until_ = Clock::now() + kLingerTime;
+    if (watching_) {
+      stream_.socket().cancel(ignored);  // on_watch() continues with drain()
       return;
     }
     drain();
   }
 
   void drain() {
-    if (closed_) return;
+    if (phase_ != Phase::Draining) return;
     if (drained_ > server_.opt.max_body_bytes + kMaxPipelinedBytes) return close();
-    if (!linger_started_) {
-      linger_started_ = true;
-      stream_.expires_after(kLingerTime);
-    }
+    stream_.expires_at(linger_until_);
     stream_.async_read_some(net::buffer(scratch_),
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
                               self->drained_ += n;
@@ -702,9 +474,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void close() {
-    if (closed_) return;
-    closed_ = true;
-    deadline_.cancel();
+    if (phase_ == Phase::Closed) return;
+    phase_ = Phase::Closed;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -712,20 +483,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   class Sink : public CompletionSink {
    public:
-    Sink(std::shared_ptr<Gate> gate, std::weak_ptr<Session> session, uint64_t seq)
-        : gate_(std::move(gate)), session_(std::move(session)), seq_(seq) {}
+    Sink(std::shared_ptr<Gate> gate, std::weak_ptr<Session> session, uint64_t request_id)
+        : gate_(std::move(gate)), session_(std::move(session)), request_id_(request_id) {}
 
     void on_token(int token_id) override {
-      deliver(
-          [seq = seq_, token_id, t = Clock::now()](Session& s) { s.on_token(seq, token_id, t); });
+      deliver([id = request_id_, token_id, t = Clock::now()](Session& s) {
+        s.on_token(id, token_id, t);
+      });
     }
     void on_done(FinishReason reason, int prompt_tokens, int) override {
-      deliver([seq = seq_, reason, prompt_tokens, t = Clock::now()](Session& s) {
-        s.on_done(seq, reason, prompt_tokens, t);
+      deliver([id = request_id_, reason, prompt_tokens, t = Clock::now()](Session& s) {
+        s.on_done(id, reason, prompt_tokens, t);
       });
     }
     void on_error(const ServiceError& error) override {
-      deliver([seq = seq_, error](Session& s) { s.on_error(seq, error); });
+      deliver([id = request_id_, error](Session& s) { s.on_error(id, error); });
     }
 
    private:
@@ -742,35 +514,50 @@ class Session : public std::enable_shared_from_this<Session> {
 
     std::shared_ptr<Gate> gate_;
     std::weak_ptr<Session> session_;
-    uint64_t seq_;
+    uint64_t request_id_;
   };
 
   HttpServer::Impl& server_;
   beast::tcp_stream stream_;
-  net::steady_timer deadline_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> req_;
-  std::optional<Exchange> active_;
-  uint64_t next_seq_ = 0;
-  std::string out_, inflight_;
+  Phase phase_ = Phase::ReadingRequest;
+  Reply reply_;
+  std::optional<CompletionExchange> active_;  // the request being answered
+  bool watching_ = false;                     // the watch read is in flight
+  std::string out_, inflight_;                // queued bytes; the bytes being written
+  Clock::time_point linger_until_;
   std::array<char, 4096> scratch_{};
   size_t drained_ = 0;
-  bool keep_alive_ = true;
-  bool chunked_ = true;
-  bool writing_ = false;
-  bool response_complete_ = false;
-  bool close_after_response_ = false;
-  bool monitor_pending_ = false;
-  bool resume_after_monitor_ = false;
-  bool draining_ = false;
-  bool linger_started_ = false;
-  bool closed_ = false;
 };
 
 }  // namespace
 
 // ---- HttpServer::Impl ----
+
+Response HttpServer::Impl::answer(Endpoint endpoint) {
+  Response r;
+  switch (endpoint) {
+    case Endpoint::Models:
+      r.body = openai::dump(openai::models_response(model, created));
+      break;
+    case Endpoint::Health:
+      r.body = R"({"status":"ok"})";
+      break;
+    case Endpoint::Ready:
+      if (!service.ready()) return error_response(unavailable("No replica is ready to serve."));
+      r.body = R"({"status":"ready"})";
+      break;
+    case Endpoint::Metrics:
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = metrics.render();
+      break;
+    case Endpoint::Completions:
+      throw std::logic_error("completions are an exchange, not an answer");
+  }
+  return r;
+}
 
 void HttpServer::Impl::run_io() {
   for (;;) {

@@ -12,10 +12,10 @@
 #include <optional>
 #include <string>
 
-#include "service/completion_service.h"
 #include "metrics/metrics.h"
-#include "text/tokenizer.h"
 #include "net/openai_api.h"
+#include "service/completion_service.h"
+#include "text/tokenizer.h"
 
 namespace troupe {
 
@@ -26,8 +26,8 @@ class HttpServer {
     uint16_t port = 8080;                 // 0: pick a free port (see port())
     size_t max_body_bytes = 1 << 20;      // larger bodies get 413
     size_t max_header_bytes = 16 * 1024;  // larger headers get 431
-    // Passed to the service as the request deadline; a request the service
-    // has not ended by then (plus a grace period) is cancelled here with 504.
+    // Each request's timeout_s for the service, which alone enforces it
+    // (the client gets 504 when it passes).
     double request_timeout_s = 120;
     // Reading one request (headers and body), and waiting idle on a
     // keep-alive connection: a slow or silent client is dropped after this.

@@ -1,4 +1,4 @@
-// `troupe serve` as a user runs it: a real process on 127.0.0.1, a real
+// `troupe serve` as a user runs it: a real process on 127.0.0.1, the shared
 // HTTP client, the bundled model.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "net/sse_parser.h"
 #include "support/test_support.h"
 
 namespace troupe {
@@ -35,7 +36,7 @@ class Server {
   }
   int port() const { return port_; }
   test::ChildProcess& process() { return *proc_; }
-  test::HttpResponse complete(const json& body, double timeout_s = 120) {
+  HttpResponse complete(const json& body, double timeout_s = 120) {
     return test::http_request(port_, "POST", "/v1/completions", body.dump(), timeout_s);
   }
 
@@ -55,12 +56,8 @@ std::string generate_text(const std::string& prompt, int max_tokens) {
 // The text of an SSE stream, checking its shape on the way.
 std::string sse_text(const std::string& body, std::string* finish = nullptr) {
   std::string text;
-  size_t pos = 0;
   bool done = false;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = body.find("\n\n", pos);
-    const std::string payload = body.substr(pos + 6, end - pos - 6);
-    pos = end;
+  for (const std::string& payload : sse_events(body)) {
     EXPECT_FALSE(done) << "data after [DONE]";
     if (payload == "[DONE]") {
       done = true;
@@ -125,7 +122,7 @@ TEST(Serve, BadInputsGetTheirStatusAndTheServerKeepsServing) {
   auto raw = [&](const std::string& body) {
     return test::http_request(s.port(), "POST", "/v1/completions", body);
   };
-  auto expect = [&](const test::HttpResponse& r, int status, const std::string& needle) {
+  auto expect = [&](const HttpResponse& r, int status, const std::string& needle) {
     EXPECT_EQ(r.status, status) << r.body;
     EXPECT_NE(r.body.find(needle), std::string::npos) << r.body;
     EXPECT_NO_THROW(json::parse(r.body)) << r.body;

@@ -110,13 +110,6 @@ CommandResult run_command(const std::vector<std::string>& argv, int timeout_s) {
 
 }  // namespace troupe::test
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <algorithm>
-#include <cctype>
-
 namespace troupe::test {
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
@@ -201,80 +194,25 @@ int ChildProcess::stop(double timeout_s) {
   return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
 }
 
-std::string HttpResponse::header(const std::string& name) const {
-  auto lower = [](std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-    return s;
-  };
-  const std::string h = lower(headers), n = lower(name) + ":";
-  size_t pos = 0;
-  while ((pos = h.find(n, pos)) != std::string::npos) {
-    if (pos == 0 || h[pos - 1] == '\n') {
-      size_t b = pos + n.size(), e = headers.find("\r\n", b);
-      std::string v = headers.substr(b, e - b);
-      v.erase(0, v.find_first_not_of(' '));
-      return v;
-    }
-    ++pos;
-  }
-  return "";
-}
-
 HttpResponse http_request(int port, const std::string& method, const std::string& target,
                           const std::string& body, double timeout_s,
-                          const std::string& extra_headers) {
-  HttpResponse r;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return r;
-  timeval tv{long(timeout_s), long((timeout_s - long(timeout_s)) * 1e6)};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return r;
-  }
-  std::string req = method + " " + target +
-                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
-  if (!body.empty() || method == "POST")
-    req +=
-        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  req += "\r\n" + body;
-  for (size_t sent = 0; sent < req.size();) {
-    const ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += size_t(n);
-  }
-  std::string raw;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    raw.append(buf, size_t(n));
-  }
-  close(fd);
-  const size_t split = raw.find("\r\n\r\n");
-  if (split == std::string::npos || raw.compare(0, 5, "HTTP/") != 0) return r;
-  r.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
-  r.headers = raw.substr(0, split + 2);
-  std::string rest = raw.substr(split + 4);
-  if (r.header("Transfer-Encoding").find("chunked") != std::string::npos) {
-    size_t pos = 0;
-    for (;;) {
-      const size_t eol = rest.find("\r\n", pos);
-      if (eol == std::string::npos) break;
-      const size_t len = std::strtoul(rest.c_str() + pos, nullptr, 16);
-      if (len == 0) break;
-      r.body.append(rest, eol + 2, len);
-      pos = eol + 2 + len + 2;
-    }
-  } else {
-    r.body = rest;
-  }
-  return r;
+                          const HttpHeaders& extra_headers) {
+  HttpClient client(loopback_client(port, timeout_s));
+  return client.request({.method = method,
+                         .target = target,
+                         .body = body,
+                         .headers = extra_headers,
+                         .keep_alive = false});
+}
+
+HttpClient::Options loopback_client(int port, double timeout_s, bool retry_stale) {
+  HttpClient::Options o;
+  o.host = "127.0.0.1";
+  o.port = std::to_string(port);
+  o.connect_timeout_s = timeout_s;
+  o.io_timeout_s = timeout_s;
+  o.retry_stale_connection = retry_stale;
+  return o;
 }
 
 }  // namespace troupe::test

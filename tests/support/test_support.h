@@ -1,8 +1,11 @@
 #pragma once
-// Helpers shared by the tests: paths to bundled data, temp dirs, running the CLI.
+// Helpers shared by the tests: paths to bundled data, temp dirs, running the
+// CLI, one HTTP request.
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "net/http_client.h"
 
 namespace troupe::test {
 
@@ -64,17 +67,16 @@ class ChildProcess {
   int status_ = 0;
 };
 
-struct HttpResponse {
-  int status = 0;
-  std::string headers;  // raw header block, lower-cased names not guaranteed
-  std::string body;     // de-chunked
-  std::string header(const std::string& name) const;  // case-insensitive, "" if absent
-};
-
-// One HTTP/1.1 request on a fresh connection to 127.0.0.1:port ("Connection:
-// close"); body de-chunked. status 0 when the connection failed.
+// One HTTP/1.1 request with the shared client (net/http_client.h) on a fresh
+// connection to 127.0.0.1:port ("Connection: close"); status 0 when no
+// response arrived.
 HttpResponse http_request(int port, const std::string& method, const std::string& target,
                           const std::string& body = "", double timeout_s = 60,
-                          const std::string& extra_headers = "");
+                          const HttpHeaders& extra_headers = {});
+
+// The shared client's options for 127.0.0.1:port, every wait bounded by
+// timeout_s. A server's own tests pass retry_stale = false, so that a
+// connection the server closed wrongly is not quietly replaced.
+HttpClient::Options loopback_client(int port, double timeout_s, bool retry_stale = true);
 
 }  // namespace troupe::test

@@ -1,0 +1,205 @@
+#include "net/completion_exchange.h"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+#include "metrics/metrics.h"
+
+namespace troupe {
+
+namespace {
+
+double seconds(CompletionExchange::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+void record(const ExchangeFigures& f, Metrics& m) {
+  m.request_finished(f.status);
+  m.add_prompt_tokens(f.prompt_tokens);
+  m.add_generation_tokens(f.completion_tokens);
+  if (f.ttft_s) m.observe_time_to_first_token(*f.ttft_s);
+  if (f.tpot_s) m.observe_time_per_output_token(*f.tpot_s);
+  if (f.latency_s) m.observe_request_latency(*f.latency_s);
+}
+
+CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionParams params,
+                                       openai::ResponseMeta meta, int prompt_tokens,
+                                       const Tokenizer* tokenizer, Clock::time_point submitted)
+    : request_id_(request_id),
+      params_(std::move(params)),
+      meta_(std::move(meta)),
+      prompt_tokens_(prompt_tokens),
+      has_tokenizer_(tokenizer != nullptr),
+      stop_(params_.stop),
+      submitted_(submitted) {
+  if (tokenizer) streamer_.emplace(*tokenizer);
+}
+
+ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {
+  if (finished()) return {};
+  if (completion_tokens_ >= params_.max_tokens) {
+    // A service bug must not make a response longer than the client allowed.
+    if (!warned_overflow_)
+      spdlog::warn("request {}: the service sent more than max_tokens={} tokens; extra ignored",
+                   request_id_, params_.max_tokens);
+    warned_overflow_ = true;
+    return {};
+  }
+  if (completion_tokens_ == 0) first_token_ = at;
+  last_token_ = at;
+  ++completion_tokens_;
+  ids_.push_back(token_id);
+
+  std::string out = stop_.push(decode(token_id));
+  if (stop_.stopped()) {
+    // Our stop string, not the service's: end now and stop the generation.
+    ExchangeStep step = finish_ok(FinishReason::Stop, out, at);
+    step.cancel_service = true;
+    return step;
+  }
+  if (!params_.stream) {
+    text_ += out;
+    return {};
+  }
+  // Without a tokenizer every token is news (its id); with one, only text is.
+  if (out.empty() && has_tokenizer_) return {};
+  std::string chunk =
+      openai::sse_text_chunk(meta_, out, std::nullopt, params_.include_usage, ids_to_send());
+  ids_.clear();
+  return stream(std::move(chunk), /*last=*/false);
+}
+
+ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens,
+                                         Clock::time_point at) {
+  if (finished()) return {};
+  if (reason == FinishReason::Cancelled) {
+    // Only this server cancels, and then the exchange has already ended.
+    return on_error({ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1});
+  }
+  if (prompt_tokens > 0) prompt_tokens_ = prompt_tokens;
+  std::string out = stop_.push(decode_tail());
+  if (stop_.stopped()) {
+    reason = FinishReason::Stop;
+  } else {
+    out += stop_.flush();
+  }
+  return finish_ok(reason, out, at);
+}
+
+ExchangeStep CompletionExchange::on_error(const ServiceError& error) {
+  return fail(openai::from_service_error(error));
+}
+
+ExchangeStep CompletionExchange::fail(const openai::ApiError& error) {
+  if (finished()) return {};
+  return finish_error(error);
+}
+
+ExchangeFigures CompletionExchange::abandon() {
+  state_ = State::Finished;
+  return figures(499, std::nullopt);
+}
+
+ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::string& tail,
+                                           Clock::time_point end) {
+  const openai::Usage usage{prompt_tokens_, completion_tokens_};
+  ExchangeStep step;
+  if (params_.stream) {
+    std::string events =
+        openai::sse_text_chunk(meta_, tail, reason, params_.include_usage, ids_to_send());
+    if (params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
+    events += openai::sse_done();
+    step = stream(std::move(events), /*last=*/true);
+  } else {
+    text_ += tail;
+    step.response.emplace();
+    step.response->body =
+        openai::dump(openai::completion_response(meta_, text_, reason, usage, ids_to_send()));
+  }
+  state_ = State::Finished;
+  step.finished = figures(200, end);
+  return step;
+}
+
+ExchangeStep CompletionExchange::finish_error(const openai::ApiError& error) {
+  ExchangeStep step;
+  if (state_ == State::Streaming) {
+    step = stream(openai::sse_error(error) + openai::sse_done(), /*last=*/true);
+  } else {
+    step.response = error_response(error);
+  }
+  state_ = State::Finished;
+  step.finished = figures(error.status, std::nullopt);
+  return step;
+}
+
+// The stream's header goes out with its first events, not at submission, so
+// that an error before any token (429, 503) still gets its own status.
+ExchangeStep CompletionExchange::stream(std::string events, bool last) {
+  ExchangeStep step;
+  step.start_stream = state_ == State::Waiting;
+  state_ = State::Streaming;
+  step.events = std::move(events);
+  step.end_stream = last;
+  return step;
+}
+
+ExchangeFigures CompletionExchange::figures(int status,
+                                            std::optional<Clock::time_point> end) const {
+  ExchangeFigures f;
+  f.status = status;
+  f.prompt_tokens = prompt_tokens_;
+  f.completion_tokens = completion_tokens_;
+  if (status != 200 || !end) return f;
+  if (completion_tokens_ > 0) f.ttft_s = seconds(first_token_ - submitted_);
+  if (completion_tokens_ > 1)
+    f.tpot_s = seconds(last_token_ - first_token_) / (completion_tokens_ - 1);
+  f.latency_s = seconds(*end - submitted_);
+  return f;
+}
+
+std::string CompletionExchange::decode(int token_id) {
+  if (!streamer_) return {};
+  try {
+    return streamer_->put(token_id);
+  } catch (const std::exception& e) {
+    spdlog::warn("request {}: token {} cannot be decoded: {}", request_id_, token_id, e.what());
+    return {};
+  }
+}
+
+std::string CompletionExchange::decode_tail() {
+  if (!streamer_) return {};
+  try {
+    return streamer_->finish();
+  } catch (const std::exception& e) {
+    spdlog::warn("request {}: decoding the tail failed: {}", request_id_, e.what());
+    return {};
+  }
+}
+
+const std::vector<int>* CompletionExchange::ids_to_send() const {
+  return (params_.return_token_ids || !has_tokenizer_) ? &ids_ : nullptr;
+}
+
+CompletionRequest service_request(uint64_t request_id, const openai::CompletionParams& params,
+                                  std::vector<int> prompt, uint64_t default_seed,
+                                  double timeout_s) {
+  CompletionRequest r;
+  r.id = request_id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = params.max_tokens;
+  r.sampling.temperature = params.temperature;
+  r.sampling.top_p = params.top_p;
+  r.sampling.top_k = params.top_k;
+  r.sampling.seed = params.seed ? *params.seed : default_seed;
+  r.priority = params.priority;
+  r.timeout_s = timeout_s;
+  r.ignore_eos = params.ignore_eos;
+  return r;
+}
+
+}  // namespace troupe

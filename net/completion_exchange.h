@@ -1,0 +1,103 @@
+#pragma once
+// One POST /v1/completions exchange, from the service's events to what the
+// client gets, as a pure unit: no sockets, no clock reads, no registry. The
+// session feeds it the service's events with the time each arrived and does
+// what the returned steps say: send these bytes, stop the generation, count
+// these figures.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "net/openai_api.h"
+#include "net/response.h"
+#include "service/completion_service.h"
+#include "text/stop_strings.h"
+#include "text/text_streamer.h"
+
+namespace troupe {
+
+class Metrics;
+
+// What /metrics counts for an exchange that ended.
+struct ExchangeFigures {
+  int status = 0;  // what the client got; 499: it went away first
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  // For a 200 only: time to the first token (with at least one), per output
+  // token after it (with at least two), and for the whole request.
+  std::optional<double> ttft_s, tpot_s, latency_s;
+};
+
+void record(const ExchangeFigures& figures, Metrics& metrics);
+
+// What the session does after one event, in this order: stop the service's
+// generation, send the response or the stream's bytes, count the figures.
+struct ExchangeStep {
+  bool cancel_service = false;  // our stop string ended it: stop generating
+  // A whole response: non-streaming, or an error before the stream started.
+  std::optional<Response> response;
+  bool start_stream = false;                // send the 200 event-stream header first
+  std::string events;                       // server-sent events to send ("" = nothing now)
+  bool end_stream = false;                  // these were the stream's last events
+  std::optional<ExchangeFigures> finished;  // the exchange ended
+
+  // The response is complete once these bytes are sent.
+  bool ends_response() const { return response.has_value() || end_stream; }
+};
+
+class CompletionExchange {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `tokenizer` may be null: then the text is "" and every token is sent as
+  // its id. `prompt_tokens` is the count the service was given.
+  CompletionExchange(uint64_t request_id, openai::CompletionParams params,
+                     openai::ResponseMeta meta, int prompt_tokens, const Tokenizer* tokenizer,
+                     Clock::time_point submitted);
+
+  // The service's events; after the exchange ended they change nothing.
+  ExchangeStep on_token(int token_id, Clock::time_point at);
+  ExchangeStep on_done(FinishReason reason, int prompt_tokens, Clock::time_point at);
+  ExchangeStep on_error(const ServiceError& error);
+  // The server's own failure (the submission threw, a handler broke).
+  ExchangeStep fail(const openai::ApiError& error);
+  // The client went away (or the server stops): ends the exchange; the
+  // figures count it as 499.
+  ExchangeFigures abandon();
+
+  uint64_t request_id() const { return request_id_; }
+  bool finished() const { return state_ == State::Finished; }
+
+ private:
+  ExchangeStep finish_ok(FinishReason reason, const std::string& tail, Clock::time_point end);
+  ExchangeStep finish_error(const openai::ApiError& error);
+  ExchangeStep stream(std::string events, bool last);
+  ExchangeFigures figures(int status, std::optional<Clock::time_point> end) const;
+  std::string decode(int token_id);
+  std::string decode_tail();
+  const std::vector<int>* ids_to_send() const;
+
+  uint64_t request_id_;
+  openai::CompletionParams params_;
+  openai::ResponseMeta meta_;
+  int prompt_tokens_;
+  bool has_tokenizer_;
+  std::optional<TextStreamer> streamer_;
+  StopStringFilter stop_;
+  Clock::time_point submitted_, first_token_, last_token_;
+  std::string text_;      // non-streaming: everything released so far
+  std::vector<int> ids_;  // streaming: ids not yet sent; non-streaming: all
+  int completion_tokens_ = 0;
+  // Waiting: nothing sent yet, so an error still gets its own status.
+  enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
+  bool warned_overflow_ = false;  // logged once per request
+};
+
+// The service's request for validated parameters and the prompt's ids; the
+// seed is `default_seed` unless the client chose one.
+CompletionRequest service_request(uint64_t request_id, const openai::CompletionParams& params,
+                                  std::vector<int> prompt, uint64_t default_seed, double timeout_s);
+
+}  // namespace troupe

@@ -1,0 +1,52 @@
+#include "net/router.h"
+
+#include <array>
+#include <string>
+
+namespace troupe {
+
+namespace {
+
+struct Route {
+  std::string_view path;
+  std::string_view method;
+  Endpoint endpoint;
+};
+
+constexpr std::array kRoutes = {
+    Route{kCompletionsPath, "POST", Endpoint::Completions},
+    Route{"/v1/models", "GET", Endpoint::Models},
+    Route{"/health", "GET", Endpoint::Health},
+    Route{"/ready", "GET", Endpoint::Ready},
+    Route{"/metrics", "GET", Endpoint::Metrics},
+};
+
+}  // namespace
+
+std::string_view path_of(std::string_view target) {
+  return target.substr(0, target.find('?'));
+}
+
+std::variant<Endpoint, Response> route(std::string_view method, std::string_view target) {
+  const std::string_view path = path_of(target);
+  std::string allow;
+  for (const Route& r : kRoutes) {
+    if (r.path != path) continue;
+    if (r.method == method) return r.endpoint;
+    if (!allow.empty()) allow += ", ";
+    allow += r.method;
+  }
+  if (allow.empty()) {
+    openai::ApiError e = openai::bad_request("Not found: " + std::string(path), {}, "not_found");
+    e.status = 404;
+    return error_response(e);
+  }
+  openai::ApiError e = openai::bad_request("Method " + std::string(method) + " is not allowed on " +
+                                           std::string(path) + "; use " + allow + ".");
+  e.status = 405;
+  Response r = error_response(e);
+  r.headers.emplace_back("Allow", allow);
+  return r;
+}
+
+}  // namespace troupe

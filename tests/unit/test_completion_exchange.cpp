@@ -1,0 +1,346 @@
+// CompletionExchange: the service's events in, the bytes for the client and
+// the figures for /metrics out, without a socket.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "metrics/metrics.h"
+#include "net/completion_exchange.h"
+#include "net/sse_parser.h"
+#include "support/test_support.h"
+#include "text/tokenizer.h"
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+using Clock = CompletionExchange::Clock;
+using std::chrono::milliseconds;
+
+const Tokenizer& fortune() {
+  static const Tokenizer tok = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  return tok;
+}
+
+// Generated ids: the text's pieces without BOS, as a model would produce them.
+std::vector<int> ids_of(const std::string& text) {
+  return fortune().encode(text, /*add_bos=*/false);
+}
+
+openai::CompletionParams params(int max_tokens, bool stream) {
+  openai::CompletionParams p;
+  p.model = "fortune";
+  p.max_tokens = max_tokens;
+  p.stream = stream;
+  return p;
+}
+
+openai::ResponseMeta meta() {
+  return {"cmpl-test", 1700000000, "fortune"};
+}
+
+const Clock::time_point t0{};
+
+CompletionExchange exchange(openai::CompletionParams p, const Tokenizer* tok = &fortune()) {
+  return CompletionExchange(7, std::move(p), meta(), /*prompt_tokens=*/4, tok, t0);
+}
+
+// Feeds `ids` one per millisecond from t0 + 10 ms; returns the steps.
+std::vector<ExchangeStep> feed(CompletionExchange& ex, const std::vector<int>& ids) {
+  std::vector<ExchangeStep> steps;
+  for (size_t i = 0; i < ids.size(); ++i)
+    steps.push_back(ex.on_token(ids[i], t0 + milliseconds(10 + int(i))));
+  return steps;
+}
+
+// The JSON payloads of the events in `steps`, in order.
+std::vector<std::string> events(const std::vector<ExchangeStep>& steps) {
+  std::string all;
+  for (const auto& s : steps) all += s.events;
+  return sse_events(all);
+}
+
+bool nothing(const ExchangeStep& s) {
+  return !s.cancel_service && !s.response && !s.start_stream && s.events.empty() && !s.end_stream &&
+         !s.finished;
+}
+
+TEST(CompletionExchange, NonStreamingAnswersOnceWithTextUsageAndFigures) {
+  const std::string text = " The meaning of life is a fool";
+  const std::vector<int> ids = ids_of(text);
+  ASSERT_GE(ids.size(), 4u);
+  CompletionExchange ex = exchange(params(int(ids.size()), false));
+  for (const ExchangeStep& s : feed(ex, ids)) EXPECT_TRUE(nothing(s));
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 5, t0 + milliseconds(100));
+  ASSERT_TRUE(done.response);
+  EXPECT_FALSE(done.start_stream || done.end_stream || done.cancel_service);
+  EXPECT_TRUE(done.ends_response());
+  EXPECT_EQ(done.response->status, 200);
+  EXPECT_EQ(done.response->content_type, "application/json");
+  const json j = json::parse(done.response->body);
+  EXPECT_EQ(j["id"], "cmpl-test");
+  EXPECT_EQ(j["choices"][0]["text"], fortune().decode(ids));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(j["choices"][0].contains("token_ids"));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5) << "the service's count wins";
+  EXPECT_EQ(j["usage"]["completion_tokens"], int(ids.size()));
+
+  ASSERT_TRUE(done.finished);
+  const ExchangeFigures& f = *done.finished;
+  EXPECT_EQ(f.status, 200);
+  EXPECT_EQ(f.prompt_tokens, 5);
+  EXPECT_EQ(f.completion_tokens, int(ids.size()));
+  EXPECT_DOUBLE_EQ(*f.ttft_s, 0.010);
+  EXPECT_DOUBLE_EQ(*f.tpot_s, 0.001);
+  EXPECT_DOUBLE_EQ(*f.latency_s, 0.100);
+  EXPECT_TRUE(ex.finished());
+  EXPECT_TRUE(nothing(ex.on_token(ids[0], t0)));
+  EXPECT_TRUE(nothing(ex.on_done(FinishReason::Stop, 1, t0)));
+  EXPECT_TRUE(nothing(ex.on_error({ServiceErrorKind::Internal, "late", 0})));
+}
+
+TEST(CompletionExchange, StreamingSendsTheHeaderOnceThenEventsThenDone) {
+  const std::vector<int> ids = ids_of(" Love is a fool");
+  openai::CompletionParams p = params(int(ids.size()), true);
+  p.include_usage = true;
+  CompletionExchange ex = exchange(p);
+  std::vector<ExchangeStep> steps = feed(ex, ids);
+  ASSERT_FALSE(steps[0].events.empty());
+  EXPECT_TRUE(steps[0].start_stream);
+  for (size_t i = 1; i < steps.size(); ++i) EXPECT_FALSE(steps[i].start_stream) << i;
+  for (const auto& s : steps) EXPECT_FALSE(s.response || s.end_stream || s.finished);
+  steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+  const ExchangeStep& last = steps.back();
+  EXPECT_TRUE(last.end_stream);
+  EXPECT_FALSE(last.start_stream || last.response);
+  ASSERT_TRUE(last.finished);
+  EXPECT_EQ(last.finished->prompt_tokens, 4) << "0 from the service keeps the submitted count";
+
+  const auto evs = events(steps);
+  ASSERT_GE(evs.size(), 3u);
+  EXPECT_EQ(evs.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 2 < evs.size(); ++i) {
+    const json c = json::parse(evs[i]);
+    EXPECT_TRUE(c["usage"].is_null()) << "include_usage: usage null on every chunk";
+    text += c["choices"][0]["text"].get<std::string>();
+    const bool final_chunk = i + 3 == evs.size();
+    EXPECT_EQ(c["choices"][0]["finish_reason"].is_null(), !final_chunk) << evs[i];
+  }
+  EXPECT_EQ(text, fortune().decode(ids));
+  const json usage = json::parse(evs[evs.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], int(ids.size()));
+}
+
+TEST(CompletionExchange, StopStringAcrossTokensEndsAndCancelsOnce) {
+  const std::string full = " The meaning of life is a fool and a fool";
+  const std::vector<int> ids = ids_of(full);
+  const std::string stop = "ng of li";
+  const std::string decoded = fortune().decode(ids);
+  const std::string want = decoded.substr(0, decoded.find(stop));
+  ASSERT_NE(decoded.find(stop), std::string::npos);
+  for (int id : ids)
+    ASSERT_EQ(fortune().decode({id}).find(stop), std::string::npos) << "spans tokens";
+  for (bool stream : {false, true}) {
+    openai::CompletionParams p = params(int(ids.size()), stream);
+    p.stop = {"never", stop};
+    CompletionExchange ex = exchange(p);
+    std::vector<ExchangeStep> steps = feed(ex, ids);
+    int cancels = 0, ends = 0;
+    for (const auto& s : steps) {
+      cancels += s.cancel_service;
+      ends += s.ends_response();
+    }
+    EXPECT_EQ(cancels, 1) << stream;
+    EXPECT_EQ(ends, 1) << stream;
+    EXPECT_TRUE(ex.finished());
+    EXPECT_TRUE(nothing(ex.on_done(FinishReason::Cancelled, 0, t0))) << "our own cancel's echo";
+    const ExchangeStep& end =
+        *std::find_if(steps.begin(), steps.end(), [](const auto& s) { return s.ends_response(); });
+    ASSERT_TRUE(end.finished);
+    EXPECT_EQ(end.finished->status, 200);
+    if (stream) {
+      const auto evs = events(steps);
+      std::string text;
+      for (size_t i = 0; i + 1 < evs.size(); ++i)
+        text += json::parse(evs[i])["choices"][0]["text"].get<std::string>();
+      EXPECT_EQ(text, want);
+      EXPECT_EQ(json::parse(evs[evs.size() - 2])["choices"][0]["finish_reason"], "stop");
+      EXPECT_EQ(evs.back(), "[DONE]");
+    } else {
+      const json j = json::parse(end.response->body);
+      EXPECT_EQ(j["choices"][0]["text"], want);
+      EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    }
+  }
+}
+
+TEST(CompletionExchange, HeldBackStopPrefixIsReleasedAtTheEnd) {
+  const std::vector<int> ids = ids_of(" A fool");
+  openai::CompletionParams p = params(int(ids.size()), false);
+  p.stop = {"fool!"};  // "fool" could start it, until the end says otherwise
+  CompletionExchange ex = exchange(p);
+  feed(ex, ids);
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0);
+  EXPECT_EQ(json::parse(done.response->body)["choices"][0]["text"], fortune().decode(ids));
+  EXPECT_FALSE(done.cancel_service);
+}
+
+TEST(CompletionExchange, WithoutTokenizerEveryTokenIsSentAsItsId) {
+  const std::vector<int> ids = {300, 301, 302};
+  CompletionExchange streamed = exchange(params(3, true), nullptr);
+  auto steps = feed(streamed, ids);
+  for (const auto& s : steps) EXPECT_FALSE(s.events.empty()) << "each token is news";
+  steps.push_back(streamed.on_done(FinishReason::Length, 0, t0));
+  std::vector<int> got;
+  for (const auto& ev : events(steps)) {
+    if (ev == "[DONE]") continue;
+    const json c = json::parse(ev);
+    EXPECT_EQ(c["choices"][0]["text"], "");
+    for (int id : c["choices"][0]["token_ids"]) got.push_back(id);
+  }
+  EXPECT_EQ(got, ids);
+
+  CompletionExchange whole = exchange(params(3, false), nullptr);
+  feed(whole, ids);
+  const json j = json::parse(whole.on_done(FinishReason::Length, 0, t0).response->body);
+  EXPECT_EQ(j["choices"][0]["text"], "");
+  EXPECT_EQ(j["choices"][0]["token_ids"], json(ids));
+}
+
+TEST(CompletionExchange, ReturnTokenIdsWithATokenizer) {
+  const std::vector<int> ids = ids_of(" Never trust");
+  openai::CompletionParams p = params(int(ids.size()), false);
+  p.return_token_ids = true;
+  CompletionExchange ex = exchange(p);
+  feed(ex, ids);
+  const json j = json::parse(ex.on_done(FinishReason::Length, 0, t0).response->body);
+  EXPECT_EQ(j["choices"][0]["token_ids"], json(ids));
+  EXPECT_EQ(j["choices"][0]["text"], fortune().decode(ids));
+}
+
+TEST(CompletionExchange, ErrorBeforeTheStreamStartedHasItsOwnStatus) {
+  for (bool stream : {false, true}) {
+    CompletionExchange ex = exchange(params(5, stream));
+    const ExchangeStep s = ex.on_error({ServiceErrorKind::QueueFull, "queue full", 2.5});
+    ASSERT_TRUE(s.response) << stream;
+    EXPECT_FALSE(s.start_stream);
+    EXPECT_TRUE(s.events.empty());
+    EXPECT_EQ(s.response->status, 429);
+    EXPECT_EQ(json::parse(s.response->body)["error"]["message"], "queue full");
+    ASSERT_EQ(s.response->headers.size(), 1u);
+    EXPECT_EQ(s.response->headers[0], (std::pair<std::string, std::string>{"Retry-After", "3"}));
+    ASSERT_TRUE(s.finished);
+    EXPECT_EQ(s.finished->status, 429);
+    EXPECT_FALSE(s.finished->ttft_s || s.finished->tpot_s || s.finished->latency_s);
+    EXPECT_TRUE(ex.finished());
+  }
+}
+
+TEST(CompletionExchange, ErrorAfterTheStreamStartedIsAnEvent) {
+  const std::vector<int> ids = ids_of(" Boom boom");
+  CompletionExchange ex = exchange(params(20, true));
+  auto steps = feed(ex, ids);
+  steps.push_back(ex.on_error({ServiceErrorKind::Internal, "replica exploded", 0}));
+  const ExchangeStep& last = steps.back();
+  EXPECT_FALSE(last.response);
+  EXPECT_FALSE(last.start_stream);
+  EXPECT_TRUE(last.end_stream);
+  const auto evs = events(steps);
+  ASSERT_GE(evs.size(), 2u);
+  EXPECT_EQ(evs.back(), "[DONE]");
+  const json err = json::parse(evs[evs.size() - 2]);
+  EXPECT_EQ(err["error"]["message"], "replica exploded");
+  EXPECT_EQ(err["error"]["status"], 500);
+  ASSERT_TRUE(last.finished);
+  EXPECT_EQ(last.finished->status, 500);
+  EXPECT_EQ(last.finished->completion_tokens, int(ids.size()));
+}
+
+TEST(CompletionExchange, ServerFailuresAndCancellation) {
+  CompletionExchange cancelled = exchange(params(5, false));
+  const ExchangeStep c = cancelled.on_done(FinishReason::Cancelled, 0, t0);
+  ASSERT_TRUE(c.response);
+  EXPECT_EQ(c.response->status, 503);
+  EXPECT_EQ(c.finished->status, 503);
+
+  openai::ApiError broken;
+  broken.status = 500;
+  broken.type = "server_error";
+  broken.message = "The request could not be submitted.";
+  CompletionExchange failed = exchange(params(5, true));
+  const ExchangeStep f = failed.fail(broken);
+  ASSERT_TRUE(f.response);
+  EXPECT_EQ(f.response->status, 500);
+  EXPECT_TRUE(nothing(failed.fail(broken))) << "once ended, it stays ended";
+}
+
+TEST(CompletionExchange, ClientGoneCountsAs499) {
+  CompletionExchange ex = exchange(params(10, true));
+  feed(ex, ids_of(" A fool"));
+  const ExchangeFigures f = ex.abandon();
+  EXPECT_EQ(f.status, 499);
+  EXPECT_EQ(f.prompt_tokens, 4);
+  EXPECT_EQ(f.completion_tokens, int(ids_of(" A fool").size()));
+  EXPECT_FALSE(f.ttft_s || f.tpot_s || f.latency_s);
+  EXPECT_TRUE(ex.finished());
+  EXPECT_TRUE(nothing(ex.on_token(400, t0)));
+}
+
+TEST(CompletionExchange, TokensPastMaxTokensAreIgnored) {
+  const std::vector<int> ids = ids_of(" The meaning of life is a fool");
+  ASSERT_GT(ids.size(), 3u);
+  for (bool stream : {false, true}) {
+    CompletionExchange ex = exchange(params(3, stream));
+    auto steps = feed(ex, ids);
+    for (size_t i = 3; i < steps.size(); ++i) EXPECT_TRUE(nothing(steps[i])) << i;
+    const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0 + milliseconds(90));
+    EXPECT_EQ(done.finished->completion_tokens, 3);
+    const std::vector<int> first3(ids.begin(), ids.begin() + 3);
+    if (!stream) {
+      const json j = json::parse(done.response->body);
+      EXPECT_EQ(j["choices"][0]["text"], fortune().decode(first3));
+      EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+    }
+  }
+}
+
+TEST(CompletionExchange, ServiceRequestCarriesTheParameters) {
+  openai::CompletionParams p = params(12, true);
+  p.temperature = 0.5f;
+  p.top_p = 0.9f;
+  p.top_k = 40;
+  p.priority = 1;
+  p.ignore_eos = true;
+  CompletionRequest r = service_request(9, p, {1, 2, 3}, /*default_seed=*/77, 2.5);
+  EXPECT_EQ(r.id, 9u);
+  EXPECT_EQ(r.prompt, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(r.max_tokens, 12);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_EQ(r.sampling.seed, 77u);
+  EXPECT_EQ(r.priority, 1);
+  EXPECT_DOUBLE_EQ(r.timeout_s, 2.5);
+  EXPECT_TRUE(r.ignore_eos);
+  p.seed = 5;
+  EXPECT_EQ(service_request(9, p, {}, 77, 0).sampling.seed, 5u) << "the client's seed wins";
+}
+
+TEST(CompletionExchange, RecordCountsTheFigures) {
+  Metrics m;
+  record({200, 5, 3, 0.01, 0.002, 0.05}, m);
+  record({499, 2, 1, std::nullopt, std::nullopt, std::nullopt}, m);
+  const std::string t = m.render();
+  EXPECT_NE(t.find("troupe_requests_total{status=\"200\"} 1"), std::string::npos) << t;
+  EXPECT_NE(t.find("troupe_requests_total{status=\"499\"} 1"), std::string::npos);
+  EXPECT_NE(t.find("troupe_prompt_tokens_total 7"), std::string::npos);
+  EXPECT_NE(t.find("troupe_generation_tokens_total 4"), std::string::npos);
+  EXPECT_NE(t.find("troupe_time_to_first_token_seconds_count 1"), std::string::npos);
+  EXPECT_NE(t.find("troupe_time_per_output_token_seconds_count 1"), std::string::npos);
+  EXPECT_NE(t.find("troupe_request_latency_seconds_count 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe

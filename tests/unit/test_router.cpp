@@ -1,0 +1,65 @@
+// Routing: path and method to an endpoint, or the 404/405 to send.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "net/router.h"
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+
+Endpoint endpoint(std::string_view method, std::string_view target) {
+  auto r = route(method, target);
+  if (auto* e = std::get_if<Endpoint>(&r)) return *e;
+  ADD_FAILURE() << method << " " << target << " got " << std::get<Response>(r).status;
+  return Endpoint::Health;
+}
+
+Response refusal(std::string_view method, std::string_view target) {
+  auto r = route(method, target);
+  if (auto* resp = std::get_if<Response>(&r)) return *resp;
+  ADD_FAILURE() << method << " " << target << " was routed";
+  return {};
+}
+
+TEST(Router, EveryEndpointWithItsMethod) {
+  EXPECT_EQ(endpoint("POST", "/v1/completions"), Endpoint::Completions);
+  EXPECT_EQ(endpoint("GET", "/v1/models"), Endpoint::Models);
+  EXPECT_EQ(endpoint("GET", "/health"), Endpoint::Health);
+  EXPECT_EQ(endpoint("GET", "/ready"), Endpoint::Ready);
+  EXPECT_EQ(endpoint("GET", "/metrics"), Endpoint::Metrics);
+  EXPECT_EQ(endpoint("GET", "/metrics?name=x"), Endpoint::Metrics) << "the query is no part";
+}
+
+TEST(Router, UnknownPathIs404) {
+  const Response r = refusal("GET", "/nope?x=1");
+  EXPECT_EQ(r.status, 404);
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["error"]["message"], "Not found: /nope");
+  EXPECT_EQ(j["error"]["code"], "not_found");
+  EXPECT_TRUE(r.headers.empty());
+  EXPECT_EQ(refusal("GET", "/v1/completions/").status, 404) << "paths match exactly";
+}
+
+TEST(Router, WrongMethodIs405WithAllow) {
+  const Response r = refusal("GET", "/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(json::parse(r.body)["error"]["message"],
+            "Method GET is not allowed on /v1/completions; use POST.");
+  ASSERT_EQ(r.headers.size(), 1u);
+  EXPECT_EQ(r.headers[0], (std::pair<std::string, std::string>{"Allow", "POST"}));
+  const Response d = refusal("DELETE", "/health");
+  EXPECT_EQ(d.status, 405);
+  EXPECT_EQ(d.headers[0].second, "GET");
+}
+
+TEST(Router, PathOf) {
+  EXPECT_EQ(path_of("/a/b?c=d?e"), "/a/b");
+  EXPECT_EQ(path_of("/a"), "/a");
+  EXPECT_EQ(path_of(""), "");
+}
+
+}  // namespace
+}  // namespace troupe
