@@ -21,7 +21,7 @@
 
 #include "net/completion_exchange.h"
 #include "net/http_framing.h"
-#include "net/router.h"
+#include "net/endpoints.h"
 #include "util/rng.h"
 
 namespace troupe {

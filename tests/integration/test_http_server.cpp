@@ -20,6 +20,7 @@
 #include "net/http_client.h"
 #include "net/http_server.h"
 #include "net/sse_parser.h"
+#include "support/process_support.h"
 #include "support/test_support.h"
 #include "text/tokenizer.h"
 

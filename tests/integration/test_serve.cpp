@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "net/sse_parser.h"
+#include "support/process_support.h"
 #include "support/test_support.h"
 
 namespace troupe {

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "net/router.h"
+#include "net/endpoints.h"
 
 namespace troupe {
 namespace {
@@ -24,7 +24,7 @@ Response refusal(std::string_view method, std::string_view target) {
   return {};
 }
 
-TEST(Router, EveryEndpointWithItsMethod) {
+TEST(Endpoints, EveryEndpointWithItsMethod) {
   EXPECT_EQ(endpoint("POST", "/v1/completions"), Endpoint::Completions);
   EXPECT_EQ(endpoint("GET", "/v1/models"), Endpoint::Models);
   EXPECT_EQ(endpoint("GET", "/health"), Endpoint::Health);
@@ -33,7 +33,7 @@ TEST(Router, EveryEndpointWithItsMethod) {
   EXPECT_EQ(endpoint("GET", "/metrics?name=x"), Endpoint::Metrics) << "the query is no part";
 }
 
-TEST(Router, UnknownPathIs404) {
+TEST(Endpoints, UnknownPathIs404) {
   const Response r = refusal("GET", "/nope?x=1");
   EXPECT_EQ(r.status, 404);
   const json j = json::parse(r.body);
@@ -43,7 +43,7 @@ TEST(Router, UnknownPathIs404) {
   EXPECT_EQ(refusal("GET", "/v1/completions/").status, 404) << "paths match exactly";
 }
 
-TEST(Router, WrongMethodIs405WithAllow) {
+TEST(Endpoints, WrongMethodIs405WithAllow) {
   const Response r = refusal("GET", "/v1/completions");
   EXPECT_EQ(r.status, 405);
   EXPECT_EQ(json::parse(r.body)["error"]["message"],
@@ -55,7 +55,7 @@ TEST(Router, WrongMethodIs405WithAllow) {
   EXPECT_EQ(d.headers[0].second, "GET");
 }
 
-TEST(Router, PathOf) {
+TEST(Endpoints, PathOf) {
   EXPECT_EQ(path_of("/a/b?c=d?e"), "/a/b");
   EXPECT_EQ(path_of("/a"), "/a");
   EXPECT_EQ(path_of(""), "");

@@ -1,4 +1,4 @@
-#include "net/router.h"
+#include "net/endpoints.h"
 
 #include <array>
 #include <string>
