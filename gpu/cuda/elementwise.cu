@@ -166,7 +166,7 @@ void silu_mul(const float* gate_up, int rows, int hidden, void* out, DType out_t
 
 void sum_ranks(const float* gathered, int ranks, size_t n, float* out, cudaStream_t stream) {
   const int blocks = int(std::min<size_t>((n + 255) / 256, 4096));
-  sum_ranks_kernel < < <blocks> 0 ? blocks : 1, 256, 0, stream >>> (gathered, ranks, n, out);
+  sum_ranks_kernel<<<std::max(blocks, 1), 256, 0, stream>>>(gathered, ranks, n, out);
   check_launch("sum_ranks");
 }
 
