@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,14 @@
 #include "util/rng.h"
 
 namespace troupe::test {
+
+// A file of the repository: under $TROUPE_SOURCE_DIR when set (a build
+// carried to a GPU machine, where the checkout lives elsewhere), else under
+// the source directory compiled in.
+inline std::filesystem::path repo_file(const std::filesystem::path& relative) {
+  const char* root = std::getenv("TROUPE_SOURCE_DIR");
+  return std::filesystem::path(root && *root ? root : TROUPE_SOURCE_DIR) / relative;
+}
 
 class CudaTest : public ::testing::Test {
  protected:

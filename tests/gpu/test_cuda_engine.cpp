@@ -40,8 +40,9 @@ std::vector<int> greedy(StepEngine& engine, const std::vector<int>& prompt, int 
 }
 
 TEST_F(CudaTest, Stories260KGreedyIdsMatchTheReference) {
-  const Checkpoint ck = load_checkpoint(model_path("stories260K") / "stories260K.bin");
-  const auto ref = nlohmann::json::parse(read_file(data_path("stories260K_expected.json")));
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
+  const auto ref =
+      nlohmann::json::parse(read_file(repo_file("tests/data/stories260K_expected.json")));
   for (bool graphs : {false, true}) {
     auto engine = make_cuda_engine(ck, DType::F32, small_options(graphs));
     for (const auto& c : ref["cases"]) {
@@ -84,7 +85,7 @@ TEST_F(CudaTest, Random110mLogitsMatchTheCpu) {
 // Several sequences stepped together (prefill chunks and decode tokens in one
 // step) give the ids each gets on the CPU engine.
 TEST_F(CudaTest, RaggedBatchesMatchTheCpuEngine) {
-  const Checkpoint ck = load_checkpoint(model_path("stories260K") / "stories260K.bin");
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
   Engine cpu(std::make_shared<const Model>(ck, DType::F32), EngineOptions{2, 16, 2048});
   for (bool graphs : {false, true}) {
     auto gpu = make_cuda_engine(ck, DType::F32, small_options(graphs));
@@ -148,7 +149,7 @@ TEST_F(CudaTest, DeterministicModeIsBatchInvariant) {
 // Seeded sampling replays: the same seed gives the same ids, and a sequence
 // resumed after n tokens (generated = n) continues as if it had not stopped.
 TEST_F(CudaTest, SeededSamplingReplaysAndResumes) {
-  const Checkpoint ck = load_checkpoint(model_path("stories260K") / "stories260K.bin");
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
   auto gpu = make_cuda_engine(ck, DType::F32, small_options(true));
   auto run = [&](uint64_t seq, int n, int resume_at) {
     SlotBook book(64);
@@ -171,7 +172,7 @@ TEST_F(CudaTest, SeededSamplingReplaysAndResumes) {
 }
 
 TEST_F(CudaTest, PoolRefusesWhatDoesNotFit) {
-  const Checkpoint ck = load_checkpoint(model_path("stories260K") / "stories260K.bin");
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
   CudaEngineOptions o = small_options(false);
   o.blocks = 2000000000;  // ~ 10 TB of KV cache
   try {
@@ -185,7 +186,7 @@ TEST_F(CudaTest, PoolRefusesWhatDoesNotFit) {
 }
 
 TEST_F(CudaTest, StepErrorsNameTheProblemAndLeaveTheEngineUsable) {
-  const Checkpoint ck = load_checkpoint(model_path("stories260K") / "stories260K.bin");
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
   auto gpu = make_cuda_engine(ck, DType::F32, small_options(true));
   SlotBook book(64);
   StepItem bad = book.next(0, {1, 600});
