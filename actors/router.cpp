@@ -65,6 +65,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->table = std::make_unique<RequestTable>(
       options.table, make_routing_policy(options.routing_policy, options.routing_seed),
       *st->channel);
+  st->table->on_replicas_changed([st = st.get()] { publish(*st); });
   publish(*st);
   self->send(self, rtick_atom::value);
   // Shutdown: nothing accepted ends in silence.

@@ -224,6 +224,7 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
 void RequestTable::replica_up(int replica, double now) {
   if (replica < 0 || size_t(replica) >= replicas_.size()) return;
   replicas_[size_t(replica)] = ReplicaView{true, false, 0, 0, 0};
+  if (replicas_changed_) replicas_changed_();
   dispatch(now);
 }
 
@@ -231,6 +232,7 @@ size_t RequestTable::replica_down(int replica, bool permanent, double now) {
   if (replica < 0 || size_t(replica) >= replicas_.size()) return 0;
   ReplicaView& rep = replicas_[size_t(replica)];
   rep = ReplicaView{false, permanent, 0, 0, 0};
+  if (replicas_changed_) replicas_changed_();
   std::vector<uint64_t> orphans;
   for (auto& [id, r] : requests_)
     if (r.replica == replica) orphans.push_back(id);

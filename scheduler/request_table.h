@@ -12,6 +12,7 @@
 // that replica's devices, and ending a request there frees them.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,10 @@ class RequestTable {
   void tick(double now);
   // Everything still open ends with Unavailable(why).
   void shutdown(const std::string& why);
+  // Called whenever a replica comes up or goes down, before any request is
+  // told about it: whoever shows readiness (the router's /ready) is never
+  // behind what a client has already heard.
+  void on_replicas_changed(std::function<void()> fn) { replicas_changed_ = std::move(fn); }
 
   struct ReplicaView {
     bool live = false;
@@ -120,6 +125,7 @@ class RequestTable {
   std::deque<uint64_t> resume_;  // requests of dead replicas, served first
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<ReplicaView> replicas_;
+  std::function<void()> replicas_changed_;
 };
 
 }  // namespace troupe

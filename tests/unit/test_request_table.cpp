@@ -292,6 +292,23 @@ TEST(RequestTable, WhenEveryReplicaIsGivenUpEverythingEndsAndNewRequestsAreRefus
   EXPECT_EQ(t.table->size(), 0u);
 }
 
+// Readiness is published before any client hears of a replica's death:
+// a client that got its 503 never finds /ready still saying yes.
+TEST(RequestTable, ReplicaChangesAreAnnouncedBeforeRequestsEnd) {
+  Table t(1);
+  std::vector<std::string> order;
+  auto s = std::make_shared<RecordingSink>();
+  t.table->on_replicas_changed([&] {
+    order.push_back("changed, live " + std::to_string(t.table->live_replicas()) +
+                    (s->finished() ? ", request ended" : ""));
+  });
+  t.table->replica_up(0, 0);
+  t.table->submit(request(1), s, 0);
+  t.table->replica_down(0, true, 0);
+  ASSERT_TRUE(s->error());
+  EXPECT_EQ(order, (std::vector<std::string>{"changed, live 1", "changed, live 0"}));
+}
+
 TEST(RequestTable, ShutdownEndsEverythingOnceWithAReason) {
   Table t(1, 1);
   t.table->replica_up(0, 0);
