@@ -15,11 +15,20 @@ constexpr int kSchedulerThreads = 2;
 
 ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> engines,
                            Metrics* metrics)
+    : ActorRuntime(
+          config, engines->model(),
+          [engines](int, const EngineSpec& spec) {
+            const EngineSpec resolved = engines->resolve(spec);
+            return ReplicaEngine{engines->factory(resolved), resolved};
+          },
+          metrics) {}
+
+ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, EngineSource engine_for,
+                           Metrics* metrics)
     : replicas_(config.parallel.replicas),
       router_shared_(std::make_shared<RouterShared>()),
       supervisor_shared_(std::make_shared<SupervisorShared>(config.parallel.replicas)) {
   validate_config(config);
-  const ModelConfig& model = engines->model();
   validate_layout_for_model(config, model);
   const BatchLimits limits{config.batching.max_batch_sequences, config.batching.max_batch_tokens,
                            config.batching.prefill_chunk_tokens};
@@ -27,14 +36,14 @@ ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> 
   so.max_restarts = config.supervision.max_restarts;
   so.window_s = config.supervision.within_s;
   for (int r = 0; r < replicas_; ++r) {
-    EngineSpec spec = engines->resolve(engine_spec(config, model, r));
+    ReplicaEngine engine = engine_for(r, engine_spec(config, model, r));
+    const EngineSpec& spec = engine.spec;
     const int ctx_blocks = (model.max_seq_len + spec.block_tokens - 1) / spec.block_tokens;
     if (spec.blocks < ctx_blocks)
       throw std::invalid_argument("kv_cache holds " + std::to_string(spec.blocks) +
                                   " blocks per device, fewer than one full-context sequence "
                                   "needs (" +
                                   std::to_string(ctx_blocks) + ")");
-    stage_layers_.push_back(spec.stage_layers);
     BatcherOptions b;
     b.scheduler.replica = r;
     b.scheduler.kv_blocks = spec.blocks;
@@ -44,7 +53,8 @@ ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> 
     b.scheduler.stop = StopRule{model.eos_ids, model.max_seq_len};
     b.scheduler.bos = model.bos_id;
     ReplicaScheduler check(b.scheduler);  // bad limits fail here, not in an actor
-    b.engine = engines->factory(std::move(spec));
+    stage_layers_.push_back(spec.stage_layers);
+    b.engine = std::move(engine.factory);
     b.metrics = metrics;
     so.batchers.push_back(std::move(b));
   }

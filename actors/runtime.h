@@ -31,6 +31,16 @@ class ActorRuntime : public CompletionService {
   // not fit (the layout, the KV cache, a memory cap) before anything starts.
   ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> engines,
                Metrics* metrics = nullptr);
+  // The same with engines from elsewhere (tests: scripted engines): replica
+  // r's engine is engine_for(r, its spec from the config), which returns the
+  // factory and the spec as it resolved it.
+  struct ReplicaEngine {
+    EngineFactory factory;
+    EngineSpec spec;
+  };
+  using EngineSource = std::function<ReplicaEngine(int replica, const EngineSpec& spec)>;
+  ActorRuntime(const Config& config, const ModelConfig& model, EngineSource engine_for,
+               Metrics* metrics = nullptr);
   ~ActorRuntime() override;
 
   void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) override;
