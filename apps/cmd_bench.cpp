@@ -15,15 +15,13 @@ namespace {
 
 struct BenchOptions {
   ConfigFlags config;
-  std::string model;
+  EngineFlags engine;
   std::string preset;
-  std::string dtype;
-  int threads = 0;
   std::string batches = "1,8,32";
   int prompt_len = 256;
   int decode_tokens = 32;
   int repeats = 3;
-  int pipeline = 0, tensor = 0, microbatches = 0, groups = 0;  // 0: from the config
+  int microbatches = 0, groups = 0;
   bool json = false;
   std::string isa;
   serving_bench::ServingBenchOptions serving;
@@ -76,8 +74,6 @@ void run_bench(const BenchOptions& o) {
   for (const auto* opt : o.serving_only)
     if (opt->count() > 0)
       throw UsageError(opt->get_name() + " is a serving-mode option; it needs --url");
-  if (!o.dtype.empty() && !parse_dtype(o.dtype))
-    throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
   if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
   if (o.decode_tokens < 1) throw UsageError("--decode-tokens must be at least 1");
   if (!o.isa.empty()) {
@@ -90,18 +86,11 @@ void run_bench(const BenchOptions& o) {
     else
       throw UsageError("--isa must be scalar, avx2 or avx512");
   }
-  if (o.pipeline < 0 || o.tensor < 0 || o.threads < 0)
-    throw UsageError("--pipeline, --tensor and --threads must be at least 1");
   if (o.groups < 0) throw UsageError("--groups must be 0 (one per stage) or more");
-  if (!o.preset.empty() && !o.model.empty())
+  if (!o.preset.empty() && !o.engine.model.empty())
     throw UsageError("give either --model or --preset, not both");
-  std::vector<std::pair<std::string, std::string>> flags;
-  if (!o.model.empty()) flags.emplace_back("model.path", o.model);
-  if (!o.dtype.empty()) flags.emplace_back("model.dtype", o.dtype);
-  if (o.pipeline > 0) flags.emplace_back("parallel.pipeline", std::to_string(o.pipeline));
-  if (o.tensor > 0) flags.emplace_back("parallel.tensor", std::to_string(o.tensor));
   // Engine mode measures one replica: replica 0 of the config's layout.
-  const Config config = command_config(o.config, flags, o.threads);
+  const Config config = command_config(o.config, engine_overrides(o.engine), o.engine.threads);
   const DType dtype = config.model.dtype;
   std::shared_ptr<const Checkpoint> ckpt;
   std::string name;
@@ -142,17 +131,17 @@ void register_bench(CLI::App& app) {
       "running server (requests/s, output tokens/s, TTFT, TPOT, latency)");
   auto& e = o->engine_only;
   add_config_flags(cmd, o->config);
-  e.push_back(cmd->add_option("--model,-m", o->model,
+  e.push_back(cmd->add_option("--model,-m", o->engine.model,
                               "Checkpoint file or directory (default: the config's model.path)"));
   e.push_back(cmd->add_option("--preset", o->preset,
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
-  e.push_back(cmd->add_option("--dtype", o->dtype,
+  e.push_back(cmd->add_option("--dtype", o->engine.dtype,
                               "Weights in memory: f32 | f16 | bf16 (default: the config's)"));
-  e.push_back(cmd->add_option("--threads", o->threads,
+  e.push_back(cmd->add_option("--threads", o->engine.threads,
                               "CPU threads per device (default: the config's devices[].threads)"));
-  e.push_back(cmd->add_option("--pipeline", o->pipeline,
+  e.push_back(cmd->add_option("--pipeline", o->engine.pipeline,
                               "Layout: pipeline stages per replica (default: the config's)"));
-  e.push_back(cmd->add_option("--tensor", o->tensor,
+  e.push_back(cmd->add_option("--tensor", o->engine.tensor,
                               "Layout: tensor-parallel shards per stage (default: the config's)"));
   e.push_back(cmd->add_option("--microbatches", o->microbatches,
                               "Pipeline micro-batches per step (0: one per stage, or one per "

@@ -20,7 +20,7 @@ namespace {
 
 struct GenerateOptions {
   ConfigFlags config;
-  std::string model;
+  EngineFlags engine;
   std::string tokenizer;
   std::string prompt;
   std::string prompt_ids;
@@ -31,9 +31,6 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool echo = false;
-  std::string dtype;
-  int threads = 0;
-  int pipeline = 0, tensor = 0;  // 0: from the config
 };
 
 std::vector<int> parse_ids(const std::string& text, const char* option) {
@@ -67,17 +64,9 @@ void run_generate(const GenerateOptions& o) {
     throw UsageError("give either --prompt or --prompt-ids, not both");
   if (o.prompt.empty() && o.prompt_ids.empty())
     throw UsageError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
-  if (!o.dtype.empty() && !parse_dtype(o.dtype))
-    throw UsageError("--dtype must be f32, f16 or bf16, got '" + o.dtype + "'");
-  if (o.threads < 0 || o.pipeline < 0 || o.tensor < 0)
-    throw UsageError("--threads, --pipeline and --tensor must be at least 1");
-  std::vector<std::pair<std::string, std::string>> flags;
-  if (!o.model.empty()) flags.emplace_back("model.path", o.model);
+  auto flags = engine_overrides(o.engine);
   if (!o.tokenizer.empty()) flags.emplace_back("model.tokenizer", o.tokenizer);
-  if (!o.dtype.empty()) flags.emplace_back("model.dtype", o.dtype);
-  if (o.pipeline > 0) flags.emplace_back("parallel.pipeline", std::to_string(o.pipeline));
-  if (o.tensor > 0) flags.emplace_back("parallel.tensor", std::to_string(o.tensor));
-  const Config config = command_config(o.config, flags, o.threads);
+  const Config config = command_config(o.config, flags, o.engine.threads);
   const DType dtype = config.model.dtype;
   const std::filesystem::path model_path = config.model.path;
   auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(model_path));
@@ -171,7 +160,7 @@ void register_generate(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
   cmd->add_option(
-      "--model,-m", opts->model,
+      "--model,-m", opts->engine.model,
       "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: the config's "
       "model.path, models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
@@ -193,14 +182,14 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ids", opts->print_ids,
                 "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
-  cmd->add_option("--dtype", opts->dtype,
+  cmd->add_option("--dtype", opts->engine.dtype,
                   "Weights in memory: f32 | f16 | bf16 (default: the config's model.dtype)");
-  cmd->add_option("--threads", opts->threads,
+  cmd->add_option("--threads", opts->engine.threads,
                   "CPU threads per device (default: the config's devices[].threads)");
-  cmd->add_option("--pipeline", opts->pipeline,
+  cmd->add_option("--pipeline", opts->engine.pipeline,
                   "Layout: pipeline stages (default: the config's parallel.pipeline)");
   cmd->add_option(
-      "--tensor", opts->tensor,
+      "--tensor", opts->engine.tensor,
       "Layout: tensor-parallel shards per stage (default: the config's parallel.tensor)");
   add_config_flags(cmd, opts->config);
   cmd->callback([opts] { run_generate(*opts); });

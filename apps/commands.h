@@ -36,6 +36,18 @@ struct ConfigFlags {
 };
 void add_config_flags(CLI::App* cmd, ConfigFlags& flags);
 
+// The engine flags generate and bench share, as config overrides: --model,
+// --dtype, --pipeline and --tensor (empty or 0: the config's). Throws
+// UsageError naming the flag for a bad value.
+struct EngineFlags {
+  std::string model;
+  std::string dtype;
+  int threads = 0;
+  int pipeline = 0;
+  int tensor = 0;
+};
+std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFlags& flags);
+
 // The configuration a command runs with, validated: the --config file (by
 // default the bundle's configs/default.yaml, else the built-in defaults),
 // then --set, then the command's own flags as (key, value) overrides (with

@@ -108,4 +108,12 @@ CommandResult run_command(const std::vector<std::string>& argv, int timeout_s) {
   return r;
 }
 
+std::string prometheus_sample(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(series + " ", 0) == 0) return line.substr(series.size() + 1);
+  return "<missing>";
+}
+
 }  // namespace troupe::test

@@ -36,4 +36,12 @@ struct CommandResult {
 // Runs argv (no shell), capturing stdout and stderr; kills it after timeout_s.
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_s = 120);
 
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The value of the Prometheus sample line that starts with `series `
+// (the exact series text), or "<missing>".
+std::string prometheus_sample(const std::string& text, const std::string& series);
+
 }  // namespace troupe::test

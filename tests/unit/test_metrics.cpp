@@ -8,22 +8,13 @@
 #include <vector>
 
 #include "metrics/metrics.h"
+#include "support/test_support.h"
 
 namespace troupe {
 namespace {
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// The value of the sample line that starts with `series ` (exact series text).
-std::string sample(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(series + " ", 0) == 0) return line.substr(series.size() + 1);
-  return "<missing>";
-}
+using test::contains;
+using test::prometheus_sample;
 
 TEST(Metrics, TroupeMetricsAreDeclared) {
   Metrics m;
@@ -44,24 +35,24 @@ TEST(Metrics, TroupeMetricsAreDeclared) {
   m.add_generation_tokens(7);
   std::string text = m.render();
 
-  EXPECT_EQ(sample(text, "troupe_requests_total{status=\"200\"}"), "2");
-  EXPECT_EQ(sample(text, "troupe_requests_total{status=\"429\"}"), "1");
-  EXPECT_EQ(sample(text, "troupe_queue_depth"), "3");
-  EXPECT_EQ(sample(text, "troupe_running_sequences"), "5");
-  EXPECT_EQ(sample(text, "troupe_batch_size_bucket{le=\"4\"}"), "1");
-  EXPECT_EQ(sample(text, "troupe_batch_size_bucket{le=\"2\"}"), "0");
-  EXPECT_EQ(sample(text, "troupe_tokens_per_step_sum"), "130");
-  EXPECT_EQ(sample(text, "troupe_kv_blocks{replica=\"0\",state=\"used\"}"), "10");
-  EXPECT_EQ(sample(text, "troupe_kv_blocks{replica=\"0\",state=\"free\"}"), "90");
-  EXPECT_EQ(sample(text, "troupe_replica_state{replica=\"0\"}"), "2");
-  EXPECT_EQ(sample(text, "troupe_replica_state{replica=\"1\"}"), "3");
-  EXPECT_EQ(sample(text, "troupe_replica_restarts_total{replica=\"1\"}"), "1");
-  EXPECT_EQ(sample(text, "troupe_time_to_first_token_seconds_count"), "1");
-  EXPECT_EQ(sample(text, "troupe_time_per_output_token_seconds_count"), "1");
-  EXPECT_EQ(sample(text, "troupe_request_latency_seconds_bucket{le=\"1.5\"}"), "1");
-  EXPECT_EQ(sample(text, "troupe_request_latency_seconds_bucket{le=\"1\"}"), "0");
-  EXPECT_EQ(sample(text, "troupe_prompt_tokens_total"), "12");
-  EXPECT_EQ(sample(text, "troupe_generation_tokens_total"), "7");
+  EXPECT_EQ(prometheus_sample(text, "troupe_requests_total{status=\"200\"}"), "2");
+  EXPECT_EQ(prometheus_sample(text, "troupe_requests_total{status=\"429\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_queue_depth"), "3");
+  EXPECT_EQ(prometheus_sample(text, "troupe_running_sequences"), "5");
+  EXPECT_EQ(prometheus_sample(text, "troupe_batch_size_bucket{le=\"4\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_batch_size_bucket{le=\"2\"}"), "0");
+  EXPECT_EQ(prometheus_sample(text, "troupe_tokens_per_step_sum"), "130");
+  EXPECT_EQ(prometheus_sample(text, "troupe_kv_blocks{replica=\"0\",state=\"used\"}"), "10");
+  EXPECT_EQ(prometheus_sample(text, "troupe_kv_blocks{replica=\"0\",state=\"free\"}"), "90");
+  EXPECT_EQ(prometheus_sample(text, "troupe_replica_state{replica=\"0\"}"), "2");
+  EXPECT_EQ(prometheus_sample(text, "troupe_replica_state{replica=\"1\"}"), "3");
+  EXPECT_EQ(prometheus_sample(text, "troupe_replica_restarts_total{replica=\"1\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_time_to_first_token_seconds_count"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_time_per_output_token_seconds_count"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_request_latency_seconds_bucket{le=\"1.5\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_request_latency_seconds_bucket{le=\"1\"}"), "0");
+  EXPECT_EQ(prometheus_sample(text, "troupe_prompt_tokens_total"), "12");
+  EXPECT_EQ(prometheus_sample(text, "troupe_generation_tokens_total"), "7");
   for (const char* name :
        {"troupe_requests_total counter", "troupe_queue_depth gauge",
         "troupe_running_sequences gauge", "troupe_batch_size histogram",

@@ -8,22 +8,13 @@
 #include <vector>
 
 #include "metrics/registry.h"
+#include "support/test_support.h"
 
 namespace troupe {
 namespace {
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// The value of the sample line that starts with `series ` (exact series text).
-std::string sample(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(series + " ", 0) == 0) return line.substr(series.size() + 1);
-  return "<missing>";
-}
+using test::contains;
+using test::prometheus_sample;
 
 TEST(MetricsRegistry, CounterAndGaugeRendering) {
   MetricsRegistry r;
@@ -53,7 +44,7 @@ TEST(MetricsRegistry, UnlabelledFamiliesRenderBeforeFirstUse) {
   r.counter("idle_total", "Never touched.");
   r.counter("labelled_total", "Has labels.", {"x"});
   std::string text = r.render();
-  EXPECT_EQ(sample(text, "idle_total"), "0");
+  EXPECT_EQ(prometheus_sample(text, "idle_total"), "0");
   EXPECT_TRUE(contains(text, "# TYPE labelled_total counter\n"));
   EXPECT_FALSE(contains(text, "labelled_total{"));
 }
@@ -76,12 +67,12 @@ TEST(MetricsRegistry, HistogramBucketsSumCount) {
   std::string text = r.render();
   EXPECT_TRUE(contains(text, "# TYPE lat_seconds histogram\n")) << text;
   // le is inclusive (0.1 lands in the 0.1 bucket) and cumulative.
-  EXPECT_EQ(sample(text, "lat_seconds_bucket{route=\"/x\",le=\"0.1\"}"), "2");
-  EXPECT_EQ(sample(text, "lat_seconds_bucket{route=\"/x\",le=\"0.5\"}"), "3");
-  EXPECT_EQ(sample(text, "lat_seconds_bucket{route=\"/x\",le=\"1\"}"), "4");
-  EXPECT_EQ(sample(text, "lat_seconds_bucket{route=\"/x\",le=\"+Inf\"}"), "5");
-  EXPECT_EQ(sample(text, "lat_seconds_count{route=\"/x\"}"), "5");
-  EXPECT_DOUBLE_EQ(std::stod(sample(text, "lat_seconds_sum{route=\"/x\"}")), 6.15);
+  EXPECT_EQ(prometheus_sample(text, "lat_seconds_bucket{route=\"/x\",le=\"0.1\"}"), "2");
+  EXPECT_EQ(prometheus_sample(text, "lat_seconds_bucket{route=\"/x\",le=\"0.5\"}"), "3");
+  EXPECT_EQ(prometheus_sample(text, "lat_seconds_bucket{route=\"/x\",le=\"1\"}"), "4");
+  EXPECT_EQ(prometheus_sample(text, "lat_seconds_bucket{route=\"/x\",le=\"+Inf\"}"), "5");
+  EXPECT_EQ(prometheus_sample(text, "lat_seconds_count{route=\"/x\"}"), "5");
+  EXPECT_DOUBLE_EQ(std::stod(prometheus_sample(text, "lat_seconds_sum{route=\"/x\"}")), 6.15);
 }
 
 TEST(MetricsRegistry, HistogramWithoutLabels) {
@@ -90,11 +81,11 @@ TEST(MetricsRegistry, HistogramWithoutLabels) {
   h.observe(2);
   h.observe(std::nan(""));  // ignored
   std::string text = r.render();
-  EXPECT_EQ(sample(text, "sizes_bucket{le=\"1\"}"), "0");
-  EXPECT_EQ(sample(text, "sizes_bucket{le=\"2\"}"), "1");
-  EXPECT_EQ(sample(text, "sizes_bucket{le=\"+Inf\"}"), "1");
-  EXPECT_EQ(sample(text, "sizes_sum"), "2");
-  EXPECT_EQ(sample(text, "sizes_count"), "1");
+  EXPECT_EQ(prometheus_sample(text, "sizes_bucket{le=\"1\"}"), "0");
+  EXPECT_EQ(prometheus_sample(text, "sizes_bucket{le=\"2\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "sizes_bucket{le=\"+Inf\"}"), "1");
+  EXPECT_EQ(prometheus_sample(text, "sizes_sum"), "2");
+  EXPECT_EQ(prometheus_sample(text, "sizes_count"), "1");
 }
 
 TEST(MetricsRegistry, ValueFormatting) {
