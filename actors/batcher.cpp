@@ -14,6 +14,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BatcherState {
   RouterActor router;
+  uint64_t epoch = 0;
   WorkerActor worker;
   std::unique_ptr<ReplicaScheduler> sched;
   bool up = false;
@@ -65,7 +66,7 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
             st->sched->finish_probe(id);
             flush(self, *st);
             st->up = true;
-            self->send(st->router, up_atom::value, st->sched->replica(),
+            self->send(st->router, up_atom::value, st->sched->replica(), st->epoch,
                        caf::actor_cast<BatcherActor>(self));
             schedule(self, st);
           },
@@ -78,6 +79,7 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
                                     BatcherOptions options) {
   auto st = std::make_shared<BatcherState>();
   st->router = std::move(router);
+  st->epoch = options.scheduler.epoch;
   st->sched = std::make_unique<ReplicaScheduler>(options.scheduler);
   st->worker = self->spawn<caf::detached + caf::linked>(worker, options.engine,
                                                         options.scheduler.replica, options.metrics);

@@ -30,6 +30,7 @@ class BatcherChannel : public ReplicaChannel {
 };
 
 struct RouterState {
+  std::vector<uint64_t> epoch;  // per replica: the placement its events must carry
   std::unique_ptr<BatcherChannel> channel;
   std::unique_ptr<RequestTable> table;
   std::shared_ptr<RouterShared> shared;
@@ -62,6 +63,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->metrics = metrics;
   st->shared = std::move(shared);
   st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
+  st->epoch.assign(size_t(options.table.replicas), 0);
   st->table = std::make_unique<RequestTable>(
       options.table, make_routing_policy(options.routing_policy, options.routing_seed),
       *st->channel);
@@ -81,6 +83,11 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
       },
       [=](cancel_atom, uint64_t id) { st->table->cancel(id, st->now()); },
       [=](events_atom, const StepEvents& ev) {
+        // A replica that outlived its placement (a node declared dead that
+        // came back) is fenced: its events speak for an old epoch.
+        if (ev.replica < 0 || size_t(ev.replica) >= st->epoch.size() ||
+            ev.epoch != st->epoch[size_t(ev.replica)])
+          return;
         if (st->metrics) {
           if (ev.batch_sequences > 0)
             st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
@@ -89,13 +96,21 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         st->table->on_events(ev, st->now());
         publish(*st);
       },
-      [=](up_atom, int replica, BatcherActor b) {
+      [=](up_atom, int replica, uint64_t epoch, BatcherActor b) {
+        if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
+        if (epoch <= st->epoch[size_t(replica)]) return;  // an older placement, late
+        st->epoch[size_t(replica)] = epoch;
         st->channel->set(replica, std::move(b));
-        spdlog::info("replica {} ready", replica);
+        spdlog::info("replica {} ready (placement {})", replica, epoch);
         st->table->replica_up(replica, st->now());
         publish(*st);
       },
-      [=](down_atom, int replica, bool permanent) {
+      [=](down_atom, int replica, uint64_t epoch, bool permanent) {
+        if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
+        // Only the placement that is up can go down; a given-up replica is
+        // given up whatever placement failed last.
+        const bool current = epoch == st->epoch[size_t(replica)];
+        if (!current && !permanent) return;
         const size_t resumed = st->table->replica_down(replica, permanent, st->now());
         spdlog::warn("replica {} down{}; {} requests to resume", replica,
                      permanent ? " for good" : "", resumed);

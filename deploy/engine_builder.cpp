@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "deploy/fingerprint.h"
 #include "gpu/kv_cache.h"
 #include "gpu/parallel_engine.h"
 #include "scheduler/partitioner.h"
@@ -110,6 +111,12 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     spec.stage_layers = balanced_stages(it->second, spec.pipeline, stage_memory(model(), spec));
   }
   return spec;
+}
+
+const std::string& EngineBuilder::fingerprint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fingerprint_.empty()) fingerprint_ = model_fingerprint(*checkpoint_, dtype_);
+  return fingerprint_;
 }
 
 const LayerProfile* EngineBuilder::profile() const {

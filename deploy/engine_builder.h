@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,8 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype);
 
   const ModelConfig& model() const { return checkpoint_->config; }
+  // The model's identity across processes (deploy/fingerprint.h).
+  const std::string& fingerprint();
   // Checks the layout against the model (std::invalid_argument naming the
   // problem) and fills in what the spec leaves open: a pipeline's stages
   // from measured layer times (measured once per thread count). Logs.
@@ -88,6 +91,7 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   std::mutex mu_;
   std::shared_ptr<const Model> whole_;
   std::map<int, LayerProfile> profiles_;  // by threads
+  std::string fingerprint_;
   const LayerProfile* last_profile_ = nullptr;
 };
 

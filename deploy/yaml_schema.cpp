@@ -302,6 +302,35 @@ Kind<std::string> optional_text() {
   return k;
 }
 
+Kind<bool> boolean() {
+  return {[](const Origin& o, const Node& n, const std::string& key) {
+            const std::string& t = scalar_text(o, n, key, "true or false");
+            if (!is_quoted(n)) {
+              if (t == "true" || t == "yes" || t == "on") return true;
+              if (t == "false" || t == "no" || t == "off") return false;
+            }
+            fail_expected(o, key, "true or false", n);
+          },
+          [](const bool&) { return std::string(); },
+          [](YAML::Emitter& out, const bool& v) { out << (v ? "true" : "false"); }};
+}
+
+Kind<std::vector<std::string>> text_list() {
+  return {[](const Origin& o, const Node& n, const std::string& key) {
+            if (!n.IsSequence()) fail_expected(o, key, "a list of strings such as [a, b]", n);
+            std::vector<std::string> out;
+            for (const Node& item : n)
+              out.push_back(read_string(o, item, key + "[" + std::to_string(out.size()) + "]"));
+            return out;
+          },
+          [](const std::vector<std::string>&) { return std::string(); },
+          [](YAML::Emitter& out, const std::vector<std::string>& v) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (const auto& s : v) out << s;
+            out << YAML::EndSeq;
+          }};
+}
+
 // ---------------------------------------------------------------------------
 // Documents and overrides
 

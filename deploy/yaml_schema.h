@@ -93,6 +93,9 @@ Kind<std::string> text();
 Kind<std::string> non_empty_text();
 // A string whose empty value means "the default", so the key may be blank.
 Kind<std::string> optional_text();
+Kind<bool> boolean();
+// A list of strings, written in flow style: [a, b].
+Kind<std::vector<std::string>> text_list();
 
 // One of a fixed set of names.
 template <class E>

@@ -52,6 +52,7 @@ void ReplicaScheduler::end(StepEvents& ev, uint64_t id, FinishReason reason) {
 
 void ReplicaScheduler::fill_load(StepEvents& ev) const {
   ev.replica = options_.replica;
+  ev.epoch = options_.epoch;
   ev.running = running();
   ev.queued_tokens = queued_tokens();
   ev.blocks_used = blocks_used();

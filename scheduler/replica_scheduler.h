@@ -26,6 +26,7 @@ namespace troupe {
 
 struct ReplicaSchedulerOptions {
   int replica = 0;
+  uint64_t epoch = 0;  // stamped on every StepEvents
   int kv_blocks = 0;  // blocks each device of the replica holds
   int block_tokens = 16;
   BatchLimits limits;

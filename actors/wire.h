@@ -1,0 +1,92 @@
+#pragma once
+// What crosses between processes, and how CAF serializes it: an inspect()
+// per type (CAF 0.17's form), and the registration every process does before
+// it starts its actor system, under the same names on both ends (CAF drops
+// a message whose top-level types the receiver does not know). A malformed
+// or truncated message fails CAF's deserializer and its connection is
+// closed; it never reaches an actor.
+#include <caf/all.hpp>
+#include <cstdint>
+#include <vector>
+
+#include "scheduler/cluster.h"
+#include "scheduler/replica_messages.h"
+#include "service/request.h"
+
+namespace troupe {
+
+// Bumped whenever a wire type or an actor protocol changes: a node speaking
+// another protocol is refused when it joins.
+inline constexpr uint32_t kWireProtocol = 1;
+// Troupe's version, in joins and logs.
+inline constexpr const char* kTroupeVersion = "0.10";
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
+  return f(caf::meta::type_name("Assignment"), x.id, x.tokens, x.generated, x.max_tokens,
+           x.sampling, x.ignore_eos);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
+  return f(caf::meta::type_name("TokenEvent"), x.id, x.index, x.token);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
+  return f(caf::meta::type_name("DoneEvent"), x.id, x.reason, x.completion_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
+  return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
+           x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
+           x.blocks_used, x.blocks_free);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
+  return f(caf::meta::type_name("JoinRequest"), x.name, x.token, x.protocol, x.version, x.model,
+           x.devices, x.address);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinReply& x) {
+  return f(caf::meta::type_name("JoinReply"), x.accepted, x.reason, x.node, x.incarnation);
+}
+
+// What a node needs to start a replica placed on it. The node takes the
+// threads and memory of the devices it offers, and the stop rule from its
+// model (the same model: checked when it joined).
+struct ReplicaPlan {
+  int replica = 0;
+  uint64_t epoch = 0;  // this placement's generation: fences a replica that outlived it
+  int pipeline = 1;
+  int tensor = 1;
+  std::vector<int>
+      stage_bounds;  // stage s has layers [bounds[s], bounds[s+1]); empty: balanced there
+  int block_tokens = 16;
+  int blocks = 4096;
+  int max_batch_sequences = 32;
+  int max_batch_tokens = 2048;
+  int prefill_chunk_tokens = 512;
+  int devices() const { return pipeline * tensor; }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
+  return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
+           x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
+           x.prefill_chunk_tokens);
+}
+
+// Registers every type above, and the actor handles messages carry, on a
+// config (coordinator and nodes alike), and loads CAF's middleman.
+void register_wire_types(caf::actor_system_config& cfg);
+
+}  // namespace troupe
