@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <caf/io/all.hpp>
 #include <chrono>
 #include <map>
@@ -42,6 +43,7 @@ struct Hosted {
 struct AgentState {
   NodeAgentOptions opts;
   CoordinatorActor coordinator;
+  bool watching = false;  // monitoring the coordinator (once per connection)
   bool joined = false;
   bool joining = false;
   int node = -1;
@@ -55,6 +57,13 @@ struct AgentState {
 std::chrono::milliseconds beat_interval(const AgentState& s) {
   return std::chrono::milliseconds(
       std::max<int64_t>(20, int64_t(s.opts.heartbeat_timeout_s * 1000 / 4)));
+}
+
+// A join that gets no answer (a connection that died silently) is given up
+// after a few heartbeats, and tried again on a fresh connection.
+std::chrono::milliseconds join_timeout(const AgentState& s) {
+  return std::chrono::milliseconds(
+      int64_t(std::clamp(3 * s.opts.heartbeat_timeout_s, 1.0, 10.0) * 1000));
 }
 
 void free_devices(AgentState& s, const Hosted& h) {
@@ -90,8 +99,14 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
     s.warned_unreachable = false;
     s.coordinator = *conn;
   }
+  // Watching it from the first join on: losing the connection (which fails
+  // no request to it: CAF's remote requests only time out) must be heard.
+  if (!s.watching) {
+    self->monitor(s.coordinator);
+    s.watching = true;
+  }
   s.joining = true;
-  self->request(s.coordinator, std::chrono::seconds(10), join_atom::value, s.opts.join,
+  self->request(s.coordinator, join_timeout(s), join_atom::value, s.opts.join,
                 caf::actor_cast<NodeActor>(self))
       .then(
           [=](const JoinReply& reply) {
@@ -105,7 +120,6 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
             st->joined = true;
             st->node = reply.node;
             st->incarnation = reply.incarnation;
-            self->monitor(st->coordinator);
             spdlog::info("node {}: joined the coordinator as node {} (incarnation {}), {} devices",
                          st->opts.join.name, reply.node, reply.incarnation,
                          st->opts.devices.size());
@@ -114,7 +128,11 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
             st->joining = false;
             spdlog::warn("node {}: join failed: {}; retrying", st->opts.join.name,
                          self->system().render(err));
-            if (!st->opts.coordinator_host.empty()) st->coordinator = CoordinatorActor{};
+            if (!st->opts.coordinator_host.empty()) {
+              self->demonitor(st->coordinator.address());
+              st->watching = false;
+              st->coordinator = CoordinatorActor{};
+            }
           });
 }
 
@@ -133,6 +151,8 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
                    self->system().render(dm.reason));
       stop_all(self, s, "the coordinator is gone");
       s.joined = false;
+      s.joining = false;
+      s.watching = false;
       if (!s.opts.coordinator_host.empty()) s.coordinator = CoordinatorActor{};
       return;
     }
@@ -214,7 +234,6 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         AgentState& s = *st;
         spdlog::warn("node {}: the coordinator no longer counts it as a member", s.opts.join.name);
         stop_all(self, s, "declared dead by the coordinator");
-        if (s.joined) self->demonitor(s.coordinator.address());
         s.joined = false;
         join(self, st);
       },

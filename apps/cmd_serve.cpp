@@ -65,6 +65,9 @@ void run_serve(const ServeOptions& so) {
                              cfg.server.max_tokens_limit};
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
+  if (runtime.nodes_port() != 0)
+    std::fprintf(stderr, "troupe serve: nodes join on %s:%u\n",
+                 parse_listen(cfg.nodes.listen).first.c_str(), unsigned(runtime.nodes_port()));
   std::fprintf(
       stderr,
       "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -32,34 +33,48 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
     _exit(127);
   }
   close(fds[1]);
-  err_fd_ = fds[0];
-  fcntl(err_fd_, F_SETFL, fcntl(err_fd_, F_GETFL) | O_NONBLOCK);
+  const int fd = fds[0];
+  reader_ = std::thread([this, fd] {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      std::lock_guard<std::mutex> l(mu_);
+      if (n <= 0) {
+        eof_ = true;
+        cv_.notify_all();
+        break;
+      }
+      err_.append(buf, size_t(n));
+      cv_.notify_all();
+    }
+    close(fd);
+  });
 }
 
 ChildProcess::~ChildProcess() {
   stop(10);
-  if (err_fd_ >= 0) close(err_fd_);
+  if (reader_.joinable()) reader_.join();
+}
+
+std::string ChildProcess::stderr_so_far() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return err_;
 }
 
 std::string ChildProcess::wait_for_line(const std::string& needle, double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  size_t scanned = 0;
+  std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    // Check complete lines seen so far.
-    for (size_t nl; (nl = err_.find('\n', scanned)) != std::string::npos; scanned = nl + 1) {
-      const std::string line = err_.substr(scanned, nl - scanned);
-      if (line.find(needle) != std::string::npos) return line;
+    for (size_t nl; (nl = err_.find('\n', scanned_)) != std::string::npos; scanned_ = nl + 1) {
+      const std::string line = err_.substr(scanned_, nl - scanned_);
+      if (line.find(needle) != std::string::npos) {
+        scanned_ = nl + 1;
+        return line;
+      }
     }
-    if (std::chrono::steady_clock::now() >= deadline) return "";
-    pollfd p{err_fd_, POLLIN, 0};
-    if (poll(&p, 1, 100) > 0) {
-      char buf[4096];
-      const ssize_t n = read(err_fd_, buf, sizeof buf);
-      if (n > 0)
-        err_.append(buf, size_t(n));
-      else if (n == 0)
-        return "";  // exited
-    }
+    if (eof_) return "";
+    if (cv_.wait_until(l, deadline) == std::cv_status::timeout) return "";
   }
 }
 
@@ -67,31 +82,39 @@ void ChildProcess::signal(int sig) {
   if (!reaped_ && pid_ > 0) kill(pid_, sig);
 }
 
+bool ChildProcess::reap(bool block) {
+  if (reaped_) return true;
+  if (waitpid(pid_, &status_, block ? 0 : WNOHANG) == pid_) reaped_ = true;
+  return reaped_;
+}
+
+int ChildProcess::code() const {
+  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+}
+
+int ChildProcess::wait_exit(double timeout_s) {
+  if (pid_ <= 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!reap(false)) {
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Its last words (the reason it stopped) are read before returning.
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::seconds(2), [&] { return eof_; });
+  return code();
+}
+
 int ChildProcess::stop(double timeout_s) {
   if (pid_ <= 0) return -1;
   if (!reaped_) {
     kill(pid_, SIGTERM);
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (!reaped_) {
-      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-        reaped_ = true;
-        break;
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status_, 0);
-        reaped_ = true;
-        break;
-      }
-      // Keep draining stderr so the child never blocks on a full pipe.
-      char buf[4096];
-      while (read(err_fd_, buf, sizeof buf) > 0) {
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (wait_exit(timeout_s) < 0) {
+      kill(pid_, SIGKILL);
+      reap(true);
     }
   }
-  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  return code();
 }
 
 HttpResponse http_request(int port, const std::string& method, const std::string& target,
