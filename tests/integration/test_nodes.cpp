@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <random>
 #include <chrono>
 #include <thread>
 
@@ -161,6 +162,25 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_NE(s.process().stderr_so_far().find("refused"), std::string::npos);
   // The coordinator keeps serving.
   auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 5}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// Garbage and truncated messages on the node port close that connection;
+// the coordinator keeps serving and nodes still join.
+TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
+  Server s(coordinator_sets(1), /*wait_ready=*/false);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    std::string junk(size_t(1 + rng() % 4096), '\0');
+    for (char& ch : junk) ch = char(rng());
+    if (round % 4 == 0) junk = junk.substr(0, 3);  // a truncated header
+    if (round % 4 == 1) junk.assign(64, '\xff');    // absurd lengths
+    test::send_raw(s.nodes_port(), junk);
+  }
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(r.status, 200) << r.body;
 }
 

@@ -49,4 +49,8 @@ std::string sse_text(const std::string& body, std::string* finish = nullptr);
 // A port nobody listens on now (bound and released).
 int free_port();
 
+// Connects to 127.0.0.1:port, writes `bytes`, waits briefly for the peer to
+// answer or close, and closes.
+void send_raw(int port, const std::string& bytes);
+
 }  // namespace troupe::test
