@@ -113,8 +113,9 @@ struct ParallelEngine::Impl {
   // Device (s, t)'s share of a step: its stage's layers for every
   // micro-batch, in order, waiting for the previous stage and for credits.
   void run_device(StepState& st, int s, int t);
-  // Boundaries between processes: stage b's output for micro-batch mb in,
-  // and (s, 0)'s output out to every other host of the next stage.
+  // Boundaries between processes: the receiving rank takes micro-batch mb
+  // of the previous stage's output and releases the ranks beside it; (s, 0)
+  // sends its own to every other host of the next stage.
   void receive_input(StepState& st, Device& d, int mb);
   void send_output(StepState& st, Device& d, int mb);
   // Last stage spanning processes: ranks outside the sampling process send

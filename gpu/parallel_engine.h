@@ -7,6 +7,8 @@
 // A step is cut into micro-batches that flow through the stages so that
 // stages work at the same time; a stage may run at most `credits`
 // micro-batches ahead of the stage after it (back-pressure, bounded buffers).
+// The devices may also live in several processes, each running its part of
+// the replica (ProcessPlacement below).
 #include <functional>
 #include <memory>
 #include <string>
@@ -122,6 +124,10 @@ class ParallelEngine : public StepEngine {
   std::vector<int> finish(uint64_t ticket) override;
   void release(uint64_t seq) override;
   void set_microbatches(int m) override;
+  // A part of a replica spanning processes reports its own devices: a
+  // stage's figures are its lowest rank here (zeros where none), its
+  // communication the stage's collectives and the activations it sends to
+  // other processes (waiting for the previous stage's counts as idle).
   std::vector<StageSample> last_samples() const override { return last_samples_; }
   EngineStats stats() const override;
 

@@ -39,6 +39,9 @@ const std::vector<Split> kSplits = {
     {"ThreeStagesOverThree", 3, 1, {0, 1, 2}},
     // The sampler (host of (1, 0)) is not host 0 and holds part of stage 0.
     {"CrossedRanks", 2, 2, {0, 1, 1, 0}},
+    // Two ranks of one group in each process: the sampler's second rank
+    // hands over its logits in memory, the other two by message.
+    {"TwoTensorRanksPerProcess", 1, 4, {0, 0, 1, 1}},
 };
 
 void PrintTo(const Split& split, std::ostream* os) {
