@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <deque>
 #include <thread>
 
 #include "gpu/parallel_engine.h"
@@ -96,56 +95,18 @@ INSTANTIATE_TEST_SUITE_P(Splits, AcrossProcesses,
                                   std::get<1>(info.param);
                          });
 
-// Pipelining across steps with parts in different processes: two or three
-// groups alternate, each relaunched when its previous step finishes while
-// the others are in flight, cut differently from step to step.
+// Pipelining across steps with parts in different processes: as many
+// groups as stages alternate, each relaunched when its previous step
+// finishes while the others are in flight, cut differently step to step.
 TEST(AcrossProcessesInFlight, StepsOfSeveralGroupsInFlightGiveTheSingleDeviceIds) {
   const auto ck = synth_checkpoint(synth_preset("tiny"), 11, DType::F32);
   const int S = 6, steps = 6;
-  auto prompt = [&](int s) {
-    std::vector<int> p;
-    for (int i = 0; i < 2 + s; ++i) p.push_back(1 + (i * 29 + s * 13) % (ck.config.vocab_size - 1));
-    return p;
-  };
-  std::vector<std::vector<int>> want(S);
-  {
-    Engine ref(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 4, 256});
-    test::SlotBook book(32);
-    for (int s = 0; s < S; ++s) {
-      std::vector<int> tokens = prompt(s);
-      for (int k = 0; k < steps; ++k) {
-        want[size_t(s)].push_back(ref.step({book.next(uint64_t(s), tokens)})[0]);
-        tokens = {want[size_t(s)].back()};
-      }
-    }
-  }
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 4, 256});
+  const auto want = test::decode_in_groups(single, S, 1, steps);
   for (const Split& split : {kSplits[1], kSplits[3], kSplits[4]}) {
     SCOPED_TRACE(split.name);
     SplitReplica replica(ck, DType::F32, options(split), test::gloo_comms(10s));
-    const int G = split.pipeline;
-    test::SlotBook book(32);
-    std::vector<std::vector<StepItem>> group(static_cast<size_t>(G));
-    for (int s = 0; s < S; ++s) group[size_t(s % G)].push_back(book.next(uint64_t(s), prompt(s)));
-    std::vector<std::vector<int>> got(S);
-    std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket)
-    std::vector<int> done(size_t(G), 0);
-    auto launch = [&](int g) {
-      replica.set_microbatches(flight.empty() ? 2 : 1);
-      return replica.launch(group[size_t(g)]);
-    };
-    for (int g = 0; g < G; ++g) flight.emplace_back(g, launch(g));
-    while (!flight.empty()) {
-      const auto [g, ticket] = flight.front();
-      flight.pop_front();
-      const auto ids = replica.finish(ticket);
-      auto& items = group[size_t(g)];
-      for (size_t i = 0; i < items.size(); ++i) {
-        got[items[i].seq].push_back(ids[i]);
-        items[i] = book.next(items[i].seq, {ids[i]});
-      }
-      if (++done[size_t(g)] < steps) flight.emplace_back(g, launch(g));
-    }
-    EXPECT_EQ(got, want);
+    EXPECT_EQ(test::decode_in_groups(replica, S, split.pipeline, steps), want);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
+#include <utility>
 #include <vector>
 
 #include "gpu/engine.h"
@@ -60,6 +62,44 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled) {
   }
   for (int s = 0; s < S; ++s) engine.release(uint64_t(s));
   return run;
+}
+
+// Decoding in groups, as a pipeline's worker does: sequence s (a prompt of
+// 2 + s tokens) belongs to group s % G; a group's next step is launched as
+// soon as its previous one is finished, while the other groups' steps are in
+// flight, cut into 2 micro-batches when nothing else is in flight and into 1
+// otherwise. Returns each sequence's `steps` greedy ids.
+inline std::vector<std::vector<int>> decode_in_groups(StepEngine& engine, int sequences, int G,
+                                                      int steps) {
+  const int vocab = engine.config().vocab_size;
+  SlotBook book(engine.kv_blocks() / sequences);
+  std::vector<std::vector<StepItem>> group(static_cast<size_t>(G));
+  for (int s = 0; s < sequences; ++s) {
+    std::vector<int> prompt;
+    for (int i = 0; i < 2 + s; ++i) prompt.push_back(1 + (i * 29 + s * 13) % (vocab - 1));
+    group[size_t(s % G)].push_back(book.next(uint64_t(s), prompt));
+  }
+  std::vector<std::vector<int>> ids(static_cast<size_t>(sequences));
+  std::deque<std::pair<int, uint64_t>> flight;  // (group, ticket), oldest first
+  std::vector<int> done(static_cast<size_t>(G), 0);
+  auto launch = [&](int g) {
+    engine.set_microbatches(flight.empty() ? 2 : 1);
+    flight.emplace_back(g, engine.launch(group[size_t(g)]));
+  };
+  for (int g = 0; g < G; ++g) launch(g);
+  while (!flight.empty()) {
+    const auto [g, ticket] = flight.front();
+    flight.pop_front();
+    const std::vector<int> out = engine.finish(ticket);
+    for (size_t i = 0; i < out.size(); ++i) {
+      StepItem& it = group[size_t(g)][i];
+      ids[it.seq].push_back(out[i]);
+      it = book.next(it.seq, {out[i]});
+    }
+    if (++done[size_t(g)] < steps) launch(g);
+  }
+  for (int s = 0; s < sequences; ++s) engine.release(uint64_t(s));
+  return ids;
 }
 
 // The largest difference between two runs' logits; infinity when their

@@ -38,6 +38,13 @@ TEST(ParallelEnginePlacement, PartsOverInProcessChannelsGiveTheSingleDeviceAnswe
   }
 }
 
+TEST(ParallelEnginePlacement, PartsOverInProcessChannelsKeepStepsOfThreeGroupsInFlight) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 11, DType::F32);
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 4, 256});
+  test::SplitReplica replica(ck, DType::F32, layout(3, 1, {0, 1, 0}), test::in_process_comms());
+  EXPECT_EQ(test::decode_in_groups(replica, 6, 3, 6), test::decode_in_groups(single, 6, 1, 6));
+}
+
 // The reason a part refuses to be built, or "" (and a failure).
 std::string refusal(ParallelEngineOptions o) {
   const auto ck = synth_checkpoint(synth_preset("tiny"), 3, DType::F32);
