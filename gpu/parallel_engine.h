@@ -24,13 +24,16 @@ namespace troupe {
 
 // A replica spanning processes ("hosts", on one machine or several): each
 // process runs its part as a ParallelEngine built with the same layout and
-// placement but its own this_host, and every part is driven alike.
+// placement but its own this_host, and every part is driven alike. The
+// layout includes stage_layers: decide it once (not from each process's own
+// layer timings) and give every part the same.
 //
-// Building: the factories are called in one fixed order, the same in every
-// process (stage by stage: the ranks of its tensor group held here, at once,
-// each on its own thread; then the channels of the boundary after it, by
-// host), so that rendezvous which block until every end joins never wait on
-// each other.
+// Building: the factories (meant to return GlooCommunicators joined through
+// a rendezvous the coordinator serves) are called in one fixed order, the
+// same in every process (stage by stage: the ranks of its tensor group held
+// here, at once, each on its own thread; then the channels of the boundary
+// after it, by host), so that rendezvous which block until every end joins
+// never wait on each other.
 //
 // Driving: every part launches the same items in the same order, with the
 // same micro-batch count (the sampling part asks microbatches_for() and the
