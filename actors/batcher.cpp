@@ -81,8 +81,8 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
   st->router = std::move(router);
   st->epoch = options.scheduler.epoch;
   st->sched = std::make_unique<ReplicaScheduler>(options.scheduler);
-  st->worker = self->spawn<caf::detached + caf::linked>(worker, options.engine,
-                                                        options.scheduler.replica, options.metrics);
+  st->worker = self->spawn<caf::detached + caf::linked>(
+      worker, options.engine, options.scheduler.replica, options.metrics, options.members);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {

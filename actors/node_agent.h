@@ -7,6 +7,7 @@
 // and when the coordinator goes away it stops its replicas, keeps its
 // loaded model, and joins again until a coordinator answers.
 #include <caf/all.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "actors/protocol.h"
 #include "deploy/config.h"
 #include "deploy/engine_builder.h"
+#include "gpu/comm/rendezvous_store.h"
 #include "metrics/metrics.h"
 #include "service/stop_rule.h"
 
@@ -26,10 +28,20 @@ struct ReplicaEngine {
   EngineFactory factory;
   EngineSpec spec;
 };
-// Builds replica plan.replica's engine on `devices` (the node's devices it
-// got, in stage-major order). Throws what does not fit.
-using ReplicaEngineSource =
-    std::function<ReplicaEngine(const ReplicaPlan& plan, const std::vector<DeviceSpec>& devices)>;
+// How a part of a replica spanning nodes reaches the other parts: the
+// coordinator's rendezvous, this node's address, the bound on every
+// collective and rendezvous.
+struct PartLinks {
+  std::shared_ptr<RendezvousStore> rendezvous;
+  std::string address = "127.0.0.1";
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Builds replica plan.replica's engine (or, for a replica spanning nodes,
+// part plan.part of it) on `devices` (the node's devices it got, in
+// stage-major order). Throws what does not fit.
+using ReplicaEngineSource = std::function<ReplicaEngine(
+    const ReplicaPlan& plan, const std::vector<DeviceSpec>& devices, const PartLinks& links)>;
 
 // The engines of a node holding `engines`' model: each plan's layout on the
 // node's devices (threads and memory caps per device), stages balanced on

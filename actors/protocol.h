@@ -45,6 +45,10 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
 using stick_atom = caf::atom_constant<caf::atom("stick")>;
 using ntick_atom = caf::atom_constant<caf::atom("ntick")>;
+using part_atom = caf::atom_constant<caf::atom("part")>;
+using build_atom = caf::atom_constant<caf::atom("build")>;
+using rdvset_atom = caf::atom_constant<caf::atom("rdvset")>;
+using rdvget_atom = caf::atom_constant<caf::atom("rdvget")>;
 
 // A device of a parallel layout: (run) takes its next queued job; (crash)
 // arms it to die at its next step, mid-step for the rest of its group.
@@ -60,6 +64,16 @@ using WorkerActor =
                      caf::reacts_to<stepdone_atom, uint64_t>,
                      caf::reacts_to<release_atom, uint64_t>, caf::reacts_to<crash_atom>,
                      caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
+
+// A part of a replica that spans nodes, on a node other than its leader's:
+// (build) makes its engine (meeting the other parts through the
+// coordinator's rendezvous), (step, items, microbatches) runs the step the
+// leader's worker runs, cut alike, and (stepdone, ticket) is its own note
+// that a step is over. It is linked to the leader's worker: either dying
+// takes the other down, and supervision rebuilds the whole replica.
+using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
+                                     caf::reacts_to<step_atom, std::vector<StepItem>, int>,
+                                     caf::reacts_to<stepdone_atom, uint64_t>>;
 
 // A replica's continuous batcher: requests placed on it and cancelled
 // there; fault injection is forwarded to its worker.
@@ -82,15 +96,20 @@ using RouterActor = caf::typed_actor<
 // ended; (join) from the coordinator says it is no longer a member (it was
 // declared dead): stop everything and join again; (ntick) paces its
 // heartbeats and, after losing the coordinator, its attempts to join again.
-using NodeActor =
-    caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor>::with<BatcherActor>,
-                     caf::reacts_to<stop_atom, int, uint64_t>, caf::reacts_to<join_atom>,
-                     caf::reacts_to<ntick_atom>>;
+using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
+                                                   std::vector<MemberActor>>::with<BatcherActor>,
+                                   caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
+                                   caf::reacts_to<stop_atom, int, uint64_t>,
+                                   caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom>>;
 
-// What a node sees of the coordinator: it joins and it beats.
+// What a node sees of the coordinator: it joins, it beats, and the parts of
+// a replica spanning nodes meet through its rendezvous store (set a key;
+// get one, empty while it is not set).
 using CoordinatorActor =
     caf::typed_actor<caf::replies_to<join_atom, JoinRequest, NodeActor>::with<JoinReply>,
-                     caf::reacts_to<beat_atom, int, uint64_t>>;
+                     caf::reacts_to<beat_atom, int, uint64_t>,
+                     caf::replies_to<rdvset_atom, std::string, std::vector<char>>::with<bool>,
+                     caf::replies_to<rdvget_atom, std::string>::with<std::vector<char>>>;
 
 // The supervisor: the coordinator's membership and placement, the replicas'
 // restarts, and fault injection into replica r (and its device d).
@@ -103,4 +122,3 @@ using SupervisorActor =
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::CompletionRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::CompletionSink>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::StepItem>)

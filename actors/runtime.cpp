@@ -46,6 +46,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   so.max_restarts = config.supervision.max_restarts;
   so.window_s = config.supervision.within_s;
   so.placement = config.placement.replicas;
+  so.layers = model.n_layers;
   so.cluster = {kWireProtocol, model_fingerprint, config.nodes.token,
                 config.nodes.heartbeat_timeout_s};
   ReplicaPlan& plan = so.plan;
@@ -123,7 +124,9 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
                "127.0.0.1"};
     for (int d = 0; d < config.parallel.device_count(); ++d)
       no.devices.push_back(device_spec(config, d));
-    no.engines = [local](const ReplicaPlan& p, const std::vector<DeviceSpec>&) {
+    no.engines = [local](const ReplicaPlan& p, const std::vector<DeviceSpec>&, const PartLinks&) {
+      if (p.spans())
+        throw std::invalid_argument("the coordinator's own devices hold whole replicas only");
       return local->at(size_t(p.replica));
     };
     no.stop = StopRule{model.eos_ids, model.max_seq_len};

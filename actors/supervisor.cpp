@@ -2,10 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
 #include "deploy/yaml_schema.h"
+#include "scheduler/partitioner.h"
 #include "scheduler/restart_intensity.h"
 
 namespace troupe {
@@ -18,10 +20,11 @@ constexpr auto kTick = std::chrono::milliseconds(100);
 constexpr auto kStartTimeout = std::chrono::seconds(120);
 
 struct Slot {
-  uint64_t epoch = 0;     // its current (or last) placement
-  BatcherActor batcher;   // while it runs
-  bool starting = false;  // a node is building it
-  int node = -1;
+  uint64_t epoch = 0;                // its current (or last) placement
+  BatcherActor batcher;              // while it runs
+  bool starting = false;             // its nodes are building it
+  std::vector<int> nodes;            // its parts' nodes, the leader's among them
+  std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
   RestartIntensity intensity;
   bool failed = false;
   bool waiting_logged = false;
@@ -33,7 +36,8 @@ struct SupervisorState {
   std::shared_ptr<SupervisorShared> shared;
   Metrics* metrics = nullptr;
   Cluster cluster;
-  std::map<int, NodeActor> nodes;  // live nodes' agents, by node id
+  std::map<int, NodeActor> nodes;                       // live nodes' agents, by node id
+  std::map<std::string, std::vector<char>> rendezvous;  // spanning replicas' parts meet here
   std::vector<Slot> slots;
   uint64_t next_epoch = 1;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -67,14 +71,24 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
 
 // The replica's placement is over: the router resumes its requests (or,
 // with `give_up`, fails them for good), and its devices are free again.
+std::string rendezvous_prefix(size_t replica, uint64_t epoch) {
+  return "replica" + std::to_string(replica) + "/epoch" + std::to_string(epoch) + "/";
+}
+
 void end_placement(SupervisorActor::pointer self, SupervisorState& s, size_t r, bool give_up) {
   Slot& slot = s.slots[r];
   if (slot.batcher) self->demonitor(slot.batcher.address());
+  for (const MemberActor& m : slot.members) self->send_exit(m, caf::exit_reason::user_shutdown);
   self->send(s.router, down_atom::value, int(r), slot.epoch, give_up);
   slot.batcher = BatcherActor{};
+  slot.members.clear();
   slot.starting = false;
-  slot.node = -1;
+  slot.nodes.clear();
   s.cluster.unplace(int(r));
+  const std::string prefix = rendezvous_prefix(r, slot.epoch);
+  for (auto it = s.rendezvous.lower_bound(prefix);
+       it != s.rendezvous.end() && it->first.starts_with(prefix);)
+    it = s.rendezvous.erase(it);
 }
 
 void replica_died(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
@@ -115,7 +129,8 @@ void bury(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, in
   }
   int moved = 0;
   for (size_t r = 0; r < s.slots.size(); ++r)
-    if (s.slots[r].node == node) {
+    if (std::find(s.slots[r].nodes.begin(), s.slots[r].nodes.end(), node) !=
+        s.slots[r].nodes.end()) {
       end_placement(self, s, r, false);
       ++moved;
     }
@@ -143,14 +158,45 @@ ReplicaPlan plan_for(const SupervisorState& s, size_t r, uint64_t epoch) {
   return p;
 }
 
+// The replica's leader starts once its other parts are up (each builds its
+// engine when the leader's meets it at the rendezvous).
+void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
+                  uint64_t epoch, ReplicaPlan plan, int leader_node) {
+  SupervisorState& s = *st;
+  Slot& slot = s.slots[r];
+  plan.part = plan.leader();
+  self->request(s.nodes.at(leader_node), kStartTimeout, start_atom::value, plan, s.router,
+                slot.members)
+      .then(
+          [=](BatcherActor b) {
+            Slot& sl = st->slots[r];
+            if (sl.epoch != epoch || !sl.starting) {
+              // Placed anew meanwhile (a node died): this one is stale.
+              self->send_exit(b, caf::exit_reason::user_shutdown);
+              return;
+            }
+            sl.starting = false;
+            sl.batcher = b;
+            self->monitor(b);
+            publish(*st);
+          },
+          [=](caf::error& err) {
+            Slot& sl = st->slots[r];
+            if (sl.epoch != epoch || !sl.starting) return;
+            // A node that cannot build the replica (it does not fit there)
+            // counts like a crash, so that it is not retried forever.
+            replica_died(self, st, r, "could not start: " + self->system().render(err));
+          });
+}
+
 void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st) {
   SupervisorState& s = *st;
   for (size_t r = 0; r < s.slots.size(); ++r) {
     Slot& slot = s.slots[r];
     if (slot.failed || slot.batcher || slot.starting) continue;
     const std::string wanted = wanted_node(s, r);
-    const auto node = s.cluster.choose(wanted, s.opts.plan.devices());
-    if (!node) {
+    const auto parts = s.cluster.choose(wanted, s.opts.plan.devices());
+    if (!parts) {
       if (!slot.waiting_logged)
         spdlog::warn("replica {} waits for a node ({}) with {} free device(s)", r, wanted,
                      s.opts.plan.devices());
@@ -158,34 +204,56 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
       continue;
     }
     slot.waiting_logged = false;
-    s.cluster.place(int(r), *node, s.opts.plan.devices());
+    s.cluster.place(int(r), *parts);
     const uint64_t epoch = s.next_epoch++;
     slot.epoch = epoch;
     slot.starting = true;
-    slot.node = *node;
-    self->request(s.nodes.at(*node), kStartTimeout, start_atom::value, plan_for(s, r, epoch),
-                  s.router)
-        .then(
-            [=](BatcherActor b) {
-              Slot& sl = st->slots[r];
-              if (sl.epoch != epoch || !sl.starting) {
-                // Placed anew meanwhile (its node died): this one is stale.
-                self->send_exit(b, caf::exit_reason::user_shutdown);
-                return;
-              }
-              sl.starting = false;
-              sl.batcher = b;
-              self->monitor(b);
-              publish(*st);
-            },
-            [=](caf::error& err) {
-              Slot& sl = st->slots[r];
-              if (sl.epoch != epoch || !sl.starting) return;
-              // A node that cannot build the replica (it does not fit
-              // there) counts like a crash, so that it is not retried
-              // forever.
-              replica_died(self, st, r, "could not start: " + self->system().render(err));
-            });
+    slot.nodes.clear();
+    for (const auto& [node, devices] : *parts) slot.nodes.push_back(node);
+    ReplicaPlan plan = plan_for(s, r, epoch);
+    if (parts->size() > 1) {
+      // Devices stage-major, each part a contiguous run of them; the parts
+      // must agree on the stages, so they are split evenly here.
+      for (size_t p = 0; p < parts->size(); ++p) {
+        plan.hosts.insert(plan.hosts.end(), size_t((*parts)[p].second), int(p));
+        plan.part_names.push_back(s.cluster.node((*parts)[p].first)->name);
+      }
+      if (plan.stage_bounds.empty() && plan.pipeline > 1) {
+        const StagePartition even = equal_partition(s.opts.layers, plan.pipeline);
+        plan.stage_bounds = even.boundaries;
+      }
+    }
+    const int leader_node = slot.nodes[size_t(plan.leader())];
+    if (!plan.spans()) {
+      start_leader(self, st, r, epoch, plan, leader_node);
+      continue;
+    }
+    auto waiting = std::make_shared<int>(int(parts->size()) - 1);
+    slot.members.assign(parts->size() - 1, MemberActor{});
+    for (size_t p = 0, m = 0; p < parts->size(); ++p) {
+      if (int(p) == plan.leader()) continue;
+      ReplicaPlan part = plan;
+      part.part = int(p);
+      const size_t index = m++;
+      self->request(s.nodes.at(slot.nodes[p]), kStartTimeout, part_atom::value, part)
+          .then(
+              [=](MemberActor member) {
+                Slot& sl = st->slots[r];
+                if (sl.epoch != epoch || !sl.starting) {
+                  self->send_exit(member, caf::exit_reason::user_shutdown);
+                  return;
+                }
+                sl.members[index] = member;
+                if (--*waiting == 0) start_leader(self, st, r, epoch, plan, leader_node);
+              },
+              [=](caf::error& err) {
+                Slot& sl = st->slots[r];
+                if (sl.epoch != epoch || !sl.starting) return;
+                replica_died(self, st, r,
+                             "could not start part " + std::to_string(p) + ": " +
+                                 self->system().render(err));
+              });
+    }
   }
   publish(s);
 }
@@ -201,8 +269,14 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   st->shared = std::move(shared);
   st->metrics = metrics;
   for (int i = 0; i < st->opts.replicas; ++i)
-    st->slots.push_back({0, BatcherActor{}, false, -1,
-                         RestartIntensity(st->opts.max_restarts, st->opts.window_s), false, false});
+    st->slots.push_back({0,
+                         BatcherActor{},
+                         false,
+                         {},
+                         {},
+                         RestartIntensity(st->opts.max_restarts, st->opts.window_s),
+                         false,
+                         false});
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;
     for (const auto& [id, agent] : s.nodes)
@@ -253,6 +327,14 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         for (int node : s.cluster.expire(s.now())) bury(self, st, node, "heartbeat");
         place_waiting(self, st);
         self->delayed_send(self, kTick, stick_atom::value);
+      },
+      [=](rdvset_atom, const std::string& key, const std::vector<char>& value) {
+        st->rendezvous[key] = value;
+        return true;
+      },
+      [=](rdvget_atom, const std::string& key) {
+        auto it = st->rendezvous.find(key);
+        return it == st->rendezvous.end() ? std::vector<char>{} : it->second;
       },
       [=](crash_atom a, int replica) {
         if (replica >= 0 && size_t(replica) < st->slots.size() &&

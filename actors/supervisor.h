@@ -30,6 +30,7 @@ struct SupervisorOptions {
   int max_restarts = 3;
   double window_s = 10;
   ClusterOptions cluster;
+  int layers = 1;  // the model's: a replica spanning nodes gets its stages split evenly
 };
 
 // Shared with the runtime facade (read from other threads).

@@ -17,6 +17,9 @@ void register_wire_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<RouterActor>("RouterActor");
   cfg.add_message_type<NodeActor>("NodeActor");
   cfg.add_message_type<CoordinatorActor>("CoordinatorActor");
+  // Each also registers std::vector of itself (CAF 0.17).
+  cfg.add_message_type<MemberActor>("MemberActor");
+  cfg.add_message_type<StepItem>("StepItem");
 }
 
 }  // namespace troupe

@@ -7,11 +7,13 @@
 // closed; it never reaches an actor.
 #include <caf/all.hpp>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "scheduler/cluster.h"
 #include "scheduler/replica_messages.h"
 #include "service/request.h"
+#include "service/step_item.h"
 
 namespace troupe {
 
@@ -24,6 +26,12 @@ inline constexpr const char* kTroupeVersion = "0.10";
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
+  return f(caf::meta::type_name("StepItem"), x.seq, x.tokens, x.position, x.blocks, x.sample,
+           x.sampling, x.generated);
 }
 
 template <class Inspector>
@@ -75,14 +83,33 @@ struct ReplicaPlan {
   int max_batch_sequences = 32;
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
+  // A replica spanning nodes: per device (stage-major) the part it belongs
+  // to, one part per node, and the parts' names (their nodes', for errors);
+  // empty: the whole replica on one node. `part` is the receiver's.
+  std::vector<int> hosts;
+  std::vector<std::string> part_names;
+  int part = 0;
   int devices() const { return pipeline * tensor; }
+  // Devices of part `p` (all of them for a replica on one node).
+  int devices_of(int p) const;
+  // The part that samples: it hosts device (P-1, 0), and runs the replica's
+  // batcher and worker.
+  int leader() const { return hosts.empty() ? 0 : hosts[size_t((pipeline - 1) * tensor)]; }
+  bool spans() const { return !part_names.empty() && part_names.size() > 1; }
 };
+
+inline int ReplicaPlan::devices_of(int p) const {
+  if (hosts.empty()) return devices();
+  int n = 0;
+  for (int h : hosts) n += h == p ? 1 : 0;
+  return n;
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
   return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
            x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
-           x.prefill_chunk_tokens);
+           x.prefill_chunk_tokens, x.hosts, x.part_names, x.part);
 }
 
 // Registers every type above, and the actor handles messages carry, on a

@@ -26,6 +26,7 @@ void publish_stages(const StepEngine& engine, int replica, Metrics& metrics) {
 struct WorkerState {
   std::unique_ptr<StepEngine> engine;
   std::vector<ShardActor> shards;
+  std::vector<MemberActor> members;        // this replica's parts on other nodes
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double delay_s = 0;  // fault injection: added to every step
@@ -37,7 +38,7 @@ struct WorkerState {
 }  // namespace
 
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
-                                  Metrics* metrics) {
+                                  Metrics* metrics, std::vector<MemberActor> members) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -51,6 +52,10 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
     }
   });
   auto st = std::make_shared<WorkerState>();
+  // Linked before building: the parts meet at a rendezvous, and a part that
+  // fails there (or later) must take this replica down, and this one it.
+  for (const MemberActor& m : members) self->link_to(m);
+  st->members = std::move(members);
   auto spawned = std::make_shared<std::vector<ShardActor>>();
   st->engine = factory(shard_launcher(self, replica, spawned));
   st->shards = *spawned;
@@ -78,8 +83,16 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
         const uint64_t id = st->next_id++;
         st->pending.emplace(id, std::make_pair(uint64_t(0), rp));
         WorkerActor me = caf::actor_cast<WorkerActor>(self);
-        st->pending.at(id).first = st->engine->launch(
-            std::move(items), [me, id] { caf::anon_send(me, stepdone_atom::value, id); });
+        auto on_done = [me, id] { caf::anon_send(me, stepdone_atom::value, id); };
+        if (st->members.empty()) {
+          st->pending.at(id).first = st->engine->launch(std::move(items), on_done);
+        } else {
+          // Every part runs the step, cut alike, in the order steps come.
+          const int m = st->engine->microbatches_for(items.size());
+          for (const MemberActor& member : st->members)
+            self->send(member, step_atom::value, items, m);
+          st->pending.at(id).first = st->engine->launch_split(std::move(items), m, on_done);
+        }
         return rp;
       },
       [=](stepdone_atom, uint64_t id) {

@@ -8,7 +8,6 @@
 
 #include "deploy/fingerprint.h"
 #include "gpu/kv_cache.h"
-#include "gpu/parallel_engine.h"
 #include "scheduler/partitioner.h"
 
 namespace troupe {
@@ -92,7 +91,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   check_layout_fits(model(), spec.pipeline, spec.tensor);
   if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
     throw std::invalid_argument("give one thread count, or one per device");
-  if (spec.devices() == 1) {
+  if (spec.devices() == 1 && spec.placement.host.empty()) {
     whole_model();  // packed now, on this thread, not in a worker
     return spec;
   }
@@ -131,7 +130,7 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
 
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
-  if (spec.devices() == 1)
+  if (spec.devices() == 1 && spec.placement.host.empty())
     return std::make_unique<Engine>(
         whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
   ParallelEngineOptions o;
@@ -143,6 +142,7 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
   o.credits = spec.credits;
   o.block_tokens = spec.block_tokens;
   o.blocks = spec.blocks;
+  o.placement = spec.placement;
   return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, o, launcher);
 }
 

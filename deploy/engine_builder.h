@@ -17,6 +17,7 @@
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
 #include "gpu/layer_profile.h"
+#include "gpu/parallel_engine.h"
 
 namespace troupe {
 
@@ -33,6 +34,9 @@ struct EngineSpec {
   std::vector<std::pair<int, int>> stage_layers;
   int microbatches = 0;  // pipelines: per step (0: one per stage)
   int credits = 2;       // pipelines: micro-batches a stage may run ahead
+  // A replica spanning processes: which devices run here, and how this
+  // part reaches the others (gpu/parallel_engine.h). Empty: all here.
+  ProcessPlacement placement;
 
   int devices() const { return pipeline * tensor; }
   int threads_of(int device) const;

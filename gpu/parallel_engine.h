@@ -118,9 +118,9 @@ class ParallelEngine : public StepEngine {
   // launch() cut into exactly `microbatches` micro-batches (at most one per
   // item): how every part of a replica spanning processes cuts a step alike.
   uint64_t launch_split(std::vector<StepItem> items, int microbatches,
-                        std::function<void()> on_done = {});
+                        std::function<void()> on_done = {}) override;
   // The micro-batches launch() cuts a step of `items` items into now.
-  int microbatches_for(size_t items) const;
+  int microbatches_for(size_t items) const override;
   // Whether this part samples (hosts device (P-1, 0)); the others' finish()
   // returns -1 for every item.
   bool samples() const;

@@ -1,5 +1,6 @@
 #include "scheduler/cluster.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace troupe {
@@ -80,10 +81,9 @@ void Cluster::declare_dead(NodeRecord& n, const std::string& cause) {
   n.state = NodeState::Dead;
   n.death = cause;
   ++detections_[cause];
-  for (int r : n.replicas) {
-    placement_.erase(r);
-    devices_of_.erase(r);
-  }
+  // Its replicas are over on every node they spanned.
+  const std::vector<int> replicas = n.replicas;
+  for (int r : replicas) unplace(r);
   n.replicas.clear();
   n.used_devices = 0;
 }
@@ -105,53 +105,91 @@ bool Cluster::lost(int id, const std::string& cause) {
   return true;
 }
 
-void Cluster::place(int replica, int node, int devices) {
-  NodeRecord* n = find(node);
-  if (!n || n->state != NodeState::Live)
-    throw std::logic_error("replica " + std::to_string(replica) +
-                           " placed on a node that is not live");
+void Cluster::place(int replica, const Parts& parts) {
   unplace(replica);
-  if (n->devices - n->used_devices < devices)
-    throw std::logic_error(
-        "node '" + n->name + "' has " + std::to_string(n->devices - n->used_devices) +
-        " free devices, replica " + std::to_string(replica) + " needs " + std::to_string(devices));
-  n->replicas.push_back(replica);
-  n->used_devices += devices;
-  placement_[replica] = node;
-  devices_of_[replica] = devices;
+  for (const auto& [id, devices] : parts) {
+    const NodeRecord* n = node(id);
+    if (!n || n->state != NodeState::Live)
+      throw std::logic_error("replica " + std::to_string(replica) +
+                             " placed on a node that is not live");
+    if (n->devices - n->used_devices < devices)
+      throw std::logic_error("node '" + n->name + "' has " +
+                             std::to_string(n->devices - n->used_devices) +
+                             " free devices, replica " + std::to_string(replica) + " needs " +
+                             std::to_string(devices));
+  }
+  for (const auto& [id, devices] : parts) {
+    NodeRecord* n = find(id);
+    n->replicas.push_back(replica);
+    n->used_devices += devices;
+  }
+  placement_[replica] = parts;
 }
 
 void Cluster::unplace(int replica) {
   auto it = placement_.find(replica);
   if (it == placement_.end()) return;
-  if (NodeRecord* n = find(it->second)) {
-    std::erase(n->replicas, replica);
-    n->used_devices -= devices_of_[replica];
-  }
-  placement_.erase(it);
-  devices_of_.erase(replica);
-}
-
-std::optional<int> Cluster::node_of(int replica) const {
-  auto it = placement_.find(replica);
-  if (it == placement_.end()) return std::nullopt;
-  return it->second;
-}
-
-std::optional<int> Cluster::choose(const std::string& wanted, int devices) const {
-  std::optional<int> best;
-  int best_free = -1;
-  for (const auto& [id, n] : nodes_) {
-    if (n.state != NodeState::Live) continue;
-    if (!wanted.empty() && wanted != "any" && wanted != n.name) continue;
-    const int free = n.devices - n.used_devices;
-    if (free < devices) continue;
-    if (free > best_free) {
-      best = id;
-      best_free = free;
+  for (const auto& [id, devices] : it->second)
+    if (NodeRecord* n = find(id)) {
+      std::erase(n->replicas, replica);
+      n->used_devices -= devices;
     }
+  placement_.erase(it);
+}
+
+std::vector<int> Cluster::nodes_of(int replica) const {
+  std::vector<int> out;
+  auto it = placement_.find(replica);
+  if (it != placement_.end())
+    for (const auto& [id, devices] : it->second) out.push_back(id);
+  return out;
+}
+
+std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int devices) const {
+  auto free_of = [](const NodeRecord& n) { return n.devices - n.used_devices; };
+  if (wanted.find(',') != std::string::npos) {
+    // Named nodes, in order, each with its share.
+    std::vector<std::string> names;
+    for (size_t start = 0;;) {
+      const size_t comma = wanted.find(',', start);
+      names.push_back(wanted.substr(start, comma == std::string::npos ? comma : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    const int k = int(names.size());
+    if (k > devices) return std::nullopt;
+    Parts parts;
+    for (int i = 0; i < k; ++i) {
+      const int share = devices / k + (i < devices % k ? 1 : 0);
+      const NodeRecord* found = nullptr;
+      for (const auto& [id, n] : nodes_)
+        if (n.name == names[size_t(i)] && n.state == NodeState::Live) found = &n;
+      if (!found || free_of(*found) < share) return std::nullopt;
+      parts.emplace_back(found->id, share);
+    }
+    return parts;
   }
-  return best;
+  const bool any = wanted.empty() || wanted == "any";
+  std::vector<const NodeRecord*> live;
+  for (const auto& [id, n] : nodes_)
+    if (n.state == NodeState::Live && (any || n.name == wanted) && free_of(n) > 0)
+      live.push_back(&n);
+  // The freest first, ties to the lowest id (stable over the id order).
+  std::stable_sort(live.begin(), live.end(), [&](const NodeRecord* a, const NodeRecord* b) {
+    return free_of(*a) > free_of(*b);
+  });
+  if (!live.empty() && free_of(*live.front()) >= devices) return Parts{{live.front()->id, devices}};
+  if (!any) return std::nullopt;
+  Parts parts;
+  int left = devices;
+  for (const NodeRecord* n : live) {
+    if (left == 0) break;
+    const int take = std::min(left, free_of(*n));
+    parts.emplace_back(n->id, take);
+    left -= take;
+  }
+  if (left > 0) return std::nullopt;
+  return parts;
 }
 
 }  // namespace troupe

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe {
@@ -70,16 +71,24 @@ class Cluster {
   // when it was not live.
   bool lost(int node, const std::string& cause);
 
-  // A replica slot runs on `node` with `devices` of its devices (or leaves
-  // it). Throws std::logic_error when the node lacks the free devices.
-  void place(int replica, int node, int devices);
+  // Where a replica runs: (node, devices of it) per part, in the order of
+  // its devices (stage-major): one part, or several for a replica spanning
+  // nodes.
+  using Parts = std::vector<std::pair<int, int>>;
+  // A replica slot runs on these parts (or leaves them). Throws
+  // std::logic_error when a node lacks the free devices.
+  void place(int replica, const Parts& parts);
   void unplace(int replica);
-  std::optional<int> node_of(int replica) const;
+  // The nodes a replica runs on (empty: not placed).
+  std::vector<int> nodes_of(int replica) const;
 
-  // Where replica `replica` goes: the node `wanted` names ("any" or empty:
-  // any live node), among live nodes with `devices` free; the one with the
-  // most free devices, ties to the lowest id. Nothing when none fits.
-  std::optional<int> choose(const std::string& wanted, int devices) const;
+  // Where a replica of `devices` devices goes. `wanted` names a node, or
+  // several separated by commas ("a,b": its devices split over them in
+  // that order, as evenly as they go), or is "any" (or empty): the live
+  // node with the most free devices that holds it all (ties to the lowest
+  // id), else as few live nodes as hold it, the freest first. Nothing when
+  // it does not fit.
+  std::optional<Parts> choose(const std::string& wanted, int devices) const;
 
   const NodeRecord* node(int id) const;
   std::vector<const NodeRecord*> nodes() const;
@@ -93,8 +102,7 @@ class Cluster {
 
   ClusterOptions options_;
   std::map<int, NodeRecord> nodes_;
-  std::map<int, int> placement_;   // replica -> node
-  std::map<int, int> devices_of_;  // replica -> devices it uses
+  std::map<int, Parts> placement_;  // replica -> its parts
   std::map<std::string, uint64_t> detections_;
   int next_id_ = 1;
   uint64_t next_incarnation_ = 1;

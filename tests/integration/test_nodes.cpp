@@ -6,8 +6,8 @@
 #include <signal.h>
 
 #include <atomic>
-#include <random>
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include "support/serving_support.h"
@@ -165,6 +165,40 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// A replica whose tensor shards, or pipeline stages, are on two node
+// processes (Gloo between them, meeting through the coordinator) answers as
+// one device does; when one of its nodes dies, its requests wait and resume
+// once the node is back, token-exact.
+TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
+  for (const char* layout : {"parallel.tensor=2", "parallel.pipeline=2"}) {
+    SCOPED_TRACE(layout);
+    auto sets = coordinator_sets(1);
+    sets.push_back(layout);
+    sets.push_back("placement.replicas=[\"a,b\"]");
+    Server s(sets, /*wait_ready=*/false);
+    auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+    ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60))
+        << s.process().stderr_so_far() << a->stderr_so_far() << b->stderr_so_far();
+    EXPECT_EQ(s.metrics().find(node_replicas("a") + " 1") != std::string::npos, true);
+    EXPECT_EQ(s.metrics().find(node_replicas("b") + " 1") != std::string::npos, true);
+    for (const std::string& p : {kPrompts[0], kPrompts[1], kPrompts[4]}) {
+      auto r = s.complete({{"prompt", p}, {"max_tokens", 40}, {"temperature", 0}});
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 40)) << p;
+    }
+    const auto want = run_load(s, 6);
+    // One of its nodes dies: the replica is down until the node is back,
+    // and what was running resumes then, token-exact.
+    std::unique_ptr<test::ChildProcess> again;
+    const auto got = run_load(s, 6, [&] {
+      b->signal(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      again = test::start_node(s.nodes_port(), "b");
+    });
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+}
+
 // Garbage and truncated messages on the node port close that connection;
 // the coordinator keeps serving and nodes still join.
 TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
@@ -174,7 +208,7 @@ TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
     std::string junk(size_t(1 + rng() % 4096), '\0');
     for (char& ch : junk) ch = char(rng());
     if (round % 4 == 0) junk = junk.substr(0, 3);  // a truncated header
-    if (round % 4 == 1) junk.assign(64, '\xff');    // absurd lengths
+    if (round % 4 == 1) junk.assign(64, '\xff');   // absurd lengths
     test::send_raw(s.nodes_port(), junk);
   }
   auto a = test::start_node(s.nodes_port(), "a");
