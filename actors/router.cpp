@@ -5,6 +5,8 @@
 #include <chrono>
 #include <vector>
 
+#include "scheduler/router_log.h"
+
 namespace troupe {
 
 namespace {
@@ -31,7 +33,7 @@ class BatcherChannel : public ReplicaChannel {
 
 struct RouterState {
   std::unique_ptr<BatcherChannel> channel;
-  std::unique_ptr<RequestTable> table;
+  std::unique_ptr<LoggedRequestTable> table;  // logged when TROUPE_ROUTER_LOG names a file
   std::shared_ptr<RouterShared> shared;
   Metrics* metrics = nullptr;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -41,7 +43,7 @@ struct RouterState {
 };
 
 void publish(RouterState& s) {
-  const RequestTable& t = *s.table;
+  const RequestTable& t = s.table->table();
   s.shared->live_replicas = t.live_replicas();
   s.shared->ready = t.live_replicas() > 0;
   if (!s.metrics) return;
@@ -62,9 +64,9 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->metrics = metrics;
   st->shared = std::move(shared);
   st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
-  st->table = std::make_unique<RequestTable>(
-      options.table, make_routing_policy(options.routing_policy, options.routing_seed),
-      *st->channel);
+  st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
+                                                   options.routing_seed, *st->channel,
+                                                   router_log_from_env());
   publish(*st);
   self->send(self, rtick_atom::value);
   // Shutdown: nothing accepted ends in silence.
@@ -81,7 +83,8 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
       [=](cancel_atom, uint64_t id) { st->table->cancel(id, st->now()); },
       [=](events_atom, const StepEvents& ev) {
         if (st->metrics) {
-          if (ev.batch_sequences > 0) st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
+          if (ev.batch_sequences > 0)
+            st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
           st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
         }
         st->table->on_events(ev, st->now());
