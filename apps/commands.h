@@ -17,6 +17,7 @@ void register_generate(CLI::App& app);
 void register_synth_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_simulate(CLI::App& app);
 
 // Thrown for invalid command-line values; main prints it and exits with 2.
 class UsageError : public std::runtime_error {
@@ -42,8 +43,9 @@ void add_config_flags(CLI::App* cmd, ConfigFlags& flags);
 // threads > 0: every device's threads). A relative model.path that is not
 // found from the working directory is taken from the bundle, so the bundled
 // model works from anywhere.
-Config command_config(const ConfigFlags& flags,
-                      const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
-                      int threads = 0);
+Config command_config(
+    const ConfigFlags& flags,
+    const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
+    int threads = 0);
 
 }  // namespace troupe::app
