@@ -52,6 +52,8 @@ struct SimulateOptions {
   std::string policies, rates, layouts;
   std::string out_dir = "simulate-sweep";
   int refine = 3;
+  // --calibrate
+  bool calibrate = false;
   // --validate
   bool validate = false;
   std::string loads = "0.3,0.7";
@@ -107,16 +109,19 @@ std::string layout_name(const Config& c) {
          std::to_string(c.parallel.tensor);
 }
 
-// The profile: --profile, else the bundle's benchmarks/profiles/<model>.json.
+// --profile, else the bundle's benchmarks/profiles/<model>.json.
+std::filesystem::path profile_path(const SimulateOptions& o, const Config& cfg) {
+  if (!o.profile.empty()) return o.profile;
+  const auto file = bundle_root() / "benchmarks" / "profiles" / (served_model_name(cfg) + ".json");
+  if (!std::filesystem::exists(file))
+    throw UsageError("no step profile for model " + served_model_name(cfg) + " (looked for " +
+                     file.string() +
+                     "); make one with troupe bench --profile FILE, then pass --profile FILE");
+  return file;
+}
+
 StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
-  std::filesystem::path file = o.profile;
-  if (file.empty()) {
-    file = bundle_root() / "benchmarks" / "profiles" / (served_model_name(cfg) + ".json");
-    if (!std::filesystem::exists(file))
-      throw UsageError("no step profile for model " + served_model_name(cfg) + " (looked for " +
-                       file.string() +
-                       "); make one with troupe bench --profile FILE, then pass --profile FILE");
-  }
+  const std::filesystem::path file = profile_path(o, cfg);
   try {
     return StepProfile::load(file);
   } catch (const std::invalid_argument& e) {
@@ -322,7 +327,8 @@ class ServerProcess {
     std::vector<std::string> args{"/proc/self/exe", "serve", "--listen", "127.0.0.1:0"};
     if (!o.config.file.empty()) args.insert(args.end(), {"--config", o.config.file});
     for (const auto& s : o.config.overrides) args.insert(args.end(), {"--set", s});
-    args.insert(args.end(), {"--set", "routing.policy=" + policy, "--set", "logging.level=info"});
+    args.insert(args.end(), {"--set", "logging.level=info"});
+    if (!policy.empty()) args.insert(args.end(), {"--set", "routing.policy=" + policy});
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
     posix_spawn_file_actions_t actions;
@@ -576,15 +582,95 @@ void run_validate(const SimulateOptions& o) {
       return s;
     };
     const std::string rs = ranking(simulated[rate]), rm = ranking(measured[rate]);
-    std::printf("ranking by latency p50: simulated %s; measured %s: %s\n", rs.c_str(), rm.c_str(),
-                rs == rm ? "same" : "different");
+    // Only a measured difference beyond the run-to-run spread is a ranking
+    // worth reproducing; the rest are ties.
+    int pairs = 0, agree = 0;
+    for (size_t a = 0; a < policies.size(); ++a)
+      for (size_t b = a + 1; b < policies.size(); ++b) {
+        const Figures &ma = measured[rate][policies[a]], &mb = measured[rate][policies[b]];
+        const double noise = std::max(spread[rate][policies[a]].latency_p50 * ma.latency_p50,
+                                      spread[rate][policies[b]].latency_p50 * mb.latency_p50);
+        if (std::abs(ma.latency_p50 - mb.latency_p50) <= noise) continue;
+        ++pairs;
+        const double ds =
+            simulated[rate][policies[a]].latency_p50 - simulated[rate][policies[b]].latency_p50;
+        if ((ds < 0) == (ma.latency_p50 < mb.latency_p50) && ds != 0) ++agree;
+      }
+    std::printf(
+        "ranking by latency p50: simulated %s; measured %s: %s; %d of %d pairs measured apart "
+        "beyond the spread ordered the same\n",
+        rs.c_str(), rm.c_str(), rs == rm ? "same" : "different", agree, pairs);
   }
   if (o.json) std::cout << out.dump(1) << "\n";
 }
 
+// What serving adds to each step beyond the engine on this machine: the
+// HTTP layer, the actors' messages, the client and everything else sharing
+// the cores. A real server of this config is loaded by closed loops of 1 and
+// of several clients; the TPOT it shows above the simulator's (without
+// overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
+// step, and stored in the profile's layout.
+void run_calibrate(const SimulateOptions& o) {
+  const Config cfg = command_config(o.config);
+  const std::filesystem::path file = profile_path(o, cfg);
+  StepProfile profile = load_profile(o, cfg);
+  sim::ProfileGrid grid =
+      profile.find(cfg.parallel.pipeline, cfg.parallel.tensor, cfg.devices.front().threads);
+  grid.overhead_s = grid.overhead_per_seq_s = grid.request_overhead_s = 0;
+  const std::vector<sim::StepCostModel> models{sim::StepCostModel(grid)};
+  const sim::SimOptions so = sim_options(cfg, profile, o);
+  const int replicas = cfg.parallel.replicas;
+  const int many = std::min(cfg.batching.max_batch_sequences * replicas, std::max(8, 2 * replicas));
+  ServerProcess server(o, "", replicas);
+  double n[2], extra[2], ttft_one = 0;
+  const int clients[2] = {1, many};
+  const auto closed_loop = [&](int c) {
+    WorkloadSpec w;
+    w.clients = c;
+    w.requests = size_t(std::max(24, 6 * c));
+    w.prompt = std::to_string(o.prompt_len);
+    w.output = std::to_string(o.output_len);
+    return w;
+  };
+  for (int i = 0; i < 2; ++i) {
+    serving_bench::ServingBenchOptions bo;
+    bo.url = server.url();
+    bo.concurrency = clients[i];
+    bo.requests = int(closed_loop(clients[i]).requests);
+    bo.prompt_len = o.prompt_len;
+    bo.output_len = o.output_len;
+    bo.seed = o.workload.seed;
+    serving_bench::run_serving_bench(bo);  // warm-up
+    const auto real = serving_bench::run_serving_bench(bo);
+    const double simulated =
+        sim::simulate(so, models, closed_loop(clients[i]), {}).summary.tpot().percentile(50);
+    if (i == 0) ttft_one = real.ttft_s.p50;
+    n[i] = std::max(1.0, double(clients[i]) / replicas);
+    extra[i] = real.tpot_s.p50 - simulated;
+    std::printf("%d client(s): TPOT p50 measured %.3f ms, engine alone (simulated) %.3f ms\n",
+                clients[i], 1e3 * real.tpot_s.p50, 1e3 * simulated);
+  }
+  grid.overhead_per_seq_s = n[1] > n[0] ? std::max(0.0, (extra[1] - extra[0]) / (n[1] - n[0])) : 0;
+  grid.overhead_s = std::max(0.0, extra[0] - grid.overhead_per_seq_s * n[0]);
+  // With the steps' overhead in, what one client's first token still lacks
+  // is the front end's.
+  const double ttft_sim = sim::simulate(so, {sim::StepCostModel(grid)}, closed_loop(1), {})
+                              .summary.ttft()
+                              .percentile(50);
+  grid.request_overhead_s = std::max(0.0, ttft_one - ttft_sim);
+  std::printf(
+      "serving overhead: %.3f ms per step + %.3f ms per sequence in it, %.3f ms per request; "
+      "written to %s (%s)\n",
+      1e3 * grid.overhead_s, 1e3 * grid.overhead_per_seq_s, 1e3 * grid.request_overhead_s,
+      file.string().c_str(), grid.describe().c_str());
+  profile.put(std::move(grid));
+  profile.save(file);
+}
+
 void run_simulate(const SimulateOptions& o) {
-  if (int(o.sweep) + int(o.validate) + int(!o.emit_trace.empty()) > 1)
-    throw UsageError("give one of --sweep, --validate and --emit-trace");
+  if (int(o.sweep) + int(o.validate) + int(o.calibrate) + int(!o.emit_trace.empty()) > 1)
+    throw UsageError("give one of --sweep, --validate, --calibrate and --emit-trace");
+  if (o.calibrate) return run_calibrate(o);
   if (!o.emit_trace.empty()) {
     if (!o.workload.trace.empty() || o.workload.clients > 0)
       throw UsageError(
@@ -678,14 +764,17 @@ void register_simulate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--refine", o->refine, "Sweep: bisection steps for the highest rate in SLO")
       ->capture_default_str();
+  cmd->add_flag("--calibrate", o->calibrate,
+                "Measure what serving adds per step (a real troupe serve of this config, closed "
+                "loops of 1 and several clients) and store it in the profile");
   cmd->add_flag("--validate", o->validate,
                 "Run the workload against a real troupe serve too and compare, per policy");
   cmd->add_option("--loads", o->loads,
                   "Validate: rates as fractions of the simulated capacity (unless --rates)")
       ->capture_default_str();
-  cmd->add_option("--prompt-len", o->prompt_len, "Validate: prompt tokens per request")
+  cmd->add_option("--prompt-len", o->prompt_len, "Validate, calibrate: prompt tokens per request")
       ->capture_default_str();
-  cmd->add_option("--output-len", o->output_len, "Validate: output tokens per request")
+  cmd->add_option("--output-len", o->output_len, "Validate, calibrate: output tokens per request")
       ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Validate: real runs per point (their spread is shown)")
       ->capture_default_str();

@@ -33,7 +33,12 @@ struct Simulator::Replica {
 // A request as its client sees it; the table holds it as the sink.
 class Simulator::Flight : public CompletionSink {
  public:
-  Flight(Simulator& sim, uint64_t id, const Arrival& a) : client(a.client), sim_(sim) {
+  Flight(Simulator& sim, uint64_t id, const Arrival& a)
+      : client(a.client),
+        max_tokens(a.output_tokens),
+        priority(a.priority),
+        cancel_after_s(a.cancel_after_s),
+        sim_(sim) {
     rec.id = id;
     rec.arrival = sim.now_;
     rec.prompt_tokens = a.prompt_tokens;
@@ -64,6 +69,8 @@ class Simulator::Flight : public CompletionSink {
 
   RequestRecord rec;
   int client;
+  int max_tokens, priority;
+  double cancel_after_s;
 
  private:
   Simulator& sim_;
@@ -194,16 +201,28 @@ void Simulator::on_arrival(const Arrival& a) {
     flight->on_error({ServiceErrorKind::BadRequest, "too long for the context", 0});
     return;
   }
+  const double front_end = models_.front().request_overhead_s();
+  entering_.emplace(id, std::move(flight));
+  if (front_end > 0)
+    push(now_ + front_end, Kind::Submit, -1, id);
+  else
+    submit(id);
+}
+
+void Simulator::submit(uint64_t id) {
+  auto node = entering_.extract(id);
+  Flight& f = *node.mapped();
   CompletionRequest req;
   req.id = id;
-  req.prompt.assign(size_t(a.prompt_tokens), sample_token_);
-  req.max_tokens = a.output_tokens;
-  req.priority = a.priority;
+  req.prompt.assign(size_t(f.rec.prompt_tokens), sample_token_);
+  req.max_tokens = f.max_tokens;
+  req.priority = f.priority;
   req.timeout_s = o_.request_timeout_s;
   req.ignore_eos = true;
   req.sampling.temperature = 0;
-  table_->submit(std::move(req), std::move(flight), now_);
-  if (a.cancel_after_s >= 0) push(now_ + a.cancel_after_s, Kind::Cancel, -1, id);
+  table_->submit(std::move(req), std::move(node.mapped()), now_);
+  if (f.cancel_after_s >= 0)
+    push(std::max(now_, f.rec.arrival + f.cancel_after_s), Kind::Cancel, -1, id);
   settle();
 }
 
@@ -256,7 +275,7 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
     }
     done = std::max(done, ready);
   }
-  return done;
+  return done + model.overhead_s(int(n)) * r.slow;
 }
 
 void Simulator::launch(int replica, std::vector<StepEvents>& out) {
@@ -460,11 +479,14 @@ void Simulator::run() {
         on_arrival(node.mapped());
         break;
       }
+      case Kind::Submit:
+        submit(e.a);
+        break;
       case Kind::StepDone:
         on_step_done(e.replica, e.a, e.b);
         break;
       case Kind::Cancel:
-        if (flights_.count(e.a)) {
+        if (flights_.count(e.a) && !entering_.count(e.a)) {
           table_->cancel(e.a, now_);
           settle();
         }

@@ -118,7 +118,7 @@ class Simulator {
   std::vector<ReplicaFigures> replica_figures() const;
 
  private:
-  enum class Kind : uint8_t { Arrival, StepDone, Cancel, Tick, Sample, Failure, Up };
+  enum class Kind : uint8_t { Arrival, Submit, StepDone, Cancel, Tick, Sample, Failure, Up };
   struct Event {
     double t;
     uint64_t seq;  // ties: first scheduled, first handled
@@ -147,6 +147,7 @@ class Simulator {
   void pull_arrival();
   void schedule_arrival(const Arrival& a);
   void on_arrival(const Arrival& a);
+  void submit(uint64_t id);
   double time_step(Replica& r, const PlannedStep& step, InFlightStep& f);
   void launch(int replica, std::vector<StepEvents>& out);
   void deliver(std::vector<StepEvents>& out);
@@ -172,6 +173,8 @@ class Simulator {
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   std::unordered_map<uint64_t, Flight*> flights_;
+  // Requests on their way through the front end, by id.
+  std::unordered_map<uint64_t, std::shared_ptr<Flight>> entering_;
   std::unordered_map<uint64_t, Arrival> pending_;  // scheduled arrivals, by key
   uint64_t next_key_ = 0;
   std::vector<int> dirty_;  // replicas with work to plan

@@ -65,6 +65,8 @@ void ProfileGrid::validate() const {
   if (stages() != pipeline)
     throw std::invalid_argument(where + ": stage_seconds has " + std::to_string(stages()) +
                                 " stages, expected " + std::to_string(pipeline));
+  if (!(overhead_s >= 0) || !(overhead_per_seq_s >= 0) || !(request_overhead_s >= 0))
+    throw std::invalid_argument(where + ": the serving overhead must be >= 0");
   for (const auto& s : stage_seconds) {
     if (s.size() != points())
       throw std::invalid_argument(where + ": stage_seconds has " + std::to_string(s.size()) +
@@ -96,7 +98,10 @@ nlohmann::json StepProfile::to_json() const {
                             {"batch", g.batch},
                             {"context", g.context},
                             {"prefill", g.prefill},
-                            {"stage_seconds", g.stage_seconds}});
+                            {"stage_seconds", g.stage_seconds},
+                            {"overhead_s", g.overhead_s},
+                            {"overhead_per_seq_s", g.overhead_per_seq_s},
+                            {"request_overhead_s", g.request_overhead_s}});
   return j;
 }
 
@@ -130,6 +135,9 @@ StepProfile StepProfile::from_json(const nlohmann::json& j, const std::string& s
     g.context = field<std::vector<int>>(l, "context", lw);
     g.prefill = field<std::vector<int>>(l, "prefill", lw);
     g.stage_seconds = field<std::vector<std::vector<double>>>(l, "stage_seconds", lw);
+    g.overhead_s = l.value("overhead_s", 0.0);
+    g.overhead_per_seq_s = l.value("overhead_per_seq_s", 0.0);
+    g.request_overhead_s = l.value("request_overhead_s", 0.0);
     g.validate();
     p.layouts.push_back(std::move(g));
   }

@@ -11,7 +11,9 @@
 //    "kv_bytes_per_token", "bos", "eos": [...]}, "dtype", "isa", "cpu",
 //    "layouts": [{"pipeline", "tensor", "threads", "block_tokens",
 //                 "batch": [...], "context": [...], "prefill": [...],
-//                 "stage_seconds": [[...], ...]}]}
+//                 "stage_seconds": [[...], ...],
+//                 "overhead_s", "overhead_per_seq_s", "request_overhead_s"}]}
+// The overheads are 0 until `troupe simulate --calibrate` measures them.
 // stage_seconds[s] is stage s's time for a whole step (one micro-batch)
 // at every grid point, batch-major: index (b * |context| + c) * |prefill| + p.
 // A layout without pipeline stages has one entry: the whole step.
@@ -40,6 +42,14 @@ struct ProfileGrid {
   std::vector<int> context;  // KV length of each decode sequence, ascending
   std::vector<int> prefill;  // prompt tokens in the step, ascending (0 allowed)
   std::vector<std::vector<double>> stage_seconds;  // [stage][grid point]
+  // What serving adds per step beyond the engine (messages between the
+  // actors, competition for the cores): overhead_s + overhead_per_seq_s * n
+  // for a step of n sequences.
+  double overhead_s = 0;
+  double overhead_per_seq_s = 0;
+  // Seconds from a client's request to the runtime seeing it (HTTP and the
+  // front end), which TTFT includes.
+  double request_overhead_s = 0;
 
   int stages() const { return int(stage_seconds.size()); }
   size_t points() const { return batch.size() * context.size() * prefill.size(); }
@@ -88,8 +98,14 @@ class StepCostModel {
   explicit StepCostModel(ProfileGrid grid);
   int stages() const { return grid_.stages(); }
   double stage_s(int stage, const StepShape& shape) const;
-  // A step on all stages, one after the other (no overlap).
+  // A step on all stages, one after the other (no overlap), without the
+  // serving overhead.
   double step_s(const StepShape& shape) const;
+  // The serving runtime's own time per step of `sequences` sequences.
+  double overhead_s(int sequences) const {
+    return grid_.overhead_s + grid_.overhead_per_seq_s * sequences;
+  }
+  double request_overhead_s() const { return grid_.request_overhead_s; }
   const ProfileGrid& grid() const { return grid_; }
 
  private:
