@@ -54,8 +54,9 @@ std::string WorkloadSpec::describe() const {
     s << clients << " closed-loop clients (think " << think_s << " s), " << requests
       << " requests, prompt " << prompt << ", output " << output;
   } else {
-    s << requests << " requests, " << arrivals << " at " << rate << "/s, prompt " << prompt
-      << ", output " << output;
+    s << requests << " requests, " << arrivals;
+    if (rate > 0) s << " at " << rate << "/s";
+    s << ", prompt " << prompt << ", output " << output;
   }
   return s.str();
 }

@@ -286,10 +286,17 @@ void Simulator::launch(int replica, std::vector<StepEvents>& out) {
     note_released(r);
     if (auto ended = r.sched->take_ended()) out.push_back(std::move(*ended));
     if (!step) return;
+    // Buffers of finished steps are reused: a million requests make tens of
+    // millions of steps.
     InFlightStep f;
+    if (!spare_.empty()) {
+      f = std::move(spare_.back());
+      spare_.pop_back();
+      f.ids.clear();
+      f.samples.clear();
+    }
     f.id = step->id;
     f.start = now_;
-    f.ids.reserve(step->items.size());
     for (const auto& it : step->items) {
       f.ids.push_back(it.sample ? sample_token_ : -1);
       if (it.position == 0) note_started(it.seq);  // a request's first chunk
@@ -308,7 +315,7 @@ void Simulator::deliver(std::vector<StepEvents>& out) {
 }
 
 void Simulator::settle() {
-  std::vector<StepEvents> out;
+  std::vector<StepEvents>& out = out_;
   while (!dirty_.empty()) {
     const int i = dirty_.back();
     dirty_.pop_back();
@@ -339,10 +346,11 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   InFlightStep f = std::move(*it);
   r.flight.erase(it);
   last_progress_ = now_;
-  std::vector<StepEvents> out;
+  std::vector<StepEvents>& out = out_;
   out.push_back(r.sched->finish_step(step, f.ids, now_ - f.start));
   if (r.tuner)
     for (const auto& s : f.samples) r.tuner->observe(s.stage, s.tokens, s.seconds);
+  spare_.push_back(std::move(f));
   note_released(r);
   ++r.fig.steps;
   ++totals_.steps;

@@ -188,6 +188,8 @@ class Simulator {
   SimTotals totals_;
   ClusterSample window_;
   std::vector<ReplicaSample> samples_;
+  std::vector<InFlightStep> spare_;  // finished steps' buffers
+  std::vector<StepEvents> out_;      // events on their way to the table (empty between calls)
 };
 
 }  // namespace troupe::sim
