@@ -474,15 +474,22 @@ Figures simulate_bench(const sim::SimOptions& so, const std::vector<sim::StepCos
           c.completed};
 }
 
+// `clients` clients sending fixed-length requests back to back.
+WorkloadSpec closed_loop(int clients, size_t requests, int prompt_len, int output_len) {
+  WorkloadSpec w;
+  w.clients = clients;
+  w.requests = requests;
+  w.prompt = std::to_string(prompt_len);
+  w.output = std::to_string(output_len);
+  return w;
+}
+
 // The rate one replica set sustains: a closed loop that keeps every batch
 // slot full, simulated.
 double simulated_capacity(const sim::SimOptions& so, const std::vector<sim::StepCostModel>& models,
                           int prompt_len, int output_len) {
-  WorkloadSpec w;
-  w.clients = so.replicas * so.table.max_batch_sequences;
-  w.requests = size_t(w.clients) * 8;
-  w.prompt = std::to_string(prompt_len);
-  w.output = std::to_string(output_len);
+  const int clients = so.replicas * so.table.max_batch_sequences;
+  const WorkloadSpec w = closed_loop(clients, size_t(clients) * 8, prompt_len, output_len);
   return sim::simulate(so, models, w, {}).summary.requests_per_s();
 }
 
@@ -624,26 +631,21 @@ void run_calibrate(const SimulateOptions& o) {
   ServerProcess server(o, "", replicas);
   double n[2], extra[2], ttft_one = 0;
   const int clients[2] = {1, many};
-  const auto closed_loop = [&](int c) {
-    WorkloadSpec w;
-    w.clients = c;
-    w.requests = size_t(std::max(24, 6 * c));
-    w.prompt = std::to_string(o.prompt_len);
-    w.output = std::to_string(o.output_len);
-    return w;
+  const auto loop_of = [&](int c) {
+    return closed_loop(c, size_t(std::max(24, 6 * c)), o.prompt_len, o.output_len);
   };
   for (int i = 0; i < 2; ++i) {
     serving_bench::ServingBenchOptions bo;
     bo.url = server.url();
     bo.concurrency = clients[i];
-    bo.requests = int(closed_loop(clients[i]).requests);
+    bo.requests = int(loop_of(clients[i]).requests);
     bo.prompt_len = o.prompt_len;
     bo.output_len = o.output_len;
     bo.seed = o.workload.seed;
     serving_bench::run_serving_bench(bo);  // warm-up
     const auto real = serving_bench::run_serving_bench(bo);
     const double simulated =
-        sim::simulate(so, models, closed_loop(clients[i]), {}).summary.tpot().percentile(50);
+        sim::simulate(so, models, loop_of(clients[i]), {}).summary.tpot().percentile(50);
     if (i == 0) ttft_one = real.ttft_s.p50;
     n[i] = std::max(1.0, double(clients[i]) / replicas);
     extra[i] = real.tpot_s.p50 - simulated;
@@ -654,9 +656,8 @@ void run_calibrate(const SimulateOptions& o) {
   grid.overhead_s = std::max(0.0, extra[0] - grid.overhead_per_seq_s * n[0]);
   // With the steps' overhead in, what one client's first token still lacks
   // is the front end's.
-  const double ttft_sim = sim::simulate(so, {sim::StepCostModel(grid)}, closed_loop(1), {})
-                              .summary.ttft()
-                              .percentile(50);
+  const double ttft_sim =
+      sim::simulate(so, {sim::StepCostModel(grid)}, loop_of(1), {}).summary.ttft().percentile(50);
   grid.request_overhead_s = std::max(0.0, ttft_one - ttft_sim);
   std::printf(
       "serving overhead: %.3f ms per step + %.3f ms per sequence in it, %.3f ms per request; "

@@ -69,6 +69,17 @@ class Records : public SimObserver {
   RunSummary summary;
 };
 
+// Serves a fixed list of arrivals; the totals go to `totals` when given.
+Records run_list(const SimOptions& o, std::vector<Arrival> arrivals, const StepCostModel& model,
+                 SimTotals* totals = nullptr) {
+  ListWorkload w(std::move(arrivals));
+  Records rec;
+  Simulator sim(o, {model}, w, &rec);
+  sim.run();
+  if (totals) *totals = sim.totals();
+  return rec;
+}
+
 TEST(Simulator, OneReplicaConstantStepsGiveExactWaits) {
   // Service = k steps of T (a one-token prompt's prefill gives the first
   // token); arrivals every g < k T queue up: the i-th waits i (k T - g).
@@ -76,10 +87,7 @@ TEST(Simulator, OneReplicaConstantStepsGiveExactWaits) {
   const int k = 4;
   std::vector<Arrival> arrivals;
   for (int i = 0; i < 20; ++i) arrivals.push_back({i * g, 1, k});
-  ListWorkload w(arrivals);
-  Records rec;
-  Simulator sim(options(1, 1), {constant_model(T)}, w, &rec);
-  sim.run();
+  const Records rec = run_list(options(1, 1), arrivals, constant_model(T));
   ASSERT_EQ(rec.by_id.size(), 20u);
   for (const auto& [id, r] : rec.by_id) {
     const double i = double(id - 1);
@@ -175,12 +183,10 @@ TEST(Simulator, CompletedRequestsGetEveryTokenOnceAcrossResumption) {
   o.restart_s = 100;
   std::vector<Arrival> arrivals;
   for (int i = 0; i < 16; ++i) arrivals.push_back({0.01 * i, 20, 50});
-  ListWorkload w(arrivals);
-  Records rec;
-  Simulator sim(o, {constant_model(0.01)}, w, &rec);
-  sim.run();
-  EXPECT_EQ(sim.totals().failures, 1u);
-  EXPECT_GT(sim.totals().resumed, 0u);
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.failures, 1u);
+  EXPECT_GT(totals.resumed, 0u);
   ASSERT_EQ(rec.by_id.size(), 16u);
   for (const auto& [id, r] : rec.by_id) {
     EXPECT_EQ(r.outcome, Outcome::Completed);
@@ -198,12 +204,10 @@ TEST(Simulator, RestartIntensityGivesUpLikeTheSupervisor) {
   o.failures = {{0.1, 0, -1}, {0.2, 0, -1}, {0.3, 0, -1}, {0.4, 0, -1}};
   std::vector<Arrival> arrivals;
   for (int i = 0; i < 10; ++i) arrivals.push_back({0.05 * i, 10, 200});
-  ListWorkload w(arrivals);
-  Records rec;
-  Simulator sim(o, {constant_model(0.01)}, w, &rec);
-  sim.run();
-  EXPECT_EQ(sim.totals().restarts, 3u);
-  EXPECT_EQ(sim.totals().given_up, 1u);
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.restarts, 3u);
+  EXPECT_EQ(totals.given_up, 1u);
   EXPECT_EQ(rec.ends.size(), 10u);
   EXPECT_GT(rec.summary.count(Outcome::Unavailable), 0u);
 }
@@ -237,11 +241,7 @@ TEST(Simulator, PipelineStepsOverlapAcrossGroups) {
   auto run = [&](int sequences) {
     std::vector<Arrival> arrivals;
     for (int i = 0; i < sequences; ++i) arrivals.push_back({0, 1, 100});
-    ListWorkload w(arrivals);
-    Records rec;
-    Simulator sim(options(1, 8), {constant_model(T, 2)}, w, &rec);
-    sim.run();
-    return rec.summary.output_tokens_per_s();
+    return run_list(options(1, 8), arrivals, constant_model(T, 2)).summary.output_tokens_per_s();
   };
   const double one = run(1), two = run(2);
   EXPECT_NEAR(one, 1 / (2 * T), 1.0);
@@ -251,11 +251,7 @@ TEST(Simulator, PipelineStepsOverlapAcrossGroups) {
 TEST(Simulator, SlowReplicaIsSlower) {
   SimOptions o = options(2, 1);
   o.slowdown = {1, 3};
-  std::vector<Arrival> arrivals{{0, 1, 10}, {0, 1, 10}};
-  ListWorkload w(arrivals);
-  Records rec;
-  Simulator sim(o, {constant_model(0.01)}, w, &rec);
-  sim.run();
+  const Records rec = run_list(o, {{0, 1, 10}, {0, 1, 10}}, constant_model(0.01));
   EXPECT_NEAR(rec.by_id.at(1).latency(), 0.1, 1e-9);
   EXPECT_NEAR(rec.by_id.at(2).latency(), 0.3, 1e-9);
 }
