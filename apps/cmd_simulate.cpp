@@ -671,7 +671,6 @@ void run_calibrate(const SimulateOptions& o) {
 void run_simulate(const SimulateOptions& o) {
   if (int(o.sweep) + int(o.validate) + int(o.calibrate) + int(!o.emit_trace.empty()) > 1)
     throw UsageError("give one of --sweep, --validate, --calibrate and --emit-trace");
-  if (o.calibrate) return run_calibrate(o);
   if (!o.emit_trace.empty()) {
     if (!o.workload.trace.empty() || o.workload.clients > 0)
       throw UsageError(
@@ -684,10 +683,16 @@ void run_simulate(const SimulateOptions& o) {
     return;
   }
   if (o.workload.trace.empty() && o.workload.clients == 0 && o.workload.rate <= 0 && !o.sweep &&
-      !o.validate)
+      !o.validate && !o.calibrate)
     throw UsageError(
         "give a workload: --rate R (open loop), --clients N (closed loop) or "
         "--trace FILE");
+  if ((o.validate || o.calibrate) && (!o.workload.trace.empty() || o.workload.clients > 0))
+    throw UsageError(
+        "--validate and --calibrate load the real server with the serving bench's "
+        "own workloads (--prompt-len, --output-len); drop --trace and --clients");
+  if (o.sweep && o.rates.empty()) throw UsageError("--sweep needs --rates R1,R2,...");
+  if (o.calibrate) return run_calibrate(o);
   if (o.validate) return run_validate(o);
   if (o.sweep) return run_sweep(o);
   run_single(o);
