@@ -212,6 +212,21 @@ TEST(Simulator, RestartIntensityGivesUpLikeTheSupervisor) {
   EXPECT_GT(rec.summary.count(Outcome::Unavailable), 0u);
 }
 
+TEST(Simulator, ANodeDeathTakesAllItsReplicas) {
+  SimOptions o = options(4, 4);
+  o.replicas_per_node = 2;
+  o.failures = {{0.2, -1, 1}};  // node 1: replicas 2 and 3
+  o.restart_s = 0.5;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 40; ++i) arrivals.push_back({0.01 * i, 8, 60});
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.failures, 2u);
+  EXPECT_EQ(totals.restarts, 2u);
+  EXPECT_GT(totals.resumed, 0u);
+  for (const auto& [id, r] : rec.by_id) EXPECT_EQ(r.output_tokens, 60) << "request " << id;
+}
+
 std::string run_json(uint64_t seed, const std::string& policy) {
   SyntheticWorkload w(busy_workload(seed));
   RunSummary summary;
