@@ -5,6 +5,8 @@
 #include <chrono>
 #include <vector>
 
+#include "scheduler/router_log.h"
+
 namespace troupe {
 
 namespace {
@@ -32,7 +34,7 @@ class BatcherChannel : public ReplicaChannel {
 struct RouterState {
   std::vector<uint64_t> epoch;  // per replica: the placement its events must carry
   std::unique_ptr<BatcherChannel> channel;
-  std::unique_ptr<RequestTable> table;
+  std::unique_ptr<LoggedRequestTable> table;  // logged when TROUPE_ROUTER_LOG names a file
   std::shared_ptr<RouterShared> shared;
   Metrics* metrics = nullptr;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -42,7 +44,7 @@ struct RouterState {
 };
 
 void publish(RouterState& s) {
-  const RequestTable& t = *s.table;
+  const RequestTable& t = s.table->table();
   s.shared->live_replicas = t.live_replicas();
   s.shared->ready = t.live_replicas() > 0;
   if (!s.metrics) return;
@@ -64,9 +66,9 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->shared = std::move(shared);
   st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
   st->epoch.assign(size_t(options.table.replicas), 0);
-  st->table = std::make_unique<RequestTable>(
-      options.table, make_routing_policy(options.routing_policy, options.routing_seed),
-      *st->channel);
+  st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
+                                                   options.routing_seed, *st->channel,
+                                                   router_log_from_env());
   st->table->on_replicas_changed([st = st.get()] { publish(*st); });
   publish(*st);
   self->send(self, rtick_atom::value);

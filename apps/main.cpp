@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   troupe::app::register_generate(app);
   troupe::app::register_bench(app);
   troupe::app::register_synth_model(app);
+  troupe::app::register_simulate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
