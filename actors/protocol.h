@@ -35,7 +35,9 @@ using events_atom = caf::atom_constant<caf::atom("events")>;
 using up_atom = caf::atom_constant<caf::atom("up")>;
 using down_atom = caf::atom_constant<caf::atom("down")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
-using slow_atom = caf::atom_constant<caf::atom("slow")>;
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
+using fend_atom = caf::atom_constant<caf::atom("fend")>;
+using ftick_atom = caf::atom_constant<caf::atom("ftick")>;
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using stepdone_atom = caf::atom_constant<caf::atom("stepdone")>;
 using rtick_atom = caf::atom_constant<caf::atom("rtick")>;
@@ -50,20 +52,27 @@ using build_atom = caf::atom_constant<caf::atom("build")>;
 using rdvset_atom = caf::atom_constant<caf::atom("rdvset")>;
 using rdvget_atom = caf::atom_constant<caf::atom("rdvget")>;
 
+// The coordinator's fault injector: (fault, id) starts a fault the admin
+// endpoint recorded, (fault, report) is what the actor that applied one
+// says back, (fend, id) ends a lasting one, (ftick) fails the faults whose
+// effect never came.
+using FaultInjectorActor =
+    caf::typed_actor<caf::reacts_to<fault_atom, uint64_t>, caf::reacts_to<fault_atom, FaultReport>,
+                     caf::reacts_to<fend_atom, uint64_t>, caf::reacts_to<ftick_atom>>;
+
 // A device of a parallel layout: (run) takes its next queued job; (crash)
 // arms it to die at its next step, mid-step for the rest of its group.
 using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<crash_atom>>;
 
 // A replica's engine on its own thread. (step, items) -> one sampled id per
 // item; (stepdone, ticket) is its own note that a launched step is over;
-// (release, seq) drops a sequence's sampler. Fault injection: (crash) throws
-// at once, (crash, device) kills that shard mid-step, (slow, seconds) delays
-// every later step.
+// (release, seq) drops a sequence's sampler; (fault, order, injector)
+// applies an injected fault aimed at it, its shards or its remote parts.
 using WorkerActor =
     caf::typed_actor<caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
                      caf::reacts_to<stepdone_atom, uint64_t>,
-                     caf::reacts_to<release_atom, uint64_t>, caf::reacts_to<crash_atom>,
-                     caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
+                     caf::reacts_to<release_atom, uint64_t>,
+                     caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // A part of a replica that spans nodes, on a node other than its leader's:
 // (build) makes its engine (meeting the other parts through the
@@ -76,11 +85,11 @@ using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
                                      caf::reacts_to<stepdone_atom, uint64_t>>;
 
 // A replica's continuous batcher: requests placed on it and cancelled
-// there; fault injection is forwarded to its worker.
+// there; an injected fault is applied here (a batcher's kill, refused KV
+// blocks) or passed to its worker.
 using BatcherActor =
     caf::typed_actor<caf::reacts_to<assign_atom, Assignment>, caf::reacts_to<cancel_atom, uint64_t>,
-                     caf::reacts_to<crash_atom>, caf::reacts_to<crash_atom, int>,
-                     caf::reacts_to<slow_atom, double>>;
+                     caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // The router: requests from the front end, step events from the batchers,
 // replicas up (a batcher, after its probe step) and down (the supervisor),
@@ -112,11 +121,10 @@ using CoordinatorActor =
                      caf::replies_to<rdvget_atom, std::string>::with<std::vector<char>>>;
 
 // The supervisor: the coordinator's membership and placement, the replicas'
-// restarts, and fault injection into replica r (and its device d).
+// restarts, and injected faults passed to the replica they aim at.
 using SupervisorActor =
-    CoordinatorActor::extend<caf::reacts_to<stick_atom>, caf::reacts_to<crash_atom, int>,
-                             caf::reacts_to<crash_atom, int, int>,
-                             caf::reacts_to<slow_atom, int, double>>;
+    CoordinatorActor::extend<caf::reacts_to<stick_atom>,
+                             caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 }  // namespace troupe
 

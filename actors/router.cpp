@@ -37,6 +37,7 @@ struct RouterState {
   std::unique_ptr<LoggedRequestTable> table;  // logged when TROUPE_ROUTER_LOG names a file
   std::shared_ptr<RouterShared> shared;
   Metrics* metrics = nullptr;
+  std::shared_ptr<FaultBook> faults;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double now() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -63,6 +64,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                                   std::shared_ptr<RouterShared> shared, Metrics* metrics) {
   auto st = std::make_shared<RouterState>();
   st->metrics = metrics;
+  st->faults = options.faults;
   st->shared = std::move(shared);
   st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
   st->epoch.assign(size_t(options.table.replicas), 0);
@@ -105,6 +107,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         st->channel->set(replica, std::move(b));
         spdlog::info("replica {} ready (placement {})", replica, epoch);
         st->table->replica_up(replica, st->now());
+        if (st->faults) st->faults->replica_up(replica, st->faults->now());
         publish(*st);
       },
       [=](down_atom, int replica, uint64_t epoch, bool permanent) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "actors/fault_injector.h"
 #include "scheduler/replica_scheduler.h"
 
 namespace troupe {
@@ -47,6 +48,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   so.window_s = config.supervision.within_s;
   so.placement = config.placement.replicas;
   so.layers = model.n_layers;
+  so.faults = faults_;
   so.cluster = {kWireProtocol, model_fingerprint, config.nodes.token,
                 config.nodes.heartbeat_timeout_s};
   ReplicaPlan& plan = so.plan;
@@ -101,8 +103,10 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   ro.table.admission = admission_queue_options(config);
   ro.routing_policy = config.routing.policy;
   ro.routing_seed = config.routing.seed;
+  ro.faults = faults_;
   router_ = system_->spawn(router, ro, router_shared_, metrics);
   supervisor_ = system_->spawn(supervisor, router_, std::move(so), supervisor_shared_, metrics);
+  injector_ = system_->spawn(fault_injector, faults_, supervisor_);
 
   if (!config.nodes.listen.empty()) {
     const auto [host, port] = parse_listen(config.nodes.listen);
@@ -140,6 +144,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
 
 ActorRuntime::~ActorRuntime() {
   if (local_node_) caf::anon_send_exit(local_node_, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(injector_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
   system_->await_all_actors_done();
@@ -169,16 +174,34 @@ std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   return out;
 }
 
+FaultEntry ActorRuntime::inject(const FaultRequest& request) {
+  const FaultOrder order =
+      faults_->add(request.order, request.at_s, request.duration_s, faults_->now());
+  caf::anon_send(injector_, fault_atom::value, order.id);
+  return *faults_->get(order.id);
+}
+
+std::variant<FaultEntry, std::string> ActorRuntime::inject_json(std::string_view body) {
+  auto parsed = parse_fault_request(body, replicas_);
+  if (auto* why = std::get_if<std::string>(&parsed)) return *why;
+  return inject(std::get<FaultRequest>(parsed));
+}
+
 void ActorRuntime::inject_crash(int replica) {
-  caf::anon_send(supervisor_, crash_atom::value, replica);
+  FaultRequest r;
+  r.order.kind = FaultKind::Kill;
+  r.order.role = FaultRole::Worker;
+  r.order.replica = replica;
+  inject(r);
 }
 
 void ActorRuntime::inject_shard_crash(int replica, int device) {
-  caf::anon_send(supervisor_, crash_atom::value, replica, device);
-}
-
-void ActorRuntime::inject_slowness(int replica, double seconds) {
-  caf::anon_send(supervisor_, slow_atom::value, replica, seconds);
+  FaultRequest r;
+  r.order.kind = FaultKind::Kill;
+  r.order.role = FaultRole::Shard;
+  r.order.replica = replica;
+  r.order.device = device;
+  inject(r);
 }
 
 bool ActorRuntime::wait_live(int n, double timeout_s) const {

@@ -16,6 +16,8 @@
 #include "actors/supervisor.h"
 #include "deploy/config.h"
 #include "deploy/engine_builder.h"
+#include "faults/fault_json.h"
+#include "net/fault_admin.h"
 #include "service/completion_service.h"
 
 namespace troupe {
@@ -32,7 +34,7 @@ struct ReplicaStatus {
 // them).
 void configure_distribution(caf::actor_system_config& cfg, double heartbeat_timeout_s);
 
-class ActorRuntime : public CompletionService {
+class ActorRuntime : public CompletionService, public FaultAdmin {
  public:
   // Starts what the config describes; `engines` builds replicas on this
   // process's devices. Throws ConfigError or std::invalid_argument naming
@@ -65,13 +67,15 @@ class ActorRuntime : public CompletionService {
   // The port nodes join on (nodes.listen; the chosen one when it named port
   // 0); 0 when nodes cannot join.
   uint16_t nodes_port() const { return nodes_port_; }
-  // Fault injection: the replica's worker throws at its next message.
+  // Fault injection (tests, the admin endpoint): the fault is recorded in
+  // the fault book and started at its time; returns its entry.
+  FaultEntry inject(const FaultRequest& request);
+  std::variant<FaultEntry, std::string> inject_json(std::string_view body) override;
+  std::vector<FaultEntry> faults() const override { return faults_->list(); }
+  // Shorthands: the replica's worker dies; shard `device` (stage-major) of
+  // the replica dies in its next step, mid-step for the rest of its group.
   void inject_crash(int replica);
-  // Fault injection: shard `device` (stage-major) of the replica dies when
-  // its next step reaches it, while the rest of its group is mid-step.
   void inject_shard_crash(int replica, int device);
-  // Fault injection: every later step of the replica takes `seconds` longer.
-  void inject_slowness(int replica, double seconds);
   // Blocks until `n` replicas are live or the timeout passes; true if reached.
   bool wait_live(int n, double timeout_s) const;
 
@@ -84,6 +88,8 @@ class ActorRuntime : public CompletionService {
   std::shared_ptr<SupervisorShared> supervisor_shared_;
   RouterActor router_;
   SupervisorActor supervisor_;
+  std::shared_ptr<FaultBook> faults_ = std::make_shared<FaultBook>();
+  FaultInjectorActor injector_;
   NodeActor local_node_;
   uint16_t nodes_port_ = 0;
 };

@@ -20,6 +20,7 @@ constexpr auto kTick = std::chrono::milliseconds(100);
 constexpr auto kStartTimeout = std::chrono::seconds(120);
 
 struct Slot {
+  explicit Slot(RestartIntensity i) : intensity(std::move(i)) {}
   uint64_t epoch = 0;                // its current (or last) placement
   BatcherActor batcher;              // while it runs
   bool starting = false;             // its nodes are building it
@@ -28,6 +29,8 @@ struct Slot {
   RestartIntensity intensity;
   bool failed = false;
   bool waiting_logged = false;
+  // Faults aimed at it while it was not running: passed on once it runs.
+  std::vector<std::pair<FaultOrder, FaultInjectorActor>> faults;
 };
 
 struct SupervisorState {
@@ -102,6 +105,7 @@ void replica_died(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
     std::lock_guard<std::mutex> l(s.shared->mu);
     s.shared->last_death[r] = why;
   }
+  if (s.opts.faults) s.opts.faults->replica_died(int(r), why, s.opts.faults->now());
   end_placement(self, s, r, !restart);
   if (!restart) {
     slot.failed = true;
@@ -178,6 +182,9 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
             sl.starting = false;
             sl.batcher = b;
             self->monitor(b);
+            for (auto& [order, reporter] : sl.faults)
+              self->send(b, fault_atom::value, order, reporter);
+            sl.faults.clear();
             publish(*st);
           },
           [=](caf::error& err) {
@@ -269,14 +276,7 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   st->shared = std::move(shared);
   st->metrics = metrics;
   for (int i = 0; i < st->opts.replicas; ++i)
-    st->slots.push_back({0,
-                         BatcherActor{},
-                         false,
-                         {},
-                         {},
-                         RestartIntensity(st->opts.max_restarts, st->opts.window_s),
-                         false,
-                         false});
+    st->slots.emplace_back(RestartIntensity(st->opts.max_restarts, st->opts.window_s));
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;
     for (const auto& [id, agent] : s.nodes)
@@ -336,20 +336,27 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         auto it = st->rendezvous.find(key);
         return it == st->rendezvous.end() ? std::vector<char>{} : it->second;
       },
-      [=](crash_atom a, int replica) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a);
-      },
-      [=](crash_atom a, int replica, int device) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a, device);
-      },
-      [=](slow_atom a, int replica, double seconds) {
-        if (replica >= 0 && size_t(replica) < st->slots.size() &&
-            st->slots[size_t(replica)].batcher)
-          self->send(st->slots[size_t(replica)].batcher, a, seconds);
+      [=](fault_atom a, const FaultOrder& o, const FaultInjectorActor& reporter) {
+        if (o.replica < 0 || size_t(o.replica) >= st->slots.size()) {
+          self->send(reporter, a,
+                     FaultReport{o.id, FaultOutcome::Refused,
+                                 "no replica " + std::to_string(o.replica) + " (there are " +
+                                     std::to_string(st->slots.size()) + ")"});
+          return;
+        }
+        Slot& slot = st->slots[size_t(o.replica)];
+        if (slot.failed) {
+          self->send(reporter, a,
+                     FaultReport{o.id, FaultOutcome::Refused,
+                                 "replica " + std::to_string(o.replica) +
+                                     " stays down (its restart limit was reached)"});
+        } else if (slot.batcher) {
+          self->send(slot.batcher, a, o, reporter);
+        } else if (o.end) {
+          // A lasting fault ends with the placement it was applied to.
+        } else {
+          slot.faults.emplace_back(o, reporter);
+        }
       },
   };
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "actors/protocol.h"
+#include "faults/fault_book.h"
 #include "metrics/metrics.h"
 #include "scheduler/cluster.h"
 
@@ -31,6 +32,7 @@ struct SupervisorOptions {
   double window_s = 10;
   ClusterOptions cluster;
   int layers = 1;  // the model's: a replica spanning nodes gets its stages split evenly
+  std::shared_ptr<FaultBook> faults;  // told of every replica's death (confirms kills)
 };
 
 // Shared with the runtime facade (read from other threads).

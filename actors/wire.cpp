@@ -20,6 +20,9 @@ void register_wire_types(caf::actor_system_config& cfg) {
   // Each also registers std::vector of itself (CAF 0.17).
   cfg.add_message_type<MemberActor>("MemberActor");
   cfg.add_message_type<StepItem>("StepItem");
+  cfg.add_message_type<FaultOrder>("FaultOrder");
+  cfg.add_message_type<FaultReport>("FaultReport");
+  cfg.add_message_type<FaultInjectorActor>("FaultInjectorActor");
 }
 
 }  // namespace troupe

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "faults/fault_order.h"
 #include "scheduler/cluster.h"
 #include "scheduler/replica_messages.h"
 #include "service/request.h"
@@ -19,7 +20,7 @@ namespace troupe {
 
 // Bumped whenever a wire type or an actor protocol changes: a node speaking
 // another protocol is refused when it joins.
-inline constexpr uint32_t kWireProtocol = 1;
+inline constexpr uint32_t kWireProtocol = 2;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -55,6 +56,17 @@ typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
   return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
            x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
            x.blocks_used, x.blocks_free);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FaultOrder& x) {
+  return f(caf::meta::type_name("FaultOrder"), x.id, x.kind, x.role, x.replica, x.device, x.factor,
+           x.end);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FaultReport& x) {
+  return f(caf::meta::type_name("FaultReport"), x.id, x.outcome, x.text);
 }
 
 template <class Inspector>

@@ -61,6 +61,12 @@ void run_serve(const ServeOptions& so) {
   ho.max_body_bytes = size_t(cfg.server.max_body_bytes);
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
+  if (cfg.admin.faults) {
+    ho.faults = &runtime;
+    ho.admin_token = cfg.admin.token;
+    spdlog::warn(
+        "fault injection is on: POST /admin/faults takes faults from holders of the token");
+  }
   openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
                              cfg.server.max_tokens_limit};
   HttpServer server(ho, runtime, tokenizer, limits, metrics);

@@ -166,6 +166,11 @@ const Fields<Config>& config_fields() {
     Fields<PlacementSection> placement;
     placement.flow().add("replicas", &PlacementSection::replicas, schema::text_list());
 
+    Fields<AdminSection> admin;
+    admin.flow()
+        .add("faults", &AdminSection::faults, schema::boolean())
+        .add("token", &AdminSection::token, schema::optional_text());
+
     Fields<LoggingSection> logging;
     logging.flow().add(
         "level", &LoggingSection::level,
@@ -191,6 +196,7 @@ const Fields<Config>& config_fields() {
         .section("supervision", &Config::supervision, supervision)
         .section("nodes", &Config::nodes, nodes)
         .section("placement", &Config::placement, placement)
+        .section("admin", &Config::admin, admin)
         .section("logging", &Config::logging, logging);
     return c;
   }();
@@ -238,6 +244,10 @@ void validate(const Origin& o, const Config& c) {
   }
   if (c.nodes.listen.empty() && !c.nodes.local)
     o.fail("nodes.local", "is false and nodes.listen is empty: no device would ever join");
+  if (c.admin.faults && c.admin.token.empty())
+    o.fail("admin.token",
+           "is empty, but admin.faults is on: fault injection is served only to a client that "
+           "presents a token");
   const KvCacheSection& kv = c.kv_cache;
   if (kv.blocks > 0 && kv.bytes > 0)
     o.fail("kv_cache", "blocks and bytes are both set; give one of them");

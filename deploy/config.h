@@ -119,6 +119,15 @@ struct PlacementSection {
   bool operator==(const PlacementSection&) const = default;
 };
 
+// Run-time administration over HTTP. Off by default: POST/GET
+// /admin/faults (fault injection) exist only with faults on, and answer only
+// requests that carry `Authorization: Bearer <token>`.
+struct AdminSection {
+  bool faults = false;
+  std::string token;
+  bool operator==(const AdminSection&) const = default;
+};
+
 struct LoggingSection {
   spdlog::level::level_enum level = spdlog::level::info;
   bool operator==(const LoggingSection&) const = default;
@@ -138,6 +147,7 @@ struct Config {
   SupervisionSection supervision;
   NodesSection nodes;
   PlacementSection placement;
+  AdminSection admin;
   LoggingSection logging;
   bool operator==(const Config&) const = default;
 };
