@@ -159,7 +159,7 @@ void BaspFrameTracker::feed(const uint8_t* data, size_t n, double now_s) {
           const bool reorder = std::any_of(faults_.begin(), faults_.end(), [](const auto& f) {
             return f.kind == LinkFault::Kind::Reorder;
           });
-          if (!reorder_held_.empty() && (!reorder || now_ - reorder_since_ >= kReorderWaitS))
+          if (!reorder_held_.empty() && (!reorder || now_ - reorder_since_ >= reorder_wait_))
             flush_reorder_held();
           holding_header_ = !faults_.empty();
         }
@@ -223,7 +223,11 @@ void BaspFrameTracker::header_complete() {
         if (!hit) continue;
         if (f.kind == LinkFault::Kind::Drop) drop = true;
         if (f.kind == LinkFault::Kind::Duplicate) dup = true;
-        if (f.kind == LinkFault::Kind::Reorder) reorder = true;
+        if (f.kind == LinkFault::Kind::Reorder) {
+          cur_reorder_wait_ =
+              reorder ? std::max(cur_reorder_wait_, f.reorder_wait_s) : f.reorder_wait_s;
+          reorder = true;
+        }
       }
     }
     const size_t frame_size = basp::kHeaderSize + size_t(h.payload_len);
@@ -274,6 +278,7 @@ void BaspFrameTracker::frame_complete() {
       reorder_held_ = std::move(collect_);
       collect_.clear();
       reorder_since_ = now_;
+      reorder_wait_ = cur_reorder_wait_;
       break;
   }
   if (cur_partner_ && !reorder_held_.empty()) {
@@ -287,7 +292,7 @@ void BaspFrameTracker::frame_complete() {
 
 std::optional<double> BaspFrameTracker::poll(double now_s) {
   if (reorder_held_.empty()) return std::nullopt;
-  const double due = reorder_since_ + kReorderWaitS;
+  const double due = reorder_since_ + reorder_wait_;
   if (now_s < due) return due;
   if (at_boundary()) {
     flush_reorder_held();  // no partner came: sent anyway, not counted as reordered
@@ -738,7 +743,7 @@ std::array<DirectionFaults, 2> LinkProxy::Impl::compute_view_locked() {
         case LinkFault::Kind::Drop:
         case LinkFault::Kind::Duplicate:
         case LinkFault::Kind::Reorder:
-          x.frame.push_back({id, f.kind, f.probability, f.seed, f.frame_ops});
+          x.frame.push_back({id, f.kind, f.probability, f.seed, f.frame_ops, f.reorder_wait_s});
           break;
       }
     }
@@ -852,6 +857,8 @@ int LinkProxy::add(const LinkFault& f) {
   if (!(f.probability >= 0 && f.probability <= 1))
     throw std::invalid_argument("link fault: probability must be in [0, 1]");
   if (!(f.delay_s >= 0)) throw std::invalid_argument("link fault: delay_s must be >= 0");
+  if (!(f.reorder_wait_s >= 0))
+    throw std::invalid_argument("link fault: reorder_wait_s must be >= 0");
   if (f.kind == LinkFault::Kind::Bandwidth && !(f.bytes_per_s > 0))
     throw std::invalid_argument("link fault: a Bandwidth fault needs bytes_per_s > 0");
   int id = 0;

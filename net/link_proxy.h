@@ -28,16 +28,21 @@ const char* to_string(LinkDirection d);
 
 struct LinkFault {
   enum class Kind { Delay, Drop, Duplicate, Reorder, Cut, Bandwidth };
-  Kind kind;
+  Kind kind = Kind::Delay;
   LinkDirection direction = LinkDirection::Both;
   // Delay: every chunk (or frame) is held this long before it is forwarded;
   // order is kept. Several Delay faults add up.
   double delay_s = 0;
-  // Drop / Duplicate / Reorder: the chance per eligible frame.
+  // Drop / Duplicate / Reorder: the chance per eligible frame. A frame that
+  // several of them hit is dropped if any Drop hit it, else duplicated if
+  // any Duplicate did, else held for reordering.
   double probability = 1;
   // Bandwidth: a token bucket at this rate (bursts of at most 1/20 s worth);
   // with several, the lowest rate applies.
   double bytes_per_s = 0;
+  // Reorder: how long a held frame waits for the next eligible frame; past
+  // that it is sent anyway (and not counted as reordered).
+  double reorder_wait_s = 0.2;
   // Randomness is repeatable from the seed: each connection and direction
   // draws from its own generator seeded from (seed, direction), once per
   // eligible frame, so the same frames in the same order meet the same fate.
@@ -47,7 +52,10 @@ struct LinkFault {
   // whatever the mask says: losing one of those kills or never establishes
   // the connection, which tests connection death, not a lossy link (use Cut
   // or reset_connections() for that). Default: direct_message (2) and
-  // routed_message (3).
+  // routed_message (3). Note that CAF sends direct_messages of its own too:
+  // right after connecting, a node asks the other's "SpawnServ" for its info
+  // (a named receiver, flags bit 0x01), and the reply comes back; a fault in
+  // force then hits them like any other message.
   uint32_t frame_ops = (1u << 2) | (1u << 3);
 };
 
@@ -75,6 +83,7 @@ struct LinkCounters {
   uint64_t open_connections = 0;   // now (the one counter that is not monotonic)
   LinkDirectionCounters to_upstream;
   LinkDirectionCounters to_client;
+  // Both reads as ToUpstream.
   const LinkDirectionCounters& operator[](LinkDirection d) const {
     return d == LinkDirection::ToClient ? to_client : to_upstream;
   }
@@ -146,6 +155,7 @@ class BaspFrameTracker {
     double probability;
     uint64_t seed;
     uint32_t frame_ops;
+    double reorder_wait_s = 0.2;
   };
   struct Stats {
     uint64_t frames_forwarded = 0, frames_dropped = 0, frames_duplicated = 0, frames_reordered = 0;
@@ -156,7 +166,6 @@ class BaspFrameTracker {
   // A frame larger than this is never collected for Duplicate/Reorder (it
   // passes untouched); Drop works at any size.
   static constexpr size_t kMaxCollected = 16u << 20;
-  static constexpr double kReorderWaitS = 0.2;
 
   BaspFrameTracker(LinkDirection direction, Emit emit);
 
@@ -166,7 +175,7 @@ class BaspFrameTracker {
 
   // Passes `n` bytes read at time `now_s` (seconds, any origin) through.
   void feed(const uint8_t* data, size_t n, double now_s);
-  // Sends a frame held for reordering if it has waited kReorderWaitS (not
+  // Sends a frame held for reordering if it has waited its reorder_wait_s (not
   // counted as reordered). Returns when to call again (nullopt: nothing held).
   std::optional<double> poll(double now_s);
   // End of stream: passes on whatever is held (a frame held for reordering,
@@ -213,6 +222,8 @@ class BaspFrameTracker {
   std::vector<uint8_t> collect_;  // the frame being collected (Duplicate/Reorder)
   std::vector<uint8_t> reorder_held_;  // a frame waiting for the next eligible one
   double reorder_since_ = 0;
+  double reorder_wait_ = 0;      // of the frame held
+  double cur_reorder_wait_ = 0;  // of the frame being collected for reordering
   double now_ = 0;
   bool parse_failed_now_ = false;
   Stats stats_;

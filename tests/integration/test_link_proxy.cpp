@@ -532,7 +532,7 @@ TEST(LinkProxyFrames, ReorderSwapsTwoAndSendsALoneFrameAfterTheWait) {
   const auto t0 = Clock::now();
   c.send(frame(kDirect, 3));
   EXPECT_TRUE(c.recv(frame(kDirect, 3).size(), 5) == frame(kDirect, 3));
-  EXPECT_GE(since(t0), BaspFrameTracker::kReorderWaitS);
+  EXPECT_GE(since(t0), LinkFault{}.reorder_wait_s);
   EXPECT_EQ(proxy.counters().to_upstream.frames_reordered, 1u);
 }
 

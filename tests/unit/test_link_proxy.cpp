@@ -61,7 +61,8 @@ struct Harness {
   void faults(const std::vector<LinkFault>& fs) {
     std::vector<BaspFrameTracker::FrameFault> v;
     int id = 1;
-    for (const auto& f : fs) v.push_back({id++, f.kind, f.probability, f.seed, f.frame_ops});
+    for (const auto& f : fs)
+      v.push_back({id++, f.kind, f.probability, f.seed, f.frame_ops, f.reorder_wait_s});
     tracker.set_faults(v);
   }
   // Feeds in pieces of `step` bytes (0: all at once).
@@ -205,12 +206,25 @@ TEST(BaspFrameTracker, AFrameWithoutPartnerGoesOutAfterTheWaitUncounted) {
   EXPECT_GT(h.tracker.held_bytes(), 0u);
   auto due = h.tracker.poll(10.05);
   ASSERT_TRUE(due.has_value());
-  EXPECT_NEAR(*due, 10.0 + BaspFrameTracker::kReorderWaitS, 1e-9);
+  EXPECT_NEAR(*due, 10.0 + LinkFault{}.reorder_wait_s, 1e-9);
   EXPECT_TRUE(h.out.empty());
   EXPECT_FALSE(h.tracker.poll(10.25).has_value());
   EXPECT_EQ(h.out, frame(kRouted, 1));
   EXPECT_EQ(h.tracker.stats().frames_reordered, 0u);
   EXPECT_EQ(h.tracker.stats().frames_forwarded, 1u);
+}
+
+TEST(BaspFrameTracker, TheFaultSaysHowLongAFrameWaitsForItsPartner) {
+  Harness h;
+  LinkFault r = fault(Kind::Reorder);
+  r.reorder_wait_s = 1.5;
+  h.faults({r});
+  h.feed(frame(kDirect, 1), 0, 10.0);
+  EXPECT_EQ(h.tracker.poll(10.3), std::optional<double>(11.5));
+  EXPECT_TRUE(h.out.empty());
+  h.feed(frame(kDirect, 2), 0, 11.0);  // in time: swapped
+  EXPECT_EQ(h.out, concat({frame(kDirect, 2), frame(kDirect, 1)}));
+  EXPECT_EQ(h.tracker.stats().frames_reordered, 1u);
 }
 
 TEST(BaspFrameTracker, AHeldFrameWaitsForTheFrameInFlightToEnd) {
