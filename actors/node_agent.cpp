@@ -108,6 +108,7 @@ struct AgentState {
   PartLinks links;        // for parts of replicas spanning nodes
   bool watching = false;  // monitoring the coordinator (once per connection)
   bool joined = false;
+  uint64_t join_attempt = 0;  // the latest join request's number
   bool joining = false;
   int node = -1;
   uint64_t incarnation = 0;
@@ -170,10 +171,14 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
     s.watching = true;
   }
   s.joining = true;
+  // An attempt overtaken by a later one (its connection was lost and a new
+  // one joined) must not touch the state the later one made.
+  const uint64_t attempt = ++s.join_attempt;
   self->request(s.coordinator, join_timeout(s), join_atom::value, s.opts.join,
                 caf::actor_cast<NodeActor>(self))
       .then(
           [=](const JoinReply& reply) {
+            if (attempt != st->join_attempt) return;
             st->joining = false;
             if (!reply.accepted) {
               spdlog::error("node {}: the coordinator refused it: {}", st->opts.join.name,
@@ -189,6 +194,7 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
                          st->opts.devices.size());
           },
           [=](caf::error& err) {
+            if (attempt != st->join_attempt) return;
             st->joining = false;
             spdlog::warn("node {}: join failed: {}; retrying", st->opts.join.name,
                          self->system().render(err));
@@ -258,6 +264,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
       stop_all(self, s, "the coordinator is gone");
       s.joined = false;
       s.joining = false;
+      ++s.join_attempt;
       s.watching = false;
       if (!s.opts.coordinator_host.empty()) s.coordinator = CoordinatorActor{};
       return;

@@ -72,6 +72,12 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                                                    options.routing_seed, *st->channel,
                                                    router_log_from_env());
   st->table->on_replicas_changed([st = st.get()] { publish(*st); });
+  if (st->faults)
+    st->table->on_resumed([st = st.get()](double down, double next_token) {
+      // On the fault book's clock.
+      const double at = st->faults->now();
+      st->faults->resumed(at - (next_token - down), at);
+    });
   publish(*st);
   self->send(self, rtick_atom::value);
   // Shutdown: nothing accepted ends in silence.

@@ -72,6 +72,8 @@ class ActorRuntime : public CompletionService, public FaultAdmin {
   FaultEntry inject(const FaultRequest& request);
   std::variant<FaultEntry, std::string> inject_json(std::string_view body) override;
   std::vector<FaultEntry> faults() const override { return faults_->list(); }
+  std::vector<FaultBook::Resume> resumes() const override { return faults_->resumes(); }
+  double now() const override { return faults_->now(); }
   // Shorthands: the replica's worker dies; shard `device` (stage-major) of
   // the replica dies in its next step, mid-step for the rest of its group.
   void inject_crash(int replica);

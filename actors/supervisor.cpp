@@ -353,7 +353,8 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         } else if (slot.batcher) {
           self->send(slot.batcher, a, o, reporter);
         } else if (o.end) {
-          // A lasting fault ends with the placement it was applied to.
+          // Not yet passed on (the replica was down all along): it never starts.
+          std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
         } else {
           slot.faults.emplace_back(o, reporter);
         }

@@ -19,6 +19,7 @@ void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_node(CLI::App& app);
 void register_simulate(CLI::App& app);
+void register_chaos(CLI::App& app);
 
 // Thrown for invalid command-line values; main prints it and exits with 2.
 class UsageError : public std::runtime_error {

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   troupe::app::register_bench(app);
   troupe::app::register_synth_model(app);
   troupe::app::register_simulate(app);
+  troupe::app::register_chaos(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

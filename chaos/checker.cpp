@@ -506,7 +506,17 @@ ChaosReport check(const RunRecords& r) {
     FaultReport fr;
     fr.number = n;
     fr.record = f;
-    if (f.injected_s >= 0) {
+    if (f.injected_s >= 0 && !f.resumed_s.empty()) {
+      // The coordinator saw which requests the fault orphaned: each one's
+      // next token, however soon it came.
+      fr.window_end_s = fault_window(f).second;
+      for (double t : f.resumed_s) {
+        const double delay = t - f.injected_s;
+        fr.resumed_late.push_back({SIZE_MAX, delay});
+        fr.resume_max_s = std::max(fr.resume_max_s, delay);
+        resume[f.kind].push_back(delay);
+      }
+    } else if (f.injected_s >= 0) {
       fr.window_end_s = fault_window(f).second;
       for (const RequestRecord& q : r.requests) {
         if (!q.stream || q.sent_s < 0 || q.sent_s >= f.injected_s) continue;

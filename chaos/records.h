@@ -54,6 +54,9 @@ struct FaultRecord {
   std::string error;         // why it was not confirmed, or could not be injected
   double detected_s = -1;    // the deployment noticed (a node or replica declared dead)
   double recovered_s = -1;   // capacity back to what it was before
+  // For each request the fault orphaned (its replica died), when its next
+  // token came, as the coordinator saw it; empty when unknown.
+  std::vector<double> resumed_s;
 };
 
 // Sampled every few hundred milliseconds during the load.

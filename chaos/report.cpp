@@ -140,7 +140,7 @@ std::string render_text(const ChaosReport& r) {
     for (const FaultReport& f : r.faults) {
       const FaultRecord& rec = f.record;
       std::string resume = f.resume_max_s < 0 ? std::string("-")
-                                              : fmt::format("{} ({} late)", seconds(f.resume_max_s),
+                                              : fmt::format("{} ({} req)", seconds(f.resume_max_s),
                                                             f.resumed_late.size());
       out += fmt::format("  {:<29}{:<12}{:<12}{:<20}{}\n",
                          shorten(fmt::format("{} {} {}", f.number, rec.kind, rec.target), 28),
@@ -268,7 +268,8 @@ nlohmann::json render_json(const ChaosReport& r) {
     const FaultRecord& rec = f.record;
     nlohmann::json late = nlohmann::json::array();
     for (const ResumeDelay& d : f.resumed_late)
-      late.push_back({{"index", d.index}, {"delay_s", d.delay_s}});
+      late.push_back({{"index", d.index == SIZE_MAX ? nlohmann::json() : nlohmann::json(d.index)},
+                      {"delay_s", d.delay_s}});
     j["faults"].push_back({{"number", f.number},
                            {"kind", rec.kind},
                            {"target", rec.target},

@@ -179,17 +179,22 @@ int read_int(const Origin& o, const Node& n, const std::string& key, std::string
   return read_integer<int>(o, n, key, expected);
 }
 
-double read_seconds(const Origin& o, const Node& n, const std::string& key) {
-  const std::string& text = scalar_text(o, n, key, kSeconds);
+double read_number(const Origin& o, const Node& n, const std::string& key,
+                   std::string_view expected) {
+  const std::string& text = scalar_text(o, n, key, expected);
   std::string_view digits = text;
   if (digits.size() > 1 && digits[0] == '+') digits.remove_prefix(1);
   double value = 0;
   const char* end = digits.data() + digits.size();
   const auto [stop, ec] = std::from_chars(digits.data(), end, value);
   if (is_quoted(n) || digits.empty() || ec != std::errc() || stop != end || !std::isfinite(value)) {
-    fail_expected(o, key, kSeconds, n);
+    fail_expected(o, key, expected, n);
   }
   return value;
+}
+
+double read_seconds(const Origin& o, const Node& n, const std::string& key) {
+  return read_number(o, n, key, kSeconds);
 }
 
 // Byte sizes may carry a binary unit, since nobody wants to count the digits
@@ -269,6 +274,18 @@ Kind<double> seconds(bool zero_ok) {
             return std::string("expected ") + (zero_ok ? "a non-negative" : "a positive") +
                    " number of seconds" + (zero_ok ? " (0: no limit)" : "") + ", got " +
                    format_number(v);
+          },
+          [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
+}
+
+Kind<double> number_in(double lo, double hi) {
+  const std::string range = "a number in [" + format_number(lo) + ", " + format_number(hi) + "]";
+  return {[range](const Origin& o, const Node& n, const std::string& key) {
+            return read_number(o, n, key, range);
+          },
+          [lo, hi, range](const double& v) {
+            return v >= lo && v <= hi ? std::string()
+                                      : "expected " + range + ", got " + format_number(v);
           },
           [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
 }

@@ -128,6 +128,17 @@ void FaultBook::replica_up(int replica, double now) {
     if (e.order.replica == replica && e.detected >= 0 && e.recovered < 0) e.recovered = now;
 }
 
+void FaultBook::resumed(double down, double next_token) {
+  std::lock_guard<std::mutex> l(mu_);
+  resumes_.push_back({down, next_token});
+  if (resumes_.size() > kMaxResumes) resumes_.pop_front();
+}
+
+std::vector<FaultBook::Resume> FaultBook::resumes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {resumes_.begin(), resumes_.end()};
+}
+
 void FaultBook::expire(double now) {
   std::lock_guard<std::mutex> l(mu_);
   for (auto& e : entries_) {

@@ -5,6 +5,7 @@
 // that was detected and when the replica served again. Thread-safe: the
 // admin endpoint writes and reads it on HTTP threads, actors on theirs.
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,16 @@ class FaultBook {
   // Fails faults whose effect did not come within the window.
   void expire(double now);
 
+  // A request whose replica died delivered its next token (elsewhere):
+  // when the death was seen and when that token came. The latest
+  // kMaxResumes are kept, for a chaos run to match with its faults.
+  struct Resume {
+    double down = 0, next_token = 0;
+  };
+  static constexpr size_t kMaxResumes = 200000;
+  void resumed(double down, double next_token);
+  std::vector<Resume> resumes() const;
+
  private:
   FaultEntry* find(uint64_t id);
 
@@ -73,6 +84,7 @@ class FaultBook {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;
   std::vector<FaultEntry> entries_;
+  std::deque<Resume> resumes_;
   uint64_t next_id_ = 1;
 };
 

@@ -38,7 +38,10 @@ Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_
   if (method == "GET") {
     nlohmann::json list = nlohmann::json::array();
     for (const FaultEntry& e : admin.faults()) list.push_back(fault_entry_json(e));
-    r.body = nlohmann::json{{"faults", list}}.dump();
+    nlohmann::json resumes = nlohmann::json::array();
+    for (const FaultBook::Resume& x : admin.resumes()) resumes.push_back({x.down, x.next_token});
+    // The book's clock now, so that a client can place the times on its own.
+    r.body = nlohmann::json{{"now_s", admin.now()}, {"faults", list}, {"resumes", resumes}}.dump();
     return r;
   }
   auto injected = admin.inject_json(body);

@@ -19,6 +19,10 @@ class FaultAdmin {
   // or why it was refused.
   virtual std::variant<FaultEntry, std::string> inject_json(std::string_view body) = 0;
   virtual std::vector<FaultEntry> faults() const = 0;
+  // Requests of dead replicas resuming: [when the death was seen, when
+  // their next token came], on the book's clock.
+  virtual std::vector<FaultBook::Resume> resumes() const = 0;
+  virtual double now() const = 0;  // the book's clock
 };
 
 }  // namespace troupe

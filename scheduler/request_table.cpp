@@ -210,6 +210,10 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
     // client has not seen, and a late token from a dead replica is the same
     // token (deterministic sampling), so index order decides.
     if (size_t(t.index) != r.delivered.size()) continue;
+    if (r.orphaned_at >= 0) {
+      if (resumed_) resumed_(r.orphaned_at, now);
+      r.orphaned_at = -1;
+    }
     r.delivered.push_back(t.token);
     r.sink->on_token(t.token);
   }
@@ -258,6 +262,7 @@ size_t RequestTable::replica_down(int replica, bool permanent, double now) {
     }
     r.replica = -1;
     r.resuming = true;
+    if (r.orphaned_at < 0) r.orphaned_at = now;
     resume_.push_front(*it);
     ++resumed;
   }

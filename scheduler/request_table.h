@@ -77,6 +77,11 @@ class RequestTable {
   // told about it: whoever shows readiness (the router's /ready) is never
   // behind what a client has already heard.
   void on_replicas_changed(std::function<void()> fn) { replicas_changed_ = std::move(fn); }
+  // Called when a request whose replica died delivers its next token: how
+  // long after the death it took (on the table's clock).
+  void on_resumed(std::function<void(double down, double next_token)> fn) {
+    resumed_ = std::move(fn);
+  }
 
   struct ReplicaView {
     bool live = false;
@@ -106,6 +111,7 @@ class RequestTable {
     double deadline = 0;  // absolute, on the table's clock; 0: none
     bool resuming = false;
     bool cancelled = false;  // asked its replica to stop; ends instead of resuming
+    double orphaned_at = -1;  // its replica died then; reset by its next token
   };
 
   RequestInfo info(const Request& r) const;
@@ -130,6 +136,7 @@ class RequestTable {
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<ReplicaView> replicas_;
   std::function<void()> replicas_changed_;
+  std::function<void(double, double)> resumed_;
   // What the policy sees, kept up to date replica by replica rather than
   // rebuilt per decision: at a thousand replicas the rebuild would dominate.
   std::vector<ReplicaLoad> loads_;

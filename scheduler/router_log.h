@@ -71,6 +71,7 @@ class LoggedRequestTable {
   void tick(double now);
   void shutdown(const std::string& why) { table_.shutdown(why); }
   void on_replicas_changed(std::function<void()> fn) { table_.on_replicas_changed(std::move(fn)); }
+  void on_resumed(std::function<void(double, double)> fn) { table_.on_resumed(std::move(fn)); }
   const RequestTable& table() const { return table_; }
 
  private:

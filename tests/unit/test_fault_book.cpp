@@ -113,6 +113,8 @@ class FakeAdmin : public FaultAdmin {
     return *book.get(o.id);
   }
   std::vector<FaultEntry> faults() const override { return book.list(); }
+  std::vector<FaultBook::Resume> resumes() const override { return book.resumes(); }
+  double now() const override { return book.now(); }
   FaultBook book;
 };
 
