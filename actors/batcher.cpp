@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "actors/worker.h"
+#include "scheduler/replica_link.h"
 
 namespace troupe {
 
@@ -18,6 +19,9 @@ struct BatcherState {
   WorkerActor worker;
   std::unique_ptr<ReplicaScheduler> sched;
   bool up = false;
+  // The channel with the router (scheduler/replica_link.h).
+  SequenceCheck from_router;
+  uint64_t sent = 0;
   // An injected refusal of KV blocks, until its effect is reported.
   struct {
     uint64_t id = 0;
@@ -25,6 +29,33 @@ struct BatcherState {
     uint64_t refusals_before = 0;
   } kv_fault;
 };
+
+// Every message to the router is numbered and carries what it had received.
+void tell_router(BatcherActor::pointer self, BatcherState& s, StepEvents ev) {
+  ev.seq = ++s.sent;
+  ev.acked = s.from_router.last();
+  self->send(s.router, events_atom::value, std::move(ev));
+}
+
+// A message from the router, in order: handle it. A duplicate is dropped; a
+// gap means one was lost or overtaken, and this replica cannot know what it
+// missed: it exits, and supervision places it again (its requests resume).
+bool in_order(BatcherActor::pointer self, BatcherState& s, uint64_t seq) {
+  switch (s.from_router.accept(seq)) {
+    case SequenceCheck::Verdict::Next:
+      return true;
+    case SequenceCheck::Verdict::Duplicate:
+      return false;
+    case SequenceCheck::Verdict::Gap:
+      break;
+  }
+  const std::string why = "replica " + std::to_string(s.sched->replica()) +
+                          ": a message from the router was lost (" +
+                          s.from_router.describe_gap(seq) + ")";
+  spdlog::error("{}", why);
+  self->quit(caf::make_error(caf::sec::runtime_error, why));
+  return false;
+}
 
 void report(BatcherActor::pointer self, const FaultInjectorActor& to, uint64_t id,
             FaultOutcome outcome, std::string text) {
@@ -45,8 +76,7 @@ void confirm_kv_fault(BatcherActor::pointer self, BatcherState& s) {
 // worker (before any later step), and requests that ended idle, to the router.
 void flush(BatcherActor::pointer self, BatcherState& s) {
   for (uint64_t id : s.sched->take_released()) self->send(s.worker, release_atom::value, id);
-  if (auto ended = s.sched->take_ended())
-    self->send(s.router, events_atom::value, std::move(*ended));
+  if (auto ended = s.sched->take_ended()) tell_router(self, s, std::move(*ended));
 }
 
 void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
@@ -64,7 +94,7 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
               const double took = std::chrono::duration<double>(Clock::now() - t0).count();
               StepEvents ev = st->sched->finish_step(id, out, took);
               flush(self, *st);
-              self->send(st->router, events_atom::value, std::move(ev));
+              tell_router(self, *st, std::move(ev));
               schedule(self, st);
             },
             [=](caf::error& err) {
@@ -108,12 +138,18 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {
+        if (!in_order(self, *st, a.seq)) return;
         st->sched->add(std::move(a));
         schedule(self, st);
       },
-      [=](cancel_atom, uint64_t id) {
+      [=](cancel_atom, uint64_t id, uint64_t seq) {
+        if (!in_order(self, *st, seq)) return;
         st->sched->cancel(id);
         schedule(self, st);
+      },
+      [=](sync_atom, uint64_t seq) {
+        if (!in_order(self, *st, seq)) return;
+        tell_router(self, *st, st->sched->load_report());
       },
       [=](fault_atom a, FaultOrder& o, FaultInjectorActor& reporter) {
         const int replica = st->sched->replica();

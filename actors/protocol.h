@@ -51,6 +51,9 @@ using part_atom = caf::atom_constant<caf::atom("part")>;
 using build_atom = caf::atom_constant<caf::atom("build")>;
 using rdvset_atom = caf::atom_constant<caf::atom("rdvset")>;
 using rdvget_atom = caf::atom_constant<caf::atom("rdvget")>;
+using sync_atom = caf::atom_constant<caf::atom("sync")>;
+using broken_atom = caf::atom_constant<caf::atom("broken")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 // The coordinator's fault injector: (fault, id) starts a fault the admin
 // endpoint recorded, (fault, report) is what the actor that applied one
@@ -85,20 +88,26 @@ using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
                                      caf::reacts_to<stepdone_atom, uint64_t>>;
 
 // A replica's continuous batcher: requests placed on it and cancelled
-// there; an injected fault is applied here (a batcher's kill, refused KV
-// blocks) or passed to its worker.
+// there (id, then the channel's sequence number), the router's probe (sync,
+// seq), answered at once with its load; an injected fault is applied here (a
+// batcher's kill, refused KV blocks) or passed to its worker.
 using BatcherActor =
-    caf::typed_actor<caf::reacts_to<assign_atom, Assignment>, caf::reacts_to<cancel_atom, uint64_t>,
+    caf::typed_actor<caf::reacts_to<assign_atom, Assignment>,
+                     caf::reacts_to<cancel_atom, uint64_t, uint64_t>,
+                     caf::reacts_to<sync_atom, uint64_t>,
                      caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // The router: requests from the front end, step events from the batchers,
 // replicas up (a batcher, after its probe step) and down (the supervisor),
-// each for one placement epoch, and its own deadline tick.
+// each for one placement epoch, and its own deadline tick. (watch,
+// supervisor) names whom it tells about a replica whose channel broke (the
+// supervisor's handle, untyped here since its type names the router's).
 using RouterActor = caf::typed_actor<
     caf::reacts_to<submit_atom, CompletionRequest, std::shared_ptr<CompletionSink>>,
     caf::reacts_to<cancel_atom, uint64_t>, caf::reacts_to<events_atom, StepEvents>,
     caf::reacts_to<up_atom, int, uint64_t, BatcherActor>,
-    caf::reacts_to<down_atom, int, uint64_t, bool>, caf::reacts_to<rtick_atom>>;
+    caf::reacts_to<down_atom, int, uint64_t, bool>, caf::reacts_to<rtick_atom>,
+    caf::reacts_to<watch_atom, caf::actor>>;
 
 // A process with devices: starts the replicas the supervisor places on it
 // (answering with the replica's batcher) and stops those whose placement
@@ -121,10 +130,12 @@ using CoordinatorActor =
                      caf::replies_to<rdvget_atom, std::string>::with<std::vector<char>>>;
 
 // The supervisor: the coordinator's membership and placement, the replicas'
-// restarts, and injected faults passed to the replica they aim at.
+// restarts, injected faults passed to the replica they aim at, and the
+// router's word that a replica's channel broke (broken, replica, epoch, why).
 using SupervisorActor =
     CoordinatorActor::extend<caf::reacts_to<stick_atom>,
-                             caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
+                             caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>,
+                             caf::reacts_to<broken_atom, int, uint64_t, std::string>>;
 
 }  // namespace troupe
 

@@ -14,34 +14,55 @@ namespace {
 // Deadlines and queue wait limits are checked this often.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
-// The table's placements and cancellations, as messages to the batchers.
+using Clock = std::chrono::steady_clock;
+
+// The table's placements and cancellations, as messages to the batchers,
+// numbered on each replica's channel (scheduler/replica_link.h).
 class BatcherChannel : public ReplicaChannel {
  public:
-  BatcherChannel(RouterActor::pointer self, size_t replicas) : self_(self), batchers_(replicas) {}
+  BatcherChannel(RouterActor::pointer self, size_t replicas, ReplicaLinkOptions link,
+                 Clock::time_point start)
+      : self_(self), link_options_(link), start_(start), batchers_(replicas), links_(replicas) {}
   void assign(int replica, Assignment a) override {
+    a.seq = link(replica).send(now());
     self_->send(batchers_.at(size_t(replica)), assign_atom::value, std::move(a));
   }
   void cancel(int replica, uint64_t id) override {
-    self_->send(batchers_.at(size_t(replica)), cancel_atom::value, id);
+    const uint64_t seq = link(replica).send(now());
+    self_->send(batchers_.at(size_t(replica)), cancel_atom::value, id, seq);
   }
-  void set(int replica, BatcherActor b) { batchers_.at(size_t(replica)) = std::move(b); }
+  void probe(int replica) {
+    const uint64_t seq = link(replica).send(now());
+    self_->send(batchers_.at(size_t(replica)), sync_atom::value, seq);
+  }
+  // A new placement: a new batcher and a channel numbered from 1.
+  void set(int replica, BatcherActor b) {
+    batchers_.at(size_t(replica)) = std::move(b);
+    links_.at(size_t(replica)) = ReplicaLink(link_options_);
+  }
+  ReplicaLink& link(int replica) { return links_.at(size_t(replica)); }
+  const BatcherActor& batcher(int replica) const { return batchers_.at(size_t(replica)); }
 
  private:
+  double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   RouterActor::pointer self_;
+  ReplicaLinkOptions link_options_;
+  Clock::time_point start_;
   std::vector<BatcherActor> batchers_;
+  std::vector<ReplicaLink> links_;
 };
 
 struct RouterState {
   std::vector<uint64_t> epoch;  // per replica: the placement its events must carry
+  std::vector<bool> broken;     // per replica: its current placement's channel broke
+  caf::actor supervisor;        // told about broken channels
   std::unique_ptr<BatcherChannel> channel;
   std::unique_ptr<LoggedRequestTable> table;  // logged when TROUPE_ROUTER_LOG names a file
   std::shared_ptr<RouterShared> shared;
   Metrics* metrics = nullptr;
   std::shared_ptr<FaultBook> faults;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  double now() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  Clock::time_point start = Clock::now();
+  double now() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
 };
 
 void publish(RouterState& s) {
@@ -58,6 +79,24 @@ void publish(RouterState& s) {
   s.metrics->set_queue_depth(t.queue_depth());
 }
 
+// The channel to a replica lost, duplicated out of order or never answered
+// a message: nothing it says can be trusted any more. Its requests resume
+// elsewhere at once, it is fenced (its events ignored until a new
+// placement), and the supervisor stops it and places it again.
+void channel_broke(RouterActor::pointer self, RouterState& s, int replica,
+                   const std::string& why) {
+  if (s.broken[size_t(replica)]) return;
+  s.broken[size_t(replica)] = true;
+  const size_t resumed = s.table->replica_down(replica, false, s.now());
+  spdlog::warn("replica {}: {}; {} requests to resume", replica, why, resumed);
+  if (s.supervisor)
+    self->send(caf::actor_cast<SupervisorActor>(s.supervisor), broken_atom::value, replica,
+               s.epoch[size_t(replica)], "its channel broke: " + why);
+  // Told directly too, in case the supervisor's word does not get through.
+  self->send_exit(s.channel->batcher(replica), caf::exit_reason::user_shutdown);
+  publish(s);
+}
+
 }  // namespace
 
 RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions options,
@@ -66,8 +105,10 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->metrics = metrics;
   st->faults = options.faults;
   st->shared = std::move(shared);
-  st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
+  st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas),
+                                                 options.link, st->start);
   st->epoch.assign(size_t(options.table.replicas), 0);
+  st->broken.assign(size_t(options.table.replicas), false);
   st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
                                                    options.routing_seed, *st->channel,
                                                    router_log_from_env());
@@ -96,8 +137,19 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         // A replica that outlived its placement (a node declared dead that
         // came back) is fenced: its events speak for an old epoch.
         if (ev.replica < 0 || size_t(ev.replica) >= st->epoch.size() ||
-            ev.epoch != st->epoch[size_t(ev.replica)])
+            ev.epoch != st->epoch[size_t(ev.replica)] || st->broken[size_t(ev.replica)])
           return;
+        ReplicaLink& link = st->channel->link(ev.replica);
+        switch (link.receive(ev.seq, ev.acked)) {
+          case SequenceCheck::Verdict::Next:
+            break;
+          case SequenceCheck::Verdict::Duplicate:
+            return;
+          case SequenceCheck::Verdict::Gap:
+            return channel_broke(self, *st, ev.replica,
+                                 "a message from it was lost or overtaken (" +
+                                     link.incoming().describe_gap(ev.seq) + ")");
+        }
         if (st->metrics) {
           if (ev.batch_sequences > 0)
             st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
@@ -110,6 +162,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
         if (epoch <= st->epoch[size_t(replica)]) return;  // an older placement, late
         st->epoch[size_t(replica)] = epoch;
+        st->broken[size_t(replica)] = false;
         st->channel->set(replica, std::move(b));
         spdlog::info("replica {} ready (placement {})", replica, epoch);
         st->table->replica_up(replica, st->now());
@@ -127,7 +180,25 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                      permanent ? " for good" : "", resumed);
         publish(*st);
       },
+      [=](watch_atom, caf::actor supervisor) { st->supervisor = std::move(supervisor); },
       [=](rtick_atom) {
+        const auto& reps = st->table->table().replicas();
+        for (size_t r = 0; r < reps.size(); ++r) {
+          if (!reps[r].live || st->broken[r]) continue;
+          ReplicaLink& link = st->channel->link(int(r));
+          switch (link.tick(st->now())) {
+            case ReplicaLink::Action::None:
+              break;
+            case ReplicaLink::Action::Probe:
+              st->channel->probe(int(r));
+              break;
+            case ReplicaLink::Action::Broken:
+              channel_broke(self, *st, int(r),
+                            "it acknowledged nothing for " +
+                                std::to_string(int(link.waiting_s(st->now()) * 1000)) + " ms");
+              break;
+          }
+        }
         st->table->tick(st->now());
         publish(*st);
         self->delayed_send(self, kTick, rtick_atom::value);

@@ -12,6 +12,7 @@
 #include "actors/protocol.h"
 #include "faults/fault_book.h"
 #include "metrics/metrics.h"
+#include "scheduler/replica_link.h"
 #include "scheduler/request_table.h"
 
 namespace troupe {
@@ -21,6 +22,7 @@ struct RouterOptions {
   std::string routing_policy = "latency_aware";
   uint64_t routing_seed = 1;
   std::shared_ptr<FaultBook> faults;  // told when a replica serves again
+  ReplicaLinkOptions link;            // probing and timeout of each replica's channel
 };
 
 // Shared with the runtime facade (read from HTTP threads).

@@ -104,8 +104,11 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   ro.routing_policy = config.routing.policy;
   ro.routing_seed = config.routing.seed;
   ro.faults = faults_;
+  // A replica's channel is given as long as a node's heartbeats to answer.
+  ro.link.timeout_s = std::max(2.0, 2 * config.nodes.heartbeat_timeout_s);
   router_ = system_->spawn(router, ro, router_shared_, metrics);
   supervisor_ = system_->spawn(supervisor, router_, std::move(so), supervisor_shared_, metrics);
+  caf::anon_send(router_, watch_atom::value, caf::actor_cast<caf::actor>(supervisor_));
   injector_ = system_->spawn(fault_injector, faults_, supervisor_);
 
   if (!config.nodes.listen.empty()) {

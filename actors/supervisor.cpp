@@ -336,6 +336,19 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         auto it = st->rendezvous.find(key);
         return it == st->rendezvous.end() ? std::vector<char>{} : it->second;
       },
+      [=](broken_atom, int replica, uint64_t epoch, const std::string& why) {
+        SupervisorState& s = *st;
+        if (replica < 0 || size_t(replica) >= s.slots.size()) return;
+        Slot& slot = s.slots[size_t(replica)];
+        if (slot.epoch != epoch || !slot.batcher) return;  // already over
+        // It may still run, deaf or mute: its node is told to stop it (the
+        // router ignores it from now on either way, by its epoch).
+        for (int node : slot.nodes)
+          if (auto agent = s.nodes.find(node); agent != s.nodes.end())
+            self->send(agent->second, stop_atom::value, replica, epoch);
+        self->send_exit(slot.batcher, caf::exit_reason::user_shutdown);
+        replica_died(self, st, size_t(replica), why);
+      },
       [=](fault_atom a, const FaultOrder& o, const FaultInjectorActor& reporter) {
         if (o.replica < 0 || size_t(o.replica) >= st->slots.size()) {
           self->send(reporter, a,

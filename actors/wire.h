@@ -20,7 +20,7 @@ namespace troupe {
 
 // Bumped whenever a wire type or an actor protocol changes: a node speaking
 // another protocol is refused when it joins.
-inline constexpr uint32_t kWireProtocol = 2;
+inline constexpr uint32_t kWireProtocol = 3;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -38,7 +38,7 @@ typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
   return f(caf::meta::type_name("Assignment"), x.id, x.tokens, x.generated, x.max_tokens,
-           x.sampling, x.ignore_eos);
+           x.sampling, x.ignore_eos, x.seq);
 }
 
 template <class Inspector>
@@ -55,7 +55,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
   return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
            x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
-           x.blocks_used, x.blocks_free);
+           x.blocks_used, x.blocks_free, x.seq, x.acked);
 }
 
 template <class Inspector>

@@ -436,6 +436,7 @@ ChaosReport check(const RunRecords& r) {
   // Throughput: 1-second bins, and the rates in and after the fault windows.
   Throughput& tp = rep.throughput;
   tp.baseline_tokens_per_s = r.baseline_tokens_per_s;
+  tp.baseline_basis = r.baseline_basis;
   double last_token = -1;
   for (const RequestRecord& q : r.requests)
     for (double t : q.token_times) last_token = std::max(last_token, t);

@@ -83,7 +83,11 @@ struct RunRecords {
   std::vector<ResourceSample> resources_start, resources_end;
   double duration_s = 0;
   double deadline_s = 0;             // each request's deadline after it was sent
-  double baseline_tokens_per_s = 0;  // the fault-free pass, same load
+  // What the load would get without faults: a closed loop's fault-free
+  // pass; for an open loop, the offered load (rate x mean expected tokens)
+  // when the fault-free pass showed the deployment can carry it.
+  double baseline_tokens_per_s = 0;
+  std::string baseline_basis = "closed loop";  // or "offered load"
 };
 
 }  // namespace troupe::chaos

@@ -366,7 +366,18 @@ void Run::baseline(const Workload& w) {
     throw std::runtime_error("the fault-free pass failed for " + std::to_string(failures.size()) +
                              " request(s), so there is nothing to compare with; first: " +
                              failures[0]);
-  out_.records.baseline_tokens_per_s = double(tokens) / std::max(1e-9, seconds_since(start));
+  const double capacity = double(tokens) / std::max(1e-9, seconds_since(start));
+  out_.records.baseline_tokens_per_s = capacity;
+  out_.records.baseline_basis = "closed loop";
+  if (plan_.workload.rate > 0 && !w.requests.empty()) {
+    double expected_tokens = 0;
+    for (const RequestSpec& s : w.requests) expected_tokens += expected_[s.distinct].tokens.size();
+    const double offered = plan_.workload.rate * expected_tokens / double(w.requests.size());
+    if (offered <= capacity) {
+      out_.records.baseline_tokens_per_s = offered;
+      out_.records.baseline_basis = "offered load";
+    }
+  }
 }
 
 ClientFaults Run::claim_client_fault(bool stream, Tracked** who) {
@@ -701,7 +712,9 @@ void Run::poll() {
       const double window_end = r.injected_s + std::max(tr.plan.duration_s, 0.0) + kAttributeS;
       if ((k->family == "process" || k->family == "link") && t <= window_end) {
         if (r.detected_s < 0 && m.detections + m.restarts > tr.baseline_detect) r.detected_s = t;
-        if (m.live_replicas < replicas_) tr.capacity_dropped = true;
+        // A replica back within one poll shows only in the restart counter:
+        // then the poll that saw the counter move is when capacity was back.
+        if (m.live_replicas < replicas_ || r.detected_s >= 0) tr.capacity_dropped = true;
         if (tr.capacity_dropped && r.recovered_s < 0 && m.live_replicas == replicas_)
           r.recovered_s = t;
       }

@@ -19,6 +19,7 @@ struct Assignment {
   int max_tokens = 0;
   SamplingParams sampling;
   bool ignore_eos = false;
+  uint64_t seq = 0;  // the router's channel numbers it (scheduler/replica_link.h)
 };
 
 struct TokenEvent {
@@ -48,6 +49,10 @@ struct StepEvents {
   int queued_tokens = 0;  // prompt tokens still to prefill there
   int blocks_used = 0;
   int blocks_free = 0;
+  // The channel's numbering (scheduler/replica_link.h): this message's, and
+  // the last of the router's messages the replica had received.
+  uint64_t seq = 0;
+  uint64_t acked = 0;
 };
 
 }  // namespace troupe

@@ -59,6 +59,12 @@ void ReplicaScheduler::fill_load(StepEvents& ev) const {
   ev.blocks_free = blocks_free();
 }
 
+StepEvents ReplicaScheduler::load_report() const {
+  StepEvents ev;
+  fill_load(ev);
+  return ev;
+}
+
 int ReplicaScheduler::queued_tokens() const {
   int n = 0;
   for (const auto& [id, q] : seqs_) n += std::max(0, q.prefill_end - q.cached);

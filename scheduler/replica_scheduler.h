@@ -72,6 +72,8 @@ class ReplicaScheduler {
   PlannedStep probe_step();
   void finish_probe(uint64_t step);
 
+  // No step, nothing ended: only the replica's load (an answer to a probe).
+  StepEvents load_report() const;
   // Requests that ended without a step (cancelled while idle), if any.
   std::optional<StepEvents> take_ended();
   // Sequences whose engine state (their sampler) may be dropped: ended or
