@@ -13,7 +13,8 @@
 
 namespace troupe {
 
-ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path,
+                           const std::string& cwd) {
   if (!log_path.empty()) {
     log_ = std::fopen(log_path.c_str(), "a");
     if (!log_) throw std::runtime_error("cannot write " + log_path);
@@ -33,6 +34,7 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     execv(args[0], args.data());
     _exit(127);
   }

@@ -17,8 +17,9 @@ namespace troupe {
 class ChildProcess {
  public:
   // argv[0] is the program's path. With `log_path`, stderr is also
-  // appended to that file as it comes.
-  explicit ChildProcess(const std::vector<std::string>& argv, const std::string& log_path = "");
+  // appended to that file as it comes; with `cwd`, the child runs there.
+  explicit ChildProcess(const std::vector<std::string>& argv, const std::string& log_path = "",
+                        const std::string& cwd = "");
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

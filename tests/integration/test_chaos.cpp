@@ -1,0 +1,193 @@
+// `troupe chaos` as a user runs it (a coordinator and node processes on
+// 127.0.0.1 behind link proxies), and the admin endpoint it drives, over
+// real HTTP.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "support/serving_support.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct ChaosResult {
+  int exit_code = -1;
+  json report;
+  std::string stderr_text;
+};
+
+// Runs `troupe chaos PLAN ARGS...` from the source directory (the plans'
+// model paths are relative to it) and reads its JSON report.
+ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<std::string> argv{TROUPE_BINARY,  "chaos",     plan.string(),
+                                "--json",       (dir / "report.json").string(),
+                                "--run-dir",    (dir / "logs").string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess p(argv, "", test::source_dir().string());
+  ChaosResult r;
+  r.exit_code = p.wait_exit(240);
+  r.stderr_text = p.stderr_so_far();
+  std::ifstream in(dir / "report.json");
+  if (in) r.report = json::parse(in, nullptr, false);
+  return r;
+}
+
+void expect_nothing_lost(const json& report) {
+  const json& c = report["counts"];
+  EXPECT_EQ(c["lost"], 0);
+  EXPECT_EQ(c["hung"], 0);
+  EXPECT_EQ(c["broken"], 0);
+  EXPECT_EQ(c["duplicated"], 0);
+  EXPECT_EQ(c["wrong"], 0);
+  EXPECT_EQ(c["failed_with_status"], 0);
+  EXPECT_EQ(c["correct"].get<int>() + c["cancelled_as_asked"].get<int>(),
+            c["requests"].get<int>());
+}
+
+std::set<std::string> confirmed_kinds(const json& report) {
+  std::set<std::string> kinds;
+  for (const json& f : report["faults"]) {
+    EXPECT_TRUE(f["confirmed"].get<bool>()) << f.dump();
+    EXPECT_FALSE(f["confirmation"].get<std::string>().empty()) << f.dump();
+    if (f["confirmed"].get<bool>()) kinds.insert(f["kind"].get<std::string>());
+  }
+  return kinds;
+}
+
+// The shipped quick schedule, as its comment prints it: every family of
+// fault (node SIGKILL and SIGSTOP, a partition, runtime and HTTP faults).
+TEST(Chaos, TheQuickScheduleLosesNothingAndConfirmsEveryFault) {
+  const ChaosResult r = run_chaos("configs/chaos/quick.yaml");
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 0) << r.report["failures"].dump() << "\n" << r.stderr_text;
+  EXPECT_EQ(r.report["verdict"], "PASS");
+  EXPECT_EQ(r.report["counts"]["requests"], 900);
+  expect_nothing_lost(r.report);
+  const auto kinds = confirmed_kinds(r.report);
+  for (const char* k : {"process_kill", "process_stop", "link_delay", "link_cut", "kill", "slow",
+                        "kv_alloc_fail", "step_error", "client_disconnect", "client_slow"})
+    EXPECT_TRUE(kinds.count(k)) << k;
+  // The node killed was detected and its requests resumed elsewhere.
+  for (const json& f : r.report["faults"])
+    if (f["kind"] == "process_kill") {
+      EXPECT_FALSE(f["detected_s"].is_null()) << f.dump();
+      EXPECT_FALSE(f["recovered_s"].is_null()) << f.dump();
+    }
+  // Cancellations on purpose reached the server as 499s (one that crossed
+  // its answer's end on the way is not counted; the two clients that went
+  // away as a fault are).
+  const int client = r.report["cancellations"]["client"], server = r.report["cancellations"]["server_499"];
+  EXPECT_GT(client, 0);
+  EXPECT_GE(server, client * 8 / 10) << client;
+  EXPECT_LE(server, client + 2);
+  // Every process was sampled at the start and the end.
+  ASSERT_EQ(r.report["resources"].size(), 4u);
+  for (const json& p : r.report["resources"]) {
+    EXPECT_FALSE(p["start"].is_null()) << p.dump();
+    EXPECT_FALSE(p["end"].is_null()) << p.dump();
+  }
+}
+
+// Messages between the coordinator and its nodes dropped, duplicated,
+// reordered, throttled, cut one way and reset, and a node restarted: the
+// numbered channel turns each loss into a resumption, never a hang.
+TEST(Chaos, TheLinkScheduleLosesNothingAndConfirmsEveryFault) {
+  const ChaosResult r = run_chaos("configs/chaos/links.yaml");
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 0) << r.report["failures"].dump() << "\n" << r.stderr_text;
+  expect_nothing_lost(r.report);
+  const auto kinds = confirmed_kinds(r.report);
+  for (const char* k : {"link_drop", "link_duplicate", "link_reorder", "link_bandwidth",
+                        "link_reset", "link_cut", "process_restart"})
+    EXPECT_TRUE(kinds.count(k)) << k;
+}
+
+TEST(Chaos, AFaultThatCannotTakeEffectFailsTheRun) {
+  const ChaosResult r = run_chaos(fs::path(TROUPE_TEST_DATA) / "chaos" / "ineffective.yaml");
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 1) << r.stderr_text;
+  EXPECT_EQ(r.report["verdict"], "FAIL");
+  expect_nothing_lost(r.report);  // it fails for the faults alone
+  ASSERT_EQ(r.report["faults"].size(), 2u);
+  for (const json& f : r.report["faults"]) {
+    EXPECT_FALSE(f["confirmed"].get<bool>()) << f.dump();
+    EXPECT_FALSE(f["error"].get<std::string>().empty()) << f.dump();
+  }
+  EXPECT_NE(r.report["faults"][0]["error"].get<std::string>().find("did not move"),
+            std::string::npos)
+      << r.report["faults"][0].dump();
+  EXPECT_NE(r.stderr_text.find("chaos run failed"), std::string::npos) << r.stderr_text;
+}
+
+TEST(Chaos, ABadPlanIsRefusedNamingTheKey) {
+  const fs::path plan = fs::temp_directory_path() /
+                        ("troupe-chaos-bad-" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(plan) << "faults:\n  - {at_s: 1, kind: proces_kill}\n";
+  const ChaosResult r = run_chaos(plan);
+  fs::remove(plan);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.stderr_text.find("faults[0].kind"), std::string::npos) << r.stderr_text;
+  EXPECT_NE(r.stderr_text.find("process_kill"), std::string::npos) << r.stderr_text;
+}
+
+// ---- the admin endpoint over real HTTP ----
+
+TEST(AdminOverHttp, AbsentByDefault) {
+  test::Server s({});
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/admin/faults").status, 404);
+  EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults",
+                               R"({"kind":"slow","replica":0,"factor":2,"duration_s":1})",
+                               10, {{"Authorization", "Bearer anything"}})
+                .status,
+            404);
+}
+
+TEST(AdminOverHttp, RefusedWithoutTheTokenAndTakesFaultsWithIt) {
+  test::Server s({"admin.faults=true", "admin.token=s3cret"});
+  const std::string body = R"({"kind":"slow","replica":0,"factor":3,"duration_s":1})";
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/admin/faults").status, 401);
+  EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults", body).status, 401);
+  EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults", body, 10,
+                               {{"Authorization", "Bearer s3crex"}})
+                .status,
+            401);
+  const HttpHeaders auth{{"Authorization", "Bearer s3cret"}};
+  EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults", "{not json", 10, auth).status,
+            400);
+  const HttpResponse added = test::http_request(s.port(), "POST", "/admin/faults", body, 10, auth);
+  ASSERT_EQ(added.status, 201) << added.body;
+  const json fault = json::parse(added.body);
+  // Slowed steps show once requests run; the listing has it.
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(s.complete({{"prompt", "Love is"}, {"max_tokens", 8}, {"temperature", 0}}).status,
+              200);
+  const HttpResponse listed = test::http_request(s.port(), "GET", "/admin/faults", "", 10, auth);
+  ASSERT_EQ(listed.status, 200) << listed.body;
+  const json j = json::parse(listed.body);
+  ASSERT_TRUE(j["faults"].is_array());
+  bool found = false;
+  for (const json& f : j["faults"]) found = found || f["id"] == fault["id"];
+  EXPECT_TRUE(found) << listed.body;
+}
+
+TEST(AdminOverHttp, FaultsWithoutATokenAreRefusedAtStart) {
+  ChildProcess p({TROUPE_BINARY, "serve", "--config",
+                  (test::source_dir() / "configs" / "default.yaml").string(), "--listen",
+                  "127.0.0.1:0", "--set", "model.path=" + test::model_path("fortune").string(),
+                  "--set", "admin.faults=true"});
+  EXPECT_NE(p.wait_exit(60), 0);
+  EXPECT_NE(p.stderr_so_far().find("admin.token"), std::string::npos) << p.stderr_so_far();
+}
+
+}  // namespace
+}  // namespace troupe
