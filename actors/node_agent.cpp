@@ -211,6 +211,12 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
 std::optional<caf::error> prepare(AgentState& s, const ReplicaPlan& plan, Hosted& h,
                                   ReplicaEngine& engine, NodeActor::pointer self) {
   if (auto it = s.replicas.find(plan.replica); it != s.replicas.end()) {
+    // A start that arrives after a newer one (delayed on the way) is stale.
+    if (it->second.epoch > plan.epoch)
+      return caf::make_error(caf::sec::runtime_error,
+                             "replica " + std::to_string(plan.replica) + " placement " +
+                                 std::to_string(plan.epoch) + " is stale: placement " +
+                                 std::to_string(it->second.epoch) + " runs here");
     it->second.stop(self);
     free_devices(s, it->second);
     s.replicas.erase(it);
@@ -328,6 +334,16 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         MemberActor handle = h.member;
         host(s, plan.replica, std::move(h));
         return handle;
+      },
+      [=](placed_atom, int replica, uint64_t epoch) -> caf::result<BatcherActor> {
+        AgentState& s = *st;
+        auto it = s.replicas.find(replica);
+        if (it == s.replicas.end() || it->second.epoch != epoch || !it->second.batcher)
+          return caf::make_error(caf::sec::runtime_error,
+                                 "node " + s.opts.join.name + " does not run replica " +
+                                     std::to_string(replica) + " placement " +
+                                     std::to_string(epoch));
+        return it->second.batcher;
       },
       [=](stop_atom, int replica, uint64_t epoch) {
         AgentState& s = *st;

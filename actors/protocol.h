@@ -54,6 +54,7 @@ using rdvget_atom = caf::atom_constant<caf::atom("rdvget")>;
 using sync_atom = caf::atom_constant<caf::atom("sync")>;
 using broken_atom = caf::atom_constant<caf::atom("broken")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using placed_atom = caf::atom_constant<caf::atom("placed")>;
 
 // The coordinator's fault injector: (fault, id) starts a fault the admin
 // endpoint recorded, (fault, report) is what the actor that applied one
@@ -114,8 +115,12 @@ using RouterActor = caf::typed_actor<
 // ended; (join) from the coordinator says it is no longer a member (it was
 // declared dead): stop everything and join again; (ntick) paces its
 // heartbeats and, after losing the coordinator, its attempts to join again.
+// (placed, replica, epoch) answers with the batcher of that placement if it
+// runs here (an error if not): the supervisor asks when a start's answer is
+// late, since a start or its answer may have been lost on the way.
 using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
                                                    std::vector<MemberActor>>::with<BatcherActor>,
+                                   caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
                                    caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
                                    caf::reacts_to<stop_atom, int, uint64_t>,
                                    caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom>>;

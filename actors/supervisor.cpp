@@ -18,12 +18,19 @@ namespace {
 constexpr auto kTick = std::chrono::milliseconds(100);
 // A node has this long to build a replica's engine and answer.
 constexpr auto kStartTimeout = std::chrono::seconds(120);
+// A start unanswered this long: ask the node whether it runs it (the start
+// or its answer may have been lost on the way); it has this long to answer.
+constexpr double kStartProbeS = 3;
+constexpr auto kProbeTimeout = std::chrono::seconds(2);
 
 struct Slot {
   explicit Slot(RestartIntensity i) : intensity(std::move(i)) {}
   uint64_t epoch = 0;                // its current (or last) placement
   BatcherActor batcher;              // while it runs
   bool starting = false;             // its nodes are building it
+  int leader_node = -1;              // while starting: where its leader is built
+  double start_sent = -1;            // when the leader's start was sent
+  double start_probed = -1;          // when the node was last asked about it
   std::vector<int> nodes;            // its parts' nodes, the leader's among them
   std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
   RestartIntensity intensity;
@@ -162,6 +169,24 @@ ReplicaPlan plan_for(const SupervisorState& s, size_t r, uint64_t epoch) {
   return p;
 }
 
+// A node answered that placement `epoch` of replica r runs there.
+void adopt(SupervisorActor::pointer self, SupervisorState& s, size_t r, uint64_t epoch,
+           const BatcherActor& b) {
+  Slot& sl = s.slots[r];
+  if (sl.epoch != epoch || !sl.starting) {
+    // Placed anew meanwhile (a node died), or adopted already.
+    if (sl.batcher != b) self->send_exit(b, caf::exit_reason::user_shutdown);
+    return;
+  }
+  sl.starting = false;
+  sl.start_sent = -1;
+  sl.batcher = b;
+  self->monitor(b);
+  for (auto& [order, reporter] : sl.faults) self->send(b, fault_atom::value, order, reporter);
+  sl.faults.clear();
+  publish(s);
+}
+
 // The replica's leader starts once its other parts are up (each builds its
 // engine when the leader's meets it at the rendezvous).
 void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
@@ -169,24 +194,12 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
   SupervisorState& s = *st;
   Slot& slot = s.slots[r];
   plan.part = plan.leader();
+  slot.leader_node = leader_node;
+  slot.start_sent = s.now();
+  slot.start_probed = -1;
   self->request(s.nodes.at(leader_node), kStartTimeout, start_atom::value, plan, s.router,
                 slot.members)
-      .then(
-          [=](BatcherActor b) {
-            Slot& sl = st->slots[r];
-            if (sl.epoch != epoch || !sl.starting) {
-              // Placed anew meanwhile (a node died): this one is stale.
-              self->send_exit(b, caf::exit_reason::user_shutdown);
-              return;
-            }
-            sl.starting = false;
-            sl.batcher = b;
-            self->monitor(b);
-            for (auto& [order, reporter] : sl.faults)
-              self->send(b, fault_atom::value, order, reporter);
-            sl.faults.clear();
-            publish(*st);
-          },
+      .then([=](BatcherActor b) { adopt(self, *st, r, epoch, b); },
           [=](caf::error& err) {
             Slot& sl = st->slots[r];
             if (sl.epoch != epoch || !sl.starting) return;
@@ -194,6 +207,36 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
             // counts like a crash, so that it is not retried forever.
             replica_died(self, st, r, "could not start: " + self->system().render(err));
           });
+}
+
+// Starts whose answer is late: the node says whether it runs them. One it
+// does not run was lost on the way, and is placed again (not the replica's
+// fault: it does not count against its restart intensity). A node busy
+// building an engine answers after it, which is the start's answer anyway.
+void probe_starts(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st) {
+  SupervisorState& s = *st;
+  const double now = s.now();
+  for (size_t r = 0; r < s.slots.size(); ++r) {
+    Slot& slot = s.slots[r];
+    if (!slot.starting || slot.start_sent < 0 || now - slot.start_sent < kStartProbeS ||
+        now - slot.start_probed < kStartProbeS)
+      continue;
+    auto node = s.nodes.find(slot.leader_node);
+    if (node == s.nodes.end()) continue;
+    slot.start_probed = now;
+    const uint64_t epoch = slot.epoch;
+    self->request(node->second, kProbeTimeout, placed_atom::value, int(r), epoch)
+        .then([=](BatcherActor b) { adopt(self, *st, r, epoch, b); },
+              [=](caf::error& err) {
+                Slot& sl = st->slots[r];
+                if (sl.epoch != epoch || !sl.starting || err == caf::sec::request_timeout) return;
+                spdlog::warn("replica {}: its start (placement {}) was lost on the way ({}); "
+                             "placing it again",
+                             r, epoch, self->system().render(err));
+                end_placement(self, *st, r, false);
+                place_waiting(self, st);
+              });
+  }
 }
 
 void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st) {
@@ -325,6 +368,7 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
       [=](stick_atom) {
         SupervisorState& s = *st;
         for (int node : s.cluster.expire(s.now())) bury(self, st, node, "heartbeat");
+        probe_starts(self, st);
         place_waiting(self, st);
         self->delayed_send(self, kTick, stick_atom::value);
       },

@@ -57,7 +57,7 @@ struct FaultPlan {
 };
 
 struct RandomFaults {
-  double every_s = 0;  // mean seconds between faults (exponential); 0: none
+  double every_s = 0;  // mean seconds between faults (each gap drawn in [0.5, 1.5] x it); 0: none
   std::vector<std::string> kinds;
   double from_s = 2;      // not before
   double until_s = 0;     // not after (0: until the load ends)

@@ -62,6 +62,7 @@ struct Endpoint {
 struct MetricsView {
   bool ok = false;
   int live_replicas = 0;
+  std::vector<int> live;  // which replicas are ready
   double detections = 0;  // nodes declared dead
   double restarts = 0;    // replicas restarted
   double cancelled = 0;   // requests_total{status="499"}
@@ -82,7 +83,11 @@ MetricsView read_metrics(const Endpoint& e) {
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     const double v = sample_value(line);
-    if (line.rfind("troupe_replica_state{", 0) == 0 && v == 2) ++m.live_replicas;
+    if (line.rfind("troupe_replica_state{", 0) == 0 && v == 2) {
+      ++m.live_replicas;
+      const size_t q = line.find("replica=\"");
+      if (q != std::string::npos) m.live.push_back(std::atoi(line.c_str() + q + 9));
+    }
     if (line.rfind("troupe_node_detections_total{", 0) == 0) m.detections += v;
     if (line.rfind("troupe_replica_restarts_total{", 0) == 0) m.restarts += v;
     if (line.rfind("troupe_requests_total{status=\"499\"}", 0) == 0) m.cancelled += v;
@@ -191,9 +196,9 @@ class RandomFaultSource {
   uint64_t pick() const { return pick_; }  // for targets chosen among what is up
 
  private:
-  void advance() {
-    next_ += std::exponential_distribution<double>(1.0 / r_.every_s)(rng_);
-  }
+  // Spread evenly around the mean (half to one and a half times it): faults
+  // come steadily, neither in bursts nor with long quiet spells.
+  void advance() { next_ += std::uniform_real_distribution<double>(0.5, 1.5)(rng_) * r_.every_s; }
   RandomFaults r_;
   std::mt19937_64 rng_;
   double next_ = 0;
@@ -512,7 +517,12 @@ void Run::faults(const Workload&) {
           continue;
         }
       }
-      if (k->family == "runtime" && t->plan.replica < 0) t->plan.replica = int(pick % replicas_);
+      if (k->family == "runtime" && t->plan.replica < 0) {
+        // A replica that is up, so that the fault can take effect now.
+        std::lock_guard<std::mutex> l(mu_);
+        const std::vector<int>& live = last_metrics_.live;
+        t->plan.replica = live.empty() ? int(pick % replicas_) : live[pick % live.size()];
+      }
       inject(*t);
       continue;
     }
