@@ -34,6 +34,9 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
+    // Nothing else of the parent's (its sockets, other children's pipes)
+    // leaks into the child: a process started late would hold them all.
+    close_range(3, ~0U, 0);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     execv(args[0], args.data());
     _exit(127);

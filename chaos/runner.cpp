@@ -120,7 +120,6 @@ struct Tracked {
   double admin_added = 0;    // its book time at injection
   double end_s = -1;         // lasting faults: when to undo it
   bool ended = false;
-  double baseline_detect = 0;  // detections + restarts at injection
   double baseline_cancel = 0;
   bool capacity_dropped = false;
   int claims = 0, claims_done = 0;  // HTTP faults: clients that took it, and finished
@@ -241,6 +240,9 @@ class Run {
   Endpoint http_;
   std::string model_;
   int replicas_ = 1;
+  // What the poller saw last: detections + restarts, and ready replicas.
+  double seen_detect_ = -1;
+  int seen_live_ = -1;
   Clock::time_point t0_;
   ChaosRun out_;
   std::vector<Expected> expected_;
@@ -500,7 +502,6 @@ void Run::faults(const Workload&) {
         t->rec.kind = due->kind;
         t->rec.duration_s = due->duration_s;
         t->rec.injected_s = now();
-        t->baseline_detect = last_metrics_.detections + last_metrics_.restarts;
         t->baseline_cancel = last_metrics_.cancelled;
       }
       const FaultKindInfo* k = find_fault_kind(due->kind);
@@ -713,21 +714,38 @@ void Run::poll() {
   {
     std::lock_guard<std::mutex> l(mu_);
     last_metrics_ = m;
+    // A node declared dead, a replica restarted or capacity lost since the
+    // last poll is the doing of one fault: the latest process or link fault
+    // whose window holds it (faults a few seconds apart are told apart).
+    const double detect = m.detections + m.restarts;
+    const bool detected = seen_detect_ >= 0 && detect > seen_detect_;
+    const bool lost_capacity = seen_live_ >= 0 && m.live_replicas < seen_live_;
+    seen_detect_ = detect;
+    seen_live_ = m.live_replicas;
+    Tracked* owner = nullptr;
+    if (detected || lost_capacity)
+      for (Tracked& tr : tracked_) {
+        const FaultKindInfo* k = find_fault_kind(tr.plan.kind);
+        const double end = tr.rec.injected_s + std::max(tr.plan.duration_s, 0.0) + kAttributeS;
+        if ((k->family == "process" || k->family == "link") && tr.rec.injected_s <= t && t <= end &&
+            (!owner || tr.rec.injected_s > owner->rec.injected_s))
+          owner = &tr;
+      }
+    if (owner) {
+      if (detected && owner->rec.detected_s < 0) owner->rec.detected_s = t;
+      owner->capacity_dropped = true;
+    }
     for (Tracked& tr : tracked_) {
       FaultRecord& r = tr.rec;
       const FaultKindInfo* k = find_fault_kind(tr.plan.kind);
       admin_pending = admin_pending || (tr.admin_id != 0 && r.confirmed_s < 0 && r.error.empty());
-      // A node or replica declared dead soon enough after it is this
-      // fault's doing (faults a few seconds apart are told apart).
+      // Capacity is back when every replica is ready again (a replica back
+      // within one poll shows only in the restart counter: then the poll
+      // that saw the counter move is when capacity was back).
       const double window_end = r.injected_s + std::max(tr.plan.duration_s, 0.0) + kAttributeS;
-      if ((k->family == "process" || k->family == "link") && t <= window_end) {
-        if (r.detected_s < 0 && m.detections + m.restarts > tr.baseline_detect) r.detected_s = t;
-        // A replica back within one poll shows only in the restart counter:
-        // then the poll that saw the counter move is when capacity was back.
-        if (m.live_replicas < replicas_ || r.detected_s >= 0) tr.capacity_dropped = true;
-        if (tr.capacity_dropped && r.recovered_s < 0 && m.live_replicas == replicas_)
-          r.recovered_s = t;
-      }
+      if (tr.capacity_dropped && r.recovered_s < 0 && m.live_replicas == replicas_ &&
+          t <= window_end + 30)
+        r.recovered_s = t;
       if (k->family == "http" && r.confirmed_s < 0 && r.error.empty() &&
           tr.claims_done >= tr.plan.count) {
         if (tr.plan.kind == "client_slow") {
