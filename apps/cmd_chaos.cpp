@@ -64,6 +64,37 @@ std::string drift_text(const chaos::ChaosRun& run) {
   return out;
 }
 
+// A soak's latency drift: each window's end-to-end p50/p99, the first and
+// last windows side by side, and the worst.
+std::string latency_drift_text(const std::vector<chaos::LatencyWindow>& series, double window_s) {
+  std::vector<const chaos::LatencyWindow*> full;
+  for (const auto& w : series)
+    if (w.e2e.count > 0) full.push_back(&w);
+  if (full.size() < 2) return "";
+  const chaos::LatencyWindow* worst = full[0];
+  for (const auto* w : full)
+    if (w->e2e.p99 > worst->e2e.p99) worst = w;
+  char line[300];
+  std::snprintf(line, sizeof line,
+                "latency over the run (%zu windows of %.0f s), e2e p50/p99 s: first %.3f/%.3f, "
+                "last %.3f/%.3f, worst p99 %.3f at t=%.0f s\n",
+                full.size(), window_s, full.front()->e2e.p50, full.front()->e2e.p99,
+                full.back()->e2e.p50, full.back()->e2e.p99, worst->e2e.p99, worst->start_s);
+  return line;
+}
+
+nlohmann::json latency_series_json(const std::vector<chaos::LatencyWindow>& series) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& w : series)
+    j.push_back({{"start_s", w.start_s},
+                 {"requests", w.e2e.count},
+                 {"e2e_p50_s", w.e2e.p50},
+                 {"e2e_p99_s", w.e2e.p99},
+                 {"ttft_p50_s", w.ttft.p50},
+                 {"ttft_p99_s", w.ttft.p99}});
+  return j;
+}
+
 nlohmann::json series_json(const chaos::ChaosRun& run) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [t, samples] : run.resource_series) {
@@ -111,11 +142,15 @@ void run_chaos_command(const ChaosFlags& f) {
   std::cout << "cancellations: " << run.client_cancels
             << " by the client on purpose; the coordinator counted " << run.server_cancels
             << " (status 499)\n";
-  if (f.soak || run.resource_series.size() > 2) std::cout << drift_text(run);
+  const auto latency = chaos::latency_series(run.records.requests, o.sample_every_s);
+  if (f.soak || run.resource_series.size() > 2)
+    std::cout << drift_text(run) << latency_drift_text(latency, o.sample_every_s);
   if (!f.json.empty()) {
     nlohmann::json j = chaos::render_json(report);
     j["cancellations"] = {{"client", run.client_cancels}, {"server_499", run.server_cancels}};
     j["resource_series"] = series_json(run);
+    j["latency_series"] = latency_series_json(latency);
+    j["latency_window_s"] = o.sample_every_s;
     j["seed"] = o.plan.seed;
     std::ofstream out(f.json);
     if (!out) throw std::runtime_error("cannot write " + f.json);

@@ -159,6 +159,26 @@ Quantiles quantiles(const std::vector<double>& samples) {
   return q;
 }
 
+std::vector<LatencyWindow> latency_series(const std::vector<RequestRecord>& requests,
+                                          double window_s) {
+  if (!(window_s > 0)) throw std::invalid_argument("latency_series: window_s must be > 0");
+  std::vector<std::vector<double>> e2e, ttft;
+  for (const RequestRecord& q : requests) {
+    if (q.end_s < 0 || q.sent_s < 0) continue;
+    const size_t w = size_t(std::floor(q.end_s / window_s));
+    if (w >= e2e.size()) e2e.resize(w + 1), ttft.resize(w + 1);
+    e2e[w].push_back(q.end_s - q.sent_s);
+    if (q.first_token_s >= 0) ttft[w].push_back(q.first_token_s - q.sent_s);
+  }
+  std::vector<LatencyWindow> out(e2e.size());
+  for (size_t w = 0; w < e2e.size(); ++w) {
+    out[w].start_s = double(w) * window_s;
+    out[w].e2e = quantiles(e2e[w]);
+    out[w].ttft = quantiles(ttft[w]);
+  }
+  return out;
+}
+
 // ---- classification ----
 
 namespace {

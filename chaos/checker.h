@@ -52,6 +52,16 @@ struct Quantiles {
 };
 Quantiles quantiles(const std::vector<double>& samples);
 
+// A soak's latency drift: end-to-end and TTFT quantiles of the requests that
+// ended in each window of `window_s` seconds from t = 0 (requests that got
+// no answer are not in it; the counts judge those).
+struct LatencyWindow {
+  double start_s = 0;
+  Quantiles e2e, ttft;
+};
+std::vector<LatencyWindow> latency_series(const std::vector<RequestRecord>& requests,
+                                          double window_s);
+
 // ---- requests ----
 
 struct Counts {

@@ -485,3 +485,39 @@ TEST(ChaosChecker, RepeatSearchStaysBounded) {
 
 }  // namespace
 }  // namespace troupe::chaos
+
+namespace troupe::chaos {
+namespace {
+
+TEST(LatencySeries, QuantilesPerWindowOfTheRequestsThatEndedThere) {
+  std::vector<RequestRecord> rs;
+  const auto add = [&](double sent, double first, double end) {
+    RequestRecord r;
+    r.sent_s = sent;
+    r.first_token_s = first;
+    r.end_s = end;
+    rs.push_back(r);
+  };
+  add(0, 0.1, 0.5);   // window 0: e2e 0.5
+  add(1, 1.2, 2.0);   // window 0: e2e 1.0
+  add(9, 9.5, 12);    // window 1: e2e 3
+  add(25, -1, 26);    // window 2: e2e 1, no first token
+  RequestRecord lost;  // no answer: not in any window
+  lost.sent_s = 3;
+  rs.push_back(lost);
+  const auto s = latency_series(rs, 10);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].start_s, 0);
+  EXPECT_EQ(s[0].e2e.count, 2u);
+  EXPECT_DOUBLE_EQ(s[0].e2e.p50, 0.5);
+  EXPECT_DOUBLE_EQ(s[0].e2e.p99, 1.0);
+  EXPECT_DOUBLE_EQ(s[0].ttft.p99, 0.2);
+  EXPECT_EQ(s[1].e2e.count, 1u);
+  EXPECT_DOUBLE_EQ(s[1].e2e.p50, 3);
+  EXPECT_EQ(s[2].start_s, 20);
+  EXPECT_EQ(s[2].ttft.count, 0u);
+  EXPECT_THROW(latency_series(rs, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe::chaos
