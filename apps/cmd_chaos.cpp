@@ -3,11 +3,14 @@
 // fault-free run, that nothing was lost, hung, duplicated or wrong.
 #include <unistd.h>
 
+#include <csignal>
+
 #include <fstream>
 #include <iostream>
 
 #include "apps/commands.h"
 #include "chaos/checker.h"
+#include "chaos/child_process.h"
 #include "chaos/plan.h"
 #include "chaos/report.h"
 #include "chaos/runner.h"
@@ -110,7 +113,18 @@ nlohmann::json series_json(const chaos::ChaosRun& run) {
   return j;
 }
 
+// Interrupted (Ctrl-C, kill): the deployment's processes go too, instead
+// of living on as orphans; then the signal's default action.
+extern "C" void stop_children_and_die(int sig) {
+  ChildProcess::kill_all();
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 void run_chaos_command(const ChaosFlags& f) {
+  std::signal(SIGINT, stop_children_and_die);
+  std::signal(SIGTERM, stop_children_and_die);
+  std::signal(SIGHUP, stop_children_and_die);
   chaos::ChaosOptions o;
   o.plan = chaos::load_chaos_plan(f.plan);
   for (const std::string& kv : f.sets) {

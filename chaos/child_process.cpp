@@ -6,12 +6,36 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
 
 namespace troupe {
+
+namespace {
+
+// The children alive, for kill_all() (a signal handler may read it, so
+// plain atomics in a fixed table, no allocation, no lock).
+constexpr size_t kMaxChildren = 512;
+std::atomic<int> g_children[kMaxChildren];
+
+void remember(int pid) {
+  for (auto& slot : g_children) {
+    int empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void forget(int pid) {
+  for (auto& slot : g_children) {
+    int p = pid;
+    if (slot.compare_exchange_strong(p, 0)) return;
+  }
+}
+
+}  // namespace
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path,
                            const std::string& cwd) {
@@ -41,6 +65,7 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
     execv(args[0], args.data());
     _exit(127);
   }
+  remember(pid_);
   close(fds[1]);
   const int fd = fds[0];
   reader_ = std::thread([this, fd] {
@@ -65,6 +90,12 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
     }
     close(fd);
   });
+}
+
+
+void ChildProcess::kill_all() {
+  for (auto& slot : g_children)
+    if (const int pid = slot.load(); pid > 0) ::kill(pid, SIGKILL);
 }
 
 ChildProcess::~ChildProcess() {
@@ -108,7 +139,10 @@ void ChildProcess::signal(int sig) {
 
 bool ChildProcess::reap(bool block) {
   if (reaped_) return true;
-  if (waitpid(pid_, &status_, block ? 0 : WNOHANG) == pid_) reaped_ = true;
+  if (waitpid(pid_, &status_, block ? 0 : WNOHANG) == pid_) {
+    reaped_ = true;
+    forget(pid_);
+  }
   return reaped_;
 }
 

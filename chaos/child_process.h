@@ -38,6 +38,10 @@ class ChildProcess {
   // Sends SIGTERM and waits (SIGKILL past the timeout); the exit code.
   int stop(double timeout_s = 20);
 
+  // SIGKILLs every child still running; async-signal-safe, for a signal
+  // handler of the parent, whose own exit would otherwise orphan them.
+  static void kill_all();
+
  private:
   bool reap(bool block);
   int code() const;
