@@ -407,17 +407,20 @@ void Run::load(const Workload& w) {
   const WorkloadPlan& wp = plan_.workload;
   const bool timed = o_.duration_s > 0;
   const size_t total = timed ? SIZE_MAX : w.requests.size();
-  // Open loop: each request's send time, drawn from the seed.
-  std::vector<double> arrivals;
-  if (wp.rate > 0 && !timed) {
-    std::mt19937_64 r(plan_.seed ^ 0xA771ull);
-    double t = 0;
-    for (size_t i = 0; i < total; ++i) {
-      arrivals.push_back(t);
-      t += std::exponential_distribution<double>(wp.rate)(r);
-    }
-  }
-  std::atomic<size_t> next{0};
+  // The next request and, in an open loop, its send time, drawn from the
+  // seed in request order (also for a timed run, which has no last one).
+  std::mutex amu;
+  std::mt19937_64 arrival_rng(plan_.seed ^ 0xA771ull);
+  size_t next = 0;
+  double next_at = 0;
+  const auto take = [&](size_t& i, double& at) {
+    std::lock_guard<std::mutex> l(amu);
+    if (next >= total) return false;
+    i = next++;
+    at = next_at;
+    if (wp.rate > 0) next_at += std::exponential_distribution<double>(wp.rate)(arrival_rng);
+    return true;
+  };
   std::mutex rmu;
   std::vector<std::thread> workers;
   for (int c = 0; c < wp.concurrency; ++c)
@@ -429,9 +432,11 @@ void Run::load(const Workload& w) {
       HttpClient client(opt);
       HttpClient::Options slow_opt = opt;
       slow_opt.read_chunk_bytes = 64;
-      for (size_t i; (i = next++) < total;) {
+      size_t i = 0;
+      double at = 0;
+      while (take(i, at)) {
+        if (wp.rate > 0) sleep_s(at - now());
         if (timed && now() >= o_.duration_s) break;
-        if (!arrivals.empty()) sleep_s(arrivals[i] - now());
         RequestSpec s = w.requests[i % w.requests.size()];
         s.index = i;
         Tracked* who = nullptr;
