@@ -54,8 +54,8 @@ ProcessPlacement placement_for(const ReplicaPlan& plan, const PartLinks& links) 
 
 }  // namespace
 
-ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines) {
-  return [engines](const ReplicaPlan& plan, const std::vector<DeviceSpec>& devices,
+ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSection cuda) {
+  return [engines, cuda](const ReplicaPlan& plan, const std::vector<DeviceSpec>& devices,
                    const PartLinks& links) {
     EngineSpec spec;
     spec.pipeline = plan.pipeline;
@@ -70,6 +70,18 @@ ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines) {
       spec.threads.push_back(ds.threads);
       spec.memory_bytes.push_back(ds.memory_bytes);
     }
+    // A replica's devices are of one kind (the coordinator places whole
+    // devices; the node's config says what they are).
+    const DeviceSpec& first = devices.at(0);
+    for (const DeviceSpec& d : devices)
+      if (d.kind != first.kind)
+        throw std::invalid_argument("replica " + std::to_string(plan.replica) +
+                                    " was given devices of different kinds here");
+    spec.kind = first.kind;
+    spec.cuda_index = first.index;
+    spec.cuda = cuda;
+    spec.max_batch_tokens = plan.max_batch_tokens;
+    spec.max_batch_sequences = plan.max_batch_sequences;
     spec.block_tokens = plan.block_tokens;
     spec.blocks = plan.blocks;
     for (size_t s = 0; s + 1 < plan.stage_bounds.size(); ++s)
@@ -228,6 +240,8 @@ std::optional<caf::error> prepare(AgentState& s, const ReplicaPlan& plan, Hosted
     if (!s.busy[d]) {
       h.devices.push_back(int(d));
       devices.push_back(s.opts.devices[d]);
+      // A CUDA device with no index is the node's device d.
+      if (devices.back().index < 0) devices.back().index = int(d);
     }
   if (int(h.devices.size()) < wanted)
     return caf::make_error(caf::sec::runtime_error,

@@ -46,7 +46,7 @@ using ReplicaEngineSource = std::function<ReplicaEngine(
 // The engines of a node holding `engines`' model: each plan's layout on the
 // node's devices (threads and memory caps per device), stages balanced on
 // this node's measured layer times unless the plan gives them.
-ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines);
+ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSection cuda = {});
 
 struct NodeAgentOptions {
   JoinRequest join;                 // name, token, model fingerprint, devices, ...

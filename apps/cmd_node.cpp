@@ -74,7 +74,7 @@ void run_node(const NodeOptions& o) {
              engines->fingerprint(),
              int(no.devices.size()),
              cfg.nodes.address};
-  no.engines = engines_from(engines);
+  no.engines = engines_from(engines, cfg.cuda);
   no.stop = StopRule{model.eos_ids, model.max_seq_len};
   no.bos = model.bos_id;
   no.heartbeat_timeout_s = cfg.nodes.heartbeat_timeout_s;

@@ -40,9 +40,6 @@ void run_serve(const ServeOptions& so) {
   sigaddset(&signals, SIGUSR1);
   sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  for (const auto& d : cfg.devices)
-    if (d.kind == DeviceKind::Cuda)
-      throw UsageError("devices: kind cuda is not available in this build yet; use cpu or auto");
   auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
   const ModelConfig mc = ckpt->config;
   std::optional<Tokenizer> tokenizer;

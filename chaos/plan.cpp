@@ -12,15 +12,6 @@ namespace {
 using schema::Fields;
 using schema::Origin;
 
-// An index that is unset (-1) until a plan names one.
-schema::Kind<int> optional_index() {
-  schema::Kind<int> k = schema::non_negative_int();
-  k.problem = [](const int& v) {
-    return v >= -1 ? std::string() : "expected a non-negative integer, got " + std::to_string(v);
-  };
-  return k;
-}
-
 const Fields<ChaosPlan>& plan_fields() {
   static const Fields<ChaosPlan> root = [] {
     Fields<DeploymentPlan> deployment;
@@ -49,9 +40,9 @@ const Fields<ChaosPlan>& plan_fields() {
         .add("at_s", &FaultPlan::at_s, schema::seconds(true))
         .add("kind", &FaultPlan::kind, schema::non_empty_text())
         .add("node", &FaultPlan::node, schema::non_empty_text())
-        .add("replica", &FaultPlan::replica, optional_index())
+        .add("replica", &FaultPlan::replica, schema::optional_index())
         .add("role", &FaultPlan::role, schema::non_empty_text())
-        .add("device", &FaultPlan::device, optional_index())
+        .add("device", &FaultPlan::device, schema::optional_index())
         .add("duration_s", &FaultPlan::duration_s, schema::seconds(true))
         .add("factor", &FaultPlan::factor, schema::number_in(1.01, 1000))
         .add("delay_s", &FaultPlan::delay_s, schema::number_in(0, 60))

@@ -108,7 +108,8 @@ const Fields<Config>& config_fields() {
             schema::one_of<DeviceKind>(
                 {{"cpu", DeviceKind::Cpu}, {"cuda", DeviceKind::Cuda}, {"auto", DeviceKind::Auto}}))
         .add("threads", &DeviceSpec::threads, schema::positive_int())
-        .add("memory", &DeviceSpec::memory_bytes, schema::byte_count(false), /*omit_zero=*/true);
+        .add("memory", &DeviceSpec::memory_bytes, schema::byte_count(false), /*omit_zero=*/true)
+        .add("index", &DeviceSpec::index, schema::optional_index());
 
     Fields<BatchingSection> batching;
     batching
@@ -166,6 +167,12 @@ const Fields<Config>& config_fields() {
     Fields<PlacementSection> placement;
     placement.flow().add("replicas", &PlacementSection::replicas, schema::text_list());
 
+    Fields<CudaSection> cuda;
+    cuda.flow()
+        .add("deterministic", &CudaSection::deterministic, schema::boolean())
+        .add("graphs", &CudaSection::graphs, schema::boolean())
+        .add("reserve", &CudaSection::reserve_bytes, schema::byte_count(false));
+
     Fields<AdminSection> admin;
     admin.flow()
         .add("faults", &AdminSection::faults, schema::boolean())
@@ -197,6 +204,7 @@ const Fields<Config>& config_fields() {
         .section("nodes", &Config::nodes, nodes)
         .section("placement", &Config::placement, placement)
         .section("admin", &Config::admin, admin)
+        .section("cuda", &Config::cuda, cuda)
         .section("logging", &Config::logging, logging);
     return c;
   }();

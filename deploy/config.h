@@ -58,6 +58,9 @@ struct DeviceSpec {
   DeviceKind kind = DeviceKind::Cpu;
   int threads = 2;           // CPU threads (compute for cpu; host-side work for cuda)
   int64_t memory_bytes = 0;  // cap on weights + KV cache the device holds; 0: none
+  // cuda (and auto when it picks CUDA): the CUDA device; -1: the device's
+  // number in the layout (replica r of a one-device layout on GPU r).
+  int index = -1;
   bool operator==(const DeviceSpec&) const = default;
 };
 
@@ -128,6 +131,17 @@ struct AdminSection {
   bool operator==(const AdminSection&) const = default;
 };
 
+// CUDA devices (kind cuda, or auto where a GPU answers).
+struct CudaSection {
+  // A sequence's logits do not depend on what else is in its step, so a
+  // request resumed on another replica gives the same tokens (the runtime's
+  // promise); off is faster and keeps that only approximately.
+  bool deterministic = true;
+  bool graphs = true;                 // decode steps replay captured CUDA graphs
+  int64_t reserve_bytes = 1LL << 30;  // device memory left outside the pool
+  bool operator==(const CudaSection&) const = default;
+};
+
 struct LoggingSection {
   spdlog::level::level_enum level = spdlog::level::info;
   bool operator==(const LoggingSection&) const = default;
@@ -148,6 +162,7 @@ struct Config {
   NodesSection nodes;
   PlacementSection placement;
   AdminSection admin;
+  CudaSection cuda;
   LoggingSection logging;
   bool operator==(const Config&) const = default;
 };

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "deploy/fingerprint.h"
+#include "gpu/cuda/cuda_engine.h"
 #include "gpu/kv_cache.h"
 #include "scheduler/partitioner.h"
 
@@ -33,6 +34,23 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
       s.threads.push_back(d.threads);
       s.memory_bytes.push_back(d.memory_bytes);
     }
+  // One kind per replica: its devices compute together.
+  const DeviceSpec& first = device_spec(c, device_index(c.parallel, replica, 0, 0));
+  for (int d = 0; d < s.devices(); ++d) {
+    const DeviceSpec& other =
+        device_spec(c, device_index(c.parallel, replica, d / s.tensor, d % s.tensor));
+    if (other.kind != first.kind)
+      throw std::invalid_argument(
+          "devices: replica " + std::to_string(replica) + " mixes kinds " +
+          device_kind_name(first.kind) + " and " + device_kind_name(other.kind) +
+          "; a replica's devices must be of one kind");
+  }
+  s.kind = first.kind;
+  s.cuda_index = first.index;
+  s.cuda_ordinal = device_index(c.parallel, replica, 0, 0);
+  s.max_batch_tokens = c.batching.max_batch_tokens;
+  s.max_batch_sequences = c.batching.max_batch_sequences;
+  s.cuda = c.cuda;
   s.block_tokens = c.kv_cache.block_tokens;
   s.blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
                                                               size_t(c.kv_cache.bytes))
@@ -91,6 +109,24 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   check_layout_fits(model(), spec.pipeline, spec.tensor);
   if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
     throw std::invalid_argument("give one thread count, or one per device");
+  if (spec.kind != DeviceKind::Cpu) {
+    const bool one_device = spec.devices() == 1 && spec.placement.host.empty();
+    if (spec.kind == DeviceKind::Cuda && !one_device)
+      throw std::invalid_argument(
+          "devices: kind cuda runs one device per replica for now (this layout has " +
+          std::to_string(spec.pipeline) + " stage(s) x " + std::to_string(spec.tensor) +
+          " shard(s)); use parallel.replicas for several GPUs, or kind cpu");
+    std::string why;
+    const bool gpu = cuda_device_available(&why);
+    if (spec.kind == DeviceKind::Cuda && !gpu)
+      throw std::runtime_error("devices: kind cuda, but " + why);
+    if (spec.kind == DeviceKind::Auto) {
+      spec.kind = gpu && one_device ? DeviceKind::Cuda : DeviceKind::Cpu;
+      spdlog::info("devices: auto is {} ({})", device_kind_name(spec.kind),
+                   gpu && !one_device ? "CUDA runs one device per replica for now" : why);
+    }
+    if (spec.kind == DeviceKind::Cuda) return spec;  // the weights go to the device in build()
+  }
   if (spec.devices() == 1 && spec.placement.host.empty()) {
     whole_model();  // packed now, on this thread, not in a worker
     return spec;
@@ -130,6 +166,20 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
 
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
+  if (spec.kind == DeviceKind::Cuda) {
+    CudaEngineOptions o;
+    o.device = spec.cuda_index >= 0 ? spec.cuda_index : spec.cuda_ordinal;
+    o.block_tokens = spec.block_tokens;
+    o.blocks = spec.blocks;
+    o.max_batch_tokens = spec.max_batch_tokens;
+    o.max_batch_sequences = spec.max_batch_sequences;
+    o.deterministic = spec.cuda.deterministic;
+    o.graphs = spec.cuda.graphs;
+    o.reserve_bytes = size_t(spec.cuda.reserve_bytes);
+    return make_cuda_engine(*checkpoint_, dtype_, o);
+  }
+  if (spec.kind == DeviceKind::Auto)
+    throw std::logic_error("EngineBuilder::build: resolve() the spec first (kind auto)");
   if (spec.devices() == 1 && spec.placement.host.empty())
     return std::make_unique<Engine>(
         whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});

@@ -237,6 +237,14 @@ Kind<int> positive_int() {
           [](YAML::Emitter& out, const int& v) { out << v; }};
 }
 
+Kind<int> optional_index() {
+  Kind<int> k = non_negative_int();
+  k.problem = [](const int& v) {
+    return v >= -1 ? std::string() : "expected a non-negative integer, got " + std::to_string(v);
+  };
+  return k;
+}
+
 Kind<int> non_negative_int() {
   return {[](const Origin& o, const Node& n, const std::string& key) {
             return read_int(o, n, key, kNonNegativeInt);

@@ -83,6 +83,8 @@ struct Kind {
 
 Kind<int> positive_int();
 Kind<int> non_negative_int();
+// A non-negative index, or -1 for "unset" (its default).
+Kind<int> optional_index();
 Kind<int64_t> non_negative_int64();  // read as "a positive integer"; 0 left to a cross-key check
 Kind<uint64_t> unsigned_int();
 // Seconds; with zero_is_no_limit, 0 means "no limit".

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "gpu/cuda/cuda_engine.h"
 #include "net/sse_parser.h"
 #include "support/process_support.h"
 #include "support/serving_support.h"
@@ -222,6 +223,35 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
                               "parallel.tensor=4"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("6 attention heads"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// `kind: auto` serves on CUDA where a GPU answers and on the CPU elsewhere,
+// with the same greedy text; `kind: cuda` without a GPU refuses to start,
+// saying why.
+TEST(ServeDevices, AutoServesAndCudaWithoutAGpuIsRefused) {
+  std::string why;
+  const bool gpu = cuda_device_available(&why);
+  test::Server s({"devices=[{kind: auto, threads: 1}]"});
+  const auto r = s.complete(
+      {{"prompt", "The meaning of life"}, {"max_tokens", 24}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  if (!gpu) {
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"],
+              test::generate_text("The meaning of life", 24));
+  }
+  if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << ")";
+  ChildProcess p({TROUPE_BINARY, "serve", "--config",
+                  (test::source_dir() / "configs" / "default.yaml").string(), "--listen",
+                  "127.0.0.1:0", "--set", "model.path=" + test::model_path("fortune").string(),
+                  "--set", "devices=[{kind: cuda}]"});
+  EXPECT_NE(p.wait_exit(60), 0);
+  EXPECT_NE(p.stderr_so_far().find("kind cuda, but"), std::string::npos) << p.stderr_so_far();
 }
 
 }  // namespace

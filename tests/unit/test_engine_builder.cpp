@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "deploy/engine_builder.h"
+#include "gpu/cuda/cuda_engine.h"
 #include "gpu/parallel_engine.h"
 #include "support/test_support.h"
 
@@ -89,6 +90,69 @@ TEST(EngineBuilder, ResolvesStagesRefusesMisfitsAndSharesOneDeviceWeights) {
   ASSERT_NE(dynamic_cast<Engine*>(a.get()), nullptr);
   EXPECT_EQ(&dynamic_cast<Engine&>(*a).model(), &dynamic_cast<Engine&>(*b).model());
   EXPECT_EQ(a->kv_blocks(), 32);
+}
+
+// Device kinds: `auto` settles on CUDA only where a device answers; `cuda`
+// without one, or over a layout of several devices, is refused saying why.
+TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
+  auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  auto builder = std::make_shared<EngineBuilder>(ck, DType::F32);
+  EngineSpec spec;
+  spec.blocks = 16;
+  spec.kind = DeviceKind::Cuda;
+  spec.pipeline = 2;
+  try {
+    builder->resolve(spec);
+    FAIL() << "a two-stage CUDA replica was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("one device per replica"), std::string::npos) << e.what();
+  }
+  spec.pipeline = 1;
+  std::string why;
+  const bool gpu = cuda_device_available(&why);
+  if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << "); tests/gpu covers it";
+  try {
+    builder->resolve(spec);
+    FAIL() << "kind cuda was accepted without a GPU";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("devices: kind cuda, but"), std::string::npos) << e.what();
+  }
+  spec.kind = DeviceKind::Auto;
+  const EngineSpec resolved = builder->resolve(spec);
+  EXPECT_EQ(resolved.kind, DeviceKind::Cpu);
+  auto engine = builder->build(resolved);
+  EXPECT_NE(dynamic_cast<Engine*>(engine.get()), nullptr);
+  spec.kind = DeviceKind::Auto;
+  EXPECT_THROW(builder->build(spec), std::logic_error);  // not resolved
+}
+
+TEST(EngineBuilder, AReplicaIsOfOneDeviceKindAndTakesItsCudaIndex) {
+  ModelConfig m;
+  m.n_layers = 4;
+  m.n_kv_heads = 2;
+  m.n_heads = 2;
+  m.dim = 64;
+  Config c = parse_config(
+      "parallel: {replicas: 2, pipeline: 1, tensor: 1}\n"
+      "devices: [{kind: cuda, index: 3}, {kind: auto}]\n",
+      "test");
+  EXPECT_EQ(engine_spec(c, m, 0).kind, DeviceKind::Cuda);
+  EXPECT_EQ(engine_spec(c, m, 0).cuda_index, 3);
+  EXPECT_EQ(engine_spec(c, m, 1).kind, DeviceKind::Auto);
+  EXPECT_EQ(engine_spec(c, m, 1).cuda_index, -1);
+  EXPECT_EQ(engine_spec(c, m, 1).cuda_ordinal, 1);
+  Config mixed = parse_config(
+      "parallel: {replicas: 1, pipeline: 1, tensor: 2}\n"
+      "devices: [{kind: cpu}, {kind: cuda}]\n",
+      "test");
+  try {
+    engine_spec(mixed, m, 0);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("mixes kinds cpu and cuda"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_config("devices: [{kind: cuda, index: -2}]\n", "test"), ConfigError);
 }
 
 }  // namespace
