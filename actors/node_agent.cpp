@@ -56,7 +56,7 @@ ProcessPlacement placement_for(const ReplicaPlan& plan, const PartLinks& links) 
 
 ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSection cuda) {
   return [engines, cuda](const ReplicaPlan& plan, const std::vector<DeviceSpec>& devices,
-                   const PartLinks& links) {
+                         const PartLinks& links) {
     EngineSpec spec;
     spec.pipeline = plan.pipeline;
     spec.tensor = plan.tensor;

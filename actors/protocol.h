@@ -92,11 +92,10 @@ using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
 // there (id, then the channel's sequence number), the router's probe (sync,
 // seq), answered at once with its load; an injected fault is applied here (a
 // batcher's kill, refused KV blocks) or passed to its worker.
-using BatcherActor =
-    caf::typed_actor<caf::reacts_to<assign_atom, Assignment>,
-                     caf::reacts_to<cancel_atom, uint64_t, uint64_t>,
-                     caf::reacts_to<sync_atom, uint64_t>,
-                     caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
+using BatcherActor = caf::typed_actor<caf::reacts_to<assign_atom, Assignment>,
+                                      caf::reacts_to<cancel_atom, uint64_t, uint64_t>,
+                                      caf::reacts_to<sync_atom, uint64_t>,
+                                      caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // The router: requests from the front end, step events from the batchers,
 // replicas up (a batcher, after its probe step) and down (the supervisor),

@@ -83,8 +83,7 @@ void publish(RouterState& s) {
 // a message: nothing it says can be trusted any more. Its requests resume
 // elsewhere at once, it is fenced (its events ignored until a new
 // placement), and the supervisor stops it and places it again.
-void channel_broke(RouterActor::pointer self, RouterState& s, int replica,
-                   const std::string& why) {
+void channel_broke(RouterActor::pointer self, RouterState& s, int replica, const std::string& why) {
   if (s.broken[size_t(replica)]) return;
   s.broken[size_t(replica)] = true;
   const size_t resumed = s.table->replica_down(replica, false, s.now());
@@ -105,8 +104,8 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->metrics = metrics;
   st->faults = options.faults;
   st->shared = std::move(shared);
-  st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas),
-                                                 options.link, st->start);
+  st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas), options.link,
+                                                 st->start);
   st->epoch.assign(size_t(options.table.replicas), 0);
   st->broken.assign(size_t(options.table.replicas), false);
   st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,

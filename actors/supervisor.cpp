@@ -200,13 +200,13 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
   self->request(s.nodes.at(leader_node), kStartTimeout, start_atom::value, plan, s.router,
                 slot.members)
       .then([=](BatcherActor b) { adopt(self, *st, r, epoch, b); },
-          [=](caf::error& err) {
-            Slot& sl = st->slots[r];
-            if (sl.epoch != epoch || !sl.starting) return;
-            // A node that cannot build the replica (it does not fit there)
-            // counts like a crash, so that it is not retried forever.
-            replica_died(self, st, r, "could not start: " + self->system().render(err));
-          });
+            [=](caf::error& err) {
+              Slot& sl = st->slots[r];
+              if (sl.epoch != epoch || !sl.starting) return;
+              // A node that cannot build the replica (it does not fit there)
+              // counts like a crash, so that it is not retried forever.
+              replica_died(self, st, r, "could not start: " + self->system().render(err));
+            });
 }
 
 // Starts whose answer is late: the node says whether it runs them. One it
@@ -230,9 +230,10 @@ void probe_starts(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
               [=](caf::error& err) {
                 Slot& sl = st->slots[r];
                 if (sl.epoch != epoch || !sl.starting || err == caf::sec::request_timeout) return;
-                spdlog::warn("replica {}: its start (placement {}) was lost on the way ({}); "
-                             "placing it again",
-                             r, epoch, self->system().render(err));
+                spdlog::warn(
+                    "replica {}: its start (placement {}) was lost on the way ({}); "
+                    "placing it again",
+                    r, epoch, self->system().render(err));
                 end_placement(self, *st, r, false);
                 place_waiting(self, st);
               });

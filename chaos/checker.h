@@ -123,9 +123,9 @@ struct Latency {
 struct Throughput {
   double baseline_tokens_per_s = 0;
   std::string baseline_basis;  // RunRecords::baseline_basis
-  std::vector<double> bins;   // tokens per second in 1-second bins from t = 0 (all requests)
-  double fault_window_s = 0;  // length of the union of the fault windows
-  double after_window_s = 0;  // from the end of the last fault window to the end of the run
+  std::vector<double> bins;    // tokens per second in 1-second bins from t = 0 (all requests)
+  double fault_window_s = 0;   // length of the union of the fault windows
+  double after_window_s = 0;   // from the end of the last fault window to the end of the run
   std::optional<double> during_tokens_per_s, after_tokens_per_s;  // absent: no such window
   std::optional<double> during_fraction, after_fraction;  // of the baseline; absent: 0 baseline
 };

@@ -92,7 +92,6 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
   });
 }
 
-
 void ChildProcess::kill_all() {
   for (auto& slot : g_children)
     if (const int pid = slot.load(); pid > 0) ::kill(pid, SIGKILL);

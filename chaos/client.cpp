@@ -47,8 +47,8 @@ RequestRecord run_request(HttpClient& client, const std::string& body, const Req
   rec.injected_disconnect = faults.disconnect;
   rec.injected_slow = faults.slow_bytes_per_s > 0;
   rec.sent_s = since(t0);
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(deadline_s));
   HttpRequest req;
   req.method = "POST";
   req.target = "/v1/completions";

@@ -83,7 +83,9 @@ char process_state(int pid) {
 
 Deployment::Deployment(const ChaosPlan& plan, std::filesystem::path exe,
                        std::filesystem::path run_dir)
-    : exe_(std::move(exe)), run_dir_(std::move(run_dir)), plan_(plan.deployment),
+    : exe_(std::move(exe)),
+      run_dir_(std::move(run_dir)),
+      plan_(plan.deployment),
       token_(fresh_token()) {
   std::filesystem::create_directories(run_dir_);
   config_ = plan.source.parent_path() / plan_.config;
@@ -118,9 +120,8 @@ Deployment::Deployment(const ChaosPlan& plan, std::filesystem::path exe,
       std::string logs = "coordinator:\n" + log_tail(*coordinator_);
       for (const NodeProcess& n : nodes_)
         if (n.process) logs += "\n" + n.name + ":\n" + log_tail(*n.process);
-      throw std::runtime_error("not every replica was ready after " +
-                               std::to_string(int(wait)) + " s (" + std::to_string(replicas_) +
-                               " configured); logs:\n" + logs);
+      throw std::runtime_error("not every replica was ready after " + std::to_string(int(wait)) +
+                               " s (" + std::to_string(replicas_) + " configured); logs:\n" + logs);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -151,12 +152,10 @@ void Deployment::start_node(NodeProcess& n) {
   n.process.reset();
   ++n.starts;
   n.process = std::make_unique<ChildProcess>(
-      std::vector<std::string>{exe_.string(), "node", "--join",
-                               "127.0.0.1:" + std::to_string(n.link->port()), "--name", n.name,
-                               "--devices", std::to_string(plan_.node_devices), "--config",
-                               config_.string(), "--set",
-                               "devices=[{kind: cpu, threads: " +
-                                   std::to_string(plan_.node_threads) + "}]"},
+      std::vector<std::string>{
+          exe_.string(), "node", "--join", "127.0.0.1:" + std::to_string(n.link->port()), "--name",
+          n.name, "--devices", std::to_string(plan_.node_devices), "--config", config_.string(),
+          "--set", "devices=[{kind: cpu, threads: " + std::to_string(plan_.node_threads) + "}]"},
       (run_dir_ / (n.name + ".log")).string());
 }
 
@@ -165,7 +164,8 @@ std::vector<ResourceSample> Deployment::resources(int kv_blocks_used) {
   out.push_back(process_resources("coordinator", coordinator_->pid()));
   out.back().kv_blocks_used = kv_blocks_used;
   for (NodeProcess& n : nodes_)
-    if (n.process && n.process->running()) out.push_back(process_resources(n.name, n.process->pid()));
+    if (n.process && n.process->running())
+      out.push_back(process_resources(n.name, n.process->pid()));
   return out;
 }
 

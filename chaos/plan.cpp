@@ -95,12 +95,12 @@ void validate(const Origin& o, const ChaosPlan& p) {
     const std::string key = "faults[" + std::to_string(i) + "]";
     const FaultKindInfo* k = find_fault_kind(f.kind);
     if (!k)
-      o.fail(key + ".kind", "unknown '" + f.kind + "'; one of " + kind_names() +
-                                schema::suggestion(f.kind, [] {
-                                  std::vector<std::string_view> v;
-                                  for (const auto& k : fault_kinds()) v.push_back(k.name);
-                                  return v;
-                                }()));
+      o.fail(key + ".kind",
+             "unknown '" + f.kind + "'; one of " + kind_names() + schema::suggestion(f.kind, [] {
+               std::vector<std::string_view> v;
+               for (const auto& k : fault_kinds()) v.push_back(k.name);
+               return v;
+             }()));
     if (k->lasts && f.duration_s <= 0)
       o.fail(key + ".duration_s", "a " + f.kind + " fault lasts: give it a positive duration_s");
     if (!k->lasts && f.duration_s > 0 && f.kind != "process_stop")
@@ -132,14 +132,22 @@ void validate(const Origin& o, const ChaosPlan& p) {
 
 const std::vector<FaultKindInfo>& fault_kinds() {
   static const std::vector<FaultKindInfo> kinds = {
-      {"process_kill", "process", false},   {"process_stop", "process", true},
-      {"process_restart", "process", false}, {"link_delay", "link", true},
-      {"link_drop", "link", true},           {"link_duplicate", "link", true},
-      {"link_reorder", "link", true},        {"link_cut", "link", true},
-      {"link_bandwidth", "link", true},      {"link_reset", "link", false},
-      {"kill", "runtime", false},            {"step_error", "runtime", false},
-      {"slow", "runtime", true},             {"kv_alloc_fail", "runtime", true},
-      {"client_disconnect", "http", false},  {"client_slow", "http", false},
+      {"process_kill", "process", false},
+      {"process_stop", "process", true},
+      {"process_restart", "process", false},
+      {"link_delay", "link", true},
+      {"link_drop", "link", true},
+      {"link_duplicate", "link", true},
+      {"link_reorder", "link", true},
+      {"link_cut", "link", true},
+      {"link_bandwidth", "link", true},
+      {"link_reset", "link", false},
+      {"kill", "runtime", false},
+      {"step_error", "runtime", false},
+      {"slow", "runtime", true},
+      {"kv_alloc_fail", "runtime", true},
+      {"client_disconnect", "http", false},
+      {"client_slow", "http", false},
   };
   return kinds;
 }

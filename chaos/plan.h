@@ -23,17 +23,17 @@ struct DeploymentPlan {
 
 struct WorkloadPlan {
   int requests = 300;
-  int distinct = 200;     // different requests; the rest repeat them (their expected output too)
-  int concurrency = 8;    // closed loop: this many in flight
-  double rate = 0;        // > 0: open loop, requests per second (Poisson), concurrency caps
-  int min_tokens = 4;     // max_tokens of each request, drawn in [min, max]
+  int distinct = 200;   // different requests; the rest repeat them (their expected output too)
+  int concurrency = 8;  // closed loop: this many in flight
+  double rate = 0;      // > 0: open loop, requests per second (Poisson), concurrency caps
+  int min_tokens = 4;   // max_tokens of each request, drawn in [min, max]
   int max_tokens = 48;
-  int min_words = 2;      // prompt length in words, drawn in [min, max]
+  int min_words = 2;  // prompt length in words, drawn in [min, max]
   int max_words = 24;
-  double stream = 0.5;    // fractions of the requests: streamed,
-  double sampled = 0.5;   // seeded sampling (the rest greedy),
-  double cancel = 0.05;   // cancelled by the client on purpose mid-stream (streams only)
-  double deadline_s = 60; // a request with no complete answer by then is lost or hung
+  double stream = 0.5;     // fractions of the requests: streamed,
+  double sampled = 0.5;    // seeded sampling (the rest greedy),
+  double cancel = 0.05;    // cancelled by the client on purpose mid-stream (streams only)
+  double deadline_s = 60;  // a request with no complete answer by then is lost or hung
 };
 
 // One fault. Which keys apply depends on the kind (see kFaultKinds in
@@ -43,13 +43,13 @@ struct FaultPlan {
   double at_s = 0;
   std::string kind;
   std::string node = "any";
-  int replica = -1;           // runtime faults; -1: drawn from the seed
+  int replica = -1;             // runtime faults; -1: drawn from the seed
   std::string role = "worker";  // kill
   int device = -1;
-  double duration_s = 0;      // lasting faults
-  double factor = 4;          // slow
-  double delay_s = 0.05;      // link_delay
-  double probability = 1;     // link_drop, link_duplicate, link_reorder
+  double duration_s = 0;           // lasting faults
+  double factor = 4;               // slow
+  double delay_s = 0.05;           // link_delay
+  double probability = 1;          // link_drop, link_duplicate, link_reorder
   std::string direction = "both";  // link faults: both, to_coordinator, to_node
   double bytes_per_s = 20000;      // link_bandwidth; client_slow reads this fast
   int count = 1;                   // client_disconnect, client_slow: how many clients

@@ -13,18 +13,19 @@ namespace troupe::chaos {
 
 // How a request's exchange ended, as the client saw it.
 enum class Transport {
-  Complete,        // a whole response (any status)
-  NoResponse,      // nothing (no status line) by the deadline, or the connection failed first
-  Stalled,         // a stream started and stopped producing before its end, by the deadline
-  Broken,          // the server closed the connection in the middle of a response
-  CancelledByUs,   // the client went away on purpose (a deliberate cancel, or an injected disconnect)
+  Complete,       // a whole response (any status)
+  NoResponse,     // nothing (no status line) by the deadline, or the connection failed first
+  Stalled,        // a stream started and stopped producing before its end, by the deadline
+  Broken,         // the server closed the connection in the middle of a response
+  CancelledByUs,  // the client went away on purpose (a deliberate cancel, or an injected
+                  // disconnect)
 };
 
 struct RequestRecord {
   size_t index = 0;  // in the workload (the expected outputs are indexed alike)
   bool stream = false;
-  bool sampled = false;            // seeded sampling (else greedy)
-  int cancel_after = -1;           // >= 0: the client goes away after this many tokens, on purpose
+  bool sampled = false;   // seeded sampling (else greedy)
+  int cancel_after = -1;  // >= 0: the client goes away after this many tokens, on purpose
   bool injected_disconnect = false;  // an HTTP fault made the client go away mid-stream
   bool injected_slow = false;        // an HTTP fault made the client read slowly
   double sent_s = -1;
@@ -48,8 +49,8 @@ struct FaultRecord {
   std::string kind;    // process_kill, link_cut, kill, slow, client_disconnect, ...
   std::string target;  // "node-1", "replica 0 worker", "3 clients", ...
   double injected_s = -1;
-  double duration_s = 0;    // lasting faults
-  double confirmed_s = -1;  // when its effect was observed
+  double duration_s = 0;     // lasting faults
+  double confirmed_s = -1;   // when its effect was observed
   std::string confirmation;  // the effect, in words ("pid 123 exited by SIGKILL", ...)
   std::string error;         // why it was not confirmed, or could not be injected
   double detected_s = -1;    // the deployment noticed (a node or replica declared dead)
@@ -82,7 +83,7 @@ struct RunRecords {
   std::vector<CapacitySample> capacity;
   std::vector<ResourceSample> resources_start, resources_end;
   double duration_s = 0;
-  double deadline_s = 0;             // each request's deadline after it was sent
+  double deadline_s = 0;  // each request's deadline after it was sent
   // What the load would get without faults: a closed loop's fault-free
   // pass; for an open loop, the offered load (rate x mean expected tokens)
   // when the fault-free pass showed the deployment can carry it.

@@ -129,8 +129,8 @@ std::string render_text(const ChaosReport& r) {
     return s + fmt::format(" over {:.1f} s", window);
   };
   out += "throughput: ";
-  out += t.baseline_tokens_per_s > 0 ? fmt::format("fault-free {:.0f} tok/s ({})", t.baseline_tokens_per_s,
-                                                   t.baseline_basis)
+  out += t.baseline_tokens_per_s > 0 ? fmt::format("fault-free {:.0f} tok/s ({})",
+                                                   t.baseline_tokens_per_s, t.baseline_basis)
                                      : std::string("no baseline");
   out += "; during faults " + rate(t.during_tokens_per_s, t.during_fraction, t.fault_window_s);
   out += "; after " + rate(t.after_tokens_per_s, t.after_fraction, t.after_window_s) + "\n";

@@ -101,8 +101,8 @@ std::string served_model(const Endpoint& e) {
   const HttpResponse r = e.call("GET", "/v1/models");
   const json j = json::parse(r.body, nullptr, false);
   if (r.status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty())
-    throw std::runtime_error("GET /v1/models failed (" + std::to_string(r.status) + "): " +
-                             r.body.substr(0, 200));
+    throw std::runtime_error("GET /v1/models failed (" + std::to_string(r.status) +
+                             "): " + r.body.substr(0, 200));
   return j["data"][0].value("id", "");
 }
 
@@ -110,15 +110,15 @@ std::string served_model(const Endpoint& e) {
 
 struct Tracked {
   FaultPlan plan;
-  size_t number = 0;         // in the run's order
-  FaultRecord rec;           // read and written under the run's lock
-  std::string node;          // process and link faults
-  int starts = 0;            // the node process it acted on (a restart makes another)
-  int link_fault = -1;       // LinkProxy fault id
-  LinkCounters before;       // link counters at injection
-  uint64_t admin_id = 0;     // runtime faults
-  double admin_added = 0;    // its book time at injection
-  double end_s = -1;         // lasting faults: when to undo it
+  size_t number = 0;       // in the run's order
+  FaultRecord rec;         // read and written under the run's lock
+  std::string node;        // process and link faults
+  int starts = 0;          // the node process it acted on (a restart makes another)
+  int link_fault = -1;     // LinkProxy fault id
+  LinkCounters before;     // link counters at injection
+  uint64_t admin_id = 0;   // runtime faults
+  double admin_added = 0;  // its book time at injection
+  double end_s = -1;       // lasting faults: when to undo it
   bool ended = false;
   double baseline_cancel = 0;
   bool capacity_dropped = false;
@@ -131,8 +131,10 @@ uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCoun
     return (now.to_upstream.*f - before.to_upstream.*f) + (now.to_client.*f - before.to_client.*f);
   };
   uint64_t n = 0;
-  if (p.kind == "link_delay") n = delta(&LinkDirectionCounters::chunks_delayed), *what = "chunks delayed";
-  if (p.kind == "link_drop") n = delta(&LinkDirectionCounters::frames_dropped), *what = "messages dropped";
+  if (p.kind == "link_delay")
+    n = delta(&LinkDirectionCounters::chunks_delayed), *what = "chunks delayed";
+  if (p.kind == "link_drop")
+    n = delta(&LinkDirectionCounters::frames_dropped), *what = "messages dropped";
   if (p.kind == "link_duplicate")
     n = delta(&LinkDirectionCounters::frames_duplicated), *what = "messages duplicated";
   if (p.kind == "link_reorder")
@@ -267,9 +269,8 @@ ChaosRun Run::go() {
     http_.token = deployment_->admin_token();
     replicas_ = deployment_->replicas();
   } else {
-    const std::string a = o_.attach.substr(o_.attach.find("://") == std::string::npos
-                                               ? 0
-                                               : o_.attach.find("://") + 3);
+    const std::string a = o_.attach.substr(
+        o_.attach.find("://") == std::string::npos ? 0 : o_.attach.find("://") + 3);
     const size_t colon = a.rfind(':');
     http_.host = a.substr(0, colon);
     http_.port = a.substr(colon + 1, a.find('/', colon) - colon - 1);
@@ -370,9 +371,9 @@ void Run::baseline(const Workload& w) {
     });
   for (auto& t : workers) t.join();
   if (!failures.empty())
-    throw std::runtime_error("the fault-free pass failed for " + std::to_string(failures.size()) +
-                             " request(s), so there is nothing to compare with; first: " +
-                             failures[0]);
+    throw std::runtime_error(
+        "the fault-free pass failed for " + std::to_string(failures.size()) +
+        " request(s), so there is nothing to compare with; first: " + failures[0]);
   const double capacity = double(tokens) / std::max(1e-9, seconds_since(start));
   out_.records.baseline_tokens_per_s = capacity;
   out_.records.baseline_basis = "closed loop";
@@ -575,10 +576,10 @@ void Run::inject(Tracked& t) {
     n.process->signal(SIGCONT);  // a stopped process takes SIGTERM only once it runs
     const int code = n.process->wait_exit(15);
     if (code < 0) return fail("pid " + std::to_string(pid) + " did not exit");
-    std::string what = "pid " + std::to_string(pid) + " exited (" +
-                       (code > 128 ? "signal " + std::to_string(code - 128)
-                                   : "code " + std::to_string(code)) +
-                       ")";
+    std::string what =
+        "pid " + std::to_string(pid) + " exited (" +
+        (code > 128 ? "signal " + std::to_string(code - 128) : "code " + std::to_string(code)) +
+        ")";
     if (k == "process_restart") {
       deployment_->start_node(n);
       what += "; started again as pid " + std::to_string(n.process->pid());
@@ -593,8 +594,8 @@ void Run::inject(Tracked& t) {
   if (k.rfind("link_", 0) == 0) {
     LinkProxy& link = *deployment_->node(t.node).link;
     commit(t, [&](FaultRecord& r) {
-      r.target = t.node + " <-> coordinator" +
-                 (p.direction == "both" ? "" : " (" + p.direction + ")");
+      r.target =
+          t.node + " <-> coordinator" + (p.direction == "both" ? "" : " (" + p.direction + ")");
     });
     t.before = link.counters();
     if (k == "link_reset") {
@@ -768,7 +769,7 @@ void Run::poll() {
       for (Tracked* h : http_waiting_)
         if (h->claims < h->plan.count && h->rec.error.empty())
           h->rec.error = "the load ended before " + std::to_string(h->plan.count) +
-                          " streaming request(s) took it";
+                         " streaming request(s) took it";
   }
   if (admin_pending) check_admin_faults();
 }

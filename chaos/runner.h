@@ -21,8 +21,8 @@ struct ChaosOptions {
   // "http://host:port" of a running deployment (with admin.faults on):
   // then only runtime and HTTP faults can be injected.
   std::string attach;
-  std::string admin_token;  // attach: its admin.token
-  double duration_s = 0;    // > 0: load for this long (requests repeat), not a request count
+  std::string admin_token;     // attach: its admin.token
+  double duration_s = 0;       // > 0: load for this long (requests repeat), not a request count
   double sample_every_s = 30;  // resources of every process, this often
   std::function<void(const std::string&)> log;  // progress lines
 };

@@ -10,14 +10,14 @@ namespace {
 
 // Plain words, so that prompts tokenize like text a user sends.
 constexpr std::array<const char*, 64> kWords = {
-    "the",    "a",       "little", "old",    "house",  "on",     "hill",   "river",
-    "moon",   "said",    "always", "never",  "friend", "stone",  "light",  "dark",
-    "garden", "morning", "night",  "king",   "cat",    "dog",    "road",   "sea",
-    "wind",   "quiet",   "story",  "begins", "when",   "after",  "before", "under",
-    "bright", "cold",    "warm",   "green",  "blue",   "door",   "window", "bread",
-    "fire",   "snow",    "rain",   "song",   "book",   "letter", "city",   "forest",
-    "mountain", "happy", "slow",   "fast",   "deep",   "tall",   "small",  "wise",
-    "fortune", "luck",   "time",   "money",  "love",   "tomorrow", "today", "yesterday"};
+    "the",      "a",       "little", "old",    "house",  "on",       "hill",   "river",
+    "moon",     "said",    "always", "never",  "friend", "stone",    "light",  "dark",
+    "garden",   "morning", "night",  "king",   "cat",    "dog",      "road",   "sea",
+    "wind",     "quiet",   "story",  "begins", "when",   "after",    "before", "under",
+    "bright",   "cold",    "warm",   "green",  "blue",   "door",     "window", "bread",
+    "fire",     "snow",    "rain",   "song",   "book",   "letter",   "city",   "forest",
+    "mountain", "happy",   "slow",   "fast",   "deep",   "tall",     "small",  "wise",
+    "fortune",  "luck",    "time",   "money",  "love",   "tomorrow", "today",  "yesterday"};
 
 int uniform(std::mt19937_64& rng, int lo, int hi) {
   return std::uniform_int_distribution<int>(lo, hi)(rng);

@@ -40,10 +40,10 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
     const DeviceSpec& other =
         device_spec(c, device_index(c.parallel, replica, d / s.tensor, d % s.tensor));
     if (other.kind != first.kind)
-      throw std::invalid_argument(
-          "devices: replica " + std::to_string(replica) + " mixes kinds " +
-          device_kind_name(first.kind) + " and " + device_kind_name(other.kind) +
-          "; a replica's devices must be of one kind");
+      throw std::invalid_argument("devices: replica " + std::to_string(replica) + " mixes kinds " +
+                                  device_kind_name(first.kind) + " and " +
+                                  device_kind_name(other.kind) +
+                                  "; a replica's devices must be of one kind");
   }
   s.kind = first.kind;
   s.cuda_index = first.index;

@@ -5,8 +5,8 @@
 // that was detected and when the replica served again. Thread-safe: the
 // admin endpoint writes and reads it on HTTP threads, actors on theirs.
 #include <chrono>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>

@@ -59,8 +59,8 @@ bool tensor_fits(const ModelConfig& c, int t) {
 }  // namespace
 
 void check_layout_fits(const ModelConfig& c, int pipeline, int t) {
-  if (c.n_layers < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.vocab_size < 1 ||
-      c.hidden_dim < 1 || c.n_heads % c.n_kv_heads != 0)
+  if (c.n_layers < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.vocab_size < 1 || c.hidden_dim < 1 ||
+      c.n_heads % c.n_kv_heads != 0)
     throw std::invalid_argument(
         "impossible model dimensions (layers " + std::to_string(c.n_layers) + ", heads " +
         std::to_string(c.n_heads) + ", kv heads " + std::to_string(c.n_kv_heads) + ", vocab " +
@@ -75,8 +75,8 @@ void check_layout_fits(const ModelConfig& c, int pipeline, int t) {
     const std::string tensor = "parallel.tensor = " + std::to_string(t);
     std::string why;
     if (c.n_heads % t != 0)
-      why = tensor + " does not divide the model's " + std::to_string(c.n_heads) +
-            " attention heads";
+      why =
+          tensor + " does not divide the model's " + std::to_string(c.n_heads) + " attention heads";
     else if (c.n_kv_heads % t != 0 && t % c.n_kv_heads != 0)
       why = tensor + " can neither split nor evenly replicate the model's " +
             std::to_string(c.n_kv_heads) + " KV heads";
@@ -292,7 +292,8 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
   // Every input is checked before anything is touched, so a bad step leaves
   // the cache and the sequences as they were.
   validate(inputs);
-  for (const auto& in : inputs) cache.check_covers(*in.cache, in.cache->length + int(in.tokens.size()));
+  for (const auto& in : inputs)
+    cache.check_covers(*in.cache, in.cache->length + int(in.tokens.size()));
 
   const ModelConfig& c = config_;
   const ShardDims& d = dims_;

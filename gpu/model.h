@@ -94,11 +94,11 @@ struct LayerWeights {
 
 // What a shard exchanges with its peers in one step.
 struct ShardIo {
-  Communicator* tp = nullptr;   // the tensor-parallel group; null when tp_size == 1
-  const float* x_in = nullptr;  // not first stage: [tokens, dim] from the previous stage
-  float* x_out = nullptr;       // not last stage: [tokens, dim] for the next stage
-  float* logits = nullptr;      // last stage: one row of vocab_stride per input (this
-                                // shard's vocabulary slice at its start)
+  Communicator* tp = nullptr;       // the tensor-parallel group; null when tp_size == 1
+  const float* x_in = nullptr;      // not first stage: [tokens, dim] from the previous stage
+  float* x_out = nullptr;           // not last stage: [tokens, dim] for the next stage
+  float* logits = nullptr;          // last stage: one row of vocab_stride per input (this
+                                    // shard's vocabulary slice at its start)
   double* layer_seconds = nullptr;  // when set: wall time added per layer of this shard
                                     // (the classifier counts on the last one)
 };

@@ -25,13 +25,18 @@ struct ChaosResult {
 // Runs `troupe chaos PLAN ARGS...` from the source directory (the plans'
 // model paths are relative to it) and reads its JSON report.
 ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<std::string> argv{TROUPE_BINARY,  "chaos",     plan.string(),
-                                "--json",       (dir / "report.json").string(),
-                                "--run-dir",    (dir / "logs").string()};
+  std::vector<std::string> argv{TROUPE_BINARY,
+                                "chaos",
+                                plan.string(),
+                                "--json",
+                                (dir / "report.json").string(),
+                                "--run-dir",
+                                (dir / "logs").string()};
   argv.insert(argv.end(), args.begin(), args.end());
   ChildProcess p(argv, "", test::source_dir().string());
   ChaosResult r;
@@ -50,8 +55,7 @@ void expect_nothing_lost(const json& report) {
   EXPECT_EQ(c["duplicated"], 0);
   EXPECT_EQ(c["wrong"], 0);
   EXPECT_EQ(c["failed_with_status"], 0);
-  EXPECT_EQ(c["correct"].get<int>() + c["cancelled_as_asked"].get<int>(),
-            c["requests"].get<int>());
+  EXPECT_EQ(c["correct"].get<int>() + c["cancelled_as_asked"].get<int>(), c["requests"].get<int>());
 }
 
 std::set<std::string> confirmed_kinds(const json& report) {
@@ -86,7 +90,8 @@ TEST(Chaos, TheQuickScheduleLosesNothingAndConfirmsEveryFault) {
   // Cancellations on purpose reached the server as 499s (one that crossed
   // its answer's end on the way is not counted; the two clients that went
   // away as a fault are).
-  const int client = r.report["cancellations"]["client"], server = r.report["cancellations"]["server_499"];
+  const int client = r.report["cancellations"]["client"],
+            server = r.report["cancellations"]["server_499"];
   EXPECT_GT(client, 0);
   EXPECT_GE(server, client * 8 / 10) << client;
   EXPECT_LE(server, client + 2);
@@ -130,8 +135,8 @@ TEST(Chaos, AFaultThatCannotTakeEffectFailsTheRun) {
 }
 
 TEST(Chaos, ABadPlanIsRefusedNamingTheKey) {
-  const fs::path plan = fs::temp_directory_path() /
-                        ("troupe-chaos-bad-" + std::to_string(getpid()) + ".yaml");
+  const fs::path plan =
+      fs::temp_directory_path() / ("troupe-chaos-bad-" + std::to_string(getpid()) + ".yaml");
   std::ofstream(plan) << "faults:\n  - {at_s: 1, kind: proces_kill}\n";
   const ChaosResult r = run_chaos(plan);
   fs::remove(plan);
@@ -146,8 +151,8 @@ TEST(AdminOverHttp, AbsentByDefault) {
   test::Server s({});
   EXPECT_EQ(test::http_request(s.port(), "GET", "/admin/faults").status, 404);
   EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults",
-                               R"({"kind":"slow","replica":0,"factor":2,"duration_s":1})",
-                               10, {{"Authorization", "Bearer anything"}})
+                               R"({"kind":"slow","replica":0,"factor":2,"duration_s":1})", 10,
+                               {{"Authorization", "Bearer anything"}})
                 .status,
             404);
 }

@@ -11,8 +11,8 @@
 
 #include "net/http_client.h"
 #include "net/http_framing.h"
-#include "support/scripted_server.h"
 #include "support/process_support.h"
+#include "support/scripted_server.h"
 #include "support/test_support.h"
 
 namespace troupe {

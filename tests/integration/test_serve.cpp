@@ -238,8 +238,8 @@ TEST(ServeDevices, AutoServesAndCudaWithoutAGpuIsRefused) {
   std::string why;
   const bool gpu = cuda_device_available(&why);
   test::Server s({"devices=[{kind: auto, threads: 1}]"});
-  const auto r = s.complete(
-      {{"prompt", "The meaning of life"}, {"max_tokens", 24}, {"temperature", 0}});
+  const auto r =
+      s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 24}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   if (!gpu) {
     EXPECT_EQ(json::parse(r.body)["choices"][0]["text"],

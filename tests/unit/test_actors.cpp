@@ -116,9 +116,9 @@ std::unique_ptr<ActorRuntime> runtime(const Config& c, std::shared_ptr<Script> s
   const ModelConfig m = model();
   return std::make_unique<ActorRuntime>(c, m, [m, script](int, const EngineSpec& spec) {
     return ReplicaEngine{[m, spec, script](const DeviceLauncher&) {
-                                         return std::make_unique<ScriptedEngine>(m, spec, script);
-                                       },
-                                       spec};
+                           return std::make_unique<ScriptedEngine>(m, spec, script);
+                         },
+                         spec};
   });
 }
 

@@ -498,10 +498,10 @@ TEST(LatencySeries, QuantilesPerWindowOfTheRequestsThatEndedThere) {
     r.end_s = end;
     rs.push_back(r);
   };
-  add(0, 0.1, 0.5);   // window 0: e2e 0.5
-  add(1, 1.2, 2.0);   // window 0: e2e 1.0
-  add(9, 9.5, 12);    // window 1: e2e 3
-  add(25, -1, 26);    // window 2: e2e 1, no first token
+  add(0, 0.1, 0.5);    // window 0: e2e 0.5
+  add(1, 1.2, 2.0);    // window 0: e2e 1.0
+  add(9, 9.5, 12);     // window 1: e2e 3
+  add(25, -1, 26);     // window 2: e2e 1, no first token
   RequestRecord lost;  // no answer: not in any window
   lost.sent_s = 3;
   rs.push_back(lost);

@@ -21,7 +21,8 @@ std::string error_of(const std::string& yaml) {
 
 TEST(ChaosPlan, EveryShippedPlanParsesAndItsDeploymentExists) {
   int plans = 0;
-  for (const auto& e : std::filesystem::directory_iterator(test::source_dir() / "configs" / "chaos")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(test::source_dir() / "configs" / "chaos")) {
     if (e.path().filename() == "deployment.yaml") continue;
     SCOPED_TRACE(e.path().string());
     const ChaosPlan p = load_chaos_plan(e.path());

@@ -107,7 +107,6 @@ TEST(DTypes, ConversionsRoundTrip) {
 }  // namespace
 }  // namespace troupe
 
-
 namespace troupe {
 namespace {
 TEST(Kernels, ExpApproxIsAccurate) {

@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "text/tokenizer.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
+#include "text/tokenizer.h"
 
 namespace troupe::openai {
 namespace {

@@ -48,8 +48,8 @@ TEST(ReplicaLink, ProbesAnUnacknowledgedMessageThenGivesUp) {
   l.send(0);
   EXPECT_EQ(l.tick(0.1), A::None);
   EXPECT_EQ(l.tick(0.3), A::Probe);
-  l.send(0.3);                         // the probe
-  EXPECT_EQ(l.tick(0.4), A::None);     // not again so soon
+  l.send(0.3);                      // the probe
+  EXPECT_EQ(l.tick(0.4), A::None);  // not again so soon
   EXPECT_EQ(l.tick(0.6), A::Probe);
   l.send(0.6);
   EXPECT_EQ(l.tick(2.0), A::Broken);  // the first is still unanswered

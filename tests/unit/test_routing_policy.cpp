@@ -7,8 +7,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "util/rng.h"
 #include "scheduler/routing_policy.h"
+#include "util/rng.h"
 
 namespace troupe {
 namespace {

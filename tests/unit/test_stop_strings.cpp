@@ -1,11 +1,10 @@
-#include "text/stop_strings.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "support/test_support.h"
+#include "text/stop_strings.h"
 #include "text/text_streamer.h"
 #include "text/tokenizer.h"
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "support/test_support.h"
 #include "text/text_streamer.h"
 #include "text/tokenizer.h"
-#include "support/test_support.h"
 
 namespace troupe {
 namespace {
