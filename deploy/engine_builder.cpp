@@ -7,7 +7,9 @@
 #include <stdexcept>
 
 #include "deploy/fingerprint.h"
+#if TROUPE_SERVE_CUDA
 #include "gpu/cuda/cuda_engine.h"
+#endif
 #include "gpu/kv_cache.h"
 #include "scheduler/partitioner.h"
 
@@ -102,6 +104,16 @@ std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, in
   return out;
 }
 
+bool EngineBuilder::cuda_available(std::string* why) {
+#if TROUPE_SERVE_CUDA
+  return cuda_device_available(why);
+#else
+  if (why)
+    *why = "this build has no CUDA engine (configure with -DTROUPE_SERVE_CUDA=ON where nvcc is)";
+  return false;
+#endif
+}
+
 EngineBuilder::EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype)
     : checkpoint_(std::move(checkpoint)), dtype_(dtype) {}
 
@@ -117,7 +129,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
           std::to_string(spec.pipeline) + " stage(s) x " + std::to_string(spec.tensor) +
           " shard(s)); use parallel.replicas for several GPUs, or kind cpu");
     std::string why;
-    const bool gpu = cuda_device_available(&why);
+    const bool gpu = cuda_available(&why);
     if (spec.kind == DeviceKind::Cuda && !gpu)
       throw std::runtime_error("devices: kind cuda, but " + why);
     if (spec.kind == DeviceKind::Auto) {
@@ -167,6 +179,7 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
   if (spec.kind == DeviceKind::Cuda) {
+#if TROUPE_SERVE_CUDA
     CudaEngineOptions o;
     o.device = spec.cuda_index >= 0 ? spec.cuda_index : spec.cuda_ordinal;
     o.block_tokens = spec.block_tokens;
@@ -177,6 +190,11 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
     o.graphs = spec.cuda.graphs;
     o.reserve_bytes = size_t(spec.cuda.reserve_bytes);
     return make_cuda_engine(*checkpoint_, dtype_, o);
+#else
+    std::string why;
+    cuda_available(&why);
+    throw std::runtime_error("devices: kind cuda, but " + why);
+#endif
   }
   if (spec.kind == DeviceKind::Auto)
     throw std::logic_error("EngineBuilder::build: resolve() the spec first (kind auto)");

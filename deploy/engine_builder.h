@@ -79,6 +79,9 @@ using EngineFactory = std::function<std::unique_ptr<StepEngine>(const DeviceLaun
 class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
  public:
   EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype);
+  // Whether this build serves on CUDA and a device answers; `why` gets the
+  // device found or the reason there is none.
+  static bool cuda_available(std::string* why = nullptr);
 
   const ModelConfig& model() const { return checkpoint_->config; }
   // The model's identity across processes (deploy/fingerprint.h).

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "gpu/cuda/cuda_engine.h"
+#include "deploy/engine_builder.h"
 #include "net/sse_parser.h"
 #include "support/process_support.h"
 #include "support/serving_support.h"
@@ -236,7 +236,7 @@ namespace {
 // saying why.
 TEST(ServeDevices, AutoServesAndCudaWithoutAGpuIsRefused) {
   std::string why;
-  const bool gpu = cuda_device_available(&why);
+  const bool gpu = EngineBuilder::cuda_available(&why);
   test::Server s({"devices=[{kind: auto, threads: 1}]"});
   const auto r =
       s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 24}, {"temperature", 0}});

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "deploy/engine_builder.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/parallel_engine.h"
 #include "support/test_support.h"
 
@@ -109,7 +108,7 @@ TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
   }
   spec.pipeline = 1;
   std::string why;
-  const bool gpu = cuda_device_available(&why);
+  const bool gpu = EngineBuilder::cuda_available(&why);
   if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << "); tests/gpu covers it";
   try {
     builder->resolve(spec);
