@@ -23,8 +23,14 @@ engine() {  # $1 binary -> JSON line
   "$1" bench --preset "$PRESET" --batch "$BATCHES" --threads "$THREADS" --prompt-len 64 \
     --decode-tokens 16 --repeats 2 --json 2>/dev/null
 }
+# Each build reads the config of its own tree (the schema may differ).
+config_of() {
+  local c; c=$(dirname "$1")/../configs/default.yaml
+  [ -f "$c" ] && echo "$c" || echo configs/default.yaml
+}
 serving() {  # $1 binary -> output tokens/s
-  "$1" serve --config configs/default.yaml --listen 127.0.0.1:0 2>"$OUT/serve.log" &
+  : >"$OUT/serve.log"
+  "$1" serve --config "$(config_of "$1")" --listen 127.0.0.1:0 2>"$OUT/serve.log" &
   SERVER=$!
   local port=
   for _ in $(seq 600); do
@@ -32,7 +38,8 @@ serving() {  # $1 binary -> output tokens/s
     [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/ready" >/dev/null && break
     sleep 0.1
   done
-  "$1" bench --url "http://127.0.0.1:$port" -c "$CONCURRENCY" -n "$REQUESTS" \
+  [ -n "$port" ] || { echo "bench-ab: $1 serve did not start:" >&2; cat "$OUT/serve.log" >&2; exit 1; }
+  "$1" bench --url "http://127.0.0.1:$port" -c "$CONCURRENCY" -n "$REQUESTS" --prompt-len 32 \
     --output-len "$OUTPUT_LEN" --json 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["output_tokens_per_s"])'
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
