@@ -43,7 +43,7 @@ stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait
 
 # Output tokens per second of one bench run against port $1.
 measure() {
-  "$TROUPE" bench --url "http://127.0.0.1:$1" -c "$CONCURRENCY" -n "$REQUESTS" \
+  "$TROUPE" bench --url "http://127.0.0.1:$1" -c "$CONCURRENCY" -n "$REQUESTS" --prompt-len 32 \
     --output-len "$OUTPUT_LEN" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_tokens_per_s"])'
 }
 
