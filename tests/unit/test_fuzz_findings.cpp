@@ -1,0 +1,65 @@
+// What the fuzzers (tests/fuzz/, scripts/fuzz.sh) found: each input that
+// broke a promise is kept in tests/data/fuzz/TARGET/ and run here through the
+// same entry point as its fuzz target, expecting the documented answer.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <variant>
+
+#include "deploy/config.h"
+#include "net/openai_api.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+std::string finding(const std::string& target, const std::string& name) {
+  return test::read_file(test::data_path("fuzz/" + target + "/" + name));
+}
+
+openai::ModelLimits fortune_limits() {
+  openai::ModelLimits l;
+  l.name = "fortune";
+  l.context_length = 256;
+  l.vocab_size = 2000;
+  l.max_tokens_cap = 4096;
+  return l;
+}
+
+// "[1e3082,.3]": a number beyond a double is nlohmann's out_of_range, not a
+// parse_error; it escaped the decoder and the server answered 500.
+TEST(FuzzFindings, OpenAiNumberOverflowIsA400NamingIt) {
+  const auto r = openai::parse_completion_request(finding("openai_request", "number-overflow.json"),
+                                                  fortune_limits());
+  const auto* e = std::get_if<openai::ApiError>(&r);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->code, "invalid_json");
+  EXPECT_TRUE(test::contains(e->message, "number overflow")) << e->message;
+  // The same inside an object, where a real client would put it.
+  const auto r2 =
+      openai::parse_completion_request(R"({"prompt": "x", "max_tokens": 1e400})", fortune_limits());
+  ASSERT_TRUE(std::holds_alternative<openai::ApiError>(r2));
+  EXPECT_EQ(std::get<openai::ApiError>(r2).status, 400);
+}
+
+// A model.path holding bytes that are not UTF-8 was accepted, and
+// to_yaml() (--print-config) wrote it back as U+FFFD: not the same config.
+// Now refused, naming the key.
+TEST(FuzzFindings, ConfigTextThatIsNotUtf8IsRefusedNamingTheKey) {
+  try {
+    parse_config(finding("config", "invalid-utf8-path.yaml"), "fuzz.yaml");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "model.path");
+    EXPECT_TRUE(test::contains(e.what(), "UTF-8")) << e.what();
+  }
+  Config c;
+  EXPECT_THROW(apply_override(c, "model.name", "caf\xe9"), ConfigError);
+  // Valid UTF-8 beyond ASCII still reads and survives to_yaml().
+  apply_override(c, "model.name", "caf\xc3\xa9 \xe2\x98\x83");
+  EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
+}
+
+}  // namespace
+}  // namespace troupe
