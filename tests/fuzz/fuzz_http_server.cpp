@@ -116,8 +116,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // within this hangs its clients.
   const timeval wait{10, 0};
   ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  // libFuzzer's timer signal interrupts blocking calls (EINTR): retried.
   beast::error_code ec;
-  asio::write(socket, asio::buffer(data, size), ec);  // the server may close early
+  for (size_t sent = 0; sent < size;) {
+    sent += socket.write_some(asio::buffer(data + sent, size - sent), ec);
+    if (ec && ec != asio::error::interrupted) break;  // the server may close early
+  }
   socket.shutdown(tcp::socket::shutdown_send, ec);
   std::string wire;
   char chunk[16384];
@@ -125,6 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = socket.read_some(asio::buffer(chunk), ec);
     wire.append(chunk, n);
     if (ec == asio::error::eof || ec == asio::error::connection_reset) break;
+    if (ec == asio::error::interrupted) continue;
     if (ec == asio::error::would_block || ec == asio::error::try_again)
       violated("the server did not close the connection within 10 s");
     if (ec) violated("reading the server's answer failed: " + ec.message());
