@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "deploy/config.h"
+#include "gpu/checkpoint.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
 
@@ -59,6 +60,22 @@ TEST(FuzzFindings, ConfigTextThatIsNotUtf8IsRefusedNamingTheKey) {
   // Valid UTF-8 beyond ASCII still reads and survives to_yaml().
   apply_override(c, "model.name", "caf\xc3\xa9 \xe2\x98\x83");
   EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
+}
+
+// config.json with 65536 heads of head_dim 65536: validate() computed
+// q_dim() = n_heads * head_dim in int, which overflowed (undefined; wrapped
+// to 0 it passed the size check). Found by a hand-made input to the hf_dir
+// target, after reading the check. Now refused as absurdly large.
+TEST(FuzzFindings, HfHeadCountTimesHeadDimOverflowIsRefused) {
+  test::TempDir dir;
+  test::write_file(dir / "config.json", finding("hf_dir", "head-product-overflow.json"));
+  try {
+    load_checkpoint(dir.path());
+    FAIL() << "loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "config.json")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "absurdly large")) << e.what();
+  }
 }
 
 }  // namespace
