@@ -36,18 +36,7 @@ for t in "${TARGETS[@]}"; do
 done
 
 # ---- packages ----
-TROUPE_SKIP_BUILD=1 scripts/setup.sh
-FUZZ_PACKAGES=(clang libclang-rt-14-dev)
-missing=()
-for p in "${FUZZ_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "fuzz: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+TROUPE_EXTRA_PACKAGES="clang libclang-rt-14-dev" TROUPE_SKIP_BUILD=1 scripts/setup.sh
 
 # ---- build: a second build directory, since CMake picks one compiler per
 # directory. No CUDA there: the fuzzers drive host code only. ----

@@ -18,20 +18,14 @@ std::string finding(const std::string& target, const std::string& name) {
   return test::read_file(test::data_path("fuzz/" + target + "/" + name));
 }
 
-openai::ModelLimits fortune_limits() {
-  openai::ModelLimits l;
-  l.name = "fortune";
-  l.context_length = 256;
-  l.vocab_size = 2000;
-  l.max_tokens_cap = 4096;
-  return l;
-}
+// As `troupe serve` sets them for models/fortune under the default config.
+const openai::ModelLimits kFortune{"fortune", 256, 2000, 4096};
 
 // "[1e3082,.3]": a number beyond a double is nlohmann's out_of_range, not a
 // parse_error; it escaped the decoder and the server answered 500.
 TEST(FuzzFindings, OpenAiNumberOverflowIsA400NamingIt) {
-  const auto r = openai::parse_completion_request(finding("openai_request", "number-overflow.json"),
-                                                  fortune_limits());
+  const auto r =
+      openai::parse_completion_request(finding("openai_request", "number-overflow.json"), kFortune);
   const auto* e = std::get_if<openai::ApiError>(&r);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->status, 400);
@@ -39,7 +33,7 @@ TEST(FuzzFindings, OpenAiNumberOverflowIsA400NamingIt) {
   EXPECT_TRUE(test::contains(e->message, "number overflow")) << e->message;
   // The same inside an object, where a real client would put it.
   const auto r2 =
-      openai::parse_completion_request(R"({"prompt": "x", "max_tokens": 1e400})", fortune_limits());
+      openai::parse_completion_request(R"({"prompt": "x", "max_tokens": 1e400})", kFortune);
   ASSERT_TRUE(std::holds_alternative<openai::ApiError>(r2));
   EXPECT_EQ(std::get<openai::ApiError>(r2).status, 400);
 }
