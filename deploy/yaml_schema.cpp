@@ -314,9 +314,28 @@ Kind<int64_t> byte_count(bool positive) {
           [](YAML::Emitter& out, const int64_t& v) { out << v; }};
 }
 
+namespace {
+
+// yaml-cpp writes such text as a plain scalar, which does not read back the
+// same: a CR reads as a line break, edge spaces and tabs are trimmed.
+// Double-quoted, every character is escaped or kept.
+bool needs_double_quotes(std::string_view v) {
+  const auto edge = [](char c) { return c == ' ' || c == '\t'; };
+  if (!v.empty() && (edge(v.front()) || edge(v.back()))) return true;
+  return std::any_of(v.begin(), v.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7F;
+  });
+}
+
+}  // namespace
+
 Kind<std::string> text() {
   return {read_string, [](const std::string&) { return std::string(); },
-          [](YAML::Emitter& out, const std::string& v) { out << v; }};
+          [](YAML::Emitter& out, const std::string& v) {
+            if (needs_double_quotes(v)) out << YAML::DoubleQuoted;
+            out << v;
+          }};
 }
 
 Kind<std::string> non_empty_text() {

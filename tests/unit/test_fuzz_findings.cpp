@@ -56,6 +56,20 @@ TEST(FuzzFindings, ConfigTextThatIsNotUtf8IsRefusedNamingTheKey) {
   EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
 }
 
+// model.path "m ... .bin " followed by carriage returns: to_yaml() wrote it
+// as a plain scalar, which reads back without them (a CR is a line break,
+// edge spaces are trimmed). Such text is now written double-quoted.
+TEST(FuzzFindings, ConfigTextWithControlsOrEdgeSpacesSurvivesToYaml) {
+  const Config c = parse_config(finding("config", "carriage-returns-in-path.yaml"), "fuzz.yaml");
+  EXPECT_TRUE(test::contains(c.model.path, ".bin \r\r")) << c.model.path;
+  EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
+  for (const std::string name : {" lead", "trail ", "tab\t", "cr\rlf\n", "del\x7f", "bell\a"}) {
+    Config d;
+    apply_override(d, "model.name", name);
+    EXPECT_EQ(parse_config(to_yaml(d), "printed").model.name, name) << to_yaml(d);
+  }
+}
+
 // config.json with 65536 heads of head_dim 65536: validate() computed
 // q_dim() = n_heads * head_dim in int, which overflowed (undefined; wrapped
 // to 0 it passed the size check). Found by a hand-made input to the hf_dir
