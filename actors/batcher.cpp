@@ -14,10 +14,32 @@ using Clock = std::chrono::steady_clock;
 
 struct BatcherState {
   RouterActor router;
+  uint64_t epoch = 0;
   WorkerActor worker;
   std::unique_ptr<ReplicaScheduler> sched;
   bool up = false;
+  // An injected refusal of KV blocks, until its effect is reported.
+  struct {
+    uint64_t id = 0;
+    FaultInjectorActor reporter;
+    uint64_t refusals_before = 0;
+  } kv_fault;
 };
+
+void report(BatcherActor::pointer self, const FaultInjectorActor& to, uint64_t id,
+            FaultOutcome outcome, std::string text) {
+  if (to) self->send(to, fault_atom::value, FaultReport{id, outcome, std::move(text)});
+}
+
+// The refusal's effect is seen once a planned step wanted blocks it was refused.
+void confirm_kv_fault(BatcherActor::pointer self, BatcherState& s) {
+  if (s.kv_fault.id == 0 || s.sched->refusals() == s.kv_fault.refusals_before) return;
+  report(self, s.kv_fault.reporter, s.kv_fault.id, FaultOutcome::Confirmed,
+         "replica " + std::to_string(s.sched->replica()) + " was refused KV blocks (" +
+             std::to_string(s.sched->running()) + " running, " +
+             std::to_string(s.sched->waiting()) + " waiting)");
+  s.kv_fault.id = 0;
+}
 
 // Hands the scheduler's side effects on: engine state to drop, to the
 // worker (before any later step), and requests that ended idle, to the router.
@@ -32,6 +54,7 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
   while (st->sched->can_launch()) {
     auto step = st->sched->next_step();
     flush(self, *st);
+    confirm_kv_fault(self, *st);
     if (!step) return;
     const uint64_t id = step->id;
     const auto t0 = Clock::now();
@@ -65,7 +88,7 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
             st->sched->finish_probe(id);
             flush(self, *st);
             st->up = true;
-            self->send(st->router, up_atom::value, st->sched->replica(),
+            self->send(st->router, up_atom::value, st->sched->replica(), st->epoch,
                        caf::actor_cast<BatcherActor>(self));
             schedule(self, st);
           },
@@ -78,9 +101,10 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
                                     BatcherOptions options) {
   auto st = std::make_shared<BatcherState>();
   st->router = std::move(router);
+  st->epoch = options.scheduler.epoch;
   st->sched = std::make_unique<ReplicaScheduler>(options.scheduler);
-  st->worker = self->spawn<caf::detached + caf::linked>(worker, options.engine,
-                                                        options.scheduler.replica, options.metrics);
+  st->worker = self->spawn<caf::detached + caf::linked>(
+      worker, options.engine, options.scheduler.replica, options.metrics, options.members);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {
@@ -91,9 +115,30 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
         st->sched->cancel(id);
         schedule(self, st);
       },
-      [=](crash_atom a) { self->send(st->worker, a); },
-      [=](crash_atom a, int device) { self->send(st->worker, a, device); },
-      [=](slow_atom a, double seconds) { self->send(st->worker, a, seconds); },
+      [=](fault_atom a, FaultOrder& o, FaultInjectorActor& reporter) {
+        const int replica = st->sched->replica();
+        if (o.kind == FaultKind::KvAllocFail) {
+          st->sched->refuse_blocks(!o.end);
+          if (o.end) {
+            st->kv_fault.id = 0;
+          } else {
+            st->kv_fault = {o.id, reporter, st->sched->refusals()};
+            report(self, reporter, o.id, FaultOutcome::Applied,
+                   "replica " + std::to_string(replica) + " refuses KV blocks");
+          }
+          schedule(self, st);
+          return;
+        }
+        if (o.kind == FaultKind::Kill && o.role == FaultRole::Batcher) {
+          report(self, reporter, o.id, FaultOutcome::Applied,
+                 "the batcher of replica " + std::to_string(replica) + " exits");
+          self->quit(caf::make_error(
+              caf::sec::runtime_error,
+              "injected fault: batcher of replica " + std::to_string(replica) + " killed"));
+          return;
+        }
+        self->send(st->worker, a, std::move(o), std::move(reporter));
+      },
   };
 }
 

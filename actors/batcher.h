@@ -14,8 +14,9 @@ namespace troupe {
 
 struct BatcherOptions {
   ReplicaSchedulerOptions scheduler;
-  EngineFactory engine;        // builds the replica's engine on the worker's thread
-  Metrics* metrics = nullptr;  // for the worker's per-stage figures
+  EngineFactory engine;              // builds the replica's engine on the worker's thread
+  Metrics* metrics = nullptr;        // for the worker's per-stage figures
+  std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
 };
 
 // Spawns its worker (detached, linked: if the worker dies the batcher dies

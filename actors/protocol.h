@@ -1,20 +1,25 @@
 #pragma once
 // The serving actors' protocols as types: each actor's handle is a CAF typed
 // actor, so the messages it takes (and what it answers) are checked by the
-// compiler at every send. Inside one process the payloads are never
-// serialized (CAF_ALLOW_UNSAFE_MESSAGE_TYPE below).
+// compiler at every send. Messages between processes are the types of
+// actors/wire.h (serialized by CAF); the HTTP seam's types (a request and
+// its sink) never leave the coordinator.
 //
 // Supervision tree (see docs/ARCHITECTURE.md):
-//   supervisor --monitors--> batcher (one per replica)
+//   supervisor --places on--> node (one per process with devices)
+//   supervisor --monitors--> batcher (one per replica, on its node)
 //   batcher --links--> worker (detached: runs the engine)
 //   worker --links--> shard (detached, one per device of a parallel layout)
-// The router hears from the supervisor of every replica that comes up or
-// goes down.
+// The router hears from the supervisor of every replica that goes down, and
+// from each batcher when it comes up.
 #include <caf/all.hpp>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "actors/wire.h"
+#include "scheduler/cluster.h"
 #include "scheduler/replica_messages.h"
 #include "service/completion_service.h"
 #include "service/step_item.h"
@@ -30,10 +35,30 @@ using events_atom = caf::atom_constant<caf::atom("events")>;
 using up_atom = caf::atom_constant<caf::atom("up")>;
 using down_atom = caf::atom_constant<caf::atom("down")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
-using slow_atom = caf::atom_constant<caf::atom("slow")>;
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
+using fend_atom = caf::atom_constant<caf::atom("fend")>;
+using ftick_atom = caf::atom_constant<caf::atom("ftick")>;
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using stepdone_atom = caf::atom_constant<caf::atom("stepdone")>;
 using rtick_atom = caf::atom_constant<caf::atom("rtick")>;
+using start_atom = caf::atom_constant<caf::atom("start")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using stick_atom = caf::atom_constant<caf::atom("stick")>;
+using ntick_atom = caf::atom_constant<caf::atom("ntick")>;
+using part_atom = caf::atom_constant<caf::atom("part")>;
+using build_atom = caf::atom_constant<caf::atom("build")>;
+using rdvset_atom = caf::atom_constant<caf::atom("rdvset")>;
+using rdvget_atom = caf::atom_constant<caf::atom("rdvget")>;
+
+// The coordinator's fault injector: (fault, id) starts a fault the admin
+// endpoint recorded, (fault, report) is what the actor that applied one
+// says back, (fend, id) ends a lasting one, (ftick) fails the faults whose
+// effect never came.
+using FaultInjectorActor =
+    caf::typed_actor<caf::reacts_to<fault_atom, uint64_t>, caf::reacts_to<fault_atom, FaultReport>,
+                     caf::reacts_to<fend_atom, uint64_t>, caf::reacts_to<ftick_atom>>;
 
 // A device of a parallel layout: (run) takes its next queued job; (crash)
 // arms it to die at its next step, mid-step for the rest of its group.
@@ -41,39 +66,67 @@ using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<cra
 
 // A replica's engine on its own thread. (step, items) -> one sampled id per
 // item; (stepdone, ticket) is its own note that a launched step is over;
-// (release, seq) drops a sequence's sampler. Fault injection: (crash) throws
-// at once, (crash, device) kills that shard mid-step, (slow, seconds) delays
-// every later step.
+// (release, seq) drops a sequence's sampler; (fault, order, injector)
+// applies an injected fault aimed at it, its shards or its remote parts.
 using WorkerActor =
     caf::typed_actor<caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
                      caf::reacts_to<stepdone_atom, uint64_t>,
-                     caf::reacts_to<release_atom, uint64_t>, caf::reacts_to<crash_atom>,
-                     caf::reacts_to<crash_atom, int>, caf::reacts_to<slow_atom, double>>;
+                     caf::reacts_to<release_atom, uint64_t>,
+                     caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
+
+// A part of a replica that spans nodes, on a node other than its leader's:
+// (build) makes its engine (meeting the other parts through the
+// coordinator's rendezvous), (step, items, microbatches) runs the step the
+// leader's worker runs, cut alike, and (stepdone, ticket) is its own note
+// that a step is over. It is linked to the leader's worker: either dying
+// takes the other down, and supervision rebuilds the whole replica.
+using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
+                                     caf::reacts_to<step_atom, std::vector<StepItem>, int>,
+                                     caf::reacts_to<stepdone_atom, uint64_t>>;
 
 // A replica's continuous batcher: requests placed on it and cancelled
-// there; fault injection is forwarded to its worker.
+// there; an injected fault is applied here (a batcher's kill, refused KV
+// blocks) or passed to its worker.
 using BatcherActor =
     caf::typed_actor<caf::reacts_to<assign_atom, Assignment>, caf::reacts_to<cancel_atom, uint64_t>,
-                     caf::reacts_to<crash_atom>, caf::reacts_to<crash_atom, int>,
-                     caf::reacts_to<slow_atom, double>>;
+                     caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // The router: requests from the front end, step events from the batchers,
-// replicas up and down from the supervisor, and its own deadline tick.
+// replicas up (a batcher, after its probe step) and down (the supervisor),
+// each for one placement epoch, and its own deadline tick.
 using RouterActor = caf::typed_actor<
     caf::reacts_to<submit_atom, CompletionRequest, std::shared_ptr<CompletionSink>>,
     caf::reacts_to<cancel_atom, uint64_t>, caf::reacts_to<events_atom, StepEvents>,
-    caf::reacts_to<up_atom, int, BatcherActor>, caf::reacts_to<down_atom, int, bool>,
-    caf::reacts_to<rtick_atom>>;
+    caf::reacts_to<up_atom, int, uint64_t, BatcherActor>,
+    caf::reacts_to<down_atom, int, uint64_t, bool>, caf::reacts_to<rtick_atom>>;
 
-// The supervisor: fault injection into replica r (and its device d).
+// A process with devices: starts the replicas the supervisor places on it
+// (answering with the replica's batcher) and stops those whose placement
+// ended; (join) from the coordinator says it is no longer a member (it was
+// declared dead): stop everything and join again; (ntick) paces its
+// heartbeats and, after losing the coordinator, its attempts to join again.
+using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
+                                                   std::vector<MemberActor>>::with<BatcherActor>,
+                                   caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
+                                   caf::reacts_to<stop_atom, int, uint64_t>,
+                                   caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom>>;
+
+// What a node sees of the coordinator: it joins, it beats, and the parts of
+// a replica spanning nodes meet through its rendezvous store (set a key;
+// get one, empty while it is not set).
+using CoordinatorActor =
+    caf::typed_actor<caf::replies_to<join_atom, JoinRequest, NodeActor>::with<JoinReply>,
+                     caf::reacts_to<beat_atom, int, uint64_t>,
+                     caf::replies_to<rdvset_atom, std::string, std::vector<char>>::with<bool>,
+                     caf::replies_to<rdvget_atom, std::string>::with<std::vector<char>>>;
+
+// The supervisor: the coordinator's membership and placement, the replicas'
+// restarts, and injected faults passed to the replica they aim at.
 using SupervisorActor =
-    caf::typed_actor<caf::reacts_to<crash_atom, int>, caf::reacts_to<crash_atom, int, int>,
-                     caf::reacts_to<slow_atom, int, double>>;
+    CoordinatorActor::extend<caf::reacts_to<stick_atom>,
+                             caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::CompletionRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::CompletionSink>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::Assignment)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::StepItem>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::StepEvents)

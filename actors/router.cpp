@@ -5,6 +5,8 @@
 #include <chrono>
 #include <vector>
 
+#include "scheduler/router_log.h"
+
 namespace troupe {
 
 namespace {
@@ -30,10 +32,12 @@ class BatcherChannel : public ReplicaChannel {
 };
 
 struct RouterState {
+  std::vector<uint64_t> epoch;  // per replica: the placement its events must carry
   std::unique_ptr<BatcherChannel> channel;
-  std::unique_ptr<RequestTable> table;
+  std::unique_ptr<LoggedRequestTable> table;  // logged when TROUPE_ROUTER_LOG names a file
   std::shared_ptr<RouterShared> shared;
   Metrics* metrics = nullptr;
+  std::shared_ptr<FaultBook> faults;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double now() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -41,7 +45,7 @@ struct RouterState {
 };
 
 void publish(RouterState& s) {
-  const RequestTable& t = *s.table;
+  const RequestTable& t = s.table->table();
   s.shared->live_replicas = t.live_replicas();
   s.shared->ready = t.live_replicas() > 0;
   if (!s.metrics) return;
@@ -60,12 +64,20 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                                   std::shared_ptr<RouterShared> shared, Metrics* metrics) {
   auto st = std::make_shared<RouterState>();
   st->metrics = metrics;
+  st->faults = options.faults;
   st->shared = std::move(shared);
   st->channel = std::make_unique<BatcherChannel>(self, size_t(options.table.replicas));
-  st->table = std::make_unique<RequestTable>(
-      options.table, make_routing_policy(options.routing_policy, options.routing_seed),
-      *st->channel);
+  st->epoch.assign(size_t(options.table.replicas), 0);
+  st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
+                                                   options.routing_seed, *st->channel,
+                                                   router_log_from_env());
   st->table->on_replicas_changed([st = st.get()] { publish(*st); });
+  if (st->faults)
+    st->table->on_resumed([st = st.get()](double down, double next_token) {
+      // On the fault book's clock.
+      const double at = st->faults->now();
+      st->faults->resumed(at - (next_token - down), at);
+    });
   publish(*st);
   self->send(self, rtick_atom::value);
   // Shutdown: nothing accepted ends in silence.
@@ -81,6 +93,11 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
       },
       [=](cancel_atom, uint64_t id) { st->table->cancel(id, st->now()); },
       [=](events_atom, const StepEvents& ev) {
+        // A replica that outlived its placement (a node declared dead that
+        // came back) is fenced: its events speak for an old epoch.
+        if (ev.replica < 0 || size_t(ev.replica) >= st->epoch.size() ||
+            ev.epoch != st->epoch[size_t(ev.replica)])
+          return;
         if (st->metrics) {
           if (ev.batch_sequences > 0)
             st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
@@ -89,13 +106,22 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         st->table->on_events(ev, st->now());
         publish(*st);
       },
-      [=](up_atom, int replica, BatcherActor b) {
+      [=](up_atom, int replica, uint64_t epoch, BatcherActor b) {
+        if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
+        if (epoch <= st->epoch[size_t(replica)]) return;  // an older placement, late
+        st->epoch[size_t(replica)] = epoch;
         st->channel->set(replica, std::move(b));
-        spdlog::info("replica {} ready", replica);
+        spdlog::info("replica {} ready (placement {})", replica, epoch);
         st->table->replica_up(replica, st->now());
+        if (st->faults) st->faults->replica_up(replica, st->faults->now());
         publish(*st);
       },
-      [=](down_atom, int replica, bool permanent) {
+      [=](down_atom, int replica, uint64_t epoch, bool permanent) {
+        if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
+        // Only the placement that is up can go down; a given-up replica is
+        // given up whatever placement failed last.
+        const bool current = epoch == st->epoch[size_t(replica)];
+        if (!current && !permanent) return;
         const size_t resumed = st->table->replica_down(replica, permanent, st->now());
         spdlog::warn("replica {} down{}; {} requests to resume", replica,
                      permanent ? " for good" : "", resumed);

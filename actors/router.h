@@ -10,6 +10,7 @@
 #include <string>
 
 #include "actors/protocol.h"
+#include "faults/fault_book.h"
 #include "metrics/metrics.h"
 #include "scheduler/request_table.h"
 
@@ -19,6 +20,7 @@ struct RouterOptions {
   RequestTableOptions table;
   std::string routing_policy = "latency_aware";
   uint64_t routing_seed = 1;
+  std::shared_ptr<FaultBook> faults;  // told when a replica serves again
 };
 
 // Shared with the runtime facade (read from HTTP threads).

@@ -2,9 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <caf/io/all.hpp>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
+
+#include "actors/fault_injector.h"
+#include "scheduler/replica_scheduler.h"
 
 namespace troupe {
 
@@ -12,6 +16,14 @@ namespace {
 // CAF's cooperative threads: routing and batching are light work.
 constexpr int kSchedulerThreads = 2;
 }  // namespace
+
+void configure_distribution(caf::actor_system_config& cfg, double heartbeat_timeout_s) {
+  register_wire_types(cfg);
+  const auto timeout =
+      std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(heartbeat_timeout_s));
+  cfg.set("middleman.heartbeat-interval", caf::timespan{timeout / 4});
+  cfg.set("middleman.connection-timeout", caf::timespan{timeout});
+}
 
 ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> engines,
                            Metrics* metrics)
@@ -21,43 +33,56 @@ ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> 
             const EngineSpec resolved = engines->resolve(spec);
             return ReplicaEngine{engines->factory(resolved), resolved};
           },
-          metrics) {}
+          metrics, engines->fingerprint()) {}
 
 ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, EngineSource engine_for,
-                           Metrics* metrics)
+                           Metrics* metrics, std::string model_fingerprint)
     : replicas_(config.parallel.replicas),
       router_shared_(std::make_shared<RouterShared>()),
       supervisor_shared_(std::make_shared<SupervisorShared>(config.parallel.replicas)) {
   validate_config(config);
   validate_layout_for_model(config, model);
-  const BatchLimits limits{config.batching.max_batch_sequences, config.batching.max_batch_tokens,
-                           config.batching.prefill_chunk_tokens};
   SupervisorOptions so;
+  so.replicas = replicas_;
   so.max_restarts = config.supervision.max_restarts;
   so.window_s = config.supervision.within_s;
-  for (int r = 0; r < replicas_; ++r) {
-    ReplicaEngine engine = engine_for(r, engine_spec(config, model, r));
-    const EngineSpec& spec = engine.spec;
-    const int ctx_blocks = (model.max_seq_len + spec.block_tokens - 1) / spec.block_tokens;
-    if (spec.blocks < ctx_blocks)
-      throw std::invalid_argument("kv_cache holds " + std::to_string(spec.blocks) +
-                                  " blocks per device, fewer than one full-context sequence "
-                                  "needs (" +
-                                  std::to_string(ctx_blocks) + ")");
-    BatcherOptions b;
-    b.scheduler.replica = r;
-    b.scheduler.kv_blocks = spec.blocks;
-    b.scheduler.block_tokens = spec.block_tokens;
-    b.scheduler.limits = limits;
-    b.scheduler.groups = spec.pipeline;  // one step in flight per stage
-    b.scheduler.stop = StopRule{model.eos_ids, model.max_seq_len};
-    b.scheduler.bos = model.bos_id;
-    ReplicaScheduler check(b.scheduler);  // bad limits fail here, not in an actor
-    stage_layers_.push_back(spec.stage_layers);
-    b.engine = std::move(engine.factory);
-    b.metrics = metrics;
-    so.batchers.push_back(std::move(b));
-  }
+  so.placement = config.placement.replicas;
+  so.layers = model.n_layers;
+  so.faults = faults_;
+  so.cluster = {kWireProtocol, model_fingerprint, config.nodes.token,
+                config.nodes.heartbeat_timeout_s};
+  ReplicaPlan& plan = so.plan;
+  plan.pipeline = config.parallel.pipeline;
+  plan.tensor = config.parallel.tensor;
+  const EngineSpec first = engine_spec(config, model, 0);
+  plan.block_tokens = first.block_tokens;
+  plan.blocks = first.blocks;
+  plan.max_batch_sequences = config.batching.max_batch_sequences;
+  plan.max_batch_tokens = config.batching.max_batch_tokens;
+  plan.prefill_chunk_tokens = config.batching.prefill_chunk_tokens;
+  const int ctx_blocks = (model.max_seq_len + plan.block_tokens - 1) / plan.block_tokens;
+  if (plan.blocks < ctx_blocks)
+    throw std::invalid_argument("kv_cache holds " + std::to_string(plan.blocks) +
+                                " blocks per device, fewer than one full-context sequence needs (" +
+                                std::to_string(ctx_blocks) + ")");
+  // This process's replicas are resolved now, so that what does not fit
+  // (a memory cap, a layout) stops start-up here, not later in an actor.
+  auto local = std::make_shared<std::vector<ReplicaEngine>>();
+  if (config.nodes.local)
+    for (int r = 0; r < replicas_; ++r) {
+      local->push_back(engine_for(r, engine_spec(config, model, r)));
+      stage_layers_.push_back(local->back().spec.stage_layers);
+    }
+  // Bad limits fail here, not in an actor.
+  ReplicaScheduler check(
+      {0,
+       0,
+       plan.blocks,
+       plan.block_tokens,
+       {plan.max_batch_sequences, plan.max_batch_tokens, plan.prefill_chunk_tokens},
+       plan.pipeline,
+       StopRule{model.eos_ids, model.max_seq_len},
+       model.bos_id});
 
   cfg_.set("scheduler.max-threads", kSchedulerThreads);
   // CAF's idle threads poll for 100 rounds and then wake every 50 us for
@@ -67,6 +92,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   // an enqueue wakes a sleeping thread.
   cfg_.set("work-stealing.aggressive-poll-attempts", 10);
   cfg_.set("work-stealing.moderate-poll-attempts", 0);
+  if (!config.nodes.listen.empty()) configure_distribution(cfg_, config.nodes.heartbeat_timeout_s);
   system_ = std::make_unique<caf::actor_system>(cfg_);
 
   RouterOptions ro;
@@ -77,11 +103,48 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   ro.table.admission = admission_queue_options(config);
   ro.routing_policy = config.routing.policy;
   ro.routing_seed = config.routing.seed;
+  ro.faults = faults_;
   router_ = system_->spawn(router, ro, router_shared_, metrics);
   supervisor_ = system_->spawn(supervisor, router_, std::move(so), supervisor_shared_, metrics);
+  injector_ = system_->spawn(fault_injector, faults_, supervisor_);
+
+  if (!config.nodes.listen.empty()) {
+    const auto [host, port] = parse_listen(config.nodes.listen);
+    auto bound = system_->middleman().publish(caf::actor_cast<CoordinatorActor>(supervisor_), port,
+                                              host.c_str(), true);
+    if (!bound) {
+      caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
+      throw std::runtime_error("nodes.listen: cannot listen on " + config.nodes.listen + ": " +
+                               system_->render(bound.error()));
+    }
+    nodes_port_ = *bound;
+    spdlog::info("nodes join on {}:{}", host, nodes_port_);
+  }
+  if (config.nodes.local) {
+    NodeAgentOptions no;
+    no.join = {"local",        config.nodes.token, kWireProtocol,
+               kTroupeVersion, model_fingerprint,  config.parallel.device_count(),
+               "127.0.0.1"};
+    for (int d = 0; d < config.parallel.device_count(); ++d)
+      no.devices.push_back(device_spec(config, d));
+    no.engines = [local](const ReplicaPlan& p, const std::vector<DeviceSpec>&, const PartLinks&) {
+      if (p.spans())
+        throw std::invalid_argument("the coordinator's own devices hold whole replicas only");
+      return local->at(size_t(p.replica));
+    };
+    no.stop = StopRule{model.eos_ids, model.max_seq_len};
+    no.bos = model.bos_id;
+    no.heartbeat_timeout_s = config.nodes.heartbeat_timeout_s;
+    no.metrics = metrics;
+    local_node_ = system_->spawn<caf::detached>(node_agent, std::move(no),
+                                                caf::actor_cast<CoordinatorActor>(supervisor_));
+  }
 }
 
 ActorRuntime::~ActorRuntime() {
+  if (local_node_) caf::anon_send_exit(local_node_, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(injector_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
   system_->await_all_actors_done();
@@ -95,6 +158,11 @@ void ActorRuntime::cancel(uint64_t request_id) {
   caf::anon_send(router_, cancel_atom::value, request_id);
 }
 
+std::vector<NodeRecord> ActorRuntime::nodes() const {
+  std::lock_guard<std::mutex> l(supervisor_shared_->mu);
+  return supervisor_shared_->nodes;
+}
+
 std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   std::vector<ReplicaStatus> out(static_cast<size_t>(replicas_));
   for (size_t i = 0; i < out.size(); ++i) {
@@ -106,16 +174,34 @@ std::vector<ReplicaStatus> ActorRuntime::replica_status() const {
   return out;
 }
 
+FaultEntry ActorRuntime::inject(const FaultRequest& request) {
+  const FaultOrder order =
+      faults_->add(request.order, request.at_s, request.duration_s, faults_->now());
+  caf::anon_send(injector_, fault_atom::value, order.id);
+  return *faults_->get(order.id);
+}
+
+std::variant<FaultEntry, std::string> ActorRuntime::inject_json(std::string_view body) {
+  auto parsed = parse_fault_request(body, replicas_);
+  if (auto* why = std::get_if<std::string>(&parsed)) return *why;
+  return inject(std::get<FaultRequest>(parsed));
+}
+
 void ActorRuntime::inject_crash(int replica) {
-  caf::anon_send(supervisor_, crash_atom::value, replica);
+  FaultRequest r;
+  r.order.kind = FaultKind::Kill;
+  r.order.role = FaultRole::Worker;
+  r.order.replica = replica;
+  inject(r);
 }
 
 void ActorRuntime::inject_shard_crash(int replica, int device) {
-  caf::anon_send(supervisor_, crash_atom::value, replica, device);
-}
-
-void ActorRuntime::inject_slowness(int replica, double seconds) {
-  caf::anon_send(supervisor_, slow_atom::value, replica, seconds);
+  FaultRequest r;
+  r.order.kind = FaultKind::Kill;
+  r.order.role = FaultRole::Shard;
+  r.order.replica = replica;
+  r.order.device = device;
+  inject(r);
 }
 
 bool ActorRuntime::wait_live(int n, double timeout_s) const {

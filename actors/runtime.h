@@ -1,66 +1,83 @@
 #pragma once
-// The actor runtime behind the HTTP API: one actor system with a router, a
-// supervisor and R replicas (batcher + device worker each, and with a
-// parallel layout one shard actor per device under the worker), built from
-// the one configuration and exposed as a CompletionService.
+// The actor runtime behind the HTTP API: the coordinator's actor system,
+// with the router, the supervisor (membership, placement, restarts) and,
+// unless nodes.local is off, this process's own devices as a node; with
+// nodes.listen set, other processes (`troupe node`) join it and run
+// replicas too. Built from the one configuration and exposed as a
+// CompletionService.
 #include <caf/all.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "actors/node_agent.h"
 #include "actors/router.h"
 #include "actors/supervisor.h"
 #include "deploy/config.h"
 #include "deploy/engine_builder.h"
+#include "faults/fault_json.h"
+#include "net/fault_admin.h"
 #include "service/completion_service.h"
 
 namespace troupe {
 
 struct ReplicaStatus {
-  bool live = false;
   bool failed = false;
   int restarts = 0;
   std::string last_death;  // why it last died, as the supervisor saw it; empty: never
 };
 
-class ActorRuntime : public CompletionService {
+// caf::actor_system_config for a process that speaks to others: the wire
+// types, CAF's middleman, and heartbeats on every connection so that a peer
+// that hangs is noticed within `heartbeat_timeout_s` (both ends must have
+// them).
+void configure_distribution(caf::actor_system_config& cfg, double heartbeat_timeout_s);
+
+class ActorRuntime : public CompletionService, public FaultAdmin {
  public:
-  // Starts the replicas the config describes (parallel, devices, kv_cache,
-  // batching, routing, admission, supervision); `engines` builds them from
-  // the model. Throws ConfigError or std::invalid_argument naming what does
-  // not fit (the layout, the KV cache, a memory cap) before anything starts.
+  // Starts what the config describes; `engines` builds replicas on this
+  // process's devices. Throws ConfigError or std::invalid_argument naming
+  // what does not fit (the layout, the KV cache, a memory cap, the node
+  // port) before anything starts.
   ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> engines,
                Metrics* metrics = nullptr);
-  // The same with engines from elsewhere (tests: scripted engines): replica
-  // r's engine is engine_for(r, its spec from the config), which returns the
-  // factory and the spec as it resolved it.
-  struct ReplicaEngine {
-    EngineFactory factory;
-    EngineSpec spec;
-  };
+  // The same with this process's replicas from elsewhere (tests: scripted
+  // engines): replica r's engine is engine_for(r, its spec from the config).
+  // Nodes that join must present `model_fingerprint`.
   using EngineSource = std::function<ReplicaEngine(int replica, const EngineSpec& spec)>;
   ActorRuntime(const Config& config, const ModelConfig& model, EngineSource engine_for,
-               Metrics* metrics = nullptr);
+               Metrics* metrics = nullptr, std::string model_fingerprint = "local");
   ~ActorRuntime() override;
 
   void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) override;
   void cancel(uint64_t request_id) override;
   bool ready() const override { return router_shared_->ready.load(); }
 
-  // Each replica's pipeline stages, [begin, end) layers per stage (empty
-  // for a single stage).
+  // This process's replicas' pipeline stages, [begin, end) layers per stage
+  // (empty for a single stage).
   const std::vector<std::vector<std::pair<int, int>>>& stage_layers() const {
     return stage_layers_;
   }
   int live_replicas() const { return router_shared_->live_replicas.load(); }
   std::vector<ReplicaStatus> replica_status() const;
-  // Fault injection: the replica's worker throws at its next message.
+  // The nodes as the supervisor last saw them (this process's own devices
+  // are the node "local").
+  std::vector<NodeRecord> nodes() const;
+  // The port nodes join on (nodes.listen; the chosen one when it named port
+  // 0); 0 when nodes cannot join.
+  uint16_t nodes_port() const { return nodes_port_; }
+  // Fault injection (tests, the admin endpoint): the fault is recorded in
+  // the fault book and started at its time; returns its entry.
+  FaultEntry inject(const FaultRequest& request);
+  std::variant<FaultEntry, std::string> inject_json(std::string_view body) override;
+  std::vector<FaultEntry> faults() const override { return faults_->list(); }
+  std::vector<FaultBook::Resume> resumes() const override { return faults_->resumes(); }
+  double now() const override { return faults_->now(); }
+  // Shorthands: the replica's worker dies; shard `device` (stage-major) of
+  // the replica dies in its next step, mid-step for the rest of its group.
   void inject_crash(int replica);
-  // Fault injection: shard `device` (stage-major) of the replica dies when
-  // its next step reaches it, while the rest of its group is mid-step.
   void inject_shard_crash(int replica, int device);
-  // Fault injection: every later step of the replica takes `seconds` longer.
-  void inject_slowness(int replica, double seconds);
   // Blocks until `n` replicas are live or the timeout passes; true if reached.
   bool wait_live(int n, double timeout_s) const;
 
@@ -73,6 +90,10 @@ class ActorRuntime : public CompletionService {
   std::shared_ptr<SupervisorShared> supervisor_shared_;
   RouterActor router_;
   SupervisorActor supervisor_;
+  std::shared_ptr<FaultBook> faults_ = std::make_shared<FaultBook>();
+  FaultInjectorActor injector_;
+  NodeActor local_node_;
+  uint16_t nodes_port_ = 0;
 };
 
 }  // namespace troupe

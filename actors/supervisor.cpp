@@ -2,39 +2,267 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
+#include "deploy/yaml_schema.h"
+#include "scheduler/partitioner.h"
 #include "scheduler/restart_intensity.h"
 
 namespace troupe {
 
 namespace {
 
+// Heartbeat expiry and waiting placements are looked at this often.
+constexpr auto kTick = std::chrono::milliseconds(100);
+// A node has this long to build a replica's engine and answer.
+constexpr auto kStartTimeout = std::chrono::seconds(120);
+
 struct Slot {
-  BatcherActor batcher;
+  explicit Slot(RestartIntensity i) : intensity(std::move(i)) {}
+  uint64_t epoch = 0;                // its current (or last) placement
+  BatcherActor batcher;              // while it runs
+  bool starting = false;             // its nodes are building it
+  std::vector<int> nodes;            // its parts' nodes, the leader's among them
+  std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
   RestartIntensity intensity;
+  bool failed = false;
+  bool waiting_logged = false;
+  // Faults aimed at it while it was not running: passed on once it runs.
+  std::vector<std::pair<FaultOrder, FaultInjectorActor>> faults;
 };
 
 struct SupervisorState {
   SupervisorOptions opts;
   RouterActor router;
   std::shared_ptr<SupervisorShared> shared;
+  Metrics* metrics = nullptr;
+  Cluster cluster;
+  std::map<int, NodeActor> nodes;                       // live nodes' agents, by node id
+  std::map<std::string, std::vector<char>> rendezvous;  // spanning replicas' parts meet here
   std::vector<Slot> slots;
+  uint64_t next_epoch = 1;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  explicit SupervisorState(const SupervisorOptions& o) : opts(o), cluster(o.cluster) {}
   double now() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 };
 
-void start(SupervisorActor::pointer self, SupervisorState& s, size_t i) {
-  s.slots[i].batcher = self->spawn<caf::monitored>(batcher, s.router, s.opts.batchers[i]);
+std::string wanted_node(const SupervisorState& s, size_t replica) {
+  return replica < s.opts.placement.size() ? s.opts.placement[replica] : "any";
 }
 
-// The replica's batcher, if it is up (fault injection goes nowhere otherwise).
-BatcherActor* live(SupervisorState& s, int replica) {
-  if (replica < 0 || size_t(replica) >= s.slots.size() || !s.slots[size_t(replica)].batcher)
-    return nullptr;
-  return &s.slots[size_t(replica)].batcher;
+void publish(SupervisorState& s) {
+  std::vector<NodeRecord> nodes;
+  for (const NodeRecord* n : s.cluster.nodes()) nodes.push_back(*n);
+  if (s.metrics) {
+    int live = 0;
+    for (const auto& n : nodes) {
+      live += n.state == NodeState::Live ? 1 : 0;
+      s.metrics->set_node(n.name, n.state == NodeState::Live, n.devices, int(n.replicas.size()),
+                          n.state == NodeState::Live ? s.now() - n.last_heard : 0.0);
+    }
+    s.metrics->set_nodes(live, int(nodes.size()) - live);
+  }
+  std::lock_guard<std::mutex> l(s.shared->mu);
+  s.shared->nodes = std::move(nodes);
+}
+
+void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st);
+
+// The replica's placement is over: the router resumes its requests (or,
+// with `give_up`, fails them for good), and its devices are free again.
+std::string rendezvous_prefix(size_t replica, uint64_t epoch) {
+  return "replica" + std::to_string(replica) + "/epoch" + std::to_string(epoch) + "/";
+}
+
+void end_placement(SupervisorActor::pointer self, SupervisorState& s, size_t r, bool give_up) {
+  Slot& slot = s.slots[r];
+  if (slot.batcher) self->demonitor(slot.batcher.address());
+  for (const MemberActor& m : slot.members) self->send_exit(m, caf::exit_reason::user_shutdown);
+  self->send(s.router, down_atom::value, int(r), slot.epoch, give_up);
+  slot.batcher = BatcherActor{};
+  slot.members.clear();
+  slot.starting = false;
+  slot.nodes.clear();
+  s.cluster.unplace(int(r));
+  const std::string prefix = rendezvous_prefix(r, slot.epoch);
+  for (auto it = s.rendezvous.lower_bound(prefix);
+       it != s.rendezvous.end() && it->first.starts_with(prefix);)
+    it = s.rendezvous.erase(it);
+}
+
+void replica_died(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
+                  const std::string& why) {
+  SupervisorState& s = *st;
+  Slot& slot = s.slots[r];
+  const bool restart = slot.intensity.allow_restart(s.now());
+  spdlog::warn("replica {} died ({}); {}", r, why,
+               restart ? "restarting" : "restart limit reached, it stays down");
+  {
+    std::lock_guard<std::mutex> l(s.shared->mu);
+    s.shared->last_death[r] = why;
+  }
+  if (s.opts.faults) s.opts.faults->replica_died(int(r), why, s.opts.faults->now());
+  end_placement(self, s, r, !restart);
+  if (!restart) {
+    slot.failed = true;
+    s.shared->failed[r] = true;
+    return;
+  }
+  ++s.shared->restarts[r];
+  if (s.metrics) s.metrics->replica_restarted(int(r));
+  place_waiting(self, st);
+}
+
+// A node the cluster has declared dead: its agent is forgotten (and told,
+// if it can still hear, that its membership is over: that fences whatever
+// it runs), and its replicas are placed anew. A node's death is not its
+// replicas' fault: it does not count against their restart intensity.
+void bury(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, int node,
+          const std::string& cause) {
+  SupervisorState& s = *st;
+  const NodeRecord* rec = s.cluster.node(node);
+  auto agent = s.nodes.find(node);
+  if (agent != s.nodes.end()) {
+    self->demonitor(agent->second.address());
+    self->send(agent->second, join_atom::value);
+    s.nodes.erase(agent);
+  }
+  int moved = 0;
+  for (size_t r = 0; r < s.slots.size(); ++r)
+    if (std::find(s.slots[r].nodes.begin(), s.slots[r].nodes.end(), node) !=
+        s.slots[r].nodes.end()) {
+      end_placement(self, s, r, false);
+      ++moved;
+    }
+  spdlog::warn(
+      "node {} is dead ({}{}); {} replica(s) to place again",
+      rec ? rec->name : std::to_string(node), cause,
+      cause == "heartbeat"
+          ? ": silent for over " + schema::format_number(s.opts.cluster.heartbeat_timeout_s) + " s"
+          : "",
+      moved);
+  if (s.metrics) s.metrics->node_dead(cause);
+  publish(s);
+  place_waiting(self, st);
+}
+
+void node_lost(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, int node,
+               const std::string& cause) {
+  if (st->cluster.lost(node, cause)) bury(self, st, node, cause);
+}
+
+ReplicaPlan plan_for(const SupervisorState& s, size_t r, uint64_t epoch) {
+  ReplicaPlan p = s.opts.plan;
+  p.replica = int(r);
+  p.epoch = epoch;
+  return p;
+}
+
+// The replica's leader starts once its other parts are up (each builds its
+// engine when the leader's meets it at the rendezvous).
+void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
+                  uint64_t epoch, ReplicaPlan plan, int leader_node) {
+  SupervisorState& s = *st;
+  Slot& slot = s.slots[r];
+  plan.part = plan.leader();
+  self->request(s.nodes.at(leader_node), kStartTimeout, start_atom::value, plan, s.router,
+                slot.members)
+      .then(
+          [=](BatcherActor b) {
+            Slot& sl = st->slots[r];
+            if (sl.epoch != epoch || !sl.starting) {
+              // Placed anew meanwhile (a node died): this one is stale.
+              self->send_exit(b, caf::exit_reason::user_shutdown);
+              return;
+            }
+            sl.starting = false;
+            sl.batcher = b;
+            self->monitor(b);
+            for (auto& [order, reporter] : sl.faults)
+              self->send(b, fault_atom::value, order, reporter);
+            sl.faults.clear();
+            publish(*st);
+          },
+          [=](caf::error& err) {
+            Slot& sl = st->slots[r];
+            if (sl.epoch != epoch || !sl.starting) return;
+            // A node that cannot build the replica (it does not fit there)
+            // counts like a crash, so that it is not retried forever.
+            replica_died(self, st, r, "could not start: " + self->system().render(err));
+          });
+}
+
+void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st) {
+  SupervisorState& s = *st;
+  for (size_t r = 0; r < s.slots.size(); ++r) {
+    Slot& slot = s.slots[r];
+    if (slot.failed || slot.batcher || slot.starting) continue;
+    const std::string wanted = wanted_node(s, r);
+    const auto parts = s.cluster.choose(wanted, s.opts.plan.devices());
+    if (!parts) {
+      if (!slot.waiting_logged)
+        spdlog::warn("replica {} waits for a node ({}) with {} free device(s)", r, wanted,
+                     s.opts.plan.devices());
+      slot.waiting_logged = true;
+      continue;
+    }
+    slot.waiting_logged = false;
+    s.cluster.place(int(r), *parts);
+    const uint64_t epoch = s.next_epoch++;
+    slot.epoch = epoch;
+    slot.starting = true;
+    slot.nodes.clear();
+    for (const auto& [node, devices] : *parts) slot.nodes.push_back(node);
+    ReplicaPlan plan = plan_for(s, r, epoch);
+    if (parts->size() > 1) {
+      // Devices stage-major, each part a contiguous run of them; the parts
+      // must agree on the stages, so they are split evenly here.
+      for (size_t p = 0; p < parts->size(); ++p) {
+        plan.hosts.insert(plan.hosts.end(), size_t((*parts)[p].second), int(p));
+        plan.part_names.push_back(s.cluster.node((*parts)[p].first)->name);
+      }
+      if (plan.stage_bounds.empty() && plan.pipeline > 1) {
+        const StagePartition even = equal_partition(s.opts.layers, plan.pipeline);
+        plan.stage_bounds = even.boundaries;
+      }
+    }
+    const int leader_node = slot.nodes[size_t(plan.leader())];
+    if (!plan.spans()) {
+      start_leader(self, st, r, epoch, plan, leader_node);
+      continue;
+    }
+    auto waiting = std::make_shared<int>(int(parts->size()) - 1);
+    slot.members.assign(parts->size() - 1, MemberActor{});
+    for (size_t p = 0, m = 0; p < parts->size(); ++p) {
+      if (int(p) == plan.leader()) continue;
+      ReplicaPlan part = plan;
+      part.part = int(p);
+      const size_t index = m++;
+      self->request(s.nodes.at(slot.nodes[p]), kStartTimeout, part_atom::value, part)
+          .then(
+              [=](MemberActor member) {
+                Slot& sl = st->slots[r];
+                if (sl.epoch != epoch || !sl.starting) {
+                  self->send_exit(member, caf::exit_reason::user_shutdown);
+                  return;
+                }
+                sl.members[index] = member;
+                if (--*waiting == 0) start_leader(self, st, r, epoch, plan, leader_node);
+              },
+              [=](caf::error& err) {
+                Slot& sl = st->slots[r];
+                if (sl.epoch != epoch || !sl.starting) return;
+                replica_died(self, st, r,
+                             "could not start part " + std::to_string(p) + ": " +
+                                 self->system().render(err));
+              });
+    }
+  }
+  publish(s);
 }
 
 }  // namespace
@@ -43,54 +271,93 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
                                           SupervisorOptions options,
                                           std::shared_ptr<SupervisorShared> shared,
                                           Metrics* metrics) {
-  auto st = std::make_shared<SupervisorState>();
-  st->opts = std::move(options);
+  auto st = std::make_shared<SupervisorState>(options);
   st->router = std::move(router);
   st->shared = std::move(shared);
-  for (size_t i = 0; i < st->opts.batchers.size(); ++i)
-    st->slots.push_back(
-        {BatcherActor{}, RestartIntensity(st->opts.max_restarts, st->opts.window_s)});
-  for (size_t i = 0; i < st->slots.size(); ++i) start(self, *st, i);
+  st->metrics = metrics;
+  for (int i = 0; i < st->opts.replicas; ++i)
+    st->slots.emplace_back(RestartIntensity(st->opts.max_restarts, st->opts.window_s));
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;
-    for (size_t i = 0; i < s.slots.size(); ++i) {
-      Slot& slot = s.slots[i];
-      if (!slot.batcher || slot.batcher.address() != dm.source) continue;
-      slot.batcher = BatcherActor{};
-      const bool restart = slot.intensity.allow_restart(s.now());
-      const std::string why = self->system().render(dm.reason);
-      spdlog::warn("replica {} died ({}); {}", i, why,
-                   restart ? "restarting" : "restart limit reached, it stays down");
-      {
-        std::lock_guard<std::mutex> l(s.shared->mu);
-        s.shared->last_death[i] = why;
-      }
-      self->send(s.router, down_atom::value, int(i), !restart);
-      if (!restart) {
-        s.shared->failed[i] = true;
+    for (const auto& [id, agent] : s.nodes)
+      if (agent.address() == dm.source) {
+        node_lost(self, st, id, "connection lost");
         return;
       }
-      ++s.shared->restarts[i];
-      if (metrics) metrics->replica_restarted(int(i));
-      start(self, s, i);
-      return;
-    }
+    for (size_t r = 0; r < s.slots.size(); ++r)
+      if (s.slots[r].batcher && s.slots[r].batcher.address() == dm.source) {
+        replica_died(self, st, r, self->system().render(dm.reason));
+        return;
+      }
   });
-  // Shutdown: take the replicas down with us (workers are linked to them).
+  // Shutdown: take the replicas down with us.
   self->set_exit_handler([=](caf::exit_msg& em) {
     for (auto& slot : st->slots)
       if (slot.batcher) self->send_exit(slot.batcher, em.reason);
     self->quit(em.reason);
   });
+  self->send(self, stick_atom::value);
   return {
-      [=](crash_atom a, int replica) {
-        if (auto* b = live(*st, replica)) self->send(*b, a);
+      [=](join_atom, const JoinRequest& req, NodeActor agent) -> JoinReply {
+        SupervisorState& s = *st;
+        // A node joining again under its name: its old self is over.
+        for (const NodeRecord* n : s.cluster.nodes())
+          if (n->name == req.name && n->state == NodeState::Live)
+            node_lost(self, st, n->id, "joined again");
+        const JoinReply reply = s.cluster.join(req, s.now());
+        if (!reply.accepted) {
+          spdlog::warn("node {} refused: {}", req.name, reply.reason);
+          return reply;
+        }
+        spdlog::info("node {} joined ({} device(s), {})", req.name, req.devices, req.address);
+        s.nodes[reply.node] = agent;
+        self->monitor(agent);
+        place_waiting(self, st);
+        return reply;
       },
-      [=](crash_atom a, int replica, int device) {
-        if (auto* b = live(*st, replica)) self->send(*b, a, device);
+      [=](beat_atom, int node, uint64_t incarnation) {
+        SupervisorState& s = *st;
+        if (s.cluster.heard_from(node, incarnation, s.now())) return;
+        // It speaks for a membership that is over (declared dead while it
+        // was away): it must stop what it runs and join again.
+        self->send(caf::actor_cast<NodeActor>(self->current_sender()), join_atom::value);
       },
-      [=](slow_atom a, int replica, double seconds) {
-        if (auto* b = live(*st, replica)) self->send(*b, a, seconds);
+      [=](stick_atom) {
+        SupervisorState& s = *st;
+        for (int node : s.cluster.expire(s.now())) bury(self, st, node, "heartbeat");
+        place_waiting(self, st);
+        self->delayed_send(self, kTick, stick_atom::value);
+      },
+      [=](rdvset_atom, const std::string& key, const std::vector<char>& value) {
+        st->rendezvous[key] = value;
+        return true;
+      },
+      [=](rdvget_atom, const std::string& key) {
+        auto it = st->rendezvous.find(key);
+        return it == st->rendezvous.end() ? std::vector<char>{} : it->second;
+      },
+      [=](fault_atom a, const FaultOrder& o, const FaultInjectorActor& reporter) {
+        if (o.replica < 0 || size_t(o.replica) >= st->slots.size()) {
+          self->send(reporter, a,
+                     FaultReport{o.id, FaultOutcome::Refused,
+                                 "no replica " + std::to_string(o.replica) + " (there are " +
+                                     std::to_string(st->slots.size()) + ")"});
+          return;
+        }
+        Slot& slot = st->slots[size_t(o.replica)];
+        if (slot.failed) {
+          self->send(reporter, a,
+                     FaultReport{o.id, FaultOutcome::Refused,
+                                 "replica " + std::to_string(o.replica) +
+                                     " stays down (its restart limit was reached)"});
+        } else if (slot.batcher) {
+          self->send(slot.batcher, a, o, reporter);
+        } else if (o.end) {
+          // Not yet passed on (the replica was down all along): it never starts.
+          std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
+        } else {
+          slot.faults.emplace_back(o, reporter);
+        }
       },
   };
 }

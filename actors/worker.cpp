@@ -26,18 +26,104 @@ void publish_stages(const StepEngine& engine, int replica, Metrics& metrics) {
 struct WorkerState {
   std::unique_ptr<StepEngine> engine;
   std::vector<ShardActor> shards;
+  std::vector<MemberActor> members;        // this replica's parts on other nodes
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  double delay_s = 0;  // fault injection: added to every step
-  // Steps in flight: worker id -> (engine ticket, the batcher's promise).
-  std::map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<std::vector<int>>>> pending;
+  struct Pending {
+    uint64_t ticket = 0;
+    caf::typed_response_promise<std::vector<int>> promise;
+    std::chrono::steady_clock::time_point launched;
+  };
+  std::map<uint64_t, Pending> pending;  // steps in flight, by this worker's id
   uint64_t next_id = 1;
+  // Injected faults: the next step throws; every step takes `factor` times
+  // as long (reported once, with the first step it slowed).
+  bool throw_next_step = false;
+  struct {
+    double factor = 1;
+    uint64_t id = 0;
+    FaultInjectorActor reporter;
+  } slow;
 };
+
+void report(WorkerActor::pointer self, const FaultInjectorActor& to, uint64_t id,
+            FaultOutcome outcome, std::string text) {
+  if (to) self->send(to, fault_atom::value, FaultReport{id, outcome, std::move(text)});
+}
+
+std::string ms(double seconds) {
+  return std::to_string(int64_t(seconds * 1000 + 0.5)) + " ms";
+}
+
+// Applies a fault aimed at this replica's engine, shards or remote parts.
+// A kill or step error's effect is the replica's death, which the
+// supervisor sees; here it is only applied (or refused).
+void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const FaultOrder& o,
+                 const FaultInjectorActor& reporter) {
+  const std::string name = "replica " + std::to_string(replica);
+  const auto refuse = [&](const std::string& why) {
+    report(self, reporter, o.id, FaultOutcome::Refused, why);
+  };
+  const auto applied = [&](const std::string& what) {
+    report(self, reporter, o.id, FaultOutcome::Applied, what);
+  };
+  const auto kill_shard = [&](int device) {
+    if (device < 0 || size_t(device) >= st.shards.size())
+      return refuse(name + " has " + std::to_string(st.shards.size()) + " shard actor(s)" +
+                    (st.shards.empty() ? " (one device: kill its worker instead)" : "") +
+                    "; no device " + std::to_string(device));
+    self->send(st.shards[size_t(device)], crash_atom::value);
+    applied(name + ": device " + std::to_string(device) + " dies in its next step");
+  };
+  switch (o.kind) {
+    case FaultKind::Kill:
+      switch (o.role) {
+        case FaultRole::Worker:
+          spdlog::warn("worker of {}: killed by an injected fault", name);
+          applied("the worker of " + name + " throws");
+          throw std::runtime_error("injected fault: worker of " + name + " killed");
+        case FaultRole::Shard:
+          return kill_shard(o.device);
+        case FaultRole::Member:
+          if (o.device < 0 || size_t(o.device) >= st.members.size())
+            return refuse(name + " has " + std::to_string(st.members.size()) +
+                          " part(s) on other nodes; no part " + std::to_string(o.device));
+          self->send_exit(st.members[size_t(o.device)],
+                          caf::make_error(caf::sec::runtime_error, "injected fault: part " +
+                                                                       std::to_string(o.device) +
+                                                                       " of " + name + " killed"));
+          return applied(name + ": its part " + std::to_string(o.device) +
+                         " on another node exits");
+        case FaultRole::Batcher:
+          return refuse("a batcher's kill is applied by the batcher");
+      }
+      return;
+    case FaultKind::StepError:
+      // With shard actors, a device's step is its shard's job: it fails
+      // mid-step for the rest of the group.
+      if (!st.shards.empty()) return kill_shard(o.device < 0 ? 0 : o.device);
+      if (o.device > 0)
+        return refuse(name + " has one device; no device " + std::to_string(o.device));
+      st.throw_next_step = true;
+      return applied(name + ": its next step throws");
+    case FaultKind::Slow:
+      if (o.end) {
+        st.slow = {};
+        return;
+      }
+      st.slow.factor = o.factor;
+      st.slow.id = o.id;
+      st.slow.reporter = reporter;
+      return applied(name + ": every step takes " + std::to_string(o.factor) + "x as long");
+    case FaultKind::KvAllocFail:
+      return refuse("KV blocks are refused by the batcher");
+  }
+}
 
 }  // namespace
 
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
-                                  Metrics* metrics) {
+                                  Metrics* metrics, std::vector<MemberActor> members) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -51,6 +137,10 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
     }
   });
   auto st = std::make_shared<WorkerState>();
+  // Linked before building: the parts meet at a rendezvous, and a part that
+  // fails there (or later) must take this replica down, and this one it.
+  for (const MemberActor& m : members) self->link_to(m);
+  st->members = std::move(members);
   auto spawned = std::make_shared<std::vector<ShardActor>>();
   st->engine = factory(shard_launcher(self, replica, spawned));
   st->shards = *spawned;
@@ -58,8 +148,9 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
   return {
       [=](step_atom, std::vector<StepItem>& items) -> caf::result<std::vector<int>> {
         auto rp = self->make_response_promise<std::vector<int>>();
-        if (st->delay_s > 0)
-          std::this_thread::sleep_for(std::chrono::duration<double>(st->delay_s));
+        if (st->throw_next_step)
+          throw std::runtime_error("injected fault: replica " + std::to_string(replica) +
+                                   "'s step failed on its device");
         if (st->tuner) {
           size_t tokens = 0;
           for (const auto& it : items) tokens += it.tokens.size();
@@ -76,38 +167,49 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
         // keeps one per group of sequences in flight, and each is answered
         // when the engine reports it done.
         const uint64_t id = st->next_id++;
-        st->pending.emplace(id, std::make_pair(uint64_t(0), rp));
+        st->pending.emplace(id, WorkerState::Pending{0, rp, std::chrono::steady_clock::now()});
         WorkerActor me = caf::actor_cast<WorkerActor>(self);
-        st->pending.at(id).first = st->engine->launch(
-            std::move(items), [me, id] { caf::anon_send(me, stepdone_atom::value, id); });
+        auto on_done = [me, id] { caf::anon_send(me, stepdone_atom::value, id); };
+        if (st->members.empty()) {
+          st->pending.at(id).ticket = st->engine->launch(std::move(items), on_done);
+        } else {
+          // Every part runs the step, cut alike, in the order steps come.
+          const int m = st->engine->microbatches_for(items.size());
+          for (const MemberActor& member : st->members)
+            self->send(member, step_atom::value, items, m);
+          st->pending.at(id).ticket = st->engine->launch_split(std::move(items), m, on_done);
+        }
         return rp;
       },
       [=](stepdone_atom, uint64_t id) {
         auto it = st->pending.find(id);
         if (it == st->pending.end()) return;
-        auto [ticket, rp] = it->second;
+        WorkerState::Pending done = it->second;
         st->pending.erase(it);
-        auto out = st->engine->finish(ticket);  // throws the step's error: this worker dies
+        auto out = st->engine->finish(done.ticket);  // throws the step's error: this worker dies
+        if (st->slow.factor > 1) {
+          const double took =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - done.launched)
+                  .count();
+          const double extra = (st->slow.factor - 1) * took;
+          std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+          if (st->slow.id != 0) {
+            report(self, st->slow.reporter, st->slow.id, FaultOutcome::Confirmed,
+                   "a step of replica " + std::to_string(replica) + " took " + ms(took + extra) +
+                       " instead of " + ms(took));
+            st->slow.id = 0;
+          }
+        }
         if (st->tuner)
           for (const auto& smp : st->engine->last_samples())
             st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
         if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
-        rp.deliver(std::move(out));
+        done.promise.deliver(std::move(out));
       },
       [=](release_atom, uint64_t seq) { st->engine->release(seq); },
-      [=](crash_atom) -> caf::result<void> {
-        spdlog::warn("worker: injected crash");
-        throw std::runtime_error("injected fault: worker crash");
+      [=](fault_atom, const FaultOrder& o, const FaultInjectorActor& reporter) {
+        apply_fault(self, *st, replica, o, reporter);
       },
-      [=](crash_atom a, int device) {
-        if (device < 0 || size_t(device) >= st->shards.size()) {
-          spdlog::warn("worker: no shard {} to crash (this replica has {})", device,
-                       st->shards.size());
-          return;
-        }
-        self->send(st->shards[size_t(device)], a);
-      },
-      [=](slow_atom, double seconds) { st->delay_s = seconds; },
   };
 }
 

@@ -15,7 +15,10 @@ namespace troupe {
 // Every step also publishes per-stage busy time, bubble and communication
 // share to `metrics` (may be null); a pipeline's micro-batch count follows
 // its measured stage times (scheduler/microbatch_tuner.h).
+// A replica spanning nodes has `members`, its parts elsewhere: the worker
+// links to them and forwards every step, cut into the micro-batches its own
+// part uses, before launching it here.
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
-                                  Metrics* metrics);
+                                  Metrics* metrics, std::vector<MemberActor> members = {});
 
 }  // namespace troupe

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <sstream>
 
 #include "gpu/cpu/gemm.h"
@@ -321,6 +322,148 @@ std::string EngineBenchResult::table() const {
                 kv_bytes_per_token, double(peak_rss_bytes) / (1 << 20));
   s << line;
   return s.str();
+}
+
+}  // namespace troupe::app
+
+namespace troupe::app {
+
+namespace {
+
+std::vector<int> default_contexts(int max_seq_len) {
+  std::vector<int> c{16, max_seq_len / 8, max_seq_len / 2, max_seq_len - 1};
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  c.erase(std::remove_if(c.begin(), c.end(), [](int v) { return v < 1; }), c.end());
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name) {
+  return {name,     c.max_seq_len, c.vocab_size, (long long)c.kv_bytes_per_token(),
+          c.bos_id, c.eos_ids};
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? ""
+                                        : line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "";
+}
+
+sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DType dtype,
+                                      const StepProfileOptions& o) {
+  const ModelConfig& c = ckpt->config;
+  sim::ProfileGrid g;
+  g.batch = o.batch;
+  g.context = o.context.empty() ? default_contexts(c.max_seq_len) : o.context;
+  g.prefill = o.prefill;
+  for (auto* axis : {&g.batch, &g.context, &g.prefill}) std::sort(axis->begin(), axis->end());
+  if (g.context.back() >= c.max_seq_len)
+    throw std::invalid_argument("--grid-context: a decode at context " +
+                                std::to_string(g.context.back()) + " needs " +
+                                std::to_string(g.context.back() + 1) +
+                                " positions; the model has " + std::to_string(c.max_seq_len));
+  // A prefill longer than the context runs as several sequences' chunks.
+  const int chunk = std::min(c.max_seq_len, 512);
+  const int max_b = g.batch.back(), max_p = g.prefill.back();
+  const int prefill_slots = (max_p + chunk - 1) / chunk;
+  EngineSpec spec = o.engine;
+  const int per_slot =
+      (std::max(g.context.back() + 1, chunk) + spec.block_tokens - 1) / spec.block_tokens;
+  spec.blocks = std::max(1, max_b + prefill_slots) * per_slot;
+  spec.microbatches = 1;  // whole steps: each stage's time is the step's
+  auto builder = std::make_shared<EngineBuilder>(ckpt, dtype);
+  spec = builder->resolve(spec);
+  const std::unique_ptr<StepEngine> engine = builder->build(spec);
+  g.pipeline = spec.pipeline;
+  g.tensor = spec.tensor;
+  g.threads = spec.threads_of(0);
+  g.block_tokens = spec.block_tokens;
+  g.stage_seconds.assign(size_t(spec.pipeline), std::vector<double>(g.points(), 0.0));
+
+  auto item = [&](int slot, std::vector<int> tokens, int position) {
+    StepItem it;
+    it.seq = uint64_t(slot) + 1;
+    it.tokens = std::move(tokens);
+    it.position = position;
+    it.blocks = contiguous_blocks(slot * per_slot, per_slot);
+    it.sample = true;
+    it.sampling.temperature = 0;
+    return it;
+  };
+  // Times one step; per stage, its share of the step's wall time.
+  auto time_step = [&](const std::vector<StepItem>& items) {
+    const auto t0 = Clock::now();
+    engine->step(items);
+    const double wall = seconds(t0, Clock::now());
+    std::vector<double> stage(size_t(spec.pipeline), 0.0);
+    if (spec.pipeline == 1) {
+      stage[0] = wall;
+      return stage;
+    }
+    double sum = 0;
+    for (const StageSample& smp : engine->last_samples()) {
+      stage[size_t(smp.stage)] += smp.seconds;
+      sum += smp.seconds;
+    }
+    // Hand-offs between stages count too: spread them over the stages.
+    for (double& s : stage) s = sum > 0 ? s * wall / sum : wall / spec.pipeline;
+    return stage;
+  };
+
+  int filled = 0;  // tokens every decode slot holds
+  for (size_t ci = 0; ci < g.context.size(); ++ci) {
+    const int ctx = g.context[ci];
+    // Grow every decode slot to this context, several slots per step.
+    while (filled < ctx) {
+      const int n = std::min(chunk, ctx - filled);
+      std::vector<StepItem> grow;
+      for (int b = 0; b < max_b; ++b) {
+        grow.push_back(item(b, synthetic_ids(n, c.vocab_size, b + filled), filled));
+        if (int(grow.size()) * n >= 2048 || b + 1 == max_b) {
+          engine->step(grow);
+          grow.clear();
+        }
+      }
+      filled += n;
+    }
+    for (size_t bi = 0; bi < g.batch.size(); ++bi)
+      for (size_t pi = 0; pi < g.prefill.size(); ++pi) {
+        const int b = g.batch[bi], p = g.prefill[pi];
+        if (b == 0 && p == 0) continue;
+        if (b == 0 && ci > 0) {  // no decode: the context does not enter
+          for (auto& st : g.stage_seconds) st[g.at(bi, ci, pi)] = st[g.at(bi, 0, pi)];
+          continue;
+        }
+        std::vector<StepItem> items;
+        for (int i = 0; i < b; ++i)
+          items.push_back(item(i, {3 + (i * 31) % (c.vocab_size - 3)}, ctx));
+        for (int left = p, slot = max_b; left > 0; left -= chunk, ++slot)
+          items.push_back(item(slot, synthetic_ids(std::min(chunk, left), c.vocab_size, slot), 0));
+        std::vector<std::vector<double>> runs(size_t(spec.pipeline));
+        time_step(items);  // warm-up
+        for (int r = 0; r < std::max(1, o.repeats); ++r) {
+          const auto st = time_step(items);
+          for (size_t s = 0; s < st.size(); ++s) runs[s].push_back(st[s]);
+        }
+        for (size_t s = 0; s < runs.size(); ++s)
+          g.stage_seconds[s][g.at(bi, ci, pi)] = median(runs[s]);
+      }
+  }
+  g.validate();
+  return g;
 }
 
 }  // namespace troupe::app

@@ -6,6 +6,7 @@
 
 #include "deploy/engine_builder.h"
 #include "gpu/model.h"
+#include "scheduler/sim/step_profile.h"
 
 namespace troupe::app {
 
@@ -65,5 +66,27 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
                                    const std::string& model_name, const EngineBenchOptions& opts);
 
 size_t peak_rss_bytes();
+
+// The step-time grid behind the simulator's cost model (troupe bench
+// --profile): whole engine steps of `decode` sequences at each context
+// length plus `prefill` prompt tokens, on the replica layout `engine`
+// describes; the median of `repeats` after a warm-up, per pipeline stage.
+struct StepProfileOptions {
+  EngineSpec engine;
+  std::vector<int> batch{0, 1, 2, 4, 8, 16, 32};
+  std::vector<int> context;  // empty: 16, 1/8, 1/2 and all of the model's context
+  std::vector<int> prefill{0, 32, 128, 512};
+  int repeats = 3;
+};
+
+// Throws std::invalid_argument for grid values the model cannot hold.
+sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DType dtype,
+                                      const StepProfileOptions& opts);
+
+// The model's part of a profile file.
+sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name);
+
+// /proc/cpuinfo's model name ("" when unknown).
+std::string cpu_model_name();
 
 }  // namespace troupe::app

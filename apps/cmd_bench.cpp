@@ -1,5 +1,6 @@
 // `troupe bench`: engine mode measures the forward pass on this machine;
 // serving mode (--url) loads a running server over HTTP.
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -24,6 +25,8 @@ struct BenchOptions {
   int microbatches = 0, groups = 0;
   bool json = false;
   std::string isa;
+  std::string profile;  // --profile OUT.json: the simulator's step-time grid
+  std::string grid_batch = "0,1,2,4,8,16,32", grid_context, grid_prefill = "0,32,128,512";
   serving_bench::ServingBenchOptions serving;
   // Options that belong to one mode only, to refuse them in the other.
   std::vector<CLI::Option*> engine_only, serving_only;
@@ -49,7 +52,7 @@ void run_serving(const BenchOptions& o) {
     std::cout << r.table();
 }
 
-std::vector<int> parse_batches(const std::string& text) {
+std::vector<int> parse_list(const std::string& text, const std::string& flag, int min) {
   std::vector<int> out;
   std::stringstream ss(text);
   std::string item;
@@ -61,12 +64,48 @@ std::vector<int> parse_batches(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v < 1)
-      throw UsageError("--batch: '" + item + "' is not a positive integer");
+    if (used != item.size() || v < min)
+      throw UsageError(flag + ": '" + item + "' is not " +
+                       (min > 0 ? "a positive integer" : "an integer >= 0"));
     out.push_back(v);
   }
-  if (out.empty()) throw UsageError("--batch: no batch sizes given");
+  if (out.empty()) throw UsageError(flag + ": no values given");
   return out;
+}
+
+// Measures the grid for this layout and adds it to the profile file (made
+// when missing), so one file collects a model's layouts.
+void write_profile(const BenchOptions& o, std::shared_ptr<const Checkpoint> ckpt, DType dtype,
+                   const std::string& name, const EngineSpec& engine) {
+  StepProfileOptions po;
+  po.engine = engine;
+  po.batch = parse_list(o.grid_batch, "--grid-batch", 0);
+  if (!o.grid_context.empty()) po.context = parse_list(o.grid_context, "--grid-context", 1);
+  po.prefill = parse_list(o.grid_prefill, "--grid-prefill", 0);
+  po.repeats = std::max(1, o.repeats);
+  sim::StepProfile profile;
+  if (std::filesystem::exists(o.profile)) {
+    profile = sim::StepProfile::load(o.profile);
+    if (profile.model.name != name)
+      throw UsageError(o.profile + " profiles " + profile.model.name + ", not " + name +
+                       "; give another file");
+  } else {
+    profile.model = profile_model(ckpt->config, name);
+    profile.dtype = dtype_name(dtype);
+    profile.isa = isa_name(active_isa());
+    profile.cpu = cpu_model_name();
+  }
+  sim::ProfileGrid grid;
+  try {
+    grid = measure_step_profile(ckpt, dtype, po);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const std::string layout = grid.describe();
+  profile.put(std::move(grid));
+  profile.save(o.profile);
+  std::cerr << "troupe bench: step profile of " << name << ", layout " << layout << ", written to "
+            << o.profile << "\n";
 }
 
 void run_bench(const BenchOptions& o) {
@@ -103,7 +142,8 @@ void run_bench(const BenchOptions& o) {
   }
   EngineBenchOptions eo;
   eo.engine = engine_spec(config, ckpt->config, 0);
-  eo.batches = parse_batches(o.batches);
+  if (!o.profile.empty()) return write_profile(o, ckpt, dtype, name, eo.engine);
+  eo.batches = parse_list(o.batches, "--batch", 1);
   eo.prompt_len = o.prompt_len;
   eo.decode_tokens = o.decode_tokens;
   eo.repeats = std::max(1, o.repeats);
@@ -159,6 +199,18 @@ void register_bench(CLI::App& app) {
   e.push_back(cmd->add_option("--isa", o->isa,
                               "Force kernels: scalar | avx2 | avx512 (default: best available)"));
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
+  e.push_back(cmd->add_option("--profile", o->profile,
+                              "Measure the step-time grid troupe simulate interpolates in, for "
+                              "this layout, into this JSON file (added to it if it exists)"));
+  e.push_back(cmd->add_option("--grid-batch", o->grid_batch,
+                              "--profile: decode sequences per step, comma-separated")
+                  ->capture_default_str());
+  e.push_back(cmd->add_option("--grid-context", o->grid_context,
+                              "--profile: their context lengths (default: 16, 1/8, 1/2 and all "
+                              "of the model's context)"));
+  e.push_back(cmd->add_option("--grid-prefill", o->grid_prefill,
+                              "--profile: prompt tokens prefilled in the same step")
+                  ->capture_default_str());
 
   auto& s = o->serving;
   auto& so = o->serving_only;

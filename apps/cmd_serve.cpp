@@ -61,10 +61,19 @@ void run_serve(const ServeOptions& so) {
   ho.max_body_bytes = size_t(cfg.server.max_body_bytes);
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
+  if (cfg.admin.faults) {
+    ho.faults = &runtime;
+    ho.admin_token = cfg.admin.token;
+    spdlog::warn(
+        "fault injection is on: POST /admin/faults takes faults from holders of the token");
+  }
   openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
                              cfg.server.max_tokens_limit};
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
+  if (runtime.nodes_port() != 0)
+    std::fprintf(stderr, "troupe serve: nodes join on %s:%u\n",
+                 parse_listen(cfg.nodes.listen).first.c_str(), unsigned(runtime.nodes_port()));
   std::fprintf(
       stderr,
       "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "

@@ -17,6 +17,9 @@ void register_generate(CLI::App& app);
 void register_synth_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_node(CLI::App& app);
+void register_simulate(CLI::App& app);
+void register_chaos(CLI::App& app);
 
 // Thrown for invalid command-line values; main prints it and exits with 2.
 class UsageError : public std::runtime_error {

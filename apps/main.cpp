@@ -19,9 +19,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
   troupe::app::register_serve(app);
+  troupe::app::register_node(app);
   troupe::app::register_generate(app);
   troupe::app::register_bench(app);
   troupe::app::register_synth_model(app);
+  troupe::app::register_simulate(app);
+  troupe::app::register_chaos(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -53,6 +53,18 @@ Kind<std::string> listen_kind() {
   return k;
 }
 
+// host:port, or empty (the feature is off).
+Kind<std::string> listen_or_empty_kind() {
+  Kind<std::string> k = listen_kind();
+  k.read = [read = schema::optional_text().read](const Origin& o, const YAML::Node& n,
+                                                 const std::string& key) {
+    return read(o, n, key);
+  };
+  const auto check = k.problem;
+  k.problem = [check](const std::string& v) { return v.empty() ? std::string() : check(v); };
+  return k;
+}
+
 Kind<std::string> routing_policy_kind() {
   Kind<std::string> k = schema::text();
   k.problem = [](const std::string& v) {
@@ -143,6 +155,22 @@ const Fields<Config>& config_fields() {
         .add("max_restarts", &SupervisionSection::max_restarts, schema::non_negative_int())
         .add("within_s", &SupervisionSection::within_s, schema::seconds(false));
 
+    Fields<NodesSection> nodes;
+    nodes.add("listen", &NodesSection::listen, listen_or_empty_kind())
+        .add("local", &NodesSection::local, schema::boolean())
+        .add("token", &NodesSection::token, schema::optional_text())
+        .add("heartbeat_timeout_s", &NodesSection::heartbeat_timeout_s, schema::seconds(false))
+        .add("name", &NodesSection::name, schema::optional_text())
+        .add("address", &NodesSection::address, schema::non_empty_text());
+
+    Fields<PlacementSection> placement;
+    placement.flow().add("replicas", &PlacementSection::replicas, schema::text_list());
+
+    Fields<AdminSection> admin;
+    admin.flow()
+        .add("faults", &AdminSection::faults, schema::boolean())
+        .add("token", &AdminSection::token, schema::optional_text());
+
     Fields<LoggingSection> logging;
     logging.flow().add(
         "level", &LoggingSection::level,
@@ -166,6 +194,9 @@ const Fields<Config>& config_fields() {
         .section("routing", &Config::routing, routing)
         .section("admission", &Config::admission, admission)
         .section("supervision", &Config::supervision, supervision)
+        .section("nodes", &Config::nodes, nodes)
+        .section("placement", &Config::placement, placement)
+        .section("admin", &Config::admin, admin)
         .section("logging", &Config::logging, logging);
     return c;
   }();
@@ -198,6 +229,25 @@ void validate(const Origin& o, const Config& c) {
     o.fail("batching.prefill_chunk_tokens",
            std::to_string(b.prefill_chunk_tokens) + " is more than batching.max_batch_tokens (" +
                std::to_string(b.max_batch_tokens) + "): a prefill chunk must fit in one batch");
+  for (size_t r = 0; r < c.placement.replicas.size(); ++r) {
+    const std::string& where = c.placement.replicas[r];
+    if (int(r) >= p.replicas)
+      o.fail("placement.replicas", "names " + std::to_string(c.placement.replicas.size()) +
+                                       " replicas, but parallel.replicas is " +
+                                       std::to_string(p.replicas));
+    if (where.empty())
+      o.fail("placement.replicas[" + std::to_string(r) + "]",
+             "expected a node name, \"local\" or \"any\"");
+    if (where == "local" && !c.nodes.local)
+      o.fail("placement.replicas[" + std::to_string(r) + "]",
+             "is \"local\", but nodes.local is false: the coordinator runs no replica itself");
+  }
+  if (c.nodes.listen.empty() && !c.nodes.local)
+    o.fail("nodes.local", "is false and nodes.listen is empty: no device would ever join");
+  if (c.admin.faults && c.admin.token.empty())
+    o.fail("admin.token",
+           "is empty, but admin.faults is on: fault injection is served only to a client that "
+           "presents a token");
   const KvCacheSection& kv = c.kv_cache;
   if (kv.blocks > 0 && kv.bytes > 0)
     o.fail("kv_cache", "blocks and bytes are both set; give one of them");

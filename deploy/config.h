@@ -99,6 +99,35 @@ struct SupervisionSection {
   bool operator==(const SupervisionSection&) const = default;
 };
 
+// Many processes: `troupe serve` is the coordinator (HTTP API, router,
+// supervisor, placement) and `troupe node --join HOST:PORT` processes offer
+// their devices to it.
+struct NodesSection {
+  std::string listen;                 // coordinator: host:port nodes join on; empty: no nodes
+  bool local = true;                  // coordinator: also place replicas on its own devices
+  std::string token;                  // what a node must present to join; empty: none
+  double heartbeat_timeout_s = 2;     // a node (or coordinator) silent this long is dead
+  std::string name;                   // troupe node: this node's name; empty: host-pid
+  std::string address = "127.0.0.1";  // troupe node: where peers reach it (data plane)
+  bool operator==(const NodesSection&) const = default;
+};
+
+// Where replicas run: per replica index, a node name, "local" (the
+// coordinator's own devices) or "any"; replicas beyond the list: any.
+struct PlacementSection {
+  std::vector<std::string> replicas;
+  bool operator==(const PlacementSection&) const = default;
+};
+
+// Run-time administration over HTTP. Off by default: POST/GET
+// /admin/faults (fault injection) exist only with faults on, and answer only
+// requests that carry `Authorization: Bearer <token>`.
+struct AdminSection {
+  bool faults = false;
+  std::string token;
+  bool operator==(const AdminSection&) const = default;
+};
+
 struct LoggingSection {
   spdlog::level::level_enum level = spdlog::level::info;
   bool operator==(const LoggingSection&) const = default;
@@ -116,6 +145,9 @@ struct Config {
   RoutingSection routing;
   AdmissionSection admission;
   SupervisionSection supervision;
+  NodesSection nodes;
+  PlacementSection placement;
+  AdminSection admin;
   LoggingSection logging;
   bool operator==(const Config&) const = default;
 };

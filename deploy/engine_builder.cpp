@@ -6,8 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "deploy/fingerprint.h"
 #include "gpu/kv_cache.h"
-#include "gpu/parallel_engine.h"
 #include "scheduler/partitioner.h"
 
 namespace troupe {
@@ -91,7 +91,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   check_layout_fits(model(), spec.pipeline, spec.tensor);
   if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
     throw std::invalid_argument("give one thread count, or one per device");
-  if (spec.devices() == 1) {
+  if (spec.devices() == 1 && spec.placement.host.empty()) {
     whole_model();  // packed now, on this thread, not in a worker
     return spec;
   }
@@ -112,6 +112,12 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   return spec;
 }
 
+const std::string& EngineBuilder::fingerprint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fingerprint_.empty()) fingerprint_ = model_fingerprint(*checkpoint_, dtype_);
+  return fingerprint_;
+}
+
 const LayerProfile* EngineBuilder::profile() const {
   return last_profile_;
 }
@@ -124,7 +130,7 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
 
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
-  if (spec.devices() == 1)
+  if (spec.devices() == 1 && spec.placement.host.empty())
     return std::make_unique<Engine>(
         whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
   ParallelEngineOptions o;
@@ -136,6 +142,7 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
   o.credits = spec.credits;
   o.block_tokens = spec.block_tokens;
   o.blocks = spec.blocks;
+  o.placement = spec.placement;
   return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, o, launcher);
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
 #include "gpu/layer_profile.h"
+#include "gpu/parallel_engine.h"
 
 namespace troupe {
 
@@ -32,6 +34,9 @@ struct EngineSpec {
   std::vector<std::pair<int, int>> stage_layers;
   int microbatches = 0;  // pipelines: per step (0: one per stage)
   int credits = 2;       // pipelines: micro-batches a stage may run ahead
+  // A replica spanning processes: which devices run here, and how this
+  // part reaches the others (gpu/parallel_engine.h). Empty: all here.
+  ProcessPlacement placement;
 
   int devices() const { return pipeline * tensor; }
   int threads_of(int device) const;
@@ -67,6 +72,8 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype);
 
   const ModelConfig& model() const { return checkpoint_->config; }
+  // The model's identity across processes (deploy/fingerprint.h).
+  const std::string& fingerprint();
   // Checks the layout against the model (std::invalid_argument naming the
   // problem) and fills in what the spec leaves open: a pipeline's stages
   // from measured layer times (measured once per thread count). Logs.
@@ -88,6 +95,7 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   std::mutex mu_;
   std::shared_ptr<const Model> whole_;
   std::map<int, LayerProfile> profiles_;  // by threads
+  std::string fingerprint_;
   const LayerProfile* last_profile_ = nullptr;
 };
 

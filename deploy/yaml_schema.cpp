@@ -208,17 +208,22 @@ int read_int(const Origin& o, const Node& n, const std::string& key, std::string
   return read_integer<int>(o, n, key, expected);
 }
 
-double read_seconds(const Origin& o, const Node& n, const std::string& key) {
-  const std::string& text = scalar_text(o, n, key, kSeconds);
+double read_number(const Origin& o, const Node& n, const std::string& key,
+                   std::string_view expected) {
+  const std::string& text = scalar_text(o, n, key, expected);
   std::string_view digits = text;
   if (digits.size() > 1 && digits[0] == '+') digits.remove_prefix(1);
   double value = 0;
   const char* end = digits.data() + digits.size();
   const auto [stop, ec] = std::from_chars(digits.data(), end, value);
   if (is_quoted(n) || digits.empty() || ec != std::errc() || stop != end || !std::isfinite(value)) {
-    fail_expected(o, key, kSeconds, n);
+    fail_expected(o, key, expected, n);
   }
   return value;
+}
+
+double read_seconds(const Origin& o, const Node& n, const std::string& key) {
+  return read_number(o, n, key, kSeconds);
 }
 
 // Byte sizes may carry a binary unit, since nobody wants to count the digits
@@ -302,6 +307,18 @@ Kind<double> seconds(bool zero_ok) {
           [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
 }
 
+Kind<double> number_in(double lo, double hi) {
+  const std::string range = "a number in [" + format_number(lo) + ", " + format_number(hi) + "]";
+  return {[range](const Origin& o, const Node& n, const std::string& key) {
+            return read_number(o, n, key, range);
+          },
+          [lo, hi, range](const double& v) {
+            return v >= lo && v <= hi ? std::string()
+                                      : "expected " + range + ", got " + format_number(v);
+          },
+          [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
+}
+
 Kind<int64_t> byte_count(bool positive) {
   return {read_bytes,
           [positive](const int64_t& v) {
@@ -348,6 +365,35 @@ Kind<std::string> optional_text() {
   Kind<std::string> k = text();
   k.read = read_optional_string;
   return k;
+}
+
+Kind<bool> boolean() {
+  return {[](const Origin& o, const Node& n, const std::string& key) {
+            const std::string& t = scalar_text(o, n, key, "true or false");
+            if (!is_quoted(n)) {
+              if (t == "true" || t == "yes" || t == "on") return true;
+              if (t == "false" || t == "no" || t == "off") return false;
+            }
+            fail_expected(o, key, "true or false", n);
+          },
+          [](const bool&) { return std::string(); },
+          [](YAML::Emitter& out, const bool& v) { out << (v ? "true" : "false"); }};
+}
+
+Kind<std::vector<std::string>> text_list() {
+  return {[](const Origin& o, const Node& n, const std::string& key) {
+            if (!n.IsSequence()) fail_expected(o, key, "a list of strings such as [a, b]", n);
+            std::vector<std::string> out;
+            for (const Node& item : n)
+              out.push_back(read_string(o, item, key + "[" + std::to_string(out.size()) + "]"));
+            return out;
+          },
+          [](const std::vector<std::string>&) { return std::string(); },
+          [](YAML::Emitter& out, const std::vector<std::string>& v) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (const auto& s : v) out << s;
+            out << YAML::EndSeq;
+          }};
 }
 
 // ---------------------------------------------------------------------------

@@ -87,12 +87,17 @@ Kind<int64_t> non_negative_int64();  // read as "a positive integer"; 0 left to 
 Kind<uint64_t> unsigned_int();
 // Seconds; with zero_is_no_limit, 0 means "no limit".
 Kind<double> seconds(bool zero_is_no_limit);
+// A number within [lo, hi] (factors, fractions, rates).
+Kind<double> number_in(double lo, double hi);
 // Bytes with an optional binary unit (256MiB); `positive` refuses 0.
 Kind<int64_t> byte_count(bool positive);
 Kind<std::string> text();
 Kind<std::string> non_empty_text();
 // A string whose empty value means "the default", so the key may be blank.
 Kind<std::string> optional_text();
+Kind<bool> boolean();
+// A list of strings, written in flow style: [a, b].
+Kind<std::vector<std::string>> text_list();
 
 // One of a fixed set of names.
 template <class E>

@@ -75,6 +75,14 @@ class StepEngine {
   virtual std::vector<int> finish(uint64_t ticket) = 0;
   // launch + finish.
   std::vector<int> step(std::vector<StepItem> items);
+  // A replica spanning processes runs each step on every part, cut into the
+  // same micro-batches: the part that samples says how many
+  // (microbatches_for) and every part launches with that count.
+  virtual int microbatches_for(size_t /*items*/) const { return 1; }
+  virtual uint64_t launch_split(std::vector<StepItem> items, int /*microbatches*/,
+                                std::function<void()> on_done = {}) {
+    return launch(std::move(items), std::move(on_done));
+  }
   // Forgets a sequence's sampler; unknown ids are ignored.
   virtual void release(uint64_t seq) = 0;
 

@@ -76,6 +76,13 @@ Metrics::Metrics() {
                         .labels(std::vector<std::string>{});
   generation_tokens_ = &registry_.counter("troupe_generation_tokens_total", "Tokens generated.")
                             .labels(std::vector<std::string>{});
+  nodes_ = &registry_.gauge("troupe_nodes", "Nodes known to the coordinator, by state", {"state"});
+  node_devices_ = &registry_.gauge("troupe_node_devices", "Devices a node offers", {"node"});
+  node_replicas_ = &registry_.gauge("troupe_node_replicas", "Replicas placed on a node", {"node"});
+  node_heartbeat_age_ = &registry_.gauge("troupe_node_heartbeat_age_seconds",
+                                         "Seconds since a live node was last heard from", {"node"});
+  node_deaths_ = &registry_.counter("troupe_node_detections_total",
+                                    "Nodes declared dead, by how it was detected", {"cause"});
 }
 
 void Metrics::request_finished(int http_status) {
@@ -112,6 +119,22 @@ void Metrics::pipeline_step_launched(int replica, bool overlapped) {
 
 void Metrics::replica_restarted(int replica) {
   replica_restarts_->labels({std::to_string(replica)}).inc();
+}
+
+void Metrics::set_nodes(int live, int dead) {
+  nodes_->labels({"live"}).set(live);
+  nodes_->labels({"dead"}).set(dead);
+}
+
+void Metrics::set_node(const std::string& name, bool live, int devices, int replicas,
+                       double heartbeat_age_s) {
+  node_devices_->labels({name}).set(live ? devices : 0);
+  node_replicas_->labels({name}).set(replicas);
+  node_heartbeat_age_->labels({name}).set(heartbeat_age_s);
+}
+
+void Metrics::node_dead(const std::string& cause) {
+  node_deaths_->labels({cause}).inc();
 }
 
 void Metrics::add_prompt_tokens(int64_t n) {

@@ -41,6 +41,12 @@ class Metrics {
   // A pipeline step launched while another step of the replica was still
   // in flight: how often the stages are kept busy with different groups.
   void pipeline_step_launched(int replica, bool overlapped);
+  // Nodes (many processes): how many are live and dead, each one's devices,
+  // replicas and the age of its last heartbeat, and deaths by cause.
+  void set_nodes(int live, int dead);
+  void set_node(const std::string& name, bool live, int devices, int replicas,
+                double heartbeat_age_s);
+  void node_dead(const std::string& cause);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
 
@@ -66,6 +72,11 @@ class Metrics {
   Family<Gauge>* stage_comm_share_;
   Family<Gauge>* stage_comm_bytes_;
   Family<Counter>* pipeline_steps_;
+  Family<Gauge>* nodes_;
+  Family<Gauge>* node_devices_;
+  Family<Gauge>* node_replicas_;
+  Family<Gauge>* node_heartbeat_age_;
+  Family<Counter>* node_deaths_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
 };

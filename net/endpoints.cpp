@@ -11,6 +11,7 @@ struct Route {
   std::string_view path;
   std::string_view method;
   Endpoint endpoint;
+  bool admin = false;
 };
 
 constexpr std::array kRoutes = {
@@ -19,6 +20,8 @@ constexpr std::array kRoutes = {
     Route{"/health", "GET", Endpoint::Health},
     Route{"/ready", "GET", Endpoint::Ready},
     Route{"/metrics", "GET", Endpoint::Metrics},
+    Route{"/admin/faults", "GET", Endpoint::Faults, true},
+    Route{"/admin/faults", "POST", Endpoint::Faults, true},
 };
 
 }  // namespace
@@ -27,11 +30,12 @@ std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
 }
 
-std::variant<Endpoint, Response> route(std::string_view method, std::string_view target) {
+std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
+                                       bool admin) {
   const std::string_view path = path_of(target);
   std::string allow;
   for (const Route& r : kRoutes) {
-    if (r.path != path) continue;
+    if (r.path != path || (r.admin && !admin)) continue;
     if (r.method == method) return r.endpoint;
     if (!allow.empty()) allow += ", ";
     allow += r.method;

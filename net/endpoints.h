@@ -9,7 +9,7 @@
 
 namespace troupe {
 
-enum class Endpoint { Completions, Models, Health, Ready, Metrics };
+enum class Endpoint { Completions, Models, Health, Ready, Metrics, Faults };
 
 inline constexpr std::string_view kCompletionsPath = "/v1/completions";
 
@@ -18,7 +18,9 @@ std::string_view path_of(std::string_view target);
 
 // The endpoint for `method` on `target`, or the error response to send: 404
 // for an unknown path, 405 with Allow (the methods the path takes) for a
-// known path asked with another method.
-std::variant<Endpoint, Response> route(std::string_view method, std::string_view target);
+// known path asked with another method. The admin paths exist only with
+// `admin` (the configuration turned them on).
+std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
+                                       bool admin = false);
 
 }  // namespace troupe

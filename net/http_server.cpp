@@ -19,9 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include "net/admin_endpoint.h"
 #include "net/completion_exchange.h"
-#include "net/http_framing.h"
 #include "net/endpoints.h"
+#include "net/http_framing.h"
 #include "util/rng.h"
 
 namespace troupe {
@@ -294,10 +295,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- answering ----
 
   void handle_request() {
-    auto routed = route(sv(req_.method_string()), sv(req_.target()));
+    const HttpServer::Options& o = server_.opt;
+    const bool admin = o.faults && !o.admin_token.empty();
+    auto routed = route(sv(req_.method_string()), sv(req_.target()), admin);
     if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
     const Endpoint endpoint = std::get<Endpoint>(routed);
     if (endpoint == Endpoint::Completions) return start_completion();
+    if (endpoint == Endpoint::Faults)
+      return respond(answer_faults(*o.faults, o.admin_token, sv(req_.method_string()),
+                                   sv(req_[http::field::authorization]), req_.body()));
     respond(server_.answer(endpoint));
   }
 
@@ -554,7 +560,8 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
       r.body = metrics.render();
       break;
     case Endpoint::Completions:
-      throw std::logic_error("completions are an exchange, not an answer");
+    case Endpoint::Faults:
+      throw std::logic_error("answered elsewhere");
   }
   return r;
 }

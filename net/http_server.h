@@ -1,7 +1,8 @@
 #pragma once
 // The OpenAI-compatible HTTP/1.1 server (Boost.Beast) in front of a
 // CompletionService: POST /v1/completions (JSON or server-sent events),
-// GET /v1/models, /health, /ready and /metrics.
+// GET /v1/models, /health, /ready and /metrics; with the admin endpoints
+// turned on, POST and GET /admin/faults.
 //
 // It runs on its own io threads, never on CAF's: tokens arrive through
 // CompletionSink on runtime threads and are posted to the connection's strand,
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "metrics/metrics.h"
+#include "net/fault_admin.h"
 #include "net/openai_api.h"
 #include "service/completion_service.h"
 #include "text/tokenizer.h"
@@ -36,6 +38,10 @@ class HttpServer {
     double write_timeout_s = 30;
     int io_threads = 1;
     size_t max_connections = 1024;  // beyond: 503 and close
+    // POST/GET /admin/faults: served only with both set, and only to
+    // requests that carry "Authorization: Bearer <admin_token>".
+    FaultAdmin* faults = nullptr;
+    std::string admin_token;
   };
 
   // `tokenizer` may be empty: then only token-id prompts are accepted, and

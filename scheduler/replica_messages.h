@@ -37,6 +37,7 @@ struct DoneEvent {
 // ended there), and the replica's load after it.
 struct StepEvents {
   int replica = 0;
+  uint64_t epoch = 0;  // the placement it ran under (stale ones are ignored)
   double step_s = 0;
   int batch_sequences = 0;  // 0: no step (only ended requests)
   int batch_tokens = 0;

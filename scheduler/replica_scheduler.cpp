@@ -52,6 +52,7 @@ void ReplicaScheduler::end(StepEvents& ev, uint64_t id, FinishReason reason) {
 
 void ReplicaScheduler::fill_load(StepEvents& ev) const {
   ev.replica = options_.replica;
+  ev.epoch = options_.epoch;
   ev.running = running();
   ev.queued_tokens = queued_tokens();
   ev.blocks_used = blocks_used();
@@ -111,7 +112,9 @@ std::optional<PlannedStep> ReplicaScheduler::next_step() {
     const int live = int(running_.size() + waiting_.size());
     cap = std::max(1, (live + options_.groups - 1) / options_.groups);
   }
-  const BatchPlan plan = policy_.plan(running, waiting, blocks_.free_count(), cap, busy);
+  const BatchPlan plan =
+      policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy);
+  if (refusing_ && (!plan.preempted.empty() || plan.admitted.size() < waiting.size())) ++refusals_;
   for (uint64_t id : plan.preempted) preempt(id);
   for (uint64_t id : plan.admitted) {
     std::erase(waiting_, id);

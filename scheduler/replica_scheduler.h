@@ -26,7 +26,8 @@ namespace troupe {
 
 struct ReplicaSchedulerOptions {
   int replica = 0;
-  int kv_blocks = 0;  // blocks each device of the replica holds
+  uint64_t epoch = 0;  // stamped on every StepEvents
+  int kv_blocks = 0;   // blocks each device of the replica holds
   int block_tokens = 16;
   BatchLimits limits;
   // Steps in flight at once, each over its own group of sequences: a
@@ -87,6 +88,13 @@ class ReplicaScheduler {
   int queued_tokens() const;
   bool holds(uint64_t id) const { return seqs_.count(id) != 0; }
 
+  // Fault injection: while refusing, the block pool looks empty to the batch
+  // policy (nothing new is admitted, and a sequence that needs another block
+  // is preempted, to resume when blocks come back). refusals() counts the
+  // steps planned that wanted blocks and were refused them.
+  void refuse_blocks(bool refuse) { refusing_ = refuse; }
+  uint64_t refusals() const { return refusals_; }
+
  private:
   struct Sequence {
     Assignment a;
@@ -113,6 +121,8 @@ class ReplicaScheduler {
   std::optional<StepEvents> ended_;
   std::vector<uint64_t> released_;
   std::vector<int> probe_blocks_;
+  bool refusing_ = false;
+  uint64_t refusals_ = 0;
 };
 
 }  // namespace troupe

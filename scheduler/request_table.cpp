@@ -11,9 +11,27 @@ RequestTable::RequestTable(RequestTableOptions options, std::unique_ptr<RoutingP
       policy_(std::move(policy)),
       channel_(replicas),
       queue_(options_.admission),
-      replicas_(size_t(std::max(0, options_.replicas))) {
+      replicas_(size_t(std::max(0, options_.replicas))),
+      loads_(replicas_.size()) {
   if (options_.replicas < 1) throw std::invalid_argument("a request table needs a replica");
   if (!policy_) throw std::invalid_argument("a request table needs a routing policy");
+  for (size_t i = 0; i < loads_.size(); ++i) {
+    loads_[i].index = i;
+    loads_[i].live = false;  // as counted in with_capacity_
+    refresh(i);
+  }
+}
+
+void RequestTable::refresh(size_t i) {
+  const ReplicaView& rep = replicas_[i];
+  ReplicaLoad& l = loads_[i];
+  const bool was = l.live;
+  l.live = has_capacity(rep);
+  l.outstanding = rep.outstanding;
+  l.queued_tokens = rep.queued_tokens;
+  l.running = rep.running;
+  l.max_batch_sequences = size_t(options_.max_batch_sequences);
+  if (l.live != was) l.live ? ++with_capacity_ : --with_capacity_;
 }
 
 RequestInfo RequestTable::info(const Request& r) const {
@@ -57,6 +75,7 @@ void RequestTable::end_with_error(uint64_t id, ServiceErrorKind kind, const std:
   if (r.replica >= 0) {
     ReplicaView& rep = replicas_[size_t(r.replica)];
     if (rep.outstanding > 0) --rep.outstanding;
+    refresh(size_t(r.replica));
     if (rep.live) channel_.cancel(r.replica, id);
   }
   r.sink->on_error(ServiceError{kind, message, retry_after});
@@ -74,20 +93,7 @@ bool RequestTable::has_capacity(const ReplicaView& r) const {
 }
 
 std::optional<size_t> RequestTable::choose(const Request& r, double now) {
-  std::vector<ReplicaLoad> loads;
-  loads.reserve(replicas_.size());
-  for (size_t i = 0; i < replicas_.size(); ++i) {
-    const ReplicaView& rep = replicas_[i];
-    ReplicaLoad l;
-    l.index = i;
-    l.live = has_capacity(rep);
-    l.outstanding = rep.outstanding;
-    l.queued_tokens = rep.queued_tokens;
-    l.running = rep.running;
-    l.max_batch_sequences = size_t(options_.max_batch_sequences);
-    loads.push_back(l);
-  }
-  return policy_->choose(loads, info(r), now);
+  return policy_->choose(loads_, info(r), now);
 }
 
 void RequestTable::place(Request& r, size_t replica, double now) {
@@ -104,6 +110,7 @@ void RequestTable::place(Request& r, size_t replica, double now) {
   r.resuming = false;
   ++rep.outstanding;
   rep.queued_tokens += a.tokens.size();
+  refresh(replica);
   policy_->on_dispatch(replica, info(r), now);
   channel_.assign(int(replica), std::move(a));
 }
@@ -118,9 +125,7 @@ void RequestTable::dispatch(double now) {
     place(r, *target, now);
   }
   while (!queue_.empty()) {
-    if (std::none_of(replicas_.begin(), replicas_.end(),
-                     [&](const ReplicaView& r) { return has_capacity(r); }))
-      return;
+    if (with_capacity_ == 0) return;
     const auto id = queue_.pop(now);
     if (!id) return;
     auto it = requests_.find(*id);
@@ -146,8 +151,7 @@ void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink>
                     0});
     return;
   }
-  if (std::all_of(replicas_.begin(), replicas_.end(),
-                  [](const ReplicaView& r) { return r.failed; })) {
+  if (failed_ == replicas_.size()) {
     sink->on_error({ServiceErrorKind::Unavailable, "no live replica: all replicas failed", 5});
     return;
   }
@@ -164,6 +168,7 @@ void RequestTable::submit(CompletionRequest req, std::shared_ptr<CompletionSink>
   }
   Request r;
   r.deadline = req.timeout_s > 0 ? now + req.timeout_s : 0;
+  if (r.deadline > 0) deadlines_.emplace(r.deadline, id);
   r.req = std::move(req);
   r.sink = std::move(sink);
   requests_.emplace(id, std::move(r));
@@ -187,6 +192,7 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
   ReplicaView& rep = replicas_[size_t(ev.replica)];
   rep.running = size_t(ev.running);
   rep.queued_tokens = size_t(ev.queued_tokens);
+  refresh(size_t(ev.replica));
   // The policy learns decode speed from decode steps and prefill speed from
   // steps that prefilled (a mixed step's time counts against its prefill,
   // which underestimates the rate: the conservative side).
@@ -204,6 +210,10 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
     // client has not seen, and a late token from a dead replica is the same
     // token (deterministic sampling), so index order decides.
     if (size_t(t.index) != r.delivered.size()) continue;
+    if (r.orphaned_at >= 0) {
+      if (resumed_) resumed_(r.orphaned_at, now);
+      r.orphaned_at = -1;
+    }
     r.delivered.push_back(t.token);
     r.sink->on_token(t.token);
   }
@@ -214,6 +224,7 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
     if (d.reason != FinishReason::Cancelled && size_t(d.completion_tokens) != r.delivered.size())
       continue;  // a stale replica's view; the live one will finish it
     if (rep.outstanding > 0) --rep.outstanding;
+    refresh(size_t(ev.replica));
     policy_->on_complete(size_t(ev.replica), info(r), now);
     Request done = take(d.id);
     done.sink->on_done(d.reason, int(done.req.prompt.size()), int(done.delivered.size()));
@@ -223,7 +234,9 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
 
 void RequestTable::replica_up(int replica, double now) {
   if (replica < 0 || size_t(replica) >= replicas_.size()) return;
+  if (replicas_[size_t(replica)].failed) --failed_;
   replicas_[size_t(replica)] = ReplicaView{true, false, 0, 0, 0};
+  refresh(size_t(replica));
   if (replicas_changed_) replicas_changed_();
   dispatch(now);
 }
@@ -231,7 +244,9 @@ void RequestTable::replica_up(int replica, double now) {
 size_t RequestTable::replica_down(int replica, bool permanent, double now) {
   if (replica < 0 || size_t(replica) >= replicas_.size()) return 0;
   ReplicaView& rep = replicas_[size_t(replica)];
+  if (rep.failed != permanent) permanent ? ++failed_ : --failed_;
   rep = ReplicaView{false, permanent, 0, 0, 0};
+  refresh(size_t(replica));
   if (replicas_changed_) replicas_changed_();
   std::vector<uint64_t> orphans;
   for (auto& [id, r] : requests_)
@@ -247,11 +262,11 @@ size_t RequestTable::replica_down(int replica, bool permanent, double now) {
     }
     r.replica = -1;
     r.resuming = true;
+    if (r.orphaned_at < 0) r.orphaned_at = now;
     resume_.push_front(*it);
     ++resumed;
   }
-  if (std::all_of(replicas_.begin(), replicas_.end(),
-                  [](const ReplicaView& r) { return r.failed; })) {
+  if (failed_ == replicas_.size()) {
     // Nothing will come back: everything waiting ends now with a clear error.
     shutdown("no live replica: all replicas failed");
     return 0;
@@ -265,8 +280,13 @@ void RequestTable::tick(double now) {
     end_with_error(id, ServiceErrorKind::Unavailable, "timed out waiting in the admission queue",
                    queue_.retry_after_s(now));
   std::vector<std::pair<uint64_t, bool>> late;
-  for (const auto& [id, r] : requests_)
-    if (r.deadline > 0 && now >= r.deadline) late.emplace_back(id, r.resuming);
+  while (!deadlines_.empty() && deadlines_.top().first <= now) {
+    const auto [deadline, id] = deadlines_.top();
+    deadlines_.pop();
+    auto it = requests_.find(id);
+    if (it != requests_.end() && it->second.deadline == deadline)
+      late.emplace_back(id, it->second.resuming);
+  }
   for (auto [id, resuming] : late) {
     if (resuming)
       end_with_error(id, ServiceErrorKind::Unavailable,

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <queue>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -76,6 +77,11 @@ class RequestTable {
   // told about it: whoever shows readiness (the router's /ready) is never
   // behind what a client has already heard.
   void on_replicas_changed(std::function<void()> fn) { replicas_changed_ = std::move(fn); }
+  // Called when a request whose replica died delivers its next token: how
+  // long after the death it took (on the table's clock).
+  void on_resumed(std::function<void(double down, double next_token)> fn) {
+    resumed_ = std::move(fn);
+  }
 
   struct ReplicaView {
     bool live = false;
@@ -105,10 +111,14 @@ class RequestTable {
     double deadline = 0;  // absolute, on the table's clock; 0: none
     bool resuming = false;
     bool cancelled = false;  // asked its replica to stop; ends instead of resuming
+    double orphaned_at = -1;  // its replica died then; reset by its next token
   };
 
   RequestInfo info(const Request& r) const;
   bool has_capacity(const ReplicaView& r) const;
+  // Brings the policy's view of replica i (and the counts kept beside it) up
+  // to date; called after every change to replicas_[i].
+  void refresh(size_t i);
   std::optional<size_t> choose(const Request& r, double now);
   void place(Request& r, size_t replica, double now);
   void dispatch(double now);
@@ -126,6 +136,16 @@ class RequestTable {
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<ReplicaView> replicas_;
   std::function<void()> replicas_changed_;
+  std::function<void(double, double)> resumed_;
+  // What the policy sees, kept up to date replica by replica rather than
+  // rebuilt per decision: at a thousand replicas the rebuild would dominate.
+  std::vector<ReplicaLoad> loads_;
+  size_t with_capacity_ = 0;  // replicas that can take a request now
+  size_t failed_ = 0;         // replicas given up on
+  // (deadline, id), earliest first; entries of requests that ended earlier
+  // are skipped when they come up, so tick() never scans every request.
+  using Deadline = std::pair<double, uint64_t>;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<Deadline>> deadlines_;
 };
 
 }  // namespace troupe

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <tuple>
 
@@ -38,21 +39,29 @@ bool finite_positive(double x) {
 
 std::optional<size_t> RoundRobinPolicy::choose(const std::vector<ReplicaLoad>& replicas,
                                                const RequestInfo& /*req*/, double /*now_s*/) {
-  const std::vector<const ReplicaLoad*> live = live_by_index(replicas);
-  if (live.empty()) return std::nullopt;
-  // The next index after the last one chosen, wrapping: keeps the rotation
-  // fair when replicas die, come back or are listed in another order.
-  const ReplicaLoad* pick = live.front();
+  // The next live index after the last one chosen, wrapping: keeps the
+  // rotation fair when replicas die, come back or are listed in another order.
+  // A caller that lists replica i at position i (the request table) gets it
+  // without a scan: indices are unique, so a live one found walking up from
+  // last + 1 through positional entries is the smallest live index above it.
   if (last_) {
-    for (const ReplicaLoad* r : live) {
-      if (r->index > *last_) {
-        pick = r;
-        break;
+    for (size_t pos = *last_ + 1; pos < replicas.size() && replicas[pos].index == pos; ++pos) {
+      if (replicas[pos].live) {
+        last_ = pos;
+        return pos;
       }
     }
   }
-  last_ = pick->index;
-  return pick->index;
+  const ReplicaLoad* lowest = nullptr;
+  const ReplicaLoad* next = nullptr;
+  for (const ReplicaLoad& r : replicas) {
+    if (!r.live) continue;
+    if (lowest == nullptr || r.index < lowest->index) lowest = &r;
+    if (last_ && r.index > *last_ && (next == nullptr || r.index < next->index)) next = &r;
+  }
+  if (lowest == nullptr) return std::nullopt;
+  last_ = (next != nullptr ? next : lowest)->index;
+  return last_;
 }
 
 // ---- least_outstanding ----
@@ -69,17 +78,42 @@ std::optional<size_t> LeastOutstandingPolicy::choose(const std::vector<ReplicaLo
 
 // ---- power_of_two ----
 
+namespace {
+
+// The k-th live replica in index order. Listings already in index order (the
+// request table's) are walked in place; others are sorted first.
+const ReplicaLoad& kth_live(const std::vector<ReplicaLoad>& replicas, size_t k, bool sorted,
+                            bool all_live) {
+  if (sorted && all_live) return replicas[k];
+  if (sorted) {
+    for (const ReplicaLoad& r : replicas)
+      if (r.live && k-- == 0) return r;
+  }
+  return *live_by_index(replicas)[k];
+}
+
+}  // namespace
+
 std::optional<size_t> PowerOfTwoPolicy::choose(const std::vector<ReplicaLoad>& replicas,
                                                const RequestInfo& /*req*/, double /*now_s*/) {
-  const std::vector<const ReplicaLoad*> live = live_by_index(replicas);
-  if (live.empty()) return std::nullopt;
-  if (live.size() == 1) return live.front()->index;
-  const uint64_t n = live.size();
-  const uint64_t a = rng_.below(n);
-  uint64_t b = rng_.below(n - 1);
+  size_t live = 0;
+  bool sorted = true;
+  const ReplicaLoad* only = nullptr;
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    if (i > 0 && replicas[i].index <= replicas[i - 1].index) sorted = false;
+    if (replicas[i].live) {
+      ++live;
+      only = &replicas[i];
+    }
+  }
+  if (live == 0) return std::nullopt;
+  if (live == 1) return only->index;
+  const uint64_t a = rng_.below(live);
+  uint64_t b = rng_.below(live - 1);
   if (b >= a) ++b;  // distinct from a, still uniform over the others
-  const ReplicaLoad& ra = *live[a];
-  const ReplicaLoad& rb = *live[b];
+  const bool all_live = live == replicas.size();
+  const ReplicaLoad& ra = kth_live(replicas, a, sorted, all_live);
+  const ReplicaLoad& rb = kth_live(replicas, b, sorted, all_live);
   return less_loaded(rb, ra) ? rb.index : ra.index;
 }
 
@@ -141,35 +175,57 @@ double LatencyAwarePolicy::prior_unit_step_s(double now_s) const {
   return n > 0 ? sum / double(n) : opt_.prior_step_s;
 }
 
-double LatencyAwarePolicy::unit_step_s(size_t index, double now_s) const {
-  const double prior = prior_unit_step_s(now_s);
-  const ReplicaStats* s = find_stats(index);
-  if (s == nullptr || !s->unit_step_ema) return prior;
-  return prior + (*s->unit_step_ema - prior) * freshness(s->last_step_at, now_s);
+double LatencyAwarePolicy::Prior::get() const {
+  if (!value_) value_ = policy_.prior_unit_step_s(now_s_);
+  return *value_;
 }
 
-double LatencyAwarePolicy::prefill_tokens_per_s(size_t index, double now_s) const {
+// A fresh measurement stands alone; only a missing or fading one needs the
+// prior, which costs a pass over every replica, so it is computed on demand
+// (once per choose() however many replicas need it).
+double LatencyAwarePolicy::unit_step(size_t index, double now_s, const Prior& prior) const {
+  const ReplicaStats* s = find_stats(index);
+  if (s == nullptr || !s->unit_step_ema) return prior.get();
+  const double fresh = freshness(s->last_step_at, now_s);
+  if (fresh == 1.0) return *s->unit_step_ema;
+  const double p = prior.get();
+  return p + (*s->unit_step_ema - p) * fresh;
+}
+
+double LatencyAwarePolicy::unit_step_s(size_t index, double now_s) const {
+  return unit_step(index, now_s, Prior{*this, now_s});
+}
+
+double LatencyAwarePolicy::prefill_tokens_per_s(size_t index, double now_s,
+                                                const Prior& prior) const {
+  const ReplicaStats* s = find_stats(index);
+  const bool measured = s != nullptr && s->prefill_rate_ema.has_value();
+  const double fresh = measured ? freshness(s->last_prefill_at, now_s) : 0.0;
+  if (fresh == 1.0) return *s->prefill_rate_ema;
   // Without a prefill measurement, assume prefill is as much slower or faster
   // than the prior as this replica's decode steps are.
   const double scaled_prior =
-      opt_.prior_prefill_tokens_per_s * opt_.prior_step_s / unit_step_s(index, now_s);
-  const ReplicaStats* s = find_stats(index);
-  if (s == nullptr || !s->prefill_rate_ema) return scaled_prior;
-  return scaled_prior +
-         (*s->prefill_rate_ema - scaled_prior) * freshness(s->last_prefill_at, now_s);
+      opt_.prior_prefill_tokens_per_s * opt_.prior_step_s / unit_step(index, now_s, prior);
+  if (!measured) return scaled_prior;
+  return scaled_prior + (*s->prefill_rate_ema - scaled_prior) * fresh;
 }
 
 double LatencyAwarePolicy::estimate_finish_s(const ReplicaLoad& r, const RequestInfo& req,
                                              double now_s) const {
+  return estimate(r, req, now_s, Prior{*this, now_s});
+}
+
+double LatencyAwarePolicy::estimate(const ReplicaLoad& r, const RequestInfo& req, double now_s,
+                                    const Prior& prior) const {
   const size_t max_batch = std::max<size_t>(1, r.max_batch_sequences);
   const size_t waiting = r.outstanding > r.running ? r.outstanding - r.running : 0;
   const size_t free_slots = max_batch > r.running ? max_batch - r.running : 0;
   const size_t position = waiting + 1;  // our place among those waiting for a slot
   const double join_batch = double(std::min(max_batch, r.running + position));
-  const double step_s = unit_step_s(r.index, now_s) * batch_factor(join_batch);
+  const double step_s = unit_step(r.index, now_s, prior) * batch_factor(join_batch);
 
   const double prefill_s =
-      double(r.queued_tokens + req.prompt_tokens) / prefill_tokens_per_s(r.index, now_s);
+      double(r.queued_tokens + req.prompt_tokens) / prefill_tokens_per_s(r.index, now_s, prior);
 
   // With the batch full, slots free up at about max_batch / mean_length per
   // step; mean length from what this policy dispatched there, else ours.
@@ -210,11 +266,12 @@ std::optional<size_t> LatencyAwarePolicy::probe_target(const std::vector<Replica
 std::optional<size_t> LatencyAwarePolicy::choose(const std::vector<ReplicaLoad>& replicas,
                                                  const RequestInfo& req, double now_s) {
   if (std::optional<size_t> probe = probe_target(replicas, now_s)) return probe;
+  const Prior prior{*this, now_s};
   const ReplicaLoad* best = nullptr;
   double best_s = 0;
   for (const ReplicaLoad& r : replicas) {
     if (!r.live) continue;
-    const double t = estimate_finish_s(r, req, now_s);
+    const double t = estimate(r, req, now_s, prior);
     if (best == nullptr || t < best_s || (t == best_s && r.index < best->index)) {
       best = &r;
       best_s = t;
@@ -253,31 +310,72 @@ void LatencyAwarePolicy::on_step(size_t replica, double step_time_s, size_t batc
 void LatencyAwarePolicy::on_prefill(size_t replica, size_t tokens, double seconds, double now_s) {
   if (tokens == 0 || !finite_positive(seconds)) return;
   const double rate = double(tokens) / seconds;
-  const double base = prefill_tokens_per_s(replica, now_s);
+  const double base = prefill_tokens_per_s(replica, now_s, Prior{*this, now_s});
   ReplicaStats& s = stats(replica);
   s.prefill_rate_ema =
       s.prefill_rate_ema ? opt_.ema_alpha * rate + (1 - opt_.ema_alpha) * base : rate;
   s.last_prefill_at = now_s;
 }
 
-// ---- factory ----
+// ---- registry ----
+
+namespace {
+
+// The built-in policies come first; they are registered when the registry is
+// first used, so no static-initialisation order matters.
+struct Registry {
+  Registry() {
+    add("round_robin",
+        [](uint64_t, const LatencyAwareOptions&) { return std::make_unique<RoundRobinPolicy>(); });
+    add("least_outstanding", [](uint64_t, const LatencyAwareOptions&) {
+      return std::make_unique<LeastOutstandingPolicy>();
+    });
+    add("power_of_two", [](uint64_t seed, const LatencyAwareOptions&) {
+      return std::make_unique<PowerOfTwoPolicy>(seed);
+    });
+    add("latency_aware", [](uint64_t, const LatencyAwareOptions& latency) {
+      return std::make_unique<LatencyAwarePolicy>(latency);
+    });
+  }
+  void add(std::string name, RoutingPolicyFactory f) {
+    names.push_back(std::move(name));
+    factories.push_back(std::move(f));
+  }
+
+  std::mutex mu;
+  std::vector<std::string> names;  // registration order
+  std::vector<RoutingPolicyFactory> factories;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_routing_policy(const std::string& name, RoutingPolicyFactory factory) {
+  if (name.empty()) throw std::invalid_argument("a routing policy needs a name");
+  if (!factory) throw std::invalid_argument("routing policy '" + name + "' needs a factory");
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  if (std::find(r.names.begin(), r.names.end(), name) != r.names.end())
+    throw std::invalid_argument("routing policy '" + name + "' is already registered");
+  r.add(name, std::move(factory));
+}
 
 const std::vector<std::string>& routing_policy_names() {
-  static const std::vector<std::string> names{"round_robin", "least_outstanding", "power_of_two",
-                                              "latency_aware"};
-  return names;
+  return registry().names;
 }
 
 std::unique_ptr<RoutingPolicy> make_routing_policy(std::string_view name, uint64_t seed,
                                                    const LatencyAwareOptions& latency) {
-  if (name == "round_robin") return std::make_unique<RoundRobinPolicy>();
-  if (name == "least_outstanding") return std::make_unique<LeastOutstandingPolicy>();
-  if (name == "power_of_two") return std::make_unique<PowerOfTwoPolicy>(seed);
-  if (name == "latency_aware") return std::make_unique<LatencyAwarePolicy>(latency);
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  for (size_t i = 0; i < r.names.size(); ++i)
+    if (r.names[i] == name) return r.factories[i](seed, latency);
   std::string known;
-  for (const std::string& n : routing_policy_names()) {
-    known += known.empty() ? n : ", " + n;
-  }
+  for (const std::string& n : r.names) known += known.empty() ? n : ", " + n;
   throw std::invalid_argument("unknown routing policy '" + std::string(name) +
                               "'; known policies: " + known);
 }

@@ -5,6 +5,7 @@
 // same objects and get the same choices.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -154,11 +155,26 @@ class LatencyAwarePolicy : public RoutingPolicy {
     double tracked_max_tokens = 0;  // their summed max_tokens
   };
 
+  // The prior step time at one instant, computed on first use.
+  class Prior {
+   public:
+    Prior(const LatencyAwarePolicy& policy, double now_s) : policy_(policy), now_s_(now_s) {}
+    double get() const;
+
+   private:
+    const LatencyAwarePolicy& policy_;
+    double now_s_;
+    mutable std::optional<double> value_;
+  };
+
   ReplicaStats& stats(size_t index);
   const ReplicaStats* find_stats(size_t index) const;
   double batch_factor(double batch) const;
   double prior_unit_step_s(double now_s) const;
-  double prefill_tokens_per_s(size_t index, double now_s) const;
+  double unit_step(size_t index, double now_s, const Prior& prior) const;
+  double prefill_tokens_per_s(size_t index, double now_s, const Prior& prior) const;
+  double estimate(const ReplicaLoad& r, const RequestInfo& req, double now_s,
+                  const Prior& prior) const;
   double freshness(double last_at, double now_s) const;
   std::optional<size_t> probe_target(const std::vector<ReplicaLoad>& replicas, double now_s);
 
@@ -167,7 +183,17 @@ class LatencyAwarePolicy : public RoutingPolicy {
   size_t since_probe_ = 0;           // requests routed since the last probe
 };
 
-// Names accepted by make_routing_policy, in a stable order.
+// Policies by name: the built-in ones, then any registered. serve and
+// simulate both build their policy here, and the config accepts exactly these
+// names, so a policy registered once is available to every command.
+using RoutingPolicyFactory = std::function<std::unique_ptr<RoutingPolicy>(
+    uint64_t seed, const LatencyAwareOptions& latency)>;
+
+// Adds a policy (call it before the config is read, e.g. first thing in
+// main). Throws std::invalid_argument for an empty or already known name.
+void register_routing_policy(const std::string& name, RoutingPolicyFactory factory);
+
+// Names accepted by make_routing_policy, in a stable order (built-ins first).
 const std::vector<std::string>& routing_policy_names();
 
 // Builds a policy by its config name. Throws std::invalid_argument that lists

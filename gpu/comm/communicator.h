@@ -6,11 +6,11 @@
 // process; Gloo across processes and NCCL between GPUs plug in here too.
 //
 // Failure model: a collective never hangs forever on a dead or misbehaving
-// peer when the group can be told about it. InProcessGroup::abort() (called by
-// whoever notices a crashed shard), a size mismatch between ranks, a bad
-// argument on one rank, or the group's optional timeout each abort the whole
-// group: every rank waiting in it, and every later call, throws CommError.
-// An aborted group stays aborted; recovery builds a new group.
+// peer when the group can be told about it. abort() on any rank's handle
+// (called by whoever notices a crashed shard), a size mismatch between ranks,
+// a bad argument on one rank, or the group's optional timeout each abort the
+// whole group: every rank waiting in it, and every later call, throws
+// CommError. An aborted group stays aborted; recovery builds a new group.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -78,6 +78,10 @@ class Communicator {
   virtual void send(const float* data, size_t n, int peer) = 0;
   virtual void recv(float* data, size_t n, int peer) = 0;
   virtual void barrier() = 0;
+  // Any thread: fails the group as described above, so that no rank waits
+  // for a peer that will not come; the first reason wins. How an engine
+  // holding communicators of several kinds stops them all alike.
+  virtual void abort(const std::string& reason) = 0;
 
   // Each rank passes its local best (value, global index); every rank gets the
   // group's best. Greedy sampling over a vocabulary split across ranks uses it

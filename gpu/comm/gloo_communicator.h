@@ -121,7 +121,7 @@ class GlooCommunicator final : public Communicator {
   // Any thread: the call in progress and every later call throw
   // CommError(reason), and the peers are told ("rank R aborted: reason").
   // The first failure's reason wins.
-  void abort(const std::string& reason);
+  void abort(const std::string& reason) override;
   bool failed() const;
   std::string failure_reason() const;
 

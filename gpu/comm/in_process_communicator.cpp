@@ -377,6 +377,10 @@ std::vector<std::unique_ptr<InProcessCommunicator>> make_in_process_group(
 InProcessCommunicator::InProcessCommunicator(std::shared_ptr<InProcessGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {}
 
+void InProcessCommunicator::abort(const std::string& reason) {
+  group_->abort(reason);
+}
+
 InProcessCommunicator::~InProcessCommunicator() {
   auto& g = impl();
   g.abort("in-process group of " + std::to_string(g.size) + ": rank " + std::to_string(rank_) +

@@ -67,6 +67,8 @@ class InProcessCommunicator : public Communicator {
   void send(const float* data, size_t n, int peer) override;
   void recv(float* data, size_t n, int peer) override;
   void barrier() override;
+  // Aborts the whole group (InProcessGroup::abort).
+  void abort(const std::string& reason) override;
 
  private:
   friend class InProcessGroup;

@@ -313,10 +313,14 @@ TEST(Runtime, OverloadIsRefusedWithRetryAfter) {
 TEST(Runtime, DeadlinePassedIsATimeout) {
   ActorRuntime rt(config(1), engines());
   ASSERT_TRUE(rt.wait_live(1, 30));
-  rt.inject_slowness(0, 0.05);
+  // No KV blocks for the next 5 s: the request cannot start before its deadline.
+  FaultRequest refuse;
+  refuse.order.kind = FaultKind::KvAllocFail;
+  refuse.duration_s = 5;
+  rt.inject(refuse);
   auto sink = std::make_shared<RecordingSink>();
-  // 200 tokens, no early stop: over the deadline even if the slowness has
-  // not reached the worker yet.
+  // 200 tokens, no early stop: over the deadline even if the refusal has
+  // not reached the batcher yet.
   auto r = request(1, prompt_for(1), 200);
   r.ignore_eos = true;
   r.timeout_s = 0.1;

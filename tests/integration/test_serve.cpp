@@ -8,70 +8,16 @@
 
 #include "net/sse_parser.h"
 #include "support/process_support.h"
+#include "support/serving_support.h"
 #include "support/test_support.h"
 
 namespace troupe {
 namespace {
 
 using json = nlohmann::json;
-
-class Server {
- public:
-  explicit Server(std::vector<std::string> sets) {
-    std::vector<std::string> argv{
-        TROUPE_BINARY, "serve",
-        "--config",    (test::source_dir() / "configs" / "default.yaml").string(),
-        "--listen",    "127.0.0.1:0",
-        "--set",       "model.path=" + test::model_path("fortune").string()};
-    for (auto& s : sets) {
-      argv.push_back("--set");
-      argv.push_back(s);
-    }
-    proc_ = std::make_unique<test::ChildProcess>(argv);
-    const std::string line = proc_->wait_for_line("listening on http://", 60);
-    if (line.empty()) throw std::runtime_error("server did not start: " + proc_->stderr_so_far());
-    port_ = std::stoi(line.substr(line.rfind(':') + 1));
-    // Ready once a replica has completed its probe step.
-    for (int i = 0; i < 600 && test::http_request(port_, "GET", "/ready").status != 200; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  int port() const { return port_; }
-  test::ChildProcess& process() { return *proc_; }
-  HttpResponse complete(const json& body, double timeout_s = 120) {
-    return test::http_request(port_, "POST", "/v1/completions", body.dump(), timeout_s);
-  }
-
- private:
-  std::unique_ptr<test::ChildProcess> proc_;
-  int port_ = 0;
-};
-
-std::string generate_text(const std::string& prompt, int max_tokens) {
-  auto r = test::run_command({TROUPE_BINARY, "generate", "--model",
-                              test::model_path("fortune").string(), "--prompt", prompt,
-                              "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
-}
-
-// The text of an SSE stream, checking its shape on the way.
-std::string sse_text(const std::string& body, std::string* finish = nullptr) {
-  std::string text;
-  bool done = false;
-  for (const std::string& payload : sse_events(body)) {
-    EXPECT_FALSE(done) << "data after [DONE]";
-    if (payload == "[DONE]") {
-      done = true;
-      continue;
-    }
-    const auto j = json::parse(payload);
-    text += j["choices"][0]["text"].get<std::string>();
-    if (finish && !j["choices"][0]["finish_reason"].is_null())
-      *finish = j["choices"][0]["finish_reason"];
-  }
-  EXPECT_TRUE(done) << "no data: [DONE]";
-  return text;
-}
+using test::generate_text;
+using test::Server;
+using test::sse_text;
 
 const std::vector<std::string> kPrompts{
     "The meaning of life", "A fool", "Never trust", "Love is", "The computer", "In the beginning"};

@@ -1,37 +1,18 @@
 #pragma once
 // Helpers for integration tests: child processes and HTTP requests on
 // 127.0.0.1 (with the shared client, net/http_client.h).
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "chaos/child_process.h"
 #include "net/http_client.h"
 
 namespace troupe::test {
 
-// A child process (no shell) whose stderr is captured; killed (SIGTERM, then
-// SIGKILL) and reaped on destruction.
-class ChildProcess {
- public:
-  explicit ChildProcess(const std::vector<std::string>& argv);
-  ~ChildProcess();
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-  // Reads stderr until a line contains `needle`; returns that line, or ""
-  // on timeout or exit.
-  std::string wait_for_line(const std::string& needle, double timeout_s);
-  std::string stderr_so_far() const { return err_; }
-  int pid() const { return pid_; }
-  void signal(int sig);
-  // Sends SIGTERM and waits; the exit code (128 + signal when killed).
-  int stop(double timeout_s = 20);
-
- private:
-  int pid_ = -1;
-  int err_fd_ = -1;
-  std::string err_;
-  bool reaped_ = false;
-  int status_ = 0;
-};
+using troupe::ChildProcess;
 
 // One HTTP/1.1 request with the shared client (net/http_client.h) on a fresh
 // connection to 127.0.0.1:port ("Connection: close"); status 0 when no

@@ -115,7 +115,7 @@ Config config(int replicas, int pipeline = 1) {
 std::unique_ptr<ActorRuntime> runtime(const Config& c, std::shared_ptr<Script> script) {
   const ModelConfig m = model();
   return std::make_unique<ActorRuntime>(c, m, [m, script](int, const EngineSpec& spec) {
-    return ActorRuntime::ReplicaEngine{[m, spec, script](const DeviceLauncher&) {
+    return ReplicaEngine{[m, spec, script](const DeviceLauncher&) {
                                          return std::make_unique<ScriptedEngine>(m, spec, script);
                                        },
                                        spec};

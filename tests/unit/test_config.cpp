@@ -40,8 +40,7 @@ std::string expect_error(const std::string& yaml, const std::string& key,
   return {};
 }
 
-std::string override_error(Config& config, const std::string& key,
-                           const std::string& value) {
+std::string override_error(Config& config, const std::string& key, const std::string& value) {
   try {
     apply_override(config, key, value);
   } catch (const ConfigError& e) {
@@ -252,6 +251,27 @@ TEST(RuntimeConfigTest, KeysThatConstrainEachOther) {
   expect_error("parallel: {replicas: 1000, pipeline: 1000}\n", "parallel", "at most 4096");
 }
 
+TEST(RuntimeConfigTest, NodesAndPlacementAgreeWithTheLayout) {
+  const Config c = parse(
+      "parallel: {replicas: 2}\n"
+      "nodes: {listen: 127.0.0.1:7100, local: false, token: s3cret, heartbeat_timeout_s: 1.5}\n"
+      "placement: {replicas: [gpu-a, any]}\n");
+  EXPECT_EQ(c.nodes.listen, "127.0.0.1:7100");
+  EXPECT_FALSE(c.nodes.local);
+  EXPECT_EQ(c.nodes.token, "s3cret");
+  EXPECT_DOUBLE_EQ(c.nodes.heartbeat_timeout_s, 1.5);
+  EXPECT_EQ(c.placement.replicas, (std::vector<std::string>{"gpu-a", "any"}));
+  expect_error("placement: {replicas: [a, b]}\n", "placement.replicas",
+               "names 2 replicas, but parallel.replicas is 1");
+  expect_error("placement: {replicas: ['']}\n", "placement.replicas[0]",
+               "expected a node name, \"local\" or \"any\"");
+  expect_error("nodes: {listen: 127.0.0.1:7100, local: false}\nplacement: {replicas: [local]}\n",
+               "placement.replicas[0]", "nodes.local is false");
+  expect_error("nodes: {local: false}\n", "nodes.local", "no device would ever join");
+  expect_error("nodes: {listen: nowhere}\n", "nodes.listen", "");
+  expect_error("nodes: {heartbeat_timeout_s: 0}\n", "nodes.heartbeat_timeout_s", "");
+}
+
 TEST(RuntimeConfigTest, DeviceCountMustMatchTheLayout) {
   const std::string m = expect_error(
       "parallel: {replicas: 2, tensor: 2}\ndevices:\n  - {threads: 1}\n  - {threads: 1}\n"
@@ -432,8 +452,7 @@ Config everything_changed() {
 
 TEST(RuntimeConfigTest, ToYamlRoundTrips) {
   for (const Config& c :
-       {default_config(), load_config(shipped("two-replicas.yaml")),
-        everything_changed()}) {
+       {default_config(), load_config(shipped("two-replicas.yaml")), everything_changed()}) {
     const std::string yaml = to_yaml(c);
     Config back;
     ASSERT_NO_THROW(back = parse_config(yaml, "printed")) << yaml;
@@ -482,8 +501,7 @@ TEST(RuntimeConfigTest, ServedModelName) {
 }
 
 TEST(RuntimeConfigTest, AdmissionOptionsBuildAQueue) {
-  const Config c =
-      parse("admission: {max_queue: 3, priority_levels: 4, on_timeout: keep}\n");
+  const Config c = parse("admission: {max_queue: 3, priority_levels: 4, on_timeout: keep}\n");
   const AdmissionQueueOptions options = admission_queue_options(c);
   EXPECT_EQ(options.max_size, 3u);
   EXPECT_EQ(options.priority_levels, 4u);
@@ -533,7 +551,8 @@ TEST(RuntimeConfigTest, LayoutForModel) {
   c.parallel = {2, 2, 8};
   EXPECT_NO_THROW(validate_layout_for_model(c, model_shape(5, 8, 4, 512)));
   c.parallel = {1, 1, 2};
-  EXPECT_THROW(validate_layout_for_model(c, model_shape(5, 6, 4, 512)), std::invalid_argument);  // 6 % 4
+  EXPECT_THROW(validate_layout_for_model(c, model_shape(5, 6, 4, 512)),
+               std::invalid_argument);  // 6 % 4
   EXPECT_THROW(validate_layout_for_model(c, model_shape(0, 6, 2, 512)), std::invalid_argument);
 }
 

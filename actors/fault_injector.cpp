@@ -1,0 +1,54 @@
+#include "actors/fault_injector.h"
+
+#include <chrono>
+#include <set>
+
+namespace troupe {
+
+namespace {
+
+constexpr auto kTick = std::chrono::milliseconds(250);
+
+std::chrono::nanoseconds after(double seconds) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer self,
+                                                 std::shared_ptr<FaultBook> book,
+                                                 SupervisorActor supervisor) {
+  auto delayed = std::make_shared<std::set<uint64_t>>();  // waiting for their start time
+  self->send(self, ftick_atom::value);
+  return {
+      [=](fault_atom a, uint64_t id) {
+        const auto e = book->get(id);
+        if (!e || e->state != FaultState::Scheduled) return;
+        if (e->at_s > 0 && delayed->insert(id).second) {
+          self->delayed_send(self, after(e->at_s), a, id);
+          return;
+        }
+        delayed->erase(id);
+        book->started(id, book->now());
+        self->send(supervisor, a, e->order, caf::actor_cast<FaultInjectorActor>(self));
+        if (fault_lasts(e->order.kind))
+          self->delayed_send(self, after(e->duration_s), fend_atom::value, id);
+      },
+      [=](fault_atom, const FaultReport& r) { book->report(r, book->now()); },
+      [=](fend_atom, uint64_t id) {
+        const auto e = book->get(id);
+        if (!e) return;
+        FaultOrder end = e->order;
+        end.end = true;
+        self->send(supervisor, fault_atom::value, end, caf::actor_cast<FaultInjectorActor>(self));
+        book->ended(id, book->now());
+      },
+      [=](ftick_atom t) {
+        book->expire(book->now());
+        self->delayed_send(self, kTick, t);
+      },
+  };
+}
+
+}  // namespace troupe

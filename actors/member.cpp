@@ -1,0 +1,64 @@
+#include "actors/member.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <stdexcept>
+
+#include "actors/shard.h"
+
+namespace troupe {
+
+namespace {
+
+struct MemberState {
+  EngineFactory factory;
+  std::unique_ptr<StepEngine> engine;
+  std::map<uint64_t, uint64_t> pending;  // member step id -> engine ticket
+  uint64_t next_id = 1;
+};
+
+}  // namespace
+
+MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory factory, int replica,
+                                  std::string name) {
+  self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("{} died: {}", name, what);
+    return caf::make_error(caf::sec::runtime_error, name + " died: " + what);
+  });
+  auto st = std::make_shared<MemberState>();
+  st->factory = std::move(factory);
+  return {
+      [=](build_atom) {
+        // Blocks until every part has met at the rendezvous (bounded by the
+        // communicators' timeout): this actor is detached.
+        auto spawned = std::make_shared<std::vector<ShardActor>>();
+        st->engine = st->factory(shard_launcher(self, replica, spawned));
+        spdlog::info("{}: built", name);
+      },
+      [=](step_atom, std::vector<StepItem>& items, int microbatches) {
+        if (!st->engine) throw std::logic_error("a step reached a part that was never built");
+        const uint64_t id = st->next_id++;
+        MemberActor me = caf::actor_cast<MemberActor>(self);
+        st->pending[id] = st->engine->launch_split(std::move(items), microbatches, [me, id] {
+          caf::anon_send(me, stepdone_atom::value, id);
+        });
+      },
+      [=](stepdone_atom, uint64_t id) {
+        auto it = st->pending.find(id);
+        if (it == st->pending.end()) return;
+        const uint64_t ticket = it->second;
+        st->pending.erase(it);
+        st->engine->finish(ticket);  // throws the step's error: this part dies
+      },
+  };
+}
+
+}  // namespace troupe

@@ -1,0 +1,131 @@
+#pragma once
+// What crosses between processes, and how CAF serializes it: an inspect()
+// per type (CAF 0.17's form), and the registration every process does before
+// it starts its actor system, under the same names on both ends (CAF drops
+// a message whose top-level types the receiver does not know). A malformed
+// or truncated message fails CAF's deserializer and its connection is
+// closed; it never reaches an actor.
+#include <caf/all.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "faults/fault_order.h"
+#include "scheduler/cluster.h"
+#include "scheduler/replica_messages.h"
+#include "service/request.h"
+#include "service/step_item.h"
+
+namespace troupe {
+
+// Bumped whenever a wire type or an actor protocol changes: a node speaking
+// another protocol is refused when it joins.
+inline constexpr uint32_t kWireProtocol = 2;
+// Troupe's version, in joins and logs.
+inline constexpr const char* kTroupeVersion = "0.10";
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
+  return f(caf::meta::type_name("StepItem"), x.seq, x.tokens, x.position, x.blocks, x.sample,
+           x.sampling, x.generated);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
+  return f(caf::meta::type_name("Assignment"), x.id, x.tokens, x.generated, x.max_tokens,
+           x.sampling, x.ignore_eos);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
+  return f(caf::meta::type_name("TokenEvent"), x.id, x.index, x.token);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
+  return f(caf::meta::type_name("DoneEvent"), x.id, x.reason, x.completion_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
+  return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
+           x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
+           x.blocks_used, x.blocks_free);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FaultOrder& x) {
+  return f(caf::meta::type_name("FaultOrder"), x.id, x.kind, x.role, x.replica, x.device, x.factor,
+           x.end);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FaultReport& x) {
+  return f(caf::meta::type_name("FaultReport"), x.id, x.outcome, x.text);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
+  return f(caf::meta::type_name("JoinRequest"), x.name, x.token, x.protocol, x.version, x.model,
+           x.devices, x.address);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinReply& x) {
+  return f(caf::meta::type_name("JoinReply"), x.accepted, x.reason, x.node, x.incarnation);
+}
+
+// What a node needs to start a replica placed on it. The node takes the
+// threads and memory of the devices it offers, and the stop rule from its
+// model (the same model: checked when it joined).
+struct ReplicaPlan {
+  int replica = 0;
+  uint64_t epoch = 0;  // this placement's generation: fences a replica that outlived it
+  int pipeline = 1;
+  int tensor = 1;
+  std::vector<int>
+      stage_bounds;  // stage s has layers [bounds[s], bounds[s+1]); empty: balanced there
+  int block_tokens = 16;
+  int blocks = 4096;
+  int max_batch_sequences = 32;
+  int max_batch_tokens = 2048;
+  int prefill_chunk_tokens = 512;
+  // A replica spanning nodes: per device (stage-major) the part it belongs
+  // to, one part per node, and the parts' names (their nodes', for errors);
+  // empty: the whole replica on one node. `part` is the receiver's.
+  std::vector<int> hosts;
+  std::vector<std::string> part_names;
+  int part = 0;
+  int devices() const { return pipeline * tensor; }
+  // Devices of part `p` (all of them for a replica on one node).
+  int devices_of(int p) const;
+  // The part that samples: it hosts device (P-1, 0), and runs the replica's
+  // batcher and worker.
+  int leader() const { return hosts.empty() ? 0 : hosts[size_t((pipeline - 1) * tensor)]; }
+  bool spans() const { return !part_names.empty() && part_names.size() > 1; }
+};
+
+inline int ReplicaPlan::devices_of(int p) const {
+  if (hosts.empty()) return devices();
+  int n = 0;
+  for (int h : hosts) n += h == p ? 1 : 0;
+  return n;
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
+  return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
+           x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
+           x.prefill_chunk_tokens, x.hosts, x.part_names, x.part);
+}
+
+// Registers every type above, and the actor handles messages carry, on a
+// config (coordinator and nodes alike), and loads CAF's middleman.
+void register_wire_types(caf::actor_system_config& cfg);
+
+}  // namespace troupe

@@ -1,0 +1,142 @@
+// `troupe node`: a worker process that offers its devices to a coordinator
+// (`troupe serve` with nodes.listen) and runs the replicas placed on them.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "actors/node_agent.h"
+#include "actors/runtime.h"
+#include "apps/commands.h"
+#include "deploy/engine_builder.h"
+
+namespace troupe::app {
+
+namespace {
+
+struct NodeOptions {
+  ConfigFlags config;
+  std::string join;
+  std::string name;
+  std::string token;
+  int devices = 0;
+};
+
+std::string default_name() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "node");
+  return std::string(host) + "-" + std::to_string(getpid());
+}
+
+// The node's devices: `count` of them (0: as many as the config's layout
+// has), each as the config's devices list says (one entry: for all).
+std::vector<DeviceSpec> offered_devices(const Config& c, int count) {
+  const int n = count > 0 ? count : c.parallel.device_count();
+  if (c.devices.size() != 1 && int(c.devices.size()) != n)
+    throw UsageError("--devices " + std::to_string(n) + " needs one devices entry, or " +
+                     std::to_string(n) + "; the config has " + std::to_string(c.devices.size()));
+  std::vector<DeviceSpec> out;
+  for (int d = 0; d < n; ++d) out.push_back(c.devices.size() == 1 ? c.devices[0] : c.devices[d]);
+  return out;
+}
+
+void run_node(const NodeOptions& o) {
+  if (o.join.empty())
+    throw UsageError("--join HOST:PORT is required (the coordinator's nodes.listen)");
+  const auto [host, port] = parse_listen(o.join);
+  if (port == 0) throw UsageError("--join: the coordinator's port cannot be 0");
+  if (o.devices < 0) throw UsageError("--devices must be at least 1");
+  std::vector<std::pair<std::string, std::string>> flags;
+  if (!o.name.empty()) flags.emplace_back("nodes.name", o.name);
+  if (!o.token.empty()) flags.emplace_back("nodes.token", o.token);
+  const Config cfg = command_config(o.config, flags);
+  spdlog::set_level(cfg.logging.level);
+  // The signals are for sigwait below alone: blocked before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
+  auto engines = std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype);
+  const ModelConfig& model = ckpt->config;
+  NodeAgentOptions no;
+  no.devices = offered_devices(cfg, o.devices);
+  no.join = {cfg.nodes.name.empty() ? default_name() : cfg.nodes.name,
+             cfg.nodes.token,
+             kWireProtocol,
+             kTroupeVersion,
+             engines->fingerprint(),
+             int(no.devices.size()),
+             cfg.nodes.address};
+  no.engines = engines_from(engines);
+  no.stop = StopRule{model.eos_ids, model.max_seq_len};
+  no.bos = model.bos_id;
+  no.heartbeat_timeout_s = cfg.nodes.heartbeat_timeout_s;
+  no.coordinator_host = host;
+  no.coordinator_port = port;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string refused;
+  bool stop = false;
+  no.on_refused = [&](const std::string& why) {
+    std::lock_guard<std::mutex> l(mu);
+    refused = why.empty() ? "refused" : why;
+    cv.notify_all();
+  };
+  const std::string name = no.join.name;
+  const size_t devices = no.devices.size();
+
+  caf::actor_system_config ac;
+  ac.set("scheduler.max-threads", 2);
+  configure_distribution(ac, cfg.nodes.heartbeat_timeout_s);
+  caf::actor_system system{ac};
+  auto agent = system.spawn<caf::detached>(node_agent, std::move(no), CoordinatorActor{});
+  std::fprintf(stderr, "troupe node: %s (model %s, %s) offering %zu device(s) to %s:%u\n",
+               name.c_str(), cfg.model.path.c_str(), dtype_name(cfg.model.dtype), devices,
+               host.c_str(), unsigned(port));
+  std::fflush(stderr);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::lock_guard<std::mutex> l(mu);
+    stop = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return stop || !refused.empty(); });
+  }
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+  if (!refused.empty()) {
+    // The waiter sleeps in sigwait: wake it, so that it can be joined.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    throw std::runtime_error("the coordinator refused node " + name + ": " + refused);
+  }
+  waiter.join();
+  spdlog::info("node {}: shutting down", name);
+}
+
+}  // namespace
+
+void register_node(CLI::App& app) {
+  auto o = std::make_shared<NodeOptions>();
+  auto* cmd = app.add_subcommand(
+      "node", "Offer this machine's devices to a coordinator (troupe serve with nodes.listen)");
+  cmd->add_option("--join", o->join, "The coordinator's nodes.listen address, HOST:PORT")
+      ->required();
+  cmd->add_option("--name", o->name, "This node's name (default: host-pid)");
+  cmd->add_option("--token", o->token, "The coordinator's nodes.token, if it has one");
+  cmd->add_option("--devices", o->devices,
+                  "Devices to offer (default: as many as the config's layout has)");
+  add_config_flags(cmd, o->config);
+  cmd->callback([o] { run_node(*o); });
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,737 @@
+#include "chaos/runner.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "chaos/client.h"
+#include "chaos/deployment.h"
+#include "chaos/workload.h"
+#include "net/http_client.h"
+
+namespace troupe::chaos {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A death or a resume this long after a fault's window is still its doing.
+constexpr double kAttributeS = 3;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void sleep_s(double s) {
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+// ---- the coordinator over HTTP ----
+
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  std::string port;
+  std::string token;
+
+  HttpResponse call(const std::string& method, const std::string& target,
+                    const std::string& body = "", double timeout_s = 10) const {
+    HttpClient::Options o;
+    o.host = host;
+    o.port = port;
+    o.connect_timeout_s = o.io_timeout_s = timeout_s;
+    HttpClient c(o);
+    HttpRequest r;
+    r.method = method;
+    r.target = target;
+    r.body = body;
+    r.keep_alive = false;
+    if (!token.empty()) r.headers.emplace_back("Authorization", "Bearer " + token);
+    return c.request(r);
+  }
+};
+
+// What the harness reads from /metrics.
+struct MetricsView {
+  bool ok = false;
+  int live_replicas = 0;
+  double detections = 0;  // nodes declared dead
+  double restarts = 0;    // replicas restarted
+  double cancelled = 0;   // requests_total{status="499"}
+  int kv_used = 0;
+};
+
+double sample_value(const std::string& line) {
+  const size_t sp = line.rfind(' ');
+  return sp == std::string::npos ? 0 : std::atof(line.c_str() + sp + 1);
+}
+
+MetricsView read_metrics(const Endpoint& e) {
+  MetricsView m;
+  const HttpResponse r = e.call("GET", "/metrics", "", 5);
+  if (r.status != 200) return m;
+  m.ok = true;
+  std::istringstream in(r.body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const double v = sample_value(line);
+    if (line.rfind("troupe_replica_state{", 0) == 0 && v == 2) ++m.live_replicas;
+    if (line.rfind("troupe_node_detections_total{", 0) == 0) m.detections += v;
+    if (line.rfind("troupe_replica_restarts_total{", 0) == 0) m.restarts += v;
+    if (line.rfind("troupe_requests_total{status=\"499\"}", 0) == 0) m.cancelled += v;
+    if (line.rfind("troupe_kv_blocks{", 0) == 0 && line.find("state=\"used\"") != std::string::npos)
+      m.kv_used += int(v);
+  }
+  return m;
+}
+
+std::string served_model(const Endpoint& e) {
+  const HttpResponse r = e.call("GET", "/v1/models");
+  const json j = json::parse(r.body, nullptr, false);
+  if (r.status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty())
+    throw std::runtime_error("GET /v1/models failed (" + std::to_string(r.status) + "): " +
+                             r.body.substr(0, 200));
+  return j["data"][0].value("id", "");
+}
+
+// ---- faults as the harness tracks them ----
+
+struct Tracked {
+  FaultPlan plan;
+  size_t number = 0;         // in the run's order
+  FaultRecord rec;           // read and written under the run's lock
+  std::string node;          // process and link faults
+  int starts = 0;            // the node process it acted on (a restart makes another)
+  int link_fault = -1;       // LinkProxy fault id
+  LinkCounters before;       // link counters at injection
+  uint64_t admin_id = 0;     // runtime faults
+  double admin_added = 0;    // its book time at injection
+  double end_s = -1;         // lasting faults: when to undo it
+  bool ended = false;
+  double baseline_detect = 0;  // detections + restarts at injection
+  double baseline_cancel = 0;
+  bool capacity_dropped = false;
+  int claims = 0, claims_done = 0;  // HTTP faults: clients that took it, and finished
+};
+
+uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCounters& before,
+                     std::string* what) {
+  const auto delta = [&](uint64_t LinkDirectionCounters::*f) {
+    return (now.to_upstream.*f - before.to_upstream.*f) + (now.to_client.*f - before.to_client.*f);
+  };
+  uint64_t n = 0;
+  if (p.kind == "link_delay") n = delta(&LinkDirectionCounters::chunks_delayed), *what = "chunks delayed";
+  if (p.kind == "link_drop") n = delta(&LinkDirectionCounters::frames_dropped), *what = "messages dropped";
+  if (p.kind == "link_duplicate")
+    n = delta(&LinkDirectionCounters::frames_duplicated), *what = "messages duplicated";
+  if (p.kind == "link_reorder")
+    n = delta(&LinkDirectionCounters::frames_reordered), *what = "messages reordered";
+  if (p.kind == "link_cut") n = delta(&LinkDirectionCounters::cut_us) / 1000, *what = "ms cut";
+  if (p.kind == "link_bandwidth")
+    n = delta(&LinkDirectionCounters::bytes_throttled), *what = "bytes throttled";
+  if (p.kind == "link_reset")
+    n = now.connections_reset - before.connections_reset, *what = "connections reset";
+  return n;
+}
+
+LinkFault to_link_fault(const FaultPlan& p, uint64_t seed) {
+  LinkFault f;
+  const std::string& k = p.kind;
+  f.kind = k == "link_delay"       ? LinkFault::Kind::Delay
+           : k == "link_drop"      ? LinkFault::Kind::Drop
+           : k == "link_duplicate" ? LinkFault::Kind::Duplicate
+           : k == "link_reorder"   ? LinkFault::Kind::Reorder
+           : k == "link_cut"       ? LinkFault::Kind::Cut
+                                   : LinkFault::Kind::Bandwidth;
+  f.direction = p.direction == "to_coordinator" ? LinkDirection::ToUpstream
+                : p.direction == "to_node"      ? LinkDirection::ToClient
+                                                : LinkDirection::Both;
+  f.delay_s = p.delay_s;
+  f.probability = p.probability;
+  f.bytes_per_s = p.bytes_per_s;
+  f.seed = seed;
+  return f;
+}
+
+// Draws the random faults' next one from the seed.
+class RandomFaultSource {
+ public:
+  RandomFaultSource(const RandomFaults& r, uint64_t seed) : r_(r), rng_(seed ^ 0xC4A05ull) {
+    next_ = r_.from_s;
+    advance();
+  }
+  bool enabled() const { return r_.every_s > 0 && !r_.kinds.empty(); }
+  double next_time() const { return next_; }
+  FaultPlan take() {
+    FaultPlan f;
+    f.at_s = next_;
+    f.kind = r_.kinds[std::uniform_int_distribution<size_t>(0, r_.kinds.size() - 1)(rng_)];
+    const FaultKindInfo* k = find_fault_kind(f.kind);
+    if (k && k->lasts) f.duration_s = r_.duration_s;
+    static const char* const kRoles[] = {"worker", "batcher"};
+    f.role = kRoles[rng_() % 2];
+    if (f.kind == "link_drop" || f.kind == "link_duplicate" || f.kind == "link_reorder")
+      f.probability = 0.3;
+    if (f.kind == "client_disconnect" || f.kind == "client_slow") f.count = 1 + int(rng_() % 3);
+    if (f.kind == "client_slow") f.bytes_per_s = 400;
+    f.restart_after_s = 1;
+    f.replica = -1;
+    f.node = "any";
+    pick_ = rng_();
+    advance();
+    return f;
+  }
+  uint64_t pick() const { return pick_; }  // for targets chosen among what is up
+
+ private:
+  void advance() {
+    next_ += std::exponential_distribution<double>(1.0 / r_.every_s)(rng_);
+  }
+  RandomFaults r_;
+  std::mt19937_64 rng_;
+  double next_ = 0;
+  uint64_t pick_ = 0;
+};
+
+// ---- the run ----
+
+class Run {
+ public:
+  Run(const ChaosOptions& o) : o_(o), plan_(o.plan), rng_(plan_.seed ^ 0x5EEDull) {}
+
+  ChaosRun go();
+
+ private:
+  void say(const std::string& s) {
+    if (o_.log) o_.log(s);
+  }
+  double now() const { return seconds_since(t0_); }
+  void baseline(const Workload& w);
+  void load(const Workload& w);
+  void faults(const Workload& w);
+  void poll();
+  void inject(Tracked& t);
+  void undo(Tracked& t);
+  void check_admin_faults();
+  void attribute_resumes();
+  // Writes a fault's record (and its admin id) under the lock the poller reads it with.
+  void commit(Tracked& t, const std::function<void(FaultRecord&)>& write) {
+    std::lock_guard<std::mutex> l(mu_);
+    write(t.rec);
+  }
+  std::string pick_node(const FaultPlan& p, uint64_t pick);
+  ClientFaults claim_client_fault(bool stream, Tracked** who);
+
+  const ChaosOptions& o_;
+  ChaosPlan plan_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Deployment> deployment_;
+  Endpoint http_;
+  std::string model_;
+  int replicas_ = 1;
+  Clock::time_point t0_;
+  ChaosRun out_;
+  std::vector<Expected> expected_;
+
+  std::mutex mu_;  // guards what follows
+  std::deque<Tracked> tracked_;
+  std::vector<Tracked*> http_waiting_;  // HTTP faults with clients still to take them
+  std::atomic<bool> load_done_{false};
+  std::atomic<int> client_cancels_{0};
+  MetricsView last_metrics_;
+  double start_cancelled_ = 0;
+  double book_offset_ = 0;
+  std::vector<std::pair<double, double>> resumes_;  // (death seen, next token), our clock
+};
+
+ChaosRun Run::go() {
+  const Workload w = make_workload(plan_.workload, plan_.seed);
+  if (o_.attach.empty()) {
+    say("starting the deployment (" + std::to_string(plan_.deployment.nodes) + " node processes)");
+    deployment_ = std::make_unique<Deployment>(plan_, o_.exe, o_.run_dir);
+    http_.port = std::to_string(deployment_->http_port());
+    http_.token = deployment_->admin_token();
+    replicas_ = deployment_->replicas();
+  } else {
+    const std::string a = o_.attach.substr(o_.attach.find("://") == std::string::npos
+                                               ? 0
+                                               : o_.attach.find("://") + 3);
+    const size_t colon = a.rfind(':');
+    http_.host = a.substr(0, colon);
+    http_.port = a.substr(colon + 1, a.find('/', colon) - colon - 1);
+    http_.token = o_.admin_token;
+    replicas_ = std::max(1, read_metrics(http_).live_replicas);
+  }
+  model_ = served_model(http_);
+  say("fault-free pass over " + std::to_string(w.pool.size()) + " distinct requests");
+  baseline(w);
+  say("baseline " + std::to_string(int(out_.records.baseline_tokens_per_s)) +
+      " tok/s; running the load with faults");
+  t0_ = Clock::now();
+  last_metrics_ = read_metrics(http_);
+  start_cancelled_ = last_metrics_.cancelled;
+  out_.records.resources_start =
+      deployment_ ? deployment_->resources(last_metrics_.kv_used) : std::vector<ResourceSample>{};
+  out_.resource_series.emplace_back(0, out_.records.resources_start);
+  std::thread poller([this] {
+    double next_sample = o_.sample_every_s;
+    while (!load_done_) {
+      poll();
+      if (deployment_ && now() >= next_sample) {
+        out_.resource_series.emplace_back(now(), deployment_->resources(last_metrics_.kv_used));
+        next_sample += o_.sample_every_s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::thread driver([this, &w] { faults(w); });
+  load(w);
+  load_done_ = true;
+  driver.join();
+  poller.join();
+  // Lasting faults are over; give the last ones a moment to show their effect.
+  for (int i = 0; i < 100; ++i) {
+    poll();
+    check_admin_faults();
+    bool pending = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const Tracked& t : tracked_)
+        pending = pending || (t.rec.confirmed_s < 0 && t.rec.error.empty());
+    }
+    if (!pending) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  check_admin_faults();
+  attribute_resumes();
+  for (Tracked& t : tracked_) {
+    if (t.rec.confirmed_s < 0 && t.rec.error.empty()) t.rec.error = "no effect was observed";
+    out_.records.faults.push_back(t.rec);
+  }
+  out_.records.duration_s = now();
+  out_.records.deadline_s = plan_.workload.deadline_s;
+  out_.records.expected = expected_;
+  const MetricsView end = read_metrics(http_);
+  out_.records.resources_end =
+      deployment_ ? deployment_->resources(end.kv_used) : std::vector<ResourceSample>{};
+  out_.client_cancels = client_cancels_;
+  out_.server_cancels = int(end.cancelled - start_cancelled_);
+  return std::move(out_);
+}
+
+void Run::baseline(const Workload& w) {
+  // Each distinct request once, streamed as its first use is, none cancelled.
+  std::vector<RequestSpec> first(w.pool.size());
+  for (size_t i = 0; i < w.pool.size(); ++i) first[i] = w.requests[i];
+  expected_.assign(w.pool.size(), {});
+  std::atomic<size_t> next{0};
+  std::vector<std::string> failures;
+  std::mutex fmu;
+  size_t tokens = 0;
+  const auto start = Clock::now();
+  std::vector<std::thread> workers;
+  for (int c = 0; c < plan_.workload.concurrency; ++c)
+    workers.emplace_back([&] {
+      HttpClient client([&] {
+        HttpClient::Options opt;
+        opt.host = http_.host;
+        opt.port = http_.port;
+        return opt;
+      }());
+      for (size_t i; (i = next++) < first.size();) {
+        RequestSpec s = first[i];
+        s.cancel_after = -1;
+        const RequestRecord r =
+            run_request(client, request_body(w.pool[s.distinct], s.stream, model_), s, {},
+                        plan_.workload.deadline_s, start);
+        std::lock_guard<std::mutex> l(fmu);
+        if (r.status != 200 || r.transport != Transport::Complete) {
+          failures.push_back("request " + std::to_string(i) + ": status " +
+                             std::to_string(r.status) + " " + r.error);
+          continue;
+        }
+        expected_[s.distinct] = {r.tokens, r.finish_reason};
+        tokens += r.tokens.size();
+      }
+    });
+  for (auto& t : workers) t.join();
+  if (!failures.empty())
+    throw std::runtime_error("the fault-free pass failed for " + std::to_string(failures.size()) +
+                             " request(s), so there is nothing to compare with; first: " +
+                             failures[0]);
+  out_.records.baseline_tokens_per_s = double(tokens) / std::max(1e-9, seconds_since(start));
+}
+
+ClientFaults Run::claim_client_fault(bool stream, Tracked** who) {
+  ClientFaults f;
+  *who = nullptr;
+  if (!stream) return f;
+  std::lock_guard<std::mutex> l(mu_);
+  for (Tracked* t : http_waiting_) {
+    if (t->claims >= t->plan.count) continue;
+    ++t->claims;
+    *who = t;
+    if (t->plan.kind == "client_disconnect") f.disconnect = true;
+    if (t->plan.kind == "client_slow") f.slow_bytes_per_s = t->plan.bytes_per_s;
+    break;
+  }
+  return f;
+}
+
+void Run::load(const Workload& w) {
+  const WorkloadPlan& wp = plan_.workload;
+  const bool timed = o_.duration_s > 0;
+  const size_t total = timed ? SIZE_MAX : w.requests.size();
+  // Open loop: each request's send time, drawn from the seed.
+  std::vector<double> arrivals;
+  if (wp.rate > 0 && !timed) {
+    std::mt19937_64 r(plan_.seed ^ 0xA771ull);
+    double t = 0;
+    for (size_t i = 0; i < total; ++i) {
+      arrivals.push_back(t);
+      t += std::exponential_distribution<double>(wp.rate)(r);
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::mutex rmu;
+  std::vector<std::thread> workers;
+  for (int c = 0; c < wp.concurrency; ++c)
+    workers.emplace_back([&] {
+      HttpClient::Options opt;
+      opt.host = http_.host;
+      opt.port = http_.port;
+      opt.io_timeout_s = wp.deadline_s;
+      HttpClient client(opt);
+      HttpClient::Options slow_opt = opt;
+      slow_opt.read_chunk_bytes = 64;
+      for (size_t i; (i = next++) < total;) {
+        if (timed && now() >= o_.duration_s) break;
+        if (!arrivals.empty()) sleep_s(arrivals[i] - now());
+        RequestSpec s = w.requests[i % w.requests.size()];
+        s.index = i;
+        Tracked* who = nullptr;
+        const ClientFaults cf = claim_client_fault(s.stream, &who);
+        const std::string body = request_body(w.pool[s.distinct], s.stream, model_);
+        RequestRecord r;
+        if (cf.slow_bytes_per_s > 0) {
+          HttpClient slow(slow_opt);
+          r = run_request(slow, body, s, cf, wp.deadline_s, t0_);
+        } else {
+          r = run_request(client, body, s, cf, wp.deadline_s, t0_);
+        }
+        if (r.transport == Transport::CancelledByUs) ++client_cancels_;
+        // The record's index is its expected output's.
+        r.index = s.distinct;
+        if (who) {
+          std::lock_guard<std::mutex> l(mu_);
+          ++who->claims_done;
+        }
+        std::lock_guard<std::mutex> l(rmu);
+        out_.records.requests.push_back(std::move(r));
+      }
+    });
+  for (auto& t : workers) t.join();
+}
+
+std::string Run::pick_node(const FaultPlan& p, uint64_t pick) {
+  if (!deployment_) return "";
+  if (p.node != "any") return p.node;
+  std::vector<std::string> up;
+  for (const std::string& n : deployment_->node_names())
+    if (deployment_->node(n).process && deployment_->node(n).process->running() &&
+        process_state(deployment_->node(n).process->pid()) != 'T')
+      up.push_back(n);
+  if (up.empty()) return "";
+  return up[pick % up.size()];
+}
+
+void Run::faults(const Workload&) {
+  RandomFaultSource random(plan_.random, plan_.seed);
+  std::vector<FaultPlan> listed = plan_.faults;
+  std::sort(listed.begin(), listed.end(),
+            [](const FaultPlan& a, const FaultPlan& b) { return a.at_s < b.at_s; });
+  size_t li = 0;
+  const double until = plan_.random.until_s;
+  while (!load_done_) {
+    // Undo what is due (only this thread adds to tracked_, so its
+    // elements stay put while it walks them).
+    for (Tracked& t : tracked_)
+      if (!t.ended && t.end_s >= 0 && now() >= t.end_s) undo(t);
+    std::optional<FaultPlan> due;
+    uint64_t pick = rng_();
+    if (li < listed.size() && now() >= listed[li].at_s) {
+      due = listed[li++];
+    } else if (random.enabled() && (until <= 0 || random.next_time() <= until) &&
+               now() >= random.next_time()) {
+      due = random.take();
+      pick = random.pick();
+    }
+    if (due) {
+      Tracked* t = nullptr;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        tracked_.emplace_back();
+        t = &tracked_.back();
+        t->plan = *due;
+        t->number = tracked_.size() - 1;
+        t->rec.kind = due->kind;
+        t->rec.duration_s = due->duration_s;
+        t->rec.injected_s = now();
+        t->baseline_detect = last_metrics_.detections + last_metrics_.restarts;
+        t->baseline_cancel = last_metrics_.cancelled;
+      }
+      const FaultKindInfo* k = find_fault_kind(due->kind);
+      if (k->family == "process" || k->family == "link") {
+        t->node = pick_node(*due, pick);
+        if (t->node.empty()) {
+          commit(*t, [&](FaultRecord& r) {
+            r.target = due->node;
+            r.error = deployment_ ? "no node process is up to take it"
+                                  : "process and link faults need a deployment troupe chaos "
+                                    "started (not --attach)";
+          });
+          t->ended = true;
+          continue;
+        }
+      }
+      if (k->family == "runtime" && t->plan.replica < 0) t->plan.replica = int(pick % replicas_);
+      inject(*t);
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // The load is over: undo whatever still lasts, so the end state is whole.
+  for (Tracked& t : tracked_)
+    if (!t.ended && t.end_s >= 0) undo(t);
+}
+
+// Runs on the fault thread without the lock (killing a process waits for
+// it); what the poller reads is written through commit().
+void Run::inject(Tracked& t) {
+  const FaultPlan& p = t.plan;
+  const std::string& k = p.kind;
+  const double at = t.rec.injected_s;
+  if (find_fault_kind(k)->lasts || k == "process_stop") t.end_s = at + p.duration_s;
+  say("t=" + std::to_string(int(at)) + "s fault " + std::to_string(t.number) + ": " + k +
+      (t.node.empty() ? "" : " " + t.node));
+  const auto confirm = [&](const std::string& what) {
+    commit(t, [&](FaultRecord& r) {
+      r.confirmed_s = now();
+      r.confirmation = what;
+    });
+  };
+  const auto fail = [&](const std::string& why) {
+    commit(t, [&](FaultRecord& r) { r.error = why; });
+    t.ended = true;
+  };
+  if (k.rfind("process_", 0) == 0) {
+    NodeProcess& n = deployment_->node(t.node);
+    commit(t, [&](FaultRecord& r) { r.target = t.node; });
+    if (!n.process || !n.process->running()) return fail(t.node + " is not running");
+    const int pid = n.process->pid();
+    t.starts = n.starts;
+    if (k == "process_stop") {
+      n.process->signal(SIGSTOP);
+      for (int i = 0; i < 100 && process_state(pid) != 'T'; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (process_state(pid) != 'T') return fail("pid " + std::to_string(pid) + " did not stop");
+      return confirm("pid " + std::to_string(pid) + " stopped (state T)");
+    }
+    n.process->signal(k == "process_kill" ? SIGKILL : SIGTERM);
+    n.process->signal(SIGCONT);  // a stopped process takes SIGTERM only once it runs
+    const int code = n.process->wait_exit(15);
+    if (code < 0) return fail("pid " + std::to_string(pid) + " did not exit");
+    std::string what = "pid " + std::to_string(pid) + " exited (" +
+                       (code > 128 ? "signal " + std::to_string(code - 128)
+                                   : "code " + std::to_string(code)) +
+                       ")";
+    if (k == "process_restart") {
+      deployment_->start_node(n);
+      what += "; started again as pid " + std::to_string(n.process->pid());
+      t.ended = true;
+    } else if (p.restart_after_s >= 0) {
+      t.end_s = at + p.restart_after_s;  // undo() starts it again
+    } else {
+      t.ended = true;
+    }
+    return confirm(what);
+  }
+  if (k.rfind("link_", 0) == 0) {
+    LinkProxy& link = *deployment_->node(t.node).link;
+    commit(t, [&](FaultRecord& r) {
+      r.target = t.node + " <-> coordinator" +
+                 (p.direction == "both" ? "" : " (" + p.direction + ")");
+    });
+    t.before = link.counters();
+    if (k == "link_reset") {
+      link.reset_connections();
+      t.ended = true;
+      std::string what;
+      const uint64_t n = link_effect(p, link.counters(), t.before, &what);
+      return n > 0 ? confirm(std::to_string(n) + " " + what) : fail("no connection to reset");
+    }
+    try {
+      t.link_fault = link.add(to_link_fault(p, plan_.seed + t.number));
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    return;
+  }
+  if (k == "client_disconnect" || k == "client_slow") {
+    commit(t, [&](FaultRecord& r) {
+      r.target = std::to_string(p.count) + " streaming client(s)";
+      http_waiting_.push_back(&t);
+    });
+    return;
+  }
+  // Runtime faults, through the coordinator's admin endpoint; it ends the
+  // lasting ones itself.
+  t.ended = true;
+  json body = {{"kind", k}, {"replica", p.replica}};
+  if (k == "kill") body["role"] = p.role;
+  if (p.device >= 0) body["device"] = p.device;
+  if (k == "slow") body["factor"] = p.factor;
+  if (find_fault_kind(k)->lasts) body["duration_s"] = p.duration_s;
+  commit(t, [&](FaultRecord& r) {
+    r.target = "replica " + std::to_string(p.replica) + (k == "kill" ? " " + p.role : "") +
+               (p.device >= 0 ? " device " + std::to_string(p.device) : "");
+  });
+  const HttpResponse resp = http_.call("POST", "/admin/faults", body.dump());
+  const json j = json::parse(resp.body, nullptr, false);
+  if (resp.status != 201 || j.is_discarded())
+    return fail("POST /admin/faults answered " + std::to_string(resp.status) + ": " +
+                resp.body.substr(0, 200));
+  commit(t, [&](FaultRecord&) {
+    t.admin_id = j.value("id", uint64_t(0));
+    t.admin_added = j.value("added_s", 0.0);
+  });
+}
+
+void Run::undo(Tracked& t) {
+  t.ended = true;
+  const std::string& k = t.plan.kind;
+  if (!deployment_ || t.node.empty()) return;
+  NodeProcess& n = deployment_->node(t.node);
+  if (k == "process_stop") {
+    if (n.process && n.starts == t.starts) n.process->signal(SIGCONT);
+  } else if (k == "process_kill") {
+    if (n.starts == t.starts) deployment_->start_node(n);
+  } else if (k.rfind("link_", 0) == 0 && t.link_fault >= 0) {
+    n.link->remove(t.link_fault);
+    std::string what;
+    const uint64_t effect = link_effect(t.plan, n.link->counters(), t.before, &what);
+    commit(t, [&](FaultRecord& r) {
+      if (effect > 0) {
+        r.confirmed_s = now();
+        r.confirmation = std::to_string(effect) + " " + what;
+      } else {
+        r.error = "the link's counters did not move (0 " + what + "): no traffic crossed it?";
+      }
+    });
+  }
+}
+
+void Run::check_admin_faults() {
+  const HttpResponse resp = http_.call("GET", "/admin/faults");
+  const json j = json::parse(resp.body, nullptr, false);
+  if (resp.status != 200 || j.is_discarded()) return;
+  std::lock_guard<std::mutex> l(mu_);
+  // The book's clock on ours (within a round trip).
+  book_offset_ = now() - j.value("now_s", 0.0);
+  resumes_.clear();
+  for (const json& x : j.value("resumes", json::array()))
+    resumes_.emplace_back(x[0].get<double>() + book_offset_, x[1].get<double>() + book_offset_);
+  for (const json& e : j.value("faults", json::array())) {
+    const uint64_t id = e.value("id", uint64_t(0));
+    for (Tracked& t : tracked_) {
+      if (t.admin_id != id || id == 0) continue;
+      FaultRecord& r = t.rec;
+      const auto at = [&](const char* key) {
+        return e.contains(key) ? r.injected_s + (e[key].get<double>() - t.admin_added) : -1.0;
+      };
+      const std::string state = e.value("state", "");
+      if ((state == "confirmed" || state == "ended") && r.confirmed_s < 0) {
+        r.confirmed_s = at("confirmed_s");
+        r.confirmation = e.value("effect", "");
+      }
+      if (state == "failed" && r.error.empty()) r.error = e.value("error", "failed");
+      if (r.detected_s < 0) r.detected_s = at("detected_s");
+      if (r.recovered_s < 0) r.recovered_s = at("recovered_s");
+    }
+  }
+}
+
+// Each orphaned request's resume goes to the latest fault before its
+// replica's death whose window the death falls in.
+void Run::attribute_resumes() {
+  for (const auto& [down, next] : resumes_) {
+    Tracked* owner = nullptr;
+    for (Tracked& t : tracked_) {
+      const FaultRecord& r = t.rec;
+      if (r.injected_s < 0 || r.injected_s > down + 0.01) continue;
+      if (down > r.injected_s + std::max(t.plan.duration_s, 0.0) + kAttributeS) continue;
+      if (!owner || r.injected_s > owner->rec.injected_s) owner = &t;
+    }
+    if (owner) owner->rec.resumed_s.push_back(next);
+  }
+}
+
+void Run::poll() {
+  const MetricsView m = read_metrics(http_);
+  if (!m.ok) return;
+  const double t = now();
+  out_.records.capacity.push_back({t, m.live_replicas, replicas_});
+  bool admin_pending = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    last_metrics_ = m;
+    for (Tracked& tr : tracked_) {
+      FaultRecord& r = tr.rec;
+      const FaultKindInfo* k = find_fault_kind(tr.plan.kind);
+      admin_pending = admin_pending || (tr.admin_id != 0 && r.confirmed_s < 0 && r.error.empty());
+      // A node or replica declared dead soon enough after it is this
+      // fault's doing (faults a few seconds apart are told apart).
+      const double window_end = r.injected_s + std::max(tr.plan.duration_s, 0.0) + kAttributeS;
+      if ((k->family == "process" || k->family == "link") && t <= window_end) {
+        if (r.detected_s < 0 && m.detections + m.restarts > tr.baseline_detect) r.detected_s = t;
+        if (m.live_replicas < replicas_) tr.capacity_dropped = true;
+        if (tr.capacity_dropped && r.recovered_s < 0 && m.live_replicas == replicas_)
+          r.recovered_s = t;
+      }
+      if (k->family == "http" && r.confirmed_s < 0 && r.error.empty() &&
+          tr.claims_done >= tr.plan.count) {
+        if (tr.plan.kind == "client_slow") {
+          r.confirmed_s = t;
+          r.confirmation = std::to_string(tr.plan.count) + " client(s) read at " +
+                           std::to_string(int(tr.plan.bytes_per_s)) + " B/s to the end";
+        } else if (m.cancelled - tr.baseline_cancel >= tr.plan.count) {
+          r.confirmed_s = t;
+          r.confirmation = std::to_string(tr.plan.count) +
+                           " client(s) went away mid-stream; the server counted 499s";
+        }
+      }
+    }
+    if (load_done_)
+      for (Tracked* h : http_waiting_)
+        if (h->claims < h->plan.count && h->rec.error.empty())
+          h->rec.error = "the load ended before " + std::to_string(h->plan.count) +
+                          " streaming request(s) took it";
+  }
+  if (admin_pending) check_admin_faults();
+}
+
+}  // namespace
+
+ChaosRun run_chaos(const ChaosOptions& options) {
+  Run run(options);
+  return run.go();
+}
+
+}  // namespace troupe::chaos

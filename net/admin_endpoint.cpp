@@ -1,0 +1,55 @@
+#include "net/admin_endpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include "faults/fault_json.h"
+
+namespace troupe {
+
+namespace {
+
+// Compares without stopping at the first difference, so that the time taken
+// does not tell how much of a guess was right.
+bool same_secret(std::string_view given, std::string_view token) {
+  if (token.empty() || given.size() != token.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ token[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_view method,
+                       std::string_view authorization, std::string_view body) {
+  constexpr std::string_view kBearer = "Bearer ";
+  const bool bearer = authorization.substr(0, kBearer.size()) == kBearer;
+  if (!bearer || !same_secret(authorization.substr(kBearer.size()), token)) {
+    openai::ApiError e = openai::bad_request(
+        bearer ? "The admin token is wrong."
+               : "The admin endpoints need \"Authorization: Bearer <admin.token>\".",
+        {}, "unauthorized");
+    e.status = 401;
+    e.type = "authentication_error";
+    Response r = error_response(e);
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+    return r;
+  }
+  Response r;
+  if (method == "GET") {
+    nlohmann::json list = nlohmann::json::array();
+    for (const FaultEntry& e : admin.faults()) list.push_back(fault_entry_json(e));
+    nlohmann::json resumes = nlohmann::json::array();
+    for (const FaultBook::Resume& x : admin.resumes()) resumes.push_back({x.down, x.next_token});
+    // The book's clock now, so that a client can place the times on its own.
+    r.body = nlohmann::json{{"now_s", admin.now()}, {"faults", list}, {"resumes", resumes}}.dump();
+    return r;
+  }
+  auto injected = admin.inject_json(body);
+  if (auto* why = std::get_if<std::string>(&injected))
+    return error_response(openai::bad_request("Fault refused: " + *why + ".", {}, "invalid_fault"));
+  r.status = 201;
+  r.body = fault_entry_json(std::get<FaultEntry>(injected)).dump();
+  return r;
+}
+
+}  // namespace troupe

@@ -1,0 +1,195 @@
+#include "scheduler/cluster.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace troupe {
+
+Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
+  if (!(options_.heartbeat_timeout_s > 0))
+    throw std::invalid_argument("nodes.heartbeat_timeout_s must be positive");
+}
+
+NodeRecord* Cluster::find(int id) {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+const NodeRecord* Cluster::node(int id) const {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+std::vector<const NodeRecord*> Cluster::nodes() const {
+  std::vector<const NodeRecord*> out;
+  for (const auto& [id, n] : nodes_) out.push_back(&n);
+  return out;
+}
+
+int Cluster::live_nodes() const {
+  int n = 0;
+  for (const auto& [id, rec] : nodes_) n += rec.state == NodeState::Live ? 1 : 0;
+  return n;
+}
+
+JoinReply Cluster::join(const JoinRequest& r, double now) {
+  JoinReply reply;
+  auto refuse = [&](std::string why) {
+    reply.reason = std::move(why);
+    return reply;
+  };
+  if (!options_.token.empty() && r.token != options_.token)
+    return refuse("wrong or missing token (nodes.token)");
+  if (r.protocol != options_.protocol)
+    return refuse("protocol " + std::to_string(r.protocol) + " (troupe " + r.version +
+                  "), the coordinator speaks " + std::to_string(options_.protocol));
+  if (r.model != options_.model)
+    return refuse("another model: its fingerprint is " + r.model + ", the coordinator serves " +
+                  options_.model);
+  if (r.devices < 1) return refuse("it offers no devices");
+  if (r.name.empty()) return refuse("it has no name");
+  NodeRecord* same = nullptr;
+  for (auto& [id, n] : nodes_)
+    if (n.name == r.name) same = &n;
+  if (same && same->state == NodeState::Live)
+    return refuse("a live node is already called '" + r.name + "'");
+  NodeRecord& n = same ? *same : nodes_[next_id_];
+  if (!same) n.id = next_id_++;
+  n.name = r.name;
+  n.address = r.address;
+  n.devices = r.devices;
+  n.state = NodeState::Live;
+  n.incarnation = next_incarnation_++;
+  n.last_heard = now;
+  n.death.clear();
+  n.replicas.clear();
+  n.used_devices = 0;
+  reply.accepted = true;
+  reply.node = n.id;
+  reply.incarnation = n.incarnation;
+  return reply;
+}
+
+bool Cluster::heard_from(int id, uint64_t incarnation, double now) {
+  NodeRecord* n = find(id);
+  if (!n || n->state != NodeState::Live || n->incarnation != incarnation) return false;
+  n->last_heard = now;
+  return true;
+}
+
+void Cluster::declare_dead(NodeRecord& n, const std::string& cause) {
+  n.state = NodeState::Dead;
+  n.death = cause;
+  ++detections_[cause];
+  // Its replicas are over on every node they spanned.
+  const std::vector<int> replicas = n.replicas;
+  for (int r : replicas) unplace(r);
+  n.replicas.clear();
+  n.used_devices = 0;
+}
+
+std::vector<int> Cluster::expire(double now) {
+  std::vector<int> dead;
+  for (auto& [id, n] : nodes_)
+    if (n.state == NodeState::Live && now - n.last_heard > options_.heartbeat_timeout_s) {
+      declare_dead(n, "heartbeat");
+      dead.push_back(id);
+    }
+  return dead;
+}
+
+bool Cluster::lost(int id, const std::string& cause) {
+  NodeRecord* n = find(id);
+  if (!n || n->state != NodeState::Live) return false;
+  declare_dead(*n, cause);
+  return true;
+}
+
+void Cluster::place(int replica, const Parts& parts) {
+  unplace(replica);
+  for (const auto& [id, devices] : parts) {
+    const NodeRecord* n = node(id);
+    if (!n || n->state != NodeState::Live)
+      throw std::logic_error("replica " + std::to_string(replica) +
+                             " placed on a node that is not live");
+    if (n->devices - n->used_devices < devices)
+      throw std::logic_error("node '" + n->name + "' has " +
+                             std::to_string(n->devices - n->used_devices) +
+                             " free devices, replica " + std::to_string(replica) + " needs " +
+                             std::to_string(devices));
+  }
+  for (const auto& [id, devices] : parts) {
+    NodeRecord* n = find(id);
+    n->replicas.push_back(replica);
+    n->used_devices += devices;
+  }
+  placement_[replica] = parts;
+}
+
+void Cluster::unplace(int replica) {
+  auto it = placement_.find(replica);
+  if (it == placement_.end()) return;
+  for (const auto& [id, devices] : it->second)
+    if (NodeRecord* n = find(id)) {
+      std::erase(n->replicas, replica);
+      n->used_devices -= devices;
+    }
+  placement_.erase(it);
+}
+
+std::vector<int> Cluster::nodes_of(int replica) const {
+  std::vector<int> out;
+  auto it = placement_.find(replica);
+  if (it != placement_.end())
+    for (const auto& [id, devices] : it->second) out.push_back(id);
+  return out;
+}
+
+std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int devices) const {
+  auto free_of = [](const NodeRecord& n) { return n.devices - n.used_devices; };
+  if (wanted.find(',') != std::string::npos) {
+    // Named nodes, in order, each with its share.
+    std::vector<std::string> names;
+    for (size_t start = 0;;) {
+      const size_t comma = wanted.find(',', start);
+      names.push_back(wanted.substr(start, comma == std::string::npos ? comma : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    const int k = int(names.size());
+    if (k > devices) return std::nullopt;
+    Parts parts;
+    for (int i = 0; i < k; ++i) {
+      const int share = devices / k + (i < devices % k ? 1 : 0);
+      const NodeRecord* found = nullptr;
+      for (const auto& [id, n] : nodes_)
+        if (n.name == names[size_t(i)] && n.state == NodeState::Live) found = &n;
+      if (!found || free_of(*found) < share) return std::nullopt;
+      parts.emplace_back(found->id, share);
+    }
+    return parts;
+  }
+  const bool any = wanted.empty() || wanted == "any";
+  std::vector<const NodeRecord*> live;
+  for (const auto& [id, n] : nodes_)
+    if (n.state == NodeState::Live && (any || n.name == wanted) && free_of(n) > 0)
+      live.push_back(&n);
+  // The freest first, ties to the lowest id (stable over the id order).
+  std::stable_sort(live.begin(), live.end(), [&](const NodeRecord* a, const NodeRecord* b) {
+    return free_of(*a) > free_of(*b);
+  });
+  if (!live.empty() && free_of(*live.front()) >= devices) return Parts{{live.front()->id, devices}};
+  if (!any) return std::nullopt;
+  Parts parts;
+  int left = devices;
+  for (const NodeRecord* n : live) {
+    if (left == 0) break;
+    const int take = std::min(left, free_of(*n));
+    parts.emplace_back(n->id, take);
+    left -= take;
+  }
+  if (left > 0) return std::nullopt;
+  return parts;
+}
+
+}  // namespace troupe

@@ -1,0 +1,111 @@
+#pragma once
+// The coordinator's view of its nodes, as a plain class: who may join (the
+// token, the protocol version, the same model), who is alive (heard from
+// within the heartbeat timeout), which devices each offers and which
+// replicas it runs, and where a replica goes next. The coordinator and
+// supervisor actors drive it; time comes in as `now` (seconds).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace troupe {
+
+// What a process presents when it joins the coordinator.
+struct JoinRequest {
+  std::string name;
+  std::string token;
+  uint32_t protocol = 0;
+  std::string version;  // troupe's version, for the logs
+  std::string model;    // the model's fingerprint (deploy/fingerprint.h)
+  int devices = 0;      // devices it offers
+  std::string address;  // where other processes reach it (data plane)
+};
+
+struct JoinReply {
+  bool accepted = false;
+  std::string reason;        // why not, when refused
+  int node = -1;             // its id at this coordinator
+  uint64_t incarnation = 0;  // bumped every time it (re)joins
+};
+
+enum class NodeState { Live, Dead };
+
+struct NodeRecord {
+  int id = 0;
+  std::string name;
+  std::string address;
+  int devices = 0;
+  NodeState state = NodeState::Live;
+  uint64_t incarnation = 0;
+  double last_heard = 0;
+  std::string death;          // why it was declared dead
+  std::vector<int> replicas;  // replica slots placed on it
+  int used_devices = 0;
+};
+
+struct ClusterOptions {
+  uint32_t protocol = 0;
+  std::string model;  // fingerprint every node must match
+  std::string token;  // empty: none needed
+  double heartbeat_timeout_s = 2;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions options);
+
+  // Admits a node (or a dead one coming back under its name, with a new
+  // incarnation), or says why not: a wrong token, another protocol, another
+  // model, no devices, or a live node with that name already.
+  JoinReply join(const JoinRequest& request, double now);
+  // The node is heard from; false when it is not a live member (the
+  // incarnation it speaks for is over: it must rejoin).
+  bool heard_from(int node, uint64_t incarnation, double now);
+  // Declares dead every live node not heard from within the timeout
+  // (cause "heartbeat"); returns them.
+  std::vector<int> expire(double now);
+  // Declares a live node dead with `cause` (e.g. "connection lost"); false
+  // when it was not live.
+  bool lost(int node, const std::string& cause);
+
+  // Where a replica runs: (node, devices of it) per part, in the order of
+  // its devices (stage-major): one part, or several for a replica spanning
+  // nodes.
+  using Parts = std::vector<std::pair<int, int>>;
+  // A replica slot runs on these parts (or leaves them). Throws
+  // std::logic_error when a node lacks the free devices.
+  void place(int replica, const Parts& parts);
+  void unplace(int replica);
+  // The nodes a replica runs on (empty: not placed).
+  std::vector<int> nodes_of(int replica) const;
+
+  // Where a replica of `devices` devices goes. `wanted` names a node, or
+  // several separated by commas ("a,b": its devices split over them in
+  // that order, as evenly as they go), or is "any" (or empty): the live
+  // node with the most free devices that holds it all (ties to the lowest
+  // id), else as few live nodes as hold it, the freest first. Nothing when
+  // it does not fit.
+  std::optional<Parts> choose(const std::string& wanted, int devices) const;
+
+  const NodeRecord* node(int id) const;
+  std::vector<const NodeRecord*> nodes() const;
+  int live_nodes() const;
+  // Deaths declared, by cause ("heartbeat", "connection lost", ...).
+  const std::map<std::string, uint64_t>& detections() const { return detections_; }
+
+ private:
+  NodeRecord* find(int id);
+  void declare_dead(NodeRecord& n, const std::string& cause);
+
+  ClusterOptions options_;
+  std::map<int, NodeRecord> nodes_;
+  std::map<int, Parts> placement_;  // replica -> its parts
+  std::map<std::string, uint64_t> detections_;
+  int next_id_ = 1;
+  uint64_t next_incarnation_ = 1;
+};
+
+}  // namespace troupe

@@ -1,0 +1,76 @@
+#pragma once
+// One simulated run end to end: the workload from its description, the
+// simulator, the summary, and the CSV time series when asked for.
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scheduler/sim/simulator.h"
+
+namespace troupe::sim {
+
+// What to serve, as the command line gives it.
+struct WorkloadSpec {
+  std::string trace;       // Azure .csv or Mooncake .jsonl; empty: synthetic
+  double rate = 0;         // synthetic: requests/s; a trace: rescaled to this mean rate (0: as is)
+  size_t requests = 1000;  // synthetic: how many; a trace: at most this many (0: all)
+  std::string arrivals = "poisson";
+  std::string prompt = "128", output = "128";
+  int clients = 0;  // > 0: closed loop
+  double think_s = 0;
+  double cancel_fraction = 0, cancel_after_s = 1;
+  double priority_fraction = 0;
+  double length_scale = 1;  // traces
+  uint64_t seed = 1;
+
+  // Lengths are cut to fit `max_context` (the model's). Throws
+  // std::invalid_argument for a bad description or an unreadable trace.
+  std::unique_ptr<Workload> make(int max_context) const;
+  std::string describe() const;
+};
+
+struct RunResult {
+  RunSummary summary;
+  SimTotals totals;
+  double wall_s = 0;  // host seconds the simulation took
+};
+
+// Runs one simulation; `extra` sees every request and sample too.
+RunResult simulate(const SimOptions& options, const std::vector<StepCostModel>& models,
+                   const WorkloadSpec& workload, const Slo& slo, SimObserver* extra = nullptr,
+                   std::unique_ptr<RouterLog> log = nullptr);
+
+// Writes DIR/cluster.csv (per interval: arrivals, completions, output
+// tokens/s, requests in flight and queued, live replicas) and
+// DIR/replicas.csv (per interval and replica: utilisation, KV occupancy,
+// running and waiting sequences).
+class TimeSeriesCsv : public SimObserver {
+ public:
+  explicit TimeSeriesCsv(const std::filesystem::path& dir);
+  void on_sample(const ClusterSample& c, const std::vector<ReplicaSample>& r) override;
+
+ private:
+  std::ofstream cluster_, replicas_;
+  double last_t_ = 0;
+};
+
+// Several observers as one.
+class Observers : public SimObserver {
+ public:
+  void add(SimObserver* o) {
+    if (o) list_.push_back(o);
+  }
+  void on_request_end(const RequestRecord& r) override {
+    for (auto* o : list_) o->on_request_end(r);
+  }
+  void on_sample(const ClusterSample& c, const std::vector<ReplicaSample>& r) override {
+    for (auto* o : list_) o->on_sample(c, r);
+  }
+
+ private:
+  std::vector<SimObserver*> list_;
+};
+
+}  // namespace troupe::sim

@@ -1,0 +1,534 @@
+#include "scheduler/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace troupe::sim {
+
+namespace {
+// Failure events: b holds these flags, a the node.
+constexpr uint64_t kNode = 1, kScripted = 2;
+}  // namespace
+
+struct Simulator::Replica {
+  Replica(const StepCostModel& m, double slow_factor, int max_restarts, double window_s)
+      : model(&m), slow(slow_factor), intensity(max_restarts, window_s) {}
+
+  std::unique_ptr<ReplicaScheduler> sched;  // null while dead or restarting
+  std::unique_ptr<MicrobatchTuner> tuner;   // pipelines only
+  const StepCostModel* model;
+  double slow;
+  uint64_t epoch = 0;  // bumped at each death: late step reports are dropped
+  bool up = false;
+  bool dirty = false;              // listed in dirty_
+  std::vector<double> stage_free;  // when each stage finishes the work it has
+  std::vector<InFlightStep> flight;
+  RestartIntensity intensity;
+  ReplicaFigures fig;
+  double busy_window = 0;  // device-seconds launched since the last sample
+};
+
+// A request as its client sees it; the table holds it as the sink.
+class Simulator::Flight : public CompletionSink {
+ public:
+  Flight(Simulator& sim, uint64_t id, const Arrival& a)
+      : client(a.client),
+        max_tokens(a.output_tokens),
+        priority(a.priority),
+        cancel_after_s(a.cancel_after_s),
+        sim_(sim) {
+    rec.id = id;
+    rec.arrival = sim.now_;
+    rec.prompt_tokens = a.prompt_tokens;
+  }
+  void on_token(int) override {
+    if (rec.first_token < 0) rec.first_token = sim_.now_;
+    rec.last_token = sim_.now_;
+    ++rec.output_tokens;
+    ++sim_.window_.output_tokens;
+  }
+  void on_done(FinishReason reason, int, int) override {
+    sim_.finish(*this, reason == FinishReason::Cancelled ? Outcome::Cancelled : Outcome::Completed);
+  }
+  void on_error(const ServiceError& e) override {
+    switch (e.kind) {
+      case ServiceErrorKind::BadRequest:
+        return sim_.finish(*this, Outcome::BadRequest);
+      case ServiceErrorKind::QueueFull:
+        return sim_.finish(*this, Outcome::QueueFull);
+      case ServiceErrorKind::Unavailable:
+        return sim_.finish(*this, Outcome::Unavailable);
+      case ServiceErrorKind::Timeout:
+        return sim_.finish(*this, Outcome::Timeout);
+      case ServiceErrorKind::Internal:
+        return sim_.finish(*this, Outcome::Internal);
+    }
+  }
+
+  RequestRecord rec;
+  int client;
+  int max_tokens, priority;
+  double cancel_after_s;
+
+ private:
+  Simulator& sim_;
+};
+
+// The table's placements and cancellations, straight to the replicas'
+// schedulers (the batcher actors' mailboxes in the runtime).
+class Simulator::Channel : public ReplicaChannel {
+ public:
+  explicit Channel(Simulator& sim) : sim_(sim) {}
+  void assign(int replica, Assignment a) override {
+    if (auto it = sim_.flights_.find(a.id); it != sim_.flights_.end() && it->second->rec.placed < 0)
+      it->second->rec.placed = sim_.now_;
+    Replica& r = *sim_.replicas_[size_t(replica)];
+    if (!r.sched) return;  // a message to a dead actor
+    r.sched->add(std::move(a));
+    mark(replica);
+  }
+  void cancel(int replica, uint64_t id) override {
+    Replica& r = *sim_.replicas_[size_t(replica)];
+    if (!r.sched) return;
+    r.sched->cancel(id);
+    mark(replica);
+  }
+
+ private:
+  void mark(int replica) {
+    Replica& r = *sim_.replicas_[size_t(replica)];
+    if (r.dirty) return;
+    r.dirty = true;
+    sim_.dirty_.push_back(replica);
+  }
+  Simulator& sim_;
+};
+
+Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Workload& workload,
+                     SimObserver* observer, std::unique_ptr<RouterLog> log)
+    : o_(std::move(options)),
+      models_(std::move(models)),
+      workload_(workload),
+      observer_(observer),
+      rng_(o_.seed) {
+  if (o_.replicas < 1) throw std::invalid_argument("a simulation needs at least one replica");
+  if (models_.size() != 1 && models_.size() != size_t(o_.replicas))
+    throw std::invalid_argument("give one cost model, or one per replica");
+  if (!o_.slowdown.empty() && o_.slowdown.size() != size_t(o_.replicas))
+    throw std::invalid_argument("give one slowdown factor per replica");
+  for (double s : o_.slowdown)
+    if (!(s > 0) || !std::isfinite(s))
+      throw std::invalid_argument("a replica's slowdown must be a positive factor");
+  if (!(o_.tick_s > 0)) throw std::invalid_argument("the router tick must be positive");
+  if (!(o_.restart_s >= 0)) throw std::invalid_argument("the restart time must be >= 0");
+  if (o_.replicas_per_node < 1) throw std::invalid_argument("a node holds at least one replica");
+  const StopRule& stop = o_.scheduler.stop;
+  const int ctx_blocks = (stop.context_length + o_.scheduler.block_tokens - 1) /
+                         std::max(1, o_.scheduler.block_tokens);
+  if (o_.scheduler.kv_blocks < ctx_blocks)
+    throw std::invalid_argument("kv_cache holds " + std::to_string(o_.scheduler.kv_blocks) +
+                                " blocks per device, fewer than one full-context sequence needs (" +
+                                std::to_string(ctx_blocks) + ")");
+  // Sampled ids are never an EOS: lengths come from the workload.
+  while (std::find(stop.eos_ids.begin(), stop.eos_ids.end(), sample_token_) != stop.eos_ids.end())
+    ++sample_token_;
+  o_.table.replicas = o_.replicas;
+  channel_ = std::make_unique<Channel>(*this);
+  table_ = std::make_unique<LoggedRequestTable>(o_.table, o_.policy, o_.policy_seed, *channel_,
+                                                std::move(log));
+  for (int i = 0; i < o_.replicas; ++i) {
+    const StepCostModel& m = models_.size() == 1 ? models_[0] : models_[size_t(i)];
+    const double slow = o_.slowdown.empty() ? 1.0 : o_.slowdown[size_t(i)];
+    replicas_.push_back(std::make_unique<Replica>(m, slow, o_.max_restarts, o_.restart_window_s));
+    replicas_.back()->fig.stages = m.stages();
+  }
+}
+
+Simulator::~Simulator() = default;
+
+void Simulator::push(double t, Kind kind, int replica, uint64_t a, uint64_t b) {
+  events_.push(Event{t, seq_++, kind, replica, a, b});
+}
+
+std::unique_ptr<ReplicaScheduler> Simulator::make_scheduler(int replica) const {
+  ReplicaSchedulerOptions so = o_.scheduler;
+  so.replica = replica;
+  so.groups = replicas_[size_t(replica)]->model->stages();  // one step in flight per stage
+  return std::make_unique<ReplicaScheduler>(so);
+}
+
+void Simulator::bring_up(int replica) {
+  Replica& r = *replicas_[size_t(replica)];
+  r.sched = make_scheduler(replica);
+  const int stages = r.model->stages();
+  r.tuner = stages > 1 ? std::make_unique<MicrobatchTuner>(stages) : nullptr;
+  r.stage_free.assign(size_t(stages), now_);
+  r.flight.clear();
+  // The probe step the batcher runs before it reports up.
+  const PlannedStep probe = r.sched->probe_step();
+  r.sched->finish_probe(probe.id);
+  r.sched->take_released();
+  r.up = true;
+  table_->replica_up(replica, now_);
+}
+
+void Simulator::pull_arrival() {
+  if (workload_done_) return;
+  if (auto a = workload_.next())
+    schedule_arrival(*a);
+  else
+    workload_done_ = true;
+}
+
+void Simulator::schedule_arrival(const Arrival& a) {
+  const uint64_t key = next_key_++;
+  pending_.emplace(key, a);
+  push(std::max(now_, a.time_s), Kind::Arrival, -1, key);
+}
+
+void Simulator::on_arrival(const Arrival& a) {
+  ++totals_.requests;
+  ++window_.arrivals;
+  const uint64_t id = next_id_++;
+  auto flight = std::make_shared<Flight>(*this, id, a);
+  flights_.emplace(id, flight.get());
+  // What the HTTP layer refuses before the runtime sees it.
+  const int context = o_.scheduler.stop.context_length;
+  if ((o_.max_tokens_limit > 0 && a.output_tokens > o_.max_tokens_limit) ||
+      (context > 0 && a.prompt_tokens + a.output_tokens > context)) {
+    flight->on_error({ServiceErrorKind::BadRequest, "too long for the context", 0});
+    return;
+  }
+  const double front_end = models_.front().request_overhead_s();
+  entering_.emplace(id, std::move(flight));
+  if (front_end > 0)
+    push(now_ + front_end, Kind::Submit, -1, id);
+  else
+    submit(id);
+}
+
+void Simulator::submit(uint64_t id) {
+  auto node = entering_.extract(id);
+  Flight& f = *node.mapped();
+  CompletionRequest req;
+  req.id = id;
+  req.prompt.assign(size_t(f.rec.prompt_tokens), sample_token_);
+  req.max_tokens = f.max_tokens;
+  req.priority = f.priority;
+  req.timeout_s = o_.request_timeout_s;
+  req.ignore_eos = true;
+  req.sampling.temperature = 0;
+  table_->submit(std::move(req), std::move(node.mapped()), now_);
+  if (f.cancel_after_s >= 0)
+    push(std::max(now_, f.rec.arrival + f.cancel_after_s), Kind::Cancel, -1, id);
+  settle();
+}
+
+// A step's cost-model view of some of its items.
+static StepShape shape_of(const std::vector<StepItem>& items, size_t begin, size_t end) {
+  StepShape s;
+  double ctx = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const StepItem& it = items[i];
+    if (it.tokens.size() == 1 && it.position > 0) {
+      ++s.decode;
+      ctx += double(it.position + 1);
+    } else {
+      s.prefill += int(it.tokens.size());
+    }
+  }
+  s.context = s.decode > 0 ? ctx / s.decode : 0;
+  return s;
+}
+
+double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f) {
+  const StepCostModel& model = *r.model;
+  const int stages = model.stages();
+  const size_t n = step.items.size();
+  int m = 1;
+  if (r.tuner) {
+    size_t tokens = 0;
+    for (const auto& it : step.items) tokens += it.tokens.size();
+    // As the worker: micro-batches only when no other step fills the
+    // pipeline, and no more of them than sequences.
+    if (r.flight.empty()) m = std::min(int(n), r.tuner->choose(tokens, now_));
+    m = std::max(1, m);
+  }
+  double done = now_;
+  size_t begin = 0;
+  for (int mb = 0; mb < m; ++mb) {
+    const size_t count = n / size_t(m) + (size_t(mb) < n % size_t(m) ? 1 : 0);
+    const StepShape shape = shape_of(step.items, begin, begin + count);
+    begin += count;
+    // Each stage takes its jobs in launch order: a flow shop.
+    double ready = now_;
+    for (int s = 0; s < stages; ++s) {
+      const double t = model.stage_s(s, shape) * r.slow;
+      double& free_at = r.stage_free[size_t(s)];
+      free_at = std::max(free_at, ready) + t;
+      ready = free_at;
+      r.fig.busy_s += t;
+      r.busy_window += t;
+      if (r.tuner) f.samples.push_back({s, size_t(shape.tokens()), t});
+    }
+    done = std::max(done, ready);
+  }
+  return done + model.overhead_s(int(n)) * r.slow;
+}
+
+void Simulator::launch(int replica, std::vector<StepEvents>& out) {
+  Replica& r = *replicas_[size_t(replica)];
+  if (!r.up || !r.sched) return;
+  while (r.sched->can_launch()) {
+    std::optional<PlannedStep> step = r.sched->next_step();
+    note_released(r);
+    if (auto ended = r.sched->take_ended()) out.push_back(std::move(*ended));
+    if (!step) return;
+    // Buffers of finished steps are reused: a million requests make tens of
+    // millions of steps.
+    InFlightStep f;
+    if (!spare_.empty()) {
+      f = std::move(spare_.back());
+      spare_.pop_back();
+      f.ids.clear();
+      f.samples.clear();
+    }
+    f.id = step->id;
+    f.start = now_;
+    for (const auto& it : step->items) {
+      f.ids.push_back(it.sample ? sample_token_ : -1);
+      if (it.position == 0) note_started(it.seq);  // a request's first chunk
+    }
+    const double done = time_step(r, *step, f);
+    push(done, Kind::StepDone, replica, r.epoch, step->id);
+    r.flight.push_back(std::move(f));
+  }
+}
+
+void Simulator::deliver(std::vector<StepEvents>& out) {
+  for (const StepEvents& ev : out) {
+    table_->on_events(ev, now_);
+  }
+  out.clear();
+}
+
+void Simulator::settle() {
+  std::vector<StepEvents>& out = out_;
+  while (!dirty_.empty()) {
+    const int i = dirty_.back();
+    dirty_.pop_back();
+    replicas_[size_t(i)]->dirty = false;
+    launch(i, out);
+    deliver(out);
+  }
+}
+
+void Simulator::note_started(uint64_t id) {
+  auto it = flights_.find(id);
+  if (it != flights_.end() && it->second->rec.started < 0) it->second->rec.started = now_;
+}
+
+void Simulator::note_released(Replica& r) {
+  for (uint64_t id : r.sched->take_released())
+    if (r.sched->holds(id)) {  // still there: preempted, not ended
+      ++r.fig.preemptions;
+      ++totals_.preemptions;
+    }
+}
+
+void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
+  Replica& r = *replicas_[size_t(replica)];
+  if (epoch != r.epoch || !r.sched) return;  // the replica died meanwhile
+  auto it = std::find_if(r.flight.begin(), r.flight.end(),
+                         [&](const InFlightStep& f) { return f.id == step; });
+  InFlightStep f = std::move(*it);
+  r.flight.erase(it);
+  last_progress_ = now_;
+  std::vector<StepEvents>& out = out_;
+  out.push_back(r.sched->finish_step(step, f.ids, now_ - f.start));
+  if (r.tuner)
+    for (const auto& s : f.samples) r.tuner->observe(s.stage, s.tokens, s.seconds);
+  spare_.push_back(std::move(f));
+  note_released(r);
+  ++r.fig.steps;
+  ++totals_.steps;
+  // As the batcher: the next step is launched before the router has read
+  // this one's tokens.
+  launch(replica, out);
+  deliver(out);
+  settle();
+}
+
+void Simulator::on_failure(int replica) {
+  Replica& r = *replicas_[size_t(replica)];
+  if (!r.up) return;  // already down or restarting
+  ++totals_.failures;
+  ++r.fig.failures;
+  r.up = false;
+  ++r.epoch;
+  r.sched.reset();
+  r.tuner.reset();
+  r.flight.clear();
+  const bool restart = r.intensity.allow_restart(now_);
+  totals_.resumed += table_->replica_down(replica, !restart, now_);
+  if (restart) {
+    ++totals_.restarts;
+    // The new replica's probe: one token.
+    const double probe = r.model->step_s(StepShape{0, 0, 1}) * r.slow;
+    push(now_ + o_.restart_s + probe, Kind::Up, replica, r.epoch);
+  } else {
+    ++totals_.given_up;
+  }
+  settle();
+}
+
+void Simulator::on_up(int replica, uint64_t epoch) {
+  if (replicas_[size_t(replica)]->epoch != epoch) return;
+  bring_up(replica);
+  settle();
+}
+
+void Simulator::schedule_failures() {
+  for (const Failure& f : o_.failures) {
+    if (f.replica >= o_.replicas || (f.replica < 0 && f.node < 0) ||
+        (f.replica < 0 && f.node * o_.replicas_per_node >= o_.replicas))
+      throw std::invalid_argument("a scripted failure names replica " + std::to_string(f.replica) +
+                                  " of " + std::to_string(o_.replicas));
+    const bool node = f.replica < 0;
+    push(f.time_s, Kind::Failure, f.replica, node ? uint64_t(f.node) : 0,
+         kScripted | (node ? kNode : 0));
+  }
+  if (o_.mtbf_s > 0)
+    for (int i = 0; i < o_.replicas; ++i)
+      push(exponential(rng_, o_.mtbf_s), Kind::Failure, i, 0, 0);
+  if (o_.node_mtbf_s > 0)
+    for (int n = 0; n * o_.replicas_per_node < o_.replicas; ++n)
+      push(exponential(rng_, o_.node_mtbf_s), Kind::Failure, -1, uint64_t(n), kNode);
+}
+
+void Simulator::on_failure_event(const Event& e) {
+  const bool node = (e.b & kNode) != 0;
+  if (node) {
+    const int first = int(e.a) * o_.replicas_per_node;
+    for (int i = first; i < std::min(o_.replicas, first + o_.replicas_per_node); ++i) on_failure(i);
+  } else {
+    on_failure(e.replica);
+  }
+  // The next death of a randomly failing replica or node.
+  if (e.b & kScripted) return;
+  const double mtbf = node ? o_.node_mtbf_s : o_.mtbf_s;
+  push(now_ + exponential(rng_, mtbf), Kind::Failure, e.replica, e.a, e.b);
+}
+
+void Simulator::on_sample() {
+  ClusterSample c = window_;
+  c.time_s = now_;
+  c.in_flight = table_->table().size();
+  c.queue_depth = table_->table().queue_depth();
+  c.live_replicas = table_->table().live_replicas();
+  samples_.clear();
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    Replica& r = *replicas_[i];
+    ReplicaSample s;
+    s.replica = int(i);
+    s.live = r.up;
+    s.utilisation = r.busy_window / double(r.model->stages()) / o_.sample_s;
+    if (r.sched) {
+      s.kv_occupancy = double(r.sched->blocks_used()) / double(o_.scheduler.kv_blocks);
+      s.running = r.sched->running();
+      s.waiting = r.sched->waiting();
+    }
+    r.busy_window = 0;
+    r.fig.kv_sum += s.kv_occupancy;
+    r.fig.kv_max = std::max(r.fig.kv_max, s.kv_occupancy);
+    ++r.fig.samples;
+    samples_.push_back(s);
+  }
+  if (observer_) observer_->on_sample(c, samples_);
+  window_ = ClusterSample{};
+}
+
+void Simulator::finish(Flight& f, Outcome outcome) {
+  f.rec.end = now_;
+  f.rec.outcome = outcome;
+  if (outcome == Outcome::Completed) ++window_.completed;
+  if (observer_) observer_->on_request_end(f.rec);
+  flights_.erase(f.rec.id);
+  last_progress_ = now_;
+  if (f.client >= 0)
+    if (auto next = workload_.on_end(f.client, now_)) schedule_arrival(*next);
+}
+
+bool Simulator::done() const {
+  return workload_done_ && pending_.empty() && flights_.empty();
+}
+
+void Simulator::run() {
+  for (int i = 0; i < o_.replicas; ++i) bring_up(i);
+  schedule_failures();
+  push(o_.tick_s, Kind::Tick);
+  if (o_.sample_s > 0) push(o_.sample_s, Kind::Sample);
+  pull_arrival();
+  // With nothing left that could end them, requests that cannot run (a
+  // prompt no replica can hold, every replica restarting for good) would
+  // keep the clock ticking forever.
+  const double stall_s = std::max({o_.request_timeout_s, o_.table.admission.max_wait_s, 60.0}) * 2;
+  while (!events_.empty() && !done()) {
+    const Event e = events_.top();
+    events_.pop();
+    now_ = e.t;
+    ++totals_.events;
+    switch (e.kind) {
+      case Kind::Arrival: {
+        auto node = pending_.extract(e.a);
+        pull_arrival();
+        on_arrival(node.mapped());
+        break;
+      }
+      case Kind::Submit:
+        submit(e.a);
+        break;
+      case Kind::StepDone:
+        on_step_done(e.replica, e.a, e.b);
+        break;
+      case Kind::Cancel:
+        if (flights_.count(e.a) && !entering_.count(e.a)) {
+          table_->cancel(e.a, now_);
+          settle();
+        }
+        break;
+      case Kind::Tick:
+        table_->tick(now_);
+        settle();
+        if (now_ - last_progress_ > stall_s)
+          throw std::runtime_error("the simulation stalled at t=" + std::to_string(now_) +
+                                   " s: " + std::to_string(flights_.size()) +
+                                   " requests made no progress for " + std::to_string(stall_s) +
+                                   " s");
+        push(now_ + o_.tick_s, Kind::Tick);
+        break;
+      case Kind::Sample:
+        on_sample();
+        push(now_ + o_.sample_s, Kind::Sample);
+        break;
+      case Kind::Failure:
+        on_failure_event(e);
+        break;
+      case Kind::Up:
+        on_up(e.replica, e.a);
+        break;
+    }
+  }
+  totals_.end_time_s = now_;
+}
+
+std::vector<ReplicaFigures> Simulator::replica_figures() const {
+  std::vector<ReplicaFigures> out;
+  out.reserve(replicas_.size());
+  for (const auto& r : replicas_) out.push_back(r->fig);
+  return out;
+}
+
+}  // namespace troupe::sim

@@ -1,0 +1,245 @@
+// A deployment over several processes on 127.0.0.1, as a user runs it: a
+// coordinator (`troupe serve` with nodes.listen) and `troupe node`
+// processes. Every answer must equal the fault-free one through a node's
+// SIGKILL, a SIGSTOP (and the SIGCONT after it), and a coordinator restart.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "support/serving_support.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+using test::json;
+using test::Server;
+
+const std::vector<std::string> kPrompts{
+    "The meaning of life", "A fool",           "Never trust",      "Love is",
+    "The computer",        "In the beginning", "Once upon a time", "Beware of"};
+
+// Request i of a workload: greedy or seeded sampling, mixed lengths.
+json request_body(int i) {
+  json b = {{"prompt", kPrompts[size_t(i) % kPrompts.size()]},
+            {"max_tokens", 120 + 20 * (i % 5)},
+            {"stream", true},
+            {"ignore_eos", true}};
+  if (i % 2) {
+    b["temperature"] = 0.8;
+    b["top_p"] = 0.95;
+    b["seed"] = 100 + i;
+  } else {
+    b["temperature"] = 0;
+  }
+  return b;
+}
+
+// Runs n concurrent streaming requests; returns each one's text ("" and a
+// failure when it did not end with 200 and [DONE]). `during` runs once the
+// first tokens flow.
+std::vector<std::string> run_load(Server& s, int n, const std::function<void()>& during = {}) {
+  std::vector<std::string> text(static_cast<size_t>(n));
+  std::vector<std::thread> clients;
+  std::atomic<int> started{0};
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      ++started;
+      auto r = s.complete(request_body(i), 120);
+      EXPECT_EQ(r.status, 200) << "request " << i << ": " << r.body;
+      if (r.status == 200) text[size_t(i)] = test::sse_text(r.body);
+    });
+  while (started < n) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (during) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    during();
+  }
+  for (auto& c : clients) c.join();
+  return text;
+}
+
+std::vector<std::string> coordinator_sets(int replicas, double heartbeat_s = 1.0) {
+  return {"nodes.listen=127.0.0.1:0",
+          "nodes.local=false",
+          "parallel.replicas=" + std::to_string(replicas),
+          "devices=[{kind: cpu, threads: 1}]",
+          "nodes.heartbeat_timeout_s=" + std::to_string(heartbeat_s),
+          "routing.policy=round_robin"};
+}
+
+// Requests the coordinator resumed elsewhere so far, from its log.
+int resumed(Server& s) {
+  const std::string log = s.process().stderr_so_far();
+  int n = 0;
+  for (size_t at = 0; (at = log.find(" requests to resume", at)) != std::string::npos; ++at) {
+    size_t b = log.rfind(' ', at - 1);
+    n += std::stoi(log.substr(b + 1, at - b - 1));
+  }
+  return n;
+}
+
+std::string node_replicas(const std::string& node) {
+  return "troupe_node_replicas{node=\"" + node + "\"}";
+}
+
+TEST(Nodes, ThreeProcessesServeTheOneProcessAnswerAndSurviveANodeKill) {
+  Server s(coordinator_sets(2), /*wait_ready=*/false);
+  ASSERT_GT(s.nodes_port(), 0) << s.process().stderr_so_far();
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric(node_replicas("b"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  // Greedy answers equal one process's.
+  for (const std::string& p : {kPrompts[0], kPrompts[3]}) {
+    auto r = s.complete({{"prompt", p}, {"max_tokens", 30}, {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 30));
+  }
+  const auto want = run_load(s, 32);
+  // SIGKILL of a node under load: nothing lost, duplicated or different.
+  const auto got = run_load(s, 32, [&] { a->signal(SIGKILL); });
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_TRUE(s.wait_metric("troupe_node_detections_total{cause=\"connection lost\"}", "1", 10))
+      << s.metrics();
+  EXPECT_GT(resumed(s), 0) << "the kill landed after the load: nothing was resumed";
+  // The node restarted is used again.
+  a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_nodes{state=\"live\"}", "2", 10));
+  const auto after = run_load(s, 8);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], want[i]) << "request " << i;
+}
+
+TEST(Nodes, AStoppedNodeIsDetectedByHeartbeatAndDeliversNothingStaleWhenItWakes) {
+  Server s(coordinator_sets(2, 1.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60));
+  ASSERT_TRUE(s.wait_metric(node_replicas("b"), "1", 60));
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  const auto want = run_load(s, 16);
+  std::chrono::steady_clock::time_point stopped;
+  const auto got = run_load(s, 16, [&] {
+    stopped = std::chrono::steady_clock::now();
+    b->signal(SIGSTOP);
+  });
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_GT(resumed(s), 0) << "the stop landed after the load: nothing was resumed";
+  // Detected within the heartbeat timeout (1 s here) plus the checks' pace.
+  ASSERT_TRUE(s.wait_metric("troupe_node_detections_total{cause=\"heartbeat\"}", "1", 5))
+      << s.metrics();
+  const double detected =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_LT(detected, 5.0);
+  // Woken up, it is fenced (told to stop and join again); the answers stay
+  // the fault-free ones while it comes back.
+  b->signal(SIGCONT);
+  const auto woken = run_load(s, 16);
+  for (size_t i = 0; i < woken.size(); ++i) EXPECT_EQ(woken[i], want[i]) << "request " << i;
+  ASSERT_TRUE(s.wait_metric(node_replicas("b"), "1", 30)) << s.metrics();
+  const auto back = run_load(s, 8);
+  for (size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], want[i]) << "request " << i;
+}
+
+TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
+  Server s({"nodes.listen=127.0.0.1:0", "nodes.token=s3cret"}, /*wait_ready=*/true);
+  auto other = test::start_node(
+      s.nodes_port(), "other",
+      {"model.path=" + (test::model_path("stories260K") / "stories260K.bin").string(),
+       "nodes.token=s3cret"});
+  EXPECT_EQ(other->wait_exit(20), 1);
+  EXPECT_NE(other->stderr_so_far().find("another model"), std::string::npos)
+      << other->stderr_so_far();
+  auto tokenless = test::start_node(s.nodes_port(), "tokenless");
+  EXPECT_EQ(tokenless->wait_exit(20), 1);
+  EXPECT_NE(tokenless->stderr_so_far().find("token"), std::string::npos)
+      << tokenless->stderr_so_far();
+  EXPECT_NE(s.process().stderr_so_far().find("refused"), std::string::npos);
+  // The coordinator keeps serving.
+  auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 5}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// A replica whose tensor shards, or pipeline stages, are on two node
+// processes (Gloo between them, meeting through the coordinator) answers as
+// one device does; when one of its nodes dies, its requests wait and resume
+// once the node is back, token-exact.
+TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
+  for (const char* layout : {"parallel.tensor=2", "parallel.pipeline=2"}) {
+    SCOPED_TRACE(layout);
+    auto sets = coordinator_sets(1);
+    sets.push_back(layout);
+    sets.push_back("placement.replicas=[\"a,b\"]");
+    Server s(sets, /*wait_ready=*/false);
+    auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+    ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60))
+        << s.process().stderr_so_far() << a->stderr_so_far() << b->stderr_so_far();
+    EXPECT_EQ(s.metrics().find(node_replicas("a") + " 1") != std::string::npos, true);
+    EXPECT_EQ(s.metrics().find(node_replicas("b") + " 1") != std::string::npos, true);
+    for (const std::string& p : {kPrompts[0], kPrompts[1], kPrompts[4]}) {
+      auto r = s.complete({{"prompt", p}, {"max_tokens", 40}, {"temperature", 0}});
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 40)) << p;
+    }
+    const auto want = run_load(s, 6);
+    // One of its nodes dies: the replica is down until the node is back,
+    // and what was running resumes then, token-exact.
+    std::unique_ptr<test::ChildProcess> again;
+    const auto got = run_load(s, 6, [&] {
+      b->signal(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      again = test::start_node(s.nodes_port(), "b");
+    });
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+}
+
+// Garbage and truncated messages on the node port close that connection;
+// the coordinator keeps serving and nodes still join.
+TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
+  Server s(coordinator_sets(1), /*wait_ready=*/false);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    std::string junk(size_t(1 + rng() % 4096), '\0');
+    for (char& ch : junk) ch = char(rng());
+    if (round % 4 == 0) junk = junk.substr(0, 3);  // a truncated header
+    if (round % 4 == 1) junk.assign(64, '\xff');   // absurd lengths
+    test::send_raw(s.nodes_port(), junk);
+  }
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+TEST(Nodes, ARestartedCoordinatorReadoptsTheNodes) {
+  const int nodes_port = test::free_port();
+  auto sets = coordinator_sets(2);
+  sets[0] = "nodes.listen=127.0.0.1:" + std::to_string(nodes_port);
+  auto s = std::make_unique<Server>(sets, /*wait_ready=*/false);
+  auto a = test::start_node(nodes_port, "a"), b = test::start_node(nodes_port, "b");
+  ASSERT_TRUE(s->wait_metric(node_replicas("a"), "1", 60));
+  ASSERT_TRUE(s->wait_metric(node_replicas("b"), "1", 60));
+  ASSERT_TRUE(s->wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  const auto want = run_load(*s, 8);
+  s->process().signal(SIGKILL);
+  s.reset();
+  s = std::make_unique<Server>(sets, /*wait_ready=*/false);
+  // The same node processes (their models still loaded) join the new one.
+  ASSERT_TRUE(s->wait_metric(node_replicas("a"), "1", 60)) << s->metrics();
+  ASSERT_TRUE(s->wait_metric(node_replicas("b"), "1", 60)) << s->metrics();
+  ASSERT_TRUE(s->wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  ASSERT_TRUE(s->wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  const auto got = run_load(*s, 8);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_NE(a->stderr_so_far().find("lost the coordinator"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,183 @@
+// `troupe simulate` and `troupe bench --profile` as a user runs them, and the
+// real router's decisions replayed into the simulator's table.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "scheduler/sim/router_replay.h"
+#include "scheduler/sim/step_profile.h"
+#include "support/process_support.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::json;
+
+std::string profile() {
+  return (test::source_dir() / "benchmarks" / "profiles" / "fortune.json").string();
+}
+
+std::string two_replicas() {
+  return (test::source_dir() / "configs" / "two-replicas.yaml").string();
+}
+
+test::CommandResult simulate(std::vector<std::string> args, int timeout_s = 120) {
+  args.insert(args.begin(), {TROUPE_BINARY, "simulate", "--set",
+                             "model.path=" + test::model_path("fortune").string()});
+  return test::run_command(args, timeout_s);
+}
+
+TEST(Simulate, OneRunPrintsItsFiguresAsJson) {
+  test::TempDir dir;
+  const auto r = simulate({"--config",
+                           two_replicas(),
+                           "--profile",
+                           profile(),
+                           "--rate",
+                           "20",
+                           "--requests",
+                           "200",
+                           "--prompt",
+                           "uniform:8:64",
+                           "--output",
+                           "exp:30",
+                           "--cancel-fraction",
+                           "0.3",
+                           "--cancel-after-s",
+                           "0.01",
+                           "--fail",
+                           "2:1",
+                           "--json",
+                           "--csv",
+                           (dir / "ts").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json::parse(r.out);
+  EXPECT_EQ(j["requests"], 200);
+  EXPECT_GT(j["outcomes"]["completed"].get<int>(), 150);
+  EXPECT_GT(j["outcomes"]["cancelled"].get<int>(), 0);
+  EXPECT_EQ(j["simulation"]["replica_failures"], 1);
+  for (const char* k : {"ttft_s", "tpot_s", "latency_s", "queue_delay_s"})
+    EXPECT_TRUE(j[k].contains("p99")) << k;
+  EXPECT_TRUE(j["slo"].contains("goodput_share"));
+  EXPECT_EQ(j["replicas"].size(), 2u);
+  EXPECT_NE(test::read_file(dir / "ts" / "replicas.csv").find("kv_occupancy"), std::string::npos);
+  EXPECT_NE(test::read_file(dir / "ts" / "cluster.csv").find("queue_depth"), std::string::npos);
+}
+
+TEST(Simulate, EmittedTraceReplays) {
+  test::TempDir dir;
+  const auto trace = (dir / "t.csv").string();
+  auto r = simulate({"--rate", "5", "--requests", "50", "--emit-trace", trace});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(trace).rfind("TIMESTAMP,ContextTokens,GeneratedTokens\n", 0), 0u);
+  r = simulate({"--profile", profile(), "--trace", trace, "--rate", "10", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["requests"], 50);
+}
+
+TEST(Simulate, SweepWritesTableCsvAndPlotScript) {
+  test::TempDir dir;
+  const auto r = simulate({"--config", two_replicas(), "--profile", profile(), "--sweep",
+                           "--policies", "round_robin,least_outstanding", "--rates", "50,400",
+                           "--requests", "300", "--slow", "1:4", "--out", dir.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("least_outstanding"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("highest rate with 90%"), std::string::npos) << r.out;
+  const std::string csv = test::read_file(dir / "sweep.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);  // header + 2 policies x 2 rates
+  EXPECT_NE(test::read_file(dir / "sweep.gp").find("plot"), std::string::npos);
+}
+
+TEST(Simulate, BadInputsNameTheProblem) {
+  auto r = simulate({"--profile", profile(), "--set", "parallel.tensor=2", "--rate", "5"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no layout 1x2"), std::string::npos) << r.err;
+  r = simulate({"--profile", profile(), "--rate", "5", "--prompt", "normal:4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("normal:4"), std::string::npos) << r.err;
+  r = simulate({"--profile", profile()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("give a workload"), std::string::npos) << r.err;
+}
+
+TEST(BenchProfile, WritesAGridTheSimulatorReads) {
+  test::TempDir dir;
+  const auto file = dir / "p.json";
+  const auto r =
+      test::run_command({TROUPE_BINARY, "bench", "--model", test::model_path("fortune").string(),
+                         "--threads", "1", "--profile", file.string(), "--grid-batch", "0,1,4",
+                         "--grid-context", "16,128", "--grid-prefill", "0,32", "--repeats", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const sim::StepProfile p = sim::StepProfile::load(file);
+  EXPECT_EQ(p.model.max_seq_len, 256);
+  const sim::ProfileGrid& g = p.find(1, 1, 1);
+  EXPECT_EQ(g.points(), 3u * 2u * 2u);
+  EXPECT_GT(g.stage_seconds[0][g.at(2, 1, 1)], 0.0);
+}
+
+// The real router, recorded (TROUPE_ROUTER_LOG) under concurrent load on two
+// replicas, replayed into a fresh table: every decision the same.
+TEST(RouterLog, RealRouterDecisionsReplayIdentically) {
+  for (const std::string policy : {"power_of_two", "latency_aware"}) {
+    test::TempDir dir;
+    const auto log = dir / "router.jsonl";
+    setenv("TROUPE_ROUTER_LOG", log.c_str(), 1);
+    auto server = std::make_unique<test::ChildProcess>(std::vector<std::string>{
+        TROUPE_BINARY, "serve", "--config", two_replicas(), "--listen", "127.0.0.1:0", "--set",
+        "model.path=" + test::model_path("fortune").string(), "--set", "routing.policy=" + policy});
+    unsetenv("TROUPE_ROUTER_LOG");
+    const std::string line = server->wait_for_line("listening on http://", 60);
+    ASSERT_FALSE(line.empty()) << server->stderr_so_far();
+    const int port = std::stoi(line.substr(line.rfind(':') + 1));
+    for (int i = 0; i < 600 && test::http_request(port, "GET", "/ready").status != 200; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 6; ++c)
+      clients.emplace_back([&, c] {
+        for (int i = 0; i < 5; ++i) {
+          const json body = {{"prompt", std::vector<int>(size_t(8 + 7 * c), 5 + i)},
+                             {"max_tokens", 12 + 3 * i},
+                             {"temperature", 0},
+                             {"ignore_eos", true}};
+          test::http_request(port, "POST", "/v1/completions", body.dump());
+        }
+      });
+    for (auto& t : clients) t.join();
+    server->stop();
+    const sim::ReplayResult r = sim::replay_router_log(log);
+    EXPECT_TRUE(r.identical()) << policy << ": " << r.first_mismatch;
+    EXPECT_EQ(r.policy, policy);
+    EXPECT_GE(r.recorded, 30u) << policy;  // every request placed, at least
+  }
+}
+
+// Bounded: a calibration and two policies at one rate, two real runs each.
+TEST(Simulate, ValidateAgainstARealServer) {
+  test::TempDir dir;
+  const auto copy = dir / "fortune.json";
+  test::write_file(copy, test::read_file(profile()));
+  auto r = simulate({"--config", two_replicas(), "--profile", copy.string(), "--calibrate",
+                     "--prompt-len", "16", "--output-len", "16"},
+                    60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("serving overhead"), std::string::npos) << r.out;
+  r = simulate({"--config", two_replicas(), "--profile", copy.string(), "--validate", "--policies",
+                "round_robin,least_outstanding", "--rates", "40", "--requests", "24",
+                "--prompt-len", "16", "--output-len", "16", "--repeats", "2", "--json"},
+               60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ranking by latency p50"), std::string::npos) << r.out;
+  const auto j = json::parse(r.out.substr(r.out.find("\n[")));
+  EXPECT_EQ(j.size(), 2u * 6u);  // 2 policies x 6 metrics
+  for (const auto& row : j) {
+    EXPECT_GT(row["measured"].get<double>(), 0) << row;
+    EXPECT_GT(row["simulated"].get<double>(), 0) << row;
+  }
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,135 @@
+#include "support/serving_support.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "net/sse_parser.h"
+#include "support/test_support.h"
+
+namespace troupe::test {
+
+Server::Server(std::vector<std::string> sets, bool wait_ready) {
+  std::vector<std::string> argv{TROUPE_BINARY, "serve",
+                                "--config",    (source_dir() / "configs" / "default.yaml").string(),
+                                "--listen",    "127.0.0.1:0",
+                                "--set",       "model.path=" + model_path("fortune").string()};
+  for (auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  proc_ = std::make_unique<ChildProcess>(argv);
+  const std::string line = proc_->wait_for_line("listening on http://", 60);
+  if (line.empty()) throw std::runtime_error("server did not start: " + proc_->stderr_so_far());
+  port_ = std::stoi(line.substr(line.rfind(':') + 1));
+  const std::string err = proc_->stderr_so_far();
+  const auto at = err.find("nodes join on ");
+  if (at != std::string::npos) {
+    const auto end = err.find('\n', at);
+    const std::string l = err.substr(at, end - at);
+    nodes_port_ = std::stoi(l.substr(l.rfind(':') + 1));
+  }
+  // Ready once a replica has completed its probe step.
+  for (int i = 0; wait_ready && i < 600 && http_request(port_, "GET", "/ready").status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+HttpResponse Server::complete(const json& body, double timeout_s) {
+  return http_request(port_, "POST", "/v1/completions", body.dump(), timeout_s);
+}
+
+std::string Server::metrics() {
+  return http_request(port_, "GET", "/metrics").body;
+}
+
+bool Server::wait_metric(const std::string& series, const std::string& value, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    if (prometheus_sample(metrics(), series) == value) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
+                                         std::vector<std::string> sets) {
+  std::vector<std::string> argv{TROUPE_BINARY, "node",
+                                "--join",      "127.0.0.1:" + std::to_string(join_port),
+                                "--name",      name,
+                                "--config",    (source_dir() / "configs" / "default.yaml").string(),
+                                "--set",       "model.path=" + model_path("fortune").string(),
+                                "--set",       "devices=[{kind: cpu, threads: 1}]"};
+  for (auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  return std::make_unique<ChildProcess>(argv);
+}
+
+std::string generate_text(const std::string& prompt, int max_tokens) {
+  auto r =
+      run_command({TROUPE_BINARY, "generate", "--model", model_path("fortune").string(), "--prompt",
+                   prompt, "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
+}
+
+std::string sse_text(const std::string& body, std::string* finish) {
+  std::string text;
+  bool done = false;
+  for (const std::string& payload : sse_events(body)) {
+    EXPECT_FALSE(done) << "data after [DONE]";
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const auto j = json::parse(payload);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (finish && !j["choices"][0]["finish_reason"].is_null())
+      *finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done) << "no data: [DONE]";
+  return text;
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error("free_port: no port");
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+void send_raw(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("send_raw: no socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    (void)!write(fd, bytes.data(), bytes.size());
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 200) > 0) {
+      char buf[256];
+      (void)!read(fd, buf, sizeof buf);
+    }
+  }
+  close(fd);
+}
+
+}  // namespace troupe::test

@@ -1,0 +1,56 @@
+#pragma once
+// `troupe serve` and `troupe node` as child processes on 127.0.0.1 with the
+// bundled model, and what tests read from them: completions, SSE text,
+// Prometheus samples.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/process_support.h"
+
+namespace troupe::test {
+
+using json = nlohmann::json;
+
+class Server {
+ public:
+  // `sets` are --set KEY=VALUE overrides on configs/default.yaml; the HTTP
+  // port is chosen by the server. Waits until it listens and, unless
+  // wait_ready is false, until a replica is ready.
+  explicit Server(std::vector<std::string> sets, bool wait_ready = true);
+  int port() const { return port_; }
+  // The port nodes join on (nodes.listen set), else 0.
+  int nodes_port() const { return nodes_port_; }
+  ChildProcess& process() { return *proc_; }
+  HttpResponse complete(const json& body, double timeout_s = 120);
+  std::string metrics();
+  // Polls /metrics until `series` has `value`; false on timeout.
+  bool wait_metric(const std::string& series, const std::string& value, double timeout_s);
+
+ private:
+  std::unique_ptr<ChildProcess> proc_;
+  int port_ = 0;
+  int nodes_port_ = 0;
+};
+
+// `troupe node --join 127.0.0.1:PORT --name NAME` with the bundled model and
+// one single-thread device, plus `sets`.
+std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
+                                         std::vector<std::string> sets = {});
+
+// `troupe generate` greedy text of the bundled model.
+std::string generate_text(const std::string& prompt, int max_tokens);
+
+// The text of an SSE completion stream, checking its shape on the way (one
+// finish_reason, data: [DONE] last).
+std::string sse_text(const std::string& body, std::string* finish = nullptr);
+
+// A port nobody listens on now (bound and released).
+int free_port();
+
+// Connects to 127.0.0.1:port, writes `bytes`, waits briefly for the peer to
+// answer or close, and closes.
+void send_raw(int port, const std::string& bytes);
+
+}  // namespace troupe::test

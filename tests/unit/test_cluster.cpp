@@ -1,0 +1,113 @@
+// The coordinator's view of its nodes: who may join, who is alive, and
+// where replicas go.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "scheduler/cluster.h"
+
+namespace troupe {
+namespace {
+
+ClusterOptions options() {
+  ClusterOptions o;
+  o.protocol = 3;
+  o.model = "abc";
+  o.token = "t";
+  o.heartbeat_timeout_s = 2;
+  return o;
+}
+
+JoinRequest node(const std::string& name, int devices) {
+  return {name, "t", 3, "0.x", "abc", devices, "127.0.0.1"};
+}
+
+TEST(Cluster, JoinsAreCheckedAndRefusedWithAReason) {
+  Cluster c(options());
+  const JoinReply a = c.join(node("a", 2), 0);
+  ASSERT_TRUE(a.accepted) << a.reason;
+  auto bad = node("x", 2);
+  bad.token = "wrong";
+  EXPECT_NE(c.join(bad, 0).reason.find("token"), std::string::npos);
+  bad = node("x", 2);
+  bad.protocol = 2;
+  EXPECT_NE(c.join(bad, 0).reason.find("protocol 2"), std::string::npos);
+  bad = node("x", 2);
+  bad.model = "other";
+  EXPECT_NE(c.join(bad, 0).reason.find("another model"), std::string::npos);
+  EXPECT_NE(c.join(node("x", 0), 0).reason.find("no devices"), std::string::npos);
+  EXPECT_NE(c.join(node("a", 1), 0).reason.find("already called 'a'"), std::string::npos);
+  EXPECT_FALSE(c.join(node("", 1), 0).accepted);
+  EXPECT_EQ(c.live_nodes(), 1);
+  EXPECT_THROW(Cluster({3, "abc", "", 0}), std::invalid_argument);
+}
+
+TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
+  Cluster c(options());
+  const JoinReply a = c.join(node("a", 1), 0), b = c.join(node("b", 1), 0);
+  EXPECT_TRUE(c.heard_from(a.node, a.incarnation, 1.5));
+  EXPECT_TRUE(c.expire(2.0).empty());
+  EXPECT_EQ(c.expire(2.1), std::vector<int>{b.node});  // a was heard at 1.5
+  EXPECT_EQ(c.node(b.node)->death, "heartbeat");
+  EXPECT_FALSE(c.heard_from(b.node, b.incarnation, 2.2));  // its membership is over
+  EXPECT_TRUE(c.lost(a.node, "connection lost"));
+  EXPECT_FALSE(c.lost(a.node, "connection lost"));  // once
+  EXPECT_EQ(c.detections().at("heartbeat"), 1u);
+  EXPECT_EQ(c.detections().at("connection lost"), 1u);
+  const JoinReply back = c.join(node("b", 1), 3);
+  ASSERT_TRUE(back.accepted);
+  EXPECT_EQ(back.node, b.node);
+  EXPECT_GT(back.incarnation, b.incarnation);
+  EXPECT_FALSE(c.heard_from(b.node, b.incarnation, 3.1));  // the old incarnation
+  EXPECT_TRUE(c.heard_from(b.node, back.incarnation, 3.1));
+}
+
+TEST(Cluster, ReplicasGoToTheFreestNodeOrSpanAsFewNodesAsHoldThem) {
+  Cluster c(options());
+  const int a = c.join(node("a", 2), 0).node, b = c.join(node("b", 3), 0).node,
+            d = c.join(node("d", 3), 0).node;
+  auto p = c.choose("any", 2);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, (Cluster::Parts{{b, 2}}));  // the freest, ties to the lowest id
+  c.place(0, *p);
+  EXPECT_EQ(c.node(b)->used_devices, 2);
+  EXPECT_EQ(c.nodes_of(0), std::vector<int>{b});
+  p = c.choose("", 2);
+  EXPECT_EQ(*p, (Cluster::Parts{{d, 2}}));
+  c.place(1, *p);
+  // Four devices: no node holds them; the freest first (a: 2, then b or d: 1).
+  p = c.choose("any", 4);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, (Cluster::Parts{{a, 2}, {b, 1}, {d, 1}}));
+  EXPECT_FALSE(c.choose("any", 5));
+  // Named nodes.
+  EXPECT_EQ(*c.choose("a", 2), (Cluster::Parts{{a, 2}}));
+  EXPECT_FALSE(c.choose("b", 2));
+  EXPECT_FALSE(c.choose("nobody", 1));
+  EXPECT_EQ(*c.choose("a,b", 2), (Cluster::Parts{{a, 1}, {b, 1}}));
+  EXPECT_EQ(*c.choose("a,d", 3), (Cluster::Parts{{a, 2}, {d, 1}}));
+  EXPECT_FALSE(c.choose("a,b", 4));    // b has 1 free
+  EXPECT_FALSE(c.choose("a,b,d", 2));  // more nodes than devices
+  // Too many devices for a node is a bug of the caller, not a silent overbook.
+  EXPECT_THROW(c.place(2, {{a, 3}}), std::logic_error);
+  EXPECT_EQ(c.node(a)->used_devices, 0);
+}
+
+TEST(Cluster, ANodesDeathEndsTheReplicasOnItEverywhere) {
+  Cluster c(options());
+  const int a = c.join(node("a", 2), 0).node, b = c.join(node("b", 2), 0).node;
+  c.place(0, {{a, 1}, {b, 1}});  // one replica spanning both
+  c.place(1, {{b, 1}});
+  EXPECT_EQ(c.node(b)->used_devices, 2);
+  ASSERT_TRUE(c.lost(a, "connection lost"));
+  EXPECT_TRUE(c.nodes_of(0).empty());
+  EXPECT_EQ(c.node(b)->used_devices, 1);  // replica 0's part on b is free again
+  EXPECT_EQ(c.nodes_of(1), std::vector<int>{b});
+  EXPECT_FALSE(c.choose("a", 1));
+  c.unplace(1);
+  EXPECT_EQ(c.node(b)->used_devices, 0);
+  EXPECT_THROW(c.place(2, {{a, 1}}), std::logic_error);  // a is dead
+}
+
+}  // namespace
+}  // namespace troupe

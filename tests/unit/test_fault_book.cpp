@@ -1,0 +1,156 @@
+// The fault book's states, the admin JSON and the admin endpoint's token
+// check, without a runtime.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "faults/fault_book.h"
+#include "faults/fault_json.h"
+#include "net/admin_endpoint.h"
+#include "net/endpoints.h"
+
+namespace troupe {
+namespace {
+
+FaultOrder order(FaultKind kind, int replica = 0) {
+  FaultOrder o;
+  o.kind = kind;
+  o.replica = replica;
+  return o;
+}
+
+TEST(FaultBook, AKillIsConfirmedByItsReplicasDeathAndRecoveredWhenItServesAgain) {
+  FaultBook b(5);
+  const uint64_t id = b.add(order(FaultKind::Kill, 1), 0, 0, 0.0).id;
+  EXPECT_EQ(b.get(id)->state, FaultState::Scheduled);
+  b.started(id, 1.0);
+  b.report({id, FaultOutcome::Applied, "the worker throws"}, 1.0);
+  EXPECT_EQ(b.get(id)->state, FaultState::Active);
+  b.replica_died(0, "other replica", 1.1);  // not its replica
+  EXPECT_EQ(b.get(id)->state, FaultState::Active);
+  b.replica_died(1, "injected fault", 1.2);
+  const FaultEntry e = *b.get(id);
+  EXPECT_EQ(e.state, FaultState::Confirmed);
+  EXPECT_DOUBLE_EQ(e.detected, 1.2);
+  b.replica_up(1, 2.0);
+  EXPECT_DOUBLE_EQ(b.get(id)->recovered, 2.0);
+  b.replica_up(1, 3.0);  // the first return counts
+  EXPECT_DOUBLE_EQ(b.get(id)->recovered, 2.0);
+}
+
+TEST(FaultBook, UnconfirmedFaultsFail) {
+  FaultBook b(5);
+  const uint64_t kill = b.add(order(FaultKind::Kill), 0, 0, 0).id;
+  const uint64_t slow = b.add(order(FaultKind::Slow), 0, 1, 0).id;
+  const uint64_t refused = b.add(order(FaultKind::StepError), 0, 0, 0).id;
+  for (uint64_t id : {kill, slow, refused}) b.started(id, 0);
+  b.report({refused, FaultOutcome::Refused, "no device 7"}, 0.1);
+  EXPECT_EQ(b.get(refused)->state, FaultState::Failed);
+  EXPECT_EQ(b.get(refused)->error, "no device 7");
+  b.expire(4.9);
+  EXPECT_EQ(b.get(kill)->state, FaultState::Active);
+  b.expire(5.1);
+  EXPECT_EQ(b.get(kill)->state, FaultState::Failed);
+  EXPECT_EQ(b.get(slow)->state, FaultState::Active);  // lasting: judged at its end
+  b.ended(slow, 6);
+  EXPECT_EQ(b.get(slow)->state, FaultState::Failed);
+  // A confirmed lasting fault ends normally; a late report changes nothing.
+  const uint64_t kv = b.add(order(FaultKind::KvAllocFail), 0, 1, 0).id;
+  b.started(kv, 0);
+  b.report({kv, FaultOutcome::Confirmed, "refused KV blocks"}, 0.5);
+  b.ended(kv, 1);
+  b.report({kv, FaultOutcome::Refused, "late"}, 1.5);
+  EXPECT_EQ(b.get(kv)->state, FaultState::Ended);
+  EXPECT_EQ(b.get(kv)->effect, "refused KV blocks");
+}
+
+std::string refusal(const std::string& body, int replicas = 2) {
+  auto r = parse_fault_request(body, replicas);
+  if (auto* why = std::get_if<std::string>(&r)) return *why;
+  return "accepted";
+}
+
+TEST(FaultJson, RequestsAreCheckedKeyByKey) {
+  auto ok = parse_fault_request(
+      R"({"kind": "kill", "role": "shard", "replica": 1, "device": 2, "at_s": 0.5})", 2);
+  ASSERT_TRUE(std::holds_alternative<FaultRequest>(ok));
+  const FaultRequest r = std::get<FaultRequest>(ok);
+  EXPECT_EQ(r.order.kind, FaultKind::Kill);
+  EXPECT_EQ(r.order.role, FaultRole::Shard);
+  EXPECT_EQ(r.order.replica, 1);
+  EXPECT_EQ(r.order.device, 2);
+  EXPECT_DOUBLE_EQ(r.at_s, 0.5);
+  EXPECT_EQ(refusal(R"({"kind": "slow", "factor": 3, "duration_s": 2})"), "accepted");
+  EXPECT_NE(refusal("{").find("not JSON"), std::string::npos);
+  EXPECT_NE(refusal("{}").find("kind: missing"), std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "explode"})").find("unknown 'explode'"), std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "role": "router"})").find("coordinator itself"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "replica": 2})").find("out of range [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "role": "shard"})").find("names which one"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "slow", "duration_s": 1})").find("factor: missing"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "slow", "factor": 1, "duration_s": 1})").find("above 1"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kv_alloc_fail"})").find("duration_s: missing"), std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "duration_s": 1})").find("happens once"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "replica": "0"})").find("expected an integer"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "colour": 1})").find("unknown key 'colour'"),
+            std::string::npos);
+}
+
+class FakeAdmin : public FaultAdmin {
+ public:
+  std::variant<FaultEntry, std::string> inject_json(std::string_view body) override {
+    auto r = parse_fault_request(body, 1);
+    if (auto* why = std::get_if<std::string>(&r)) return *why;
+    const FaultRequest& f = std::get<FaultRequest>(r);
+    const FaultOrder o = book.add(f.order, f.at_s, f.duration_s, 0);
+    return *book.get(o.id);
+  }
+  std::vector<FaultEntry> faults() const override { return book.list(); }
+  std::vector<FaultBook::Resume> resumes() const override { return book.resumes(); }
+  double now() const override { return book.now(); }
+  FaultBook book;
+};
+
+TEST(AdminEndpoint, OnlyTheTokenOpensIt) {
+  FakeAdmin admin;
+  const std::string body = R"({"kind": "kill"})";
+  Response r = answer_faults(admin, "s3cret", "POST", "", body);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.body.find("Authorization: Bearer"), std::string::npos) << r.body;
+  EXPECT_EQ(answer_faults(admin, "s3cret", "POST", "Bearer s3crex", body).status, 401);
+  EXPECT_EQ(answer_faults(admin, "s3cret", "POST", "Bearer s3cret2", body).status, 401);
+  EXPECT_EQ(answer_faults(admin, "s3cret", "POST", "Basic s3cret", body).status, 401);
+  EXPECT_EQ(answer_faults(admin, "", "POST", "Bearer ", body).status, 401);  // no token: closed
+  EXPECT_TRUE(admin.book.list().empty());
+  r = answer_faults(admin, "s3cret", "POST", "Bearer s3cret", body);
+  EXPECT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(nlohmann::json::parse(r.body).at("state"), "scheduled");
+  r = answer_faults(admin, "s3cret", "POST", "Bearer s3cret", R"({"kind": "nope"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("unknown 'nope'"), std::string::npos);
+  r = answer_faults(admin, "s3cret", "GET", "Bearer s3cret", "");
+  EXPECT_EQ(r.status, 200);
+  const auto list = nlohmann::json::parse(r.body).at("faults");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].at("kind"), "kill");
+  EXPECT_EQ(list[0].at("role"), "worker");
+}
+
+TEST(AdminEndpoint, AbsentUnlessTurnedOn) {
+  auto off = route("GET", "/admin/faults");
+  ASSERT_TRUE(std::holds_alternative<Response>(off));
+  EXPECT_EQ(std::get<Response>(off).status, 404);
+  EXPECT_EQ(std::get<Response>(route("PUT", "/admin/faults")).status, 404);
+  EXPECT_EQ(std::get<Endpoint>(route("POST", "/admin/faults", true)), Endpoint::Faults);
+  EXPECT_EQ(std::get<Response>(route("PUT", "/admin/faults", true)).status, 405);
+}
+
+}  // namespace
+}  // namespace troupe

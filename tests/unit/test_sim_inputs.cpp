@@ -1,0 +1,209 @@
+// The simulator's inputs: step profiles and their interpolation, trace
+// readers and writers, length distributions and arrival processes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "scheduler/sim/step_profile.h"
+#include "scheduler/sim/workload.h"
+#include "support/test_support.h"
+
+namespace troupe::sim {
+namespace {
+
+// t = 0.001 * b + 0.0001 * p + 0.00001 * c * b: linear in each axis, so
+// interpolation is exact everywhere.
+ProfileGrid linear_grid() {
+  ProfileGrid g;
+  g.threads = 2;
+  g.batch = {0, 1, 4, 16};
+  g.context = {16, 256};
+  g.prefill = {0, 64, 512};
+  g.stage_seconds.assign(1, std::vector<double>(g.points()));
+  for (size_t b = 0; b < g.batch.size(); ++b)
+    for (size_t c = 0; c < g.context.size(); ++c)
+      for (size_t p = 0; p < g.prefill.size(); ++p)
+        g.stage_seconds[0][g.at(b, c, p)] =
+            0.001 * g.batch[b] + 0.0001 * g.prefill[p] + 0.00001 * g.context[c] * g.batch[b];
+  return g;
+}
+
+double linear(double b, double c, double p) {
+  return 0.001 * b + 0.0001 * p + 0.00001 * c * b;
+}
+
+TEST(StepCostModel, ExactOnTheGridLinearBetweenAndBeyond) {
+  const StepCostModel m(linear_grid());
+  EXPECT_DOUBLE_EQ(m.step_s({4, 256, 64}), linear(4, 256, 64));
+  EXPECT_NEAR(m.step_s({2, 100, 300}), linear(2, 100, 300), 1e-12);
+  // Past the largest batch and prefill: continued linearly.
+  EXPECT_NEAR(m.step_s({32, 16, 1024}), linear(32, 16, 1024), 1e-12);
+  // Context is held within what was measured.
+  EXPECT_NEAR(m.step_s({1, 1000, 0}), linear(1, 256, 0), 1e-12);
+}
+
+TEST(StepProfile, JsonRoundTripAndLayoutLookup) {
+  StepProfile p;
+  p.model = {"fortune", 256, 2000, 2560, 1, {1, 2}};
+  p.dtype = "f32";
+  p.put(linear_grid());
+  ProfileGrid g4 = linear_grid();
+  g4.threads = 4;
+  p.put(g4);
+  p.put(linear_grid());  // same layout and threads: replaced, not added
+  EXPECT_EQ(p.layouts.size(), 2u);
+  test::TempDir dir;
+  p.save(dir / "p.json");
+  const StepProfile q = StepProfile::load(dir / "p.json");
+  EXPECT_EQ(q.to_json(), p.to_json());
+  EXPECT_EQ(q.find(1, 1, 3).threads, 2);
+  EXPECT_EQ(q.find(1, 1, 5).threads, 4);
+  try {
+    q.find(2, 1, 2);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("troupe bench --profile --pipeline 2"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(StepProfile, BadFilesNameTheProblem) {
+  auto j = StepProfile{{"m", 64, 100, 8, 1, {2}}, "", "", "", {linear_grid()}}.to_json();
+  j["layouts"][0]["batch"] = {4, 1};
+  EXPECT_THROW(StepProfile::from_json(j, "x.json"), std::invalid_argument);
+  j = StepProfile{{"m", 64, 100, 8, 1, {2}}, "", "", "", {linear_grid()}}.to_json();
+  j["format"] = "other";
+  try {
+    StepProfile::from_json(j, "x.json");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json"), std::string::npos);
+  }
+}
+
+TEST(Workload, AzureTraceReadsDatesAndScales) {
+  test::TempDir dir;
+  test::write_file(dir / "t.csv",
+                   "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.5000000,100,20\n"
+                   "2023-11-16 18:15:47.0000000,3000,0\n"
+                   "2023-11-16 18:15:48.5000000,50,7\n");
+  TraceOptions o;
+  o.time_scale = 2;
+  o.max_context = 1024;
+  TraceWorkload w(dir / "t.csv", o);
+  auto a = w.next();
+  ASSERT_TRUE(a);
+  EXPECT_DOUBLE_EQ(a->time_s, 0);
+  EXPECT_EQ(a->prompt_tokens, 100);
+  EXPECT_EQ(a->output_tokens, 20);
+  a = w.next();
+  EXPECT_DOUBLE_EQ(a->time_s, 0.25);
+  EXPECT_EQ(a->prompt_tokens, 1023);  // clipped to the context, one token left to generate
+  EXPECT_EQ(a->output_tokens, 1);
+  a = w.next();
+  EXPECT_DOUBLE_EQ(a->time_s, 1.0);
+  EXPECT_FALSE(w.next());
+  EXPECT_EQ(w.clipped(), 1u);
+  const TraceStats s = trace_stats(dir / "t.csv");
+  EXPECT_EQ(s.rows, 3u);
+  EXPECT_DOUBLE_EQ(s.span_s, 2.0);
+}
+
+TEST(Workload, MooncakeJsonlInMilliseconds) {
+  test::TempDir dir;
+  test::write_file(dir / "t.jsonl",
+                   "{\"timestamp\": 0, \"input_length\": 6955, \"output_length\": 52, "
+                   "\"hash_ids\": [1, 2]}\n"
+                   "{\"timestamp\": 1500, \"input_length\": 10, \"output_length\": 3}\n");
+  TraceWorkload w(dir / "t.jsonl", {});
+  EXPECT_EQ(w.next()->prompt_tokens, 6955);
+  EXPECT_DOUBLE_EQ(w.next()->time_s, 1.5);
+  EXPECT_FALSE(w.next());
+}
+
+TEST(Workload, BadTracesNameFileAndLine) {
+  test::TempDir dir;
+  test::write_file(dir / "a.csv", "time,in,out\n1,2,3\n");
+  EXPECT_THROW(TraceWorkload(dir / "a.csv", {}), std::invalid_argument);
+  test::write_file(dir / "b.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,1\n4,10,1\n");
+  TraceWorkload w(dir / "b.csv", {});
+  w.next();
+  try {
+    w.next();
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("b.csv:3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TraceWorkload(dir / "c.txt", {}), std::invalid_argument);
+}
+
+TEST(Workload, WrittenTracesReadBack) {
+  SyntheticOptions so;
+  so.requests = 50;
+  so.rate_per_s = 3;
+  so.prompt = "lognormal:200:1";
+  so.output = "exp:50";
+  test::TempDir dir;
+  for (const char* name : {"t.csv", "t.jsonl"}) {
+    SyntheticWorkload gen(so), ref(so);
+    write_trace(gen, 50, dir / name);
+    TraceWorkload back(dir / name, {});
+    for (int i = 0; i < 50; ++i) {
+      const auto a = back.next(), b = ref.next();
+      ASSERT_TRUE(a && b);
+      EXPECT_NEAR(a->time_s, b->time_s, 1e-3) << name;
+      EXPECT_EQ(a->prompt_tokens, b->prompt_tokens);
+      EXPECT_EQ(a->output_tokens, b->output_tokens);
+    }
+    EXPECT_FALSE(back.next());
+  }
+}
+
+TEST(Workload, DistributionsHaveTheirMeans) {
+  Xoshiro256 rng(1);
+  const int n = 200000;
+  auto mean_of = [&](const LengthDist& d) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += d.sample(rng);
+    return s / n;
+  };
+  EXPECT_DOUBLE_EQ(mean_of(LengthDist::parse("64")), 64);
+  EXPECT_NEAR(mean_of(LengthDist::parse("uniform:10:30")), 20, 0.1);
+  EXPECT_NEAR(mean_of(LengthDist::parse("exp:100")), 100, 1.5);
+  EXPECT_NEAR(mean_of(LengthDist::parse("lognormal:100:0.5")), 100 * std::exp(0.125), 1.5);
+  EXPECT_THROW(LengthDist::parse("normal:3"), std::invalid_argument);
+  EXPECT_THROW(LengthDist::parse("uniform:30:10"), std::invalid_argument);
+  // Bursty arrivals: the gaps' coefficient of variation is the one asked for.
+  for (double cv : {0.5, 1.0, 3.0}) {
+    const ArrivalProcess p = ArrivalProcess::parse("gamma:" + std::to_string(cv), 10);
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; ++i) {
+      const double g = p.next_gap_s(rng);
+      s += g;
+      ss += g * g;
+    }
+    const double mean = s / n, sd = std::sqrt(ss / n - mean * mean);
+    EXPECT_NEAR(mean, 0.1, 0.003) << cv;
+    EXPECT_NEAR(sd / mean, cv, 0.05 * cv) << cv;
+  }
+}
+
+TEST(Workload, ClosedLoopSendsOnlyAfterAnEnd) {
+  ClosedLoopOptions o;
+  o.clients = 2;
+  o.requests = 3;
+  o.think_s = 0.5;
+  ClosedLoopWorkload w(o);
+  EXPECT_EQ(w.next()->client, 0);
+  EXPECT_EQ(w.next()->client, 1);
+  EXPECT_FALSE(w.next());
+  const auto a = w.on_end(1, 2.0);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->client, 1);
+  EXPECT_DOUBLE_EQ(a->time_s, 2.5);
+  EXPECT_FALSE(w.on_end(0, 3.0));  // three sent
+}
+
+}  // namespace
+}  // namespace troupe::sim

@@ -1,0 +1,321 @@
+// The simulator on hand-checkable cases: exact waiting times, M/D/1, every
+// request ending once, determinism, failures, pipelines, and the router's
+// decisions replayed from a log.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "scheduler/router_log.h"
+#include "scheduler/sim/router_replay.h"
+#include "scheduler/sim/simulator.h"
+#include "support/test_support.h"
+
+namespace troupe::sim {
+namespace {
+
+// Every step takes `seconds` on each of `stages` stages, whatever it holds.
+StepCostModel constant_model(double seconds, int stages = 1) {
+  ProfileGrid g;
+  g.pipeline = stages;
+  g.batch = {0, 1, 64};
+  g.context = {1, 4096};
+  g.prefill = {0, 1, 4096};
+  g.stage_seconds.assign(size_t(stages), std::vector<double>(g.points(), seconds));
+  return StepCostModel(g);
+}
+
+SimOptions options(int replicas, int max_batch, const std::string& policy = "round_robin") {
+  SimOptions o;
+  o.replicas = replicas;
+  o.policy = policy;
+  o.table.max_seq_len = 2048;
+  o.table.max_batch_sequences = max_batch;
+  o.table.max_waiting_per_replica = 100000;
+  o.table.admission.max_size = 100000;
+  o.table.admission.max_wait_s = 0;
+  o.scheduler.kv_blocks = 4096;
+  o.scheduler.block_tokens = 16;
+  o.scheduler.limits = {max_batch, 4096, 512};
+  o.scheduler.stop = StopRule{{2}, 2048};
+  o.sample_s = 0;
+  return o;
+}
+
+// A fixed list of arrivals.
+class ListWorkload : public Workload {
+ public:
+  explicit ListWorkload(std::vector<Arrival> a) : a_(std::move(a)) {}
+  std::optional<Arrival> next() override {
+    if (i_ >= a_.size()) return std::nullopt;
+    return a_[i_++];
+  }
+
+ private:
+  std::vector<Arrival> a_;
+  size_t i_ = 0;
+};
+
+class Records : public SimObserver {
+ public:
+  void on_request_end(const RequestRecord& r) override {
+    ++ends[r.id];
+    by_id[r.id] = r;
+    summary.add(r);
+  }
+  std::map<uint64_t, int> ends;
+  std::map<uint64_t, RequestRecord> by_id;
+  RunSummary summary;
+};
+
+// Serves a fixed list of arrivals; the totals go to `totals` when given.
+Records run_list(const SimOptions& o, std::vector<Arrival> arrivals, const StepCostModel& model,
+                 SimTotals* totals = nullptr) {
+  ListWorkload w(std::move(arrivals));
+  Records rec;
+  Simulator sim(o, {model}, w, &rec);
+  sim.run();
+  if (totals) *totals = sim.totals();
+  return rec;
+}
+
+TEST(Simulator, OneReplicaConstantStepsGiveExactWaits) {
+  // Service = k steps of T (a one-token prompt's prefill gives the first
+  // token); arrivals every g < k T queue up: the i-th waits i (k T - g).
+  const double T = 0.01, g = 0.025;
+  const int k = 4;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 20; ++i) arrivals.push_back({i * g, 1, k});
+  const Records rec = run_list(options(1, 1), arrivals, constant_model(T));
+  ASSERT_EQ(rec.by_id.size(), 20u);
+  for (const auto& [id, r] : rec.by_id) {
+    const double i = double(id - 1);
+    EXPECT_EQ(r.outcome, Outcome::Completed);
+    EXPECT_EQ(r.output_tokens, k);
+    EXPECT_NEAR(r.queue_delay(), i * (k * T - g), 1e-9) << "request " << id;
+    EXPECT_NEAR(r.ttft(), i * (k * T - g) + T, 1e-9);
+    EXPECT_NEAR(r.latency(), i * (k * T - g) + k * T, 1e-9);
+    EXPECT_NEAR(r.tpot(), T, 1e-9);
+  }
+}
+
+TEST(Simulator, PoissonArrivalsMatchMD1MeanWait) {
+  // M/D/1: Wq = rho S / (2 (1 - rho)). rho = 0.6, S = 0.1 s: Wq = 0.075 s.
+  // 60000 requests keep the sample mean within a few percent; the check
+  // allows 6%.
+  const double S = 0.1, lambda = 6;
+  SyntheticOptions so;
+  so.requests = 60000;
+  so.rate_per_s = lambda;
+  so.prompt = "1";
+  so.output = "1";
+  so.seed = 11;
+  SyntheticWorkload w(so);
+  Records rec;
+  Simulator sim(options(1, 1), {constant_model(S)}, w, &rec);
+  sim.run();
+  const double rho = lambda * S, expected = rho * S / (2 * (1 - rho));
+  double sum = 0;
+  for (const auto& [id, r] : rec.by_id) sum += r.queue_delay();
+  const double mean = sum / double(rec.by_id.size());
+  EXPECT_NEAR(mean, expected, 0.06 * expected);
+}
+
+// A busy mixed run: cancellations, deadlines, a small admission queue,
+// random replica deaths, chunked prefill and preemption.
+SimOptions busy_options(const std::string& policy) {
+  SimOptions o = options(3, 4, policy);
+  o.table.admission.max_size = 40;
+  o.table.max_waiting_per_replica = 8;
+  o.request_timeout_s = 2.0;
+  o.scheduler.kv_blocks = 160;
+  o.scheduler.limits = {4, 256, 64};
+  o.mtbf_s = 3;
+  o.restart_s = 0.5;
+  o.sample_s = 0.5;
+  o.seed = 5;
+  return o;
+}
+
+SyntheticOptions busy_workload(uint64_t seed) {
+  SyntheticOptions so;
+  so.requests = 3000;
+  so.rate_per_s = 120;
+  so.process = "gamma:3";
+  so.prompt = "uniform:1:300";
+  so.output = "exp:40";
+  so.cancel_fraction = 0.1;
+  so.cancel_after_s = 0.5;
+  so.high_priority_fraction = 0.2;
+  so.seed = seed;
+  return so;
+}
+
+TEST(Simulator, EveryRequestEndsExactlyOnce) {
+  for (const std::string& policy : routing_policy_names()) {
+    SyntheticWorkload w(busy_workload(3));
+    Records rec;
+    Simulator sim(busy_options(policy), {constant_model(0.004)}, w, &rec);
+    sim.run();
+    EXPECT_EQ(rec.ends.size(), 3000u) << policy;
+    for (const auto& [id, n] : rec.ends) ASSERT_EQ(n, 1) << policy << " request " << id;
+    std::set<Outcome> seen;
+    for (const auto& [id, r] : rec.by_id) {
+      seen.insert(r.outcome);
+      if (r.outcome == Outcome::Completed) {
+        EXPECT_GE(r.output_tokens, 1) << policy;  // lengths come from the workload
+      }
+    }
+    // The run exercised the paths it claims to.
+    EXPECT_TRUE(seen.count(Outcome::Completed)) << policy;
+    EXPECT_TRUE(seen.count(Outcome::Cancelled)) << policy;
+    EXPECT_GT(sim.totals().failures, 0u) << policy;
+    EXPECT_GT(sim.totals().resumed, 0u) << policy;
+  }
+}
+
+TEST(Simulator, CompletedRequestsGetEveryTokenOnceAcrossResumption) {
+  // Replica 0 dies mid-run; its requests finish on replica 1 with exactly
+  // the tokens asked for.
+  SimOptions o = options(2, 8);
+  o.failures = {{0.35, 0, -1}};
+  o.restart_s = 100;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 16; ++i) arrivals.push_back({0.01 * i, 20, 50});
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.failures, 1u);
+  EXPECT_GT(totals.resumed, 0u);
+  ASSERT_EQ(rec.by_id.size(), 16u);
+  for (const auto& [id, r] : rec.by_id) {
+    EXPECT_EQ(r.outcome, Outcome::Completed);
+    EXPECT_EQ(r.output_tokens, 50) << "request " << id;
+  }
+}
+
+TEST(Simulator, RestartIntensityGivesUpLikeTheSupervisor) {
+  // One replica dying four times in a second with max_restarts 3 stays down;
+  // everything left ends as unavailable.
+  SimOptions o = options(1, 4);
+  o.max_restarts = 3;
+  o.restart_window_s = 10;
+  o.restart_s = 0.01;
+  o.failures = {{0.1, 0, -1}, {0.2, 0, -1}, {0.3, 0, -1}, {0.4, 0, -1}};
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 10; ++i) arrivals.push_back({0.05 * i, 10, 200});
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.restarts, 3u);
+  EXPECT_EQ(totals.given_up, 1u);
+  EXPECT_EQ(rec.ends.size(), 10u);
+  EXPECT_GT(rec.summary.count(Outcome::Unavailable), 0u);
+}
+
+TEST(Simulator, ANodeDeathTakesAllItsReplicas) {
+  SimOptions o = options(4, 4);
+  o.replicas_per_node = 2;
+  o.failures = {{0.2, -1, 1}};  // node 1: replicas 2 and 3
+  o.restart_s = 0.5;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 40; ++i) arrivals.push_back({0.01 * i, 8, 60});
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.failures, 2u);
+  EXPECT_EQ(totals.restarts, 2u);
+  EXPECT_GT(totals.resumed, 0u);
+  for (const auto& [id, r] : rec.by_id) EXPECT_EQ(r.output_tokens, 60) << "request " << id;
+}
+
+std::string run_json(uint64_t seed, const std::string& policy) {
+  SyntheticWorkload w(busy_workload(seed));
+  RunSummary summary;
+  struct Obs : SimObserver {
+    RunSummary* s;
+    void on_request_end(const RequestRecord& r) override { s->add(r); }
+  } obs;
+  obs.s = &summary;
+  SimOptions o = busy_options(policy);
+  o.seed = seed;
+  Simulator sim(o, {constant_model(0.004)}, w, &obs);
+  sim.run();
+  summary.set_replicas(sim.replica_figures());
+  return summary.to_json().dump() + std::to_string(sim.totals().events);
+}
+
+TEST(Simulator, SameSeedSameOutput) {
+  EXPECT_EQ(run_json(7, "power_of_two"), run_json(7, "power_of_two"));
+  EXPECT_EQ(run_json(7, "latency_aware"), run_json(7, "latency_aware"));
+  EXPECT_NE(run_json(7, "power_of_two"), run_json(8, "power_of_two"));
+}
+
+TEST(Simulator, PipelineStepsOverlapAcrossGroups) {
+  // Two stages of T each: one sequence decodes a token per 2 T; two
+  // sequences keep a step per stage in flight and decode twice as fast.
+  const double T = 0.01;
+  auto run = [&](int sequences) {
+    std::vector<Arrival> arrivals;
+    for (int i = 0; i < sequences; ++i) arrivals.push_back({0, 1, 100});
+    return run_list(options(1, 8), arrivals, constant_model(T, 2)).summary.output_tokens_per_s();
+  };
+  const double one = run(1), two = run(2);
+  EXPECT_NEAR(one, 1 / (2 * T), 1.0);
+  EXPECT_NEAR(two, 2 * one, 2.0);
+}
+
+TEST(Simulator, SlowReplicaIsSlower) {
+  SimOptions o = options(2, 1);
+  o.slowdown = {1, 3};
+  const Records rec = run_list(o, {{0, 1, 10}, {0, 1, 10}}, constant_model(0.01));
+  EXPECT_NEAR(rec.by_id.at(1).latency(), 0.1, 1e-9);
+  EXPECT_NEAR(rec.by_id.at(2).latency(), 0.3, 1e-9);
+}
+
+TEST(Simulator, DecisionsReplayIdenticallyFromTheRouterLog) {
+  // The simulator drives the table as the router actor does; a fresh table
+  // with a fresh policy, fed the logged calls, decides the same.
+  for (const std::string& policy : routing_policy_names()) {
+    test::TempDir dir;
+    const auto path = dir / "router.jsonl";
+    {
+      SyntheticWorkload w(busy_workload(4));
+      Simulator sim(busy_options(policy), {constant_model(0.004)}, w, nullptr,
+                    std::make_unique<RouterLog>(path.string()));
+      sim.run();
+    }
+    const ReplayResult r = replay_router_log(path);
+    EXPECT_TRUE(r.identical()) << policy << ": " << r.first_mismatch;
+    EXPECT_EQ(r.policy, policy);
+    EXPECT_GT(r.recorded, 1000u) << policy;
+  }
+}
+
+TEST(Simulator, ReplayNoticesADifferentDecision) {
+  test::TempDir dir;
+  const auto path = dir / "router.jsonl";
+  {
+    SyntheticWorkload w(busy_workload(4));
+    Simulator sim(busy_options("round_robin"), {constant_model(0.004)}, w, nullptr,
+                  std::make_unique<RouterLog>(path.string()));
+    sim.run();
+  }
+  // Moving one placement to another replica must show.
+  std::string text = test::read_file(path);
+  const size_t at = text.find("{\"op\":\"assign\",\"replica\":0,");
+  ASSERT_NE(at, std::string::npos);
+  text[at + std::string("{\"op\":\"assign\",\"replica\":").size()] = '1';
+  test::write_file(path, text);
+  const ReplayResult r = replay_router_log(path);
+  EXPECT_FALSE(r.identical());
+  EXPECT_NE(r.first_mismatch.find("recorded assign"), std::string::npos) << r.first_mismatch;
+}
+
+TEST(Simulator, RejectsTooFewKvBlocks) {
+  SimOptions o = options(1, 4);
+  o.scheduler.kv_blocks = 10;  // a 2048-token context needs 128
+  ListWorkload w({});
+  EXPECT_THROW(Simulator(o, {constant_model(0.01)}, w), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe::sim
