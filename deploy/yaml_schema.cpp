@@ -345,14 +345,15 @@ bool needs_double_quotes(std::string_view v) {
   });
 }
 
+void write_text(YAML::Emitter& out, const std::string& v) {
+  if (needs_double_quotes(v)) out << YAML::DoubleQuoted;
+  out << v;
+}
+
 }  // namespace
 
 Kind<std::string> text() {
-  return {read_string, [](const std::string&) { return std::string(); },
-          [](YAML::Emitter& out, const std::string& v) {
-            if (needs_double_quotes(v)) out << YAML::DoubleQuoted;
-            out << v;
-          }};
+  return {read_string, [](const std::string&) { return std::string(); }, write_text};
 }
 
 Kind<std::string> non_empty_text() {
@@ -391,7 +392,7 @@ Kind<std::vector<std::string>> text_list() {
           [](const std::vector<std::string>&) { return std::string(); },
           [](YAML::Emitter& out, const std::vector<std::string>& v) {
             out << YAML::Flow << YAML::BeginSeq;
-            for (const auto& s : v) out << s;
+            for (const auto& s : v) write_text(out, s);
             out << YAML::EndSeq;
           }};
 }

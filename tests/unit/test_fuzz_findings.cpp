@@ -67,6 +67,13 @@ TEST(FuzzFindings, ConfigTextWithControlsOrEdgeSpacesSurvivesToYaml) {
     Config d;
     apply_override(d, "model.name", name);
     EXPECT_EQ(parse_config(to_yaml(d), "printed").model.name, name) << to_yaml(d);
+    // The items of a list of text (placement.replicas, from main) are
+    // written the same way; in a flow sequence yaml-cpp read these back
+    // even before, so this only keeps it so.
+    Config e;
+    e.placement.replicas = {name};
+    EXPECT_EQ(parse_config(to_yaml(e), "printed").placement.replicas, e.placement.replicas)
+        << to_yaml(e);
   }
 }
 
