@@ -9,6 +9,8 @@
 #include <limits>
 #include <sstream>
 
+#include "util/utf8.h"
+
 namespace troupe::schema {
 
 namespace {
@@ -144,30 +146,6 @@ const std::string& scalar_text(const Origin& o, const Node& n, const std::string
                                std::string_view expected) {
   if (!n.IsScalar()) fail_expected(o, key, expected, n);
   return n.Scalar();
-}
-
-// Strict UTF-8: no overlong forms, surrogates or code points past U+10FFFF.
-bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto lead = static_cast<unsigned char>(s[i]);
-    const size_t n = lead < 0x80                   ? 1
-                     : lead >= 0xC2 && lead < 0xE0 ? 2
-                     : lead >= 0xE0 && lead < 0xF0 ? 3
-                     : lead >= 0xF0 && lead < 0xF5 ? 4
-                                                   : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? lead : lead & (0x7F >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if ((c & 0xC0) != 0x80) return false;
-      cp = cp << 6 | (c & 0x3F);
-    }
-    const uint32_t min = n == 3 ? 0x800 : n == 4 ? 0x10000 : 0;
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
 }
 
 // yaml-cpp's reader passes bytes that are not UTF-8 through, and its emitter

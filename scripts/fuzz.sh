@@ -28,7 +28,7 @@ if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then
   shift
 fi
 ALL_TARGETS=(http_request http_server openai_request sse_stream config config_overrides
-  llama2c safetensors hf_dir tokenizer_model)
+  llama2c safetensors hf_dir tokenizer_model wire_messages basp_frames)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
@@ -46,6 +46,13 @@ command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTROUPE_FUZZ=ON \
   -DTROUPE_BUILD_TESTS=OFF -DCMAKE_CUDA_COMPILER=/nonexistent/nvcc "${LAUNCHER[@]}" >/dev/null
 cmake --build "$BUILD" -j"${FUZZ_BUILD_JOBS:-$(nproc)}" --target "${TARGETS[@]/#/fuzz_}"
+
+# The wire messages' seeds are real messages serialized by CAF: written
+# afresh from tests/fuzz/wire_samples.h, so that they follow the wire types.
+if [[ " ${TARGETS[*]} " == *" wire_messages "* ]]; then
+  cmake --build "$BUILD" -j"${FUZZ_BUILD_JOBS:-$(nproc)}" --target wire_seeds
+  "$BUILD/tests/fuzz/wire_seeds" tests/fuzz/corpus/wire_messages
+fi
 
 # ---- run ----
 dict_for() {

@@ -264,3 +264,38 @@ put("hf_dir", "tiny-sharded", tiny_hf_config() + SEP + SEP + json.dumps(index, i
 # ---- tokenizer: the bundled SentencePiece model ----
 
 put("tokenizer_model", "fortune", (ROOT / "models/fortune/tokenizer.model").read_bytes())
+
+# ---- basp_frames: BASP streams as a proxied link carries them ----
+# (fuzz_basp_frames.cpp: a 10-byte fault header, a read-size seed byte, the
+# stream; the header layout is net/link_proxy.h's). The wire_messages seeds
+# are written by wire_seeds (C++: CAF serializes them), not here.
+
+
+def basp(op, payload=b"", flags=0, data=0, src=0, dst=0):
+    return struct.pack(">BBBBIQQQ", op, 0, 0, flags, len(payload), data, src, dst) + payload
+
+
+def faults(drop=None, dup=None, reorder=None, clear=False, to_client=False):
+    """drop/dup/reorder: (probability 0..255, frame_ops mask, reorder wait in 10 ms)."""
+    flags = (1 if drop else 0) | (2 if dup else 0) | (4 if reorder else 0) | (8 if clear else 0)
+    flags |= 16 if to_client else 0
+    return bytes([flags]) + b"".join(bytes(f or (0, 0, 0)) for f in (drop, dup, reorder))
+
+
+# A client's side of a connection: handshake, a few messages, a heartbeat.
+# Payloads are stand-ins of the sizes real ones have (a JoinRequest, a step).
+session = (basp(1, b"\x00" * 40 + b"troupe-node-a", data=0x170)
+           + basp(2, b"join-request " * 6, src=5, dst=1, data=1)
+           + basp(2, b"\x00\x01" * 90, src=5, dst=3, data=2)
+           + basp(4, b"\x00" * 24, src=5) + basp(6) + basp(3, b"routed" * 10, src=5, dst=9)
+           + basp(2, b"", src=5, dst=1) + basp(5, b"\x00" * 16, dst=5))
+ops = 0x0C  # direct and routed messages, as LinkFault's default frame_ops
+put("basp_frames", "clean", faults() + b"\x05" + session)
+put("basp_frames", "drop", faults(drop=(128, ops, 0)) + b"\x11" + session)
+put("basp_frames", "duplicate", faults(dup=(128, ops, 0), to_client=True) + b"\x23" + session)
+put("basp_frames", "reorder", faults(reorder=(200, ops, 20)) + b"\x37" + session)
+put("basp_frames", "all-cleared", faults((60, 0x7F, 0), (60, ops, 0), (60, ops, 5), clear=True)
+    + b"\x41" + session)
+put("basp_frames", "cut-short", faults(reorder=(255, ops, 50)) + b"\x02" + session[:-20])
+put("basp_frames", "not-basp", faults(dup=(255, ops, 0)) + b"\x09" + session[:150]
+    + b"GET / HTTP/1.1\r\n\r\n" + session[150:])

@@ -3,10 +3,21 @@
 // same entry point as its fuzz target, expecting the documented answer.
 #include <gtest/gtest.h>
 
+#include <caf/detail/ieee_754.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
 #include <string>
 #include <variant>
+#include <vector>
 
+#include "actors/wire_checks.h"
 #include "deploy/config.h"
+#include "faults/fault_book.h"
+#include "faults/fault_json.h"
+#include "fuzz/wire_samples.h"
 #include "gpu/checkpoint.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
@@ -91,6 +102,166 @@ TEST(FuzzFindings, HfHeadCountTimesHeadDimOverflowIsRefused) {
     EXPECT_TRUE(test::contains(e.what(), "config.json")) << e.what();
     EXPECT_TRUE(test::contains(e.what(), "absurdly large")) << e.what();
   }
+}
+
+// ---- wire_messages: what one process decodes from another ----
+
+// A wire_messages input (its first byte picks the message) decoded as the
+// target decodes it; fails the test if CAF refuses it.
+template <class... Ts>
+void decode_finding(const std::string& name, Ts&... xs) {
+  const std::string bytes = finding("wire_messages", name);
+  ASSERT_FALSE(bytes.empty());
+  size_t rest = 0;
+  ASSERT_FALSE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, xs...)) << name;
+}
+
+template <class T>
+std::vector<char> reencoded(const T& x) {
+  T y;
+  size_t rest = 0;
+  const std::vector<char> once = fuzz::wire_encode(x);
+  EXPECT_FALSE(fuzz::wire_decode(once.data(), once.size(), rest, y));
+  EXPECT_EQ(rest, 0u);
+  EXPECT_EQ(fuzz::wire_encode(y), once);
+  return once;
+}
+
+template <class F>
+uint64_t bits_of(F f) {
+  uint64_t b = 0;
+  std::memcpy(&b, &f, sizeof f);
+  return b;
+}
+
+// An assignment whose temperature decoded as -infinity (CAF 0.17 reads the
+// bits ff ff ff ff so): re-encoding it hung in CAF's pack754, which halves
+// an infinity until it is below 2. A process forwarding such a value (the
+// leader's worker sends its items to the other parts) would hang, and CAF
+// also wrote subnormals wrong (1e-40f arrived as -1.2e37, which the sampler
+// refuses: a temperature any client could send killed every remote replica
+// it was resumed on). The wire types now carry floats as their IEEE bits.
+TEST(FuzzFindings, WireFloatsCrossAsTheirBitsAndAnInfinityNoLongerHangsTheSender) {
+  Assignment a;
+  decode_finding("assignment-float-hang.bin", a);
+  EXPECT_TRUE(std::isnan(a.sampling.temperature));  // the bits as they came
+  reencoded(a);
+  EXPECT_NE(assignment_problem(a, 2000, 256), "");
+  for (float f : {INFINITY, -INFINITY, NAN, 1e-40f, FLT_MIN / 2, FLT_MIN, 0.8f, 0.0f, -0.0f}) {
+    Assignment x;
+    x.sampling.temperature = f;
+    x.sampling.top_p = f;
+    const std::vector<char> bytes = reencoded(x);
+    Assignment y;
+    size_t rest = 0;
+    ASSERT_FALSE(fuzz::wire_decode(bytes.data(), bytes.size(), rest, y));
+    EXPECT_EQ(bits_of(y.sampling.temperature), bits_of(f)) << f;
+    EXPECT_EQ(bits_of(y.sampling.top_p), bits_of(f)) << f;
+  }
+  for (double d : {double(INFINITY), -double(NAN), 1e-310, DBL_MIN, 0.004}) {
+    StepEvents ev;
+    ev.step_s = d;
+    FaultOrder o;
+    o.factor = d;
+    reencoded(ev);
+    reencoded(o);
+    StepEvents ev2;
+    FaultOrder o2;
+    size_t rest = 0;
+    const auto b1 = fuzz::wire_encode(ev), b2 = fuzz::wire_encode(o);
+    ASSERT_FALSE(fuzz::wire_decode(b1.data(), b1.size(), rest, ev2));
+    ASSERT_FALSE(fuzz::wire_decode(b2.data(), b2.size(), rest, o2));
+    EXPECT_EQ(bits_of(ev2.step_s), bits_of(d)) << d;
+    EXPECT_EQ(bits_of(o2.factor), bits_of(d)) << d;
+  }
+  // A normal number is written as before: CAF's pack754 gives its IEEE bits.
+  for (float f : {0.8f, 1.0f, 2.5f, -3e10f, FLT_MIN})
+    EXPECT_EQ(caf::detail::pack754(f), bits_of(f));
+  for (double d : {0.004, 1000.0, DBL_MIN}) EXPECT_EQ(caf::detail::pack754(d), bits_of(d));
+}
+
+// A rendezvous value whose length claims 64 MiB in a 31-byte message: as a
+// std::vector<char>, CAF 0.17 resizes to the claimed length before it checks
+// the input holds it (the length is a 32-bit varint: up to 4 GiB, zeroed,
+// per value, in the coordinator's middleman, from 5 bytes). Found reading
+// CAF's data_processor.hpp while writing the wire target. The values travel
+// as std::string now, whose length CAF checks against the input first.
+TEST(FuzzFindings, WireRendezvousValuesAreStringsWhoseClaimedLengthIsCheckedFirst) {
+  const std::string bytes = finding("wire_messages", "rendezvous-huge-length.bin");
+  std::string key, value;
+  size_t rest = 0;
+  EXPECT_TRUE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, key, value));
+  EXPECT_EQ(key, "replica0/epoch3/tp0/rank1");
+  EXPECT_EQ(value.capacity() < 1024, true);
+  // What the old type did with it: the claimed 64 MiB, allocated.
+  std::string key2;
+  std::vector<char> old_value;
+  EXPECT_TRUE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, key2, old_value));
+  EXPECT_EQ(old_value.size(), size_t(64) << 20);
+}
+
+// A replica plan of 16777216 x 20967424 devices: ReplicaPlan::devices()
+// overflowed int (UBSan, with the checks off), and a node indexes hosts by
+// device. Refused now before the node uses any of it.
+TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
+  ReplicaPlan p;
+  decode_finding("replica-plan-devices-overflow.bin", p);
+  const std::string problem = replica_plan_problem(p);
+  EXPECT_TRUE(test::contains(problem, "devices")) << problem;
+}
+
+// Assignments a node's engine would refuse or choke on: a token id far
+// outside the vocabulary (the engine throws and the worker dies, and so
+// does every replica the request is resumed on), a negative `generated`
+// (a new sampler skips 2^64 - 1 draws: the worker hangs). The batcher now
+// ends such a request as the server's cancel.
+TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
+  Assignment a;
+  decode_finding("assignment-token-outside-vocabulary.bin", a);
+  std::string problem = assignment_problem(a, kFortune.vocab_size, kFortune.context_length);
+  EXPECT_TRUE(test::contains(problem, "vocabulary")) << problem;
+  Assignment b;
+  decode_finding("assignment-negative-generated.bin", b);
+  problem = assignment_problem(b, kFortune.vocab_size, kFortune.context_length);
+  EXPECT_TRUE(test::contains(problem, "generated -1")) << problem;
+}
+
+// A fault order of kind 32: the worker's switch matched nothing, so nothing
+// was applied or reported. The batcher now refuses it with a report.
+TEST(FuzzFindings, WireFaultOrderOfAnUnknownKindIsRefused) {
+  FaultOrder o;
+  decode_finding("fault-order-unknown-kind.bin", o);
+  const std::string problem = fault_order_problem(o);
+  EXPECT_TRUE(test::contains(problem, "kind 32 is unknown")) << problem;
+}
+
+// A refusal whose text is not UTF-8 ("rep\xdclica 1 has 2 shard ..."): the
+// fault book kept it, and GET /admin/faults threw nlohmann's type_error 316
+// from then on. The fault injector now drops such a report.
+TEST(FuzzFindings, WireFaultReportThatIsNotUtf8IsDropped) {
+  FaultReport r;
+  decode_finding("fault-report-not-utf8.bin", r);
+  const std::string problem = fault_report_problem(r);
+  EXPECT_TRUE(test::contains(problem, "UTF-8")) << problem;
+  // What it did to the book's JSON.
+  FaultBook book;
+  FaultOrder o;
+  o.kind = FaultKind::KvAllocFail;
+  const FaultOrder added = book.add(o, 0, 1, 0);
+  book.started(added.id, 0);
+  r.id = added.id;
+  book.report(r, 0);
+  EXPECT_THROW((void)fault_entry_json(*book.get(added.id)).dump(), nlohmann::json::type_error);
+}
+
+// Step events saying -1 running and -1 queued tokens: the request table
+// stored them as size_t, 2^64 - 1 in the load view every policy routes by.
+// The router now drops such events.
+TEST(FuzzFindings, WireStepEventsWithNegativeCountsAreDropped) {
+  StepEvents ev;
+  decode_finding("step-events-negative-running.bin", ev);
+  const std::string problem = step_events_problem(ev);
+  EXPECT_TRUE(test::contains(problem, "running -1")) << problem;
 }
 
 }  // namespace
