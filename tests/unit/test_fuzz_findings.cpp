@@ -21,6 +21,7 @@
 #include "gpu/checkpoint.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
+#include "text/tokenizer.h"
 
 namespace troupe {
 namespace {
@@ -102,6 +103,24 @@ TEST(FuzzFindings, HfHeadCountTimesHeadDimOverflowIsRefused) {
     EXPECT_TRUE(test::contains(e.what(), "config.json")) << e.what();
     EXPECT_TRUE(test::contains(e.what(), "absurdly large")) << e.what();
   }
+}
+
+// A 32-byte tokenizer.model whose second piece is "\0+o\x96 ": SentencePiece
+// passes pieces to Darts as C strings, Darts threw "zero-length key" through
+// a frame that cannot unwind, and the process died in std::terminate (no
+// catch helps). Tokenizer::load now reads the pieces first and refuses an
+// empty one or one holding a NUL byte.
+TEST(FuzzFindings, TokenizerPieceWithANulByteIsRefusedNotATerminate) {
+  test::TempDir dir;
+  test::write_file(dir / "tokenizer.model", finding("tokenizer_model", "nul-leading-piece.model"));
+  try {
+    Tokenizer::load(dir / "tokenizer.model");
+    FAIL() << "loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(test::contains(e.what(), "piece 1 holds a NUL byte")) << e.what();
+  }
+  // The bundled models still load.
+  EXPECT_GT(Tokenizer::load(test::model_path("fortune/tokenizer.model")).vocab_size(), 0);
 }
 
 // ---- wire_messages: what one process decodes from another ----
