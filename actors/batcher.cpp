@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "actors/wire_checks.h"
 #include "actors/worker.h"
 #include "scheduler/replica_link.h"
 
@@ -18,6 +19,8 @@ struct BatcherState {
   uint64_t epoch = 0;
   WorkerActor worker;
   std::unique_ptr<ReplicaScheduler> sched;
+  int vocab_size = 0;
+  int context_length = 0;
   bool up = false;
   // The channel with the router (scheduler/replica_link.h).
   SequenceCheck from_router;
@@ -133,12 +136,26 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
   st->router = std::move(router);
   st->epoch = options.scheduler.epoch;
   st->sched = std::make_unique<ReplicaScheduler>(options.scheduler);
+  st->vocab_size = options.vocab_size;
+  st->context_length = options.scheduler.stop.context_length;
   st->worker = self->spawn<caf::detached + caf::linked>(
       worker, options.engine, options.scheduler.replica, options.metrics, options.members);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {
         if (!in_order(self, *st, a.seq)) return;
+        // From the router, in the coordinator's process. One the engine
+        // would refuse (a token outside the vocabulary, sampling the
+        // sampler throws on) would kill the worker, and then every replica
+        // it is resumed on: it ends here instead, as the server's cancel.
+        if (const std::string problem = assignment_problem(a, st->vocab_size, st->context_length);
+            !problem.empty()) {
+          spdlog::error("replica {}: refused an assignment: {}", st->sched->replica(), problem);
+          StepEvents ev = st->sched->load_report();
+          ev.done.push_back({a.id, FinishReason::Cancelled, 0});
+          tell_router(self, *st, std::move(ev));
+          return;
+        }
         st->sched->add(std::move(a));
         schedule(self, st);
       },
@@ -153,6 +170,12 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
       },
       [=](fault_atom a, FaultOrder& o, FaultInjectorActor& reporter) {
         const int replica = st->sched->replica();
+        // From the coordinator's supervisor; the worker takes it as checked here.
+        if (const std::string problem = fault_order_problem(o); !problem.empty()) {
+          spdlog::error("replica {}: refused a fault order: {}", replica, problem);
+          report(self, reporter, o.id, FaultOutcome::Refused, problem);
+          return;
+        }
         if (o.kind == FaultKind::KvAllocFail) {
           st->sched->refuse_blocks(!o.end);
           if (o.end) {

@@ -1,7 +1,11 @@
 #include "actors/fault_injector.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <set>
+
+#include "actors/wire_checks.h"
 
 namespace troupe {
 
@@ -35,7 +39,17 @@ FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer sel
         if (fault_lasts(e->order.kind))
           self->delayed_send(self, after(e->duration_s), fend_atom::value, id);
       },
-      [=](fault_atom, const FaultReport& r) { book->report(r, book->now()); },
+      [=](fault_atom, const FaultReport& r) {
+        // From the actor that applied the order, perhaps on a node. The book
+        // keeps the text and GET /admin/faults serves it as JSON (which
+        // cannot hold bytes that are not UTF-8): a report that makes no
+        // sense is dropped, and the fault fails for want of an effect.
+        if (const std::string problem = fault_report_problem(r); !problem.empty()) {
+          spdlog::error("fault injector: dropped a {}", problem);
+          return;
+        }
+        book->report(r, book->now());
+      },
       [=](fend_atom, uint64_t id) {
         const auto e = book->get(id);
         if (!e) return;

@@ -14,6 +14,7 @@ namespace {
 struct MemberState {
   EngineFactory factory;
   std::unique_ptr<StepEngine> engine;
+  StepLimits limits;
   std::map<uint64_t, uint64_t> pending;  // member step id -> engine ticket
   uint64_t next_id = 1;
 };
@@ -21,7 +22,7 @@ struct MemberState {
 }  // namespace
 
 MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory factory, int replica,
-                                  std::string name) {
+                                  std::string name, StepLimits limits) {
   self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
     std::string what = "unknown exception";
     try {
@@ -35,16 +36,27 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
   });
   auto st = std::make_shared<MemberState>();
   st->factory = std::move(factory);
+  st->limits = limits;
   return {
       [=](build_atom) {
         // Blocks until every part has met at the rendezvous (bounded by the
         // communicators' timeout): this actor is detached.
         auto spawned = std::make_shared<std::vector<ShardActor>>();
         st->engine = st->factory(shard_launcher(self, replica, spawned));
+        st->limits.vocab_size = st->engine->config().vocab_size;
+        st->limits.context_length = st->engine->config().max_seq_len;
+        st->limits.kv_blocks = st->engine->kv_blocks();
+        st->limits.block_tokens = st->engine->block_tokens();
         spdlog::info("{}: built", name);
       },
       [=](step_atom, std::vector<StepItem>& items, int microbatches) {
         if (!st->engine) throw std::logic_error("a step reached a part that was never built");
+        // From the leader's worker, in another process. A step this part
+        // cannot run fails the replica, as the engine's own refusal would;
+        // checked first, since the engine sizes its buffers by it.
+        if (const std::string problem = step_problem(items, microbatches, st->limits);
+            !problem.empty())
+          throw std::invalid_argument("a step from the leader: " + problem);
         const uint64_t id = st->next_id++;
         MemberActor me = caf::actor_cast<MemberActor>(self);
         st->pending[id] = st->engine->launch_split(std::move(items), microbatches, [me, id] {

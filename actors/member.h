@@ -9,11 +9,15 @@
 #include <string>
 
 #include "actors/protocol.h"
+#include "actors/wire_checks.h"
 #include "deploy/engine_builder.h"
 
 namespace troupe {
 
+// `limits`: the plan's batch limits; the engine, once built, adds the
+// model's and the KV cache's. Every step from the leader (another process)
+// is checked against them before it reaches the engine.
 MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory factory, int replica,
-                                  std::string name);
+                                  std::string name, StepLimits limits = {});
 
 }  // namespace troupe

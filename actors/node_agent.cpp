@@ -11,6 +11,7 @@
 #include "actors/batcher.h"
 #include "actors/member.h"
 #include "actors/rendezvous.h"
+#include "actors/wire_checks.h"
 #include "gpu/comm/gloo_communicator.h"
 
 namespace troupe {
@@ -222,6 +223,12 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
 // its devices and engine. An error when it does not fit.
 std::optional<caf::error> prepare(AgentState& s, const ReplicaPlan& plan, Hosted& h,
                                   ReplicaEngine& engine, NodeActor::pointer self) {
+  // From the coordinator's process: checked before any of it is used (the
+  // engine source indexes hosts and part_names by it).
+  if (const std::string problem = replica_plan_problem(plan); !problem.empty()) {
+    spdlog::error("node {}: refused a replica plan: {}", s.opts.join.name, problem);
+    return caf::make_error(caf::sec::invalid_argument, "replica plan: " + problem);
+  }
   if (auto it = s.replicas.find(plan.replica); it != s.replicas.end()) {
     // A start that arrives after a newer one (delayed on the way) is stale.
     if (it->second.epoch > plan.epoch)
@@ -322,6 +329,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         b.engine = std::move(engine.factory);
         b.metrics = s.opts.metrics;
         b.members = std::move(members);
+        b.vocab_size = s.opts.vocab_size;
         h.batcher = self->spawn<caf::monitored>(batcher, std::move(router), std::move(b));
         spdlog::info(
             "node {}: replica {} started (placement {}, {} device(s){})", s.opts.join.name,
@@ -338,8 +346,11 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         if (auto err = prepare(s, plan, h, engine, self)) return *err;
         const std::string name = "replica " + std::to_string(plan.replica) + " part " +
                                  std::to_string(plan.part) + " (" + s.opts.join.name + ")";
+        StepLimits limits;
+        limits.max_sequences = plan.max_batch_sequences;
+        limits.max_tokens = plan.max_batch_tokens;
         h.member = self->spawn<caf::detached + caf::monitored>(member, std::move(engine.factory),
-                                                               plan.replica, name);
+                                                               plan.replica, name, limits);
         // Built on its own thread, from its first message: the parts meet at
         // the rendezvous only once the leader starts too.
         self->send(h.member, build_atom::value);

@@ -54,6 +54,7 @@ struct NodeAgentOptions {
   ReplicaEngineSource engines;
   StopRule stop;  // the model's
   int bos = 1;
+  int vocab_size = 0;  // the model's: requests' token ids are checked against it (0: not)
   double heartbeat_timeout_s = 2;
   // Where the coordinator listens; empty host: `coordinator` below is given
   // (the coordinator's own devices, in its process).

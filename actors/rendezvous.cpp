@@ -20,7 +20,8 @@ CoordinatorRendezvous::CoordinatorRendezvous(caf::actor_system& system,
 void CoordinatorRendezvous::set(const std::string& key, const std::vector<char>& value) {
   caf::scoped_actor self{system_};
   std::string error;
-  self->request(coordinator_, kRequest, rdvset_atom::value, key, value)
+  self->request(coordinator_, kRequest, rdvset_atom::value, key,
+                std::string(value.begin(), value.end()))
       .receive([](bool) {}, [&](caf::error& e) { error = system_.render(e); });
   if (!error.empty())
     throw CommError("rendezvous: the coordinator did not take key '" + key + "': " + error);
@@ -34,7 +35,7 @@ std::vector<char> CoordinatorRendezvous::get(const std::string& key,
     std::vector<char> value;
     std::string error;
     self->request(coordinator_, kRequest, rdvget_atom::value, key)
-        .receive([&](std::vector<char>& v) { value = std::move(v); },
+        .receive([&](const std::string& v) { value.assign(v.begin(), v.end()); },
                  [&](caf::error& e) { error = system_.render(e); });
     if (!error.empty())
       throw CommError("rendezvous: the coordinator did not answer for key '" + key + "': " + error);

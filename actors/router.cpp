@@ -5,6 +5,7 @@
 #include <chrono>
 #include <vector>
 
+#include "actors/wire_checks.h"
 #include "scheduler/router_log.h"
 
 namespace troupe {
@@ -133,6 +134,13 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
       },
       [=](cancel_atom, uint64_t id) { st->table->cancel(id, st->now()); },
       [=](events_atom, const StepEvents& ev) {
+        // From a batcher, perhaps in another process: its counts feed the
+        // routing policy's load view (as size_t) and its step time the
+        // policy's rates, so one that makes no sense is dropped whole.
+        if (const std::string problem = step_events_problem(ev); !problem.empty()) {
+          spdlog::error("router: dropped step events of replica {}: {}", ev.replica, problem);
+          return;
+        }
         // A replica that outlived its placement (a node declared dead that
         // came back) is fenced: its events speak for an old epoch.
         if (ev.replica < 0 || size_t(ev.replica) >= st->epoch.size() ||

@@ -138,6 +138,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
     };
     no.stop = StopRule{model.eos_ids, model.max_seq_len};
     no.bos = model.bos_id;
+    no.vocab_size = model.vocab_size;
     no.heartbeat_timeout_s = config.nodes.heartbeat_timeout_s;
     no.metrics = metrics;
     local_node_ = system_->spawn<caf::detached>(node_agent, std::move(no),

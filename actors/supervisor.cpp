@@ -46,8 +46,8 @@ struct SupervisorState {
   std::shared_ptr<SupervisorShared> shared;
   Metrics* metrics = nullptr;
   Cluster cluster;
-  std::map<int, NodeActor> nodes;                       // live nodes' agents, by node id
-  std::map<std::string, std::vector<char>> rendezvous;  // spanning replicas' parts meet here
+  std::map<int, NodeActor> nodes;                 // live nodes' agents, by node id
+  std::map<std::string, std::string> rendezvous;  // spanning replicas' parts meet here
   std::vector<Slot> slots;
   uint64_t next_epoch = 1;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -373,13 +373,13 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         place_waiting(self, st);
         self->delayed_send(self, kTick, stick_atom::value);
       },
-      [=](rdvset_atom, const std::string& key, const std::vector<char>& value) {
+      [=](rdvset_atom, const std::string& key, const std::string& value) {
         st->rendezvous[key] = value;
         return true;
       },
       [=](rdvget_atom, const std::string& key) {
         auto it = st->rendezvous.find(key);
-        return it == st->rendezvous.end() ? std::vector<char>{} : it->second;
+        return it == st->rendezvous.end() ? std::string() : it->second;
       },
       [=](broken_atom, int replica, uint64_t epoch, const std::string& why) {
         SupervisorState& s = *st;

@@ -4,10 +4,13 @@
 // it starts its actor system, under the same names on both ends (CAF drops
 // a message whose top-level types the receiver does not know). A malformed
 // or truncated message fails CAF's deserializer and its connection is
-// closed; it never reaches an actor.
+// closed; it never reaches an actor. One that decodes may still hold any
+// value of its types: what each receiver checks is in actors/wire_checks.h.
 #include <caf/all.hpp>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "faults/fault_order.h"
@@ -19,14 +22,51 @@
 namespace troupe {
 
 // Bumped whenever a wire type or an actor protocol changes: a node speaking
-// another protocol is refused when it joins.
-inline constexpr uint32_t kWireProtocol = 3;
+// another protocol is refused when it joins. 3: rendezvous values as
+// strings, floating-point fields as their IEEE-754 bits. 4: the router <->
+// replica channel's sequence numbers (scheduler/replica_link.h).
+inline constexpr uint32_t kWireProtocol = 4;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
+// CAF 0.17 writes a float or double through detail::pack754, which loops
+// forever on an infinity, mangles subnormals (1e-40f arrives as -1.2e37,
+// 1e-310 as -3.2e306: a temperature a client may send) and reads a NaN back
+// as an infinity. The wire types carry their floating-point fields as the
+// IEEE-754 bits instead, exactly, when CAF (de)serializes them; other
+// inspectors (CAF's to_string) see the number.
+template <class T>
+struct FloatBits {
+  T& value;
+};
+
+template <class Inspector>
+inline constexpr bool kWireBits = std::is_base_of_v<caf::serializer, Inspector> ||
+                                  std::is_base_of_v<caf::deserializer, Inspector>;
+
+template <class Inspector, class T>
+typename Inspector::result_type inspect(Inspector& f, FloatBits<T>& x) {
+  static_assert(std::is_floating_point_v<T> && (sizeof(T) == 4 || sizeof(T) == 8));
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  Bits bits = 0;
+  return f(caf::meta::save_callback([&]() -> caf::error {
+             std::memcpy(&bits, &x.value, sizeof bits);
+             return caf::none;
+           }),
+           bits, caf::meta::load_callback([&]() -> caf::error {
+             std::memcpy(&x.value, &bits, sizeof bits);
+             return caf::none;
+           }));
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
-  return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+  if constexpr (kWireBits<Inspector>) {
+    FloatBits<float> temperature{x.temperature}, top_p{x.top_p};
+    return f(caf::meta::type_name("SamplingParams"), temperature, top_p, x.top_k, x.seed);
+  } else {
+    return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+  }
 }
 
 template <class Inspector>
@@ -53,15 +93,28 @@ typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
-  return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
-           x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
-           x.blocks_used, x.blocks_free, x.seq, x.acked);
+  if constexpr (kWireBits<Inspector>) {
+    FloatBits<double> step_s{x.step_s};
+    return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, step_s, x.batch_sequences,
+             x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
+             x.blocks_used, x.blocks_free, x.seq, x.acked);
+  } else {
+    return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
+             x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
+             x.blocks_used, x.blocks_free, x.seq, x.acked);
+  }
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, FaultOrder& x) {
-  return f(caf::meta::type_name("FaultOrder"), x.id, x.kind, x.role, x.replica, x.device, x.factor,
-           x.end);
+  if constexpr (kWireBits<Inspector>) {
+    FloatBits<double> factor{x.factor};
+    return f(caf::meta::type_name("FaultOrder"), x.id, x.kind, x.role, x.replica, x.device, factor,
+             x.end);
+  } else {
+    return f(caf::meta::type_name("FaultOrder"), x.id, x.kind, x.role, x.replica, x.device,
+             x.factor, x.end);
+  }
 }
 
 template <class Inspector>

@@ -77,6 +77,7 @@ void run_node(const NodeOptions& o) {
   no.engines = engines_from(engines, cfg.cuda);
   no.stop = StopRule{model.eos_ids, model.max_seq_len};
   no.bos = model.bos_id;
+  no.vocab_size = model.vocab_size;
   no.heartbeat_timeout_s = cfg.nodes.heartbeat_timeout_s;
   no.coordinator_host = host;
   no.coordinator_port = port;

@@ -9,6 +9,8 @@
 #include <limits>
 #include <sstream>
 
+#include "util/utf8.h"
+
 namespace troupe::schema {
 
 namespace {
@@ -146,8 +148,13 @@ const std::string& scalar_text(const Origin& o, const Node& n, const std::string
   return n.Scalar();
 }
 
+// yaml-cpp's reader passes bytes that are not UTF-8 through, and its emitter
+// writes them back as U+FFFD: such a value would not survive to_yaml(), and
+// YAML text is Unicode anyway.
 std::string read_string(const Origin& o, const Node& n, const std::string& key) {
-  return scalar_text(o, n, key, "a string");
+  const std::string& text = scalar_text(o, n, key, "a string");
+  if (!valid_utf8(text)) o.fail(key, "expected UTF-8 text, got bytes that are not valid UTF-8");
+  return text;
 }
 
 // For keys whose empty value means "the default", so `tokenizer:` may be blank.
@@ -310,9 +317,29 @@ Kind<int64_t> byte_count(bool positive) {
           [](YAML::Emitter& out, const int64_t& v) { out << v; }};
 }
 
+namespace {
+
+// yaml-cpp writes such text as a plain scalar, which does not read back the
+// same: a CR reads as a line break, edge spaces and tabs are trimmed.
+// Double-quoted, every character is escaped or kept.
+bool needs_double_quotes(std::string_view v) {
+  const auto edge = [](char c) { return c == ' ' || c == '\t'; };
+  if (!v.empty() && (edge(v.front()) || edge(v.back()))) return true;
+  return std::any_of(v.begin(), v.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7F;
+  });
+}
+
+void write_text(YAML::Emitter& out, const std::string& v) {
+  if (needs_double_quotes(v)) out << YAML::DoubleQuoted;
+  out << v;
+}
+
+}  // namespace
+
 Kind<std::string> text() {
-  return {read_string, [](const std::string&) { return std::string(); },
-          [](YAML::Emitter& out, const std::string& v) { out << v; }};
+  return {read_string, [](const std::string&) { return std::string(); }, write_text};
 }
 
 Kind<std::string> non_empty_text() {
@@ -351,7 +378,7 @@ Kind<std::vector<std::string>> text_list() {
           [](const std::vector<std::string>&) { return std::string(); },
           [](YAML::Emitter& out, const std::vector<std::string>& v) {
             out << YAML::Flow << YAML::BeginSeq;
-            for (const auto& s : v) out << s;
+            for (const auto& s : v) write_text(out, s);
             out << YAML::EndSeq;
           }};
 }

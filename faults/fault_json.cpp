@@ -85,6 +85,9 @@ std::variant<FaultRequest, std::string> parse_fault_request(std::string_view bod
       if (*k != FaultKind::Slow) throw Refusal{"factor: only a slow fault has a factor"};
       r.order.factor = number(j, "factor", 1);
       if (r.order.factor <= 1) throw Refusal{"factor: must be above 1"};
+      if (r.order.factor > kMaxSlowFactor)
+        throw Refusal{"factor: " + json(r.order.factor).dump() + " is above " +
+                      json(kMaxSlowFactor).dump()};
     } else if (*k == FaultKind::Slow) {
       throw Refusal{"factor: missing; a slow fault makes each step this many times as long"};
     }

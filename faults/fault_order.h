@@ -34,6 +34,10 @@ struct FaultOrder {
   bool end = false;   // ends a lasting fault (Slow, KvAllocFail) instead of starting one
 };
 
+// A slow fault's largest factor (the chaos plans' too): the worker sleeps
+// (factor - 1) times each step's time, which must stay a duration.
+inline constexpr double kMaxSlowFactor = 1000;
+
 // Whether a fault lasts (and so needs a duration) or happens once.
 bool fault_lasts(FaultKind kind);
 

@@ -1,6 +1,7 @@
 #include "gpu/model_config.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace troupe {
@@ -27,10 +28,13 @@ void ModelConfig::validate(const std::string& source) const {
   if (head_dim % 2 != 0) fail("head_dim " + std::to_string(head_dim) + " must be even for RoPE");
   if (!(rope_theta > 0)) fail("rope_theta must be positive");
   if (!(norm_eps > 0)) fail("rms_norm_eps must be positive");
-  // Guard against absurd sizes that would overflow index arithmetic.
+  // Guard against absurd sizes that would overflow index arithmetic. In
+  // double: q_dim() is an int product that absurd head counts overflow, and
+  // it (with kv_dim() <= it) must fit in an int for everything after this.
   const double big = 1ull << 40;
-  if (double(vocab_size) * dim > big || double(hidden_dim) * dim > big ||
-      double(q_dim()) * dim > big)
+  const double q = double(n_heads) * head_dim;
+  if (double(vocab_size) * dim > big || double(hidden_dim) * dim > big || q * dim > big ||
+      q > std::numeric_limits<int>::max())
     fail("tensor sizes are absurdly large");
   if (bos_id < 0 || bos_id >= vocab_size)
     fail("bos_token_id " + std::to_string(bos_id) + " is outside the vocabulary");

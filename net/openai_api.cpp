@@ -233,15 +233,22 @@ void parse_streaming(const json& body, CompletionParams& p) {
 
 CompletionParams parse_checked(std::string_view body, const ModelLimits& limits) {
   json j;
+  // what() is "[json.exception.parse_error.101] parse error at line 1,
+  // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
+  auto reason = [](const json::exception& e) {
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    return what;
+  };
   try {
     j = json::parse(body);
   } catch (const json::parse_error& e) {
-    // what() is "[json.exception.parse_error.101] parse error at line 1,
-    // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + what, {},
-         "invalid_json");
+    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + reason(e),
+         {}, "invalid_json");
+  } catch (const json::out_of_range& e) {
+    // A number beyond a double (1e400) is out_of_range, not a parse_error;
+    // uncaught it would answer the client's mistake with a 500.
+    fail("Malformed JSON in the request body: " + reason(e), {}, "invalid_json");
   }
   if (!j.is_object())
     fail(std::string("The request body must be a JSON object, got ") + j.type_name() + ".");

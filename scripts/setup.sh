@@ -8,6 +8,9 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
   libcaf-dev libspdlog-dev libboost-dev libopenblas-dev
   libsentencepiece-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev curl)
+# Callers that need more (scripts/fuzz.sh: clang) name them here.
+read -r -a EXTRA <<<"${TROUPE_EXTRA_PACKAGES:-}"
+PACKAGES+=("${EXTRA[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -3,9 +3,11 @@
 #include <sentencepiece_processor.h>
 
 #include <charconv>
+#include <cstdint>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
@@ -50,6 +52,88 @@ std::string read_model_file(const std::filesystem::path& path) {
   return bytes;
 }
 
+// --- a look at the pieces before SentencePiece builds its trie ------------
+//
+// SentencePiece hands each piece to Darts as a C string: a piece that is
+// empty or starts with a NUL byte is a zero-length key (one with a NUL
+// inside is cut short there), and Darts throws through a frame that cannot
+// pass an exception on: std::terminate, whatever the caller catches.
+// So the serialized ModelProto's pieces are read here first (protobuf wire
+// format: ModelProto field 1 is `repeated SentencePiece pieces`, whose field
+// 1 is `string piece`). Bytes this reader does not follow are left to
+// SentencePiece's parser to refuse.
+
+bool read_varint(std::string_view& in, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (in.empty()) return false;
+    const auto b = static_cast<uint8_t>(in.front());
+    in.remove_prefix(1);
+    v |= uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+// Skips one field's value of wire type `type`; false if the input ends first.
+bool skip_field(std::string_view& in, uint64_t type, int depth) {
+  uint64_t n = 0;
+  switch (type) {
+    case 0:
+      return read_varint(in, n);
+    case 1:
+    case 5:
+      n = type == 1 ? 8 : 4;
+      break;
+    case 2:
+      if (!read_varint(in, n)) return false;
+      break;
+    case 3:  // a group: fields up to its end-group key
+      if (depth > 32) return false;
+      for (uint64_t key = 0;;) {
+        if (!read_varint(in, key)) return false;
+        if ((key & 7) == 4) return true;
+        if (!skip_field(in, key & 7, depth + 1)) return false;
+      }
+    default:
+      return false;
+  }
+  if (n > in.size()) return false;
+  in.remove_prefix(size_t(n));
+  return true;
+}
+
+// What is wrong with a piece, or an empty string.
+std::string pieces_problem(std::string_view in) {
+  int index = 0;
+  for (uint64_t key = 0; read_varint(in, key);) {
+    if (key != ((1u << 3) | 2)) {
+      if (!skip_field(in, key & 7, 0)) return {};
+      continue;
+    }
+    uint64_t n = 0;
+    if (!read_varint(in, n) || n > in.size()) return {};
+    std::string_view message = in.substr(0, size_t(n));
+    in.remove_prefix(size_t(n));
+    std::string_view piece;  // the last one counts, as in protobuf
+    for (uint64_t k = 0; read_varint(message, k);) {
+      if (k == ((1u << 3) | 2)) {
+        uint64_t m = 0;
+        if (!read_varint(message, m) || m > message.size()) return {};
+        piece = message.substr(0, size_t(m));
+        message.remove_prefix(size_t(m));
+      } else if (!skip_field(message, k & 7, 0)) {
+        return {};
+      }
+    }
+    if (piece.empty()) return "piece " + std::to_string(index) + " is empty";
+    if (piece.find('\0') != std::string_view::npos)
+      return "piece " + std::to_string(index) + " holds a NUL byte";
+    ++index;
+  }
+  return {};
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -59,6 +143,9 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   const std::string bytes = read_model_file(path);
   auto impl = std::make_shared<Impl>();
   impl->name = path.string();
+  if (const std::string problem = pieces_problem(bytes); !problem.empty())
+    throw std::runtime_error("tokenizer: '" + impl->name +
+                             "' is not a valid SentencePiece model: " + problem);
   const auto status = impl->sp.LoadFromSerializedProto(bytes);
   if (!status.ok()) {
     throw std::runtime_error("tokenizer: '" + impl->name +

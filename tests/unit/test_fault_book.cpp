@@ -94,6 +94,9 @@ TEST(FaultJson, RequestsAreCheckedKeyByKey) {
             std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "slow", "factor": 1, "duration_s": 1})").find("above 1"),
             std::string::npos);
+  // The worker sleeps (factor - 1) x each step: 1e300 would not be a duration.
+  EXPECT_NE(refusal(R"({"kind": "slow", "factor": 1e300, "duration_s": 1})").find("above 1000"),
+            std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kv_alloc_fail"})").find("duration_s: missing"), std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kill", "duration_s": 1})").find("happens once"),
             std::string::npos);

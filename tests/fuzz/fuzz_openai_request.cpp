@@ -1,0 +1,112 @@
+// The OpenAI request decoder: a POST /v1/completions body through
+// parse_completion_request and resolve_prompt, with the fortune tokenizer and
+// without one, as the server calls them. An accepted request then runs
+// through a CompletionExchange (the stop strings and the streaming
+// detokenizer are the request's to choose), with the prompt's own ids as the
+// "generated" tokens, streamed and not. Oracles: no exception escapes; the
+// streamed text equals the whole response's text; that text is a prefix of
+// decode(ids), equal to it without stop strings, and holds no stop string.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "fuzz_support.h"
+#include "net/completion_exchange.h"
+#include "net/openai_api.h"
+#include "net/sse_parser.h"
+#include "serving_support.h"
+
+namespace troupe::fuzz {
+namespace {
+
+using nlohmann::json;
+
+// nlohmann's dump() refuses invalid UTF-8 by default.
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+// The text a client reads from one exchange: the response's choice, or the
+// streamed chunks' texts concatenated.
+std::string client_text(const ExchangeStep& last, const std::string& streamed) {
+  if (last.response) {
+    const json body = json::parse(last.response->body);
+    return body.at("choices").at(0).at("text").get<std::string>();
+  }
+  std::string text;
+  for (const std::string& data : sse_events(streamed)) {
+    if (data == "[DONE]") continue;
+    const json chunk = json::parse(data);
+    if (chunk.contains("error")) violated("an exchange without errors streamed " + data);
+    for (const json& c : chunk.at("choices")) text += c.at("text").get<std::string>();
+  }
+  return text;
+}
+
+// Feeds `ids` as the generated tokens and returns what the client reads.
+std::string run_exchange(const openai::CompletionParams& params, const std::vector<int>& ids,
+                         const Tokenizer* tok) {
+  const auto now = CompletionExchange::Clock::now();
+  CompletionExchange ex(1, params, {"cmpl-fuzz", 0, params.model}, int(ids.size()), tok, now);
+  std::string streamed;
+  ExchangeStep step;
+  for (int id : ids) {
+    step = ex.on_token(id, now);
+    streamed += step.events;
+    if (ex.finished()) break;
+  }
+  if (!ex.finished()) {
+    step = ex.on_done(FinishReason::Length, int(ids.size()), now);
+    streamed += step.events;
+  }
+  if (!ex.finished() || !step.finished || step.finished->status != 200)
+    violated("an exchange fed valid tokens did not end with 200");
+  return client_text(step, streamed);
+}
+
+void check_exchange(const openai::CompletionParams& params, const std::vector<int>& prompt) {
+  const Tokenizer& tok = fortune_tokenizer();
+  std::vector<int> ids(prompt.begin(),
+                       prompt.begin() + std::min<size_t>(prompt.size(), size_t(params.max_tokens)));
+  const std::string full = tok.decode(ids);
+  openai::CompletionParams streamed = params, whole = params;
+  streamed.stream = true;
+  whole.stream = false;
+  const std::string a = run_exchange(streamed, ids, &tok);
+  const std::string b = run_exchange(whole, ids, &tok);
+  // Invalid UTF-8 in the model's text is replaced per JSON string, so the
+  // text comparisons below only hold for valid text.
+  if (!valid_utf8(full)) return;
+  if (a != b) violated("streamed text '" + a + "' differs from the response's '" + b + "'");
+  if (full.compare(0, b.size(), b) != 0)
+    violated("response text '" + b + "' is not a prefix of the decoded tokens '" + full + "'");
+  if (params.stop.empty() && b != full)
+    violated("without stop strings the text '" + b + "' differs from decode(ids) '" + full + "'");
+  for (const std::string& s : params.stop)
+    if (b.find(s) != std::string::npos)
+      violated("response text '" + b + "' holds the stop string '" + s + "'");
+}
+
+}  // namespace
+}  // namespace troupe::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace troupe;
+  using namespace troupe::fuzz;
+  static const openai::ModelLimits limits = fortune_limits();
+  const auto parsed = openai::parse_completion_request(as_text(data, size), limits);
+  const auto* params = std::get_if<openai::CompletionParams>(&parsed);
+  if (!params) return 0;
+  // Without a tokenizer (a server for token-id prompts only) ...
+  (void)openai::resolve_prompt(*params, nullptr, limits);
+  // ... and with the model's.
+  const auto prompt = openai::resolve_prompt(*params, &fortune_tokenizer(), limits);
+  if (const auto* ids = std::get_if<std::vector<int>>(&prompt)) check_exchange(*params, *ids);
+  return 0;
+}

@@ -1,0 +1,287 @@
+// What the fuzzers (tests/fuzz/, scripts/fuzz.sh) found: each input that
+// broke a promise is kept in tests/data/fuzz/TARGET/ and run here through the
+// same entry point as its fuzz target, expecting the documented answer.
+#include <gtest/gtest.h>
+
+#include <caf/detail/ieee_754.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "actors/wire_checks.h"
+#include "deploy/config.h"
+#include "faults/fault_book.h"
+#include "faults/fault_json.h"
+#include "fuzz/wire_samples.h"
+#include "gpu/checkpoint.h"
+#include "net/openai_api.h"
+#include "support/test_support.h"
+#include "text/tokenizer.h"
+
+namespace troupe {
+namespace {
+
+std::string finding(const std::string& target, const std::string& name) {
+  return test::read_file(test::data_path("fuzz/" + target + "/" + name));
+}
+
+// As `troupe serve` sets them for models/fortune under the default config.
+const openai::ModelLimits kFortune{"fortune", 256, 2000, 4096};
+
+// "[1e3082,.3]": a number beyond a double is nlohmann's out_of_range, not a
+// parse_error; it escaped the decoder and the server answered 500.
+TEST(FuzzFindings, OpenAiNumberOverflowIsA400NamingIt) {
+  const auto r =
+      openai::parse_completion_request(finding("openai_request", "number-overflow.json"), kFortune);
+  const auto* e = std::get_if<openai::ApiError>(&r);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->code, "invalid_json");
+  EXPECT_TRUE(test::contains(e->message, "number overflow")) << e->message;
+  // The same inside an object, where a real client would put it.
+  const auto r2 =
+      openai::parse_completion_request(R"({"prompt": "x", "max_tokens": 1e400})", kFortune);
+  ASSERT_TRUE(std::holds_alternative<openai::ApiError>(r2));
+  EXPECT_EQ(std::get<openai::ApiError>(r2).status, 400);
+}
+
+// A model.path holding bytes that are not UTF-8 was accepted, and
+// to_yaml() (--print-config) wrote it back as U+FFFD: not the same config.
+// Now refused, naming the key.
+TEST(FuzzFindings, ConfigTextThatIsNotUtf8IsRefusedNamingTheKey) {
+  try {
+    parse_config(finding("config", "invalid-utf8-path.yaml"), "fuzz.yaml");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "model.path");
+    EXPECT_TRUE(test::contains(e.what(), "UTF-8")) << e.what();
+  }
+  Config c;
+  EXPECT_THROW(apply_override(c, "model.name", "caf\xe9"), ConfigError);
+  // Valid UTF-8 beyond ASCII still reads and survives to_yaml().
+  apply_override(c, "model.name", "caf\xc3\xa9 \xe2\x98\x83");
+  EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
+}
+
+// model.path "m ... .bin " followed by carriage returns: to_yaml() wrote it
+// as a plain scalar, which reads back without them (a CR is a line break,
+// edge spaces are trimmed). Such text is now written double-quoted.
+TEST(FuzzFindings, ConfigTextWithControlsOrEdgeSpacesSurvivesToYaml) {
+  const Config c = parse_config(finding("config", "carriage-returns-in-path.yaml"), "fuzz.yaml");
+  EXPECT_TRUE(test::contains(c.model.path, ".bin \r\r")) << c.model.path;
+  EXPECT_EQ(parse_config(to_yaml(c), "printed"), c);
+  for (const std::string name : {" lead", "trail ", "tab\t", "cr\rlf\n", "del\x7f", "bell\a"}) {
+    Config d;
+    apply_override(d, "model.name", name);
+    EXPECT_EQ(parse_config(to_yaml(d), "printed").model.name, name) << to_yaml(d);
+    // The items of a list of text (placement.replicas, from main) are
+    // written the same way; in a flow sequence yaml-cpp read these back
+    // even before, so this only keeps it so.
+    Config e;
+    e.placement.replicas = {name};
+    EXPECT_EQ(parse_config(to_yaml(e), "printed").placement.replicas, e.placement.replicas)
+        << to_yaml(e);
+  }
+}
+
+// config.json with 65536 heads of head_dim 65536: validate() computed
+// q_dim() = n_heads * head_dim in int, which overflowed (undefined; wrapped
+// to 0 it passed the size check). Found by a hand-made input to the hf_dir
+// target, after reading the check. Now refused as absurdly large.
+TEST(FuzzFindings, HfHeadCountTimesHeadDimOverflowIsRefused) {
+  test::TempDir dir;
+  test::write_file(dir / "config.json", finding("hf_dir", "head-product-overflow.json"));
+  try {
+    load_checkpoint(dir.path());
+    FAIL() << "loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "config.json")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "absurdly large")) << e.what();
+  }
+}
+
+// A 32-byte tokenizer.model whose second piece is "\0+o\x96 ": SentencePiece
+// passes pieces to Darts as C strings, Darts threw "zero-length key" through
+// a frame that cannot unwind, and the process died in std::terminate (no
+// catch helps). Tokenizer::load now reads the pieces first and refuses an
+// empty one or one holding a NUL byte.
+TEST(FuzzFindings, TokenizerPieceWithANulByteIsRefusedNotATerminate) {
+  test::TempDir dir;
+  test::write_file(dir / "tokenizer.model", finding("tokenizer_model", "nul-leading-piece.model"));
+  try {
+    Tokenizer::load(dir / "tokenizer.model");
+    FAIL() << "loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(test::contains(e.what(), "piece 1 holds a NUL byte")) << e.what();
+  }
+  // The bundled models still load.
+  EXPECT_GT(Tokenizer::load(test::model_path("fortune/tokenizer.model")).vocab_size(), 0);
+}
+
+// ---- wire_messages: what one process decodes from another ----
+
+// A wire_messages input (its first byte picks the message) decoded as the
+// target decodes it; fails the test if CAF refuses it.
+template <class... Ts>
+void decode_finding(const std::string& name, Ts&... xs) {
+  const std::string bytes = finding("wire_messages", name);
+  ASSERT_FALSE(bytes.empty());
+  size_t rest = 0;
+  ASSERT_FALSE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, xs...)) << name;
+}
+
+template <class T>
+std::vector<char> reencoded(const T& x) {
+  T y;
+  size_t rest = 0;
+  const std::vector<char> once = fuzz::wire_encode(x);
+  EXPECT_FALSE(fuzz::wire_decode(once.data(), once.size(), rest, y));
+  EXPECT_EQ(rest, 0u);
+  EXPECT_EQ(fuzz::wire_encode(y), once);
+  return once;
+}
+
+template <class F>
+uint64_t bits_of(F f) {
+  uint64_t b = 0;
+  std::memcpy(&b, &f, sizeof f);
+  return b;
+}
+
+// An assignment whose temperature decoded as -infinity (CAF 0.17 reads the
+// bits ff ff ff ff so): re-encoding it hung in CAF's pack754, which halves
+// an infinity until it is below 2. A process forwarding such a value (the
+// leader's worker sends its items to the other parts) would hang, and CAF
+// also wrote subnormals wrong (1e-40f arrived as -1.2e37, which the sampler
+// refuses: a temperature any client could send killed every remote replica
+// it was resumed on). The wire types now carry floats as their IEEE bits.
+TEST(FuzzFindings, WireFloatsCrossAsTheirBitsAndAnInfinityNoLongerHangsTheSender) {
+  Assignment a;
+  decode_finding("assignment-float-hang.bin", a);
+  EXPECT_TRUE(std::isnan(a.sampling.temperature));  // the bits as they came
+  reencoded(a);
+  EXPECT_NE(assignment_problem(a, 2000, 256), "");
+  for (float f : {INFINITY, -INFINITY, NAN, 1e-40f, FLT_MIN / 2, FLT_MIN, 0.8f, 0.0f, -0.0f}) {
+    Assignment x;
+    x.sampling.temperature = f;
+    x.sampling.top_p = f;
+    const std::vector<char> bytes = reencoded(x);
+    Assignment y;
+    size_t rest = 0;
+    ASSERT_FALSE(fuzz::wire_decode(bytes.data(), bytes.size(), rest, y));
+    EXPECT_EQ(bits_of(y.sampling.temperature), bits_of(f)) << f;
+    EXPECT_EQ(bits_of(y.sampling.top_p), bits_of(f)) << f;
+  }
+  for (double d : {double(INFINITY), -double(NAN), 1e-310, DBL_MIN, 0.004}) {
+    StepEvents ev;
+    ev.step_s = d;
+    FaultOrder o;
+    o.factor = d;
+    reencoded(ev);
+    reencoded(o);
+    StepEvents ev2;
+    FaultOrder o2;
+    size_t rest = 0;
+    const auto b1 = fuzz::wire_encode(ev), b2 = fuzz::wire_encode(o);
+    ASSERT_FALSE(fuzz::wire_decode(b1.data(), b1.size(), rest, ev2));
+    ASSERT_FALSE(fuzz::wire_decode(b2.data(), b2.size(), rest, o2));
+    EXPECT_EQ(bits_of(ev2.step_s), bits_of(d)) << d;
+    EXPECT_EQ(bits_of(o2.factor), bits_of(d)) << d;
+  }
+  // A normal number is written as before: CAF's pack754 gives its IEEE bits.
+  for (float f : {0.8f, 1.0f, 2.5f, -3e10f, FLT_MIN})
+    EXPECT_EQ(caf::detail::pack754(f), bits_of(f));
+  for (double d : {0.004, 1000.0, DBL_MIN}) EXPECT_EQ(caf::detail::pack754(d), bits_of(d));
+}
+
+// A rendezvous value whose length claims 64 MiB in a 31-byte message: as a
+// std::vector<char>, CAF 0.17 resizes to the claimed length before it checks
+// the input holds it (the length is a 32-bit varint: up to 4 GiB, zeroed,
+// per value, in the coordinator's middleman, from 5 bytes). Found reading
+// CAF's data_processor.hpp while writing the wire target. The values travel
+// as std::string now, whose length CAF checks against the input first.
+TEST(FuzzFindings, WireRendezvousValuesAreStringsWhoseClaimedLengthIsCheckedFirst) {
+  const std::string bytes = finding("wire_messages", "rendezvous-huge-length.bin");
+  std::string key, value;
+  size_t rest = 0;
+  EXPECT_TRUE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, key, value));
+  EXPECT_EQ(key, "replica0/epoch3/tp0/rank1");
+  EXPECT_EQ(value.capacity() < 1024, true);
+  // What the old type did with it: the claimed 64 MiB, allocated.
+  std::string key2;
+  std::vector<char> old_value;
+  EXPECT_TRUE(fuzz::wire_decode(bytes.data() + 1, bytes.size() - 1, rest, key2, old_value));
+  EXPECT_EQ(old_value.size(), size_t(64) << 20);
+}
+
+// A replica plan of 16777216 x 20967424 devices: ReplicaPlan::devices()
+// overflowed int (UBSan, with the checks off), and a node indexes hosts by
+// device. Refused now before the node uses any of it.
+TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
+  ReplicaPlan p;
+  decode_finding("replica-plan-devices-overflow.bin", p);
+  const std::string problem = replica_plan_problem(p);
+  EXPECT_TRUE(test::contains(problem, "devices")) << problem;
+}
+
+// Assignments a node's engine would refuse or choke on: a token id far
+// outside the vocabulary (the engine throws and the worker dies, and so
+// does every replica the request is resumed on), a negative `generated`
+// (a new sampler skips 2^64 - 1 draws: the worker hangs). The batcher now
+// ends such a request as the server's cancel.
+TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
+  Assignment a;
+  decode_finding("assignment-token-outside-vocabulary.bin", a);
+  std::string problem = assignment_problem(a, kFortune.vocab_size, kFortune.context_length);
+  EXPECT_TRUE(test::contains(problem, "vocabulary")) << problem;
+  Assignment b;
+  decode_finding("assignment-negative-generated.bin", b);
+  problem = assignment_problem(b, kFortune.vocab_size, kFortune.context_length);
+  EXPECT_TRUE(test::contains(problem, "generated -1")) << problem;
+}
+
+// A fault order of kind 32: the worker's switch matched nothing, so nothing
+// was applied or reported. The batcher now refuses it with a report.
+TEST(FuzzFindings, WireFaultOrderOfAnUnknownKindIsRefused) {
+  FaultOrder o;
+  decode_finding("fault-order-unknown-kind.bin", o);
+  const std::string problem = fault_order_problem(o);
+  EXPECT_TRUE(test::contains(problem, "kind 32 is unknown")) << problem;
+}
+
+// A refusal whose text is not UTF-8 ("rep\xdclica 1 has 2 shard ..."): the
+// fault book kept it, and GET /admin/faults threw nlohmann's type_error 316
+// from then on. The fault injector now drops such a report.
+TEST(FuzzFindings, WireFaultReportThatIsNotUtf8IsDropped) {
+  FaultReport r;
+  decode_finding("fault-report-not-utf8.bin", r);
+  const std::string problem = fault_report_problem(r);
+  EXPECT_TRUE(test::contains(problem, "UTF-8")) << problem;
+  // What it did to the book's JSON.
+  FaultBook book;
+  FaultOrder o;
+  o.kind = FaultKind::KvAllocFail;
+  const FaultOrder added = book.add(o, 0, 1, 0);
+  book.started(added.id, 0);
+  r.id = added.id;
+  book.report(r, 0);
+  EXPECT_THROW((void)fault_entry_json(*book.get(added.id)).dump(), nlohmann::json::type_error);
+}
+
+// Step events saying -1 running and -1 queued tokens: the request table
+// stored them as size_t, 2^64 - 1 in the load view every policy routes by.
+// The router now drops such events.
+TEST(FuzzFindings, WireStepEventsWithNegativeCountsAreDropped) {
+  StepEvents ev;
+  decode_finding("step-events-negative-running.bin", ev);
+  const std::string problem = step_events_problem(ev);
+  EXPECT_TRUE(test::contains(problem, "running -1")) << problem;
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,213 @@
+// What a receiver checks of a message from another process
+// (actors/wire_checks.h): the real messages pass, each kind of nonsense is
+// refused naming its field. The fuzz target tests/fuzz/fuzz_wire_messages.cpp
+// drives the same checks with decoded messages; its seeds are the real
+// messages of tests/fuzz/wire_samples.h, checked here to be what the wire
+// types write today.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include "actors/wire_checks.h"
+#include "fuzz/wire_samples.h"
+#include "support/test_support.h"
+
+namespace troupe {
+namespace {
+
+using fuzz::WireMessage;
+
+template <class T>
+T sample(const std::string& name) {
+  for (const auto& s : fuzz::wire_samples())
+    if (s.name == name) {
+      T x;
+      size_t rest = 0;
+      EXPECT_FALSE(fuzz::wire_decode(s.bytes.data() + 1, s.bytes.size() - 1, rest, x)) << name;
+      EXPECT_EQ(rest, 0u) << name;
+      return x;
+    }
+  ADD_FAILURE() << "no sample " << name;
+  return T{};
+}
+
+bool names(const std::string& problem, const std::string& what) {
+  return problem.find(what) != std::string::npos;
+}
+
+// The committed seeds (scripts/fuzz.sh writes them with wire_seeds) are the
+// samples as the wire types serialize them now: after a change to a wire
+// type, run scripts/fuzz.sh wire_messages (and bump kWireProtocol).
+TEST(WireSeeds, TheCommittedSeedsAreTheSamplesAsSerializedNow) {
+  const auto dir = std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/fuzz/corpus/wire_messages";
+  for (const auto& s : fuzz::wire_samples()) {
+    const auto path = dir / ("seed-" + s.name);
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    EXPECT_EQ(test::read_file(path), std::string(s.bytes.begin(), s.bytes.end())) << path;
+  }
+}
+
+TEST(WireChecks, TheRealMessagesPass) {
+  EXPECT_EQ(replica_plan_problem(sample<ReplicaPlan>("replica-plan-whole")), "");
+  EXPECT_EQ(replica_plan_problem(sample<ReplicaPlan>("replica-plan-spanning")), "");
+  EXPECT_EQ(replica_plan_problem(sample<ReplicaPlan>("replica-plan-tensor")), "");
+  EXPECT_EQ(assignment_problem(sample<Assignment>("assignment-new"), 300, 128), "");
+  EXPECT_EQ(assignment_problem(sample<Assignment>("assignment-resumed"), 300, 128), "");
+  EXPECT_EQ(step_events_problem(sample<StepEvents>("step-events-step")), "");
+  EXPECT_EQ(step_events_problem(sample<StepEvents>("step-events-ended")), "");
+  EXPECT_EQ(fault_order_problem(sample<FaultOrder>("fault-order-slow")), "");
+  EXPECT_EQ(fault_order_problem(sample<FaultOrder>("fault-order-kill-shard")), "");
+  EXPECT_EQ(fault_order_problem(sample<FaultOrder>("fault-order-kv-end")), "");
+  EXPECT_EQ(fault_report_problem(sample<FaultReport>("fault-report-confirmed")), "");
+  for (const std::string name : {"step-prefill", "step-mixed"})
+    for (const auto& s : fuzz::wire_samples())
+      if (s.name == name) {
+        std::vector<StepItem> items;
+        int m = 0;
+        size_t rest = 0;
+        ASSERT_FALSE(fuzz::wire_decode(s.bytes.data() + 1, s.bytes.size() - 1, rest, items, m));
+        EXPECT_EQ(step_problem(items, m, {300, 128, 48, 16, 4, 64}), "") << name;
+      }
+}
+
+TEST(WireChecks, SamplingAsTheSamplerTakesIt) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(sampling_problem({0, 1, 0, 0}), "");
+  EXPECT_TRUE(names(sampling_problem({-1, 1, 0, 0}), "temperature"));
+  EXPECT_TRUE(names(sampling_problem({nan, 1, 0, 0}), "temperature"));
+  EXPECT_TRUE(names(sampling_problem({INFINITY, 1, 0, 0}), "temperature"));
+  EXPECT_TRUE(names(sampling_problem({1, 0, 0, 0}), "top_p"));
+  EXPECT_TRUE(names(sampling_problem({1, 1.5f, 0, 0}), "top_p"));
+  EXPECT_TRUE(names(sampling_problem({1, nan, 0, 0}), "top_p"));
+  EXPECT_TRUE(names(sampling_problem({1, 1, -1, 0}), "top_k"));
+}
+
+TEST(WireChecks, ReplicaPlansANodeCannotIndexAreRefused) {
+  const ReplicaPlan ok = sample<ReplicaPlan>("replica-plan-spanning");
+  auto with = [&](auto change) {
+    ReplicaPlan p = ok;
+    change(p);
+    return replica_plan_problem(p);
+  };
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.replica = -1; }), "replica"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.pipeline = 0; }), "pipeline"));
+  EXPECT_TRUE(
+      names(with([](ReplicaPlan& p) { p.tensor = 1 << 20, p.pipeline = 1 << 20; }), "devices"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.stage_bounds = {0, 2}; }), "stage_bounds"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.stage_bounds = {0, 3, 3}; }), "increasing"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.blocks = 0; }), "blocks"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.block_tokens = -16; }), "block_tokens"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.prefill_chunk_tokens = 4096; }), "prefill"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.hosts = {0}; }), "hosts"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.hosts = {0, 2}; }), "host 2"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.part = 2; }), "part 2"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.part_names.push_back("c"); }), "no devices"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.hosts.clear(), p.part = 0; }), "no hosts"));
+}
+
+TEST(WireChecks, AssignmentsTheEngineWouldRefuseAreRefused) {
+  const Assignment ok = sample<Assignment>("assignment-resumed");
+  auto with = [&](auto change) {
+    Assignment a = ok;
+    change(a);
+    return assignment_problem(a, 300, 128);
+  };
+  EXPECT_TRUE(names(with([](Assignment& a) { a.tokens.clear(); }), "no tokens"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.tokens[1] = 300; }), "vocabulary"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.tokens[1] = -5; }), "vocabulary"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.tokens.resize(129, 1); }), "context"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.generated = -1; }), "generated"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.generated = 6; }), "generated"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.max_tokens = 0; }), "max_tokens"));
+  EXPECT_TRUE(names(with([](Assignment& a) { a.sampling.top_p = 0; }), "top_p"));
+  // Limits of 0 are not checked.
+  Assignment big = ok;
+  big.tokens[1] = 100000;
+  EXPECT_EQ(assignment_problem(big, 0, 0), "");
+}
+
+TEST(WireChecks, StepsAPartCannotRunAreRefused) {
+  const StepLimits limits{300, 128, 48, 16, 4, 64};
+  const StepItem ok{7, {1, 30, 40}, 0, {0}, true, {0.8f, 0.9f, 40, 7}, 0};
+  auto one = [&](auto change, int m = 1) {
+    StepItem it = ok;
+    change(it);
+    return step_problem({it}, m, limits);
+  };
+  EXPECT_EQ(one([](StepItem&) {}), "");
+  EXPECT_TRUE(names(step_problem({}, 1, limits), "no items"));
+  EXPECT_TRUE(names(one([](StepItem&) {}, 0), "microbatches"));
+  EXPECT_TRUE(names(one([](StepItem&) {}, 2), "microbatches"));
+  EXPECT_TRUE(names(step_problem({ok, ok}, 1, limits), "twice"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.tokens.clear(); }), "no tokens"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.tokens[0] = 300; }), "vocabulary"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.position = -1; }), "position"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.position = 126; }), "context"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.position = 14; }), "cover"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.blocks = {48}; }), "KV block 48"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.blocks = {-1}; }), "KV block -1"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.generated = -1; }), "generated"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.generated = 129; }), "generated"));
+  EXPECT_TRUE(names(one([](StepItem& i) { i.sampling.temperature = -1; }), "temperature"));
+  std::vector<StepItem> many;
+  for (uint64_t s = 0; s < 5; ++s) many.push_back({s, {1}, 0, {int(s)}, false, {}, 0});
+  EXPECT_TRUE(names(step_problem(many, 1, limits), "5 items"));
+  many.pop_back();
+  many[0].tokens.assign(62, 1);
+  many[0].blocks = {0, 5, 6, 7};
+  EXPECT_TRUE(names(step_problem(many, 1, limits), "65 tokens"));
+}
+
+TEST(WireChecks, StepEventsThatWouldSkewTheLoadViewAreRefused) {
+  const StepEvents ok = sample<StepEvents>("step-events-step");
+  auto with = [&](auto change) {
+    StepEvents ev = ok;
+    change(ev);
+    return step_events_problem(ev);
+  };
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.replica = -1; }), "replica"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.step_s = NAN; }), "step_s"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.step_s = -1; }), "step_s"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.running = -1; }), "running"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.queued_tokens = -1; }), "queued_tokens"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.blocks_used = -2; }), "blocks_used"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.prefill_tokens = 7; }), "prefill_tokens"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].index = -1; }), "index"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.done[0].reason = FinishReason(7); }), "reason"));
+  EXPECT_TRUE(
+      names(with([](StepEvents& e) { e.done[0].completion_tokens = -1; }), "completion_tokens"));
+}
+
+TEST(WireChecks, FaultOrdersAndReportsThatMakeNoSenseAreRefused) {
+  const FaultOrder ok = sample<FaultOrder>("fault-order-slow");
+  auto order = [&](auto change) {
+    FaultOrder o = ok;
+    change(o);
+    return fault_order_problem(o);
+  };
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.kind = FaultKind(9); }), "kind"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.role = FaultRole(9); }), "role"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.replica = -1; }), "replica"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.device = -2; }), "device"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.device = 4096; }), "device"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.factor = 1; }), "factor"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.factor = NAN; }), "factor"));
+  EXPECT_TRUE(names(order([](FaultOrder& o) { o.factor = 1e300; }), "factor"));
+  EXPECT_EQ(order([](FaultOrder& o) { o.factor = 1e300, o.end = true; }), "");  // ends it
+
+  FaultReport r = sample<FaultReport>("fault-report-refused");
+  EXPECT_EQ(fault_report_problem(r), "");
+  r.outcome = FaultOutcome(3);
+  EXPECT_TRUE(names(fault_report_problem(r), "outcome"));
+  r.outcome = FaultOutcome::Applied;
+  r.text.assign(kMaxFaultText + 1, 'x');
+  EXPECT_TRUE(names(fault_report_problem(r), "bytes"));
+  r.text = "caf\xe9";
+  EXPECT_TRUE(names(fault_report_problem(r), "UTF-8"));
+}
+
+}  // namespace
+}  // namespace troupe
