@@ -7,7 +7,8 @@
 # Each target starts from its corpus in the repository (tests/fuzz/corpus/
 # TARGET/); what it finds that adds coverage is merged back (libFuzzer
 # -merge=1), so the repository keeps a minimized corpus: the seed-* files
-# (tests/fuzz/make_seeds.py) plus what the merge keeps. Crashing, leaking,
+# (tests/fuzz/make_seeds.py; wire_messages' from wire_seeds, run here) plus
+# what the merge keeps. Crashing, leaking,
 # slow and out-of-memory inputs go to tests/fuzz/crashes/TARGET/ (git-ignored);
 # each one found becomes a unit test once fixed (tests/data/fuzz/).
 # Prints executions, coverage (cov: edges, ft: features) and findings per
