@@ -15,31 +15,41 @@ std::string shard_name(int replica, int stage, int rank) {
 }
 
 // Stops its shard actor when the engine lets go of the device, and waits
-// until the actor is gone: its jobs use the engine's device state.
+// until the actor has ended: its jobs use the engine's device state. The
+// queue's closing is not that moment: a shard that fails or is killed
+// closes its queue first and only then abandons its own job and the queued
+// ones, each of which fails its step inside the engine (aborting the
+// group's communicators, releasing credits). An engine destroyed when the
+// queue closed was used after it was freed.
 class ShardRunner : public DeviceRunner {
  public:
-  ShardRunner(ShardActor actor, std::shared_ptr<DeviceQueue> queue)
-      : actor_(std::move(actor)), queue_(std::move(queue)) {}
+  ShardRunner(ShardActor actor, std::shared_ptr<std::latch> ended)
+      : actor_(std::move(actor)), ended_(std::move(ended)) {}
   ~ShardRunner() override {
     caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
-    queue_->wait_closed();
+    ended_->wait();
   }
 
  private:
   ShardActor actor_;
-  std::shared_ptr<DeviceQueue> queue_;
+  std::shared_ptr<std::latch> ended_;
 };
 
 }  // namespace
 
 ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<DeviceQueue> queue,
-                                int replica, int stage, int rank) {
+                                std::shared_ptr<std::latch> ended, int replica, int stage,
+                                int rank) {
   const std::string name = shard_name(replica, stage, rank);
   // However the actor ends (a failed job, an injected crash, a link or an
-  // exit message), its queue closes, so no job of it is left waiting.
-  self->attach_functor([queue, name](const caf::error&) {
+  // exit message), its queue closes, so no job of it is left waiting. This
+  // runs once no handler of it can run again, so signalling `ended` here,
+  // after the close has abandoned the queued jobs, is what makes it safe to
+  // free the engine.
+  self->attach_functor([queue, ended, name](const caf::error&) {
     queue->close(name + " exited");
     queue->set_notify({});  // drops the queue's handle on this actor
+    ended->count_down();
   });
   self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
     std::string what = "unknown exception";
@@ -75,10 +85,12 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
 DeviceLauncher shard_launcher(caf::local_actor* worker, int replica,
                               std::shared_ptr<std::vector<ShardActor>> spawned) {
   return [worker, replica, spawned](int stage, int rank, std::shared_ptr<DeviceQueue> queue) {
-    ShardActor a = worker->spawn<caf::detached + caf::linked>(shard, queue, replica, stage, rank);
+    auto ended = std::make_shared<std::latch>(1);
+    ShardActor a =
+        worker->spawn<caf::detached + caf::linked>(shard, queue, ended, replica, stage, rank);
     spawned->push_back(a);
     queue->set_notify([a] { caf::anon_send(a, run_atom::value); });
-    return std::make_unique<ShardRunner>(std::move(a), std::move(queue));
+    return std::make_unique<ShardRunner>(std::move(a), std::move(ended));
   };
 }
 

@@ -10,6 +10,7 @@
 // A shard that dies mid-step closes its queue first, which aborts its group's
 // collectives and abandons its queued jobs, so no peer waits for it.
 #include <caf/all.hpp>
+#include <latch>
 #include <memory>
 #include <vector>
 
@@ -18,8 +19,12 @@
 
 namespace troupe {
 
+// `ended` is counted down by the actor's very last act, once its queue is
+// closed and every job it held abandoned: from then on nothing of it touches
+// the engine's device state, and its runner may let the engine go.
 ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<DeviceQueue> queue,
-                                int replica, int stage, int rank);
+                                std::shared_ptr<std::latch> ended, int replica, int stage,
+                                int rank);
 
 // Starts each device of a replica as a shard actor spawned by (and linked to)
 // `worker`; the handles are appended to *spawned, stage-major.

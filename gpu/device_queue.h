@@ -49,7 +49,9 @@ class DeviceQueue {
 };
 
 // What drains a device's queue. Destroying it stops the device after its
-// current job and closes the queue.
+// current job, closes the queue, and returns only once the runner is done:
+// no job of it runs any more and every one it held has been abandoned (jobs
+// and their abandon hooks use the engine, which is freed right after).
 class DeviceRunner {
  public:
   virtual ~DeviceRunner() = default;
