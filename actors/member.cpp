@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "actors/death_report.h"
 #include "actors/shard.h"
 
 namespace troupe {
@@ -23,17 +24,7 @@ struct MemberState {
 
 MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory factory, int replica,
                                   std::string name, StepLimits limits) {
-  self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(eptr);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("{} died: {}", name, what);
-    return caf::make_error(caf::sec::runtime_error, name + " died: " + what);
-  });
+  self->set_exception_handler(die_naming(name));
   auto st = std::make_shared<MemberState>();
   st->factory = std::move(factory);
   st->limits = limits;

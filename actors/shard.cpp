@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "actors/death_report.h"
+
 namespace troupe {
 
 namespace {
@@ -51,17 +53,7 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
     queue->set_notify({});  // drops the queue's handle on this actor
     ended->count_down();
   });
-  self->set_exception_handler([name](std::exception_ptr& eptr) -> caf::error {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(eptr);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("{} died: {}", name, what);
-    return caf::make_error(caf::sec::runtime_error, name + " died: " + what);
-  });
+  self->set_exception_handler(die_naming(name));
   auto armed = std::make_shared<bool>(false);
   return {
       [=](run_atom) {
