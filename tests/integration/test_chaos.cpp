@@ -186,12 +186,9 @@ TEST(AdminOverHttp, RefusedWithoutTheTokenAndTakesFaultsWithIt) {
 }
 
 TEST(AdminOverHttp, FaultsWithoutATokenAreRefusedAtStart) {
-  ChildProcess p({TROUPE_BINARY, "serve", "--config",
-                  (test::source_dir() / "configs" / "default.yaml").string(), "--listen",
-                  "127.0.0.1:0", "--set", "model.path=" + test::model_path("fortune").string(),
-                  "--set", "admin.faults=true"});
-  EXPECT_NE(p.wait_exit(60), 0);
-  EXPECT_NE(p.stderr_so_far().find("admin.token"), std::string::npos) << p.stderr_so_far();
+  const test::Refusal r = test::serve_until_exit({"admin.faults=true"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.stderr_text.find("admin.token"), std::string::npos) << r.stderr_text;
 }
 
 }  // namespace

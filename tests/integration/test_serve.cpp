@@ -246,12 +246,9 @@ TEST(ServeDevices, AutoServesAndCudaWithoutAGpuIsRefused) {
               test::generate_text("The meaning of life", 24));
   }
   if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << ")";
-  ChildProcess p({TROUPE_BINARY, "serve", "--config",
-                  (test::source_dir() / "configs" / "default.yaml").string(), "--listen",
-                  "127.0.0.1:0", "--set", "model.path=" + test::model_path("fortune").string(),
-                  "--set", "devices=[{kind: cuda}]"});
-  EXPECT_NE(p.wait_exit(60), 0);
-  EXPECT_NE(p.stderr_so_far().find("kind cuda, but"), std::string::npos) << p.stderr_so_far();
+  const test::Refusal refused = test::serve_until_exit({"devices=[{kind: cuda}]"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.stderr_text.find("kind cuda, but"), std::string::npos) << refused.stderr_text;
 }
 
 }  // namespace

@@ -15,16 +15,26 @@
 
 namespace troupe::test {
 
-Server::Server(std::vector<std::string> sets, bool wait_ready) {
+namespace {
+
+// `troupe serve` on configs/default.yaml and the bundled model, port chosen
+// by the server, with `sets` as --set overrides.
+std::vector<std::string> serve_argv(const std::vector<std::string>& sets) {
   std::vector<std::string> argv{TROUPE_BINARY, "serve",
                                 "--config",    (source_dir() / "configs" / "default.yaml").string(),
                                 "--listen",    "127.0.0.1:0",
                                 "--set",       "model.path=" + model_path("fortune").string()};
-  for (auto& s : sets) {
+  for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
   }
-  proc_ = std::make_unique<ChildProcess>(argv);
+  return argv;
+}
+
+}  // namespace
+
+Server::Server(std::vector<std::string> sets, bool wait_ready) {
+  proc_ = std::make_unique<ChildProcess>(serve_argv(sets));
   const std::string line = proc_->wait_for_line("listening on http://", 60);
   if (line.empty()) throw std::runtime_error("server did not start: " + proc_->stderr_so_far());
   port_ = std::stoi(line.substr(line.rfind(':') + 1));
@@ -55,6 +65,14 @@ bool Server::wait_metric(const std::string& series, const std::string& value, do
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s) {
+  ChildProcess p(serve_argv(sets));
+  Refusal r;
+  r.exit_code = p.wait_exit(timeout_s);
+  r.stderr_text = p.stderr_so_far();
+  return r;
 }
 
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,

@@ -34,6 +34,14 @@ class Server {
   int nodes_port_ = 0;
 };
 
+// `troupe serve` with `sets` that it must refuse: runs it to its exit
+// (bounded) and gives the exit code and what it wrote to stderr.
+struct Refusal {
+  int exit_code = -1;
+  std::string stderr_text;
+};
+Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s = 60);
+
 // `troupe node --join 127.0.0.1:PORT --name NAME` with the bundled model and
 // one single-thread device, plus `sets`.
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
