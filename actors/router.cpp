@@ -23,7 +23,11 @@ class BatcherChannel : public ReplicaChannel {
  public:
   BatcherChannel(RouterActor::pointer self, size_t replicas, ReplicaLinkOptions link,
                  Clock::time_point start)
-      : self_(self), link_options_(link), start_(start), batchers_(replicas), links_(replicas) {}
+      : self_(self),
+        link_options_(link),
+        start_(start),
+        batchers_(replicas),
+        links_(replicas, ReplicaLink(link)) {}
   void assign(int replica, Assignment a) override {
     a.seq = link(replica).send(now());
     self_->send(batchers_.at(size_t(replica)), assign_atom::value, std::move(a));

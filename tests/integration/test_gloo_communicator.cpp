@@ -259,34 +259,10 @@ TEST_P(GlooRanks, MixedCollectivesOfChangingSizes) {
   const int p = GetParam();
   std::atomic<int> wrong{0};
   expect_no_errors(run_gloo(p, [&](GlooCommunicator& c) {
-    const int r = c.rank();
-    std::vector<float> a(200), g(size_t(3 * p)), rs(3), rs_in(size_t(3 * p));
+    MixedBuffers b(p, 200);
     for (int it = 0; it < 200; ++it) {
-      const size_t n = size_t(1 + (it * 37) % 200);
-      for (size_t i = 0; i < n; ++i) a[i] = float(r + 1);
-      c.all_reduce_sum(a.data(), n);
-      if (a[n - 1] != float(p * (p + 1) / 2)) wrong.fetch_add(1);
-      const float mine[3] = {float(r), float(it), float(-r)};
-      c.all_gather(mine, 3, g.data());
-      if (g[size_t(3 * (p - 1))] != float(p - 1) || g[1] != float(it)) wrong.fetch_add(1);
-      for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = float(i);
-      c.reduce_scatter_sum(rs_in.data(), 3, rs.data());
-      if (rs[0] != float(3 * r * p)) wrong.fetch_add(1);
-      float b = float(r == it % p ? it : -1);
-      c.broadcast(&b, 1, it % p);
-      if (b != float(it)) wrong.fetch_add(1);
-      if (p > 1 && it % 7 == 0) {  // a ring exchange, even ranks send first
-        float out = float(r), in = -1;
-        const int next = (r + 1) % p, prev = (r + p - 1) % p;
-        if (r % 2 == 0) {
-          c.send(&out, 1, next);
-          c.recv(&in, 1, prev);
-        } else {
-          c.recv(&in, 1, prev);
-          c.send(&out, 1, next);
-        }
-        if (in != float(prev)) wrong.fetch_add(1);
-      }
+      wrong.fetch_add(mixed_collectives_round(c, it, size_t(1 + (it * 37) % 200), b));
+      wrong.fetch_add(ring_exchange_round(c, it));
     }
   }));
   EXPECT_EQ(wrong.load(), 0);

@@ -68,4 +68,47 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// One round of the mixed-collectives stress tests, the same on every rank:
+// all-reduce of n values, all-gather, reduce-scatter and a broadcast from
+// rank it % P, each checked; the number of wrong results.
+struct MixedBuffers {
+  MixedBuffers(int p, size_t max_n) : a(max_n), g(size_t(3 * p)), rs(3), rs_in(size_t(3 * p)) {}
+  std::vector<float> a, g, rs, rs_in;
+};
+
+inline int mixed_collectives_round(Communicator& c, int it, size_t n, MixedBuffers& b) {
+  const int r = c.rank(), p = c.size();
+  int wrong = 0;
+  for (size_t i = 0; i < n; ++i) b.a[i] = float(r + 1);
+  c.all_reduce_sum(b.a.data(), n);
+  if (b.a[n - 1] != float(p * (p + 1) / 2)) ++wrong;
+  const float mine[3] = {float(r), float(it), float(-r)};
+  c.all_gather(mine, 3, b.g.data());
+  if (b.g[size_t(3 * (p - 1))] != float(p - 1) || b.g[1] != float(it)) ++wrong;
+  for (size_t i = 0; i < b.rs_in.size(); ++i) b.rs_in[i] = float(i);
+  c.reduce_scatter_sum(b.rs_in.data(), 3, b.rs.data());
+  if (b.rs[0] != float(3 * r * p)) ++wrong;
+  float v = float(r == it % p ? it : -1);
+  c.broadcast(&v, 1, it % p);
+  if (v != float(it)) ++wrong;
+  return wrong;
+}
+
+// Every 7th round with more than one rank: each rank sends to the next and
+// receives from the previous, even ranks sending first. 1 when wrong.
+inline int ring_exchange_round(Communicator& c, int it) {
+  const int r = c.rank(), p = c.size();
+  if (p < 2 || it % 7 != 0) return 0;
+  float out = float(r), in = -1;
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  if (r % 2 == 0) {
+    c.send(&out, 1, next);
+    c.recv(&in, 1, prev);
+  } else {
+    c.recv(&in, 1, prev);
+    c.send(&out, 1, next);
+  }
+  return in != float(prev) ? 1 : 0;
+}
+
 }  // namespace troupe::test::comm
