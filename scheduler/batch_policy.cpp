@@ -22,11 +22,23 @@ ContinuousBatchPolicy::ContinuousBatchPolicy(BatchLimits limits, int block_token
 BatchPlan ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
                                       const std::vector<SeqView>& waiting, int free_blocks,
                                       int max_sequences, int busy_sequences) const {
+  BatchPlan out;
+  plan(running, waiting, free_blocks, max_sequences, busy_sequences, out);
+  return out;
+}
+
+void ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
+                                 const std::vector<SeqView>& waiting, int free_blocks,
+                                 int max_sequences, int busy_sequences, BatchPlan& plan) const {
   const int cap = max_sequences > 0 ? std::min(max_sequences, limits_.max_batch_sequences)
                                     : limits_.max_batch_sequences;
-  std::vector<SeqView> live = running;
-  {
-    BatchPlan plan;
+  plan.admitted.clear();
+  plan.preempted.clear();
+  // running[0, live) are still admitted; evictions shrink it from the back.
+  size_t live = running.size();
+  for (;;) {
+    plan.entries.clear();
+    plan.tokens = 0;
     int free = free_blocks;
     int budget = limits_.max_batch_tokens;
     auto try_add = [&](const SeqView& s) {
@@ -43,32 +55,30 @@ BatchPlan ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
     };
     // Decoding sequences first (one token each, latency matters most), then
     // prefill chunks of running sequences, in admission order.
-    for (const auto& s : live)
-      if (s.pending == 1) try_add(s);
-    for (const auto& s : live)
-      if (s.pending > 1) try_add(s);
-    if (plan.entries.empty() && !live.empty()) {
+    for (size_t i = 0; i < live; ++i)
+      if (running[i].pending == 1) try_add(running[i]);
+    for (size_t i = 0; i < live; ++i)
+      if (running[i].pending > 1) try_add(running[i]);
+    if (plan.entries.empty() && live > 0) {
       // Nothing fits: evict the newest sequence and plan again without it.
-      const SeqView victim = live.back();
-      live.pop_back();
+      const SeqView& victim = running[--live];
       free_blocks += victim.blocks_held;
-      BatchPlan retry = this->plan(live, waiting, free_blocks, max_sequences, busy_sequences);
-      retry.preempted.insert(retry.preempted.begin(), victim.id);
-      return retry;
+      plan.preempted.push_back(victim.id);
+      continue;
     }
     // Admit waiting sequences in order while their first chunk fits and one
     // block per running sequence stays free for its next decode step.
-    const int watermark = int(live.size()) + busy_sequences;
+    const int watermark = int(live) + busy_sequences;
     for (const auto& s : waiting) {
       if (int(plan.entries.size()) >= cap || budget <= 0) break;
       const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
       if (blocks_for(s.cached + n) > free - watermark &&
-          !(live.empty() && plan.entries.empty() && busy_sequences == 0))
+          !(live == 0 && plan.entries.empty() && busy_sequences == 0))
         break;
       if (!try_add(s)) break;
       plan.admitted.push_back(s.id);
     }
-    return plan;
+    return;
   }
 }
 

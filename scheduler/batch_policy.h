@@ -47,6 +47,10 @@ class ContinuousBatchPolicy {
   // keeps a free block in reserve for its next decode, like running ones.
   BatchPlan plan(const std::vector<SeqView>& running, const std::vector<SeqView>& waiting,
                  int free_blocks, int max_sequences = 0, int busy_sequences = 0) const;
+  // The same into `out`, whose buffers are reused: a replica plans a step
+  // every few milliseconds, a simulated cluster tens of millions of them.
+  void plan(const std::vector<SeqView>& running, const std::vector<SeqView>& waiting,
+            int free_blocks, int max_sequences, int busy_sequences, BatchPlan& out) const;
 
   int blocks_for(int tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
   const BatchLimits& limits() const { return limits_; }

@@ -9,6 +9,7 @@
 // need, allocated here when a step is planned and returned here when the
 // sequence ends, is cancelled or is preempted. Engines only receive block
 // tables; nothing else allocates.
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -62,10 +63,14 @@ class ReplicaScheduler {
   // blocks it needs, preempting the newest sequences if nothing fits.
   // Nothing when no group is free or nothing can run.
   std::optional<PlannedStep> next_step();
+  // The same into `out` (false: nothing to launch), reusing its buffers.
+  bool next_step(PlannedStep& out);
   // A launched step's sampled ids (one per item, -1 where not sampled): the
   // tokens delivered and the requests that ended, with the load after it.
   // Throws std::logic_error for a step that is not in flight.
   StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s);
+  // The same into `ev`, reusing its buffers.
+  void finish_step(uint64_t step, const std::vector<int>& ids, double step_s, StepEvents& ev);
 
   // The step that proves a new replica works before it is routed to: the
   // BOS token, greedy, in one block; finish_probe() returns the block.
@@ -87,7 +92,7 @@ class ReplicaScheduler {
   int blocks_used() const { return blocks_.used_count(); }
   int blocks_free() const { return blocks_.free_count(); }
   // Prompt (or resumed) tokens not yet in the KV cache.
-  int queued_tokens() const;
+  int queued_tokens() const { return queued_; }
   bool holds(uint64_t id) const { return seqs_.count(id) != 0; }
 
   // Fault injection: while refusing, the block pool looks empty to the batch
@@ -108,9 +113,24 @@ class ReplicaScheduler {
     bool cancelled = false;
   };
 
+  // What finish_step needs of an item it launched (the engine has the rest).
+  struct Launched {
+    uint64_t seq;
+    int position;
+    int tokens;
+    bool sample;
+  };
+  struct InFlight {
+    uint64_t step = 0;
+    std::vector<Launched> items;
+  };
+
   void end(StepEvents& ev, uint64_t id, FinishReason reason);
   void fill_load(StepEvents& ev) const;
   void preempt(uint64_t id);
+  // Prompt (or resumed) tokens of q not yet in the KV cache.
+  static int queued_of(const Sequence& q) { return std::max(0, q.prefill_end - q.cached); }
+  InFlight& start_flight(uint64_t step);
 
   ReplicaSchedulerOptions options_;
   ContinuousBatchPolicy policy_;
@@ -118,7 +138,13 @@ class ReplicaScheduler {
   std::unordered_map<uint64_t, Sequence> seqs_;
   std::vector<uint64_t> running_;  // admission order
   std::deque<uint64_t> waiting_;
-  std::unordered_map<uint64_t, std::vector<StepItem>> in_flight_;  // by step id
+  std::vector<InFlight> in_flight_;  // at most `groups` (+ the probe)
+  std::vector<InFlight> spare_;      // finished flights' buffers
+  int queued_ = 0;                   // the sum of queued_of over seqs_
+  int cancelled_ = 0;                // sequences marked cancelled, not yet ended
+  // next_step's working buffers, kept for their capacity.
+  std::vector<SeqView> running_view_, waiting_view_;
+  BatchPlan plan_;
   uint64_t next_step_ = 1;
   std::optional<StepEvents> ended_;
   std::vector<uint64_t> released_;

@@ -278,14 +278,20 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
   return done + model.overhead_s(int(n)) * r.slow;
 }
 
-void Simulator::launch(int replica, std::vector<StepEvents>& out) {
+StepEvents& Simulator::next_out() {
+  if (out_n_ == out_.size()) out_.emplace_back();
+  return out_[out_n_++];
+}
+
+void Simulator::launch(int replica) {
   Replica& r = *replicas_[size_t(replica)];
   if (!r.up || !r.sched) return;
   while (r.sched->can_launch()) {
-    std::optional<PlannedStep> step = r.sched->next_step();
+    PlannedStep& step = step_;
+    const bool planned = r.sched->next_step(step);
     note_released(r);
-    if (auto ended = r.sched->take_ended()) out.push_back(std::move(*ended));
-    if (!step) return;
+    if (auto ended = r.sched->take_ended()) next_out() = std::move(*ended);
+    if (!planned) return;
     // Buffers of finished steps are reused: a million requests make tens of
     // millions of steps.
     InFlightStep f;
@@ -295,33 +301,30 @@ void Simulator::launch(int replica, std::vector<StepEvents>& out) {
       f.ids.clear();
       f.samples.clear();
     }
-    f.id = step->id;
+    f.id = step.id;
     f.start = now_;
-    for (const auto& it : step->items) {
+    for (const auto& it : step.items) {
       f.ids.push_back(it.sample ? sample_token_ : -1);
       if (it.position == 0) note_started(it.seq);  // a request's first chunk
     }
-    const double done = time_step(r, *step, f);
-    push(done, Kind::StepDone, replica, r.epoch, step->id);
+    const double done = time_step(r, step, f);
+    push(done, Kind::StepDone, replica, r.epoch, step.id);
     r.flight.push_back(std::move(f));
   }
 }
 
-void Simulator::deliver(std::vector<StepEvents>& out) {
-  for (const StepEvents& ev : out) {
-    table_->on_events(ev, now_);
-  }
-  out.clear();
+void Simulator::deliver() {
+  for (size_t i = 0; i < out_n_; ++i) table_->on_events(out_[i], now_);
+  out_n_ = 0;
 }
 
 void Simulator::settle() {
-  std::vector<StepEvents>& out = out_;
   while (!dirty_.empty()) {
     const int i = dirty_.back();
     dirty_.pop_back();
     replicas_[size_t(i)]->dirty = false;
-    launch(i, out);
-    deliver(out);
+    launch(i);
+    deliver();
   }
 }
 
@@ -346,8 +349,7 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   InFlightStep f = std::move(*it);
   r.flight.erase(it);
   last_progress_ = now_;
-  std::vector<StepEvents>& out = out_;
-  out.push_back(r.sched->finish_step(step, f.ids, now_ - f.start));
+  r.sched->finish_step(step, f.ids, now_ - f.start, next_out());
   if (r.tuner)
     for (const auto& s : f.samples) r.tuner->observe(s.stage, s.tokens, s.seconds);
   spare_.push_back(std::move(f));
@@ -356,8 +358,8 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   ++totals_.steps;
   // As the batcher: the next step is launched before the router has read
   // this one's tokens.
-  launch(replica, out);
-  deliver(out);
+  launch(replica);
+  deliver();
   settle();
 }
 

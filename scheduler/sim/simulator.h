@@ -149,8 +149,10 @@ class Simulator {
   void on_arrival(const Arrival& a);
   void submit(uint64_t id);
   double time_step(Replica& r, const PlannedStep& step, InFlightStep& f);
-  void launch(int replica, std::vector<StepEvents>& out);
-  void deliver(std::vector<StepEvents>& out);
+  void launch(int replica);
+  // The table reads the replicas' reports gathered in out_.
+  void deliver();
+  StepEvents& next_out();
   void settle();
   void on_step_done(int replica, uint64_t epoch, uint64_t step);
   void schedule_failures();
@@ -189,7 +191,11 @@ class Simulator {
   ClusterSample window_;
   std::vector<ReplicaSample> samples_;
   std::vector<InFlightStep> spare_;  // finished steps' buffers
-  std::vector<StepEvents> out_;      // events on their way to the table (empty between calls)
+  // Reports on their way to the table: out_[0, out_n_) (none between
+  // calls); the vector only grows, so that their buffers are reused.
+  std::vector<StepEvents> out_;
+  size_t out_n_ = 0;
+  PlannedStep step_;  // the step being launched, reused likewise
 };
 
 }  // namespace troupe::sim
