@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The CUDA backend's device check: on a machine with an NVIDIA GPU, runs the
-# GPU tests (JUnit XML into the output folder) and the GPU benchmark, and ends
+# GPU tests (JUnit XML into the output folder), the GPU benchmark, and the
+# serving integration tests with every test server on `kind: cuda`, and ends
 # with a table of figures against the bounds. Says clearly when it finds no
 # GPU (exit 2). Well under 5 minutes on an H200.
+#
+# Serving on CUDA needs troupe built with -DTROUPE_SERVE_CUDA=ON:
+#   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_SERVE_CUDA=ON
+#   cmake --build build-cuda --target gpu_tests bench_cuda troupe integration_tests
+#   scripts/gpu-check.sh --build build-cuda --bundle DIR
+# A build without it runs the kernels' tests and the benchmark only.
 #
 #   scripts/gpu-check.sh --bundle DIR   on the build machine: copy the built
 #                                       gpu_tests and bench_cuda (stripped) and
@@ -45,12 +52,29 @@ is_machine_lib() {
   return 1
 }
 
+# troupe linked with the CUDA engine (-DTROUPE_SERVE_CUDA=ON), and the
+# serving tests that drive it: both, or neither.
+serving_binaries() {
+  local dir=$1
+  [ -x "$dir/troupe" ] && [ -x "$dir/integration_tests" ] || return 1
+  ldd "$dir/troupe" | grep -q 'libcublas' || return 1
+  echo "$dir/troupe $dir/integration_tests"
+}
+
 if [ -n "$BUNDLE_TO" ]; then
   for b in "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda"; do
     [ -x "$b" ] || { echo "missing $b: build it first (cmake --build $BUILD --target gpu_tests bench_cuda)" >&2; exit 1; }
   done
   rm -rf "$BUNDLE_TO" && mkdir -p "$BUNDLE_TO/bin" "$BUNDLE_TO/lib"
-  for b in "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda"; do
+  mkdir -p "$BUNDLE_TO/.serve" && cp "$BUILD/troupe" "$BUILD/tests/integration_tests" "$BUNDLE_TO/.serve/" 2>/dev/null
+  SERVING=$(serving_binaries "$BUNDLE_TO/.serve")
+  rm -rf "$BUNDLE_TO/.serve"
+  if [ -n "$SERVING" ]; then
+    SERVING="$BUILD/troupe $BUILD/tests/integration_tests"
+  else
+    echo "note: no troupe with the CUDA engine in $BUILD (configure with -DTROUPE_SERVE_CUDA=ON and build troupe and integration_tests): serving on CUDA is not bundled" >&2
+  fi
+  for b in "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda" $SERVING; do
     strip -o "$BUNDLE_TO/bin/$(basename "$b")" "$b"
     ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
       is_machine_lib "$name" || cp -L "$path" "$BUNDLE_TO/lib/$name"
@@ -98,25 +122,30 @@ if [ -n "$FROM" ]; then
 elif [ -x "$BUILD/tests/gpu_tests" ] && [ -x "$BUILD/gpu/cuda/bench_cuda" ]; then
   BIN="$OUT_DIR/.bin" && mkdir -p "$BIN"
   cp "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda" "$BIN/"
+  [ -x "$BUILD/troupe" ] && [ -x "$BUILD/tests/integration_tests" ] &&
+    cp "$BUILD/troupe" "$BUILD/tests/integration_tests" "$BIN/"
   echo "binaries from $BUILD"
 else
   say "no built binaries: building here (fallback)"
   BUILD=build-gpu-check
   if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_SANITIZE_TESTS=OFF \
-         && cmake --build "$BUILD" -j"$(nproc)" --target gpu_tests bench_cuda; } >"$OUT_DIR/build.log" 2>&1; then
+           -DTROUPE_SERVE_CUDA=ON \
+         && cmake --build "$BUILD" -j"$(nproc)" --target gpu_tests bench_cuda troupe integration_tests; } >"$OUT_DIR/build.log" 2>&1; then
     tail -20 "$OUT_DIR/build.log"
     echo "GPU CHECK FAILED: the fallback build failed (log: $OUT_DIR/build.log)"
     exit 1
   fi
   BIN="$BUILD/tests"
-  cp "$BUILD/gpu/cuda/bench_cuda" "$BIN/"
+  cp "$BUILD/gpu/cuda/bench_cuda" "$BUILD/troupe" "$BIN/"
 fi
 export LD_LIBRARY_PATH="${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TROUPE_SOURCE_DIR="$ROOT"
 
+SERVING=$(serving_binaries "$BIN")
+
 say "ldd"
 MISSING=0
-for b in "$BIN/gpu_tests" "$BIN/bench_cuda"; do
+for b in "$BIN/gpu_tests" "$BIN/bench_cuda" $SERVING; do
   echo "$b:"
   ldd "$b" | sed 's/^/  /'
   ldd "$b" | grep -q "not found" && MISSING=1
@@ -149,9 +178,24 @@ say "benchmark"
 timeout 240 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
 BENCH_RC=${PIPESTATUS[0]}
 
-say "summary"
-if [ -f "$OUT_DIR/gpu_tests.xml" ]; then
-  grep -o '<testsuites[^>]*>' "$OUT_DIR/gpu_tests.xml" | head -1
+say "serving on kind: cuda"
+SERVE_RC=0
+if [ -n "$SERVING" ]; then
+  # The serving integration tests as they run in CI, with every test server
+  # on the GPU; their reference answers still come from the CPU.
+  TROUPE_BINARY="$BIN/troupe" TROUPE_TEST_SERVE_SET='devices=[{kind: cuda, threads: 2}]' \
+    timeout 240 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*' \
+    --gtest_output="xml:$OUT_DIR/serve_cuda.xml" 2>&1 | tee "$OUT_DIR/serve_cuda.log" |
+    grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[=='
+  SERVE_RC=${PIPESTATUS[0]}
+else
+  echo "not run: no troupe built with -DTROUPE_SERVE_CUDA=ON beside the tests (see the top of this script)"
+  SERVE_RC=skipped
 fi
-echo "gpu tests exit $TESTS_RC, benchmark exit $BENCH_RC; results in $OUT_DIR"
-[ "$TESTS_RC" = 0 ] && [ "$BENCH_RC" = 0 ]
+
+say "summary"
+for x in gpu_tests serve_cuda; do
+  [ -f "$OUT_DIR/$x.xml" ] && echo "$x: $(grep -o '<testsuites[^>]*>' "$OUT_DIR/$x.xml" | head -1)"
+done
+echo "gpu tests exit $TESTS_RC, benchmark exit $BENCH_RC, serving on cuda exit $SERVE_RC; results in $OUT_DIR"
+[ "$TESTS_RC" = 0 ] && [ "$BENCH_RC" = 0 ] && { [ "$SERVE_RC" = 0 ] || [ "$SERVE_RC" = skipped ]; }

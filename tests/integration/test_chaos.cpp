@@ -30,7 +30,7 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<std::string> argv{TROUPE_BINARY,
+  std::vector<std::string> argv{test::troupe_binary(),
                                 "chaos",
                                 plan.string(),
                                 "--json",
@@ -118,7 +118,7 @@ TEST(Chaos, TheLinkScheduleLosesNothingAndConfirmsEveryFault) {
 }
 
 TEST(Chaos, AFaultThatCannotTakeEffectFailsTheRun) {
-  const ChaosResult r = run_chaos(fs::path(TROUPE_TEST_DATA) / "chaos" / "ineffective.yaml");
+  const ChaosResult r = run_chaos(test::data_path("chaos") / "ineffective.yaml");
   ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
   EXPECT_EQ(r.exit_code, 1) << r.stderr_text;
   EXPECT_EQ(r.report["verdict"], "FAIL");

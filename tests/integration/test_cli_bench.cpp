@@ -9,7 +9,7 @@ namespace troupe {
 namespace {
 
 test::CommandResult troupe_cmd(std::vector<std::string> args, int timeout_s = 300) {
-  args.insert(args.begin(), TROUPE_BINARY);
+  args.insert(args.begin(), test::troupe_binary());
   return test::run_command(args, timeout_s);
 }
 

@@ -11,7 +11,7 @@ namespace {
 using test::run_command;
 
 test::CommandResult troupe_cmd(std::vector<std::string> args) {
-  args.insert(args.begin(), TROUPE_BINARY);
+  args.insert(args.begin(), test::troupe_binary());
   return run_command(args, 120);
 }
 

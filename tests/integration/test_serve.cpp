@@ -159,11 +159,11 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
   test::TempDir tmp;
   test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");
-  auto r = test::run_command({TROUPE_BINARY, "serve", "--config", (tmp / "bad.yaml").string()});
+  auto r = test::run_command({test::troupe_binary(), "serve", "--config", (tmp / "bad.yaml").string()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("batching.max_batch_tokens"), std::string::npos) << r.err;
   test::write_file(tmp / "typo.yaml", "routing:\n  polcy: round_robin\n");
-  r = test::run_command({TROUPE_BINARY, "serve", "--config", (tmp / "typo.yaml").string()});
+  r = test::run_command({test::troupe_binary(), "serve", "--config", (tmp / "typo.yaml").string()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("routing.polcy"), std::string::npos) << r.err;
 }
@@ -218,7 +218,7 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
     }
   }
   // A layout that does not fit is refused at start-up with the reason.
-  auto r = test::run_command({TROUPE_BINARY, "serve", "--set",
+  auto r = test::run_command({test::troupe_binary(), "serve", "--set",
                               "model.path=" + test::model_path("fortune").string(), "--set",
                               "parallel.tensor=4"});
   EXPECT_NE(r.exit_code, 0);

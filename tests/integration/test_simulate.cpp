@@ -26,7 +26,7 @@ std::string two_replicas() {
 }
 
 test::CommandResult simulate(std::vector<std::string> args, int timeout_s = 120) {
-  args.insert(args.begin(), {TROUPE_BINARY, "simulate", "--set",
+  args.insert(args.begin(), {test::troupe_binary(), "simulate", "--set",
                              "model.path=" + test::model_path("fortune").string()});
   return test::run_command(args, timeout_s);
 }
@@ -108,7 +108,7 @@ TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";
   const auto r =
-      test::run_command({TROUPE_BINARY, "bench", "--model", test::model_path("fortune").string(),
+      test::run_command({test::troupe_binary(), "bench", "--model", test::model_path("fortune").string(),
                          "--threads", "1", "--profile", file.string(), "--grid-batch", "0,1,4",
                          "--grid-context", "16,128", "--grid-prefill", "0,32", "--repeats", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -127,7 +127,7 @@ TEST(RouterLog, RealRouterDecisionsReplayIdentically) {
     const auto log = dir / "router.jsonl";
     setenv("TROUPE_ROUTER_LOG", log.c_str(), 1);
     auto server = std::make_unique<test::ChildProcess>(std::vector<std::string>{
-        TROUPE_BINARY, "serve", "--config", two_replicas(), "--listen", "127.0.0.1:0", "--set",
+        test::troupe_binary(), "serve", "--config", two_replicas(), "--listen", "127.0.0.1:0", "--set",
         "model.path=" + test::model_path("fortune").string(), "--set", "routing.policy=" + policy});
     unsetenv("TROUPE_ROUTER_LOG");
     const std::string line = server->wait_for_line("listening on http://", 60);

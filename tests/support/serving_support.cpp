@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
@@ -20,13 +21,26 @@ namespace {
 // `troupe serve` on configs/default.yaml and the bundled model, port chosen
 // by the server, with `sets` as --set overrides.
 std::vector<std::string> serve_argv(const std::vector<std::string>& sets) {
-  std::vector<std::string> argv{TROUPE_BINARY, "serve",
+  std::vector<std::string> argv{troupe_binary(), "serve",
                                 "--config",    (source_dir() / "configs" / "default.yaml").string(),
                                 "--listen",    "127.0.0.1:0",
                                 "--set",       "model.path=" + model_path("fortune").string()};
   for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
+  }
+  // The same tests on other devices (the GPU check serves on kind cuda).
+  if (const char* extra = std::getenv("TROUPE_TEST_SERVE_SET")) {
+    std::string rest = extra;
+    while (!rest.empty()) {
+      const size_t end = rest.find(';');
+      const std::string one = rest.substr(0, end);
+      if (!one.empty()) {
+        argv.push_back("--set");
+        argv.push_back(one);
+      }
+      rest = end == std::string::npos ? "" : rest.substr(end + 1);
+    }
   }
   return argv;
 }
@@ -77,7 +91,7 @@ Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s) {
 
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
                                          std::vector<std::string> sets) {
-  std::vector<std::string> argv{TROUPE_BINARY, "node",
+  std::vector<std::string> argv{troupe_binary(), "node",
                                 "--join",      "127.0.0.1:" + std::to_string(join_port),
                                 "--name",      name,
                                 "--config",    (source_dir() / "configs" / "default.yaml").string(),
@@ -92,7 +106,7 @@ std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
 
 std::string generate_text(const std::string& prompt, int max_tokens) {
   auto r =
-      run_command({TROUPE_BINARY, "generate", "--model", model_path("fortune").string(), "--prompt",
+      run_command({troupe_binary(), "generate", "--model", model_path("fortune").string(), "--prompt",
                    prompt, "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.out.substr(0, r.out.size() - 1);  // generate adds a newline

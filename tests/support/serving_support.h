@@ -17,7 +17,9 @@ class Server {
  public:
   // `sets` are --set KEY=VALUE overrides on configs/default.yaml; the HTTP
   // port is chosen by the server. Waits until it listens and, unless
-  // wait_ready is false, until a replica is ready.
+  // wait_ready is false, until a replica is ready. $TROUPE_TEST_SERVE_SET
+  // (KEY=VALUE;KEY=VALUE) is applied after `sets`: the same tests on other
+  // devices, e.g. 'devices=[{kind: cuda}]'.
   explicit Server(std::vector<std::string> sets, bool wait_ready = true);
   int port() const { return port_; }
   // The port nodes join on (nodes.listen set), else 0.

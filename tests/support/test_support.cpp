@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -16,14 +17,26 @@
 
 namespace troupe::test {
 
+// The environment wins over the build's paths, so that test binaries built
+// on one machine can run from another checkout (the GPU check does).
 std::filesystem::path source_dir() {
-  return TROUPE_SOURCE_DIR;
+  const char* env = std::getenv("TROUPE_SOURCE_DIR");
+  return env && *env ? env : TROUPE_SOURCE_DIR;
 }
 std::filesystem::path model_path(const std::string& name) {
   return source_dir() / "models" / name;
 }
 std::filesystem::path data_path(const std::string& name) {
-  return std::filesystem::path(TROUPE_TEST_DATA) / name;
+  return source_dir() / "tests" / "data" / name;
+}
+std::string troupe_binary() {
+  const char* env = std::getenv("TROUPE_BINARY");
+  if (env && *env) return env;
+#ifdef TROUPE_BINARY
+  return TROUPE_BINARY;
+#else
+  throw std::logic_error("this test binary has no troupe binary: set TROUPE_BINARY");
+#endif
 }
 
 TempDir::TempDir() {

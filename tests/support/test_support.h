@@ -7,9 +7,12 @@
 
 namespace troupe::test {
 
+// The repository: $TROUPE_SOURCE_DIR, else where the tests were built from.
 std::filesystem::path source_dir();
 std::filesystem::path model_path(const std::string& name);  // models/NAME
 std::filesystem::path data_path(const std::string& name);   // tests/data/NAME
+// The troupe command under test (integration tests).
+std::string troupe_binary();
 
 // A fresh directory under the system temp dir, removed on destruction.
 class TempDir {

@@ -42,7 +42,7 @@ bool names(const std::string& problem, const std::string& what) {
 // samples as the wire types serialize them now: after a change to a wire
 // type, run scripts/fuzz.sh wire_messages (and bump kWireProtocol).
 TEST(WireSeeds, TheCommittedSeedsAreTheSamplesAsSerializedNow) {
-  const auto dir = std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/fuzz/corpus/wire_messages";
+  const auto dir = test::source_dir() / "tests/fuzz/corpus/wire_messages";
   for (const auto& s : fuzz::wire_samples()) {
     const auto path = dir / ("seed-" + s.name);
     ASSERT_TRUE(std::filesystem::exists(path)) << path;
