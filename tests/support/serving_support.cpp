@@ -19,8 +19,9 @@ namespace troupe::test {
 namespace {
 
 // `troupe serve` on configs/default.yaml and the bundled model, port chosen
-// by the server, with `sets` as --set overrides.
-std::vector<std::string> serve_argv(const std::vector<std::string>& sets) {
+// by the server, with `sets` as --set overrides (then, for a server meant to
+// serve, those of $TROUPE_TEST_SERVE_SET).
+std::vector<std::string> serve_argv(const std::vector<std::string>& sets, bool env_sets) {
   std::vector<std::string> argv{troupe_binary(), "serve",
                                 "--config",    (source_dir() / "configs" / "default.yaml").string(),
                                 "--listen",    "127.0.0.1:0",
@@ -30,7 +31,8 @@ std::vector<std::string> serve_argv(const std::vector<std::string>& sets) {
     argv.push_back(s);
   }
   // The same tests on other devices (the GPU check serves on kind cuda).
-  if (const char* extra = std::getenv("TROUPE_TEST_SERVE_SET")) {
+  const char* extra = env_sets ? std::getenv("TROUPE_TEST_SERVE_SET") : nullptr;
+  if (extra) {
     std::string rest = extra;
     while (!rest.empty()) {
       const size_t end = rest.find(';');
@@ -48,7 +50,7 @@ std::vector<std::string> serve_argv(const std::vector<std::string>& sets) {
 }  // namespace
 
 Server::Server(std::vector<std::string> sets, bool wait_ready) {
-  proc_ = std::make_unique<ChildProcess>(serve_argv(sets));
+  proc_ = std::make_unique<ChildProcess>(serve_argv(sets, true));
   const std::string line = proc_->wait_for_line("listening on http://", 60);
   if (line.empty()) throw std::runtime_error("server did not start: " + proc_->stderr_so_far());
   port_ = std::stoi(line.substr(line.rfind(':') + 1));
@@ -82,7 +84,7 @@ bool Server::wait_metric(const std::string& series, const std::string& value, do
 }
 
 Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s) {
-  ChildProcess p(serve_argv(sets));
+  ChildProcess p(serve_argv(sets, false));  // a refusal must stay one
   Refusal r;
   r.exit_code = p.wait_exit(timeout_s);
   r.stderr_text = p.stderr_so_far();
