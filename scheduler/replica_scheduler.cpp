@@ -19,22 +19,37 @@ ReplicaScheduler::ReplicaScheduler(ReplicaSchedulerOptions o)
 
 void ReplicaScheduler::add(Assignment a) {
   const uint64_t id = a.id;
-  if (seqs_.count(id))
+  if (index_.count(id))
     throw std::logic_error("request " + std::to_string(id) + " is already on replica " +
                            std::to_string(options_.replica));
-  Sequence q;
+  Slot slot;
+  if (free_slots_.empty()) {
+    slot = Slot(slots_.size());
+    slots_.emplace_back();
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  Sequence& q = slots_[slot];
   q.tokens = std::move(a.tokens);
-  q.prefill_end = int(q.tokens.size());
   q.a = std::move(a);
+  q.prefill_end = int(q.tokens.size());
+  q.cached = 0;
+  q.blocks.clear();
+  q.step = 0;
+  q.cancelled = false;
+  q.used = true;
   queued_ += queued_of(q);
-  seqs_.emplace(id, std::move(q));
-  waiting_.push_back(id);
+  index_.emplace(id, slot);
+  waiting_.push_back(slot);
 }
 
 void ReplicaScheduler::cancel(uint64_t id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end() || it->second.cancelled) return;
-  it->second.cancelled = true;
+  auto it = index_.find(id);
+  if (it == index_.end()) return;
+  Sequence& q = slots_[it->second];
+  if (q.cancelled) return;
+  q.cancelled = true;
   ++cancelled_;
 }
 
@@ -42,17 +57,20 @@ bool ReplicaScheduler::can_launch() const {
   return int(in_flight_.size()) < options_.groups;
 }
 
-void ReplicaScheduler::end(StepEvents& ev, uint64_t id, FinishReason reason) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  Sequence& q = it->second;
+void ReplicaScheduler::end(StepEvents& ev, Slot slot, FinishReason reason) {
+  Sequence& q = slots_[slot];
+  if (!q.used) return;
+  const uint64_t id = q.a.id;
   ev.done.push_back({id, reason, q.a.generated});
   blocks_.release(q.blocks);
+  q.blocks.clear();
   queued_ -= queued_of(q);
   if (q.cancelled) --cancelled_;
-  seqs_.erase(it);
-  std::erase(running_, id);
-  std::erase(waiting_, id);
+  q.used = false;
+  index_.erase(id);
+  free_slots_.push_back(slot);
+  std::erase(running_, slot);
+  std::erase(waiting_, slot);
   released_.push_back(id);
 }
 
@@ -71,18 +89,18 @@ StepEvents ReplicaScheduler::load_report() const {
   return ev;
 }
 
-void ReplicaScheduler::preempt(uint64_t id) {
+void ReplicaScheduler::preempt(Slot slot) {
   // Recomputed later from its tokens: the KV state is dropped, not lost.
-  Sequence& q = seqs_.at(id);
+  Sequence& q = slots_[slot];
   blocks_.release(q.blocks);
   q.blocks.clear();
   queued_ -= queued_of(q);
   q.cached = 0;
   q.prefill_end = int(q.tokens.size());
   queued_ += queued_of(q);
-  std::erase(running_, id);
-  waiting_.push_front(id);
-  released_.push_back(id);
+  std::erase(running_, slot);
+  waiting_.push_front(slot);
+  released_.push_back(q.a.id);
 }
 
 ReplicaScheduler::InFlight& ReplicaScheduler::start_flight(uint64_t step) {
@@ -109,12 +127,17 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   // Cancelled sequences leave before the next step, freeing their blocks
   // (those in a step in flight leave once it is answered).
   if (cancelled_ > 0) {
-    std::vector<uint64_t> gone;
-    for (const auto& [id, q] : seqs_)
-      if (q.cancelled && q.step == 0) gone.push_back(id);
+    std::vector<Slot> gone;
+    for (Slot slot = 0; slot < Slot(slots_.size()); ++slot) {
+      const Sequence& q = slots_[slot];
+      if (q.used && q.cancelled && q.step == 0) gone.push_back(slot);
+    }
     if (!gone.empty()) {
+      // Oldest request first, whichever slots they took.
+      std::sort(gone.begin(), gone.end(),
+                [&](Slot x, Slot y) { return slots_[x].a.id < slots_[y].a.id; });
       if (!ended_) ended_.emplace();
-      for (uint64_t id : gone) end(*ended_, id, FinishReason::Cancelled);
+      for (Slot slot : gone) end(*ended_, slot, FinishReason::Cancelled);
       fill_load(*ended_);
     }
   }
@@ -123,17 +146,17 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   running.clear();
   waiting.clear();
   int busy = 0;
-  for (uint64_t id : running_) {
-    const Sequence& q = seqs_.at(id);
+  for (Slot slot : running_) {
+    const Sequence& q = slots_[slot];
     if (q.step != 0) {
       ++busy;
       continue;
     }
-    running.push_back({id, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size())});
+    running.push_back({slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size())});
   }
-  for (uint64_t id : waiting_) {
-    const Sequence& q = seqs_.at(id);
-    waiting.push_back({id, int(q.tokens.size()), 0, 0});
+  for (Slot slot : waiting_) {
+    const Sequence& q = slots_[slot];
+    waiting.push_back({slot, int(q.tokens.size()), 0, 0});
   }
   // With G groups, a step takes its share of the live sequences, so that
   // the other groups' steps fill the pipeline's other stages.
@@ -145,14 +168,14 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   BatchPlan& plan = plan_;
   policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
   if (refusing_ && (!plan.preempted.empty() || plan.admitted.size() < waiting.size())) ++refusals_;
-  for (uint64_t id : plan.preempted) preempt(id);
-  for (uint64_t id : plan.admitted) {
+  for (uint64_t slot : plan.preempted) preempt(Slot(slot));
+  for (uint64_t slot : plan.admitted) {
     // Admitted in queue order, so almost always from the front.
-    if (!waiting_.empty() && waiting_.front() == id)
+    if (!waiting_.empty() && waiting_.front() == slot)
       waiting_.pop_front();
     else
-      std::erase(waiting_, id);
-    running_.push_back(id);
+      std::erase(waiting_, Slot(slot));
+    running_.push_back(Slot(slot));
   }
   if (plan.entries.empty()) return false;
   step.id = next_step_++;
@@ -160,11 +183,12 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   InFlight& flight = start_flight(step.id);
   for (size_t i = 0; i < plan.entries.size(); ++i) {
     const PlanEntry& e = plan.entries[i];
-    Sequence& q = seqs_.at(e.id);
+    const Slot slot = Slot(e.id);
+    Sequence& q = slots_[slot];
     const int need = policy_.blocks_for(q.cached + e.tokens) - int(q.blocks.size());
     if (need > 0) blocks_.allocate(need, q.blocks);
     StepItem& it = step.items[i];
-    it.seq = e.id;
+    it.seq = q.a.id;
     it.tokens.assign(q.tokens.begin() + q.cached, q.tokens.begin() + q.cached + e.tokens);
     it.position = q.cached;
     it.blocks.assign(q.blocks.begin(), q.blocks.end());
@@ -172,7 +196,7 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     it.sampling = q.a.sampling;
     it.generated = q.a.generated;
     q.step = step.id;
-    flight.items.push_back({it.seq, it.position, e.tokens, it.sample});
+    flight.items.push_back({slot, it.seq, it.position, e.tokens, it.sample});
   }
   return true;
 }
@@ -211,9 +235,10 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     const Launched& item = items[i];
     const int n = item.tokens;
     ev.batch_tokens += n;
-    auto it = seqs_.find(item.seq);
-    if (it == seqs_.end()) continue;
-    Sequence& q = it->second;
+    // A sequence stays while a step holds it; the id check is the guard.
+    if (item.slot >= slots_.size()) continue;
+    Sequence& q = slots_[item.slot];
+    if (!q.used || q.a.id != item.seq) continue;
     ev.prefill_tokens += std::max(0, std::min(item.position + n, q.prefill_end) - item.position);
     queued_ -= queued_of(q);
     q.cached += n;
@@ -229,7 +254,7 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
       ++q.a.generated;
       q.tokens.push_back(tok);
     }
-    if (outcome.finish) end(ev, item.seq, *outcome.finish);
+    if (outcome.finish) end(ev, item.slot, *outcome.finish);
   }
   spare_.push_back(std::move(*flight));
   if (&*flight != &in_flight_.back()) *flight = std::move(in_flight_.back());
@@ -248,7 +273,8 @@ PlannedStep ReplicaScheduler::probe_step() {
   it.blocks = probe_blocks_;
   it.sample = true;
   it.sampling.temperature = 0;
-  start_flight(step.id).items.push_back({it.seq, it.position, 1, it.sample});
+  // Its slot is none of the sequences' (finish_probe, not finish_step, ends it).
+  start_flight(step.id).items.push_back({~Slot(0), it.seq, it.position, 1, it.sample});
   step.items.push_back(std::move(it));
   return step;
 }

@@ -93,7 +93,7 @@ class ReplicaScheduler {
   int blocks_free() const { return blocks_.free_count(); }
   // Prompt (or resumed) tokens not yet in the KV cache.
   int queued_tokens() const { return queued_; }
-  bool holds(uint64_t id) const { return seqs_.count(id) != 0; }
+  bool holds(uint64_t id) const { return index_.count(id) != 0; }
 
   // Fault injection: while refusing, the block pool looks empty to the batch
   // policy (nothing new is admitted, and a sequence that needs another block
@@ -104,17 +104,23 @@ class ReplicaScheduler {
 
  private:
   struct Sequence {
-    Assignment a;
+    Assignment a;             // a.tokens moved to `tokens`
     std::vector<int> tokens;  // prompt + generated so far
     int prefill_end = 0;      // tokens known at placement (prompt + delivered)
     int cached = 0;           // tokens in the KV cache
     std::vector<int> blocks;  // its block table
     uint64_t step = 0;        // the step in flight that holds it (0: none)
     bool cancelled = false;
+    bool used = false;  // the slot holds a sequence
   };
+  // Sequences live in slots, found by id only for what comes from outside
+  // (add, cancel, holds): a step plans and finishes by slot. The batch
+  // policy sees slots as its sequences' ids.
+  using Slot = uint32_t;
 
   // What finish_step needs of an item it launched (the engine has the rest).
   struct Launched {
+    Slot slot;
     uint64_t seq;
     int position;
     int tokens;
@@ -125,9 +131,9 @@ class ReplicaScheduler {
     std::vector<Launched> items;
   };
 
-  void end(StepEvents& ev, uint64_t id, FinishReason reason);
+  void end(StepEvents& ev, Slot slot, FinishReason reason);
   void fill_load(StepEvents& ev) const;
-  void preempt(uint64_t id);
+  void preempt(Slot slot);
   // Prompt (or resumed) tokens of q not yet in the KV cache.
   static int queued_of(const Sequence& q) { return std::max(0, q.prefill_end - q.cached); }
   InFlight& start_flight(uint64_t step);
@@ -135,12 +141,14 @@ class ReplicaScheduler {
   ReplicaSchedulerOptions options_;
   ContinuousBatchPolicy policy_;
   BlockAllocator blocks_;
-  std::unordered_map<uint64_t, Sequence> seqs_;
-  std::vector<uint64_t> running_;  // admission order
-  std::deque<uint64_t> waiting_;
+  std::vector<Sequence> slots_;
+  std::vector<Slot> free_slots_;
+  std::unordered_map<uint64_t, Slot> index_;  // by request id
+  std::vector<Slot> running_;                 // admission order
+  std::deque<Slot> waiting_;
   std::vector<InFlight> in_flight_;  // at most `groups` (+ the probe)
   std::vector<InFlight> spare_;      // finished flights' buffers
-  int queued_ = 0;                   // the sum of queued_of over seqs_
+  int queued_ = 0;                   // the sum of queued_of over the sequences
   int cancelled_ = 0;                // sequences marked cancelled, not yet ended
   // next_step's working buffers, kept for their capacity.
   std::vector<SeqView> running_view_, waiting_view_;

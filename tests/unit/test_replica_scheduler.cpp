@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <random>
 #include <set>
 
 #include "scheduler/replica_scheduler.h"
@@ -216,6 +218,132 @@ TEST(ReplicaScheduler, TheProbeStepBorrowsOneBlock) {
   r.finish_probe(p.id);
   EXPECT_EQ(r.blocks_used(), 0);
   EXPECT_EQ(r.take_released().size(), 1u);
+}
+
+void expect_same_step(const PlannedStep& x, const PlannedStep& y) {
+  EXPECT_EQ(x.id, y.id);
+  ASSERT_EQ(x.items.size(), y.items.size());
+  for (size_t i = 0; i < x.items.size(); ++i) {
+    const StepItem &a = x.items[i], &b = y.items[i];
+    EXPECT_EQ(a.seq, b.seq);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.position, b.position);
+    EXPECT_EQ(a.blocks, b.blocks);
+    EXPECT_EQ(a.sample, b.sample);
+    EXPECT_EQ(a.generated, b.generated);
+  }
+}
+
+void expect_same_events(const StepEvents& x, const StepEvents& y) {
+  EXPECT_EQ(x.step_s, y.step_s);
+  EXPECT_EQ(x.batch_sequences, y.batch_sequences);
+  EXPECT_EQ(x.batch_tokens, y.batch_tokens);
+  EXPECT_EQ(x.prefill_tokens, y.prefill_tokens);
+  EXPECT_EQ(x.running, y.running);
+  EXPECT_EQ(x.queued_tokens, y.queued_tokens);
+  EXPECT_EQ(x.blocks_used, y.blocks_used);
+  EXPECT_EQ(x.blocks_free, y.blocks_free);
+  ASSERT_EQ(x.tokens.size(), y.tokens.size());
+  for (size_t i = 0; i < x.tokens.size(); ++i) {
+    EXPECT_EQ(x.tokens[i].id, y.tokens[i].id);
+    EXPECT_EQ(x.tokens[i].index, y.tokens[i].index);
+    EXPECT_EQ(x.tokens[i].token, y.tokens[i].token);
+  }
+  ASSERT_EQ(x.done.size(), y.done.size());
+  for (size_t i = 0; i < x.done.size(); ++i) {
+    EXPECT_EQ(x.done[i].id, y.done[i].id);
+    EXPECT_EQ(x.done[i].reason, y.done[i].reason);
+    EXPECT_EQ(x.done[i].completion_tokens, y.done[i].completion_tokens);
+  }
+}
+
+// The calls that reuse the caller's buffers (the simulator's) plan and report
+// exactly what the plain ones (the batcher's) do, and the replica's running
+// sum of queued prompt tokens matches a recount kept here from what it
+// reports, through chunked prefill, preemption, cancellation, EOS and steps
+// finished out of order.
+TEST(ReplicaScheduler, ReusedBuffersGiveTheSameStepsAndQueuedTokensAddUp) {
+  for (int groups : {1, 2}) {
+    SCOPED_TRACE("groups " + std::to_string(groups));
+    ReplicaScheduler plain(options(10, groups)), reused(options(10, groups));
+    struct Known {
+      int tokens, prefill_end, cached;
+    };
+    std::map<uint64_t, Known> known;
+    auto recount = [&] {
+      int n = 0;
+      for (const auto& [id, k] : known) n += std::max(0, k.prefill_end - k.cached);
+      return n;
+    };
+    auto forget_ended = [&](const std::optional<StepEvents>& ev) {
+      if (ev)
+        for (const auto& d : ev->done) known.erase(d.id);
+    };
+    std::mt19937 rng(11);
+    PlannedStep step_buf;
+    StepEvents ev_buf;
+    std::vector<PlannedStep> flying;
+    uint64_t next_id = 1;
+    int preemptions = 0, cancels = 0, eos = 0;
+    for (int round = 0; round < 3000; ++round) {
+      const unsigned op = rng() % 8;
+      if (op < 2 && known.size() < 12) {
+        const int len = 1 + int(rng() % 14);
+        const int max_tokens = 1 + int(rng() % 12);
+        plain.add(assignment(next_id, std::vector<int>(size_t(len), 5), max_tokens));
+        reused.add(assignment(next_id, std::vector<int>(size_t(len), 5), max_tokens));
+        known[next_id++] = {len, len, 0};
+      } else if (op == 2 && !known.empty() && rng() % 4 == 0) {
+        auto it = std::next(known.begin(), long(rng() % known.size()));
+        plain.cancel(it->first);
+        reused.cancel(it->first);
+        ++cancels;
+      } else if (op < 6) {
+        const auto a = plain.next_step();
+        const bool b = reused.next_step(step_buf);
+        ASSERT_EQ(bool(a), b);
+        const auto released = plain.take_released();
+        ASSERT_EQ(released, reused.take_released());
+        for (uint64_t id : released)
+          if (plain.holds(id)) {  // preempted: recomputed from all its tokens
+            known[id].cached = 0;
+            known[id].prefill_end = known[id].tokens;
+            ++preemptions;
+          }
+        const auto ended = plain.take_ended();
+        const auto ended_reused = reused.take_ended();
+        ASSERT_EQ(bool(ended), bool(ended_reused));
+        if (ended) expect_same_events(*ended, *ended_reused);
+        forget_ended(ended);
+        if (a) {
+          expect_same_step(*a, step_buf);
+          flying.push_back(*a);
+        }
+      } else if (!flying.empty()) {
+        const size_t k = rng() % flying.size();
+        const PlannedStep s = flying[k];
+        flying.erase(flying.begin() + long(k));
+        std::vector<int> ids;
+        for (const auto& it : s.items) ids.push_back(it.sample ? (rng() % 6 == 0 ? 2 : 9) : -1);
+        const StepEvents ev = plain.finish_step(s.id, ids, 0.01);
+        reused.finish_step(s.id, ids, 0.01, ev_buf);
+        expect_same_events(ev, ev_buf);
+        ASSERT_EQ(plain.take_released(), reused.take_released());
+        for (const auto& it : s.items)
+          if (auto k2 = known.find(it.seq); k2 != known.end())
+            k2->second.cached = it.position + int(it.tokens.size());
+        for (const auto& t : ev.tokens) ++known[t.id].tokens;
+        for (const auto& d : ev.done) eos += d.reason == FinishReason::Stop;
+        forget_ended(ev);
+      }
+      ASSERT_EQ(plain.queued_tokens(), recount()) << "round " << round;
+      ASSERT_EQ(reused.queued_tokens(), recount()) << "round " << round;
+    }
+    // The walk went through what it is meant to check.
+    EXPECT_GT(preemptions, 0);
+    EXPECT_GT(cancels, 0);
+    EXPECT_GT(eos, 0);
+  }
 }
 
 TEST(ReplicaScheduler, BadInputIsRefused) {
