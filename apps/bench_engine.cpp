@@ -362,6 +362,8 @@ std::string cpu_model_name() {
   return "";
 }
 
+constexpr double kProfileSecondsPerPoint = 0.02;
+
 sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DType dtype,
                                       const StepProfileOptions& o) {
   const ModelConfig& c = ckpt->config;
@@ -454,7 +456,12 @@ sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DT
           items.push_back(item(slot, synthetic_ids(std::min(chunk, left), c.vocab_size, slot), 0));
         std::vector<std::vector<double>> runs(size_t(spec.pipeline));
         time_step(items);  // warm-up
-        for (int r = 0; r < std::max(1, o.repeats); ++r) {
+        // Short steps vary most (a scheduler tick, a cache miss): they are
+        // repeated until about 20 ms were measured, up to 100 times.
+        const auto start = Clock::now();
+        for (int r = 0; r < std::max(1, o.repeats) ||
+                        (r < 100 && seconds(start, Clock::now()) < kProfileSecondsPerPoint);
+             ++r) {
           const auto st = time_step(items);
           for (size_t s = 0; s < st.size(); ++s) runs[s].push_back(st[s]);
         }

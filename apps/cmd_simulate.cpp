@@ -616,7 +616,8 @@ void run_validate(const SimulateOptions& o) {
 // the cores. A real server of this config is loaded by closed loops of 1 and
 // of several clients; the TPOT it shows above the simulator's (without
 // overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
-// step, and stored in the profile's layout.
+// step. Then an open loop at half the capacity gives what TTFT still lacks
+// per request. All three are stored in the profile's layout.
 void run_calibrate(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const std::filesystem::path file = profile_path(o, cfg);
@@ -629,7 +630,7 @@ void run_calibrate(const SimulateOptions& o) {
   const int replicas = cfg.parallel.replicas;
   const int many = std::min(cfg.batching.max_batch_sequences * replicas, std::max(8, 2 * replicas));
   ServerProcess server(o, "", replicas);
-  double n[2], extra[2], ttft_one = 0;
+  double n[2], extra[2];
   const int clients[2] = {1, many};
   const auto loop_of = [&](int c) {
     return closed_loop(c, size_t(std::max(24, 6 * c)), o.prompt_len, o.output_len);
@@ -646,7 +647,6 @@ void run_calibrate(const SimulateOptions& o) {
     const auto real = serving_bench::run_serving_bench(bo);
     const double simulated =
         sim::simulate(so, models, loop_of(clients[i]), {}).summary.tpot().percentile(50);
-    if (i == 0) ttft_one = real.ttft_s.p50;
     n[i] = std::max(1.0, double(clients[i]) / replicas);
     extra[i] = real.tpot_s.p50 - simulated;
     std::printf("%d client(s): TPOT p50 measured %.3f ms, engine alone (simulated) %.3f ms\n",
@@ -654,11 +654,26 @@ void run_calibrate(const SimulateOptions& o) {
   }
   grid.overhead_per_seq_s = n[1] > n[0] ? std::max(0.0, (extra[1] - extra[0]) / (n[1] - n[0])) : 0;
   grid.overhead_s = std::max(0.0, extra[0] - grid.overhead_per_seq_s * n[0]);
-  // With the steps' overhead in, what one client's first token still lacks
-  // is the front end's.
-  const double ttft_sim =
-      sim::simulate(so, {sim::StepCostModel(grid)}, loop_of(1), {}).summary.ttft().percentile(50);
-  grid.request_overhead_s = std::max(0.0, ttft_one - ttft_sim);
+  // With the steps' overhead in, what the first token still lacks is the
+  // front end's: measured as clients arrive in the validation's open loop
+  // (Poisson, at half the capacity: between --validate's default loads),
+  // where each request also waits for a client thread and a connection,
+  // which a closed loop's waiting client never does.
+  const std::vector<sim::StepCostModel> with_steps{sim::StepCostModel(grid)};
+  serving_bench::ServingBenchOptions bo;
+  bo.url = server.url();
+  bo.requests = std::clamp(int(o.workload.requests), 60, 200);
+  bo.prompt_len = o.prompt_len;
+  bo.output_len = o.output_len;
+  bo.seed = o.workload.seed + 1;  // not the validation's arrivals
+  bo.timeout_s = 120;
+  bo.max_inflight = 1024;
+  bo.rate = 0.5 * simulated_capacity(so, with_steps, o.prompt_len, o.output_len);
+  const double ttft_open = serving_bench::run_serving_bench(bo).ttft_s.p50;
+  const double ttft_sim = simulate_bench(so, with_steps, bo).ttft_p50;
+  grid.request_overhead_s = std::max(0.0, ttft_open - ttft_sim);
+  std::printf("open loop at %.1f requests/s: TTFT p50 measured %.3f ms, simulated %.3f ms\n",
+              bo.rate, 1e3 * ttft_open, 1e3 * ttft_sim);
   std::printf(
       "serving overhead: %.3f ms per step + %.3f ms per sequence in it, %.3f ms per request; "
       "written to %s (%s)\n",
@@ -771,8 +786,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--refine", o->refine, "Sweep: bisection steps for the highest rate in SLO")
       ->capture_default_str();
   cmd->add_flag("--calibrate", o->calibrate,
-                "Measure what serving adds per step (a real troupe serve of this config, closed "
-                "loops of 1 and several clients) and store it in the profile");
+                "Measure what serving adds per step and per request (a real troupe serve of this "
+                "config: closed loops of 1 and several clients, an open loop at half the "
+                "capacity) and store it in the profile");
   cmd->add_flag("--validate", o->validate,
                 "Run the workload against a real troupe serve too and compare, per policy");
   cmd->add_option("--loads", o->loads,

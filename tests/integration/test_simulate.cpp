@@ -107,10 +107,10 @@ TEST(Simulate, BadInputsNameTheProblem) {
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";
-  const auto r =
-      test::run_command({test::troupe_binary(), "bench", "--model", test::model_path("fortune").string(),
-                         "--threads", "1", "--profile", file.string(), "--grid-batch", "0,1,4",
-                         "--grid-context", "16,128", "--grid-prefill", "0,32", "--repeats", "1"});
+  const auto r = test::run_command(
+      {test::troupe_binary(), "bench", "--model", test::model_path("fortune").string(), "--threads",
+       "1", "--profile", file.string(), "--grid-batch", "0,1,4", "--grid-context", "16,128",
+       "--grid-prefill", "0,32", "--repeats", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const sim::StepProfile p = sim::StepProfile::load(file);
   EXPECT_EQ(p.model.max_seq_len, 256);
@@ -127,8 +127,9 @@ TEST(RouterLog, RealRouterDecisionsReplayIdentically) {
     const auto log = dir / "router.jsonl";
     setenv("TROUPE_ROUTER_LOG", log.c_str(), 1);
     auto server = std::make_unique<test::ChildProcess>(std::vector<std::string>{
-        test::troupe_binary(), "serve", "--config", two_replicas(), "--listen", "127.0.0.1:0", "--set",
-        "model.path=" + test::model_path("fortune").string(), "--set", "routing.policy=" + policy});
+        test::troupe_binary(), "serve", "--config", two_replicas(), "--listen", "127.0.0.1:0",
+        "--set", "model.path=" + test::model_path("fortune").string(), "--set",
+        "routing.policy=" + policy});
     unsetenv("TROUPE_ROUTER_LOG");
     const std::string line = server->wait_for_line("listening on http://", 60);
     ASSERT_FALSE(line.empty()) << server->stderr_so_far();
@@ -165,6 +166,11 @@ TEST(Simulate, ValidateAgainstARealServer) {
                     60);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("serving overhead"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("open loop at"), std::string::npos) << r.out;  // the per-request part
+  const json calibrated = json::parse(test::read_file(copy));
+  for (const auto& layout : calibrated["layouts"]) {
+    if (layout["threads"] == 1) EXPECT_GE(layout["request_overhead_s"].get<double>(), 0);
+  }
   r = simulate({"--config", two_replicas(), "--profile", copy.string(), "--validate", "--policies",
                 "round_robin,least_outstanding", "--rates", "40", "--requests", "24",
                 "--prompt-len", "16", "--output-len", "16", "--repeats", "2", "--json"},

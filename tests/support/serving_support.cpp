@@ -22,10 +22,11 @@ namespace {
 // by the server, with `sets` as --set overrides (then, for a server meant to
 // serve, those of $TROUPE_TEST_SERVE_SET).
 std::vector<std::string> serve_argv(const std::vector<std::string>& sets, bool env_sets) {
-  std::vector<std::string> argv{troupe_binary(), "serve",
-                                "--config",    (source_dir() / "configs" / "default.yaml").string(),
-                                "--listen",    "127.0.0.1:0",
-                                "--set",       "model.path=" + model_path("fortune").string()};
+  std::vector<std::string> argv{
+      troupe_binary(), "serve",
+      "--config",      (source_dir() / "configs" / "default.yaml").string(),
+      "--listen",      "127.0.0.1:0",
+      "--set",         "model.path=" + model_path("fortune").string()};
   for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
@@ -93,12 +94,13 @@ Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s) {
 
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
                                          std::vector<std::string> sets) {
-  std::vector<std::string> argv{troupe_binary(), "node",
-                                "--join",      "127.0.0.1:" + std::to_string(join_port),
-                                "--name",      name,
-                                "--config",    (source_dir() / "configs" / "default.yaml").string(),
-                                "--set",       "model.path=" + model_path("fortune").string(),
-                                "--set",       "devices=[{kind: cpu, threads: 1}]"};
+  std::vector<std::string> argv{
+      troupe_binary(), "node",
+      "--join",        "127.0.0.1:" + std::to_string(join_port),
+      "--name",        name,
+      "--config",      (source_dir() / "configs" / "default.yaml").string(),
+      "--set",         "model.path=" + model_path("fortune").string(),
+      "--set",         "devices=[{kind: cpu, threads: 1}]"};
   for (auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
@@ -107,9 +109,9 @@ std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
 }
 
 std::string generate_text(const std::string& prompt, int max_tokens) {
-  auto r =
-      run_command({troupe_binary(), "generate", "--model", model_path("fortune").string(), "--prompt",
-                   prompt, "--max-tokens", std::to_string(max_tokens), "--temperature", "0"});
+  auto r = run_command({troupe_binary(), "generate", "--model", model_path("fortune").string(),
+                        "--prompt", prompt, "--max-tokens", std::to_string(max_tokens),
+                        "--temperature", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
 }
