@@ -167,7 +167,15 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   }
   BatchPlan& plan = plan_;
   policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
-  if (refusing_ && (!plan.preempted.empty() || plan.admitted.size() < waiting.size())) ++refusals_;
+  if (refusing_) {
+    // Refused when the step differs from the one the free blocks allow: a
+    // sequence preempted, not admitted, or left out for want of a block.
+    BatchPlan& allowed = unrefused_plan_;
+    policy_.plan(running, waiting, blocks_.free_count(), cap, busy, allowed);
+    if (allowed.entries.size() != plan.entries.size() || allowed.preempted != plan.preempted ||
+        allowed.admitted != plan.admitted)
+      ++refusals_;
+  }
   for (uint64_t slot : plan.preempted) preempt(Slot(slot));
   for (uint64_t slot : plan.admitted) {
     // Admitted in queue order, so almost always from the front.

@@ -98,7 +98,8 @@ class ReplicaScheduler {
   // Fault injection: while refusing, the block pool looks empty to the batch
   // policy (nothing new is admitted, and a sequence that needs another block
   // is preempted, to resume when blocks come back). refusals() counts the
-  // steps planned that wanted blocks and were refused them.
+  // steps planned that the refusal changed (a sequence preempted, not
+  // admitted, or left out for want of a block).
   void refuse_blocks(bool refuse) { refusing_ = refuse; }
   uint64_t refusals() const { return refusals_; }
 
@@ -153,6 +154,7 @@ class ReplicaScheduler {
   // next_step's working buffers, kept for their capacity.
   std::vector<SeqView> running_view_, waiting_view_;
   BatchPlan plan_;
+  BatchPlan unrefused_plan_;  // while refusing blocks: the step they would allow
   uint64_t next_step_ = 1;
   std::optional<StepEvents> ended_;
   std::vector<uint64_t> released_;

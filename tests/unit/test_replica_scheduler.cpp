@@ -346,6 +346,30 @@ TEST(ReplicaScheduler, ReusedBuffersGiveTheSameStepsAndQueuedTokensAddUp) {
   }
 }
 
+// Refused blocks count as soon as they change a step, not only when they
+// preempt: here one sequence is left out for want of a block while the other,
+// still inside its block, runs on.
+TEST(ReplicaScheduler, RefusedBlocksCountWhenTheyLeaveASequenceOut) {
+  ReplicaScheduler r(options(16));
+  r.add(assignment(1, {1, 5, 6, 7}, 8));  // one full block
+  r.add(assignment(2, {1, 5}, 8));        // half a block
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  r.finish_step(s->id, sampled(*s, 9), 0.01);
+  r.refuse_blocks(true);
+  s = r.next_step();
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->items.size(), 1u);
+  EXPECT_EQ(s->items[0].seq, 2u);  // its next position fits the block it has
+  EXPECT_EQ(r.refusals(), 1u);
+  EXPECT_TRUE(r.take_released().empty());  // nobody preempted
+  r.finish_step(s->id, sampled(*s, 9), 0.01);
+  r.refuse_blocks(false);
+  s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  EXPECT_EQ(r.refusals(), 1u);
+}
+
 TEST(ReplicaScheduler, BadInputIsRefused) {
   ReplicaScheduler r(options(4));
   r.add(assignment(1, {1}, 4));
