@@ -139,10 +139,11 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     }
     if (spec.kind == DeviceKind::Cuda) return spec;  // the weights go to the device in build()
   }
-  if (spec.devices() == 1 && spec.placement.host.empty()) {
-    whole_model();  // packed now, on this thread, not in a worker
-    return spec;
-  }
+  // One device: nothing to decide. Its weights are packed by the first
+  // build(), on the thread that builds (a worker's): packing a large model
+  // takes seconds, which a node agent answering starts and sending
+  // heartbeats must not spend.
+  if (spec.devices() == 1 && spec.placement.host.empty()) return spec;
   if (spec.pipeline > 1 && spec.stage_layers.empty()) {
     // Stages are balanced on layer times measured once, on a device like
     // the first one; replicas differ only in their memory caps.
@@ -170,8 +171,13 @@ const LayerProfile* EngineBuilder::profile() const {
   return last_profile_;
 }
 
+bool EngineBuilder::whole_model_packed() {
+  std::lock_guard<std::mutex> lock(whole_mu_);
+  return whole_ != nullptr;
+}
+
 std::shared_ptr<const Model> EngineBuilder::whole_model() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(whole_mu_);
   if (!whole_) whole_ = std::make_shared<const Model>(*checkpoint_, dtype_);
   return whole_;
 }

@@ -96,8 +96,11 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   // The measured per-layer times resolve() used, if it measured any.
   const LayerProfile* profile() const;
   // Builds a resolved spec. One-device engines share one copy of the
-  // weights; a layout packs each device's slice. Thread-safe.
+  // weights, packed by the first build (resolve never packs); a layout
+  // packs each device's slice. Thread-safe.
   std::unique_ptr<StepEngine> build(const EngineSpec& spec, const DeviceLauncher& launcher = {});
+  // Whether the one-device engines' shared weights are packed yet.
+  bool whole_model_packed();
   // resolve() now, build() later on the worker's thread; the factory keeps
   // the builder alive (so make it with std::make_shared).
   EngineFactory factory(EngineSpec spec);
@@ -108,6 +111,9 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   std::shared_ptr<const Checkpoint> checkpoint_;
   DType dtype_;
   std::mutex mu_;
+  // Apart from mu_: packing takes seconds, which fingerprint() and the
+  // stage profiles need not wait for.
+  std::mutex whole_mu_;
   std::shared_ptr<const Model> whole_;
   std::map<int, LayerProfile> profiles_;  // by threads
   std::string fingerprint_;

@@ -82,10 +82,16 @@ TEST(EngineBuilder, ResolvesStagesRefusesMisfitsAndSharesOneDeviceWeights) {
   auto pipeline = builder->build(resolved);
   EXPECT_EQ(pipeline->stages(), 2);
   EXPECT_EQ(pipeline->kv_blocks(), 64);
-  // One-device replicas share one copy of the weights.
+  // One-device replicas share one copy of the weights, packed by the first
+  // build (the worker's), not by resolve (a node agent's, which must keep
+  // answering and sending heartbeats).
   EngineSpec one;
   one.blocks = 32;
-  auto a = builder->factory(one)({}), b = builder->factory(one)({});
+  const EngineFactory first = builder->factory(one);
+  EXPECT_FALSE(builder->whole_model_packed());
+  auto a = first({});
+  EXPECT_TRUE(builder->whole_model_packed());
+  auto b = builder->factory(one)({});
   ASSERT_NE(dynamic_cast<Engine*>(a.get()), nullptr);
   EXPECT_EQ(&dynamic_cast<Engine&>(*a).model(), &dynamic_cast<Engine&>(*b).model());
   EXPECT_EQ(a->kv_blocks(), 32);
