@@ -275,6 +275,7 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
     }
     done = std::max(done, ready);
   }
+  f.engine_s = done - now_;
   return done + model.overhead_s(int(n)) * r.slow;
 }
 
@@ -349,7 +350,7 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   InFlightStep f = std::move(*it);
   r.flight.erase(it);
   last_progress_ = now_;
-  r.sched->finish_step(step, f.ids, now_ - f.start, next_out());
+  r.sched->finish_step(step, f.ids, f.engine_s, next_out());
   if (r.tuner)
     for (const auto& s : f.samples) r.tuner->observe(s.stage, s.tokens, s.seconds);
   spare_.push_back(std::move(f));
