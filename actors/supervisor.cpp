@@ -348,7 +348,9 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         for (const NodeRecord* n : s.cluster.nodes())
           if (n->name == req.name && n->state == NodeState::Live)
             node_lost(self, st, n->id, "joined again");
-        const JoinReply reply = s.cluster.join(req, s.now());
+        // Same CAF node: the agent runs in this process (nodes.local).
+        const bool in_process = agent.node() == self->node();
+        const JoinReply reply = s.cluster.join(req, s.now(), in_process);
         if (!reply.accepted) {
           spdlog::warn("node {} refused: {}", req.name, reply.reason);
           return reply;

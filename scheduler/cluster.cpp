@@ -32,7 +32,7 @@ int Cluster::live_nodes() const {
   return n;
 }
 
-JoinReply Cluster::join(const JoinRequest& r, double now) {
+JoinReply Cluster::join(const JoinRequest& r, double now, bool in_process) {
   JoinReply reply;
   auto refuse = [&](std::string why) {
     reply.reason = std::move(why);
@@ -64,6 +64,7 @@ JoinReply Cluster::join(const JoinRequest& r, double now) {
   n.death.clear();
   n.replicas.clear();
   n.used_devices = 0;
+  n.in_process = in_process;
   reply.accepted = true;
   reply.node = n.id;
   reply.incarnation = n.incarnation;
@@ -91,7 +92,8 @@ void Cluster::declare_dead(NodeRecord& n, const std::string& cause) {
 std::vector<int> Cluster::expire(double now) {
   std::vector<int> dead;
   for (auto& [id, n] : nodes_)
-    if (n.state == NodeState::Live && now - n.last_heard > options_.heartbeat_timeout_s) {
+    if (n.state == NodeState::Live && !n.in_process &&
+        now - n.last_heard > options_.heartbeat_timeout_s) {
       declare_dead(n, "heartbeat");
       dead.push_back(id);
     }

@@ -44,6 +44,11 @@ struct NodeRecord {
   std::string death;          // why it was declared dead
   std::vector<int> replicas;  // replica slots placed on it
   int used_devices = 0;
+  // The coordinator's own node, in its process: it cannot go silent while
+  // the coordinator runs, so heartbeats do not expire it (a CPU-starved
+  // process must not take down every replica it serves); its agent's exit
+  // is what ends it.
+  bool in_process = false;
 };
 
 struct ClusterOptions {
@@ -60,12 +65,13 @@ class Cluster {
   // Admits a node (or a dead one coming back under its name, with a new
   // incarnation), or says why not: a wrong token, another protocol, another
   // model, no devices, or a live node with that name already.
-  JoinReply join(const JoinRequest& request, double now);
+  JoinReply join(const JoinRequest& request, double now, bool in_process = false);
   // The node is heard from; false when it is not a live member (the
   // incarnation it speaks for is over: it must rejoin).
   bool heard_from(int node, uint64_t incarnation, double now);
   // Declares dead every live node not heard from within the timeout
-  // (cause "heartbeat"); returns them.
+  // (cause "heartbeat"), except one in the coordinator's process; returns
+  // them.
   std::vector<int> expire(double now);
   // Declares a live node dead with `cause` (e.g. "connection lost"); false
   // when it was not live.

@@ -62,6 +62,17 @@ TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
   EXPECT_TRUE(c.heard_from(b.node, back.incarnation, 3.1));
 }
 
+// The coordinator's own node shares its process: a starved process (no
+// heartbeat for a while) must not declare it dead; it still ends when lost.
+TEST(Cluster, TheCoordinatorsOwnNodeDoesNotExpire) {
+  Cluster c(options());
+  const JoinReply local = c.join(node("local", 2), 0, true), remote = c.join(node("r", 1), 0);
+  EXPECT_EQ(c.expire(10.0), std::vector<int>{remote.node});
+  EXPECT_EQ(c.live_nodes(), 1);
+  EXPECT_TRUE(c.lost(local.node, "its agent exited"));
+  EXPECT_EQ(c.live_nodes(), 0);
+}
+
 TEST(Cluster, ReplicasGoToTheFreestNodeOrSpanAsFewNodesAsHoldThem) {
   Cluster c(options());
   const int a = c.join(node("a", 2), 0).node, b = c.join(node("b", 3), 0).node,
