@@ -178,6 +178,17 @@ say "benchmark"
 timeout 240 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
 BENCH_RC=${PIPESTATUS[0]}
 
+say "troupe bench on kind: cuda (the 1b preset, TinyLlama's shape, bf16)"
+TROUPE_BENCH_RC=skipped
+if [ -n "$SERVING" ]; then
+  timeout 180 "$BIN/troupe" bench --preset 1b --dtype bf16 --batch 1,8,32,128 --prompt-len 512 \
+    --decode-tokens 32 --set 'devices=[{kind: cuda, index: 0, threads: 2}]' 2>&1 |
+    tee "$OUT_DIR/troupe_bench_1b.txt" | grep -v '^\[' 
+  TROUPE_BENCH_RC=${PIPESTATUS[0]}
+else
+  echo "not run: no troupe built with -DTROUPE_SERVE_CUDA=ON beside the tests"
+fi
+
 say "serving on kind: cuda"
 SERVE_RC=0
 if [ -n "$SERVING" ]; then
@@ -197,5 +208,6 @@ say "summary"
 for x in gpu_tests serve_cuda; do
   [ -f "$OUT_DIR/$x.xml" ] && echo "$x: $(grep -o '<testsuites[^>]*>' "$OUT_DIR/$x.xml" | head -1)"
 done
-echo "gpu tests exit $TESTS_RC, benchmark exit $BENCH_RC, serving on cuda exit $SERVE_RC; results in $OUT_DIR"
-[ "$TESTS_RC" = 0 ] && [ "$BENCH_RC" = 0 ] && { [ "$SERVE_RC" = 0 ] || [ "$SERVE_RC" = skipped ]; }
+echo "gpu tests exit $TESTS_RC, benchmark exit $BENCH_RC, troupe bench exit $TROUPE_BENCH_RC, serving on cuda exit $SERVE_RC; results in $OUT_DIR"
+ok() { [ "$1" = 0 ] || [ "$1" = skipped ]; }
+[ "$TESTS_RC" = 0 ] && [ "$BENCH_RC" = 0 ] && ok "$TROUPE_BENCH_RC" && ok "$SERVE_RC"
