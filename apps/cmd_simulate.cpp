@@ -21,6 +21,7 @@
 
 #include "apps/bench_serving.h"
 #include "apps/commands.h"
+#include "net/admin_client.h"
 #include "scheduler/sim/run.h"
 #include "scheduler/sim/sweep.h"
 
@@ -323,12 +324,18 @@ void run_sweep(const SimulateOptions& o) {
 // by a thread so that its logging never blocks it.
 class ServerProcess {
  public:
-  ServerProcess(const SimulateOptions& o, const std::string& policy, int replicas) {
+  // With an admin token, the server takes faults (POST /admin/faults) from
+  // its holder.
+  ServerProcess(const SimulateOptions& o, const std::string& policy, int replicas,
+                const std::string& admin_token = "") {
     std::vector<std::string> args{"/proc/self/exe", "serve", "--listen", "127.0.0.1:0"};
     if (!o.config.file.empty()) args.insert(args.end(), {"--config", o.config.file});
     for (const auto& s : o.config.overrides) args.insert(args.end(), {"--set", s});
     args.insert(args.end(), {"--set", "logging.level=info"});
     if (!policy.empty()) args.insert(args.end(), {"--set", "routing.policy=" + policy});
+    if (!admin_token.empty())
+      args.insert(args.end(),
+                  {"--set", "admin.faults=true", "--set", "admin.token=" + admin_token});
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
     posix_spawn_file_actions_t actions;
@@ -406,6 +413,26 @@ class ServerProcess {
   std::string url_, log_;
   std::thread drain_;
 };
+
+// Heterogeneous replicas for --validate (--slow): each slowed replica of the
+// real server gets a slow fault of the same factor for as long as the
+// server lives, through its fault injection (every step takes the factor
+// times as long), as the simulated replica's steps do.
+void slow_real_replicas(const ServerProcess& server, const std::string& token,
+                        const std::vector<double>& slowdown) {
+  const serving_bench::HttpUrl url = serving_bench::parse_http_url(server.url());
+  const ServerEndpoint admin{url.host, url.port, token};
+  for (size_t r = 0; r < slowdown.size(); ++r) {
+    if (slowdown[r] == 1) continue;
+    const nlohmann::json body{
+        {"kind", "slow"}, {"replica", r}, {"factor", slowdown[r]}, {"duration_s", 86400}};
+    const HttpResponse resp = admin.call("POST", "/admin/faults", body.dump());
+    if (resp.status < 200 || resp.status >= 300)
+      throw std::runtime_error("--validate --slow: the server refused the slow fault on replica " +
+                               std::to_string(r) + " (" + std::to_string(resp.status) +
+                               "): " + resp.body);
+  }
+}
 
 // The figures compared, from the real client's view and the simulator's.
 struct Figures {
@@ -520,9 +547,15 @@ void run_validate(const SimulateOptions& o) {
         "%.2f requests/s; rates:",
         layout_name(cfg).c_str(), bo.requests, bo.prompt_len, bo.output_len, capacity);
     for (double r : rates) std::printf(" %.2f", r);
-    std::printf("/s; %d real runs per point\n", o.repeats);
+    std::printf("/s; %d real runs per point", o.repeats);
+    for (const std::string& spec : o.slow) std::printf("; --slow %s", spec.c_str());
+    std::printf("\n");
     std::fflush(stdout);
   }
+  for (const std::string& spec : o.slow)
+    if (parse_number(spec.substr(spec.find(':') + 1), "--slow") < 1)
+      throw UsageError("--validate --slow: '" + spec +
+                       "': a real replica can be slowed, not sped up; give factors of 1 or more");
   // [rate][policy] -> figures
   std::map<double, std::map<std::string, Figures>> simulated, measured;
   std::map<double, std::map<std::string, Figures>> spread;  // (max - min) / mean per metric
@@ -530,7 +563,9 @@ void run_validate(const SimulateOptions& o) {
     Config pc = command_config(o.config, {{"routing.policy", policy}});
     const sim::SimOptions so = sim_options(pc, profile, o);
     const auto models = cost_models(pc, profile);
-    ServerProcess server(o, policy, pc.parallel.replicas);
+    const std::string token = so.slowdown.empty() ? "" : fresh_admin_token();
+    ServerProcess server(o, policy, pc.parallel.replicas, token);
+    if (!so.slowdown.empty()) slow_real_replicas(server, token, so.slowdown);
     bo.url = server.url();
     for (double rate : rates) {
       bo.rate = rate;

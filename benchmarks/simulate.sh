@@ -28,5 +28,9 @@ case "${1:-all}" in
     "$B" simulate --config configs/two-replicas.yaml --calibrate
     "$B" simulate --validate --config configs/two-replicas.yaml --loads 0.3,0.7 --requests 80 \
       --prompt-len 32 --output-len 32 --repeats 3 | tee "$OUT/validate_fortune_2replicas.txt"
+    "$B" simulate --config configs/two-replicas.yaml --calibrate
+    "$B" simulate --validate --config configs/two-replicas.yaml --slow 1:3 --loads 0.3,0.6 \
+      --requests 80 --prompt-len 32 --output-len 32 --repeats 3 |
+      tee "$OUT/validate_fortune_2replicas_slow.txt"
     ;;
 esac

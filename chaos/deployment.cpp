@@ -5,24 +5,17 @@
 
 #include <chrono>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include "deploy/config.h"
+#include "net/admin_client.h"
 #include "net/http_client.h"
 
 namespace troupe::chaos {
 
 namespace {
-
-std::string fresh_token() {
-  std::random_device rd;
-  std::ostringstream s;
-  s << std::hex << rd() << rd() << rd() << rd();
-  return s.str();
-}
 
 // The port at the end of a line such as "... listening on http://127.0.0.1:8080".
 uint16_t port_at_end(const std::string& line) {
@@ -86,7 +79,7 @@ Deployment::Deployment(const ChaosPlan& plan, std::filesystem::path exe,
     : exe_(std::move(exe)),
       run_dir_(std::move(run_dir)),
       plan_(plan.deployment),
-      token_(fresh_token()) {
+      token_(fresh_admin_token()) {
   std::filesystem::create_directories(run_dir_);
   config_ = plan.source.parent_path() / plan_.config;
   const Config cfg = load_config(config_);

@@ -15,6 +15,7 @@
 #include "chaos/client.h"
 #include "chaos/deployment.h"
 #include "chaos/workload.h"
+#include "net/admin_client.h"
 #include "net/http_client.h"
 
 namespace troupe::chaos {
@@ -34,30 +35,6 @@ void sleep_s(double s) {
   if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
-// ---- the coordinator over HTTP ----
-
-struct Endpoint {
-  std::string host = "127.0.0.1";
-  std::string port;
-  std::string token;
-
-  HttpResponse call(const std::string& method, const std::string& target,
-                    const std::string& body = "", double timeout_s = 10) const {
-    HttpClient::Options o;
-    o.host = host;
-    o.port = port;
-    o.connect_timeout_s = o.io_timeout_s = timeout_s;
-    HttpClient c(o);
-    HttpRequest r;
-    r.method = method;
-    r.target = target;
-    r.body = body;
-    r.keep_alive = false;
-    if (!token.empty()) r.headers.emplace_back("Authorization", "Bearer " + token);
-    return c.request(r);
-  }
-};
-
 // What the harness reads from /metrics.
 struct MetricsView {
   bool ok = false;
@@ -74,7 +51,7 @@ double sample_value(const std::string& line) {
   return sp == std::string::npos ? 0 : std::atof(line.c_str() + sp + 1);
 }
 
-MetricsView read_metrics(const Endpoint& e) {
+MetricsView read_metrics(const ServerEndpoint& e) {
   MetricsView m;
   const HttpResponse r = e.call("GET", "/metrics", "", 5);
   if (r.status != 200) return m;
@@ -97,7 +74,7 @@ MetricsView read_metrics(const Endpoint& e) {
   return m;
 }
 
-std::string served_model(const Endpoint& e) {
+std::string served_model(const ServerEndpoint& e) {
   const HttpResponse r = e.call("GET", "/v1/models");
   const json j = json::parse(r.body, nullptr, false);
   if (r.status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty())
@@ -239,7 +216,7 @@ class Run {
   ChaosPlan plan_;
   std::mt19937_64 rng_;
   std::unique_ptr<Deployment> deployment_;
-  Endpoint http_;
+  ServerEndpoint http_;  // the coordinator over HTTP
   std::string model_;
   int replicas_ = 1;
   // What the poller saw last: detections + restarts, and ready replicas.

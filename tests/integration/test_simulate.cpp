@@ -186,5 +186,40 @@ TEST(Simulate, ValidateAgainstARealServer) {
   }
 }
 
+// Heterogeneous replicas: --slow slows the simulated replica and, through
+// the real server's fault injection, the real one (a refused fault fails the
+// run); the policies are then ranked on both sides.
+TEST(Simulate, ValidateWithASlowReplicaSlowsTheRealOneToo) {
+  auto r = simulate({"--config",
+                     two_replicas(),
+                     "--profile",
+                     profile(),
+                     "--validate",
+                     "--slow",
+                     "1:4",
+                     "--policies",
+                     "round_robin,least_outstanding",
+                     "--rates",
+                     "30",
+                     "--requests",
+                     "24",
+                     "--prompt-len",
+                     "16",
+                     "--output-len",
+                     "16",
+                     "--repeats",
+                     "1",
+                     "--json"},
+                    60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json::parse(r.out.substr(r.out.find("\n[")));
+  EXPECT_EQ(j.size(), 2u * 6u);
+  r = simulate({"--config", two_replicas(), "--profile", profile(), "--validate", "--slow", "1:0.5",
+                "--policies", "round_robin", "--rates", "30", "--requests", "8"},
+               60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("slow"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace troupe
