@@ -653,6 +653,17 @@ void run_validate(const SimulateOptions& o) {
 // overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
 // step. Then an open loop at half the capacity gives what TTFT still lacks
 // per request. All three are stored in the profile's layout.
+// A server's figures move by tens of percent from one short run to the
+// next on a shared machine: calibration takes the median of a few.
+constexpr int kCalibrationRuns = 5;
+
+template <class F>
+double median_of(int runs, F measure) {
+  std::vector<double> v;
+  for (int i = 0; i < runs; ++i) v.push_back(measure());
+  return serving_bench::summarize(std::move(v)).p50;
+}
+
 void run_calibrate(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const std::filesystem::path file = profile_path(o, cfg);
@@ -679,13 +690,17 @@ void run_calibrate(const SimulateOptions& o) {
     bo.output_len = o.output_len;
     bo.seed = o.workload.seed;
     serving_bench::run_serving_bench(bo);  // warm-up
-    const auto real = serving_bench::run_serving_bench(bo);
+    const double measured = median_of(kCalibrationRuns, [&] {
+      return serving_bench::run_serving_bench(bo).tpot_s.p50;
+    });
     const double simulated =
         sim::simulate(so, models, loop_of(clients[i]), {}).summary.tpot().percentile(50);
     n[i] = std::max(1.0, double(clients[i]) / replicas);
-    extra[i] = real.tpot_s.p50 - simulated;
-    std::printf("%d client(s): TPOT p50 measured %.3f ms, engine alone (simulated) %.3f ms\n",
-                clients[i], 1e3 * real.tpot_s.p50, 1e3 * simulated);
+    extra[i] = measured - simulated;
+    std::printf(
+        "%d client(s): TPOT p50 measured %.3f ms (median of %d runs), engine alone (simulated) "
+        "%.3f ms\n",
+        clients[i], 1e3 * measured, kCalibrationRuns, 1e3 * simulated);
   }
   grid.overhead_per_seq_s = n[1] > n[0] ? std::max(0.0, (extra[1] - extra[0]) / (n[1] - n[0])) : 0;
   grid.overhead_s = std::max(0.0, extra[0] - grid.overhead_per_seq_s * n[0]);
@@ -704,7 +719,8 @@ void run_calibrate(const SimulateOptions& o) {
   bo.timeout_s = 120;
   bo.max_inflight = 1024;
   bo.rate = 0.5 * simulated_capacity(so, with_steps, o.prompt_len, o.output_len);
-  const double ttft_open = serving_bench::run_serving_bench(bo).ttft_s.p50;
+  const double ttft_open =
+      median_of(kCalibrationRuns, [&] { return serving_bench::run_serving_bench(bo).ttft_s.p50; });
   const double ttft_sim = simulate_bench(so, with_steps, bo).ttft_p50;
   grid.request_overhead_s = std::max(0.0, ttft_open - ttft_sim);
   std::printf("open loop at %.1f requests/s: TTFT p50 measured %.3f ms, simulated %.3f ms\n",
