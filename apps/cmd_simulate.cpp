@@ -690,9 +690,8 @@ void run_calibrate(const SimulateOptions& o) {
     bo.output_len = o.output_len;
     bo.seed = o.workload.seed;
     serving_bench::run_serving_bench(bo);  // warm-up
-    const double measured = median_of(kCalibrationRuns, [&] {
-      return serving_bench::run_serving_bench(bo).tpot_s.p50;
-    });
+    const double measured = median_of(
+        kCalibrationRuns, [&] { return serving_bench::run_serving_bench(bo).tpot_s.p50; });
     const double simulated =
         sim::simulate(so, models, loop_of(clients[i]), {}).summary.tpot().percentile(50);
     n[i] = std::max(1.0, double(clients[i]) / replicas);
