@@ -30,13 +30,9 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<std::string> argv{test::troupe_binary(),
-                                "chaos",
-                                plan.string(),
-                                "--json",
-                                (dir / "report.json").string(),
-                                "--run-dir",
-                                (dir / "logs").string()};
+  std::vector<std::string> argv{
+      test::troupe_binary(),          "chaos",     plan.string(),          "--json",
+      (dir / "report.json").string(), "--run-dir", (dir / "logs").string()};
   argv.insert(argv.end(), args.begin(), args.end());
   ChildProcess p(argv, "", test::source_dir().string());
   ChaosResult r;

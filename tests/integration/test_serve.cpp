@@ -159,7 +159,8 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
   test::TempDir tmp;
   test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");
-  auto r = test::run_command({test::troupe_binary(), "serve", "--config", (tmp / "bad.yaml").string()});
+  auto r =
+      test::run_command({test::troupe_binary(), "serve", "--config", (tmp / "bad.yaml").string()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("batching.max_batch_tokens"), std::string::npos) << r.err;
   test::write_file(tmp / "typo.yaml", "routing:\n  polcy: round_robin\n");
