@@ -434,6 +434,20 @@ void slow_real_replicas(const ServerProcess& server, const std::string& token,
   }
 }
 
+// The serving bench's Poisson open loop of this command's fixed-length
+// requests (the rate is the caller's).
+serving_bench::ServingBenchOptions open_loop(const SimulateOptions& o, const std::string& url) {
+  serving_bench::ServingBenchOptions bo;
+  bo.url = url;
+  bo.requests = int(o.workload.requests);
+  bo.prompt_len = o.prompt_len;
+  bo.output_len = o.output_len;
+  bo.seed = o.workload.seed;
+  bo.timeout_s = 120;
+  bo.max_inflight = 1024;
+  return bo;
+}
+
 // The figures compared, from the real client's view and the simulator's.
 struct Figures {
   double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0, latency_p50 = 0, tokens_per_s = 0;
@@ -525,13 +539,7 @@ void run_validate(const SimulateOptions& o) {
   const StepProfile profile = load_profile(o, cfg);
   std::vector<std::string> policies = split_list(o.policies);
   if (policies.empty()) policies = routing_policy_names();
-  serving_bench::ServingBenchOptions bo;
-  bo.requests = int(o.workload.requests);
-  bo.prompt_len = o.prompt_len;
-  bo.output_len = o.output_len;
-  bo.seed = o.workload.seed;
-  bo.timeout_s = 120;
-  bo.max_inflight = 1024;
+  serving_bench::ServingBenchOptions bo = open_loop(o, "");
   std::vector<double> rates;
   {
     const auto models = cost_models(cfg, profile);
@@ -646,13 +654,6 @@ void run_validate(const SimulateOptions& o) {
   if (o.json) std::cout << out.dump(1) << "\n";
 }
 
-// What serving adds to each step beyond the engine on this machine: the
-// HTTP layer, the actors' messages, the client and everything else sharing
-// the cores. A real server of this config is loaded by closed loops of 1 and
-// of several clients; the TPOT it shows above the simulator's (without
-// overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
-// step. Then an open loop at half the capacity gives what TTFT still lacks
-// per request. All three are stored in the profile's layout.
 // A server's figures move by tens of percent from one short run to the
 // next on a shared machine: calibration takes the median of a few.
 constexpr int kCalibrationRuns = 5;
@@ -664,6 +665,13 @@ double median_of(int runs, F measure) {
   return serving_bench::summarize(std::move(v)).p50;
 }
 
+// What serving adds to each step beyond the engine on this machine: the
+// HTTP layer, the actors' messages, the client and everything else sharing
+// the cores. A real server of this config is loaded by closed loops of 1 and
+// of several clients; the TPOT it shows above the simulator's (without
+// overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
+// step. Then an open loop at half the capacity gives what TTFT still lacks
+// per request. All three are stored in the profile's layout.
 void run_calibrate(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const std::filesystem::path file = profile_path(o, cfg);
@@ -709,14 +717,9 @@ void run_calibrate(const SimulateOptions& o) {
   // where each request also waits for a client thread and a connection,
   // which a closed loop's waiting client never does.
   const std::vector<sim::StepCostModel> with_steps{sim::StepCostModel(grid)};
-  serving_bench::ServingBenchOptions bo;
-  bo.url = server.url();
-  bo.requests = std::clamp(int(o.workload.requests), 60, 200);
-  bo.prompt_len = o.prompt_len;
-  bo.output_len = o.output_len;
+  serving_bench::ServingBenchOptions bo = open_loop(o, server.url());
+  bo.requests = std::clamp(bo.requests, 60, 200);
   bo.seed = o.workload.seed + 1;  // not the validation's arrivals
-  bo.timeout_s = 120;
-  bo.max_inflight = 1024;
   bo.rate = 0.5 * simulated_capacity(so, with_steps, o.prompt_len, o.output_len);
   const double ttft_open =
       median_of(kCalibrationRuns, [&] { return serving_bench::run_serving_bench(bo).ttft_s.p50; });

@@ -55,10 +55,10 @@ is_machine_lib() {
 # troupe linked with the CUDA engine (-DTROUPE_SERVE_CUDA=ON), and the
 # serving tests that drive it: both, or neither.
 serving_binaries() {
-  local dir=$1
-  [ -x "$dir/troupe" ] && [ -x "$dir/integration_tests" ] || return 1
-  ldd "$dir/troupe" | grep -q 'libcublas' || return 1
-  echo "$dir/troupe $dir/integration_tests"
+  local troupe=$1 tests=$2
+  [ -x "$troupe" ] && [ -x "$tests" ] || return 1
+  ldd "$troupe" | grep -q 'libcublas' || return 1
+  echo "$troupe $tests"
 }
 
 if [ -n "$BUNDLE_TO" ]; then
@@ -66,12 +66,8 @@ if [ -n "$BUNDLE_TO" ]; then
     [ -x "$b" ] || { echo "missing $b: build it first (cmake --build $BUILD --target gpu_tests bench_cuda)" >&2; exit 1; }
   done
   rm -rf "$BUNDLE_TO" && mkdir -p "$BUNDLE_TO/bin" "$BUNDLE_TO/lib"
-  mkdir -p "$BUNDLE_TO/.serve" && cp "$BUILD/troupe" "$BUILD/tests/integration_tests" "$BUNDLE_TO/.serve/" 2>/dev/null
-  SERVING=$(serving_binaries "$BUNDLE_TO/.serve")
-  rm -rf "$BUNDLE_TO/.serve"
-  if [ -n "$SERVING" ]; then
-    SERVING="$BUILD/troupe $BUILD/tests/integration_tests"
-  else
+  SERVING=$(serving_binaries "$BUILD/troupe" "$BUILD/tests/integration_tests")
+  if [ -z "$SERVING" ]; then
     echo "note: no troupe with the CUDA engine in $BUILD (configure with -DTROUPE_SERVE_CUDA=ON and build troupe and integration_tests): serving on CUDA is not bundled" >&2
   fi
   for b in "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda" $SERVING; do
@@ -141,7 +137,7 @@ fi
 export LD_LIBRARY_PATH="${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TROUPE_SOURCE_DIR="$ROOT"
 
-SERVING=$(serving_binaries "$BIN")
+SERVING=$(serving_binaries "$BIN/troupe" "$BIN/integration_tests")
 
 say "ldd"
 MISSING=0

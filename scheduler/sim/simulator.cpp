@@ -304,7 +304,6 @@ void Simulator::launch(int replica) {
       f.samples.clear();
     }
     f.id = step.id;
-    f.start = now_;
     for (const auto& it : step.items) {
       f.ids.push_back(it.sample ? sample_token_ : -1);
       if (it.position == 0) note_started(it.seq);  // a request's first chunk

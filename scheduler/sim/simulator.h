@@ -130,8 +130,7 @@ class Simulator {
   struct InFlightStep {
     uint64_t id = 0;
     std::vector<int> ids;  // the sampled ids it will report
-    double start = 0;
-    double engine_s = 0;  // the engine's part of it, which the batcher times
+    double engine_s = 0;   // the engine's part of it, which the batcher times
     struct Sample {
       int stage;
       size_t tokens;
