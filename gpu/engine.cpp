@@ -42,14 +42,13 @@ std::vector<int> StepEngine::step(std::vector<StepItem> items) {
   return finish(launch(std::move(items)));
 }
 
-std::vector<StepInput> step_inputs(const std::vector<StepItem>& items,
-                                   std::vector<SequenceCache>& caches, size_t first, size_t last) {
-  last = std::min(last, items.size());
-  caches.resize(last - first);
+std::vector<StepInput> step_inputs(std::span<const StepItem> items,
+                                   std::vector<SequenceCache>& caches) {
+  caches.resize(items.size());
   std::vector<StepInput> inputs;
-  inputs.reserve(last - first);
-  for (size_t i = first; i < last; ++i) {
-    SequenceCache& c = caches[i - first];
+  inputs.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    SequenceCache& c = caches[i];
     c.blocks = items[i].blocks;
     c.length = items[i].position;
     inputs.push_back({&c, items[i].tokens, items[i].sample});

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -151,8 +152,7 @@ class Engine : public StepEngine {
 
 // Runs a step's items as StepInputs over `caches`, one SequenceCache per
 // item built from the item's block table and position.
-std::vector<StepInput> step_inputs(const std::vector<StepItem>& items,
-                                   std::vector<SequenceCache>& caches, size_t first = 0,
-                                   size_t last = size_t(-1));
+std::vector<StepInput> step_inputs(std::span<const StepItem> items,
+                                   std::vector<SequenceCache>& caches);
 
 }  // namespace troupe

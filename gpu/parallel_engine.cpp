@@ -31,17 +31,13 @@ double seconds_since(Clock::time_point t0) {
 // runner (a thread, or a shard actor) works through: the device's "stream".
 struct ParallelEngine::Device {
   int stage = 0, rank = 0;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<KvCache> cache;
-  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Shard> shard;
   std::unique_ptr<Communicator> comm;  // its stage's tensor group
   // Boundaries between processes: (s, 0) sends its output to each other
   // host of stage s + 1 (in host order); the lowest rank of stage s here
   // receives the previous stage's when (s - 1, 0) is elsewhere.
   std::vector<std::unique_ptr<Communicator>> sends;
   std::unique_ptr<Communicator> receive;
-  Workspace ws;
-  std::vector<SequenceCache> caches;  // the current micro-batch's sequences
   // x_out of ranks other than 0; on a last stage spanning processes, the
   // logits message to or from rank 0.
   std::vector<float> scratch;
@@ -155,6 +151,9 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngi
   const auto [last_begin, last_end] = layout.stage_layers.back();
   for (int t = 0; t < T; ++t)
     m.last_dims.push_back(shard_dims(ckpt.config, ShardSpec{t, T, last_begin, last_end}));
+  const ShardFactory make_shard =
+      layout.shards ? layout.shards
+                    : cpu_shards(ckpt, dtype, layout.threads, layout.block_tokens, layout.blocks);
   m.devices.resize(size_t(P * T));
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {
@@ -162,15 +161,10 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngi
       auto d = std::make_unique<Device>();
       d->stage = s;
       d->rank = t;
-      ShardSpec spec{t, T, layout.stage_layers[size_t(s)].first,
-                     layout.stage_layers[size_t(s)].second};
-      d->model = std::make_unique<Model>(ckpt, dtype, spec);
-      d->cache =
-          std::make_unique<KvCache>(d->model->make_cache(layout.block_tokens, layout.blocks));
-      const size_t di = size_t(s * T + t);
-      d->pool = std::make_unique<ThreadPool>(layout.threads.size() == 1 ? layout.threads[0]
-                                                                        : layout.threads.at(di));
-      m.devices[di] = std::move(d);
+      const ShardSpec spec{t, T, layout.stage_layers[size_t(s)].first,
+                           layout.stage_layers[size_t(s)].second};
+      d->shard = make_shard(spec, s * T + t);
+      m.devices[size_t(s * T + t)] = std::move(d);
     }
   m.connect(layout.placement);
   for (auto& d : m.devices)
@@ -272,8 +266,19 @@ void ParallelEngine::Impl::connect(const ProcessPlacement& placement) {
     if (lead[size_t(s)] < 0) {
       // Nothing of this stage here.
     } else if (!spans[size_t(s)]) {
-      auto group = make_in_process_group(T);
-      for (int t = 0; t < T; ++t) device(s, t).comm = std::move(group[size_t(t)]);
+      std::vector<std::unique_ptr<Communicator>> group;
+      if (layout.local_group) {
+        group = layout.local_group(s, T);
+      } else {
+        for (auto& c : make_in_process_group(T)) group.push_back(std::move(c));
+      }
+      if (int(group.size()) != T)
+        throw std::invalid_argument("local_group(stage " + std::to_string(s) + ") returned " +
+                                    std::to_string(group.size()) + " ranks for " +
+                                    std::to_string(T));
+      for (int t = 0; t < T; ++t)
+        device(s, t).comm = checked(std::move(group[size_t(t)]), t, T,
+                                    "local_group(stage " + std::to_string(s) + ")");
     } else {
       std::vector<int> ranks;
       for (int t = 0; t < T; ++t)
@@ -400,8 +405,9 @@ void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
       }
       if (s + 1 < P && t == 0 && credited[size_t(s)]) credits[size_t(s)]->acquire();
       const auto t0 = Clock::now();
-      const std::vector<StepInput> inputs = step_inputs(
-          st.items, d.caches, size_t(st.first[size_t(mb)]), size_t(st.first[size_t(mb) + 1]));
+      const std::span<const StepItem> items(
+          st.items.data() + st.first[size_t(mb)],
+          size_t(st.first[size_t(mb) + 1] - st.first[size_t(mb)]));
       ShardIo io;
       io.tp = T > 1 ? d.comm.get() : nullptr;
       if (s > 0) io.x_in = st.act[size_t(s - 1)][size_t(mb)].data();
@@ -415,7 +421,7 @@ void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
       } else {
         io.logits = st.logits[size_t(t)].data() + size_t(st.first[size_t(mb)]) * stride;
       }
-      d.model->forward_shard(inputs, *d.cache, *d.pool, d.ws, io);
+      d.shard->forward(items, io);
       if (size_t(s) < layout.stage_delay_s.size() && layout.stage_delay_s[size_t(s)] > 0)
         std::this_thread::sleep_for(std::chrono::duration<double>(layout.stage_delay_s[size_t(s)]));
       if (!d.sends.empty()) send_output(st, d, mb);
@@ -717,8 +723,8 @@ EngineStats ParallelEngine::stats() const {
     st.stages.push_back(stage);
   }
   for (const auto& d : m.devices) {
-    st.weight_bytes.push_back(d ? d->model->weight_bytes() : 0);
-    st.streamed_bytes.push_back(d ? d->model->weight_bytes_per_step() : 0);
+    st.weight_bytes.push_back(d ? d->shard->weight_bytes() : 0);
+    st.streamed_bytes.push_back(d ? d->shard->streamed_bytes() : 0);
   }
   {
     std::lock_guard<std::mutex> l(const_cast<std::mutex&>(m.in_flight_mu));

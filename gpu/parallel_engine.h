@@ -1,6 +1,7 @@
 #pragma once
 // One replica split over P pipeline stages of T tensor-parallel shards, each
-// shard a device (its own thread, thread pool, weights slice and KV cache).
+// shard a device with its own weights slice and KV cache (gpu/shard.h: a
+// CPU thread pool by default, or a GPU given by the options' factory).
 // Each device's jobs run on its own runner: a plain thread by default, a
 // shard actor in the serving runtime (see gpu/device_queue.h); a device that
 // dies aborts the step, and every later step, with a message naming it.
@@ -19,6 +20,7 @@
 #include "gpu/device_queue.h"
 #include "gpu/engine.h"
 #include "gpu/kv_cache.h"
+#include "gpu/shard.h"
 
 namespace troupe {
 
@@ -92,6 +94,11 @@ struct ParallelEngineOptions {
   int block_tokens = 16;
   int blocks = 4096;
   ProcessPlacement placement;  // a replica spanning processes; by default all in this one
+  // What a device is: empty, a CPU shard with threads[device] threads and
+  // `blocks` KV blocks. Called while the engine is built, never after.
+  ShardFactory shards;
+  // Tensor groups within this process: empty, the in-process communicator.
+  LocalGroupFactory local_group;
 };
 
 class ParallelEngine : public StepEngine {
