@@ -64,12 +64,16 @@ ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSec
     spec.threads.clear();
     // This node's devices in the layout's order; the others' threads are
     // theirs to set (1 here is a placeholder the engine never uses).
+    // The agent gave each device here its CUDA index (its own when the
+    // node's config names none).
     size_t next = 0;
+    spec.cuda_devices.clear();
     for (int d = 0; d < plan.devices(); ++d) {
       const bool here = plan.hosts.empty() || plan.hosts[size_t(d)] == plan.part;
       const DeviceSpec& ds = here ? devices.at(next++) : DeviceSpec{DeviceKind::Cpu, 1, 0};
       spec.threads.push_back(ds.threads);
       spec.memory_bytes.push_back(ds.memory_bytes);
+      spec.cuda_devices.push_back(here ? ds.index : -1);
     }
     // A replica's devices are of one kind (the coordinator places whole
     // devices; the node's config says what they are).
@@ -79,7 +83,6 @@ ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSec
         throw std::invalid_argument("replica " + std::to_string(plan.replica) +
                                     " was given devices of different kinds here");
     spec.kind = first.kind;
-    spec.cuda_index = first.index;
     spec.cuda = cuda;
     spec.max_batch_tokens = plan.max_batch_tokens;
     spec.max_batch_sequences = plan.max_batch_sequences;

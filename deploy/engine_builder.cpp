@@ -30,11 +30,14 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
   s.pipeline = c.parallel.pipeline;
   s.tensor = c.parallel.tensor;
   s.threads.clear();
+  s.cuda_devices.clear();
   for (int st = 0; st < s.pipeline; ++st)
     for (int t = 0; t < s.tensor; ++t) {
-      const DeviceSpec& d = device_spec(c, device_index(c.parallel, replica, st, t));
+      const int index = device_index(c.parallel, replica, st, t);
+      const DeviceSpec& d = device_spec(c, index);
       s.threads.push_back(d.threads);
       s.memory_bytes.push_back(d.memory_bytes);
+      s.cuda_devices.push_back(d.index >= 0 ? d.index : index);
     }
   // One kind per replica: its devices compute together.
   const DeviceSpec& first = device_spec(c, device_index(c.parallel, replica, 0, 0));
@@ -48,8 +51,6 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
                                   "; a replica's devices must be of one kind");
   }
   s.kind = first.kind;
-  s.cuda_index = first.index;
-  s.cuda_ordinal = device_index(c.parallel, replica, 0, 0);
   s.max_batch_tokens = c.batching.max_batch_tokens;
   s.max_batch_sequences = c.batching.max_batch_sequences;
   s.cuda = c.cuda;
@@ -104,6 +105,24 @@ std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, in
   return out;
 }
 
+namespace {
+
+ParallelEngineOptions parallel_options(const EngineSpec& spec) {
+  ParallelEngineOptions o;
+  o.pipeline = spec.pipeline;
+  o.tensor = spec.tensor;
+  o.threads = spec.threads;
+  o.stage_layers = spec.stage_layers;
+  o.microbatches = spec.microbatches;
+  o.credits = spec.credits;
+  o.block_tokens = spec.block_tokens;
+  o.blocks = spec.blocks;
+  o.placement = spec.placement;
+  return o;
+}
+
+}  // namespace
+
 bool EngineBuilder::cuda_available(std::string* why) {
 #if TROUPE_SERVE_CUDA
   return cuda_device_available(why);
@@ -122,22 +141,19 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
     throw std::invalid_argument("give one thread count, or one per device");
   if (spec.kind != DeviceKind::Cpu) {
-    const bool one_device = spec.devices() == 1 && spec.placement.host.empty();
-    if (spec.kind == DeviceKind::Cuda && !one_device)
-      throw std::invalid_argument(
-          "devices: kind cuda runs one device per replica for now (this layout has " +
-          std::to_string(spec.pipeline) + " stage(s) x " + std::to_string(spec.tensor) +
-          " shard(s)); use parallel.replicas for several GPUs, or kind cpu");
+    if (int(spec.cuda_devices.size()) != spec.devices() && spec.cuda_devices.size() != 1)
+      throw std::invalid_argument("give one CUDA device index, or one per device");
     std::string why;
     const bool gpu = cuda_available(&why);
     if (spec.kind == DeviceKind::Cuda && !gpu)
       throw std::runtime_error("devices: kind cuda, but " + why);
     if (spec.kind == DeviceKind::Auto) {
-      spec.kind = gpu && one_device ? DeviceKind::Cuda : DeviceKind::Cpu;
-      spdlog::info("devices: auto is {} ({})", device_kind_name(spec.kind),
-                   gpu && !one_device ? "CUDA runs one device per replica for now" : why);
+      spec.kind = gpu ? DeviceKind::Cuda : DeviceKind::Cpu;
+      spdlog::info("devices: auto is {} ({})", device_kind_name(spec.kind), why);
     }
-    if (spec.kind == DeviceKind::Cuda) return spec;  // the weights go to the device in build()
+    // The weights go to the devices in build(); a CUDA layout's layers are
+    // uniform work, split evenly unless given.
+    if (spec.kind == DeviceKind::Cuda) return spec;
   }
   // One device: nothing to decide. Its weights are packed by the first
   // build(), on the thread that builds (a worker's): packing a large model
@@ -187,7 +203,7 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
   if (spec.kind == DeviceKind::Cuda) {
 #if TROUPE_SERVE_CUDA
     CudaEngineOptions o;
-    o.device = spec.cuda_index >= 0 ? spec.cuda_index : spec.cuda_ordinal;
+    o.device = spec.cuda_devices.at(0);
     o.block_tokens = spec.block_tokens;
     o.blocks = spec.blocks;
     o.max_batch_tokens = spec.max_batch_tokens;
@@ -195,7 +211,10 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
     o.deterministic = spec.cuda.deterministic;
     o.graphs = spec.cuda.graphs;
     o.reserve_bytes = size_t(spec.cuda.reserve_bytes);
-    return make_cuda_engine(*checkpoint_, dtype_, o);
+    if (spec.devices() == 1 && spec.placement.host.empty())
+      return make_cuda_engine(*checkpoint_, dtype_, o);
+    return make_cuda_parallel_engine(*checkpoint_, dtype_, parallel_options(spec),
+                                     spec.cuda_devices, o, launcher);
 #else
     std::string why;
     cuda_available(&why);
@@ -207,17 +226,7 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
   if (spec.devices() == 1 && spec.placement.host.empty())
     return std::make_unique<Engine>(
         whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
-  ParallelEngineOptions o;
-  o.pipeline = spec.pipeline;
-  o.tensor = spec.tensor;
-  o.threads = spec.threads;
-  o.stage_layers = spec.stage_layers;
-  o.microbatches = spec.microbatches;
-  o.credits = spec.credits;
-  o.block_tokens = spec.block_tokens;
-  o.blocks = spec.blocks;
-  o.placement = spec.placement;
-  return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, o, launcher);
+  return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, parallel_options(spec), launcher);
 }
 
 EngineFactory EngineBuilder::factory(EngineSpec spec) {

@@ -37,11 +37,11 @@ struct EngineSpec {
   // A replica spanning processes: which devices run here, and how this
   // part reaches the others (gpu/parallel_engine.h). Empty: all here.
   ProcessPlacement placement;
-  // What the replica's devices are: all CPU, or one CUDA device (`auto` is
-  // settled by resolve()); cuda_index -1: cuda_ordinal.
+  // What the replica's devices are: all CPU or all CUDA (`auto` is settled
+  // by resolve()), and for CUDA each device's index (stage-major; -1 where
+  // the device runs in another process).
   DeviceKind kind = DeviceKind::Cpu;
-  int cuda_index = -1;
-  int cuda_ordinal = 0;  // the device's number in the layout
+  std::vector<int> cuda_devices{0};
   // The largest step the replica takes (a CUDA engine sizes its pool by it).
   int max_batch_tokens = 2048;
   int max_batch_sequences = 32;
@@ -88,10 +88,10 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   const std::string& fingerprint();
   // Checks the layout against the model (std::invalid_argument naming the
   // problem) and fills in what the spec leaves open: a pipeline's stages
-  // from measured layer times (measured once per thread count), and `auto`
-  // devices: CUDA when a device answers, else CPU. A CUDA spec needs a
-  // device that answers (std::runtime_error saying why not) and, for now,
-  // one device per replica (std::invalid_argument). Logs.
+  // from measured layer times (measured once per thread count; CUDA layouts
+  // split layers evenly), and `auto` devices: CUDA when a device answers,
+  // else CPU. A CUDA spec needs a device that answers (std::runtime_error
+  // saying why not). Logs.
   EngineSpec resolve(EngineSpec spec);
   // The measured per-layer times resolve() used, if it measured any.
   const LayerProfile* profile() const;

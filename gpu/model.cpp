@@ -17,18 +17,6 @@ std::vector<float> norm_weights(const Tensor& t) {
   return t.to_f32();
 }
 
-// Columns [c0, c1) of a row-major matrix, as an owning copy.
-Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
-  if (c0 == 0 && c1 == t.dim(1)) return t;
-  Tensor out = Tensor::zeros({t.dim(0), c1 - c0}, t.dtype());
-  const size_t esz = dtype_size(t.dtype());
-  for (int64_t r = 0; r < t.dim(0); ++r)
-    std::memcpy(static_cast<char*>(out.raw_mut()) + size_t(r * (c1 - c0)) * esz,
-                static_cast<const char*>(t.raw()) + size_t(r * t.dim(1) + c0) * esz,
-                size_t(c1 - c0) * esz);
-  return out;
-}
-
 // [begin, end) of `n` items split over `parts`, the first ones one larger.
 std::pair<int, int> even_range(int n, int parts, int index) {
   const int base = n / parts, extra = n % parts;
@@ -172,9 +160,9 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     // output projections, whose partial sums the group all-reduces.
     w.wqkv =
         PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
-    w.wo = PackedMatrix::pack({slice_cols(t.wo, q0, q1)}, weight_dtype);
+    w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype);
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
-    w.down = PackedMatrix::pack({slice_cols(t.w_down, h0, h1)}, weight_dtype);
+    w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
     layers_.push_back(std::move(w));
   }
   if (d.last) {

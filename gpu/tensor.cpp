@@ -48,6 +48,19 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::cols(int64_t begin, int64_t end) const {
+  if (shape_.size() != 2 || begin < 0 || end > shape_[1] || begin > end)
+    throw std::out_of_range("Tensor::cols(" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") out of " + shape_str());
+  if (begin == 0 && end == shape_[1]) return *this;
+  Tensor out = zeros({shape_[0], end - begin}, dtype_);
+  const size_t esz = dtype_size(dtype_), width = size_t(end - begin) * esz;
+  for (int64_t r = 0; r < shape_[0]; ++r)
+    std::memcpy(static_cast<char*>(out.raw_mut()) + size_t(r) * width,
+                static_cast<const char*>(data_) + size_t(r * shape_[1] + begin) * esz, width);
+  return out;
+}
+
 std::vector<float> Tensor::to_f32() const {
   std::vector<float> out(static_cast<size_t>(numel()));
   convert_to_f32(data_, dtype_, out.data(), out.size());

@@ -41,6 +41,9 @@ class Tensor {
 
   // Rows [begin, end) of the first dimension, as a view sharing ownership.
   Tensor rows(int64_t begin, int64_t end) const;
+  // Columns [begin, end) of a 2-D tensor, as an owning copy (itself when
+  // that is every column).
+  Tensor cols(int64_t begin, int64_t end) const;
   // Copy converted to f32 (any dtype in).
   std::vector<float> to_f32() const;
 

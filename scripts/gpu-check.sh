@@ -191,7 +191,7 @@ if [ -n "$SERVING" ]; then
   # The serving integration tests as they run in CI, with every test server
   # on the GPU; their reference answers still come from the CPU.
   TROUPE_BINARY="$BIN/troupe" TROUPE_TEST_SERVE_SET='devices=[{kind: cuda, index: 0, threads: 2}]' \
-    timeout 240 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*' \
+    timeout 240 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*:ServeLayouts.*' \
     --gtest_output="xml:$OUT_DIR/serve_cuda.xml" 2>&1 | tee "$OUT_DIR/serve_cuda.log" |
     grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[=='
   SERVE_RC=${PIPESTATUS[0]}

@@ -55,6 +55,9 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether the pointers given to collectives are device (GPU) memory, as
+  // NCCL's are; a GPU shard stages its buffers through the host otherwise.
+  virtual bool device_pointers() const { return false; }
 
   // Element-wise sum over ranks, in place. The result is bit-identical on
   // every rank and from run to run: each element is summed in rank order

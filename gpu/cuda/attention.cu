@@ -363,19 +363,39 @@ void decode_attention(const StepView& step, int items, const float* q, const voi
       launch_decode<T, decltype(g)::value>(step, items, q, k_cache, v_cache, shape, split, partials,
                                            out, stream);
     };
-    if (group == 1)
-      run(std::integral_constant<int, 1>{});
-    else if (group == 2)
-      run(std::integral_constant<int, 2>{});
-    else if (group == 4)
-      run(std::integral_constant<int, 4>{});
-    else if (group == 8)
-      run(std::integral_constant<int, 8>{});
-    else
-      throw std::invalid_argument(
-          "CUDA decode attention supports 1, 2, 4 or 8 query heads per "
-          "KV head, not " +
-          std::to_string(group));
+    // Every ratio up to kMaxGroup has its own kernel: models with 3, 6 or 7
+    // query heads per KV head exist, and so do tensor shards of them.
+    switch (group) {
+      case 1:
+        run(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        run(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        run(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        run(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        run(std::integral_constant<int, 5>{});
+        break;
+      case 6:
+        run(std::integral_constant<int, 6>{});
+        break;
+      case 7:
+        run(std::integral_constant<int, 7>{});
+        break;
+      case 8:
+        run(std::integral_constant<int, 8>{});
+        break;
+      default:
+        throw std::invalid_argument(
+            "CUDA decode attention supports 1 to 8 query heads per KV "
+            "head, not " +
+            std::to_string(group));
+    }
   });
 }
 

@@ -2,6 +2,7 @@
 // CUDA runtime errors as exceptions whose message names the call that failed.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,14 @@ class CudaError : public std::runtime_error {
 
 inline void check(cudaError_t code, const char* what) {
   if (code != cudaSuccess) throw CudaError(code, what);
+}
+
+// Page-locked host memory for `count` T (asynchronous copies need it).
+template <class T>
+T* pinned(size_t count, const char* what) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocDefault), what);
+  return static_cast<T*>(p);
 }
 
 // After a kernel launch: a bad launch configuration shows up here.

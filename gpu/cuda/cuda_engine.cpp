@@ -20,8 +20,7 @@
 #include "gpu/cpu/kernels.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/decode_split.h"
-#include "gpu/cuda/device_model.h"
-#include "gpu/cuda/gemm.h"
+#include "gpu/cuda/device_forward.h"
 #include "gpu/cuda/graph_sizes.h"
 #include "gpu/cuda/kernels.h"
 #include "gpu/cuda/memory_plan.h"
@@ -34,39 +33,12 @@ namespace {
 
 using namespace cu;
 
-// Launch shapes of one step; a graph is captured for one of these.
-struct ForwardShape {
-  int tokens = 0;
-  int items = 0;
-  int rows = 0;  // logits rows computed and sampled
-  int max_item_tokens = 1;
-  DecodeSplit split;
-};
-
-void check_model_suits_kernels(const ModelConfig& c) {
-  const int group = c.n_kv_heads > 0 ? c.n_heads / c.n_kv_heads : 0;
-  if (c.head_dim % 8 != 0 || c.head_dim > 256 || c.head_dim < 8 ||
-      !(group == 1 || group == 2 || group == 4 || group == 8) || c.n_heads % c.n_kv_heads != 0)
-    throw std::invalid_argument(
-        "the CUDA backend needs head_dim a multiple of 8 up to 256 and 1, 2, 4 or 8 query heads "
-        "per KV head; this model has head_dim " +
-        std::to_string(c.head_dim) + ", " + std::to_string(c.n_heads) + " heads and " +
-        std::to_string(c.n_kv_heads) + " KV heads");
-}
-
-template <class T>
-T* pinned(size_t count, const char* what) {
-  void* p = nullptr;
-  check(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocDefault), what);
-  return static_cast<T*>(p);
-}
-
 class CudaEngine final : public StepEngine {
  public:
   CudaEngine(const Checkpoint& ckpt, DType dtype, CudaEngineOptions o);
   ~CudaEngine() override;
 
-  const ModelConfig& config() const override { return config_; }
+  const ModelConfig& config() const override { return fwd_->model(); }
   int kv_blocks() const override { return options_.blocks; }
   int block_tokens() const override { return options_.block_tokens; }
   uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) override;
@@ -90,33 +62,17 @@ class CudaEngine final : public StepEngine {
     std::exception_ptr error;
   };
 
-  // Frees what the engine holds on the device and in pinned memory.
-  void release_device();
-  void use_device() const { check(cudaSetDevice(options_.device), "cudaSetDevice"); }
+  // Frees what the engine holds besides the device pool: graphs, events,
+  // pinned memory.
+  void release_host();
+  void use_device() const { fwd_->use_device(); }
   std::vector<RowSampling> draw_coins(Pending& p);
-  void forward(const ForwardShape& s);
   cudaGraphExec_t graph_for(int padded_items);
-  ForwardShape graph_shape(int padded_items) const;
   void settle();
-  template <class T>
-  T* at(size_t offset) const {
-    return reinterpret_cast<T*>(pool_ + offset);
-  }
-  void* k_cache(int layer) const { return pool_ + kv_ + size_t(2 * layer) * kv_layer_bytes_; }
-  void* v_cache(int layer) const { return pool_ + kv_ + size_t(2 * layer + 1) * kv_layer_bytes_; }
 
-  ModelConfig config_;
-  DType dtype_;
   CudaEngineOptions options_;
-  int sm_count_ = 1;
-  std::string device_name_;
-  StepLayout layout_;
-  StepBuffers buf_;
-  size_t kv_ = 0, kv_layer_bytes_ = 0;
-  char* pool_ = nullptr;
-  DeviceWeights weights_;
-  std::unique_ptr<Gemm> gemm_;
-  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceForward> fwd_;
+  cudaStream_t stream_ = nullptr;  // fwd_'s
   cudaEvent_t start_ = nullptr, done_ = nullptr;
   std::byte* meta_host_ = nullptr;
   int* ids_host_ = nullptr;
@@ -133,87 +89,39 @@ class CudaEngine final : public StepEngine {
 };
 
 CudaEngine::CudaEngine(const Checkpoint& ckpt, DType dtype, CudaEngineOptions o)
-    : config_(ckpt.config), dtype_(dtype), options_(o) {
-  config_.validate(ckpt.source.string());
-  check_model_suits_kernels(config_);
-  std::string why;
-  if (!cuda_device_available(&why)) throw std::runtime_error(why);
-  use_device();
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
-  sm_count_ = prop.multiProcessorCount;
-  device_name_ = "CUDA device " + std::to_string(o.device) + " (" + prop.name + ")";
-
-  StepCapacity cap;
-  cap.tokens = o.max_batch_tokens;
-  cap.items = std::min(o.max_batch_sequences, o.max_batch_tokens);
-  cap.blocks_per_seq = (config_.max_seq_len + o.block_tokens - 1) / o.block_tokens;
-  layout_ = StepLayout::for_capacity(cap);
-
-  PoolPlan plan;
-  const WeightPlan weight_plan(plan, config_, dtype);
-  const size_t kv_bytes = kv_cache_bytes(config_, dtype, o.block_tokens, o.blocks);
-  kv_layer_bytes_ = kv_bytes / size_t(2 * config_.n_layers);
-  kv_ = plan.add("KV cache (" + std::to_string(o.blocks) + " blocks x " +
-                     std::to_string(o.block_tokens) + " tokens)",
-                 kv_bytes);
-  buf_ = plan_step_buffers(plan, config_, dtype, layout_);
-  size_t free_bytes = 0, total_bytes = 0;
-  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-  plan.check_fits(free_bytes, o.reserve_bytes, device_name_);
-  if (cudaMalloc(reinterpret_cast<void**>(&pool_), plan.total()) != cudaSuccess) {
-    cudaGetLastError();
-    throw DeviceMemoryError(device_name_ + ": cudaMalloc of the " + format_bytes(plan.total()) +
-                            " pool failed although " + format_bytes(free_bytes) +
-                            " was reported free");
-  }
+    : options_(o),
+      fwd_(std::make_unique<DeviceForward>(ckpt, dtype, shard_dims(ckpt.config, ShardSpec{}), o)),
+      stream_(fwd_->stream()) {
+  const StepLayout& layout = fwd_->layout();
   try {
-    weights_ = weight_plan.upload(ckpt, pool_);
-    const kernels::RopeTable rope(config_.max_seq_len, config_.head_dim, config_.rope_theta);
-    const size_t half = size_t(config_.max_seq_len) * size_t(rope.half());
-    check(
-        cudaMemcpy(at<float>(buf_.rope), rope.cos(0), half * sizeof(float), cudaMemcpyHostToDevice),
-        "upload RoPE table");
-    check(cudaMemcpy(at<float>(buf_.rope) + half, rope.sin(0), half * sizeof(float),
-                     cudaMemcpyHostToDevice),
-          "upload RoPE table");
-    configure_kernels();
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaEventCreate(&start_), "cudaEventCreate");
     check(cudaEventCreate(&done_), "cudaEventCreate");
-    meta_host_ = pinned<std::byte>(layout_.bytes, "pinned step metadata");
-    ids_host_ = pinned<int>(size_t(cap.items), "pinned sampled ids");
-    flags_host_ = pinned<int>(size_t(cap.items), "pinned sample flags");
-    gemm_ = std::make_unique<Gemm>(pool_ + buf_.workspace, kGemmWorkspaceBytes, o.deterministic,
-                                   cap.tokens);
+    meta_host_ = pinned<std::byte>(layout.bytes, "pinned step metadata");
+    ids_host_ = pinned<int>(size_t(layout.capacity.items), "pinned sampled ids");
+    flags_host_ = pinned<int>(size_t(layout.capacity.items), "pinned sample flags");
   } catch (...) {
-    release_device();
+    release_host();
     throw;
   }
-  if (o.graphs) graph_sizes_ = graph_batch_sizes(cap.items);
-  spdlog::info("{}: {} weights {}, KV cache {}, pool {} ({} free before), graphs {}, {}",
-               device_name_, dtype_name(dtype), format_bytes(weights_.bytes),
-               format_bytes(kv_bytes), format_bytes(plan.total()), format_bytes(free_bytes),
-               o.graphs ? "on" : "off", o.deterministic ? "deterministic" : "fast");
+  if (o.graphs) graph_sizes_ = graph_batch_sizes(layout.capacity.items);
+  spdlog::info("{}: graphs {}, {}", fwd_->name(), o.graphs ? "on" : "off",
+               o.deterministic ? "deterministic" : "fast");
 }
 
 CudaEngine::~CudaEngine() {
-  release_device();
+  release_host();
 }
 
-void CudaEngine::release_device() {
+void CudaEngine::release_host() {
   if (cudaSetDevice(options_.device) != cudaSuccess) return;
   if (stream_) cudaStreamSynchronize(stream_);
   for (auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
   graphs_.clear();
-  gemm_.reset();
   if (meta_host_) cudaFreeHost(meta_host_), meta_host_ = nullptr;
   if (ids_host_) cudaFreeHost(ids_host_), ids_host_ = nullptr;
   if (flags_host_) cudaFreeHost(flags_host_), flags_host_ = nullptr;
   if (start_) cudaEventDestroy(start_), start_ = nullptr;
   if (done_) cudaEventDestroy(done_), done_ = nullptr;
-  if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
-  if (pool_) cudaFree(pool_), pool_ = nullptr;
 }
 
 std::vector<RowSampling> CudaEngine::draw_coins(Pending& p) {
@@ -236,65 +144,12 @@ std::vector<RowSampling> CudaEngine::draw_coins(Pending& p) {
   return rows;
 }
 
-ForwardShape CudaEngine::graph_shape(int n) const {
-  ForwardShape s;
-  s.tokens = s.items = s.rows = n;
-  s.split = plan_decode_split(
-      {n, config_.n_kv_heads, config_.max_seq_len, sm_count_, options_.deterministic});
-  return s;
-}
-
-void CudaEngine::forward(const ForwardShape& s) {
-  const ModelConfig& c = config_;
-  const StepView v = step_view(pool_ + buf_.metadata, layout_);
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hidden = c.hidden_dim;
-  const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, options_.block_tokens,
-                             1.0f / std::sqrt(float(c.head_dim))};
-  const DecodePartials partials{at<float>(buf_.partial_acc), at<float>(buf_.partial_max),
-                                at<float>(buf_.partial_sum)};
-  float* x = at<float>(buf_.x);
-  float* proj = at<float>(buf_.proj);
-  void* xb = pool_ + buf_.xb;
-  void* att = pool_ + buf_.att;
-  void* h = pool_ + buf_.h;
-  const int T = s.tokens;
-  embed_tokens(weights_.embedding, dtype_, v.token_ids, T, dim, x, stream_);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const DeviceLayer& w = weights_.layers[size_t(l)];
-    // The previous layer's down projection joins the residual here.
-    add_rmsnorm(x, l ? proj : nullptr, w.attn_norm, nullptr, xb, dtype_, T, dim, c.norm_eps,
-                stream_);
-    gemm_->run(w.wqkv, xb, at<float>(buf_.qkv), T, qd + 2 * kvd, dim, dtype_, stream_);
-    rope_write_kv(at<float>(buf_.qkv), v, T, at<float>(buf_.rope), c.max_seq_len, shape, c.rope,
-                  at<float>(buf_.q), k_cache(l), v_cache(l), dtype_, stream_);
-    decode_attention(v, s.items, at<float>(buf_.q), k_cache(l), v_cache(l), dtype_, shape, s.split,
-                     partials, att, stream_);
-    if (s.max_item_tokens > 1)
-      prefill_attention(v, s.items, s.max_item_tokens, at<float>(buf_.q), k_cache(l), v_cache(l),
-                        dtype_, shape, att, stream_);
-    gemm_->run(w.wo, att, proj, T, dim, qd, dtype_, stream_);
-    add_rmsnorm(x, proj, w.ffn_norm, nullptr, xb, dtype_, T, dim, c.norm_eps, stream_);
-    gemm_->run(w.gate_up, xb, at<float>(buf_.gate_up), T, 2 * hidden, dim, dtype_, stream_);
-    silu_mul(at<float>(buf_.gate_up), T, hidden, h, dtype_, stream_);
-    gemm_->run(w.down, h, proj, T, dim, hidden, dtype_, stream_);
-  }
-  if (s.rows == 0) return;
-  // Only the sampled tokens go through the final norm and the classifier.
-  void* final_in = pool_ + buf_.final_in;
-  add_rmsnorm(x, proj, weights_.final_norm, v.row_token, final_in, dtype_, s.rows, dim, c.norm_eps,
-              stream_);
-  gemm_->run(weights_.classifier, final_in, at<float>(buf_.logits), s.rows, c.vocab_size, dim,
-             dtype_, stream_);
-  sample_rows(at<float>(buf_.logits), s.rows, c.vocab_size, v, at<int>(buf_.sampled),
-              at<int>(buf_.flags), stream_);
-}
-
 cudaGraphExec_t CudaEngine::graph_for(int n) {
   if (auto it = graphs_.find(n); it != graphs_.end()) return it->second;
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin graph capture");
   cudaGraph_t graph = nullptr;
   try {
-    forward(graph_shape(n));
+    fwd_->forward(fwd_->graph_shape(n), true);
   } catch (...) {
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
@@ -317,7 +172,8 @@ uint64_t CudaEngine::launch(std::vector<StepItem> items, std::function<void()> o
   p.ticket = ticket;
   p.items = std::move(items);
   try {
-    validate_step(p.items, config_, options_.block_tokens, options_.blocks, layout_.capacity);
+    const StepLayout& layout = fwd_->layout();
+    validate_step(p.items, config(), options_.block_tokens, options_.blocks, layout.capacity);
     const std::vector<RowSampling> rows = draw_coins(p);
     const int n = int(p.items.size());
     bool decode_only = true;
@@ -326,37 +182,30 @@ uint64_t CudaEngine::launch(std::vector<StepItem> items, std::function<void()> o
       p.tokens += it.tokens.size();
     }
     p.graph_items = decode_only ? padded_batch(graph_sizes_, n) : 0;
-    p.packed = pack_step(p.items, rows, options_.block_tokens, layout_, p.graph_items,
-                         std::span<std::byte>(meta_host_, layout_.bytes));
+    p.packed = pack_step(p.items, rows, options_.block_tokens, layout, p.graph_items,
+                         std::span<std::byte>(meta_host_, layout.bytes));
   } catch (const std::invalid_argument&) {
     results_[ticket].error = std::current_exception();
     if (on_done) on_done();
     return ticket;
   }
   const PackedStep& pk = p.packed;
-  check(cudaMemcpyAsync(pool_ + buf_.metadata, meta_host_, layout_.bytes, cudaMemcpyHostToDevice,
+  check(cudaMemcpyAsync(fwd_->metadata(), meta_host_, fwd_->layout().bytes, cudaMemcpyHostToDevice,
                         stream_),
         "copy step metadata");
   check(cudaEventRecord(start_, stream_), "cudaEventRecord");
   if (p.graph_items > 0) {
     check(cudaGraphLaunch(graph_for(p.graph_items), stream_), "cudaGraphLaunch");
   } else {
-    ForwardShape s;
-    s.tokens = pk.tokens;
-    s.items = pk.items;
-    s.rows = int(pk.row_item.size());
-    s.max_item_tokens = pk.max_item_tokens;
-    s.split = plan_decode_split({pk.items, config_.n_kv_heads, std::max(1, pk.max_context),
-                                 sm_count_, options_.deterministic});
-    forward(s);
+    fwd_->forward(fwd_->eager_shape(pk), true);
   }
   const size_t rows = pk.row_item.size();
   if (rows > 0) {
-    check(cudaMemcpyAsync(ids_host_, at<int>(buf_.sampled), rows * sizeof(int),
-                          cudaMemcpyDeviceToHost, stream_),
+    check(cudaMemcpyAsync(ids_host_, fwd_->sampled(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                          stream_),
           "copy sampled ids");
-    check(cudaMemcpyAsync(flags_host_, at<int>(buf_.flags), rows * sizeof(int),
-                          cudaMemcpyDeviceToHost, stream_),
+    check(cudaMemcpyAsync(flags_host_, fwd_->flags(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                          stream_),
           "copy sample flags");
   }
   check(cudaEventRecord(done_, stream_), "cudaEventRecord");
@@ -389,12 +238,12 @@ void CudaEngine::settle() {
   last_samples_ = {StageSample{0, p.tokens, double(ms) * 1e-3}};
   Result& r = results_[p.ticket];
   r.ids.assign(p.items.size(), -1);
-  const size_t vocab = size_t(config_.vocab_size);
+  const size_t vocab = size_t(config().vocab_size);
   const std::vector<int>& row_item = p.packed.row_item;
   if (keep_logits_) {
     last_logits_.resize(row_item.size() * vocab);
-    check(cudaMemcpy(last_logits_.data(), at<float>(buf_.logits),
-                     last_logits_.size() * sizeof(float), cudaMemcpyDeviceToHost),
+    check(cudaMemcpy(last_logits_.data(), fwd_->logits(), last_logits_.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost),
           "copy logits");
   }
   std::vector<float> row;
@@ -405,7 +254,7 @@ void CudaEngine::settle() {
         // Too close to call on the device: the CPU sampler decides, from the
         // same logits and the generator as it was before this row's draw.
         row.resize(vocab);
-        check(cudaMemcpy(row.data(), at<float>(buf_.logits) + k * vocab, vocab * sizeof(float),
+        check(cudaMemcpy(row.data(), fwd_->logits() + k * vocab, vocab * sizeof(float),
                          cudaMemcpyDeviceToHost),
               "copy logits row");
         Sampler s(p.params[k]);
@@ -433,8 +282,8 @@ EngineStats CudaEngine::stats() const {
   s.steps = steps_;
   s.wall_s = busy_s_;
   s.stages = {StageStats{busy_s_, 0, 0}};
-  s.weight_bytes = {weights_.bytes};
-  s.streamed_bytes = {weights_.streamed_bytes};
+  s.weight_bytes = {fwd_->weight_bytes()};
+  s.streamed_bytes = {fwd_->streamed_bytes()};
   return s;
 }
 
@@ -442,11 +291,7 @@ EngineStats CudaEngine::stats() const {
 
 std::unique_ptr<StepEngine> make_cuda_engine(const Checkpoint& checkpoint, DType dtype,
                                              CudaEngineOptions options) {
-  if (options.block_tokens < 1 || options.blocks < 1 || options.max_batch_tokens < 1 ||
-      options.max_batch_sequences < 1)
-    throw std::invalid_argument(
-        "CUDA engine options need positive block_tokens, blocks, max_batch_tokens and "
-        "max_batch_sequences");
+  check_options(options);
   return std::make_unique<CudaEngine>(checkpoint, dtype, options);
 }
 

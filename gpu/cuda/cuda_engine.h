@@ -1,16 +1,20 @@
 #pragma once
-// The CUDA backend's public face: whether a CUDA device answers, and a
-// StepEngine that runs the whole model on one of them. Plain C++ with no
-// CUDA headers, so that deploy/ can call it in every build: without nvcc
-// the availability check says so and the factory throws.
+// The CUDA backend's public face: whether a CUDA device answers, a
+// StepEngine that runs the whole model on one of them, and one that splits
+// it over several (pipeline stages of tensor-parallel shards). Plain C++
+// with no CUDA headers, so that deploy/ can call it in every build: without
+// nvcc the availability check says so and the factories throw.
 #include <cstddef>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu/checkpoint.h"
+#include "gpu/device_queue.h"
 #include "gpu/dtype.h"
 #include "gpu/engine.h"
+#include "gpu/parallel_engine.h"
 
 namespace troupe {
 
@@ -53,5 +57,25 @@ class DeviceMemoryError : public std::runtime_error {
 // which), DeviceMemoryError when the pool does not fit.
 std::unique_ptr<StepEngine> make_cuda_engine(const Checkpoint& checkpoint, DType dtype,
                                              CudaEngineOptions options = {});
+
+// The model over a layout of CUDA devices: a ParallelEngine (stages,
+// micro-batches, credits, failures, placement across processes as on the
+// CPU) whose device d (stage-major) is a shard on CUDA device
+// cuda_devices[d] (one entry: every shard on it; shards may share a GPU,
+// each with its own stream and pool). Each shard holds its slice in
+// `dtype` with `options.blocks` KV blocks; options.device is unused.
+// Shards run eagerly (options.graphs has no effect) and sample on the
+// host, as the CPU layouts do. Activations cross stages through host
+// memory. A tensor group whose ranks are on distinct GPUs of this process
+// all-reduces over NCCL on the device (in rank order: bit-identical to the
+// other communicators); on a shared GPU, or across processes, through host
+// memory and the layout's communicator. Throws as make_cuda_engine does,
+// and std::invalid_argument when the layout does not fit the model or the
+// device list does not fit the layout.
+std::unique_ptr<StepEngine> make_cuda_parallel_engine(const Checkpoint& checkpoint, DType dtype,
+                                                      ParallelEngineOptions layout,
+                                                      std::vector<int> cuda_devices,
+                                                      CudaEngineOptions options = {},
+                                                      DeviceLauncher launcher = {});
 
 }  // namespace troupe

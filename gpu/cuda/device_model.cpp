@@ -38,13 +38,13 @@ void upload_stacked(const std::vector<Tensor>& parts, DType to, char* dst) {
 
 }  // namespace
 
-WeightPlan::WeightPlan(PoolPlan& plan, const ModelConfig& m, DType dtype)
-    : dtype_(dtype), tied_(m.tied_classifier) {
+WeightPlan::WeightPlan(PoolPlan& plan, const ModelConfig& m, const ShardDims& d, DType dtype)
+    : dtype_(dtype), dims_(d), head_dim_(m.head_dim) {
   const size_t e = dtype_size(dtype), f = sizeof(float);
-  const size_t dim = size_t(m.dim), q = size_t(m.q_dim()), kv = size_t(m.kv_dim());
-  const size_t hidden = size_t(m.hidden_dim), vocab = size_t(m.vocab_size);
+  const size_t dim = size_t(m.dim), q = size_t(d.heads * m.head_dim);
+  const size_t kv = size_t(d.kv_heads * m.head_dim), hidden = size_t(d.hidden);
   const size_t start = plan.total();
-  for (int l = 0; l < m.n_layers; ++l) {
+  for (int l = d.layer_begin; l < d.layer_end; ++l) {
     LayerOffsets o;
     o.wqkv = plan.add("weights", (q + 2 * kv) * dim * e);
     o.wo = plan.add("weights", dim * q * e);
@@ -54,35 +54,50 @@ WeightPlan::WeightPlan(PoolPlan& plan, const ModelConfig& m, DType dtype)
     o.ffn_norm = plan.add("weights", dim * f);
     layers_.push_back(o);
   }
-  final_norm_ = plan.add("weights", dim * f);
-  classifier_ = plan.add("weights", vocab * dim * e);
+  if (d.last) {
+    final_norm_ = plan.add("weights", dim * f);
+    classifier_ = plan.add("weights", size_t(d.vocab) * dim * e);
+  }
   const size_t before_embedding = plan.total();
-  embedding_ = tied_ ? classifier_ : plan.add("weights", vocab * dim * e);
+  tied_ = m.tied_classifier && d.last && d.vocab == m.vocab_size;
+  if (d.first)
+    embedding_ = tied_ ? classifier_ : plan.add("weights", size_t(m.vocab_size) * dim * e);
   bytes_ = plan.total() - start;
   embedding_bytes_ = plan.total() - before_embedding;
 }
 
 DeviceWeights WeightPlan::upload(const Checkpoint& ck, char* pool) const {
+  const ShardDims& d = dims_;
+  const int64_t hd = head_dim_;
+  const int64_t q0 = d.head_begin * hd, q1 = (d.head_begin + d.heads) * hd;
+  const int64_t k0 = d.kv_head_begin * hd, k1 = (d.kv_head_begin + d.kv_heads) * hd;
+  const int64_t h0 = d.hidden_begin, h1 = d.hidden_begin + d.hidden;
   DeviceWeights w;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerOffsets& o = layers_[l];
-    const LayerTensors& t = ck.layers[l];
-    upload_stacked({t.wq, t.wk, t.wv}, dtype_, pool + o.wqkv);
-    upload_stacked({t.wo}, dtype_, pool + o.wo);
-    upload_stacked({t.w_gate, t.w_up}, dtype_, pool + o.gate_up);
-    upload_stacked({t.w_down}, dtype_, pool + o.down);
+    const LayerTensors& t = ck.layers[size_t(d.layer_begin) + l];
+    upload_stacked({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, dtype_,
+                   pool + o.wqkv);
+    upload_stacked({t.wo.cols(q0, q1)}, dtype_, pool + o.wo);
+    upload_stacked({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, dtype_, pool + o.gate_up);
+    upload_stacked({t.w_down.cols(h0, h1)}, dtype_, pool + o.down);
     upload_stacked({t.attn_norm}, DType::F32, pool + o.attn_norm);
     upload_stacked({t.ffn_norm}, DType::F32, pool + o.ffn_norm);
     w.layers.push_back({pool + o.wqkv, pool + o.wo, pool + o.gate_up, pool + o.down,
                         reinterpret_cast<const float*>(pool + o.attn_norm),
                         reinterpret_cast<const float*>(pool + o.ffn_norm)});
   }
-  upload_stacked({ck.final_norm}, DType::F32, pool + final_norm_);
-  upload_stacked({ck.classifier}, dtype_, pool + classifier_);
-  if (!tied_) upload_stacked({ck.tok_embedding}, dtype_, pool + embedding_);
-  w.final_norm = reinterpret_cast<const float*>(pool + final_norm_);
-  w.classifier = pool + classifier_;
-  w.embedding = pool + embedding_;
+  if (d.last) {
+    upload_stacked({ck.final_norm}, DType::F32, pool + final_norm_);
+    upload_stacked({ck.classifier.rows(d.vocab_begin, d.vocab_begin + d.vocab)}, dtype_,
+                   pool + classifier_);
+    w.final_norm = reinterpret_cast<const float*>(pool + final_norm_);
+    w.classifier = pool + classifier_;
+  }
+  if (d.first) {
+    if (!tied_) upload_stacked({ck.tok_embedding}, dtype_, pool + embedding_);
+    w.embedding = pool + embedding_;
+  }
   w.bytes = bytes_;
   w.streamed_bytes = bytes_ - embedding_bytes_;
   return w;

@@ -1,5 +1,6 @@
 // Row-wise kernels: embedding, residual add + RMSNorm, RoPE with the KV
-// write, SiLU x up, and the rank-ordered sum behind NCCL's exact all-reduce.
+// write, SiLU x up, a stage's last residual add, and the rank-ordered sum
+// behind NCCL's exact all-reduce.
 // One block per token row; each row's reduction has a fixed order, so a
 // token's result never depends on the other rows of the step.
 #include <algorithm>
@@ -121,6 +122,17 @@ __global__ void sum_ranks_kernel(const float* gathered, int ranks, size_t n, flo
   }
 }
 
+__global__ void add_into_kernel(float* x, const float* delta, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    x[i] += delta[i];
+}
+
+// Grid-stride launches: enough blocks for n, at most 4096.
+int stride_blocks(size_t n) {
+  return std::max(1, int(std::min<size_t>((n + 255) / 256, 4096)));
+}
+
 }  // namespace
 
 void embed_tokens(const void* table, DType dtype, const int* token_ids, int tokens, int dim,
@@ -164,9 +176,13 @@ void silu_mul(const float* gate_up, int rows, int hidden, void* out, DType out_t
   check_launch("silu_mul");
 }
 
+void add_into(float* x, const float* delta, size_t n, cudaStream_t stream) {
+  add_into_kernel<<<stride_blocks(n), 256, 0, stream>>>(x, delta, n);
+  check_launch("add_into");
+}
+
 void sum_ranks(const float* gathered, int ranks, size_t n, float* out, cudaStream_t stream) {
-  const int blocks = int(std::min<size_t>((n + 255) / 256, 4096));
-  sum_ranks_kernel<<<std::max(blocks, 1), 256, 0, stream>>>(gathered, ranks, n, out);
+  sum_ranks_kernel<<<stride_blocks(n), 256, 0, stream>>>(gathered, ranks, n, out);
   check_launch("sum_ranks");
 }
 

@@ -117,6 +117,10 @@ void prefill_attention(const StepView& step, int items, int max_item_tokens, con
 void sample_rows(const float* logits, int rows, int vocab, const StepView& step, int* sampled,
                  int* flags, cudaStream_t stream);
 
+// x[i] += delta[i] for i < n: a stage's last down projection joining the
+// residual it hands to the next stage (the same f32 add add_rmsnorm makes).
+void add_into(float* x, const float* delta, size_t n, cudaStream_t stream);
+
 // out[i] = sum over r < ranks, in rank order, of gathered[r * n + i].
 void sum_ranks(const float* gathered, int ranks, size_t n, float* out, cudaStream_t stream);
 

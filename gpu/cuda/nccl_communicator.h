@@ -61,6 +61,7 @@ class NcclCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool device_pointers() const override { return true; }
 
   void all_reduce_sum(float* data, size_t n) override;
   void all_gather(const float* send, size_t n_per_rank, float* recv) override;

@@ -1,5 +1,5 @@
-// The CUDA backend of a build made without nvcc: no device, and a factory
-// that says why it cannot build an engine.
+// The CUDA backend of a build made without nvcc: no device, and factories
+// that say why they cannot build an engine.
 #include <stdexcept>
 
 #include "gpu/cuda/cuda_engine.h"
@@ -17,6 +17,12 @@ bool cuda_device_available(std::string* why) {
 }
 
 std::unique_ptr<StepEngine> make_cuda_engine(const Checkpoint&, DType, CudaEngineOptions) {
+  throw std::runtime_error(kNoCuda);
+}
+
+std::unique_ptr<StepEngine> make_cuda_parallel_engine(const Checkpoint&, DType,
+                                                      ParallelEngineOptions, std::vector<int>,
+                                                      CudaEngineOptions, DeviceLauncher) {
   throw std::runtime_error(kNoCuda);
 }
 

@@ -57,7 +57,7 @@ StepLayout StepLayout::for_capacity(const StepCapacity& c) {
   return l;
 }
 
-void validate_step(const std::vector<StepItem>& items, const ModelConfig& model, int block_tokens,
+void validate_step(std::span<const StepItem> items, const ModelConfig& model, int block_tokens,
                    int num_blocks, const StepCapacity& capacity) {
   if (items.empty()) throw std::invalid_argument("a step needs at least one item");
   if (int(items.size()) > capacity.items)
@@ -99,7 +99,7 @@ void validate_step(const std::vector<StepItem>& items, const ModelConfig& model,
                                 std::to_string(capacity.tokens));
 }
 
-PackedStep pack_step(const std::vector<StepItem>& items, std::span<const RowSampling> sampling,
+PackedStep pack_step(std::span<const StepItem> items, std::span<const RowSampling> sampling,
                      int block_tokens, const StepLayout& l, int pad_items,
                      std::span<std::byte> out) {
   if (out.size() < l.bytes) throw std::invalid_argument("pack_step: buffer smaller than layout");

@@ -70,14 +70,14 @@ struct PackedStep {
 // an id outside the vocabulary, past the context, a block table that does
 // not cover the item or names a block outside [0, num_blocks)), or when the
 // step exceeds the capacity; checked before anything is packed.
-void validate_step(const std::vector<StepItem>& items, const ModelConfig& model, int block_tokens,
+void validate_step(std::span<const StepItem> items, const ModelConfig& model, int block_tokens,
                    int num_blocks, const StepCapacity& capacity);
 
 // Packs `items` into `out` (layout.bytes of it), padded with empty one-token
 // items up to `pad_items` (0: no padding): a padding token writes no KV slot,
 // has no context and is not sampled. `sampling` holds one entry per sampled
 // item, in item order. Validate first.
-PackedStep pack_step(const std::vector<StepItem>& items, std::span<const RowSampling> sampling,
+PackedStep pack_step(std::span<const StepItem> items, std::span<const RowSampling> sampling,
                      int block_tokens, const StepLayout& layout, int pad_items,
                      std::span<std::byte> out);
 

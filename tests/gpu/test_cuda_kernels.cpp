@@ -251,7 +251,9 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionCase{8, 64, DType::F32}, AttentionCase{1, 128, DType::F32},
                       AttentionCase{4, 128, DType::F32}, AttentionCase{8, 128, DType::F32},
                       AttentionCase{8, 64, DType::BF16}, AttentionCase{4, 128, DType::BF16},
-                      AttentionCase{1, 128, DType::F16}, AttentionCase{2, 8, DType::F32}),
+                      AttentionCase{1, 128, DType::F16}, AttentionCase{2, 8, DType::F32},
+                      AttentionCase{3, 32, DType::F32}, AttentionCase{6, 64, DType::BF16},
+                      AttentionCase{7, 64, DType::F32}, AttentionCase{5, 128, DType::F32}),
     [](const auto& info) {
       // snprintf: GCC 12 warns (-Wrestrict, falsely) on chained string +.
       char name[64];

@@ -98,7 +98,8 @@ TEST(EngineBuilder, ResolvesStagesRefusesMisfitsAndSharesOneDeviceWeights) {
 }
 
 // Device kinds: `auto` settles on CUDA only where a device answers; `cuda`
-// without one, or over a layout of several devices, is refused saying why.
+// without one, or with CUDA indices that do not fit the layout, is refused
+// saying why.
 TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
   auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
   auto builder = std::make_shared<EngineBuilder>(ck, DType::F32);
@@ -106,21 +107,39 @@ TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
   spec.blocks = 16;
   spec.kind = DeviceKind::Cuda;
   spec.pipeline = 2;
+  spec.cuda_devices = {0, 1, 2};
   try {
     builder->resolve(spec);
-    FAIL() << "a two-stage CUDA replica was accepted";
+    FAIL() << "three CUDA indices were accepted for two devices";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("one device per replica"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one CUDA device index, or one per device"),
+              std::string::npos)
+        << e.what();
   }
-  spec.pipeline = 1;
+  spec.cuda_devices = {0, 1};
   std::string why;
   const bool gpu = EngineBuilder::cuda_available(&why);
   if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << "); tests/gpu covers it";
-  try {
-    builder->resolve(spec);
-    FAIL() << "kind cuda was accepted without a GPU";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("devices: kind cuda, but"), std::string::npos) << e.what();
+  for (int pipeline : {2, 1}) {
+    spec.pipeline = pipeline;
+    spec.cuda_devices.resize(size_t(pipeline));
+    try {
+      builder->resolve(spec);
+      FAIL() << "kind cuda was accepted without a GPU";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("devices: kind cuda, but"), std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    // A layout on `auto` without a GPU is a CPU layout.
+    EngineSpec layout = spec;
+    layout.kind = DeviceKind::Auto;
+    layout.pipeline = 2;
+    layout.cuda_devices = {0, 1};
+    const EngineSpec resolved = builder->resolve(layout);
+    EXPECT_EQ(resolved.kind, DeviceKind::Cpu);
+    EXPECT_NE(dynamic_cast<ParallelEngine*>(builder->build(resolved).get()), nullptr);
   }
   spec.kind = DeviceKind::Auto;
   const EngineSpec resolved = builder->resolve(spec);
@@ -142,10 +161,17 @@ TEST(EngineBuilder, AReplicaIsOfOneDeviceKindAndTakesItsCudaIndex) {
       "devices: [{kind: cuda, index: 3}, {kind: auto}]\n",
       "test");
   EXPECT_EQ(engine_spec(c, m, 0).kind, DeviceKind::Cuda);
-  EXPECT_EQ(engine_spec(c, m, 0).cuda_index, 3);
+  EXPECT_EQ(engine_spec(c, m, 0).cuda_devices, std::vector<int>{3});
   EXPECT_EQ(engine_spec(c, m, 1).kind, DeviceKind::Auto);
-  EXPECT_EQ(engine_spec(c, m, 1).cuda_index, -1);
-  EXPECT_EQ(engine_spec(c, m, 1).cuda_ordinal, 1);
+  EXPECT_EQ(engine_spec(c, m, 1).cuda_devices, std::vector<int>{1});  // its number in the layout
+  // A layout's devices each take their own index, or their number.
+  Config layout = parse_config(
+      "parallel: {replicas: 2, pipeline: 2, tensor: 2}\n"
+      "devices: [{kind: cuda}, {kind: cuda}, {kind: cuda, index: 0}, {kind: cuda, index: 0},\n"
+      "          {kind: cuda}, {kind: cuda}, {kind: cuda}, {kind: cuda}]\n",
+      "test");
+  EXPECT_EQ(engine_spec(layout, m, 0).cuda_devices, (std::vector<int>{0, 1, 0, 0}));
+  EXPECT_EQ(engine_spec(layout, m, 1).cuda_devices, (std::vector<int>{4, 5, 6, 7}));
   Config mixed = parse_config(
       "parallel: {replicas: 1, pipeline: 1, tensor: 2}\n"
       "devices: [{kind: cpu}, {kind: cuda}]\n",
