@@ -12,18 +12,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cmath>
-#include <cstring>
 #include <optional>
 #include <unordered_map>
 
-#include "gpu/cpu/kernels.h"
 #include "gpu/cuda/cuda_check.h"
-#include "gpu/cuda/decode_split.h"
 #include "gpu/cuda/device_forward.h"
 #include "gpu/cuda/graph_sizes.h"
-#include "gpu/cuda/kernels.h"
-#include "gpu/cuda/memory_plan.h"
 #include "gpu/cuda/step_metadata.h"
 #include "gpu/sampler.h"
 
