@@ -8,15 +8,18 @@
 # Serving on CUDA needs troupe built with -DTROUPE_SERVE_CUDA=ON:
 #   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_SERVE_CUDA=ON
 #   cmake --build build-cuda --target gpu_tests bench_cuda troupe integration_tests
-#   scripts/gpu-check.sh --build build-cuda --bundle DIR
+#   scripts/gpu-check.sh --build build-cuda --bundle gpu-bundle.tar.xz
 # A build without it runs the kernels' tests and the benchmark only.
 #
 #   scripts/gpu-check.sh --bundle DIR   on the build machine: copy the built
 #                                       gpu_tests and bench_cuda (stripped) and
 #                                       the non-CUDA shared libraries they need
-#                                       into DIR, to take to the GPU machine
+#                                       into DIR, to take to the GPU machine;
+#                                       DIR ending in .tar.xz: the same packed
+#                                       into one file (about 12 MB, not 65)
 #   scripts/gpu-check.sh [--from DIR] [--out DIR] [--build DIR] [--quick]
-#                                       run: binaries from a bundle (--from),
+#                                       run: binaries from a bundle (--from, a
+#                                       folder or a .tar.xz),
 #                                       else from the build folder (default
 #                                       build/), else built here with cmake +
 #                                       ninja (fallback); results into --out
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --quick) QUICK=--quick; shift ;;
-    *) echo "usage: $0 [--bundle DIR] [--from DIR] [--out DIR] [--build DIR] [--quick]" >&2; exit 64 ;;
+    *) echo "usage: $0 [--bundle DIR|FILE.tar.xz] [--from DIR|FILE.tar.xz] [--out DIR] [--build DIR] [--quick]" >&2; exit 64 ;;
   esac
 done
 
@@ -61,6 +64,12 @@ serving_binaries() {
   echo "$troupe $tests"
 }
 
+# A bundle asked for as a .tar.xz is made in a scratch folder, then packed.
+PACK_TO=""
+case "$BUNDLE_TO" in
+  *.tar.xz) PACK_TO=$BUNDLE_TO; BUNDLE_TO=$(mktemp -d)/gpu-bundle ;;
+esac
+
 if [ -n "$BUNDLE_TO" ]; then
   for b in "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda"; do
     [ -x "$b" ] || { echo "missing $b: build it first (cmake --build $BUILD --target gpu_tests bench_cuda)" >&2; exit 1; }
@@ -76,9 +85,29 @@ if [ -n "$BUNDLE_TO" ]; then
       is_machine_lib "$name" || cp -L "$path" "$BUNDLE_TO/lib/$name"
     done
   done
-  echo "bundle in $BUNDLE_TO ($(du -sh "$BUNDLE_TO" | cut -f1)); carried libraries:"
+  if [ -n "$PACK_TO" ]; then
+    mkdir -p "$(dirname "$PACK_TO")"
+    tar -cf - -C "$BUNDLE_TO" . | xz -T0 -6 >"$PACK_TO" || { echo "packing $PACK_TO failed" >&2; exit 1; }
+    echo "bundle in $PACK_TO ($(du -sh "$PACK_TO" | cut -f1), $(du -sh "$BUNDLE_TO" | cut -f1) unpacked); carried libraries:"
+  else
+    echo "bundle in $BUNDLE_TO ($(du -sh "$BUNDLE_TO" | cut -f1)); carried libraries:"
+  fi
   ls "$BUNDLE_TO/lib"
+  [ -n "$PACK_TO" ] && rm -rf "$(dirname "$BUNDLE_TO")"
   exit 0
+fi
+
+# A packed bundle is unpacked into a scratch folder (tar with xz, or
+# Python's tarfile where xz is missing).
+if [ -n "$FROM" ] && [ -f "$FROM" ]; then
+  UNPACKED=$(mktemp -d)
+  if command -v xz >/dev/null 2>&1; then
+    tar -xJf "$FROM" -C "$UNPACKED"
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$FROM" "$UNPACKED"
+  fi || { echo "GPU CHECK FAILED: cannot unpack $FROM"; exit 1; }
+  echo "unpacked $FROM into $UNPACKED"
+  FROM=$UNPACKED
 fi
 
 mkdir -p "$OUT_DIR"
