@@ -133,6 +133,14 @@ bool EngineBuilder::cuda_available(std::string* why) {
 #endif
 }
 
+int EngineBuilder::cuda_devices() {
+#if TROUPE_SERVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 EngineBuilder::EngineBuilder(std::shared_ptr<const Checkpoint> checkpoint, DType dtype)
     : checkpoint_(std::move(checkpoint)), dtype_(dtype) {}
 
@@ -144,7 +152,15 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     if (int(spec.cuda_devices.size()) != spec.devices() && spec.cuda_devices.size() != 1)
       throw std::invalid_argument("give one CUDA device index, or one per device");
     std::string why;
-    const bool gpu = cuda_available(&why);
+    bool gpu = cuda_available(&why);
+    // Devices of this process (-1: another's) must exist here.
+    const int wanted = *std::max_element(spec.cuda_devices.begin(), spec.cuda_devices.end());
+    if (gpu && wanted >= cuda_devices()) {
+      gpu = false;
+      why = "the layout needs CUDA device " + std::to_string(wanted) + ", but this machine has " +
+            std::to_string(cuda_devices());
+      if (spec.kind == DeviceKind::Cuda) throw std::invalid_argument("devices: kind cuda: " + why);
+    }
     if (spec.kind == DeviceKind::Cuda && !gpu)
       throw std::runtime_error("devices: kind cuda, but " + why);
     if (spec.kind == DeviceKind::Auto) {

@@ -82,6 +82,8 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   // Whether this build serves on CUDA and a device answers; `why` gets the
   // device found or the reason there is none.
   static bool cuda_available(std::string* why = nullptr);
+  // CUDA devices that answer (0 without the CUDA engine in this build).
+  static int cuda_devices();
 
   const ModelConfig& model() const { return checkpoint_->config; }
   // The model's identity across processes (deploy/fingerprint.h).

@@ -43,6 +43,8 @@ struct CudaEngineOptions {
 // no driver the runtime answers cudaErrorInsufficientDriver, not "no
 // device"); `why` (optional) gets the reason, or the device found.
 bool cuda_device_available(std::string* why = nullptr);
+// How many CUDA devices answer (0 on any error).
+int cuda_device_count();
 
 // The device memory pool could not hold something: what() names it, its
 // size, what was free and what was already planned.
@@ -66,10 +68,11 @@ std::unique_ptr<StepEngine> make_cuda_engine(const Checkpoint& checkpoint, DType
 // `dtype` with `options.blocks` KV blocks; options.device is unused.
 // Shards run eagerly (options.graphs has no effect) and sample on the
 // host, as the CPU layouts do. Activations cross stages through host
-// memory. A tensor group whose ranks are on distinct GPUs of this process
-// all-reduces over NCCL on the device (in rank order: bit-identical to the
-// other communicators); on a shared GPU, or across processes, through host
-// memory and the layout's communicator. Throws as make_cuda_engine does,
+// memory. A tensor group whose ranks are on distinct GPUs of this process,
+// none shared with another stage's group, all-reduces over NCCL on the
+// device (in rank order: bit-identical to the other communicators);
+// otherwise, or across processes, through host memory and the layout's
+// communicator. Throws as make_cuda_engine does,
 // and std::invalid_argument when the layout does not fit the model or the
 // device list does not fit the layout.
 std::unique_ptr<StepEngine> make_cuda_parallel_engine(const Checkpoint& checkpoint, DType dtype,

@@ -52,6 +52,8 @@ class CudaShard final : public Shard {
   void all_reduce(Communicator& tp, float* data, size_t n);
   void free_host() {
     if (cudaSetDevice(fwd_.options().device) != cudaSuccess) return;
+    // A forward that threw may have left copies from these buffers queued.
+    cudaStreamSynchronize(fwd_.stream());
     if (meta_host_) cudaFreeHost(meta_host_), meta_host_ = nullptr;
     if (exchange_host_) cudaFreeHost(exchange_host_), exchange_host_ = nullptr;
     if (logits_host_) cudaFreeHost(logits_host_), logits_host_ = nullptr;
@@ -143,13 +145,30 @@ std::vector<std::unique_ptr<Communicator>> nccl_group(const std::vector<int>& gp
   return out;
 }
 
+// Whether stage `stage`'s tensor group can all-reduce over NCCL: its ranks
+// on distinct GPUs (NCCL refuses two ranks on one: "Duplicate GPU
+// detected"), none of which holds a rank of another stage's group. Two
+// groups on the same GPUs would run their collectives from different
+// threads in no fixed order, which NCCL may deadlock on.
+bool nccl_fits(const std::vector<int>& cuda_devices, int tensor, int stage) {
+  if (tensor < 2) return false;
+  const auto first = cuda_devices.begin() + stage * tensor;
+  const std::set<int> mine(first, first + tensor);
+  if (int(mine.size()) != tensor) return false;
+  for (int s = 0; s < int(cuda_devices.size()) / tensor; ++s) {
+    if (s == stage) continue;
+    for (int t = 0; t < tensor; ++t)
+      if (mine.count(cuda_devices[size_t(s * tensor + t)])) return false;
+  }
+  return true;
+}
+
 LocalGroupFactory cuda_local_groups(std::vector<int> cuda_devices, int tensor) {
   return [cuda_devices = std::move(cuda_devices), tensor](int stage, int ranks) {
     std::vector<int> gpus;
     for (int t = 0; t < ranks; ++t) gpus.push_back(cuda_devices.at(size_t(stage * tensor + t)));
     std::vector<std::unique_ptr<Communicator>> group;
-    // NCCL refuses two ranks on one GPU ("Duplicate GPU detected").
-    if (ranks > 1 && std::set<int>(gpus.begin(), gpus.end()).size() == gpus.size()) {
+    if (ranks == tensor && nccl_fits(cuda_devices, tensor, stage)) {
       try {
         return nccl_group(gpus);
       } catch (const std::exception& e) {

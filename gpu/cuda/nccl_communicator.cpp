@@ -165,6 +165,19 @@ void NcclCommunicator::check_nccl(int result, const char* what) {
   if (r != ncclSuccess) fail(std::string(what) + ": " + ncclGetErrorString(r));
 }
 
+template <class Call>
+void NcclCommunicator::enqueue(const char* what, Call&& call) {
+  int result = 0;
+  {
+    // Under the lock: abort() (any thread, the watchdog) frees comm_.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.load() || !comm_)
+      throw CommError(reason_.empty() ? "NCCL group is gone" : reason_);
+    result = call(comm_);
+  }
+  check_nccl(result, what);
+}
+
 void NcclCommunicator::finish_call(const char* what, uint64_t bytes, Clock::time_point t0) {
   cu::check(cudaEventRecord(done_, stream_), "cudaEventRecord");
   watch(what);
@@ -201,17 +214,21 @@ void NcclCommunicator::all_reduce_sum(float* data, size_t n) {
   const uint64_t bytes = uint64_t(2 * (size_ - 1)) * n * sizeof(float) / uint64_t(size_);
   if (options_.rank_ordered_sums) {
     float* gathered = scratch(n * size_t(size_));
-    check_nccl(ncclAllGather(data, gathered, n, ncclFloat, comm_, stream_), "ncclAllGather");
+    enqueue("ncclAllGather",
+            [&](ncclComm* c) { return ncclAllGather(data, gathered, n, ncclFloat, c, stream_); });
     cu::sum_ranks(gathered, size_, n, data, stream_);
   } else {
-    check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    enqueue("ncclAllReduce", [&](ncclComm* c) {
+      return ncclAllReduce(data, data, n, ncclFloat, ncclSum, c, stream_);
+    });
   }
   finish_call("all_reduce_sum", bytes, t0);
 }
 
 void NcclCommunicator::all_gather(const float* send, size_t n, float* recv) {
   const auto t0 = Clock::now();
-  check_nccl(ncclAllGather(send, recv, n, ncclFloat, comm_, stream_), "ncclAllGather");
+  enqueue("ncclAllGather",
+          [&](ncclComm* c) { return ncclAllGather(send, recv, n, ncclFloat, c, stream_); });
   finish_call("all_gather", uint64_t(size_ - 1) * n * sizeof(float), t0);
 }
 
@@ -219,8 +236,9 @@ void NcclCommunicator::reduce_scatter_sum(const float* send, size_t n, float* re
   const auto t0 = Clock::now();
   const uint64_t bytes = uint64_t(size_ - 1) * n * sizeof(float);
   if (!options_.rank_ordered_sums) {
-    check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, comm_, stream_),
-               "ncclReduceScatter");
+    enqueue("ncclReduceScatter", [&](ncclComm* c) {
+      return ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, c, stream_);
+    });
     finish_call("reduce_scatter_sum", bytes, t0);
     return;
   }
@@ -232,8 +250,12 @@ void NcclCommunicator::reduce_scatter_sum(const float* send, size_t n, float* re
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    check_nccl(ncclSend(send + size_t(peer) * n, n, ncclFloat, peer, comm_, stream_), "ncclSend");
-    check_nccl(ncclRecv(blocks + size_t(peer) * n, n, ncclFloat, peer, comm_, stream_), "ncclRecv");
+    enqueue("ncclSend", [&](ncclComm* c) {
+      return ncclSend(send + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
+    });
+    enqueue("ncclRecv", [&](ncclComm* c) {
+      return ncclRecv(blocks + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
+    });
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd");
   cu::sum_ranks(blocks, size_, n, recv, stream_);
@@ -242,26 +264,28 @@ void NcclCommunicator::reduce_scatter_sum(const float* send, size_t n, float* re
 
 void NcclCommunicator::broadcast(float* data, size_t n, int root) {
   const auto t0 = Clock::now();
-  check_nccl(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_), "ncclBroadcast");
+  enqueue("ncclBroadcast",
+          [&](ncclComm* c) { return ncclBroadcast(data, data, n, ncclFloat, root, c, stream_); });
   finish_call("broadcast", size_ > 1 ? n * sizeof(float) : 0, t0);
 }
 
 void NcclCommunicator::send(const float* data, size_t n, int peer) {
   const auto t0 = Clock::now();
-  check_nccl(ncclSend(data, n, ncclFloat, peer, comm_, stream_), "ncclSend");
+  enqueue("ncclSend", [&](ncclComm* c) { return ncclSend(data, n, ncclFloat, peer, c, stream_); });
   finish_call("send", n * sizeof(float), t0);
 }
 
 void NcclCommunicator::recv(float* data, size_t n, int peer) {
   const auto t0 = Clock::now();
-  check_nccl(ncclRecv(data, n, ncclFloat, peer, comm_, stream_), "ncclRecv");
+  enqueue("ncclRecv", [&](ncclComm* c) { return ncclRecv(data, n, ncclFloat, peer, c, stream_); });
   finish_call("recv", n * sizeof(float), t0);
 }
 
 void NcclCommunicator::barrier() {
   const auto t0 = Clock::now();
   float* one = scratch(1);
-  check_nccl(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+  enqueue("ncclAllReduce",
+          [&](ncclComm* c) { return ncclAllReduce(one, one, 1, ncclFloat, ncclSum, c, stream_); });
   finish_call("barrier", 0, t0);
 }
 

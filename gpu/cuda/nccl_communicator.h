@@ -84,6 +84,10 @@ class NcclCommunicator : public Communicator {
   // Throws CommError for an aborted communicator or a failed NCCL call;
   // waits out ncclInProgress (non-blocking mode) under the watchdog.
   void check_nccl(int result, const char* what);
+  // Queues one NCCL call on comm_ (call(comm) returns its ncclResult_t)
+  // while abort() cannot free it, then checks the result.
+  template <class Call>
+  void enqueue(const char* what, Call&& call);
   // Waits for the work queued on the stream, watched; records the call.
   void finish_call(const char* what, uint64_t bytes, std::chrono::steady_clock::time_point t0);
   void watch(const char* what);

@@ -16,6 +16,10 @@ bool cuda_device_available(std::string* why) {
   return false;
 }
 
+int cuda_device_count() {
+  return 0;
+}
+
 std::unique_ptr<StepEngine> make_cuda_engine(const Checkpoint&, DType, CudaEngineOptions) {
   throw std::runtime_error(kNoCuda);
 }

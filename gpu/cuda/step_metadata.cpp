@@ -82,11 +82,14 @@ void validate_step(std::span<const StepItem> items, const ModelConfig& model, in
       throw std::invalid_argument(item_name(i, it) + ": block table of " +
                                   std::to_string(it.blocks.size()) + " blocks does not cover " +
                                   std::to_string(end) + " positions");
-    if (int(it.blocks.size()) > capacity.blocks_per_seq)
-      throw std::invalid_argument(item_name(i, it) + ": block table of " +
-                                  std::to_string(it.blocks.size()) + " blocks exceeds " +
+    // Only the blocks up to the step's last position are read (and packed):
+    // a longer table (blocks reserved ahead) is fine, as on the CPU.
+    const size_t used = (end + size_t(block_tokens) - 1) / size_t(block_tokens);
+    if (used > size_t(capacity.blocks_per_seq))
+      throw std::invalid_argument(item_name(i, it) + ": " + std::to_string(used) +
+                                  " blocks in use exceed " +
                                   std::to_string(capacity.blocks_per_seq) + " per sequence");
-    for (int b : it.blocks)
+    for (int b : std::span<const int>(it.blocks).first(used))
       if (b < 0 || b >= num_blocks)
         throw std::invalid_argument(item_name(i, it) + ": block id " + std::to_string(b) +
                                     " is outside the cache's [0, " + std::to_string(num_blocks) +
@@ -138,8 +141,9 @@ PackedStep pack_step(std::span<const StepItem> items, std::span<const RowSamplin
           it.blocks[size_t(position / block_tokens)] * block_tokens + position % block_tokens;
     }
     ctx[i] = it.position + n;
-    std::copy(it.blocks.begin(), it.blocks.end(), table);
-    std::fill(table + it.blocks.size(), table + B, 0);
+    const size_t used = size_t(ctx[i] + block_tokens - 1) / size_t(block_tokens);
+    std::copy_n(it.blocks.begin(), used, table);
+    std::fill(table + used, table + B, 0);
     p.max_item_tokens = std::max(p.max_item_tokens, n);
     p.max_context = std::max(p.max_context, ctx[i]);
     p.decode_only = p.decode_only && n == 1;

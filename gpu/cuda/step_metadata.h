@@ -68,8 +68,9 @@ struct PackedStep {
 
 // Throws std::invalid_argument naming the item and the problem (no tokens,
 // an id outside the vocabulary, past the context, a block table that does
-// not cover the item or names a block outside [0, num_blocks)), or when the
-// step exceeds the capacity; checked before anything is packed.
+// not cover the item or, up to its last position, names a block outside
+// [0, num_blocks)), or when the step exceeds the capacity; checked before
+// anything is packed. Entries past an item's last position are not read.
 void validate_step(std::span<const StepItem> items, const ModelConfig& model, int block_tokens,
                    int num_blocks, const StepCapacity& capacity);
 

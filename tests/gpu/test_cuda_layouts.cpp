@@ -68,20 +68,38 @@ TEST_F(CudaTest, LayoutsOnOneGpuGiveTheSingleDeviceAnswer) {
   }
 }
 
-// bf16 weights on a layout against the CPU's layout: the tolerance of the
-// single-device bf16 test (the GPU rounds activations to bf16 before each
-// projection, the CPU keeps them f32), and the same greedy ids.
+// bf16 weights on a layout against the CPU's layout, two sequences per
+// step (a prefill, then decode) fed the CPU's tokens: logits within the
+// single-device bf16 test's tolerance (the GPU rounds activations to bf16
+// before each projection, the CPU keeps them f32), and the same greedy id
+// wherever the CPU's choice leads the GPU's by more than that tolerance.
 TEST_F(CudaTest, Bf16LayoutMatchesTheCpuLayout) {
   const Checkpoint ck = synth_checkpoint(synth_preset("110m"), 7, DType::BF16);
   ParallelEngineOptions cpu_layout = layout(2, 2);
   cpu_layout.blocks = 640;
-  cpu_layout.threads = {1};
   ParallelEngine cpu(ck, DType::BF16, cpu_layout);
-  const MixedRun want = run_mixed(cpu, true, false);
   auto gpu = make_cuda_parallel_engine(ck, DType::BF16, layout(2, 2), {0}, layout_options());
-  const MixedRun got = run_mixed(*gpu, true, false);
-  EXPECT_EQ(got.ids, want.ids);
-  EXPECT_LE(max_logit_diff(got, want), 5e-2f * largest(want));
+  cpu.keep_logits(true), gpu->keep_logits(true);
+  SlotBook a(64), b(64);
+  std::vector<std::vector<int>> tokens{{1, 345, 2001, 77, 31999, 5, 900, 12}, {1, 42, 7}};
+  const size_t vocab = size_t(ck.config.vocab_size);
+  for (int step = 0; step < 9; ++step) {
+    const auto want = cpu.step({a.next(0, tokens[0]), a.next(1, tokens[1])});
+    const auto got = gpu->step({b.next(0, tokens[0]), b.next(1, tokens[1])});
+    const auto& lc = cpu.last_logits();
+    const auto& lg = gpu->last_logits();
+    float scale = 0;
+    for (float v : lc) scale = std::max(scale, std::abs(v));
+    const float tol = 5e-2f * scale;
+    EXPECT_TRUE(all_near(lg, lc, tol, 0)) << "step " << step;
+    for (size_t i = 0; i < 2; ++i) {
+      const float lead = lc[i * vocab + size_t(want[i])] - lc[i * vocab + size_t(got[i])];
+      if (lead > tol)
+        ADD_FAILURE() << "step " << step << " sequence " << i << ": CPU " << want[i]
+                      << " leads the GPU's " << got[i] << " by " << lead;
+      tokens[i] = {want[i]};
+    }
+  }
 }
 
 // A pipeline with steps of several groups in flight (each stage works on
@@ -123,21 +141,24 @@ TEST_F(CudaTest, LayoutsThatDoNotFitAreRefused) {
   }
 }
 
-// Two GPUs or more: a tensor pair on GPUs 0 and 1 (NCCL between them)
-// gives the single device's answer.
-TEST_F(CudaTest, TensorPairAcrossTwoGpusGivesTheSingleDeviceAnswer) {
+// Two GPUs or more: a tensor pair on GPUs 0 and 1 (over NCCL) and two
+// stages of such pairs (groups sharing GPUs: through host memory) give the
+// single device's answer.
+TEST_F(CudaTest, TensorPairsAcrossTwoGpusGiveTheSingleDeviceAnswer) {
   int count = 0;
   cu::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  if (count < 2) GTEST_SKIP() << "one GPU here; this layout needs two";
+  if (count < 2) GTEST_SKIP() << "one GPU here; these layouts need two";
   const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
   auto single = make_cuda_engine(ck, DType::F32, layout_options());
   const MixedRun want = run_mixed(*single, true, true);
   single.reset();
-  auto pair =
-      make_cuda_parallel_engine(ck, DType::F32, layout(2, 2), {0, 1, 0, 1}, layout_options());
-  const MixedRun got = run_mixed(*pair, true, true);
-  EXPECT_EQ(got.ids, want.ids);
-  EXPECT_LE(max_logit_diff(got, want), 1e-4f * largest(want));
+  for (auto [P, gpus] :
+       std::vector<std::pair<int, std::vector<int>>>{{1, {0, 1}}, {2, {0, 1, 0, 1}}}) {
+    auto engine = make_cuda_parallel_engine(ck, DType::F32, layout(P, 2), gpus, layout_options());
+    const MixedRun got = run_mixed(*engine, true, true);
+    EXPECT_EQ(got.ids, want.ids) << "P=" << P;
+    EXPECT_LE(max_logit_diff(got, want), 1e-4f * largest(want)) << "P=" << P;
+  }
 }
 
 }  // namespace

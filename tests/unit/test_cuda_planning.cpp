@@ -122,6 +122,21 @@ TEST(StepMetadata, PadsADecodeStepWithInertItems) {
   EXPECT_THROW(pack_step(items, rows, 4, l, 9, buf), std::invalid_argument);
 }
 
+TEST(StepMetadata, PacksOnlyTheBlocksAStepReads) {
+  const StepLayout l = StepLayout::for_capacity({8, 2, 3});
+  std::vector<std::byte> buf(l.bytes, std::byte{0x7f});
+  // Positions 4..5 of 4-token blocks: blocks 0 and 1 are read; 2 and 3 are
+  // reserved ahead (the last one past the layout's width).
+  const std::vector<StepItem> items{item(1, {5, 6}, 4, {7, 8, 9, 10})};
+  const RowSampling rows[] = {{}};
+  pack_step(items, rows, 4, l, 0, buf);
+  const int* table = field<int>(buf, l.block_tables);
+  EXPECT_EQ(table[0], 7);
+  EXPECT_EQ(table[1], 8);
+  EXPECT_EQ(table[2], 0);
+  EXPECT_EQ(field<int>(buf, l.slots)[1], 8 * 4 + 1);
+}
+
 TEST(StepMetadata, ValidationNamesTheProblem) {
   const ModelConfig m = tiny();
   const StepCapacity cap{8, 2, 4};
@@ -142,7 +157,10 @@ TEST(StepMetadata, ValidationNamesTheProblem) {
   EXPECT_NE(message({item(7, {1, 2}, 15, {0})}).find("does not cover 17 positions"),
             std::string::npos);
   EXPECT_NE(message({item(7, {1}, 0, {10})}).find("block id 10"), std::string::npos);
-  EXPECT_NE(message({item(7, {1}, 0, {0, 1, 2, 3, 4})}).find("exceeds 4 per sequence"),
+  // A table longer than the step needs (blocks reserved ahead) is fine;
+  // only the blocks it reads are checked.
+  EXPECT_EQ(message({item(7, {1}, 0, {0, 1, 2, 3, 4, 99})}), "");
+  EXPECT_NE(message({item(7, {1}, 70, {0, 1, 2, 3, 4})}).find("5 blocks in use exceed 4"),
             std::string::npos);
   EXPECT_NE(message({item(1, {1}, 0, {0}), item(2, {1}, 0, {1}), item(3, {1}, 0, {2})})
                 .find("max_batch_sequences of 2"),
