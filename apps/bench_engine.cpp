@@ -126,10 +126,6 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
   r.threads = o.engine.threads_of(0);
   r.pipeline = o.engine.pipeline;
   r.tensor = o.engine.tensor;
-  int all_threads = 0;
-  for (int d = 0; d < o.engine.devices(); ++d) all_threads += o.engine.threads_of(d);
-  // Arrays well past the last-level cache, so the copy measures DRAM.
-  measure_bandwidth(all_threads, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
   r.prompt_len = std::min(o.prompt_len, c.max_seq_len);
 
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
@@ -142,11 +138,22 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
   // scheduler): slot b holds blocks [b * per_seq, (b + 1) * per_seq).
   const int per_seq = (ctx_per_seq + spec.block_tokens - 1) / spec.block_tokens;
   spec.blocks = std::max(1, max_batch) * per_seq;
+  // The bench's steps (a whole prompt, every sequence's first 16 tokens)
+  // must fit an engine that sizes its buffers by the largest step (CUDA).
+  spec.max_batch_sequences = std::max(spec.max_batch_sequences, max_batch);
+  spec.max_batch_tokens = std::max({spec.max_batch_tokens, r.prompt_len, 16 * max_batch});
   r.groups = spec.pipeline > 1 ? (o.groups > 0 ? o.groups : spec.pipeline) : 1;
   spec.microbatches = o.microbatches > 0 ? o.microbatches : (r.groups > 1 ? 1 : 0);
   if (spec.pipeline > 1) r.microbatches = spec.microbatches;
   auto builder = std::make_shared<EngineBuilder>(ckpt, dtype);
   spec = builder->resolve(spec);
+  r.device = device_kind_name(spec.kind);
+  if (spec.kind == DeviceKind::Cpu) {
+    int all_threads = 0;
+    for (int d = 0; d < spec.devices(); ++d) all_threads += spec.threads_of(d);
+    // Arrays well past the last-level cache, so the copy measures DRAM.
+    measure_bandwidth(all_threads, size_t(512) << 20, r.bandwidth_gbs, r.read_bandwidth_gbs);
+  }
   r.stage_layers = spec.stage_layers;
   if (const LayerProfile* p = builder->profile()) r.layer_cost_s = p->seconds;
   const std::unique_ptr<StepEngine> engine = builder->build(spec);
@@ -156,7 +163,9 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
     // Weights streamed per step: every device's share, embeddings aside.
     for (size_t b : st.streamed_bytes) r.weight_bytes_per_step += b;
   }
-  r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
+  // The host's bandwidth bounds CPU devices only (bench_cuda has the GPU's).
+  if (r.bandwidth_gbs > 0)
+    r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
   r.kv_bytes_per_token = c.kv_bytes_per_token();
   const bool layout = spec.devices() > 1;
   uint64_t next_seq = 1;
@@ -216,7 +225,7 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
     DecodePoint p;
     p.batch = batch;
     p.tokens_per_s = double(batch) * steps / best;
-    p.bound_fraction = (double(steps) / best) / r.bound_steps_per_s;
+    p.bound_fraction = r.bound_steps_per_s > 0 ? (double(steps) / best) / r.bound_steps_per_s : 0;
     if (layout) {
       // Bubble and communication share over this batch size's decode steps.
       const EngineStats d = engine->stats().since(before);
@@ -236,6 +245,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["mode"] = "engine";
   j["model"] = model;
   j["dtype"] = dtype;
+  j["device"] = device;
   j["isa"] = isa;
   j["threads"] = threads;
   j["bandwidth_gbs"] = bandwidth_gbs;
@@ -273,13 +283,21 @@ nlohmann::json EngineBenchResult::to_json() const {
 std::string EngineBenchResult::table() const {
   std::ostringstream s;
   char line[256];
-  s << "model " << model << ", " << dtype << " weights, " << threads << " threads, " << isa
-    << " kernels\n";
-  std::snprintf(line, sizeof line,
-                "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> "
-                "bound %.1f steps/s\n",
-                bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6,
-                bound_steps_per_s);
+  const bool bounded = bound_steps_per_s > 0;
+  if (bounded) {
+    s << "model " << model << ", " << dtype << " weights, " << threads << " threads, " << isa
+      << " kernels\n";
+    std::snprintf(line, sizeof line,
+                  "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> "
+                  "bound %.1f steps/s\n",
+                  bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6,
+                  bound_steps_per_s);
+  } else {
+    s << "model " << model << ", " << dtype << " weights, on " << device << "\n";
+    std::snprintf(line, sizeof line,
+                  "weights per step %.1f MB (no host bandwidth bound: bench_cuda has the GPU's)\n",
+                  double(weight_bytes_per_step) / 1e6);
+  }
   s << line;
   std::snprintf(line, sizeof line, "prefill (%d tokens): %.1f tokens/s\n", prompt_len,
                 prefill_tokens_per_s);
@@ -305,8 +323,11 @@ std::string EngineBenchResult::table() const {
   if (pipeline * tensor > 1) s << " | comm share | bubble per stage";
   s << "\n";
   for (const auto& d : decode) {
-    std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%", d.batch, d.tokens_per_s,
-                  100.0 * d.bound_fraction);
+    if (bounded)
+      std::snprintf(line, sizeof line, "  %5d | %15.1f | %17.0f%%", d.batch, d.tokens_per_s,
+                    100.0 * d.bound_fraction);
+    else
+      std::snprintf(line, sizeof line, "  %5d | %15.1f | %18s", d.batch, d.tokens_per_s, "-");
     s << line;
     if (pipeline * tensor > 1) {
       std::snprintf(line, sizeof line, " | %9.0f%% |", 100.0 * d.comm_share);

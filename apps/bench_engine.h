@@ -38,7 +38,8 @@ struct EngineBenchResult {
   std::string model;
   std::string dtype;
   std::string isa;
-  int threads = 0;  // per device
+  std::string device = "cpu";  // the devices' kind
+  int threads = 0;             // per device
   int pipeline = 1, tensor = 1;
   int groups = 1;  // sequence groups in flight (pipelines)
   int microbatches = 0;

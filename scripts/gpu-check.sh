@@ -3,7 +3,8 @@
 # GPU tests (JUnit XML into the output folder), the GPU benchmark, and the
 # serving integration tests with every test server on `kind: cuda`, and ends
 # with a table of figures against the bounds. Says clearly when it finds no
-# GPU (exit 2). Well under 5 minutes on an H200.
+# GPU (exit 2). A few minutes on an H200; each section has a time limit,
+# 570 s in all at worst, so one 10-minute slot always reaches the summary.
 #
 # Serving on CUDA needs troupe built with -DTROUPE_SERVE_CUDA=ON:
 #   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_SERVE_CUDA=ON
@@ -165,6 +166,16 @@ else
 fi
 export LD_LIBRARY_PATH="${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TROUPE_SOURCE_DIR="$ROOT"
+# NCCL says why when it fails; an image's TF32 default must not turn the f32
+# comparisons' matrix products into TF32.
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NVIDIA_TF32_OVERRIDE=0
+
+for b in "$BIN/gpu_tests" "$BIN/bench_cuda"; do
+  if [ ! -x "$b" ]; then
+    echo "GPU CHECK FAILED: $b is missing (is the bundle there, and carried?)"
+    exit 1
+  fi
+done
 
 SERVING=$(serving_binaries "$BIN/troupe" "$BIN/integration_tests")
 
@@ -181,7 +192,13 @@ if [ "$MISSING" = 1 ]; then
 fi
 
 say "device"
-AVAIL=$("$BIN/gpu_tests" --gtest_filter='CudaAvailability.*' 2>&1 | grep 'cuda_device_available:')
+AVAIL_RAW=$("$BIN/gpu_tests" --gtest_filter='CudaAvailability.*' 2>&1)
+AVAIL=$(echo "$AVAIL_RAW" | grep 'cuda_device_available:')
+if [ -z "$AVAIL" ]; then
+  echo "$AVAIL_RAW" | tail -20
+  echo "GPU CHECK FAILED: gpu_tests did not report whether a device answers (output above)"
+  exit 1
+fi
 echo "$AVAIL"
 case "$AVAIL" in
   *"available: yes"*) ;;
@@ -195,18 +212,18 @@ case "$AVAIL" in
 esac
 
 say "GPU tests"
-timeout 240 "$BIN/gpu_tests" --gtest_output="xml:$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" |
+timeout 150 "$BIN/gpu_tests" --gtest_output="xml:$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" |
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|batch invariance|NCCL at run time|^\[  PASSED|^\[==' 
 TESTS_RC=${PIPESTATUS[0]}
 
 say "benchmark"
-timeout 240 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
+timeout 120 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
 BENCH_RC=${PIPESTATUS[0]}
 
 say "troupe bench on kind: cuda (the 1b preset, TinyLlama's shape, bf16)"
 TROUPE_BENCH_RC=skipped
 if [ -n "$SERVING" ]; then
-  timeout 180 "$BIN/troupe" bench --preset 1b --dtype bf16 --batch 1,8,32,128 --prompt-len 512 \
+  timeout 120 "$BIN/troupe" bench --preset 1b --dtype bf16 --batch 1,8,32,128 --prompt-len 512 \
     --decode-tokens 32 --set 'devices=[{kind: cuda, index: 0, threads: 2}]' 2>&1 |
     tee "$OUT_DIR/troupe_bench_1b.txt" | grep -v '^\[' 
   TROUPE_BENCH_RC=${PIPESTATUS[0]}
@@ -220,7 +237,7 @@ if [ -n "$SERVING" ]; then
   # The serving integration tests as they run in CI, with every test server
   # on the GPU; their reference answers still come from the CPU.
   TROUPE_BINARY="$BIN/troupe" TROUPE_TEST_SERVE_SET='devices=[{kind: cuda, index: 0, threads: 2}]' \
-    timeout 240 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*:ServeLayouts.*' \
+    timeout 180 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*:ServeLayouts.*' \
     --gtest_output="xml:$OUT_DIR/serve_cuda.xml" 2>&1 | tee "$OUT_DIR/serve_cuda.log" |
     grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[=='
   SERVE_RC=${PIPESTATUS[0]}

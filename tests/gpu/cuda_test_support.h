@@ -12,6 +12,7 @@
 
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/kernels.h"
 #include "gpu/dtype.h"
 #include "util/rng.h"
 
@@ -31,6 +32,9 @@ class CudaTest : public ::testing::Test {
     std::string why;
     if (!cuda_device_available(&why)) GTEST_SKIP() << why;
     cu::check(cudaSetDevice(0), "cudaSetDevice");
+    // Kernel tests may run before (or without) any engine, which is what
+    // otherwise raises the prefill kernels' shared-memory limit.
+    cu::configure_kernels();
   }
 };
 
@@ -99,6 +103,26 @@ inline ::testing::AssertionResult all_near(const std::vector<float>& got,
     if (!(std::abs(got[i] - want[i]) <= tol))
       return ::testing::AssertionFailure() << "at " << i << ": got " << got[i] << ", want "
                                            << want[i] << " (tolerance " << tol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Greedy ids of GPU and CPU from logits within `tol` of each other: the
+// GPU's pick may differ only where the CPU's own choice does not lead it by
+// more than the tolerance (a near-tie that rounding can flip).
+inline ::testing::AssertionResult ids_agree(const std::vector<float>& cpu_logits, size_t vocab,
+                                            const std::vector<int>& want,
+                                            const std::vector<int>& got, float tol) {
+  if (want.size() != got.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const float lead =
+        cpu_logits[i * vocab + size_t(want[i])] - cpu_logits[i * vocab + size_t(got[i])];
+    if (lead > tol)
+      return ::testing::AssertionFailure()
+             << "row " << i << ": the CPU's " << want[i] << " leads the GPU's " << got[i] << " by "
+             << lead << " (tolerance " << tol << ")";
   }
   return ::testing::AssertionSuccess();
 }

@@ -54,10 +54,11 @@ TEST_F(CudaTest, Stories260KGreedyIdsMatchTheReference) {
   }
 }
 
-// Logits of the last prompt token and of 8 decode steps, CPU against GPU.
-// Tolerance, relative to the largest logit: f32 weights 1e-3 (summation
-// order only); bf16 weights 5e-2 (the GPU also rounds activations to bf16
-// before each projection, the CPU keeps them f32).
+// Logits of the last prompt token and of 8 decode steps, CPU against GPU
+// (both fed the CPU's tokens). Tolerance, relative to the largest logit: f32
+// weights 1e-3 (summation order only); bf16 weights 5e-2 (the GPU also
+// rounds activations to bf16 before each projection, the CPU keeps them
+// f32), where a near-tie may pick another id.
 TEST_F(CudaTest, Random110mLogitsMatchTheCpu) {
   const ModelConfig cfg = synth_preset("110m");
   for (DType dtype : {DType::F32, DType::BF16}) {
@@ -76,7 +77,11 @@ TEST_F(CudaTest, Random110mLogitsMatchTheCpu) {
       for (float v : lc) scale = std::max(scale, std::abs(v));
       const float tol = (dtype == DType::F32 ? 1e-3f : 5e-2f) * scale;
       EXPECT_TRUE(all_near(lg, lc, tol, 0)) << dtype_name(dtype) << " step " << step;
-      EXPECT_EQ(got, want) << dtype_name(dtype) << " step " << step;
+      // f32 picks the same id; bf16 may flip a near-tie.
+      if (dtype == DType::F32)
+        EXPECT_EQ(got, want) << "step " << step;
+      else
+        EXPECT_TRUE(ids_agree(lc, size_t(cfg.vocab_size), {want}, {got}, tol)) << "step " << step;
       tokens = {want};
     }
   }
