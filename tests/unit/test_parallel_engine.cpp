@@ -5,8 +5,10 @@
 #include <atomic>
 #include <cmath>
 #include <deque>
+#include <mutex>
 #include <thread>
 
+#include "gpu/comm/in_process_communicator.h"
 #include "gpu/parallel_engine.h"
 #include "gpu/synth_model.h"
 #include "support/engine_driver.h"
@@ -139,6 +141,61 @@ TEST(ParallelEngine, BadLayoutsAreRefusedWithAReason) {
 
 namespace troupe {
 namespace {
+
+// Another backend's devices plug in through the options' factories: the
+// engine asks for exactly one shard per device with its slice, and one
+// local tensor group per stage; a group of the wrong size is refused.
+TEST(ParallelEngine, ShardAndGroupFactoriesAreAskedForEachDeviceAndStage) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 3, DType::F32);
+  ParallelEngineOptions l;
+  l.pipeline = 3;
+  l.tensor = 2;
+  l.blocks = 128;
+  const ShardFactory cpu = cpu_shards(ck, DType::F32, {1}, l.block_tokens, l.blocks);
+  std::vector<std::pair<int, ShardSpec>> built;
+  std::vector<std::pair<int, int>> groups;
+  std::mutex mu;
+  l.shards = [&](const ShardSpec& spec, int device) {
+    std::lock_guard<std::mutex> lock(mu);
+    built.emplace_back(device, spec);
+    return cpu(spec, device);
+  };
+  l.local_group = [&](int stage, int ranks) {
+    groups.emplace_back(stage, ranks);
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& c : make_in_process_group(ranks)) out.push_back(std::move(c));
+    return out;
+  };
+  ParallelEngine pe(ck, DType::F32, l);
+  ASSERT_EQ(built.size(), 6u);
+  for (size_t i = 0; i < built.size(); ++i) {
+    const auto& [device, spec] = built[i];
+    EXPECT_EQ(device, int(i));
+    EXPECT_EQ(spec.tp_rank, device % 2);
+    EXPECT_EQ(spec.tp_size, 2);
+    EXPECT_EQ(spec.layer_begin, device / 2);  // three layers, one per stage
+    EXPECT_EQ(spec.layer_end, device / 2 + 1);
+  }
+  EXPECT_EQ(groups, (std::vector<std::pair<int, int>>{{0, 2}, {1, 2}, {2, 2}}));
+  ParallelEngineOptions one;
+  one.blocks = 128;
+  ParallelEngine ref(ck, DType::F32, one);
+  test::SlotBook a(16), b(16);
+  EXPECT_EQ(pe.step({a.next(0, {1, 7, 9}), a.next(1, {1, 4})}),
+            ref.step({b.next(0, {1, 7, 9}), b.next(1, {1, 4})}));
+
+  l.local_group = [](int, int) {
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& c : make_in_process_group(1)) out.push_back(std::move(c));
+    return out;
+  };
+  try {
+    ParallelEngine bad(ck, DType::F32, l);
+    FAIL() << "a one-rank group was accepted for a stage of two";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("returned 1 ranks for 2"), std::string::npos) << e.what();
+  }
+}
 
 // A deliberately slow last stage: the first stage runs ahead by at most
 // `credits` micro-batches (back-pressure), and the answer is unchanged.
