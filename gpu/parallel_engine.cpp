@@ -167,6 +167,10 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngi
       m.devices[size_t(s * T + t)] = std::move(d);
     }
   m.connect(layout.placement);
+  // The factories may refer to what only lives while the engine is built
+  // (the checkpoint).
+  m.layout.shards = nullptr;
+  m.layout.local_group = nullptr;
   for (auto& d : m.devices)
     if (d) d->runner = launcher(d->stage, d->rank, d->queue);
   for (int s = 0; s + 1 < P; ++s) {
