@@ -187,6 +187,19 @@ TEST(ServeLayouts, EveryLayoutServesTheSameAnswer) {
                              "parallel={replicas: 2, pipeline: 1, tensor: 2}"}) {
     // Round robin: the requests after the kill reach replica 0 for sure.
     Server s({layout, "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
+    // The server answers once one replica is ready; round robin reaches
+    // replica 0 for sure only once every replica is.
+    const int replicas = std::string(layout).find("replicas: 2") != std::string::npos ? 2 : 1;
+    for (int tries = 0; tries < 600; ++tries) {
+      const std::string m = test::http_request(s.port(), "GET", "/metrics").body;
+      int ready = 0;
+      for (int r = 0; r < replicas; ++r)
+        if (m.find("troupe_replica_state{replica=\"" + std::to_string(r) + "\"} 2") !=
+            std::string::npos)
+          ++ready;
+      if (ready == replicas) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     std::vector<std::string> got(kPrompts.size());
     std::vector<std::thread> clients;
     for (size_t i = 0; i < kPrompts.size(); ++i)
