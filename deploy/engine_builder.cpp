@@ -155,10 +155,11 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     bool gpu = cuda_available(&why);
     // Devices of this process (-1: another's) must exist here.
     const int wanted = *std::max_element(spec.cuda_devices.begin(), spec.cuda_devices.end());
-    if (gpu && wanted >= cuda_devices()) {
+    const int present = gpu ? cuda_devices() : 0;
+    if (gpu && wanted >= present) {
       gpu = false;
       why = "the layout needs CUDA device " + std::to_string(wanted) + ", but this machine has " +
-            std::to_string(cuda_devices());
+            std::to_string(present);
       if (spec.kind == DeviceKind::Cuda) throw std::invalid_argument("devices: kind cuda: " + why);
     }
     if (spec.kind == DeviceKind::Cuda && !gpu)

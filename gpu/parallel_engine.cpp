@@ -237,31 +237,6 @@ std::unique_ptr<Communicator> checked(std::unique_ptr<Communicator> c, int rank,
   return c;
 }
 
-// Runs make(rank) for every rank at once, each on its own thread: a
-// rendezvous returns only once every rank of the group has joined.
-std::vector<std::unique_ptr<Communicator>> join_at_once(
-    const std::vector<int>& ranks, const std::function<std::unique_ptr<Communicator>(int)>& make) {
-  std::vector<std::unique_ptr<Communicator>> out(ranks.size());
-  if (ranks.size() == 1) {
-    out[0] = make(ranks[0]);
-    return out;
-  }
-  std::vector<std::exception_ptr> errors(ranks.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        out[i] = make(ranks[i]);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
-}
-
 }  // namespace
 
 void ParallelEngine::Impl::connect(const ProcessPlacement& placement) {
@@ -270,12 +245,8 @@ void ParallelEngine::Impl::connect(const ProcessPlacement& placement) {
     if (lead[size_t(s)] < 0) {
       // Nothing of this stage here.
     } else if (!spans[size_t(s)]) {
-      std::vector<std::unique_ptr<Communicator>> group;
-      if (layout.local_group) {
-        group = layout.local_group(s, T);
-      } else {
-        for (auto& c : make_in_process_group(T)) group.push_back(std::move(c));
-      }
+      std::vector<std::unique_ptr<Communicator>> group =
+          layout.local_group ? layout.local_group(s, T) : make_in_process_communicators(T);
       if (int(group.size()) != T)
         throw std::invalid_argument("local_group(stage " + std::to_string(s) + ") returned " +
                                     std::to_string(group.size()) + " ranks for " +

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 namespace troupe {
@@ -54,6 +56,29 @@ void Communicator::record(uint64_t bytes, std::chrono::nanoseconds elapsed) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
   nanos_.fetch_add(uint64_t(std::max<int64_t>(0, elapsed.count())), std::memory_order_relaxed);
+}
+
+std::vector<std::unique_ptr<Communicator>> join_at_once(
+    const std::vector<int>& ranks, const std::function<std::unique_ptr<Communicator>(int)>& make) {
+  std::vector<std::unique_ptr<Communicator>> out(ranks.size());
+  if (ranks.size() == 1) {
+    out[0] = make(ranks[0]);
+    return out;
+  }
+  std::vector<std::exception_ptr> errors(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        out[i] = make(ranks[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
 }
 
 }  // namespace troupe

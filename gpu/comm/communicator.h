@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -104,5 +105,12 @@ class Communicator {
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> nanos_{0};
 };
+
+// Runs make(rank) for every rank at once, each on its own thread, and
+// returns the communicators in the order of `ranks`: joining a group (a
+// rendezvous, NCCL's init) returns only once every rank has joined. The
+// first rank's exception, if any, is rethrown once all have finished.
+std::vector<std::unique_ptr<Communicator>> join_at_once(
+    const std::vector<int>& ranks, const std::function<std::unique_ptr<Communicator>(int)>& make);
 
 }  // namespace troupe

@@ -595,4 +595,10 @@ void InProcessCommunicator::barrier() {
   });
 }
 
+std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int size) {
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (auto& c : make_in_process_group(size)) out.push_back(std::move(c));
+  return out;
+}
+
 }  // namespace troupe

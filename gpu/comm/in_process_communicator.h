@@ -85,5 +85,7 @@ class InProcessCommunicator : public Communicator {
 // A new group of `size` ranks and its handles, rank i at index i.
 std::vector<std::unique_ptr<InProcessCommunicator>> make_in_process_group(
     int size, InProcessGroupOptions options = {});
+// The same, as Communicators (what layouts hold).
+std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int size);
 
 }  // namespace troupe

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <set>
-#include <thread>
 
 #include "gpu/comm/in_process_communicator.h"
 #include "gpu/cuda/cuda_check.h"
@@ -124,25 +123,15 @@ void CudaShard::all_reduce(Communicator& tp, float* data, size_t n) {
 }
 
 // NCCL ranks of one group join together: each constructor waits for the
-// others, so each runs on its own thread.
+// others.
 std::vector<std::unique_ptr<Communicator>> nccl_group(const std::vector<int>& gpus) {
   const NcclUniqueId id = make_nccl_unique_id();
   const int n = int(gpus.size());
-  std::vector<std::unique_ptr<Communicator>> out(gpus.size());
-  std::vector<std::exception_ptr> errors(gpus.size());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        out[size_t(r)] = std::make_unique<NcclCommunicator>(id, r, n, gpus[size_t(r)]);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
+  std::vector<int> ranks(gpus.size());
+  for (int r = 0; r < n; ++r) ranks[size_t(r)] = r;
+  return join_at_once(ranks, [&](int r) -> std::unique_ptr<Communicator> {
+    return std::make_unique<NcclCommunicator>(id, r, n, gpus[size_t(r)]);
+  });
 }
 
 // Whether stage `stage`'s tensor group can all-reduce over NCCL: its ranks
@@ -167,7 +156,6 @@ LocalGroupFactory cuda_local_groups(std::vector<int> cuda_devices, int tensor) {
   return [cuda_devices = std::move(cuda_devices), tensor](int stage, int ranks) {
     std::vector<int> gpus;
     for (int t = 0; t < ranks; ++t) gpus.push_back(cuda_devices.at(size_t(stage * tensor + t)));
-    std::vector<std::unique_ptr<Communicator>> group;
     if (ranks == tensor && nccl_fits(cuda_devices, tensor, stage)) {
       try {
         return nccl_group(gpus);
@@ -178,8 +166,7 @@ LocalGroupFactory cuda_local_groups(std::vector<int> cuda_devices, int tensor) {
             stage, e.what());
       }
     }
-    for (auto& c : make_in_process_group(ranks)) group.push_back(std::move(c));
-    return group;
+    return make_in_process_communicators(ranks);
   };
 }
 

@@ -162,9 +162,7 @@ TEST(ParallelEngine, ShardAndGroupFactoriesAreAskedForEachDeviceAndStage) {
   };
   l.local_group = [&](int stage, int ranks) {
     groups.emplace_back(stage, ranks);
-    std::vector<std::unique_ptr<Communicator>> out;
-    for (auto& c : make_in_process_group(ranks)) out.push_back(std::move(c));
-    return out;
+    return make_in_process_communicators(ranks);
   };
   ParallelEngine pe(ck, DType::F32, l);
   ASSERT_EQ(built.size(), 6u);
@@ -184,11 +182,7 @@ TEST(ParallelEngine, ShardAndGroupFactoriesAreAskedForEachDeviceAndStage) {
   EXPECT_EQ(pe.step({a.next(0, {1, 7, 9}), a.next(1, {1, 4})}),
             ref.step({b.next(0, {1, 7, 9}), b.next(1, {1, 4})}));
 
-  l.local_group = [](int, int) {
-    std::vector<std::unique_ptr<Communicator>> out;
-    for (auto& c : make_in_process_group(1)) out.push_back(std::move(c));
-    return out;
-  };
+  l.local_group = [](int, int) { return make_in_process_communicators(1); };
   try {
     ParallelEngine bad(ck, DType::F32, l);
     FAIL() << "a one-rank group was accepted for a stage of two";
