@@ -1,6 +1,6 @@
 // Kernel micro-benchmarks (Google Benchmark): the packed GEMM against
 // OpenBLAS sgemm on the shapes of a 110M-parameter decoder, for decode
-// (M = 1) and prefill (M = 256), one thread. Run: build/bench_kernels
+// (M = 1), decode batches (M = 8, 32) and prefill (M = 256), one thread. Run: build/bench_kernels
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -60,7 +60,7 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  for (int M : {1, 256}) {
+  for (int M : {1, 8, 12, 18, 24, 32, 256}) {
     b->Args({M, 2304, 768});  // fused q/k/v
     b->Args({M, 4096, 768});  // fused gate/up
     b->Args({M, 768, 2048});  // down

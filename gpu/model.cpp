@@ -130,7 +130,9 @@ void Workspace::ensure(const ModelConfig& c, const ShardDims& d, int tokens, int
   grow(final_in, size_t(outputs) * size_t(c.dim));
   grow(logits, size_t(outputs) * size_t(d.vocab_stride));
   if (scores.size() < size_t(threads)) scores.resize(size_t(threads));
-  for (auto& s : scores) grow(s, size_t(c.max_seq_len));
+  for (auto& s : scores)
+    grow(s, size_t(kernels::kTileQueries) * size_t(c.max_seq_len) +
+                kernels::tile_scratch_floats(c.head_dim));
   if (pos.size() < T) {
     pos.resize(T);
     seq_of.resize(T);
@@ -241,24 +243,58 @@ void Model::validate(std::span<const StepInput> inputs) const {
   }
 }
 
-void Model::attention(int layer, int tokens, std::span<const StepInput> inputs, KvCache& cache,
-                      ThreadPool& pool, Workspace& ws) const {
-  const int hd = config_.head_dim, nh = dims_.heads;
+void Model::plan_attention(std::span<const StepInput> inputs, Workspace& ws) const {
   const int group = config_.n_heads / config_.n_kv_heads;
-  const int qd = nh * hd;
+  ws.tiles.clear();
+  ws.tile_queries.clear();
+  int t0 = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int t1 = t0 + int(inputs[i].tokens.size());
+    for (int kv = 0; kv < dims_.kv_heads; ++kv) {
+      // Later tokens see more positions: their tiles come first, so that the
+      // pool's threads, which claim tiles in order, finish together.
+      AttentionTile tile{int(i), kv, int(ws.tile_queries.size()), 0};
+      for (int t = t1 - 1; t >= t0; --t)
+        for (int h = 0; h < dims_.heads; ++h) {
+          if ((dims_.head_begin + h) / group - dims_.kv_head_begin != kv) continue;
+          if (tile.count == kernels::kTileQueries) {
+            ws.tiles.push_back(tile);
+            tile.first += tile.count;
+            tile.count = 0;
+          }
+          ws.tile_queries.emplace_back(t, h);
+          ++tile.count;
+        }
+      if (tile.count > 0) ws.tiles.push_back(tile);
+    }
+    t0 = t1;
+  }
+}
+
+void Model::attention(int layer, std::span<const StepInput> inputs, KvCache& cache,
+                      ThreadPool& pool, Workspace& ws) const {
+  const int hd = config_.head_dim;
+  const int qd = dims_.heads * hd;
   const int qkv_cols = qd + 2 * dims_.kv_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
-  auto task = [&](int task_id, int thread) {
-    const int t = task_id / nh, h = task_id % nh;
-    const SequenceCache& seq = *inputs[size_t(ws.seq_of[size_t(t)])].cache;
-    const int pos = ws.pos[size_t(t)];
-    const float* q = ws.qkv.data() + size_t(t) * size_t(qkv_cols) + size_t(h) * size_t(hd);
-    const size_t kv_off = size_t((dims_.head_begin + h) / group - dims_.kv_head_begin) * size_t(hd);
-    float* out = ws.att.data() + size_t(t) * size_t(qd) + size_t(h) * size_t(hd);
-    kernels::attend_head(q, hd, scale, cache.paged(layer, seq), kv_off, pos + 1,
-                         ws.scores[size_t(thread)].data(), out);
+  const size_t rows = size_t(config_.max_seq_len);
+  auto task = [&](int tile_id, int thread) {
+    const AttentionTile& at = ws.tiles[size_t(tile_id)];
+    float* scratch = ws.scores[size_t(thread)].data();
+    kernels::HeadTile tile;
+    tile.count = at.count;
+    for (int i = 0; i < at.count; ++i) {
+      const auto [t, h] = ws.tile_queries[size_t(at.first + i)];
+      tile.q[i] = ws.qkv.data() + size_t(t) * size_t(qkv_cols) + size_t(h) * size_t(hd);
+      tile.n[i] = ws.pos[size_t(t)] + 1;
+      tile.scores[i] = scratch + size_t(i) * rows;
+      tile.out[i] = ws.att.data() + size_t(t) * size_t(qd) + size_t(h) * size_t(hd);
+    }
+    const SequenceCache& seq = *inputs[size_t(at.seq)].cache;
+    kernels::attend_tile(tile, hd, scale, cache.paged(layer, seq), size_t(at.kv_head) * size_t(hd),
+                         scratch + size_t(kernels::kTileQueries) * rows);
   };
-  const int n_tasks = tokens * nh;
+  const int n_tasks = int(ws.tiles.size());
   if (pool.size() == 1 || n_tasks < 2) {
     for (int i = 0; i < n_tasks; ++i) task(i, 0);
   } else {
@@ -299,6 +335,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
         ws.seq_of[size_t(t)] = int(i);
       }
   }
+  plan_attention(inputs, ws);
   auto token_at = [&](int t) {
     const auto& in = inputs[size_t(ws.seq_of[size_t(t)])];
     return in.tokens[size_t(ws.pos[size_t(t)] - in.cache->length)];
@@ -346,7 +383,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       std::copy(row + qd, row + qd + kvd, cache.key(li, seq, pos));
       std::copy(row + qd + kvd, row + qd + 2 * kvd, cache.value(li, seq, pos));
     });
-    attention(li, T, inputs, cache, pool, ws);
+    attention(li, inputs, cache, pool, ws);
     matmul(pool, ws.att.data(), T, qd, w.wo, tmp, dim);
     reduce(tmp, size_t(T) * size_t(dim));
     for_each_token(pool, T, [&](int t) {

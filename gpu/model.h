@@ -3,8 +3,8 @@
 // ragged batch: every sequence feeds its own tokens (a prefill chunk or one
 // decode token) at its own positions, against its own paged cache.
 // Projections run as one GEMM over all tokens of the step; attention runs per
-// sequence and head. Every per-token computation has a fixed order, so a
-// sequence's logits are bit-identical whatever else shares its step.
+// sequence and kv head, over tiles of the query heads that read it. Every per-token computation has
+// a fixed order, so a sequence's logits are bit-identical whatever else shares its step.
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -74,14 +74,27 @@ struct StepInput {
   bool want_logits = true;      // logits of the last token of this input
 };
 
+// Query heads of one step that attend together (kernels::attend_tile): all
+// of one sequence and one kv head of this shard.
+struct AttentionTile {
+  int seq = 0;      // input index
+  int kv_head = 0;  // of this shard
+  int first = 0;    // into Workspace::tile_queries
+  int count = 0;
+};
+
 // Scratch buffers of one step, grown on demand and then reused.
 class Workspace {
  public:
   void ensure(const ModelConfig& c, const ShardDims& d, int tokens, int outputs, int threads);
 
   std::vector<float> x, xb, qkv, att, hb, tmp, final_in, logits;
-  std::vector<std::vector<float>> scores;  // per thread, max_seq_len
+  // Per thread: a tile's scores (kTileQueries rows of max_seq_len), then
+  // the kernel's scratch.
+  std::vector<std::vector<float>> scores;
   std::vector<int> pos, seq_of;
+  std::vector<AttentionTile> tiles;               // the step's, the same in every layer
+  std::vector<std::pair<int, int>> tile_queries;  // (token, local head)
 };
 
 struct LayerWeights {
@@ -139,8 +152,9 @@ class Model {
  private:
   void validate(std::span<const StepInput> inputs) const;
   void embed(int token, float* out) const;
-  void attention(int layer, int tokens, std::span<const StepInput> inputs, KvCache& cache,
-                 ThreadPool& pool, Workspace& ws) const;
+  void plan_attention(std::span<const StepInput> inputs, Workspace& ws) const;
+  void attention(int layer, std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
+                 Workspace& ws) const;
 
   ModelConfig config_;
   ShardDims dims_;

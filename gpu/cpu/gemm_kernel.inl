@@ -21,20 +21,21 @@ inline typename V::vec load_w(const void* base, size_t index) {
   }
 }
 
-// R rows of x times NP consecutive panels, over k in [k0, k1). Element
-// (m, k) of x is x[m * sm + k * sk], which serves both x as given (sm = ldx,
-// sk = 1) and x packed by row block (sm = 1, sk = rows). The first k block
-// starts from zero; later blocks continue the chains from y, which holds
-// exact f32 partial sums, so the result equals one unblocked chain.
+// R rows of x times NP consecutive panels (each K rows of kPanel weights),
+// over k in [k0, k1). Element (m, k) of x is x[m * sm + k * sk], which serves
+// both x as given (sm = ldx, sk = 1) and x packed by row block (sm = 1,
+// sk = rows). Without `accumulate` the chains start from zero; with it they
+// continue from y, which holds exact f32 partial sums of earlier k blocks, so
+// the result equals one unblocked chain.
 template <class V, DType WT, int R, int NP>
 void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
-                  float* y, int ldy, int valid_cols, bool prefetch) {
+                  float* y, int ldy, int valid_cols, bool accumulate, bool prefetch) {
   constexpr int VPP = kPanel / V::kLanes;  // vectors per panel
   constexpr int NV = NP * VPP;
   constexpr int width = NP * kPanel;
   typename V::vec acc[R][NV];
   alignas(64) float tmp[width];
-  if (k0 == 0) {
+  if (!accumulate) {
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
@@ -99,13 +100,14 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
 // Calls the kernel instantiated for exactly `rows` (1..R) rows.
 template <class V, DType WT, int R, int NP>
 void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* panels, int K, int k0,
-                 int k1, float* y, int ldy, int valid_cols, bool prefetch) {
+                 int k1, float* y, int ldy, int valid_cols, bool accumulate, bool prefetch) {
   if constexpr (R > 0) {
     if (rows == R)
-      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols, prefetch);
+      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols, accumulate,
+                                 prefetch);
     else
       rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols,
-                                    prefetch);
+                                    accumulate, prefetch);
   }
 }
 
@@ -152,8 +154,36 @@ const float* pack_rows(const float* x, int M, int ldx, int K, uint64_t tag) {
   return xp;
 }
 
+// Rows [k0, k1) of NP panels of 16-bit weights, widened to f32 into dst
+// (panel p at dst + p * (k1 - k0) * kPanel). Widening is exact, so the f32
+// kernel over dst computes the same chains as the 16-bit kernel would.
+template <class V, DType WT, int NP>
+void widen_block(const void* panels, int K, int k0, int k1, float* dst) {
+  constexpr int VPP = kPanel / V::kLanes;
+  const size_t panel_stride = size_t(K) * kPanel;
+  for (int p = 0; p < NP; ++p)
+    for (int k = k0; k < k1; ++k)
+#pragma GCC unroll 4
+      for (int v = 0; v < VPP; ++v, dst += V::kLanes)
+        V::store(dst, load_w<V, WT>(panels, size_t(p) * panel_stride + size_t(k) * kPanel +
+                                                size_t(v) * V::kLanes));
+}
+
+// One thread's widened block of NP panels x KB rows.
+template <int NP, int KB>
+float* widen_buffer() {
+  alignas(64) static thread_local float block[NP * KB * kPanel];
+  return block;
+}
+
 // K is processed in blocks of KB so that a panel group's block stays in L1
-// while every row block of x passes over it.
+// while every row block of x passes over it. With many row blocks (prefill),
+// 16-bit weights are widened once per block rather than once per row block:
+// widening costs two vector ops per load on the FMA ports, a quarter of the
+// kernel's throughput. With few, writing the widened block costs more than
+// it saves (measured with bench_kernels: the break-even is near 4 blocks).
+constexpr int kWidenRowBlocks = 4;
+
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const PanelsRef& w, int p,
                       float* y, int ldy) {
@@ -162,15 +192,33 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
   const int valid = left < NP * kPanel ? left : NP * kPanel;
   const void* panels = panel_ptr<WT>(w, p);
   if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
-    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid, true);
+    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid, false, true);
     return;
+  }
+  if constexpr (WT != DType::F32) {
+    if (M >= kWidenRowBlocks * MR) {
+      // A widened block takes twice the bytes: half the rows keep it in L1.
+      constexpr int KBW = KB / 2;
+      float* wide = widen_buffer<NP, KBW>();
+      for (int k0 = 0; k0 < K; k0 += KBW) {
+        const int k1 = k0 + KBW < K ? k0 + KBW : K;
+        widen_block<V, WT, NP>(panels, K, k0, k1, wide);
+        for (int m0 = 0; m0 < M; m0 += MR) {
+          const int rows = M - m0 < MR ? M - m0 : MR;
+          rows_kernel<V, DType::F32, MR, NP>(
+              rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows), wide,
+              k1 - k0, 0, k1 - k0, y + size_t(m0) * size_t(ldy), ldy, valid, k0 > 0, false);
+        }
+      }
+      return;
+    }
   }
   for (int k0 = 0; k0 < K; k0 += KB) {
     const int k1 = k0 + KB < K ? k0 + KB : K;
     for (int m0 = 0; m0 < M; m0 += MR) {
       const int rows = M - m0 < MR ? M - m0 : MR;
       rows_kernel<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K, k0,
-                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid, m0 == 0);
+                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid, k0 > 0, m0 == 0);
     }
   }
 }

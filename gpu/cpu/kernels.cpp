@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu/cpu/gemm.h"
+
 namespace troupe::kernels {
 
 namespace {
@@ -33,31 +35,6 @@ inline __m256 exp8(__m256 x) {
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-// Four dot products of q with k0..k3 (n values each), sharing q's loads.
-inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
-                 int n, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
-  }
-  // Transpose-add: lane j of the result is the sum of a_j.
-  const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
-  const __m256 s = _mm256_hadd_ps(s01, s23);
-  const __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  _mm_storeu_ps(out, r);
-  for (; i < n; ++i) {
-    out[0] = std::fma(q[i], k0[i], out[0]);
-    out[1] = std::fma(q[i], k1[i], out[1]);
-    out[2] = std::fma(q[i], k2[i], out[2]);
-    out[3] = std::fma(q[i], k3[i], out[3]);
-  }
 }
 
 inline float exp1(float x) {
@@ -101,8 +78,15 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
 }
 
 void softmax(float* x, int n) {
-  float mx = x[0];
-  for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  // The maximum is the same in any order (a -0/+0 tie changes no x - max).
+  __m256 vmax = _mm256_set1_ps(x[0]);
+  int k = 0;
+  for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + k));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float mx = lanes[0];
+  for (int l = 1; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (; k < n; ++k) mx = x[k] > mx ? x[k] : mx;
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
   int i = 0;
@@ -117,7 +101,10 @@ void softmax(float* x, int n) {
     sum += x[i];
   }
   const float inv = 1.0f / sum;
-  for (int j = 0; j < n; ++j) x[j] *= inv;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), vinv));
+  for (; j < n; ++j) x[j] *= inv;
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int n) {
@@ -136,54 +123,28 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }
 
 namespace {
-template <int CHUNKS>
-void accumulate_values(const float* scores, const PagedKv& kv, size_t off, int n, float* out) {
-  __m256 acc[CHUNKS];
-  for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_setzero_ps();
-  for (int j0 = 0, b = 0; j0 < n; j0 += kv.block_tokens, ++b) {
-    const float* row = kv.values + size_t(kv.blocks[b]) * kv.block_stride + off;
-    const int end = std::min(n - j0, kv.block_tokens);
-    for (int o = 0; o < end; ++o, row += kv.row_stride) {
-      const __m256 w = _mm256_set1_ps(scores[j0 + o]);
-#pragma GCC unroll 8
-      for (int c = 0; c < CHUNKS; ++c)
-        acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
-    }
-  }
-  for (int c = 0; c < CHUNKS; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+detail::TileFns tile_fns() {
+  return active_isa() == Isa::Avx512 ? detail::attention_avx512() : detail::attention_avx2();
 }
 }  // namespace
 
+void attend_tile(const HeadTile& tile, int hd, float scale, const PagedKv& kv, size_t head_off,
+                 float* scratch) {
+  const detail::TileFns fns = tile_fns();
+  fns.scores(tile, hd, scale, kv, head_off, scratch);
+  for (int i = 0; i < tile.count; ++i) softmax(tile.scores[i], tile.n[i]);
+  fns.values(tile, hd, kv, head_off);
+}
+
 void attend_head(const float* q, int hd, float scale, const PagedKv& kv, size_t head_off, int n,
                  float* scores, float* out) {
-  for (int j0 = 0, b = 0; j0 < n; j0 += kv.block_tokens, ++b) {
-    const float* row = kv.keys + size_t(kv.blocks[b]) * kv.block_stride + head_off;
-    const int end = std::min(n - j0, kv.block_tokens);
-    int o = 0;
-    // Keys in fours within a block; which keys share a group depends only on
-    // the position, so a query's scores never depend on the batch.
-    for (; o + 4 <= end; o += 4, row += 4 * kv.row_stride) {
-      float d[4];
-      dot4(q, row, row + kv.row_stride, row + 2 * kv.row_stride, row + 3 * kv.row_stride, hd, d);
-      for (int u = 0; u < 4; ++u) scores[j0 + o + u] = d[u] * scale;
-    }
-    for (; o < end; ++o, row += kv.row_stride) scores[j0 + o] = dot(q, row, hd) * scale;
-  }
-  softmax(scores, n);
-  // Register-blocked over 32 then 8 values of the head; every element is the
-  // same FMA chain over positions whatever the blocking.
-  int d = 0;
-  for (; d + 32 <= hd; d += 32) accumulate_values<4>(scores, kv, head_off + size_t(d), n, out + d);
-  for (; d + 8 <= hd; d += 8) accumulate_values<1>(scores, kv, head_off + size_t(d), n, out + d);
-  for (; d < hd; ++d) {
-    float acc = 0.0f;
-    for (int j = 0; j < n; ++j) {
-      const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
-                         size_t(j % kv.block_tokens) * kv.row_stride + head_off;
-      acc = std::fma(scores[j], row[d], acc);
-    }
-    out[d] = acc;
-  }
+  HeadTile tile;
+  tile.count = 1;
+  tile.q[0] = q;
+  tile.n[0] = n;
+  tile.scores[0] = scores;
+  tile.out[0] = out;
+  attend_tile(tile, hd, scale, kv, head_off, nullptr);
 }
 
 RopeTable::RopeTable(int max_pos, int head_dim, float theta) : half_(head_dim / 2) {

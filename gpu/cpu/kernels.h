@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "gpu/cpu/attention_types.h"
 #include "gpu/model_config.h"
 
 namespace troupe::kernels {
@@ -26,22 +27,17 @@ void softmax(float* x, int n);
 // out[i] = silu(gate[i]) * up[i]   (out may alias gate)
 void silu_mul(const float* gate, const float* up, float* out, int n);
 
-// Keys and values of one layer in a paged cache: position j of a sequence
-// lives in block blocks[j / block_tokens], row j % block_tokens.
-struct PagedKv {
-  const float* keys;    // block 0 of this layer's keys
-  const float* values;  // block 0 of this layer's values
-  const int* blocks;
-  int block_tokens;
-  size_t block_stride;  // floats per block
-  size_t row_stride;    // floats per position (kv_dim)
-};
-
 // One query head (head_dim values at q) attends to positions [0, n) of the
 // kv head at head_off: out = softmax(q.k * scale) . v. `scores` needs n
 // floats. Accumulates in registers, in position order per element.
 void attend_head(const float* q, int head_dim, float scale, const PagedKv& kv, size_t head_off,
                  int n, float* scores, float* out);
+
+// The same for every query of a tile at once, sharing each key and value
+// load; each query's output is bit-identical to attend_head's. `scratch`
+// needs tile_scratch_floats(head_dim) floats.
+void attend_tile(const HeadTile& tile, int head_dim, float scale, const PagedKv& kv,
+                 size_t head_off, float* scratch);
 
 // Rotary embedding tables: cos/sin of pos * theta^(-2i/head_dim) for
 // i < head_dim/2, computed in f32 as llama2.c's run.c does.

@@ -77,45 +77,54 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                                            Shape{1, 2000, 192}));
 
 TEST(Gemm, RowsDoNotDependOnBatchSize) {
-  const int N = 77, K = 150, M = 23;
+  const int N = 77, K = 150, M = 30;
   const auto x = random_vec(size_t(M) * K, 3);
   const auto w = random_vec(size_t(N) * K, 4);
-  const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::F32);
   ThreadPool pool(2);
-  std::vector<float> all(size_t(M) * N);
-  matmul(pool, x.data(), M, K, packed, all.data(), N);
-  for (int m = 0; m < M; ++m) {
-    std::vector<float> one(N);
-    matmul(pool, x.data() + size_t(m) * K, 1, K, packed, one.data(), N);
-    for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(m) * N + n]);
+  // 16-bit weights take another path once there are several row blocks
+  // (widened per k block); a row alone must still give the same values.
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+    std::vector<float> all(size_t(M) * N);
+    matmul(pool, x.data(), M, K, packed, all.data(), N);
+    for (int m = 0; m < M; ++m) {
+      std::vector<float> one(N);
+      matmul(pool, x.data() + size_t(m) * K, 1, K, packed, one.data(), N);
+      for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(m) * N + n]) << dtype_name(dt);
+    }
   }
 }
 
 TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
-  const int M = 9, N = 70, K = 130;
-  const auto x = random_vec(size_t(M) * K, 5);
-  auto w = random_vec(size_t(N) * K, 6);
   IsaGuard guard;
   ThreadPool pool(2);
-  for (DType dt : {DType::BF16, DType::F16}) {
-    // Round the weights through the 16-bit type, then the f32 product of the
-    // rounded weights must equal the 16-bit product exactly.
-    std::vector<uint16_t> w16(w.size());
-    convert_from_f32(w.data(), dt, w16.data(), w.size());
-    std::vector<float> rounded(w.size());
-    convert_to_f32(w16.data(), dt, rounded.data(), w.size());
-    const auto p16 = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
-    const auto p32 =
-        PackedMatrix::pack({Tensor::view(rounded.data(), {N, K}, DType::F32)}, DType::F32);
-    EXPECT_EQ(p16.bytes() * 2, p32.bytes());
-    std::vector<float> ref(size_t(M) * N);
-    gemm_panels_scalar(x.data(), M, K, p32, 0, p32.panels(), ref.data(), N);
-    for (Isa isa : supported_isas()) {
-      force_isa(isa);
-      std::vector<float> y(size_t(M) * N);
-      matmul(pool, x.data(), M, K, p16, y.data(), N);
-      for (size_t i = 0; i < y.size(); ++i)
-        ASSERT_EQ(y[i], ref[i]) << dtype_name(dt) << " " << isa_name(isa);
+  // One row block (weights read directly), several with a partial last one,
+  // and K spanning several k blocks of every ISA with a partial last block.
+  for (const Shape s : {Shape{1, 33, 300}, Shape{9, 70, 130}, Shape{40, 200, 600}}) {
+    const int M = s.M, N = s.N, K = s.K;
+    const auto x = random_vec(size_t(M) * K, 5);
+    const auto w = random_vec(size_t(N) * K, 6);
+    for (DType dt : {DType::BF16, DType::F16}) {
+      // Round the weights through the 16-bit type, then the f32 product of the
+      // rounded weights must equal the 16-bit product exactly.
+      std::vector<uint16_t> w16(w.size());
+      convert_from_f32(w.data(), dt, w16.data(), w.size());
+      std::vector<float> rounded(w.size());
+      convert_to_f32(w16.data(), dt, rounded.data(), w.size());
+      const auto p16 = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+      const auto p32 =
+          PackedMatrix::pack({Tensor::view(rounded.data(), {N, K}, DType::F32)}, DType::F32);
+      EXPECT_EQ(p16.bytes() * 2, p32.bytes());
+      std::vector<float> ref(size_t(M) * N);
+      gemm_panels_scalar(x.data(), M, K, p32, 0, p32.panels(), ref.data(), N);
+      for (Isa isa : supported_isas()) {
+        force_isa(isa);
+        std::vector<float> y(size_t(M) * N, -1.0f);
+        matmul(pool, x.data(), M, K, p16, y.data(), N);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(y[i], ref[i]) << dtype_name(dt) << " " << isa_name(isa) << " M=" << M
+                                  << " N=" << N << " K=" << K << " element " << i;
+      }
     }
   }
 }

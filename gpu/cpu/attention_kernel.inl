@@ -1,0 +1,275 @@
+// Attention over a paged KV cache for a tile of query heads that share one
+// kv head, written once over a vector-traits type V and compiled per ISA
+// (attention_avx2.cpp, attention_avx512.cpp). Include inside an anonymous
+// namespace, after <immintrin.h> and attention_types.h.
+//
+// Every value is computed with 8-lane arithmetic in one fixed order, whatever
+// the ISA, the tile's size or its other queries, so a query's output is the
+// same bit for bit in decode, in a prompt chunk and on any machine:
+// - a score q . k is an 8-lane FMA chain over the head, reduced as
+//   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the head's last
+//   (head_dim % 8) values in order; except that within a cache block the last
+//   (positions % 4) keys a query sees are reduced as kernels::dot reduces;
+// - an output element is one FMA chain over positions 0..n-1.
+// A V vector holds V::kQueries groups of 8 lanes. Scores put one query in
+// each group (so wide vectors score several queries against one key);
+// values put consecutive head elements of one query in them.
+//
+// V provides: vec, kQueries, kLanes (= 8 * kQueries), zero(), load(const
+// float*), bcast8(const float*) (8 floats into every group), set1(float),
+// fma(a, b, c), store(float*, vec), groups(vec, __m256* out).
+
+inline int min_int(int a, int b) {
+  return a < b ? a : b;
+}
+
+// The reduction of four 8-lane accumulators, lane u of the result from a_u.
+inline void reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+  const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+  const __m256 s = _mm256_hadd_ps(s01, s23);
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
+
+// One query against keys k0..k3.
+inline void dot4(const float* q, const float* k0, const float* k1, const float* k2,
+                 const float* k3, int n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+  }
+  reduce4(a0, a1, a2, a3, out);
+  for (; i < n; ++i) {
+    out[0] = __builtin_fmaf(q[i], k0[i], out[0]);
+    out[1] = __builtin_fmaf(q[i], k1[i], out[1]);
+    out[2] = __builtin_fmaf(q[i], k2[i], out[2]);
+    out[3] = __builtin_fmaf(q[i], k3[i], out[3]);
+  }
+}
+
+inline const float* key_row(const PagedKv& kv, int block, size_t head_off) {
+  return kv.keys + size_t(kv.blocks[block]) * kv.block_stride + head_off;
+}
+
+// Keys [o, end) of one block for one query: fours, then the remainder.
+inline void score_keys(const float* q, int hd, float scale, const float* row, size_t rs, int o,
+                       int end, float* scores) {
+  for (; o + 4 <= (end & ~3); o += 4) {
+    float d[4];
+    const float* k = row + size_t(o) * rs;
+    dot4(q, k, k + rs, k + 2 * rs, k + 3 * rs, hd, d);
+    for (int u = 0; u < 4; ++u) scores[o + u] = d[u] * scale;
+  }
+  for (; o < end; ++o) scores[o] = dot(q, row + size_t(o) * rs, hd) * scale;
+}
+
+// G vectors of V::kQueries queries each (q[0..G*kQueries), padded by the
+// caller) against the keys, four at a time where every query sees all four.
+template <class V, int G>
+void scores_group(const float* const* q, const int* n, float* const* scores, int hd, float scale,
+                  const PagedKv& kv, size_t head_off, float* qpack) {
+  constexpr int P = V::kQueries, Q = G * P, L = V::kLanes;
+  const int chunks = hd / 8;
+  // Query g * P + p's chunk c is lanes [8p, 8p + 8) of vector (g, c).
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < chunks; ++c)
+      for (int p = 0; p < P; ++p)
+        for (int l = 0; l < 8; ++l)
+          qpack[(size_t(g) * chunks + c) * L + size_t(p) * 8 + l] = q[g * P + p][c * 8 + l];
+  int n_max = 0;
+  for (int i = 0; i < Q; ++i) n_max = n[i] > n_max ? n[i] : n_max;
+  const size_t rs = kv.row_stride;
+  for (int j0 = 0, b = 0; j0 < n_max; j0 += kv.block_tokens, ++b) {
+    const float* row = key_row(kv, b, head_off);
+    int end[Q], shared = kv.block_tokens;
+    for (int i = 0; i < Q; ++i) {
+      end[i] = n[i] - j0 < kv.block_tokens ? n[i] - j0 : kv.block_tokens;
+      if (end[i] < 0) end[i] = 0;
+      shared = min_int(shared, end[i] & ~3);
+    }
+    int o = 0;
+    for (; o + 4 <= shared; o += 4) {
+      const float* k[4];
+      for (int u = 0; u < 4; ++u) k[u] = row + size_t(o + u) * rs;
+      typename V::vec acc[G][4];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) acc[g][u] = V::zero();
+      for (int c = 0; c < chunks; ++c) {
+        typename V::vec kb[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) kb[u] = V::bcast8(k[u] + c * 8);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          const typename V::vec qv = V::load(qpack + (size_t(g) * chunks + c) * L);
+#pragma GCC unroll 4
+          for (int u = 0; u < 4; ++u) acc[g][u] = V::fma(qv, kb[u], acc[g][u]);
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        __m256 part[4][P];
+        for (int u = 0; u < 4; ++u) V::groups(acc[g][u], part[u]);
+        for (int p = 0; p < P; ++p) {
+          const int i = g * P + p;
+          float d[4];
+          reduce4(part[0][p], part[1][p], part[2][p], part[3][p], d);
+          for (int e = chunks * 8; e < hd; ++e)
+            for (int u = 0; u < 4; ++u) d[u] = __builtin_fmaf(q[i][e], k[u][e], d[u]);
+          for (int u = 0; u < 4; ++u) scores[i][j0 + o + u] = d[u] * scale;
+        }
+      }
+    }
+    for (int i = 0; i < Q; ++i)
+      if (end[i] > o) score_keys(q[i], hd, scale, row, rs, o, end[i], scores[i] + j0);
+  }
+}
+
+template <class V, int G>
+void scores_tile(const HeadTile& t, int hd, float scale, const PagedKv& kv, size_t head_off,
+                 float* qpack) {
+  if (t.count == 1) {
+    for (int j0 = 0, b = 0; j0 < t.n[0]; j0 += kv.block_tokens, ++b)
+      score_keys(t.q[0], hd, scale, key_row(kv, b, head_off), kv.row_stride, 0,
+                 min_int(t.n[0] - j0, kv.block_tokens), t.scores[0] + j0);
+    return;
+  }
+  constexpr int P = V::kQueries;
+  for (int first = 0; first < t.count; first += G * P) {
+    const int left = t.count - first;
+    // A short last group repeats its last query: the same values are written
+    // twice to the same place.
+    const float* q[G * P];
+    int n[G * P];
+    float* s[G * P];
+    for (int i = 0; i < G * P; ++i) {
+      const int src = first + min_int(i, left - 1);
+      q[i] = t.q[src];
+      n[i] = t.n[src];
+      s[i] = t.scores[src];
+    }
+    const int groups = (min_int(left, G * P) + P - 1) / P;
+    if constexpr (G > 1) {
+      if (groups < G) {
+        // Fewer queries than a full group: a smaller instantiation, so the
+        // padding costs at most one vector's worth of queries.
+        HeadTile rest = t;
+        rest.count = left;
+        for (int i = 0; i < left; ++i) {
+          rest.q[i] = t.q[first + i];
+          rest.n[i] = t.n[first + i];
+          rest.scores[i] = t.scores[first + i];
+        }
+        return scores_tile<V, G - 1>(rest, hd, scale, kv, head_off, qpack);
+      }
+    }
+    scores_group<V, G>(q, n, s, hd, scale, kv, head_off, qpack);
+  }
+}
+
+// Output elements [d0, d0 + C * W::kLanes) of B queries: W's lanes are
+// consecutive elements of one query.
+template <class W, int B, int C>
+void values_pass(const float* const* scores, const int* n, float* const* out, const PagedKv& kv,
+                 size_t off) {
+  constexpr int L = W::kLanes;
+  int n_min = n[0];
+  for (int i = 1; i < B; ++i) n_min = min_int(n_min, n[i]);
+  typename W::vec acc[B][C];
+#pragma GCC unroll 8
+  for (int i = 0; i < B; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[i][c] = W::zero();
+  for (int j0 = 0, b = 0; j0 < n_min; j0 += kv.block_tokens, ++b) {
+    const float* row = kv.values + size_t(kv.blocks[b]) * kv.block_stride + off;
+    const int end = min_int(n_min - j0, kv.block_tokens);
+    for (int o = 0; o < end; ++o, row += kv.row_stride) {
+      typename W::vec v[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) v[c] = W::load(row + c * L);
+#pragma GCC unroll 8
+      for (int i = 0; i < B; ++i) {
+        const typename W::vec w = W::set1(scores[i][j0 + o]);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[i][c] = W::fma(w, v[c], acc[i][c]);
+      }
+    }
+  }
+  // Positions only some queries see (later tokens of a chunk), query by query.
+#pragma GCC unroll 8
+  for (int i = 0; i < B; ++i) {
+    for (int j = n_min; j < n[i]; ++j) {
+      const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
+                         size_t(j % kv.block_tokens) * kv.row_stride + off;
+      const typename W::vec w = W::set1(scores[i][j]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[i][c] = W::fma(w, W::load(row + c * L), acc[i][c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) W::store(out[i] + c * L, acc[i][c]);
+  }
+}
+
+struct Ymm {
+  using vec = __m256;
+  static constexpr int kQueries = 1, kLanes = 8;
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static vec bcast8(const float* p) { return _mm256_loadu_ps(p); }
+  static vec set1(float v) { return _mm256_set1_ps(v); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  static void groups(vec v, __m256* out) { out[0] = v; }
+};
+
+// B queries' outputs [d0, d0 + W::kLanes * C) and so on down: passes of C
+// vectors, of one vector, of 8 lanes, then element by element.
+template <class W, int B, int C>
+void values_queries(const float* const* scores, const int* n, float* const* out, int hd,
+                    const PagedKv& kv, size_t head_off) {
+  constexpr int L = W::kLanes;
+  float* o[B];
+  int d = 0;
+  auto at = [&](int d0) {
+    for (int i = 0; i < B; ++i) o[i] = out[i] + d0;
+    return head_off + size_t(d0);
+  };
+  for (; d + C * L <= hd; d += C * L) values_pass<W, B, C>(scores, n, o, kv, at(d));
+  for (; d + L <= hd; d += L) values_pass<W, B, 1>(scores, n, o, kv, at(d));
+  if constexpr (L > 8)
+    for (; d + 8 <= hd; d += 8) values_pass<Ymm, B, 1>(scores, n, o, kv, at(d));
+  for (; d < hd; ++d)
+    for (int i = 0; i < B; ++i) {
+      float acc = 0.0f;
+      for (int j = 0; j < n[i]; ++j) {
+        const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
+                           size_t(j % kv.block_tokens) * kv.row_stride + head_off;
+        acc = __builtin_fmaf(scores[i][j], row[d], acc);
+      }
+      out[i][d] = acc;
+    }
+}
+
+// Queries in sets of B (a smaller instantiation for the rest).
+template <class W, int B, int C>
+void values_tile(const HeadTile& t, int hd, const PagedKv& kv, size_t head_off) {
+  int first = 0;
+  for (; first + B <= t.count; first += B)
+    values_queries<W, B, C>(t.scores + first, t.n + first, t.out + first, hd, kv, head_off);
+  if constexpr (B > 1) {
+    if (first < t.count) {
+      HeadTile rest = t;
+      rest.count = t.count - first;
+      for (int i = 0; i < rest.count; ++i) {
+        rest.scores[i] = t.scores[first + i];
+        rest.n[i] = t.n[first + i];
+        rest.out[i] = t.out[first + i];
+      }
+      values_tile<W, B - 1, C>(rest, hd, kv, head_off);
+    }
+  }
+}

@@ -1,0 +1,57 @@
+#pragma once
+// Plain data shared with the per-ISA attention kernels (attention_avx2.cpp,
+// attention_avx512.cpp). Like gemm_types.h: those files are compiled with
+// wider ISA flags, so they see only this POD and call no inline library code.
+#include <cstddef>
+
+namespace troupe::kernels {
+
+// Keys and values of one layer in a paged cache: position j of a sequence
+// lives in block blocks[j / block_tokens], row j % block_tokens.
+struct PagedKv {
+  const float* keys;    // block 0 of this layer's keys
+  const float* values;  // block 0 of this layer's values
+  const int* blocks;
+  int block_tokens;
+  size_t block_stride;  // floats per block
+  size_t row_stride;    // floats per position (kv_dim)
+};
+
+// Query heads that attend to the same kv head of the same sequence (the heads
+// of a grouped-query group, consecutive tokens of a prompt chunk), so that
+// each key and value row is loaded once for all of them.
+constexpr int kTileQueries = 8;
+
+struct HeadTile {
+  int count = 0;
+  const float* q[kTileQueries];  // head_dim values each
+  int n[kTileQueries];           // query i attends to positions [0, n[i])
+  float* scores[kTileQueries];   // n[i] floats each
+  float* out[kTileQueries];      // head_dim values each
+};
+
+// Floats of scratch a tile's scores pass needs for its packed queries.
+constexpr size_t tile_scratch_floats(int head_dim) {
+  return size_t(kTileQueries) * size_t((head_dim + 7) / 8 * 8);
+}
+
+// kernels.h's dot (compiled for the baseline ISA): remainder keys use it.
+float dot(const float* a, const float* b, int n);
+
+namespace detail {
+// scores[i][j] = q_i . k_j * scale, every dot in the one order attend_head
+// has always used; then (after the caller's softmax) out_i = sum_j
+// scores[i][j] v_j, each element one FMA chain over j.
+using TileScoresFn = void (*)(const HeadTile& tile, int head_dim, float scale, const PagedKv& kv,
+                              size_t head_off, float* scratch);
+using TileValuesFn = void (*)(const HeadTile& tile, int head_dim, const PagedKv& kv,
+                              size_t head_off);
+struct TileFns {
+  TileScoresFn scores;
+  TileValuesFn values;
+};
+TileFns attention_avx2();
+TileFns attention_avx512();
+}  // namespace detail
+
+}  // namespace troupe::kernels
