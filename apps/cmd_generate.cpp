@@ -31,6 +31,7 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool echo = false;
+  bool ignore_eos = false;
 };
 
 std::vector<int> parse_ids(const std::string& text, const char* option) {
@@ -113,6 +114,7 @@ void run_generate(const GenerateOptions& o) {
     spdlog::debug("prompt ids: {}", ids);
   }
   req.max_tokens = o.max_tokens;
+  req.ignore_eos = o.ignore_eos;
   req.sampling.temperature = o.temperature;
   req.sampling.top_p = o.top_p;
   req.sampling.top_k = o.top_k;
@@ -182,6 +184,8 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ids", opts->print_ids,
                 "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");
+  cmd->add_flag("--ignore-eos", opts->ignore_eos,
+                "Keep generating past EOS until --max-tokens (as the API's ignore_eos)");
   cmd->add_option("--dtype", opts->engine.dtype,
                   "Weights in memory: f32 | f16 | bf16 (default: the config's model.dtype)");
   cmd->add_option("--threads", opts->engine.threads,

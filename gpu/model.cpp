@@ -17,13 +17,6 @@ std::vector<float> norm_weights(const Tensor& t) {
   return t.to_f32();
 }
 
-// [begin, end) of `n` items split over `parts`, the first ones one larger.
-std::pair<int, int> even_range(int n, int parts, int index) {
-  const int base = n / parts, extra = n % parts;
-  const int begin = index * base + std::min(index, extra);
-  return {begin, begin + base + (index < extra ? 1 : 0)};
-}
-
 // Per-token work: inline for a handful of tokens, where waking the pool
 // costs more than the work itself.
 template <class Fn>
@@ -39,9 +32,37 @@ void for_each_token(ThreadPool& pool, int tokens, Fn&& fn) {
 
 namespace {
 
+// The FFN's columns are cut into pieces, one per attention head (one per
+// column when there are fewer columns): the down projection sums one chain
+// per piece in order, and tensor shards hold whole pieces, as they hold
+// whole heads of the output projection. Then the shards' partial products,
+// added piece by piece, are the one-device product bit for bit.
+int ffn_pieces(const ModelConfig& c) {
+  return std::min(c.n_heads, c.hidden_dim);
+}
+
+// Where FFN piece p begins (p == ffn_pieces: the width). Boundaries fall on
+// multiples of 16 columns when the pieces are wide enough, so that every
+// tensor shard's slice keeps aligned rows (1024 + 1024 of 2048 columns over
+// 12 pieces, not 1026 + 1022).
+int ffn_piece_begin(const ModelConfig& c, int p) {
+  const int pieces = ffn_pieces(c);
+  if (p >= pieces) return c.hidden_dim;
+  const int granule = c.hidden_dim >= 32 * pieces ? 16 : 1;
+  return int(int64_t(p) * c.hidden_dim / pieces / granule * granule);
+}
+
+// Boundaries of pieces [p0, p1) relative to the first, from begin(p).
+template <class Begin>
+std::vector<int> piece_bounds(int p0, int p1, Begin&& begin) {
+  std::vector<int> bounds;
+  for (int p = p0; p <= p1; ++p) bounds.push_back(begin(p) - begin(p0));
+  return bounds;
+}
+
 bool tensor_fits(const ModelConfig& c, int t) {
   const bool kv_ok = c.n_kv_heads % t == 0 || t % c.n_kv_heads == 0;
-  return c.n_heads % t == 0 && kv_ok && t <= c.hidden_dim && t <= c.vocab_size;
+  return c.n_heads % t == 0 && kv_ok && ffn_pieces(c) % t == 0 && t <= c.vocab_size;
 }
 
 }  // namespace
@@ -68,9 +89,11 @@ void check_layout_fits(const ModelConfig& c, int pipeline, int t) {
     else if (c.n_kv_heads % t != 0 && t % c.n_kv_heads != 0)
       why = tensor + " can neither split nor evenly replicate the model's " +
             std::to_string(c.n_kv_heads) + " KV heads";
+    else if (ffn_pieces(c) % t != 0)
+      why = tensor + " does not divide the model's FFN width of " + std::to_string(c.hidden_dim) +
+            " (fewer columns than heads)";
     else
-      why = tensor + " is more than the model's FFN width of " + std::to_string(c.hidden_dim) +
-            " or vocabulary of " + std::to_string(c.vocab_size);
+      why = tensor + " is more than the model's vocabulary of " + std::to_string(c.vocab_size);
     throw LayoutMisfit(Axis::Tensor, why + "; tensor degrees that fit this model: " + fits);
   }
   if (pipeline > c.n_layers)
@@ -106,8 +129,9 @@ ShardDims shard_dims(const ModelConfig& c, const ShardSpec& spec) {
     d.kv_heads = 1;
     d.kv_head_begin = d.head_begin / (c.n_heads / c.n_kv_heads);
   }
-  std::tie(d.hidden_begin, d.hidden) = even_range(c.hidden_dim, T, spec.tp_rank);
-  d.hidden -= d.hidden_begin;
+  const int per_shard = ffn_pieces(c) / T;
+  d.hidden_begin = ffn_piece_begin(c, spec.tp_rank * per_shard);
+  d.hidden = ffn_piece_begin(c, (spec.tp_rank + 1) * per_shard) - d.hidden_begin;
   d.vocab_stride = (c.vocab_size + T - 1) / T;
   d.vocab_begin = std::min(c.vocab_size, spec.tp_rank * d.vocab_stride);
   d.vocab = std::min(c.vocab_size, d.vocab_begin + d.vocab_stride) - d.vocab_begin;
@@ -163,8 +187,12 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     w.wqkv =
         PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
     w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype);
+    w.wo.set_pieces(piece_bounds(0, d.heads, [&](int h) { return h * int(hd); }));
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
     w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
+    const int per_shard = ffn_pieces(config_) / shard.tp_size;
+    w.down.set_pieces(piece_bounds(shard.tp_rank * per_shard, (shard.tp_rank + 1) * per_shard,
+                                   [&](int p) { return ffn_piece_begin(config_, p); }));
     layers_.push_back(std::move(w));
   }
   if (d.last) {
@@ -340,10 +368,25 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     const auto& in = inputs[size_t(ws.seq_of[size_t(t)])];
     return in.tokens[size_t(ws.pos[size_t(t)] - in.cache->length)];
   };
-  // Partial sums of row-split projections (and embedding slices) add up
-  // across the group, in rank order, to the same value on every rank.
+  // Embedding slices (one rank's row, zeros elsewhere) add up across the
+  // group to the row itself.
   auto reduce = [&](float* data, size_t n) {
     if (io.tp) io.tp->all_reduce_sum(data, n);
+  };
+  // The output and down projections, whose inputs (heads, FFN columns) the
+  // group splits: their pieces are summed in the one-device order. Rank 0
+  // sums its own pieces in the product; the others keep theirs apart to add
+  // onto the sum of the ranks before them.
+  auto row_parallel = [&](const PackedMatrix& m, const float* in, int ldx, float* out) {
+    const size_t n = size_t(T) * size_t(c.dim);
+    if (!io.tp || io.tp->rank() == 0) {
+      matmul(pool, in, T, ldx, m, out, c.dim);
+      if (io.tp) sum_in_piece_order(*io.tp, out, nullptr, 0, n);
+      return;
+    }
+    if (ws.pieces.size() < size_t(m.pieces()) * n) ws.pieces.resize(size_t(m.pieces()) * n);
+    matmul(pool, in, T, ldx, m, ws.pieces.data(), c.dim, n);
+    sum_in_piece_order(*io.tp, out, ws.pieces.data(), m.pieces(), n);
   };
 
   const int dim = c.dim, hd = c.head_dim;
@@ -384,8 +427,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       std::copy(row + qd + kvd, row + qd + 2 * kvd, cache.value(li, seq, pos));
     });
     attention(li, inputs, cache, pool, ws);
-    matmul(pool, ws.att.data(), T, qd, w.wo, tmp, dim);
-    reduce(tmp, size_t(T) * size_t(dim));
+    row_parallel(w.wo, ws.att.data(), qd, tmp);
     for_each_token(pool, T, [&](int t) {
       float* xr = x + size_t(t) * size_t(dim);
       const float* dlt = tmp + size_t(t) * size_t(dim);
@@ -397,8 +439,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       float* h = ws.hb.data() + size_t(t) * size_t(2 * hidden);
       kernels::silu_mul(h, h + hidden, h, hidden);
     });
-    matmul(pool, ws.hb.data(), T, 2 * hidden, w.down, tmp, dim);
-    reduce(tmp, size_t(T) * size_t(dim));
+    row_parallel(w.down, ws.hb.data(), 2 * hidden, tmp);
     for_each_token(pool, T, [&](int t) {
       float* xr = x + size_t(t) * size_t(dim);
       const float* dlt = tmp + size_t(t) * size_t(dim);

@@ -89,6 +89,7 @@ class Workspace {
   void ensure(const ModelConfig& c, const ShardDims& d, int tokens, int outputs, int threads);
 
   std::vector<float> x, xb, qkv, att, hb, tmp, final_in, logits;
+  std::vector<float> pieces;  // a tensor rank's row-parallel pieces, apart
   // Per thread: a tile's scores (kTileQueries rows of max_seq_len), then
   // the kernel's scratch.
   std::vector<std::vector<float>> scores;

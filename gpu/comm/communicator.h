@@ -106,6 +106,15 @@ class Communicator {
   std::atomic<uint64_t> nanos_{0};
 };
 
+// The in-order sum of every rank's pieces (ranks in order, each rank's
+// pieces in order), on every rank: rank 0 passes the in-order sum of its own
+// pieces in `data`; every other rank passes its `count` pieces of n floats
+// (pieces + i * n) and gets the total in `data`. Each rank adds its pieces
+// onto the sum of the ranks before it (a chain of sends), and the last
+// broadcasts: unlike all_reduce_sum, the result equals summing all the
+// pieces one after the other on one device, whatever the number of ranks.
+void sum_in_piece_order(Communicator& comm, float* data, const float* pieces, int count, size_t n);
+
 // Runs make(rank) for every rank at once, each on its own thread, and
 // returns the communicators in the order of `ranks`: joining a group (a
 // rendezvous, NCCL's init) returns only once every rank has joined. The

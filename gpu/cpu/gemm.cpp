@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 namespace troupe {
 
@@ -65,37 +66,41 @@ void force_isa(Isa isa) {
 }
 
 void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
-                        float* y, int ldy) {
-  const int K = w.cols();
+                        float* y, int ldy, size_t piece_stride) {
+  const std::vector<int> bounds =
+      w.piece_bounds().empty() ? std::vector<int>{0, w.cols()} : w.piece_bounds();
   for (int p = p0; p < p1; ++p) {
     for (int lane = 0; lane < kPanel; ++lane) {
       const int n = p * kPanel + lane;
       if (n >= w.rows()) break;
       for (int m = 0; m < M; ++m) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k)
-          acc = std::fma(x[size_t(m) * size_t(ldx) + size_t(k)],
-                         load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);
-        y[size_t(m) * size_t(ldy) + size_t(n)] = acc;
+        for (size_t piece = 0; piece + 1 < bounds.size(); ++piece) {
+          float acc = 0.0f;
+          for (int k = bounds[piece]; k < bounds[piece + 1]; ++k)
+            acc = std::fma(x[size_t(m) * size_t(ldx) + size_t(k)],
+                           load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);
+          float& out = y[piece * piece_stride + size_t(m) * size_t(ldy) + size_t(n)];
+          out = piece > 0 && piece_stride == 0 ? out + acc : acc;
+        }
       }
     }
   }
 }
 
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
-                 int ldy, uint64_t pack_tag) {
+                 int ldy, uint64_t pack_tag, size_t piece_stride) {
   switch (active_isa()) {
     case Isa::Avx512:
-      return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag);
+      return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag, piece_stride);
     case Isa::Avx2:
-      return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag);
+      return detail::gemm_avx2()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag, piece_stride);
     case Isa::Scalar:
-      return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy);
+      return gemm_panels_scalar(x, M, ldx, w, p0, p1, y, ldy, piece_stride);
   }
 }
 
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
-            int ldy) {
+            int ldy, size_t piece_stride) {
   const int panels = w.panels();
   // Small M (decode): chunks of 4 panels, many more than threads, so fast
   // threads take over slow ones. Large M (prefill): each chunk packs its copy
@@ -111,7 +116,7 @@ void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix
   const uint64_t tag = next_tag.fetch_add(1, std::memory_order_relaxed);
   pool.parallel_for(chunks, [&](int c, int) {
     const int p0 = c * chunk, p1 = std::min(panels, p0 + chunk);
-    gemm_panels(x, M, ldx, w, p0, p1, y, ldy, tag);
+    gemm_panels(x, M, ldx, w, p0, p1, y, ldy, tag, piece_stride);
   });
 }
 

@@ -15,14 +15,16 @@ void force_isa(Isa isa);  // for tests and benchmarks; throws if unsupported
 
 // Rows m < M of x (row stride ldx) times panels [p0, p1) of w, written to the
 // matching columns of y (row stride ldy). Columns past w.rows() are not written.
-// pack_tag: see detail::GemmFn (0: no reuse).
+// A matrix cut into pieces of k (PackedMatrix::set_pieces) sums its pieces'
+// chains in order, or with piece_stride > 0 writes piece p at y + p *
+// piece_stride. pack_tag: see detail::GemmFn (0: no reuse).
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
-                 int ldy, uint64_t pack_tag = 0);
+                 int ldy, uint64_t pack_tag = 0, size_t piece_stride = 0);
 void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
-                        float* y, int ldy);
+                        float* y, int ldy, size_t piece_stride = 0);
 
 // The whole product, split over the pool's threads by panels.
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
-            int ldy);
+            int ldy, size_t piece_stride = 0);
 
 }  // namespace troupe

@@ -21,6 +21,7 @@ struct Avx2 {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static vec set1(float v) { return _mm256_set1_ps(v); }
+  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
 };
@@ -28,9 +29,9 @@ struct Avx2 {
 #include "gpu/cpu/gemm_kernel.inl"
 
 void gemm_avx2_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                    int ldy, uint64_t pack_tag) {
+                    int ldy, uint64_t pack_tag, size_t piece_stride) {
   // 3 rows x 2 panels = 12 accumulators of 16 ymm registers.
-  gemm_dispatch<Avx2, 3, 2, 256>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
+  gemm_dispatch<Avx2, 3, 2, 256>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ struct Avx512 {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static vec set1(float v) { return _mm512_set1_ps(v); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
 };
@@ -29,9 +30,9 @@ struct Avx512 {
 #include "gpu/cpu/gemm_kernel.inl"
 
 void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                      int ldy, uint64_t pack_tag) {
+                      int ldy, uint64_t pack_tag, size_t piece_stride) {
   // 6 rows x 4 panels = 24 accumulators of 32 zmm registers.
-  gemm_dispatch<Avx512, 6, 4, 128>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
+  gemm_dispatch<Avx512, 6, 4, 128>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // anonymous namespace.
 //
 // V provides: vec, kLanes, zero(), load(const float*), load_bf16(const
-// uint16_t*), load_f16(const uint16_t*), set1(float), fma(a, b, c), store.
+// uint16_t*), load_f16(const uint16_t*), set1(float), fma(a, b, c), add(a, b),
+// store.
 
 #ifndef TROUPE_PREFETCH_BYTES
 #define TROUPE_PREFETCH_BYTES 2048
@@ -24,34 +25,42 @@ inline typename V::vec load_w(const void* base, size_t index) {
 // R rows of x times NP consecutive panels (each K rows of kPanel weights),
 // over k in [k0, k1). Element (m, k) of x is x[m * sm + k * sk], which serves
 // both x as given (sm = ldx, sk = 1) and x packed by row block (sm = 1,
-// sk = rows). Without `accumulate` the chains start from zero; with it they
-// continue from y, which holds exact f32 partial sums of earlier k blocks, so
-// the result equals one unblocked chain.
+// sk = rows). The chains start from zero, or with `from` (row stride ldf)
+// continue from exact f32 partial sums of earlier k blocks, so that blocked
+// chains equal one unblocked chain. The result is stored to y, or with `add`
+// added to what y holds (the next piece of a sum over pieces).
 template <class V, DType WT, int R, int NP>
 void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
-                  float* y, int ldy, int valid_cols, bool accumulate, bool prefetch) {
+                  const float* from, int ldf, float* y, int ldy, int valid_cols, bool add,
+                  bool prefetch) {
   constexpr int VPP = kPanel / V::kLanes;  // vectors per panel
   constexpr int NV = NP * VPP;
   constexpr int width = NP * kPanel;
   typename V::vec acc[R][NV];
   alignas(64) float tmp[width];
-  if (!accumulate) {
+  // Rows of a tile (row stride ld) into vectors; columns past valid_cols as 0.
+  auto load_tile = [&](const float* t, int ld, typename V::vec(&out)[R][NV]) {
+    if (valid_cols >= width) {
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j)
+          out[m][j] = V::load(t + size_t(m) * size_t(ld) + size_t(j) * V::kLanes);
+    } else {
+      for (int m = 0; m < R; ++m) {
+        for (int c = 0; c < width; ++c)
+          tmp[c] = c < valid_cols ? t[size_t(m) * size_t(ld) + size_t(c)] : 0.0f;
+        for (int j = 0; j < NV; ++j) out[m][j] = V::load(tmp + j * V::kLanes);
+      }
+    }
+  };
+  if (!from) {
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
-  } else if (valid_cols >= width) {
-#pragma GCC unroll 16
-    for (int m = 0; m < R; ++m)
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j)
-        acc[m][j] = V::load(y + size_t(m) * size_t(ldy) + size_t(j) * V::kLanes);
   } else {
-    for (int m = 0; m < R; ++m) {
-      for (int c = 0; c < width; ++c)
-        tmp[c] = c < valid_cols ? y[size_t(m) * size_t(ldy) + size_t(c)] : 0.0f;
-      for (int j = 0; j < NV; ++j) acc[m][j] = V::load(tmp + j * V::kLanes);
-    }
+    load_tile(from, ldf, acc);
   }
   const size_t panel_stride = size_t(K) * kPanel;
   for (int k = k0; k < k1; ++k) {
@@ -83,6 +92,14 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
       for (int j = 0; j < NV; ++j) acc[m][j] = V::fma(xb, w[j], acc[m][j]);
     }
   }
+  if (add) {
+    typename V::vec prev[R][NV];
+    load_tile(y, ldy, prev);
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[m][j] = V::add(prev[m][j], acc[m][j]);
+  }
   if (valid_cols >= width) {
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m)
@@ -100,14 +117,15 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
 // Calls the kernel instantiated for exactly `rows` (1..R) rows.
 template <class V, DType WT, int R, int NP>
 void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* panels, int K, int k0,
-                 int k1, float* y, int ldy, int valid_cols, bool accumulate, bool prefetch) {
+                 int k1, const float* from, int ldf, float* y, int ldy, int valid_cols, bool add,
+                 bool prefetch) {
   if constexpr (R > 0) {
     if (rows == R)
-      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols, accumulate,
+      micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, from, ldf, y, ldy, valid_cols, add,
                                  prefetch);
     else
-      rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, y, ldy, valid_cols,
-                                    accumulate, prefetch);
+      rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, from, ldf, y, ldy,
+                                    valid_cols, add, prefetch);
   }
 }
 
@@ -184,15 +202,59 @@ float* widen_buffer() {
 // it saves (measured with bench_kernels: the break-even is near 4 blocks).
 constexpr int kWidenRowBlocks = 4;
 
+// Where the pieces of a product go (see PanelsRef::piece_k): with stride 0
+// their chains are summed into y in piece order, else piece p's chain is
+// stored at y + p * stride. A piece's chain that spans several k blocks
+// keeps its partial sums in y when nothing else is there yet, otherwise in
+// a scratch tile of its own.
+struct PieceOut {
+  float* y;
+  int ldy;
+  size_t stride;
+  float* scratch;  // rows x panel-group width
+  int ld_scratch;
+  float* out(int p) const { return y + size_t(p) * stride; }
+  bool adds(int p) const { return stride == 0 && p > 0; }
+};
+
+inline int piece_begin(const PanelsRef& w, int p) {
+  return w.pieces > 0 ? w.piece_k[p] : 0;
+}
+inline int piece_end(const PanelsRef& w, int p) {
+  return w.pieces > 0 ? w.piece_k[p + 1] : w.cols;
+}
+
+// One row block over k block [k0, k1) of piece p, the block's weights at
+// `panels` (K rows each, of which [wk0, wk0 + k1 - k0) are this block's).
+template <class V, DType WT, int MR, int NP>
+void piece_block(int rows, const float* xb, size_t sm, size_t sk, const void* panels, int K,
+                 int wk0, int k0, int k1, int p, const PanelsRef& w, const PieceOut& o, int m0,
+                 int valid, bool prefetch) {
+  const bool first = k0 == piece_begin(w, p), last = k1 == piece_end(w, p);
+  float* dst = o.out(p) + size_t(m0) * size_t(o.ldy);
+  // Partial sums of this piece: in its output unless that holds earlier pieces.
+  float* part = o.adds(p) ? o.scratch + size_t(m0) * size_t(o.ld_scratch) : dst;
+  const int ldp = o.adds(p) ? o.ld_scratch : o.ldy;
+  rows_kernel<V, WT, MR, NP>(rows, xb, sm, sk, panels, K, wk0, wk0 + (k1 - k0),
+                             first ? nullptr : part, ldp, last ? dst : part, last ? o.ldy : ldp,
+                             valid, last && o.adds(p), prefetch);
+}
+
 template <class V, DType WT, int MR, int NP, int KB>
-void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const PanelsRef& w, int p,
-                      float* y, int ldy) {
+void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const PanelsRef& w, int pg,
+                      PieceOut o) {
   const int K = w.cols;
-  const int left = w.rows - p * kPanel;
+  const int left = w.rows - pg * kPanel;
   const int valid = left < NP * kPanel ? left : NP * kPanel;
-  const void* panels = panel_ptr<WT>(w, p);
+  const void* panels = panel_ptr<WT>(w, pg);
+  const int pieces = w.pieces > 0 ? w.pieces : 1;
+  o.y += size_t(pg) * kPanel;
   if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
-    rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, y, ldy, valid, false, true);
+    for (int p = 0; p < pieces; ++p) {
+      const int k0 = piece_begin(w, p), k1 = piece_end(w, p);
+      rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, k0, k1, nullptr, 0, o.out(p),
+                                 o.ldy, valid, o.adds(p), true);
+    }
     return;
   }
   if constexpr (WT != DType::F32) {
@@ -200,49 +262,61 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
       // A widened block takes twice the bytes: half the rows keep it in L1.
       constexpr int KBW = KB / 2;
       float* wide = widen_buffer<NP, KBW>();
-      for (int k0 = 0; k0 < K; k0 += KBW) {
-        const int k1 = k0 + KBW < K ? k0 + KBW : K;
-        widen_block<V, WT, NP>(panels, K, k0, k1, wide);
-        for (int m0 = 0; m0 < M; m0 += MR) {
-          const int rows = M - m0 < MR ? M - m0 : MR;
-          rows_kernel<V, DType::F32, MR, NP>(
-              rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows), wide,
-              k1 - k0, 0, k1 - k0, y + size_t(m0) * size_t(ldy), ldy, valid, k0 > 0, false);
+      for (int p = 0; p < pieces; ++p)
+        for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KBW) {
+          const int k1 = k0 + KBW < piece_end(w, p) ? k0 + KBW : piece_end(w, p);
+          widen_block<V, WT, NP>(panels, K, k0, k1, wide);
+          for (int m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? M - m0 : MR;
+            piece_block<V, DType::F32, MR, NP>(
+                rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows),
+                wide, k1 - k0, 0, k0, k1, p, w, o, m0, valid, false);
+          }
         }
-      }
       return;
     }
   }
-  for (int k0 = 0; k0 < K; k0 += KB) {
-    const int k1 = k0 + KB < K ? k0 + KB : K;
-    for (int m0 = 0; m0 < M; m0 += MR) {
-      const int rows = M - m0 < MR ? M - m0 : MR;
-      rows_kernel<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K, k0,
-                                 k1, y + size_t(m0) * size_t(ldy), ldy, valid, k0 > 0, m0 == 0);
+  for (int p = 0; p < pieces; ++p)
+    for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KB) {
+      const int k1 = k0 + KB < piece_end(w, p) ? k0 + KB : piece_end(w, p);
+      for (int m0 = 0; m0 < M; m0 += MR) {
+        const int rows = M - m0 < MR ? M - m0 : MR;
+        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K,
+                                   k0, k0, k1, p, w, o, m0, valid, m0 == 0);
+      }
     }
-  }
+}
+
+// A per-thread scratch tile for pieces whose chains span several k blocks.
+template <int NP>
+float* piece_scratch(int M) {
+  static thread_local PackBuffer buffer;
+  return buffer.get(size_t(M) * NP * kPanel);
 }
 
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                int ldy, uint64_t pack_tag) {
+                int ldy, uint64_t pack_tag, size_t piece_stride) {
   const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
+  PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
+  if (xp && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
   int p = p0;
-  for (; p + NP <= p1; p += NP)
-    gemm_panel_group<V, WT, MR, NP, KB>(x, M, ldx, xp, w, p, y + size_t(p) * kPanel, ldy);
-  for (; p < p1; ++p)
-    gemm_panel_group<V, WT, MR, 1, KB>(x, M, ldx, xp, w, p, y + size_t(p) * kPanel, ldy);
+  for (; p + NP <= p1; p += NP) gemm_panel_group<V, WT, MR, NP, KB>(x, M, ldx, xp, w, p, o);
+  for (; p < p1; ++p) gemm_panel_group<V, WT, MR, 1, KB>(x, M, ldx, xp, w, p, o);
 }
 
 template <class V, int MR, int NP, int KB>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
-                   int ldy, uint64_t pack_tag) {
+                   int ldy, uint64_t pack_tag, size_t piece_stride) {
   switch (w.dtype) {
     case DType::F32:
-      return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
+      return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
+                                                   piece_stride);
     case DType::BF16:
-      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
+      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
+                                                    piece_stride);
     case DType::F16:
-      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag);
+      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
+                                                   piece_stride);
   }
 }

@@ -1,6 +1,7 @@
 #include "gpu/cpu/packed_matrix.h"
 
 #include <stdexcept>
+#include <string>
 
 namespace troupe {
 
@@ -37,6 +38,16 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     }
   }
   return m;
+}
+
+void PackedMatrix::set_pieces(std::vector<int> bounds) {
+  if (bounds.size() < 2 || bounds.front() != 0 || bounds.back() != cols_)
+    throw std::invalid_argument("PackedMatrix::set_pieces: bounds must run from 0 to " +
+                                std::to_string(cols_));
+  for (size_t i = 1; i < bounds.size(); ++i)
+    if (bounds[i] <= bounds[i - 1])
+      throw std::invalid_argument("PackedMatrix::set_pieces: bounds must increase");
+  piece_k_ = bounds.size() == 2 ? std::vector<int>{} : std::move(bounds);
 }
 
 void PackedMatrix::row_to_f32(int n, float* out) const {

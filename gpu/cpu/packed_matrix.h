@@ -28,13 +28,28 @@ class PackedMatrix {
     return static_cast<const char*>(data_.raw()) +
            size_t(p) * size_t(cols_) * kPanel * dtype_size(dtype());
   }
-  PanelsRef ref() const { return PanelsRef{data_.raw(), rows_, cols_, dtype()}; }
+  // Cuts k into pieces [bounds[i], bounds[i + 1]) (bounds run from 0 to
+  // cols(), increasing): a product is then the in-order sum of one FMA chain
+  // per piece (gemm.h). Tensor-parallel shards hold whole pieces, so that
+  // their partial products, added piece by piece, give the one-device value.
+  void set_pieces(std::vector<int> bounds);
+  const std::vector<int>& piece_bounds() const { return piece_k_; }
+  int pieces() const { return piece_k_.empty() ? 1 : int(piece_k_.size()) - 1; }
+  PanelsRef ref() const {
+    return PanelsRef{data_.raw(),
+                     rows_,
+                     cols_,
+                     dtype(),
+                     piece_k_.empty() ? nullptr : piece_k_.data(),
+                     piece_k_.empty() ? 0 : int(piece_k_.size()) - 1};
+  }
   // Row n as f32 (for embedding lookups from a tied classifier).
   void row_to_f32(int n, float* out) const;
 
  private:
   int rows_ = 0;
   int cols_ = 0;
+  std::vector<int> piece_k_;  // empty: one piece
   Tensor data_;
 };
 

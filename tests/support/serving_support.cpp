@@ -108,10 +108,13 @@ std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
   return std::make_unique<ChildProcess>(argv);
 }
 
-std::string generate_text(const std::string& prompt, int max_tokens) {
-  auto r = run_command({troupe_binary(), "generate", "--model", model_path("fortune").string(),
-                        "--prompt", prompt, "--max-tokens", std::to_string(max_tokens),
-                        "--temperature", "0"});
+std::string generate_text(const std::string& prompt, int max_tokens,
+                          const std::vector<std::string>& sampling) {
+  std::vector<std::string> args{
+      troupe_binary(), "generate", "--model",      model_path("fortune").string(),
+      "--prompt",      prompt,     "--max-tokens", std::to_string(max_tokens)};
+  args.insert(args.end(), sampling.begin(), sampling.end());
+  auto r = run_command(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.out.substr(0, r.out.size() - 1);  // generate adds a newline
 }

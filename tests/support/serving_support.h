@@ -49,8 +49,10 @@ Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s = 60);
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
                                          std::vector<std::string> sets = {});
 
-// `troupe generate` greedy text of the bundled model.
-std::string generate_text(const std::string& prompt, int max_tokens);
+// `troupe generate`'s text of the bundled model: greedy, or as `sampling`
+// (its flags, e.g. {"--temperature", "0.8", "--seed", "15"}) says.
+std::string generate_text(const std::string& prompt, int max_tokens,
+                          const std::vector<std::string>& sampling = {"--temperature", "0"});
 
 // The text of an SSE completion stream, checking its shape on the way (one
 // finish_reason, data: [DONE] last).

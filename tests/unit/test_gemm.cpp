@@ -129,6 +129,73 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
   }
 }
 
+// A product cut into pieces of k sums one chain per piece, in order; with a
+// piece stride each piece's chains land in their own block. Shards that hold
+// whole pieces (the columns of k a tensor-parallel rank holds) and add their
+// pieces in order onto the sum so far give the whole product's value.
+TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  // Pieces shorter and longer than every ISA's k block; one row block (read
+  // directly), several, and enough for 16-bit weights to be widened.
+  const int N = 70, K = 700;
+  const std::vector<int> bounds{0, 40, 300, 310, 700};
+  for (int M : {1, 9, 40}) {
+    const auto x = random_vec(size_t(M) * K, 21);
+    const auto w = random_vec(size_t(N) * K, 22);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      auto whole = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+      whole.set_pieces(bounds);
+      std::vector<float> ref(size_t(M) * N), ref_pieces(4 * size_t(M) * N);
+      gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref.data(), N);
+      gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref_pieces.data(), N,
+                         size_t(M) * N);
+      // The scalar reference is what it says: piece by piece, then in order.
+      for (size_t i = 0; i < ref.size(); ++i) {
+        float sum = ref_pieces[i];
+        for (size_t p = 1; p < 4; ++p) sum += ref_pieces[p * ref.size() + i];
+        ASSERT_EQ(sum, ref[i]);
+      }
+      // Two shards: pieces {0, 1} and {2, 3}, each a matrix of its columns.
+      std::vector<float> left(size_t(N) * 300), right(size_t(N) * 400);
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k)
+          (k < 300 ? left[size_t(n) * 300 + size_t(k)] : right[size_t(n) * 400 + size_t(k - 300)]) =
+              w[size_t(n) * K + size_t(k)];
+      auto a = PackedMatrix::pack({Tensor::view(left.data(), {N, 300}, DType::F32)}, dt);
+      auto b = PackedMatrix::pack({Tensor::view(right.data(), {N, 400}, DType::F32)}, dt);
+      a.set_pieces({0, 40, 300});
+      b.set_pieces({0, 10, 400});
+      std::vector<float> xa(size_t(M) * 300), xb(size_t(M) * 400);
+      for (int m = 0; m < M; ++m)
+        for (int k = 0; k < K; ++k)
+          (k < 300 ? xa[size_t(m) * 300 + size_t(k)] : xb[size_t(m) * 400 + size_t(k - 300)]) =
+              x[size_t(m) * K + size_t(k)];
+      for (Isa isa : supported_isas()) {
+        force_isa(isa);
+        std::vector<float> y(size_t(M) * N, -1.0f), pieces(4 * size_t(M) * N, -1.0f);
+        matmul(pool, x.data(), M, K, whole, y.data(), N);
+        matmul(pool, x.data(), M, K, whole, pieces.data(), N, size_t(M) * N);
+        std::vector<float> sa(size_t(M) * N), sb(2 * size_t(M) * N);
+        matmul(pool, xa.data(), M, 300, a, sa.data(), N);
+        matmul(pool, xb.data(), M, 400, b, sb.data(), N, size_t(M) * N);
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(y[i], ref[i]) << isa_name(isa) << " " << dtype_name(dt) << " M=" << M;
+          for (size_t p = 0; p < 4; ++p)
+            ASSERT_EQ(pieces[p * y.size() + i], ref_pieces[p * y.size() + i]) << isa_name(isa);
+          const float shards = (sa[i] + sb[i]) + sb[y.size() + i];
+          ASSERT_EQ(shards, y[i]) << isa_name(isa) << " " << dtype_name(dt) << " M=" << M;
+        }
+      }
+    }
+  }
+  PackedMatrix m = PackedMatrix::pack(
+      {Tensor::view(std::vector<float>(8).data(), {2, 4}, DType::F32)}, DType::F32);
+  EXPECT_THROW(m.set_pieces({0, 2}), std::invalid_argument);
+  EXPECT_THROW(m.set_pieces({0, 3, 3, 4}), std::invalid_argument);
+  EXPECT_THROW(m.set_pieces({1, 4}), std::invalid_argument);
+}
+
 TEST(Gemm, StackedBlocksAndRowReadBack) {
   const int K = 20;
   const auto a = random_vec(size_t(5) * K, 7), b = random_vec(size_t(19) * K, 8);
