@@ -2,10 +2,17 @@
 // 127.0.0.1 behind link proxies), and the admin endpoint it drives, over
 // real HTTP.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "support/serving_support.h"
 #include "support/test_support.h"
@@ -139,6 +146,119 @@ TEST(Chaos, ABadPlanIsRefusedNamingTheKey) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.stderr_text.find("faults[0].kind"), std::string::npos) << r.stderr_text;
   EXPECT_NE(r.stderr_text.find("process_kill"), std::string::npos) << r.stderr_text;
+}
+
+// The pids whose parent is `pid`, from /proc.
+std::vector<int> children_of(int pid) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Gone, or a zombie nobody reaped yet: not running, not stopped.
+bool dead(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return true;
+  const size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() &&
+         (text[close + 2] == 'Z' || text[close + 2] == 'X');
+}
+
+// kill -9 of troupe chaos while it holds a node stopped: the node (and the
+// coordinator) die with it instead of living on, stopped, as orphans.
+TEST(Chaos, ItsProcessesDieWithTheHarnessEvenAStoppedNode) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("troupe-chaos-kill-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  ChildProcess p(
+      {test::troupe_binary(), "chaos", (test::data_path("chaos") / "stopped-node.yaml").string(),
+       "--duration", "60", "--run-dir", dir.string()},
+      "", test::source_dir().string());
+  ASSERT_NE(p.wait_for_line("fault 0: process_stop node-1", 120), "") << p.stderr_so_far();
+  const std::vector<int> kids = children_of(p.pid());
+  ASSERT_EQ(kids.size(), 2u) << p.stderr_so_far();  // the coordinator and node-1
+  bool stopped = false;
+  for (int i = 0; i < 100 && !stopped; ++i) {
+    for (int k : kids) {
+      std::ifstream stat("/proc/" + std::to_string(k) + "/stat");
+      std::string text;
+      std::getline(stat, text);
+      const size_t close = text.rfind(')');
+      stopped = stopped || (close != std::string::npos && text[close + 2] == 'T');
+    }
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(stopped) << "no child was stopped";
+  p.signal(SIGKILL);
+  EXPECT_EQ(p.wait_exit(10), 128 + SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int k : kids) {
+    while (!dead(k) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(dead(k)) << "pid " << k << " outlived the harness";
+    if (!dead(k)) ::kill(k, SIGKILL);
+  }
+  fs::remove_all(dir);
+}
+
+// The same for any ChildProcess, when the thread that started it has
+// ended (a node restarted by the fault thread): the child lives on while
+// its parent does, and dies with it, stopped or not.
+TEST(ChildProcess, DiesWithItsParentNotWithTheThreadThatStartedIt) {
+  // Orphans come to this process, which can then see how they ended.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t parent = fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    close(fds[0]);
+    int pid = -1;
+    std::unique_ptr<ChildProcess> child;
+    std::thread([&] {
+      child = std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sleep", "300"});
+      pid = child->pid();
+    }).join();
+    // The thread that started it is gone; it still runs.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (!child->running()) pid = -2;
+    child->signal(SIGSTOP);
+    if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(3);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  int pid = 0;
+  ASSERT_EQ(read(fds[0], &pid, sizeof pid), ssize_t(sizeof pid));
+  close(fds[0]);
+  ASSERT_GT(pid, 0) << (pid == -2 ? "the child died with the thread that started it" : "");
+  ::kill(parent, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(parent, &status, 0), parent);
+  bool reaped = false;
+  for (int i = 0; i < 200 && !reaped; ++i) {
+    reaped = waitpid(pid, &status, WNOHANG) == pid;
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (!reaped) {
+    ::kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  ASSERT_TRUE(reaped) << "the stopped child outlived its parent";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 }
 
 // ---- the admin endpoint over real HTTP ----
