@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -102,6 +103,8 @@ struct Tracked {
   int claims = 0, claims_done = 0;  // HTTP faults: clients that took it, and finished
 };
 
+}  // namespace
+
 uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCounters& before,
                      std::string* what) {
   const auto delta = [&](uint64_t LinkDirectionCounters::*f) {
@@ -116,13 +119,25 @@ uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCoun
     n = delta(&LinkDirectionCounters::frames_duplicated), *what = "messages duplicated";
   if (p.kind == "link_reorder")
     n = delta(&LinkDirectionCounters::frames_reordered), *what = "messages reordered";
-  if (p.kind == "link_cut") n = delta(&LinkDirectionCounters::cut_us) / 1000, *what = "ms cut";
+  if (p.kind == "link_cut") {
+    // Each direction counts the wall time it was cut; a cut of both is one
+    // span of time, not the sum of two.
+    const uint64_t up = (now.to_upstream.cut_us - before.to_upstream.cut_us) / 1000;
+    const uint64_t down = (now.to_client.cut_us - before.to_client.cut_us) / 1000;
+    n = std::max(up, down);
+    *what = "ms cut";
+    if (p.direction == "both")
+      *what += " (to coordinator " + std::to_string(up) + " ms, to node " + std::to_string(down) +
+               " ms)";
+  }
   if (p.kind == "link_bandwidth")
     n = delta(&LinkDirectionCounters::bytes_throttled), *what = "bytes throttled";
   if (p.kind == "link_reset")
     n = now.connections_reset - before.connections_reset, *what = "connections reset";
   return n;
 }
+
+namespace {
 
 LinkFault to_link_fault(const FaultPlan& p, uint64_t seed) {
   LinkFault f;

@@ -8,6 +8,8 @@
 
 #include "chaos/checker.h"
 #include "chaos/report.h"
+#include "chaos/runner.h"
+#include "net/link_proxy.h"
 
 namespace troupe::chaos {
 namespace {
@@ -405,6 +407,31 @@ TEST(ChaosChecker, ThroughputBinsAndFractions) {
   ASSERT_TRUE(nb.throughput.during_tokens_per_s.has_value());
   EXPECT_NEAR(*nb.throughput.during_tokens_per_s, 5, 1e-9);
   EXPECT_TRUE(render_json(nb)["throughput"]["during_faults"]["fraction_of_baseline"].is_null());
+}
+
+TEST(ChaosChecker, ALinkCutIsTheWallTimeItLasted) {
+  // A 2 s cut of both directions was reported as "4016 ms cut".
+  LinkCounters before, after;
+  before.to_upstream.cut_us = 1'000'000;
+  before.to_client.cut_us = 500'000;
+  after.to_upstream.cut_us = 3'008'000;
+  after.to_client.cut_us = 2'507'000;
+  FaultPlan cut;
+  cut.kind = "link_cut";
+  cut.direction = "both";
+  std::string what;
+  EXPECT_EQ(link_effect(cut, after, before, &what), 2008u);
+  EXPECT_EQ(what, "ms cut (to coordinator 2008 ms, to node 2007 ms)");
+  cut.direction = "to_coordinator";
+  after.to_client.cut_us = before.to_client.cut_us;
+  EXPECT_EQ(link_effect(cut, after, before, &what), 2008u);
+  EXPECT_EQ(what, "ms cut");
+  FaultPlan drop;
+  drop.kind = "link_drop";
+  after.to_upstream.frames_dropped = 3;
+  after.to_client.frames_dropped = 4;
+  EXPECT_EQ(link_effect(drop, after, before, &what), 7u);
+  EXPECT_EQ(what, "messages dropped");
 }
 
 TEST(ChaosChecker, ResourcesStartAndEnd) {
