@@ -27,6 +27,16 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Ends a command with this exit status; main prints "troupe: WHAT".
+class ExitStatus : public std::runtime_error {
+ public:
+  ExitStatus(int status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
 // The directory holding the bundled models/ and configs/: the working
 // directory when it has them, else the nearest directory above the
 // executable that does.

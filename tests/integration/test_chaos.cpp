@@ -27,6 +27,7 @@ struct ChaosResult {
   int exit_code = -1;
   json report;
   std::string stderr_text;
+  std::string stdout_text;
 };
 
 // Runs `troupe chaos PLAN ARGS...` from the source directory (the plans'
@@ -37,9 +38,18 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<std::string> argv{
-      test::troupe_binary(),          "chaos",     plan.string(),          "--json",
-      (dir / "report.json").string(), "--run-dir", (dir / "logs").string()};
+  // stdout (the text report) through a shell-free redirect: a file.
+  const fs::path out = dir / "report.txt";
+  std::vector<std::string> argv{"/bin/sh",
+                                "-c",
+                                "exec \"$0\" \"$@\" > " + out.string(),
+                                test::troupe_binary(),
+                                "chaos",
+                                plan.string(),
+                                "--json",
+                                (dir / "report.json").string(),
+                                "--run-dir",
+                                (dir / "logs").string()};
   argv.insert(argv.end(), args.begin(), args.end());
   ChildProcess p(argv, "", test::source_dir().string());
   ChaosResult r;
@@ -47,7 +57,23 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
   r.stderr_text = p.stderr_so_far();
   std::ifstream in(dir / "report.json");
   if (in) r.report = json::parse(in, nullptr, false);
+  std::ifstream text(out);
+  r.stdout_text.assign(std::istreambuf_iterator<char>(text), {});
   return r;
+}
+
+// A plan written for one test, in the temp directory, beside a copy of the
+// deployment it names from tests/data/chaos.
+fs::path write_plan(const std::string& name, const std::string& yaml) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("troupe-chaos-plans-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(test::data_path("chaos") / "one-node.yaml", dir / "one-node.yaml",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(test::source_dir() / "configs" / "chaos" / "deployment.yaml",
+                dir / "deployment.yaml", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / name) << yaml;
+  return dir / name;
 }
 
 void expect_nothing_lost(const json& report) {
@@ -146,6 +172,76 @@ TEST(Chaos, ABadPlanIsRefusedNamingTheKey) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.stderr_text.find("faults[0].kind"), std::string::npos) << r.stderr_text;
   EXPECT_NE(r.stderr_text.find("process_kill"), std::string::npos) << r.stderr_text;
+}
+
+// Everything knowable from the plan and the flags is refused before anything
+// starts, naming the key or the flag (each of these once started the
+// deployment, or ran the plan's own request count).
+TEST(Chaos, WhatThePlanOrTheFlagsGetWrongIsRefusedBeforeAnythingStarts) {
+  const auto refused = [](const fs::path& plan, std::vector<std::string> args,
+                          const std::string& needle) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ChaosResult r = run_chaos(plan, args);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.stderr_text;
+    EXPECT_NE(r.stderr_text.find(needle), std::string::npos) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("terminate called"), std::string::npos) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("starting the deployment"), std::string::npos) << r.stderr_text;
+    EXPECT_LT(took, 20) << r.stderr_text;
+    return r;
+  };
+  const fs::path quick = test::source_dir() / "configs" / "chaos" / "quick.yaml";
+  EXPECT_EQ(refused(quick, {"--requests", "0"}, "--requests must be a positive").exit_code, 2);
+  refused(quick, {"--requests", "-5"}, "--requests must be a positive");
+  refused(quick, {"--duration", "-1"}, "--duration must be a positive");
+  refused(quick, {"--duration", "0"}, "--duration must be a positive");
+  // node-9 of three aborted the harness (rc 134) after the fault-free pass.
+  refused(write_plan("node9.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "faults: [{at_s: 1, kind: process_kill, node: node-9}]\n"),
+          {}, "faults[0].node");
+  refused(write_plan("replica99.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "faults: [{at_s: 1, kind: kill, replica: 99}]\n"),
+          {}, "faults[0].replica");
+  // Two nodes cannot hold three replicas: it waited ready_timeout_s (120 s).
+  refused(write_plan("two-nodes.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 2}\n"
+                     "faults: [{at_s: 1, kind: kill, replica: 0}]\n"),
+          {}, "deployment.nodes");
+  refused(write_plan("every0.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "random: {every_s: 0, kinds: [process_kill]}\n"),
+          {}, "random.every_s");
+}
+
+// A fault the load never reached is in the report as not played, and the
+// run is INCOMPLETE (exit status 3), not a clean PASS.
+TEST(Chaos, AFaultTheLoadNeverReachedMakesTheRunIncomplete) {
+  const ChaosResult r = run_chaos(test::data_path("chaos") / "unplayed.yaml");
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 3) << r.stderr_text;
+  EXPECT_EQ(r.report["verdict"], "INCOMPLETE") << r.report["failures"].dump();
+  expect_nothing_lost(r.report);
+  EXPECT_EQ(r.report["faults_planned"], 2);
+  EXPECT_EQ(r.report["faults_played"], 1);
+  ASSERT_EQ(r.report["faults"].size(), 2u);
+  EXPECT_EQ(r.report["faults"][0]["played"], true);
+  const json& later = r.report["faults"][1];
+  EXPECT_EQ(later["played"], false) << later.dump();
+  EXPECT_EQ(later["kind"], "step_error");
+  EXPECT_NE(later["not_played"].get<std::string>().find("the load ended at"), std::string::npos)
+      << later.dump();
+  // The windows stay within the load.
+  const double load = r.report["load_s"];
+  EXPECT_LE(r.report["faults"][0]["window_end_s"].get<double>(), load + 1e-9);
+  EXPECT_NE(r.stdout_text.find("verdict: INCOMPLETE"), std::string::npos) << r.stdout_text;
+  EXPECT_NE(r.stdout_text.find("not played"), std::string::npos) << r.stdout_text;
+  // Said before the run, too.
+  EXPECT_NE(r.stderr_text.find("warning: the load should end near"), std::string::npos)
+      << r.stderr_text;
+  EXPECT_NE(r.stderr_text.find("chaos run incomplete"), std::string::npos) << r.stderr_text;
 }
 
 // The pids whose parent is `pid`, from /proc.
