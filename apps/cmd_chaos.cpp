@@ -3,6 +3,7 @@
 // fault-free run, that nothing was lost, hung, duplicated or wrong.
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -13,15 +14,20 @@
 #include "chaos/plan.h"
 #include "chaos/report.h"
 #include "chaos/runner.h"
+#include "deploy/config.h"
+#include "deploy/yaml_schema.h"
 
 namespace troupe::app {
 
 namespace {
 
+// A run whose plan was not exercised (faults never played) ends with this.
+constexpr int kIncompleteStatus = 3;
+
 struct ChaosFlags {
   std::string plan = "configs/chaos/quick.yaml";
   std::vector<std::string> sets;
-  int requests = 0;
+  int requests = 0;  // the flags' values count only when given (see given_*)
   double duration_s = 0;
   bool soak = false;
   std::string json;
@@ -30,7 +36,26 @@ struct ChaosFlags {
   std::string run_dir;
   double sample_every_s = 0;
   bool quiet = false;
+  bool given_requests = false, given_duration = false, given_sample_every = false;
 };
+
+// Every flag given is used or refused by name; none is ignored.
+void check_flags(const ChaosFlags& f) {
+  if (f.given_requests && f.requests < 1)
+    throw UsageError("--requests must be a positive number of requests, got " +
+                     std::to_string(f.requests));
+  const auto positive = [](double v) { return std::isfinite(v) && v > 0; };
+  if (f.given_duration && !positive(f.duration_s))
+    throw UsageError("--duration must be a positive number of seconds, got " +
+                     schema::format_number(f.duration_s));
+  if (f.given_sample_every && !positive(f.sample_every_s))
+    throw UsageError("--sample-every must be a positive number of seconds, got " +
+                     schema::format_number(f.sample_every_s));
+  if (f.attach.empty() && !f.admin_token.empty())
+    throw UsageError(
+        "--admin-token is for --attach (a deployment troupe chaos starts gets a "
+        "fresh token)");
+}
 
 std::filesystem::path own_executable() {
   std::error_code ec;
@@ -121,6 +146,7 @@ extern "C" void stop_children_and_die(int sig) {
 }
 
 void run_chaos_command(const ChaosFlags& f) {
+  check_flags(f);
   std::signal(SIGINT, stop_children_and_die);
   std::signal(SIGTERM, stop_children_and_die);
   std::signal(SIGHUP, stop_children_and_die);
@@ -132,17 +158,27 @@ void run_chaos_command(const ChaosFlags& f) {
       throw UsageError("--set expects KEY=VALUE, got '" + kv + "'");
     chaos::apply_plan_override(o.plan, kv.substr(0, eq), kv.substr(eq + 1));
   }
-  if (f.requests > 0) {
+  if (f.given_requests) {
     o.plan.workload.requests = f.requests;
     o.plan.workload.distinct = std::min(o.plan.workload.distinct, f.requests);
   }
   chaos::validate_plan(o.plan);
-  o.duration_s = f.soak && f.duration_s <= 0 ? 1800 : f.duration_s;
-  o.sample_every_s = f.sample_every_s > 0 ? f.sample_every_s : (f.soak ? 60 : 10);
+  o.duration_s = f.given_duration ? f.duration_s : (f.soak ? 1800 : 0);
+  o.sample_every_s = f.given_sample_every ? f.sample_every_s : (f.soak ? 60 : 10);
   o.attach = f.attach;
   o.admin_token = f.admin_token;
   if (!o.attach.empty() && o.admin_token.empty())
     throw UsageError("--attach needs --admin-token (the deployment's admin.token)");
+  // Everything the plan asks that can be checked is checked before
+  // anything starts.
+  if (o.attach.empty()) {
+    const std::filesystem::path config = chaos::deployment_config_path(o.plan);
+    chaos::check_plan_deployment(o.plan, load_config(config), config.string());
+  } else {
+    chaos::check_plan_for_attach(o.plan);
+  }
+  for (const std::string& w : chaos::plan_warnings(o.plan, o.duration_s))
+    std::cerr << "troupe chaos: warning: " << w << "\n";
   o.exe = own_executable();
   o.run_dir = f.run_dir.empty() ? std::filesystem::temp_directory_path() /
                                       ("troupe-chaos-" + std::to_string(getpid()))
@@ -169,10 +205,34 @@ void run_chaos_command(const ChaosFlags& f) {
     if (!out) throw std::runtime_error("cannot write " + f.json);
     out << j.dump(2) << "\n";
   }
-  if (!report.ok()) {
-    std::string why;
-    for (const std::string& s : report.failures()) why += (why.empty() ? "" : "; ") + s;
-    throw std::runtime_error("chaos run failed: " + why + " (logs in " + o.run_dir.string() + ")");
+  switch (report.verdict()) {
+    case chaos::Verdict::Pass:
+      return;
+    case chaos::Verdict::Fail: {
+      std::string why;
+      for (const std::string& s : report.failures()) why += (why.empty() ? "" : "; ") + s;
+      throw std::runtime_error("chaos run failed: " + why + " (logs in " + o.run_dir.string() +
+                               ")");
+    }
+    case chaos::Verdict::Incomplete:
+      throw ExitStatus(
+          kIncompleteStatus,
+          "chaos run incomplete: " + std::to_string(report.faults.size() - report.played_faults()) +
+              " of " + std::to_string(report.faults.size()) +
+              " planned faults were not played, so the plan was not exercised "
+              "(exit status " +
+              std::to_string(kIncompleteStatus) + "; logs in " + o.run_dir.string() + ")");
+  }
+}
+
+// Whatever goes wrong, the deployment's processes go too (their owners'
+// destructors stop them; this is for anything that got past those).
+void run_chaos_guarded(const ChaosFlags& f) {
+  try {
+    run_chaos_command(f);
+  } catch (...) {
+    ChildProcess::kill_all();
+    throw;
   }
 }
 
@@ -186,9 +246,11 @@ void register_chaos(CLI::App& app) {
   cmd->add_option("plan", f->plan, "The run: deployment, workload and faults (YAML)")
       ->capture_default_str();
   cmd->add_option("--set", f->sets, "Override a key of the plan, e.g. workload.requests=1000");
-  cmd->add_option("--requests", f->requests, "Requests to send (overrides workload.requests)");
+  cmd->add_option("--requests", f->requests,
+                  "Requests to send, at least 1 (overrides workload.requests)");
   cmd->add_option("--duration", f->duration_s,
-                  "Run the load this many seconds (requests repeat) instead of a request count");
+                  "Run the load this many seconds, > 0 (requests repeat) instead of a request "
+                  "count");
   cmd->add_flag("--soak", f->soak,
                 "A long run (default 30 minutes) reporting memory and thread drift");
   cmd->add_option("--json", f->json, "Also write the report as JSON to this file");
@@ -200,7 +262,12 @@ void register_chaos(CLI::App& app) {
   cmd->add_option("--sample-every", f->sample_every_s,
                   "Seconds between resource samples (default 10; 60 with --soak)");
   cmd->add_flag("--quiet", f->quiet, "No progress lines");
-  cmd->callback([f] { run_chaos_command(*f); });
+  cmd->callback([f, cmd] {
+    f->given_requests = cmd->count("--requests") > 0;
+    f->given_duration = cmd->count("--duration") > 0;
+    f->given_sample_every = cmd->count("--sample-every") > 0;
+    run_chaos_guarded(*f);
+  });
 }
 
 }  // namespace troupe::app

@@ -32,16 +32,14 @@ std::string default_name() {
   return std::string(host) + "-" + std::to_string(getpid());
 }
 
-// The node's devices: `count` of them (0: as many as the config's layout
-// has), each as the config's devices list says (one entry: for all).
+// The node's devices (deploy/config.h's node_devices): --devices N of
+// them, or one per devices entry.
 std::vector<DeviceSpec> offered_devices(const Config& c, int count) {
-  const int n = count > 0 ? count : c.parallel.device_count();
-  if (c.devices.size() != 1 && int(c.devices.size()) != n)
-    throw UsageError("--devices " + std::to_string(n) + " needs one devices entry, or " +
-                     std::to_string(n) + "; the config has " + std::to_string(c.devices.size()));
-  std::vector<DeviceSpec> out;
-  for (int d = 0; d < n; ++d) out.push_back(c.devices.size() == 1 ? c.devices[0] : c.devices[d]);
-  return out;
+  try {
+    return node_devices(c, count);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--devices: ") + e.what());
+  }
 }
 
 void run_node(const NodeOptions& o) {
@@ -53,7 +51,7 @@ void run_node(const NodeOptions& o) {
   std::vector<std::pair<std::string, std::string>> flags;
   if (!o.name.empty()) flags.emplace_back("nodes.name", o.name);
   if (!o.token.empty()) flags.emplace_back("nodes.token", o.token);
-  const Config cfg = command_config(o.config, flags);
+  const Config cfg = command_config(o.config, flags, 0, ConfigRole::Node);
   spdlog::set_level(cfg.logging.level);
   // The signals are for sigwait below alone: blocked before any thread starts.
   sigset_t signals;
@@ -135,7 +133,8 @@ void register_node(CLI::App& app) {
   cmd->add_option("--name", o->name, "This node's name (default: host-pid)");
   cmd->add_option("--token", o->token, "The coordinator's nodes.token, if it has one");
   cmd->add_option("--devices", o->devices,
-                  "Devices to offer (default: as many as the config's layout has)");
+                  "Devices to offer (default: one per devices entry of the config, or as many "
+                  "as its layout has when it lists one)");
   add_config_flags(cmd, o->config);
   cmd->callback([o] { run_node(*o); });
 }

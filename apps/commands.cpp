@@ -49,13 +49,13 @@ std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFl
 
 Config command_config(const ConfigFlags& flags,
                       const std::vector<std::pair<std::string, std::string>>& command_overrides,
-                      int threads) {
+                      int threads, ConfigRole role) {
   Config cfg;
   if (!flags.file.empty()) {
-    cfg = load_config(flags.file);
+    cfg = load_config(flags.file, role);
   } else {
     const auto def = bundle_root() / "configs" / "default.yaml";
-    cfg = std::filesystem::exists(def) ? load_config(def) : default_config();
+    cfg = std::filesystem::exists(def) ? load_config(def, role) : default_config();
   }
   std::vector<std::pair<std::string, std::string>> overrides;
   for (const auto& kv : flags.overrides) {
@@ -64,12 +64,12 @@ Config command_config(const ConfigFlags& flags,
     overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   overrides.insert(overrides.end(), command_overrides.begin(), command_overrides.end());
-  if (!overrides.empty()) apply_overrides(cfg, overrides);
+  if (!overrides.empty()) apply_overrides(cfg, overrides, "command line", role);
   if (threads > 0) {
     std::vector<std::pair<std::string, std::string>> each;
     for (size_t i = 0; i < cfg.devices.size(); ++i)
       each.emplace_back("devices[" + std::to_string(i) + "].threads", std::to_string(threads));
-    apply_overrides(cfg, each, "--threads");
+    apply_overrides(cfg, each, "--threads", role);
   }
   const std::filesystem::path model = cfg.model.path;
   std::error_code ec;

@@ -27,6 +27,16 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Ends a command with this exit status; main prints "troupe: WHAT".
+class ExitStatus : public std::runtime_error {
+ public:
+  ExitStatus(int status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
 // The directory holding the bundled models/ and configs/: the working
 // directory when it has them, else the nearest directory above the
 // executable that does.
@@ -56,10 +66,11 @@ std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFl
 // then --set, then the command's own flags as (key, value) overrides (with
 // threads > 0: every device's threads). A relative model.path that is not
 // found from the working directory is taken from the bundle, so the bundled
-// model works from anywhere.
+// model works from anywhere. `role` says what its devices list describes
+// (deploy/config.h: a layout's devices, or the devices a node offers).
 Config command_config(
     const ConfigFlags& flags,
-    const std::vector<std::pair<std::string, std::string>>& command_overrides = {},
-    int threads = 0);
+    const std::vector<std::pair<std::string, std::string>>& command_overrides = {}, int threads = 0,
+    ConfigRole role = ConfigRole::Deployment);
 
 }  // namespace troupe::app

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const troupe::app::ExitStatus& e) {
+    std::cerr << "troupe: " << e.what() << "\n";
+    return e.status();
   } catch (const troupe::app::UsageError& e) {
     std::cerr << "troupe: error: " << e.what() << "\n";
     return 2;

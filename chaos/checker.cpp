@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -183,7 +184,7 @@ std::vector<LatencyWindow> latency_series(const std::vector<RequestRecord>& requ
 
 namespace {
 
-struct Verdict {
+struct Judgement {
   Outcome outcome = Outcome::Correct;
   std::string why;
   size_t extra = 0;        // duplicated tokens
@@ -205,8 +206,8 @@ bool is_prefix(const std::vector<int>& prefix, const std::vector<int>& of) {
   return prefix.size() <= of.size() && std::equal(prefix.begin(), prefix.end(), of.begin());
 }
 
-Verdict judge(const RequestRecord& q, const Expected* e) {
-  Verdict v;
+Judgement judge(const RequestRecord& q, const Expected* e) {
+  Judgement v;
   const auto with_error = [&](std::string s) {
     if (!q.error.empty()) s += ": " + q.error;
     return s;
@@ -307,7 +308,11 @@ std::vector<int> window(const std::vector<int>& ids, size_t from) {
   return {ids.begin() + std::ptrdiff_t(from), ids.begin() + std::ptrdiff_t(to)};
 }
 
-// [start, end] of a fault's effect.
+bool took_effect(const FaultRecord& f) {
+  return f.injected_s >= 0 && f.confirmed_s >= 0 && f.error.empty();
+}
+
+// [start, end] of a fault's effect (unclipped).
 std::pair<double, double> fault_window(const FaultRecord& f) {
   const double end =
       std::max({f.injected_s + std::max(0.0, f.duration_s), f.confirmed_s, f.recovered_s});
@@ -323,7 +328,7 @@ double request_end(const RequestRecord& q) {
 }  // namespace
 
 Outcome classify(const RequestRecord& q, const Expected* expected, std::string* why) {
-  Verdict v = judge(q, expected);
+  Judgement v = judge(q, expected);
   if (why) *why = std::move(v.why);
   return v.outcome;
 }
@@ -342,7 +347,7 @@ ChaosReport check(const RunRecords& r) {
   std::map<Outcome, size_t> examples_of;
   for (const RequestRecord& q : r.requests) {
     const Expected* e = q.index < r.expected.size() ? &r.expected[q.index] : nullptr;
-    Verdict v = judge(q, e);
+    Judgement v = judge(q, e);
     rep.outcomes.push_back(v.outcome);
     Counts& c = rep.counts;
     switch (v.outcome) {
@@ -416,13 +421,49 @@ ChaosReport check(const RunRecords& r) {
     rep.failed_by_status.push_back(std::move(g));
   }
 
-  // Fault windows.
-  std::vector<std::pair<double, double>> windows;
-  for (const FaultRecord& f : r.faults) {
-    if (f.injected_s < 0) continue;
-    windows.push_back(fault_window(f));
-    if (rep.first_fault_s < 0 || f.injected_s < rep.first_fault_s) rep.first_fault_s = f.injected_s;
+  // The load's span, and the windows of the faults that took effect in it.
+  double last_event = -1;
+  for (const RequestRecord& q : r.requests) {
+    last_event = std::max(last_event, request_end(q));
+    for (double t : q.token_times) last_event = std::max(last_event, t);
   }
+  rep.load_s = r.load_end_s >= 0 ? r.load_end_s : std::max(r.duration_s, last_event);
+  rep.load_s = std::max(rep.load_s, 0.0);
+  std::vector<std::pair<double, double>> windows(r.faults.size(), {-1.0, -1.0});
+  std::vector<std::pair<double, double>> effective;
+  for (size_t n = 0; n < r.faults.size(); ++n) {
+    const FaultRecord& f = r.faults[n];
+    if (!took_effect(f) || f.injected_s >= rep.load_s) continue;
+    const auto [a, b] = fault_window(f);
+    windows[n] = {a, std::min(b, rep.load_s)};
+    effective.push_back(windows[n]);
+    if (rep.first_fault_s < 0 || a < rep.first_fault_s) rep.first_fault_s = a;
+  }
+  // Their union, in order.
+  std::sort(effective.begin(), effective.end());
+  std::vector<std::pair<double, double>> u;
+  for (const auto& w : effective) {
+    if (!u.empty() && w.first <= u.back().second) {
+      u.back().second = std::max(u.back().second, w.second);
+    } else {
+      u.push_back(w);
+    }
+  }
+  const auto in_window = [&](double t) {
+    for (const auto& [a, b] : u)
+      if (t >= a && t <= b) return true;
+    return false;
+  };
+  const auto overlaps_window = [&](double from, double to) {
+    for (const auto& [a, b] : u)
+      if (from <= b && to >= a) return true;
+    return false;
+  };
+  // 0 before, 1 during, 2 after (see Latency).
+  const auto phase_of_token = [&](double t) {
+    if (rep.first_fault_s < 0 || t < rep.first_fault_s) return 0;
+    return in_window(t) ? 1 : 2;
+  };
 
   // Latency, correct requests only.
   std::vector<double> ttft[3], tpot[3], e2e[3];
@@ -434,9 +475,8 @@ ChaosReport check(const RunRecords& r) {
     int phase = 2;
     if (rep.first_fault_s < 0 || end < rep.first_fault_s) {
       phase = 0;
-    } else {
-      for (const auto& [a, b] : windows)
-        if (q.sent_s <= b && end >= a) phase = 1;
+    } else if (overlaps_window(q.sent_s, end)) {
+      phase = 1;
     }
     ++in_phase[phase];
     if (q.first_token_s >= 0 && q.sent_s >= 0) ttft[phase].push_back(q.first_token_s - q.sent_s);
@@ -453,16 +493,16 @@ ChaosReport check(const RunRecords& r) {
     phases[p]->e2e = quantiles(e2e[p]);
   }
 
-  // Throughput: 1-second bins, and the rates in and after the fault windows.
+  // Throughput: 1-second bins, and the rate in each phase.
   Throughput& tp = rep.throughput;
   tp.baseline_tokens_per_s = r.baseline_tokens_per_s;
   tp.baseline_basis = r.baseline_basis;
   double last_token = -1;
   for (const RequestRecord& q : r.requests)
     for (double t : q.token_times) last_token = std::max(last_token, t);
-  const double run_end = r.duration_s > 0 ? std::max(r.duration_s, last_token) : last_token;
-  if (run_end >= 0) {
-    const size_t nbins = std::max<size_t>(size_t(std::ceil(r.duration_s > 0 ? r.duration_s : 0.0)),
+  const double bins_end = std::max(rep.load_s, last_token);
+  if (bins_end > 0 || last_token >= 0) {
+    const size_t nbins = std::max<size_t>(size_t(std::ceil(rep.load_s)),
                                           last_token >= 0 ? size_t(std::floor(last_token)) + 1 : 0);
     tp.bins.assign(nbins, 0.0);
     for (const RequestRecord& q : r.requests)
@@ -470,42 +510,26 @@ ChaosReport check(const RunRecords& r) {
         if (t >= 0) tp.bins[std::min(nbins - 1, size_t(std::floor(t)))] += 1;
   }
   {
-    std::vector<std::pair<double, double>> merged = windows;
-    std::sort(merged.begin(), merged.end());
-    std::vector<std::pair<double, double>> u;
-    for (const auto& w : merged) {
-      if (!u.empty() && w.first <= u.back().second) {
-        u.back().second = std::max(u.back().second, w.second);
-      } else {
-        u.push_back(w);
-      }
+    double union_s = 0;
+    for (const auto& [a, b] : u) union_s += b - a;
+    PhaseRate* rates[3] = {&tp.before, &tp.during, &tp.after};
+    if (rep.first_fault_s < 0) {
+      tp.before.window_s = rep.load_s;
+    } else {
+      tp.before.window_s = rep.first_fault_s;
+      tp.during.window_s = union_s;
+      tp.after.window_s = std::max(0.0, rep.load_s - rep.first_fault_s - union_s);
     }
-    double last_end = -1;
-    for (const auto& [a, b] : u) {
-      tp.fault_window_s += b - a;
-      last_end = std::max(last_end, b);
-    }
-    size_t during = 0, after = 0;
+    size_t tokens[3] = {0, 0, 0};
     for (const RequestRecord& q : r.requests)
-      for (double t : q.token_times) {
-        if (t < 0) continue;
-        for (const auto& [a, b] : u)
-          if (t >= a && t <= b) {
-            ++during;
-            break;
-          }
-        if (last_end >= 0 && t > last_end) ++after;
-      }
-    if (tp.fault_window_s > 0) tp.during_tokens_per_s = double(during) / tp.fault_window_s;
-    if (last_end >= 0 && run_end > last_end) {
-      tp.after_window_s = run_end - last_end;
-      tp.after_tokens_per_s = double(after) / tp.after_window_s;
-    }
-    if (tp.baseline_tokens_per_s > 0) {
-      if (tp.during_tokens_per_s)
-        tp.during_fraction = *tp.during_tokens_per_s / tp.baseline_tokens_per_s;
-      if (tp.after_tokens_per_s)
-        tp.after_fraction = *tp.after_tokens_per_s / tp.baseline_tokens_per_s;
+      for (double t : q.token_times)
+        if (t >= 0) ++tokens[phase_of_token(t)];
+    for (int p = 0; p < 3; ++p) {
+      PhaseRate& pr = *rates[p];
+      // A phase shorter than a millisecond has no meaningful rate.
+      if (pr.window_s < 1e-3) continue;
+      pr.tokens_per_s = double(tokens[p]) / pr.window_s;
+      if (tp.baseline_tokens_per_s > 0) pr.fraction = *pr.tokens_per_s / tp.baseline_tokens_per_s;
     }
   }
 
@@ -527,18 +551,26 @@ ChaosReport check(const RunRecords& r) {
     FaultReport fr;
     fr.number = n;
     fr.record = f;
-    if (f.injected_s >= 0 && !f.resumed_s.empty()) {
+    fr.window_start_s = windows[n].first;
+    fr.window_end_s = windows[n].second;
+    if (!kinds.count(f.kind)) kind_order.push_back(f.kind);
+    FaultKindReport& k = kinds[f.kind];
+    k.kind = f.kind;
+    if (!fr.played()) {
+      ++k.not_played;
+      rep.faults.push_back(std::move(fr));
+      continue;
+    }
+    if (!f.resumed_s.empty()) {
       // The coordinator saw which requests the fault orphaned: each one's
       // next token, however soon it came.
-      fr.window_end_s = fault_window(f).second;
       for (double t : f.resumed_s) {
         const double delay = t - f.injected_s;
         fr.resumed_late.push_back({SIZE_MAX, delay});
         fr.resume_max_s = std::max(fr.resume_max_s, delay);
         resume[f.kind].push_back(delay);
       }
-    } else if (f.injected_s >= 0) {
-      fr.window_end_s = fault_window(f).second;
+    } else {
       for (const RequestRecord& q : r.requests) {
         if (!q.stream || q.sent_s < 0 || q.sent_s >= f.injected_s) continue;
         if (q.end_s >= 0 && q.end_s < f.injected_s) continue;
@@ -553,15 +585,10 @@ ChaosReport check(const RunRecords& r) {
         }
       }
     }
-    if (!kinds.count(f.kind)) kind_order.push_back(f.kind);
-    FaultKindReport& k = kinds[f.kind];
-    k.kind = f.kind;
     ++k.count;
     if (fr.confirmed()) ++k.confirmed;
-    if (f.injected_s >= 0 && f.detected_s >= 0)
-      detection[f.kind].push_back(f.detected_s - f.injected_s);
-    if (f.injected_s >= 0 && f.recovered_s >= 0)
-      capacity_back[f.kind].push_back(f.recovered_s - f.injected_s);
+    if (f.detected_s >= 0) detection[f.kind].push_back(f.detected_s - f.injected_s);
+    if (f.recovered_s >= 0) capacity_back[f.kind].push_back(f.recovered_s - f.injected_s);
     rep.faults.push_back(std::move(fr));
   }
   for (const std::string& name : kind_order) {
@@ -598,12 +625,45 @@ ChaosReport check(const RunRecords& r) {
 
 // ---- verdict ----
 
-bool ChaosReport::ok() const {
-  if (counts.fatal() != 0) return false;
-  for (const FaultReport& f : faults)
-    if (!f.confirmed()) return false;
-  return true;
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::Pass:
+      return "PASS";
+    case Verdict::Fail:
+      return "FAIL";
+    case Verdict::Incomplete:
+      return "INCOMPLETE";
+  }
+  return "?";
 }
+
+size_t ChaosReport::played_faults() const {
+  size_t n = 0;
+  for (const FaultReport& f : faults) n += f.played() ? 1 : 0;
+  return n;
+}
+
+Verdict ChaosReport::verdict() const {
+  if (!failures().empty()) return Verdict::Fail;
+  if (played_faults() < faults.size()) return Verdict::Incomplete;
+  return Verdict::Pass;
+}
+
+namespace {
+
+std::string fault_name(const FaultReport& f) {
+  const FaultRecord& r = f.record;
+  return "fault " + std::to_string(f.number) + " (" + r.kind +
+         (r.target.empty() ? "" : " " + r.target) + ")";
+}
+
+std::string seconds_text(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", s);
+  return text;
+}
+
+}  // namespace
 
 std::vector<std::string> ChaosReport::failures() const {
   std::vector<std::string> out;
@@ -618,10 +678,9 @@ std::vector<std::string> ChaosReport::failures() const {
                   plural(counts.duplicated_tokens, "token", "tokens") + " repeated)");
   add(counts.wrong, "wrong");
   for (const FaultReport& f : faults) {
-    if (f.confirmed()) continue;
+    if (!f.played() || f.confirmed()) continue;
     const FaultRecord& r = f.record;
-    std::string s = "fault " + std::to_string(f.number) + " (" + r.kind +
-                    (r.target.empty() ? "" : " " + r.target) + ") ";
+    std::string s = fault_name(f) + " ";
     if (r.confirmed_s < 0) {
       s += "was not confirmed";
     } else {
@@ -631,6 +690,49 @@ std::vector<std::string> ChaosReport::failures() const {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+std::vector<std::string> ChaosReport::not_played() const {
+  std::vector<std::string> out;
+  for (const FaultReport& f : faults) {
+    if (f.played()) continue;
+    const FaultRecord& r = f.record;
+    std::string s = fault_name(f);
+    if (r.planned_s >= 0) s.insert(s.size() - 1, ", at " + seconds_text(r.planned_s) + " s");
+    s += " was not played: " +
+         (r.not_played.empty() ? std::string("no reason given") : r.not_played);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string ChaosReport::verdict_text() const {
+  const Verdict v = verdict();
+  std::string out = verdict_name(v);
+  const std::vector<std::string> fail = failures();
+  const std::vector<std::string> skipped = not_played();
+  if (v == Verdict::Pass) return out;
+  out += ": ";
+  std::string why;
+  for (const std::string& f : fail) why += (why.empty() ? "" : "; ") + f;
+  if (!skipped.empty()) {
+    // One line for all: the load ended before them (usually).
+    std::string s = std::to_string(skipped.size()) + " of " + std::to_string(faults.size()) +
+                    " planned faults " + (skipped.size() == 1 ? "was" : "were") + " not played";
+    std::string reason;
+    bool same = true;
+    for (const FaultReport& f : faults)
+      if (!f.played()) {
+        if (reason.empty()) reason = f.record.not_played;
+        same = same && f.record.not_played == reason;
+      }
+    if (same && !reason.empty()) s += " (" + reason + ")";
+    if (v == Verdict::Incomplete)
+      s += ": the run did not exercise its plan (a longer load, --duration, or more requests "
+           "would reach them)";
+    why += (why.empty() ? "" : "; ") + s;
+  }
+  return out + why;
 }
 
 }  // namespace troupe::chaos

@@ -106,6 +106,15 @@ inline constexpr size_t kExampleIds = 8;
 
 // ---- latency (correct requests only) ----
 
+// The phases of a run, the same for latency and throughput. Each fault that
+// took effect (played and confirmed) has a window: from its injection until
+// its effect ended and capacity was back (max of injected + duration,
+// confirmed, recovered), clipped to the load's span [0, load end]. Faults
+// that were refused, never confirmed or never played open no window.
+//   before: before the first window starts
+//   during: within a window
+//   after:  from the first window on, outside every window (between faults,
+//           and after the last one)
 struct PhaseLatency {
   size_t requests = 0;  // correct requests in the phase
   Quantiles ttft;       // first_token_s - sent_s
@@ -113,21 +122,23 @@ struct PhaseLatency {
   Quantiles e2e;        // end_s - sent_s
 };
 struct Latency {
-  PhaseLatency before;  // ended before the first fault was injected
-  PhaseLatency during;  // [sent_s, end_s] overlaps a fault's window
-  PhaseLatency after;   // the rest
+  PhaseLatency before;  // ended before the first window started
+  PhaseLatency during;  // [sent_s, end_s] overlaps a window
+  PhaseLatency after;   // the rest: overlaps no window, ended after the first one started
 };
 
 // ---- throughput ----
 
+struct PhaseRate {
+  double window_s = 0;                 // time in the phase, within the load
+  std::optional<double> tokens_per_s;  // absent: no time in the phase
+  std::optional<double> fraction;      // of the baseline; absent: no rate or a 0 baseline
+};
 struct Throughput {
   double baseline_tokens_per_s = 0;
-  std::string baseline_basis;  // RunRecords::baseline_basis
-  std::vector<double> bins;    // tokens per second in 1-second bins from t = 0 (all requests)
-  double fault_window_s = 0;   // length of the union of the fault windows
-  double after_window_s = 0;   // from the end of the last fault window to the end of the run
-  std::optional<double> during_tokens_per_s, after_tokens_per_s;  // absent: no such window
-  std::optional<double> during_fraction, after_fraction;  // of the baseline; absent: 0 baseline
+  std::string baseline_basis;       // RunRecords::baseline_basis
+  std::vector<double> bins;         // tokens per second in 1-second bins from t = 0 (all requests)
+  PhaseRate before, during, after;  // tokens that arrived in each phase (see Latency)
 };
 
 // ---- faults ----
@@ -139,16 +150,20 @@ struct ResumeDelay {
 struct FaultReport {
   size_t number = 0;  // position in RunRecords::faults, from 0
   FaultRecord record;
-  double window_end_s = -1;  // max(injected + duration, confirmed, recovered)
+  // Its window, clipped to the load (see Latency); -1: none (it took no
+  // effect, or was not played).
+  double window_start_s = -1, window_end_s = -1;
   // Streams in flight at injected_s whose next token came later than
   // injected_s + ChaosReport::resume_threshold_s: the delay to that token.
   std::vector<ResumeDelay> resumed_late;
   double resume_max_s = -1;  // -1: none late
-  bool confirmed() const { return record.confirmed_s >= 0 && record.error.empty(); }
+  bool played() const { return record.injected_s >= 0; }
+  bool confirmed() const { return played() && record.confirmed_s >= 0 && record.error.empty(); }
 };
 struct FaultKindReport {
   std::string kind;
-  size_t count = 0, confirmed = 0;
+  size_t count = 0, confirmed = 0;  // played, and of those confirmed
+  size_t not_played = 0;
   Quantiles detection;      // detected_s - injected_s
   Quantiles resume;         // every late stream's delay, all faults of the kind
   Quantiles capacity_back;  // recovered_s - injected_s
@@ -162,14 +177,22 @@ struct ResourceDelta {
   ResourceSample start, end;
 };
 
+enum class Verdict {
+  Pass,        // nothing fatal, every planned fault played and confirmed
+  Fail,        // a fatal outcome, or a played fault not confirmed
+  Incomplete,  // nothing failed, but some planned faults were never played
+};
+const char* verdict_name(Verdict v);  // "PASS", "FAIL", "INCOMPLETE"
+
 struct ChaosReport {
   double duration_s = 0;
+  double load_s = 0;  // the load's span [0, load_s] (RunRecords::load_end_s, else the last event)
   Counts counts;
   std::vector<Outcome> outcomes;              // one per RunRecords::requests, in its order
   std::vector<StatusGroup> failed_by_status;  // by status
   std::vector<FatalExample> examples;         // at most kMaxExamplesPerOutcome per fatal outcome
   Latency latency;
-  double first_fault_s = -1;  // -1: no fault was injected
+  double first_fault_s = -1;  // the first window's start; -1: no fault took effect
   Throughput throughput;
   double median_token_gap_s = 0;  // over all streams' inter-token gaps
   double resume_threshold_s = 0;  // max(0.25, 5 x median_token_gap_s)
@@ -177,12 +200,19 @@ struct ChaosReport {
   std::vector<FaultKindReport> fault_kinds;  // by kind, in order of first appearance
   std::vector<ResourceDelta> resources;
 
-  // No request lost, hung, broken, duplicated or wrong, and every fault
-  // confirmed without an error.
-  bool ok() const;
-  // Why not, one line each ("2 requests lost", "fault 3 (link_cut node-1) was
-  // not confirmed: ..."); empty when ok().
+  size_t played_faults() const;
+  // Fail when failures() has any; else Incomplete when not_played() has
+  // any; else Pass.
+  Verdict verdict() const;
+  bool ok() const { return verdict() == Verdict::Pass; }
+  // Why the run failed, one line each ("2 requests lost", "fault 3 (link_cut
+  // node-1) was not confirmed: ..."); faults never played are not among them.
   std::vector<std::string> failures() const;
+  // The planned faults never played, one line each ("fault 5 (link_delay
+  // node-1, at 12 s) was not played: the load ended at 8.6 s").
+  std::vector<std::string> not_played() const;
+  // The verdict's line: "PASS", "FAIL: ...", "INCOMPLETE: ...".
+  std::string verdict_text() const;
 };
 
 // Classifies one request against its expected output (null: none known,

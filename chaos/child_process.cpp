@@ -2,13 +2,19 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -35,6 +41,81 @@ void forget(int pid) {
   }
 }
 
+// Children are forked by one thread that lives as long as the process.
+// PR_SET_PDEATHSIG fires when the thread that forked the child ends, not
+// the process: a child forked by a short-lived thread (a node restarted by
+// troupe chaos's fault thread) would be killed when that thread returns.
+class Spawner {
+ public:
+  // Never destroyed: its thread runs until the process exits, past static
+  // destructors. A process forked from this one (a test's helper) has no
+  // copy of the thread, so it makes its own.
+  static Spawner& get() {
+    Slot& s = slot();
+    std::lock_guard<std::mutex> l(s.mu);
+    if (!s.spawner || s.owner != getpid()) {
+      s.spawner = new Spawner;  // a forked copy's old one is left alone
+      s.owner = getpid();
+    }
+    return *s.spawner;
+  }
+  // Runs `fork_it` (which forks and returns the pid, or -1 with errno) on
+  // the spawner's thread; its result and errno.
+  std::pair<int, int> run(const std::function<int()>& fork_it) {
+    Job job{&fork_it};
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait(l, [&] { return job_ == nullptr; });
+    job_ = &job;
+    cv_.notify_all();
+    done_cv_.wait(l, [&] { return job.done; });
+    return {job.pid, job.err};
+  }
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    Spawner* spawner = nullptr;
+    pid_t owner = 0;
+  };
+  static Slot& slot() {
+    static Slot* s = [] {
+      Slot* made = new Slot;
+      // A fork while another thread makes a spawner leaves the lock
+      // consistent in the child.
+      pthread_atfork([] { slot().mu.lock(); }, [] { slot().mu.unlock(); },
+                     [] { slot().mu.unlock(); });
+      return made;
+    }();
+    return *s;
+  }
+  struct Job {
+    const std::function<int()>* fork_it;
+    int pid = -1, err = 0;
+    bool done = false;
+  };
+  Spawner() {
+    std::thread([this] {
+      // Signals for the process go to its other threads.
+      sigset_t all;
+      sigfillset(&all);
+      pthread_sigmask(SIG_BLOCK, &all, nullptr);
+      std::unique_lock<std::mutex> l(mu_);
+      for (;;) {
+        cv_.wait(l, [&] { return job_ != nullptr; });
+        errno = 0;
+        job_->pid = (*job_->fork_it)();
+        job_->err = errno;
+        job_->done = true;
+        job_ = nullptr;
+        done_cv_.notify_all();
+      }
+    }).detach();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  Job* job_ = nullptr;
+};
+
 }  // namespace
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path,
@@ -45,9 +126,23 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
   }
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
+  // Everything the child needs is made here: between fork and exec it may
+  // only make async-signal-safe calls (no allocation).
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const char* dir = cwd.empty() ? nullptr : cwd.c_str();
+  const pid_t parent = getpid();
+  const std::function<int()> fork_it = [&]() -> int {
+    const pid_t pid = fork();
+    if (pid != 0) return pid;
+    // The child dies with this process, however it ends (SIGKILL included):
+    // a node left stopped (SIGSTOP) still takes SIGKILL. The parent may
+    // have died before the call: then it is not ours to wait for.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(125);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(fds[1], 2);
     close(fds[0]);
     int devnull = open("/dev/null", O_RDWR);
@@ -55,15 +150,21 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::stri
       dup2(devnull, 0);
       dup2(devnull, 1);
     }
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     // Nothing else of the parent's (its sockets, other children's pipes)
     // leaks into the child: a process started late would hold them all.
     close_range(3, ~0U, 0);
-    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
+    if (dir && chdir(dir) != 0) _exit(126);
     execv(args[0], args.data());
     _exit(127);
+  };
+  const auto [pid, err] = Spawner::get().run(fork_it);
+  pid_ = pid;
+  if (pid_ < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    if (log_) std::fclose(log_);
+    log_ = nullptr;
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(err));
   }
   remember(pid_);
   close(fds[1]);

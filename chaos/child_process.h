@@ -13,7 +13,10 @@ namespace troupe {
 
 // A child process (no shell) whose stderr is captured by a thread of its
 // own (so a chatty child never blocks on a full pipe); killed (SIGTERM, then
-// SIGKILL) and reaped on destruction.
+// SIGKILL) and reaped on destruction. It never outlives this process: it
+// gets SIGKILL when this process ends, however it ends (kill -9 included;
+// PR_SET_PDEATHSIG, set in every child by one fork thread that lasts as
+// long as the process).
 class ChildProcess {
  public:
   // argv[0] is the program's path. With `log_path`, stderr is also

@@ -81,7 +81,7 @@ Deployment::Deployment(const ChaosPlan& plan, std::filesystem::path exe,
       plan_(plan.deployment),
       token_(fresh_admin_token()) {
   std::filesystem::create_directories(run_dir_);
-  config_ = plan.source.parent_path() / plan_.config;
+  config_ = deployment_config_path(plan);
   const Config cfg = load_config(config_);
   replicas_ = cfg.parallel.replicas;
   coordinator_ = std::make_unique<ChildProcess>(
@@ -109,6 +109,12 @@ Deployment::Deployment(const ChaosPlan& plan, std::filesystem::path exe,
     if (live_replicas(http_port_) == replicas_) break;
     if (!coordinator_->running())
       throw std::runtime_error("the coordinator exited:\n" + log_tail(*coordinator_));
+    // A node refused (or crashed) at start will not be back by itself.
+    for (NodeProcess& n : nodes_)
+      if (n.process && !n.process->running())
+        throw std::runtime_error(n.name + " exited (status " +
+                                 std::to_string(n.process->exit_code()) +
+                                 ") before every replica was ready:\n" + log_tail(*n.process));
     if (std::chrono::steady_clock::now() > end) {
       std::string logs = "coordinator:\n" + log_tail(*coordinator_);
       for (const NodeProcess& n : nodes_)

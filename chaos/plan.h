@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace troupe {
+struct Config;
+}
+
 namespace troupe::chaos {
 
 struct DeploymentPlan {
@@ -78,9 +82,32 @@ ChaosPlan parse_chaos_plan(const std::string& yaml_text, const std::string& sour
 ChaosPlan load_chaos_plan(const std::filesystem::path& file);
 // Overrides "workload.requests=10000" and the like.
 void apply_plan_override(ChaosPlan& plan, const std::string& key, const std::string& value);
-// Checks that span keys (kinds known, keys that fit the kind, ranges that
-// constrain each other); run after overrides too.
+// Checks that span keys (kinds known, keys that fit the kind, node names
+// within deployment.nodes, ranges that constrain each other); run after
+// overrides too.
 void validate_plan(const ChaosPlan& plan);
+
+// The coordinator's configuration the plan's deployment starts.
+std::filesystem::path deployment_config_path(const ChaosPlan& plan);
+// What the plan asks of the deployment it starts, before anything starts:
+// replica and device indices within its layout, enough node devices for
+// every replica, placement that names nodes the harness starts. `name`
+// names the deployment's config in messages. Throws ConfigError naming the
+// key.
+void check_plan_deployment(const ChaosPlan& plan, const Config& deployment,
+                           const std::string& name);
+// The faults' replica (and device) indices against a deployment of
+// `replicas` replicas of `devices_per_replica` devices (0: unknown).
+void check_plan_replicas(const ChaosPlan& plan, int replicas, int devices_per_replica,
+                         const std::string& deployment);
+// --attach: only runtime and HTTP faults (no node processes of ours).
+void check_plan_for_attach(const ChaosPlan& plan);
+// What the plan will likely not do, in words: faults timed after the load's
+// expected end (--duration, or requests / rate for an open loop).
+std::vector<std::string> plan_warnings(const ChaosPlan& plan, double duration_s);
+
+// 1 .. nodes for "node-1" .. "node-<nodes>", else 0.
+int node_number(const std::string& name, int nodes);
 
 // Every kind a plan may name, and whether it lasts (needs duration_s).
 struct FaultKindInfo {

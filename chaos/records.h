@@ -46,9 +46,13 @@ struct Expected {
 };
 
 struct FaultRecord {
-  std::string kind;    // process_kill, link_cut, kill, slow, client_disconnect, ...
-  std::string target;  // "node-1", "replica 0 worker", "3 clients", ...
-  double injected_s = -1;
+  std::string kind;        // process_kill, link_cut, kill, slow, client_disconnect, ...
+  std::string target;      // "node-1", "replica 0 worker", "3 clients", ...
+  double planned_s = -1;   // when the plan (or the random draw) timed it
+  double injected_s = -1;  // -1: never played (see not_played)
+  // Why a planned fault was never played ("the load ended at 8.6 s"); empty
+  // when it was.
+  std::string not_played;
   double duration_s = 0;     // lasting faults
   double confirmed_s = -1;   // when its effect was observed
   std::string confirmation;  // the effect, in words ("pid 123 exited by SIGKILL", ...)
@@ -82,8 +86,9 @@ struct RunRecords {
   std::vector<FaultRecord> faults;
   std::vector<CapacitySample> capacity;
   std::vector<ResourceSample> resources_start, resources_end;
-  double duration_s = 0;
-  double deadline_s = 0;  // each request's deadline after it was sent
+  double duration_s = 0;   // the whole run, the waits for late confirmations included
+  double load_end_s = -1;  // when the load's last request ended (-1: unknown)
+  double deadline_s = 0;   // each request's deadline after it was sent
   // What the load would get without faults: a closed loop's fault-free
   // pass; for an open loop, the offered load (rate x mean expected tokens)
   // when the fault-free pass showed the deployment can carry it.

@@ -8,6 +8,8 @@ namespace troupe::chaos {
 
 namespace {
 
+constexpr size_t kMaxNotPlayedShown = 12;
+
 std::string shorten(const std::string& s, size_t max = 60) {
   if (s.size() <= max) return s;
   return s.substr(0, max - 3) + "...";
@@ -93,8 +95,14 @@ std::string status_summary(const std::vector<StatusGroup>& groups) {
 std::string render_text(const ChaosReport& r) {
   std::string out;
   const Counts& c = r.counts;
-  out += fmt::format("troupe chaos: {} requests in {:.1f} s, {} fault{}\n", c.requests,
-                     r.duration_s, r.faults.size(), r.faults.size() == 1 ? "" : "s");
+  const size_t played = r.played_faults();
+  out += fmt::format("troupe chaos: {} requests in {:.1f} s, ", c.requests, r.load_s);
+  if (played == r.faults.size()) {
+    out += fmt::format("{} fault{}\n", r.faults.size(), r.faults.size() == 1 ? "" : "s");
+  } else {
+    out += fmt::format("{} of {} planned faults played ({} not played)\n", played, r.faults.size(),
+                       r.faults.size() - played);
+  }
   out += fmt::format("  correct {}   cancelled as asked {}   failed with a status {}", c.correct,
                      c.cancelled, c.failed_status);
   if (!r.failed_by_status.empty()) out += " (" + status_summary(r.failed_by_status) + ")";
@@ -121,32 +129,56 @@ std::string render_text(const ChaosReport& r) {
                        q_text(ph[1]->*field), q_text(ph[2]->*field));
 
   const Throughput& t = r.throughput;
-  const auto rate = [](const std::optional<double>& v, const std::optional<double>& frac,
-                       double window) {
-    if (!v) return std::string("-");
-    std::string s = fmt::format("{:.0f} tok/s", *v);
-    if (frac) s += fmt::format(" ({:.2f}x)", *frac);
-    return s + fmt::format(" over {:.1f} s", window);
+  const auto rate = [](const PhaseRate& p) {
+    if (!p.tokens_per_s) return std::string("-");
+    std::string s = fmt::format("{:.0f} tok/s", *p.tokens_per_s);
+    if (p.fraction) s += fmt::format(" ({:.2f}x)", *p.fraction);
+    return s + fmt::format(" over {:.1f} s", p.window_s);
   };
   out += "throughput: ";
   out += t.baseline_tokens_per_s > 0 ? fmt::format("fault-free {:.0f} tok/s ({})",
                                                    t.baseline_tokens_per_s, t.baseline_basis)
                                      : std::string("no baseline");
-  out += "; during faults " + rate(t.during_tokens_per_s, t.during_fraction, t.fault_window_s);
-  out += "; after " + rate(t.after_tokens_per_s, t.after_fraction, t.after_window_s) + "\n";
+  out += "; before faults " + rate(t.before);
+  out += "; during " + rate(t.during);
+  out += "; after " + rate(t.after) + "\n";
+  out += fmt::format(
+      "  phases, clipped to the load (0-{:.1f} s): before = until the first fault took effect; "
+      "during = within a fault's window\n"
+      "  (from its injection until its effect ended and capacity was back); after = outside "
+      "every window from then on\n"
+      "  (between faults and after the last); a fault refused, unconfirmed or not played opens "
+      "no window\n",
+      r.load_s);
 
   if (!r.faults.empty()) {
     out += fmt::format("{:<31}{:<12}{:<12}{:<20}{}\n", "faults", "confirmed", "detection", "resume",
                        "capacity back");
+    size_t skipped_shown = 0, skipped_hidden = 0;
     for (const FaultReport& f : r.faults) {
       const FaultRecord& rec = f.record;
+      const std::string name = shorten(fmt::format("{} {} {}", f.number, rec.kind, rec.target), 28);
+      if (!f.played()) {
+        // A long plan cut short lists its first few.
+        if (skipped_shown >= kMaxNotPlayedShown) {
+          ++skipped_hidden;
+          continue;
+        }
+        ++skipped_shown;
+        out += fmt::format("  {:<29}{}\n", name, "not played");
+        out +=
+            fmt::format("      {}{}\n",
+                        rec.planned_s >= 0 ? fmt::format("planned at {:.1f} s; ", rec.planned_s)
+                                           : std::string(),
+                        rec.not_played.empty() ? std::string("no reason given") : rec.not_played);
+        continue;
+      }
       std::string resume = f.resume_max_s < 0 ? std::string("-")
                                               : fmt::format("{} ({} req)", seconds(f.resume_max_s),
                                                             f.resumed_late.size());
-      out += fmt::format("  {:<29}{:<12}{:<12}{:<20}{}\n",
-                         shorten(fmt::format("{} {} {}", f.number, rec.kind, rec.target), 28),
-                         f.confirmed() ? "yes" : "NO", since(rec.detected_s, rec.injected_s),
-                         resume, since(rec.recovered_s, rec.injected_s));
+      out += fmt::format("  {:<29}{:<12}{:<12}{:<20}{}\n", name, f.confirmed() ? "yes" : "NO",
+                         since(rec.detected_s, rec.injected_s), resume,
+                         since(rec.recovered_s, rec.injected_s));
       if (!f.confirmed())
         out += fmt::format("      {}: {}\n",
                            rec.confirmed_s < 0 ? "not confirmed" : "confirmed with an error",
@@ -154,12 +186,17 @@ std::string render_text(const ChaosReport& r) {
       else if (!rec.confirmation.empty())
         out += "      " + rec.confirmation + "\n";
     }
+    if (skipped_hidden > 0)
+      out += fmt::format("  ... and {} more not played (all in --json)\n", skipped_hidden);
     out += fmt::format("{:<23}{:<7}{:<11}{:<20}{:<17}{}\n", "by kind (p50/p99 s)", "count",
                        "confirmed", "detection", "resume", "capacity back");
-    for (const FaultKindReport& k : r.fault_kinds)
+    for (const FaultKindReport& k : r.fault_kinds) {
       out +=
-          fmt::format("  {:<21}{:<7}{:<11}{:<20}{:<17}{}\n", shorten(k.kind, 20), k.count,
+          fmt::format("  {:<21}{:<7}{:<11}{:<20}{:<17}{}", shorten(k.kind, 20), k.count,
                       k.confirmed, q_text(k.detection), q_text(k.resume), q_text(k.capacity_back));
+      if (k.not_played > 0) out += fmt::format("   +{} not played", k.not_played);
+      out += "\n";
+    }
   }
 
   if (!r.resources.empty()) {
@@ -191,16 +228,7 @@ std::string render_text(const ChaosReport& r) {
     }
   }
 
-  if (r.ok()) {
-    out += "verdict: PASS\n";
-  } else {
-    std::string why;
-    for (const std::string& f : r.failures()) {
-      if (!why.empty()) why += "; ";
-      why += f;
-    }
-    out += "verdict: FAIL: " + why + "\n";
-  }
+  out += "verdict: " + r.verdict_text() + "\n";
   return out;
 }
 
@@ -209,6 +237,9 @@ nlohmann::json render_json(const ChaosReport& r) {
   const Counts& c = r.counts;
   j["requests"] = c.requests;
   j["duration_s"] = r.duration_s;
+  j["load_s"] = r.load_s;
+  j["faults_planned"] = r.faults.size();
+  j["faults_played"] = r.played_faults();
   j["counts"] = {{"requests", c.requests},
                  {"correct", c.correct},
                  {"cancelled_as_asked", c.cancelled},
@@ -250,18 +281,27 @@ nlohmann::json render_json(const ChaosReport& r) {
                   {"after", phase_json(r.latency.after)}};
 
   const Throughput& t = r.throughput;
+  const auto phase = [](const PhaseRate& p) {
+    return nlohmann::json{{"window_s", p.window_s},
+                          {"tokens_per_s", opt_json(p.tokens_per_s)},
+                          {"fraction_of_baseline", opt_json(p.fraction)}};
+  };
   j["throughput"] = {{"baseline_tokens_per_s", t.baseline_tokens_per_s},
                      {"baseline_basis", t.baseline_basis},
                      {"bin_s", 1.0},
                      {"bins", t.bins},
-                     {"during_faults",
-                      {{"window_s", t.fault_window_s},
-                       {"tokens_per_s", opt_json(t.during_tokens_per_s)},
-                       {"fraction_of_baseline", opt_json(t.during_fraction)}}},
-                     {"after_faults",
-                      {{"window_s", t.after_window_s},
-                       {"tokens_per_s", opt_json(t.after_tokens_per_s)},
-                       {"fraction_of_baseline", opt_json(t.after_fraction)}}}};
+                     {"before_faults", phase(t.before)},
+                     {"during_faults", phase(t.during)},
+                     {"after_faults", phase(t.after)}};
+  j["phases"] = {
+      {"clipped_to_s", r.load_s},
+      {"before", "until the first fault took effect"},
+      {"during",
+       "within a window of a fault that took effect: from its injection until its effect ended "
+       "and capacity was back"},
+      {"after",
+       "outside every window once the first fault took effect (between faults and after "
+       "the last)"}};
 
   j["median_token_gap_s"] = r.median_token_gap_s;
   j["resume_threshold_s"] = r.resume_threshold_s;
@@ -275,6 +315,9 @@ nlohmann::json render_json(const ChaosReport& r) {
     j["faults"].push_back({{"number", f.number},
                            {"kind", rec.kind},
                            {"target", rec.target},
+                           {"played", f.played()},
+                           {"not_played", rec.not_played},
+                           {"planned_s", time_json(rec.planned_s)},
                            {"injected_s", time_json(rec.injected_s)},
                            {"duration_s", rec.duration_s},
                            {"confirmed_s", time_json(rec.confirmed_s)},
@@ -282,6 +325,7 @@ nlohmann::json render_json(const ChaosReport& r) {
                            {"error", rec.error},
                            {"detected_s", time_json(rec.detected_s)},
                            {"recovered_s", time_json(rec.recovered_s)},
+                           {"window_start_s", time_json(f.window_start_s)},
                            {"window_end_s", time_json(f.window_end_s)},
                            {"confirmed", f.confirmed()},
                            {"resume",
@@ -294,6 +338,7 @@ nlohmann::json render_json(const ChaosReport& r) {
     j["fault_kinds"].push_back({{"kind", k.kind},
                                 {"count", k.count},
                                 {"confirmed", k.confirmed},
+                                {"not_played", k.not_played},
                                 {"detection_s", q_json(k.detection)},
                                 {"resume_s", q_json(k.resume)},
                                 {"capacity_back_s", q_json(k.capacity_back)}});
@@ -317,8 +362,9 @@ nlohmann::json render_json(const ChaosReport& r) {
   }
 
   j["ok"] = r.ok();
-  j["verdict"] = r.ok() ? "PASS" : "FAIL";
+  j["verdict"] = verdict_name(r.verdict());
   j["failures"] = r.failures();
+  j["not_played"] = r.not_played();
   return j;
 }
 

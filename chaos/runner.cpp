@@ -3,12 +3,15 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -26,6 +29,9 @@ using json = nlohmann::json;
 
 // A death or a resume this long after a fault's window is still its doing.
 constexpr double kAttributeS = 3;
+// Random faults drawn for a random.until_s the load never reached are
+// listed as not played, up to this many.
+constexpr size_t kMaxUnplayedRandom = 10000;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -35,11 +41,45 @@ void sleep_s(double s) {
   if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
+// The first error of any of the run's threads, to end the run with.
+class RunError {
+ public:
+  // Runs `body`; an exception it throws is kept (the first one) and
+  // stops the run instead of leaving the thread (which would terminate the
+  // process with its children still running).
+  template <class F>
+  void guard(const char* where, F&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      keep(std::string(where) + ": " + e.what());
+    } catch (...) {
+      keep(std::string(where) + ": an unknown exception");
+    }
+  }
+  bool failed() const { return failed_; }
+  void rethrow() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failed_) throw std::runtime_error(what_);
+  }
+
+ private:
+  void keep(std::string what) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!failed_) what_ = std::move(what);
+    failed_ = true;
+  }
+  std::mutex mu_;
+  std::string what_;
+  std::atomic<bool> failed_{false};
+};
+
 // What the harness reads from /metrics.
 struct MetricsView {
   bool ok = false;
   int live_replicas = 0;
   std::vector<int> live;  // which replicas are ready
+  std::set<int> known;    // every replica the coordinator has a state for
   double detections = 0;  // nodes declared dead
   double restarts = 0;    // replicas restarted
   double cancelled = 0;   // requests_total{status="499"}
@@ -60,10 +100,14 @@ MetricsView read_metrics(const ServerEndpoint& e) {
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     const double v = sample_value(line);
-    if (line.rfind("troupe_replica_state{", 0) == 0 && v == 2) {
-      ++m.live_replicas;
+    if (line.rfind("troupe_replica_state{", 0) == 0) {
       const size_t q = line.find("replica=\"");
-      if (q != std::string::npos) m.live.push_back(std::atoi(line.c_str() + q + 9));
+      const int r = q == std::string::npos ? -1 : std::atoi(line.c_str() + q + 9);
+      if (r >= 0) m.known.insert(r);
+      if (v == 2) {
+        ++m.live_replicas;
+        if (r >= 0) m.live.push_back(r);
+      }
     }
     if (line.rfind("troupe_node_detections_total{", 0) == 0) m.detections += v;
     if (line.rfind("troupe_replica_restarts_total{", 0) == 0) m.restarts += v;
@@ -81,6 +125,23 @@ std::string served_model(const ServerEndpoint& e) {
     throw std::runtime_error("GET /v1/models failed (" + std::to_string(r.status) +
                              "): " + r.body.substr(0, 200));
   return j["data"][0].value("id", "");
+}
+
+std::string seconds_text(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", s);
+  return text;
+}
+
+// A fault's target as the plan names it (before it is played).
+std::string planned_target(const FaultPlan& p) {
+  const FaultKindInfo* k = find_fault_kind(p.kind);
+  if (!k) return "";
+  if (k->family == "process" || k->family == "link") return p.node;
+  if (k->family == "http") return std::to_string(p.count) + " streaming client(s)";
+  return p.replica >= 0
+             ? "replica " + std::to_string(p.replica) + (p.kind == "kill" ? " " + p.role : "")
+             : std::string("a replica that is up");
 }
 
 // ---- faults as the harness tracks them ----
@@ -102,6 +163,8 @@ struct Tracked {
   int claims = 0, claims_done = 0;  // HTTP faults: clients that took it, and finished
 };
 
+}  // namespace
+
 uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCounters& before,
                      std::string* what) {
   const auto delta = [&](uint64_t LinkDirectionCounters::*f) {
@@ -116,13 +179,25 @@ uint64_t link_effect(const FaultPlan& p, const LinkCounters& now, const LinkCoun
     n = delta(&LinkDirectionCounters::frames_duplicated), *what = "messages duplicated";
   if (p.kind == "link_reorder")
     n = delta(&LinkDirectionCounters::frames_reordered), *what = "messages reordered";
-  if (p.kind == "link_cut") n = delta(&LinkDirectionCounters::cut_us) / 1000, *what = "ms cut";
+  if (p.kind == "link_cut") {
+    // Each direction counts the wall time it was cut; a cut of both is one
+    // span of time, not the sum of two.
+    const uint64_t up = (now.to_upstream.cut_us - before.to_upstream.cut_us) / 1000;
+    const uint64_t down = (now.to_client.cut_us - before.to_client.cut_us) / 1000;
+    n = std::max(up, down);
+    *what = "ms cut";
+    if (p.direction == "both")
+      *what += " (to coordinator " + std::to_string(up) + " ms, to node " + std::to_string(down) +
+               " ms)";
+  }
   if (p.kind == "link_bandwidth")
     n = delta(&LinkDirectionCounters::bytes_throttled), *what = "bytes throttled";
   if (p.kind == "link_reset")
     n = now.connections_reset - before.connections_reset, *what = "connections reset";
   return n;
 }
+
+namespace {
 
 LinkFault to_link_fault(const FaultPlan& p, uint64_t seed) {
   LinkFault f;
@@ -230,6 +305,9 @@ class Run {
   std::deque<Tracked> tracked_;
   std::vector<Tracked*> http_waiting_;  // HTTP faults with clients still to take them
   std::atomic<bool> load_done_{false};
+  RunError error_;
+  double load_end_s_ = -1;
+  std::vector<FaultPlan> unplayed_;  // due after the load ended (the fault thread's)
   std::atomic<int> client_cancels_{0};
   MetricsView last_metrics_;
   double start_cancelled_ = 0;
@@ -252,7 +330,12 @@ ChaosRun Run::go() {
     http_.host = a.substr(0, colon);
     http_.port = a.substr(colon + 1, a.find('/', colon) - colon - 1);
     http_.token = o_.admin_token;
-    replicas_ = std::max(1, read_metrics(http_).live_replicas);
+    const MetricsView m = read_metrics(http_);
+    if (!m.ok)
+      throw std::runtime_error("GET " + o_.attach + "/metrics failed: is it a troupe serve?");
+    replicas_ = std::max<int>(1, int(m.known.size()));
+    // What the plan asks of it, before the fault-free pass.
+    check_plan_replicas(plan_, int(m.known.size()), 0, "the deployment at " + o_.attach);
   }
   model_ = served_model(http_);
   say("fault-free pass over " + std::to_string(w.pool.size()) + " distinct requests");
@@ -266,21 +349,26 @@ ChaosRun Run::go() {
       deployment_ ? deployment_->resources(last_metrics_.kv_used) : std::vector<ResourceSample>{};
   out_.resource_series.emplace_back(0, out_.records.resources_start);
   std::thread poller([this] {
-    double next_sample = o_.sample_every_s;
-    while (!load_done_) {
-      poll();
-      if (deployment_ && now() >= next_sample) {
-        out_.resource_series.emplace_back(now(), deployment_->resources(last_metrics_.kv_used));
-        next_sample += o_.sample_every_s;
+    error_.guard("the metrics poller", [&] {
+      double next_sample = o_.sample_every_s;
+      while (!load_done_ && !error_.failed()) {
+        poll();
+        if (deployment_ && now() >= next_sample) {
+          out_.resource_series.emplace_back(now(), deployment_->resources(last_metrics_.kv_used));
+          next_sample += o_.sample_every_s;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    });
   });
-  std::thread driver([this, &w] { faults(w); });
-  load(w);
+  std::thread driver([this, &w] { error_.guard("the fault driver", [&] { faults(w); }); });
+  error_.guard("the load", [&] { load(w); });
+  load_end_s_ = now();
   load_done_ = true;
   driver.join();
   poller.join();
+  // The run cannot be judged; the deployment goes with the exception.
+  error_.rethrow();
   // Lasting faults are over; give the last ones a moment to show their effect.
   for (int i = 0; i < 100; ++i) {
     poll();
@@ -289,17 +377,31 @@ ChaosRun Run::go() {
     {
       std::lock_guard<std::mutex> l(mu_);
       for (const Tracked& t : tracked_)
-        pending = pending || (t.rec.confirmed_s < 0 && t.rec.error.empty());
+        pending =
+            pending || (t.rec.confirmed_s < 0 && t.rec.error.empty() && t.rec.not_played.empty());
     }
     if (!pending) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   check_admin_faults();
   attribute_resumes();
+  const std::string ended = "the load ended at " + seconds_text(load_end_s_) + " s";
   for (Tracked& t : tracked_) {
-    if (t.rec.confirmed_s < 0 && t.rec.error.empty()) t.rec.error = "no effect was observed";
+    if (t.rec.confirmed_s < 0 && t.rec.error.empty() && t.rec.not_played.empty())
+      t.rec.error = "no effect was observed";
     out_.records.faults.push_back(t.rec);
   }
+  // Every planned fault is in the report: those the load never reached too.
+  for (const FaultPlan& p : unplayed_) {
+    FaultRecord r;
+    r.kind = p.kind;
+    r.target = planned_target(p);
+    r.planned_s = p.at_s;
+    r.duration_s = p.duration_s;
+    r.not_played = ended;
+    out_.records.faults.push_back(std::move(r));
+  }
+  out_.records.load_end_s = load_end_s_;
   out_.records.duration_s = now();
   out_.records.deadline_s = plan_.workload.deadline_s;
   out_.records.expected = expected_;
@@ -324,29 +426,32 @@ void Run::baseline(const Workload& w) {
   std::vector<std::thread> workers;
   for (int c = 0; c < plan_.workload.concurrency; ++c)
     workers.emplace_back([&] {
-      HttpClient client([&] {
-        HttpClient::Options opt;
-        opt.host = http_.host;
-        opt.port = http_.port;
-        return opt;
-      }());
-      for (size_t i; (i = next++) < first.size();) {
-        RequestSpec s = first[i];
-        s.cancel_after = -1;
-        const RequestRecord r =
-            run_request(client, request_body(w.pool[s.distinct], s.stream, model_), s, {},
-                        plan_.workload.deadline_s, start);
-        std::lock_guard<std::mutex> l(fmu);
-        if (r.status != 200 || r.transport != Transport::Complete) {
-          failures.push_back("request " + std::to_string(i) + ": status " +
-                             std::to_string(r.status) + " " + r.error);
-          continue;
+      error_.guard("the fault-free pass", [&] {
+        HttpClient client([&] {
+          HttpClient::Options opt;
+          opt.host = http_.host;
+          opt.port = http_.port;
+          return opt;
+        }());
+        for (size_t i; (i = next++) < first.size();) {
+          RequestSpec s = first[i];
+          s.cancel_after = -1;
+          const RequestRecord r =
+              run_request(client, request_body(w.pool[s.distinct], s.stream, model_), s, {},
+                          plan_.workload.deadline_s, start);
+          std::lock_guard<std::mutex> l(fmu);
+          if (r.status != 200 || r.transport != Transport::Complete) {
+            failures.push_back("request " + std::to_string(i) + ": status " +
+                               std::to_string(r.status) + " " + r.error);
+            continue;
+          }
+          expected_[s.distinct] = {r.tokens, r.finish_reason};
+          tokens += r.tokens.size();
         }
-        expected_[s.distinct] = {r.tokens, r.finish_reason};
-        tokens += r.tokens.size();
-      }
+      });
     });
   for (auto& t : workers) t.join();
+  error_.rethrow();
   if (!failures.empty())
     throw std::runtime_error(
         "the fault-free pass failed for " + std::to_string(failures.size()) +
@@ -403,40 +508,42 @@ void Run::load(const Workload& w) {
   std::vector<std::thread> workers;
   for (int c = 0; c < wp.concurrency; ++c)
     workers.emplace_back([&] {
-      HttpClient::Options opt;
-      opt.host = http_.host;
-      opt.port = http_.port;
-      opt.io_timeout_s = wp.deadline_s;
-      HttpClient client(opt);
-      HttpClient::Options slow_opt = opt;
-      slow_opt.read_chunk_bytes = 64;
-      size_t i = 0;
-      double at = 0;
-      while (take(i, at)) {
-        if (wp.rate > 0) sleep_s(at - now());
-        if (timed && now() >= o_.duration_s) break;
-        RequestSpec s = w.requests[i % w.requests.size()];
-        s.index = i;
-        Tracked* who = nullptr;
-        const ClientFaults cf = claim_client_fault(s.stream, &who);
-        const std::string body = request_body(w.pool[s.distinct], s.stream, model_);
-        RequestRecord r;
-        if (cf.slow_bytes_per_s > 0) {
-          HttpClient slow(slow_opt);
-          r = run_request(slow, body, s, cf, wp.deadline_s, t0_);
-        } else {
-          r = run_request(client, body, s, cf, wp.deadline_s, t0_);
+      error_.guard("a client of the load", [&] {
+        HttpClient::Options opt;
+        opt.host = http_.host;
+        opt.port = http_.port;
+        opt.io_timeout_s = wp.deadline_s;
+        HttpClient client(opt);
+        HttpClient::Options slow_opt = opt;
+        slow_opt.read_chunk_bytes = 64;
+        size_t i = 0;
+        double at = 0;
+        while (!error_.failed() && take(i, at)) {
+          if (wp.rate > 0) sleep_s(at - now());
+          if (timed && now() >= o_.duration_s) break;
+          RequestSpec s = w.requests[i % w.requests.size()];
+          s.index = i;
+          Tracked* who = nullptr;
+          const ClientFaults cf = claim_client_fault(s.stream, &who);
+          const std::string body = request_body(w.pool[s.distinct], s.stream, model_);
+          RequestRecord r;
+          if (cf.slow_bytes_per_s > 0) {
+            HttpClient slow(slow_opt);
+            r = run_request(slow, body, s, cf, wp.deadline_s, t0_);
+          } else {
+            r = run_request(client, body, s, cf, wp.deadline_s, t0_);
+          }
+          if (r.transport == Transport::CancelledByUs) ++client_cancels_;
+          // The record's index is its expected output's.
+          r.index = s.distinct;
+          if (who) {
+            std::lock_guard<std::mutex> l(mu_);
+            ++who->claims_done;
+          }
+          std::lock_guard<std::mutex> l(rmu);
+          out_.records.requests.push_back(std::move(r));
         }
-        if (r.transport == Transport::CancelledByUs) ++client_cancels_;
-        // The record's index is its expected output's.
-        r.index = s.distinct;
-        if (who) {
-          std::lock_guard<std::mutex> l(mu_);
-          ++who->claims_done;
-        }
-        std::lock_guard<std::mutex> l(rmu);
-        out_.records.requests.push_back(std::move(r));
-      }
+      });
     });
   for (auto& t : workers) t.join();
 }
@@ -460,7 +567,7 @@ void Run::faults(const Workload&) {
             [](const FaultPlan& a, const FaultPlan& b) { return a.at_s < b.at_s; });
   size_t li = 0;
   const double until = plan_.random.until_s;
-  while (!load_done_) {
+  while (!load_done_ && !error_.failed()) {
     // Undo what is due (only this thread adds to tracked_, so its
     // elements stay put while it walks them).
     for (Tracked& t : tracked_)
@@ -484,6 +591,7 @@ void Run::faults(const Workload&) {
         t->number = tracked_.size() - 1;
         t->rec.kind = due->kind;
         t->rec.duration_s = due->duration_s;
+        t->rec.planned_s = due->at_s;
         t->rec.injected_s = now();
         t->baseline_cancel = last_metrics_.cancelled;
       }
@@ -515,6 +623,13 @@ void Run::faults(const Workload&) {
   // The load is over: undo whatever still lasts, so the end state is whole.
   for (Tracked& t : tracked_)
     if (!t.ended && t.end_s >= 0) undo(t);
+  // What the plan had for later was never played: listed faults, and the
+  // random ones drawn before random.until_s (none when it runs until the
+  // load ends).
+  for (; li < listed.size(); ++li) unplayed_.push_back(listed[li]);
+  if (random.enabled() && until > 0)
+    for (size_t n = 0; n < kMaxUnplayedRandom && random.next_time() <= until; ++n)
+      unplayed_.push_back(random.take());
 }
 
 // Runs on the fault thread without the lock (killing a process waits for
@@ -743,10 +858,17 @@ void Run::poll() {
       }
     }
     if (load_done_)
-      for (Tracked* h : http_waiting_)
-        if (h->claims < h->plan.count && h->rec.error.empty())
+      for (Tracked* h : http_waiting_) {
+        if (h->claims == 0 && h->rec.not_played.empty()) {
+          // No client ever took it: it did nothing, as if never injected.
+          h->rec.injected_s = -1;
+          h->rec.not_played = "the load ended at " + seconds_text(load_end_s_) +
+                              " s before a streaming request took it";
+        } else if (h->claims < h->plan.count && h->rec.error.empty()) {
           h->rec.error = "the load ended before " + std::to_string(h->plan.count) +
                          " streaming request(s) took it";
+        }
+      }
   }
   if (admin_pending) check_admin_faults();
 }

@@ -12,6 +12,10 @@
 #include "chaos/plan.h"
 #include "chaos/records.h"
 
+namespace troupe {
+struct LinkCounters;
+}
+
 namespace troupe::chaos {
 
 struct ChaosOptions {
@@ -38,5 +42,12 @@ struct ChaosRun {
 // Throws std::runtime_error when the deployment does not come up or the
 // fault-free pass fails (then there is nothing to compare with).
 ChaosRun run_chaos(const ChaosOptions& options);
+
+// What a link fault did between two readings of its proxy's counters, as a
+// number and its unit in words (`what`: "messages dropped", "ms cut (to
+// coordinator 2004 ms, to node 2004 ms)"); 0: no effect. A cut is the wall
+// time it lasted, whatever the directions.
+uint64_t link_effect(const FaultPlan& fault, const LinkCounters& now, const LinkCounters& before,
+                     std::string* what);
 
 }  // namespace troupe::chaos

@@ -219,7 +219,7 @@ std::string layout_text(const ParallelLayout& p) {
          ", tensor: " + std::to_string(p.tensor) + "}";
 }
 
-void validate(const Origin& o, const Config& c) {
+void validate(const Origin& o, const Config& c, ConfigRole role) {
   config_fields().check(o, "", c);
   const ParallelLayout& p = c.parallel;
   const int64_t devices = int64_t(p.replicas) * p.pipeline * p.tensor;
@@ -228,7 +228,11 @@ void validate(const Origin& o, const Config& c) {
                            std::to_string(kMaxDevices) + " are supported");
   const size_t n = c.devices.size();
   const auto needed = size_t(p.device_count());
-  if (n != 1 && n != needed)
+  // A node's entries are the devices it offers, however many: the
+  // coordinator's layout decides what runs on them.
+  if (role == ConfigRole::Node && n == 0)
+    o.fail("devices", "is empty: give one entry per device the node offers, or one for all");
+  if (role == ConfigRole::Deployment && n != 1 && n != needed)
     o.fail("devices", "has " + std::to_string(n) + " entries, but parallel " + layout_text(p) +
                           " needs " + std::to_string(needed) +
                           " (one per device) or 1 (applied to every device)");
@@ -284,17 +288,17 @@ Config default_config() {
   return Config{};
 }
 
-Config parse_config(const std::string& yaml_text, const std::string& source_name) {
+Config parse_config(const std::string& yaml_text, const std::string& source_name, ConfigRole role) {
   Origin origin(source_name);
   Config config;
   schema::guarded(source_name, [&] {
     config_fields().read(origin, schema::load_document(yaml_text, source_name), "", config);
-    validate(origin, config);
+    validate(origin, config, role);
   });
   return config;
 }
 
-Config load_config(const std::filesystem::path& file) {
+Config load_config(const std::filesystem::path& file, ConfigRole role) {
   const std::string source = file.string();
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) {
@@ -308,19 +312,19 @@ Config load_config(const std::filesystem::path& file) {
   if (!(in && text << in.rdbuf())) {
     throw schema::key_error(source, "", "cannot read the config file", 0);
   }
-  return parse_config(text.str(), source);
+  return parse_config(text.str(), source, role);
 }
 
 void apply_overrides(Config& config,
                      const std::vector<std::pair<std::string, std::string>>& key_values,
-                     const std::string& source_name) {
+                     const std::string& source_name, ConfigRole role) {
   Origin origin(source_name);
   Config updated = config;  // untouched when any override fails
   schema::guarded(source_name, [&] {
     for (const auto& [key, value] : key_values)
       config_fields().override_key(origin, key, schema::override_value(origin, key, value),
                                    updated);
-    validate(origin, updated);
+    validate(origin, updated, role);
   });
   config = std::move(updated);
 }
@@ -330,8 +334,22 @@ void apply_override(Config& config, const std::string& dotted_key, const std::st
   apply_overrides(config, {{dotted_key, value}}, source_name);
 }
 
-void validate_config(const Config& config, const std::string& source_name) {
-  validate(Origin(source_name), config);
+void validate_config(const Config& config, const std::string& source_name, ConfigRole role) {
+  validate(Origin(source_name), config, role);
+}
+
+std::vector<DeviceSpec> node_devices(const Config& c, int count) {
+  if (count < 0) throw std::invalid_argument("a node offers at least 1 device");
+  const size_t entries = c.devices.size();
+  if (entries == 0) throw std::invalid_argument("devices is empty");
+  const int n = count > 0 ? count : entries > 1 ? int(entries) : c.parallel.device_count();
+  if (entries != 1 && int(entries) != n)
+    throw std::invalid_argument(
+        std::to_string(n) + " device(s) need one devices entry (for all), or " + std::to_string(n) +
+        " (one each); the config lists " + std::to_string(entries));
+  std::vector<DeviceSpec> out;
+  for (int d = 0; d < n; ++d) out.push_back(entries == 1 ? c.devices[0] : c.devices[size_t(d)]);
+  return out;
 }
 
 std::string to_yaml(const Config& c) {

@@ -169,10 +169,19 @@ struct Config {
 
 Config default_config();
 
+// What a configuration describes, for the devices list. A deployment's
+// (`serve`, `generate`, `bench`) devices are its layout's:
+// parallel.device_count() entries, or one entry for every device. A node's
+// (`troupe node`) are the devices it offers, one entry each (or one entry
+// for all, with --devices N); the coordinator's layout decides what runs on
+// them, so its own `parallel` does not bound the list.
+enum class ConfigRole { Deployment, Node };
+
 // Reads and validates a YAML file; every key is optional.
-Config load_config(const std::filesystem::path& file);
+Config load_config(const std::filesystem::path& file, ConfigRole role = ConfigRole::Deployment);
 // The same from text; `source_name` prefixes error messages (a file name).
-Config parse_config(const std::string& yaml_text, const std::string& source_name);
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    ConfigRole role = ConfigRole::Deployment);
 
 // Sets one key, e.g. ("batching.max_batch_tokens", "4096"), with the same
 // checks as the file, then re-validates the whole config. A value that starts
@@ -186,11 +195,19 @@ void apply_override(Config& config, const std::string& dotted_key, const std::st
 // make sense together (--replicas 2 with a two-entry device list) are allowed.
 void apply_overrides(Config& config,
                      const std::vector<std::pair<std::string, std::string>>& key_values,
-                     const std::string& source_name = "command line");
+                     const std::string& source_name = "command line",
+                     ConfigRole role = ConfigRole::Deployment);
 
 // The checks that span keys and every range check; the loaders call it, and
 // code that builds a Config by hand should too. Throws ConfigError.
-void validate_config(const Config& config, const std::string& source_name = "config");
+void validate_config(const Config& config, const std::string& source_name = "config",
+                     ConfigRole role = ConfigRole::Deployment);
+
+// The devices a node (ConfigRole::Node) offers: `count` of them (0: one per
+// devices entry when it lists several, else parallel.device_count()), each
+// as its entry says, or all as the single entry says. Throws
+// std::invalid_argument when `count` and a list of several disagree.
+std::vector<DeviceSpec> node_devices(const Config& config, int count);
 
 // YAML that parse_config reads back as an equal config (--print-config).
 std::string to_yaml(const Config& config);

@@ -293,6 +293,17 @@ Kind<double> seconds(bool zero_ok) {
           [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
 }
 
+Kind<double> non_negative_seconds(std::string zero_means) {
+  return {read_seconds,
+          [zero_means](const double& v) {
+            if (std::isfinite(v) && v >= 0) return std::string();
+            return "expected a non-negative number of seconds" +
+                   (zero_means.empty() ? std::string() : " (0: " + zero_means + ")") + ", got " +
+                   format_number(v);
+          },
+          [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
+}
+
 Kind<double> number_in(double lo, double hi) {
   const std::string range = "a number in [" + format_number(lo) + ", " + format_number(hi) + "]";
   return {[range](const Origin& o, const Node& n, const std::string& key) {

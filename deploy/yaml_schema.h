@@ -89,6 +89,10 @@ Kind<int64_t> non_negative_int64();  // read as "a positive integer"; 0 left to 
 Kind<uint64_t> unsigned_int();
 // Seconds; with zero_is_no_limit, 0 means "no limit".
 Kind<double> seconds(bool zero_is_no_limit);
+// Non-negative seconds whose 0 means `zero_means` in messages ("the start
+// of the load"; empty: nothing is said about 0): a time or a length where 0
+// is not "no limit".
+Kind<double> non_negative_seconds(std::string zero_means);
 // A number within [lo, hi] (factors, fractions, rates).
 Kind<double> number_in(double lo, double hi);
 // Bytes with an optional binary unit (256MiB); `positive` refuses 0.

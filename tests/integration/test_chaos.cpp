@@ -2,10 +2,17 @@
 // 127.0.0.1 behind link proxies), and the admin endpoint it drives, over
 // real HTTP.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "support/serving_support.h"
 #include "support/test_support.h"
@@ -20,6 +27,7 @@ struct ChaosResult {
   int exit_code = -1;
   json report;
   std::string stderr_text;
+  std::string stdout_text;
 };
 
 // Runs `troupe chaos PLAN ARGS...` from the source directory (the plans'
@@ -30,9 +38,18 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
       ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<std::string> argv{
-      test::troupe_binary(),          "chaos",     plan.string(),          "--json",
-      (dir / "report.json").string(), "--run-dir", (dir / "logs").string()};
+  // stdout (the text report) through a shell-free redirect: a file.
+  const fs::path out = dir / "report.txt";
+  std::vector<std::string> argv{"/bin/sh",
+                                "-c",
+                                "exec \"$0\" \"$@\" > " + out.string(),
+                                test::troupe_binary(),
+                                "chaos",
+                                plan.string(),
+                                "--json",
+                                (dir / "report.json").string(),
+                                "--run-dir",
+                                (dir / "logs").string()};
   argv.insert(argv.end(), args.begin(), args.end());
   ChildProcess p(argv, "", test::source_dir().string());
   ChaosResult r;
@@ -40,7 +57,23 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
   r.stderr_text = p.stderr_so_far();
   std::ifstream in(dir / "report.json");
   if (in) r.report = json::parse(in, nullptr, false);
+  std::ifstream text(out);
+  r.stdout_text.assign(std::istreambuf_iterator<char>(text), {});
   return r;
+}
+
+// A plan written for one test, in the temp directory, beside a copy of the
+// deployment it names from tests/data/chaos.
+fs::path write_plan(const std::string& name, const std::string& yaml) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("troupe-chaos-plans-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(test::data_path("chaos") / "one-node.yaml", dir / "one-node.yaml",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(test::source_dir() / "configs" / "chaos" / "deployment.yaml",
+                dir / "deployment.yaml", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / name) << yaml;
+  return dir / name;
 }
 
 void expect_nothing_lost(const json& report) {
@@ -139,6 +172,189 @@ TEST(Chaos, ABadPlanIsRefusedNamingTheKey) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.stderr_text.find("faults[0].kind"), std::string::npos) << r.stderr_text;
   EXPECT_NE(r.stderr_text.find("process_kill"), std::string::npos) << r.stderr_text;
+}
+
+// Everything knowable from the plan and the flags is refused before anything
+// starts, naming the key or the flag (each of these once started the
+// deployment, or ran the plan's own request count).
+TEST(Chaos, WhatThePlanOrTheFlagsGetWrongIsRefusedBeforeAnythingStarts) {
+  const auto refused = [](const fs::path& plan, std::vector<std::string> args,
+                          const std::string& needle) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ChaosResult r = run_chaos(plan, args);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.stderr_text;
+    EXPECT_NE(r.stderr_text.find(needle), std::string::npos) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("terminate called"), std::string::npos) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("starting the deployment"), std::string::npos) << r.stderr_text;
+    EXPECT_LT(took, 20) << r.stderr_text;
+    return r;
+  };
+  const fs::path quick = test::source_dir() / "configs" / "chaos" / "quick.yaml";
+  EXPECT_EQ(refused(quick, {"--requests", "0"}, "--requests must be a positive").exit_code, 2);
+  refused(quick, {"--requests", "-5"}, "--requests must be a positive");
+  refused(quick, {"--duration", "-1"}, "--duration must be a positive");
+  refused(quick, {"--duration", "0"}, "--duration must be a positive");
+  // node-9 of three aborted the harness (rc 134) after the fault-free pass.
+  refused(write_plan("node9.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "faults: [{at_s: 1, kind: process_kill, node: node-9}]\n"),
+          {}, "faults[0].node");
+  refused(write_plan("replica99.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "faults: [{at_s: 1, kind: kill, replica: 99}]\n"),
+          {}, "faults[0].replica");
+  // Two nodes cannot hold three replicas: it waited ready_timeout_s (120 s).
+  refused(write_plan("two-nodes.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 2}\n"
+                     "faults: [{at_s: 1, kind: kill, replica: 0}]\n"),
+          {}, "deployment.nodes");
+  refused(write_plan("every0.yaml",
+                     "deployment: {config: deployment.yaml, nodes: 3}\n"
+                     "random: {every_s: 0, kinds: [process_kill]}\n"),
+          {}, "random.every_s");
+}
+
+// A fault the load never reached is in the report as not played, and the
+// run is INCOMPLETE (exit status 3), not a clean PASS.
+TEST(Chaos, AFaultTheLoadNeverReachedMakesTheRunIncomplete) {
+  const ChaosResult r = run_chaos(test::data_path("chaos") / "unplayed.yaml");
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 3) << r.stderr_text;
+  EXPECT_EQ(r.report["verdict"], "INCOMPLETE") << r.report["failures"].dump();
+  expect_nothing_lost(r.report);
+  EXPECT_EQ(r.report["faults_planned"], 2);
+  EXPECT_EQ(r.report["faults_played"], 1);
+  ASSERT_EQ(r.report["faults"].size(), 2u);
+  EXPECT_EQ(r.report["faults"][0]["played"], true);
+  const json& later = r.report["faults"][1];
+  EXPECT_EQ(later["played"], false) << later.dump();
+  EXPECT_EQ(later["kind"], "step_error");
+  EXPECT_NE(later["not_played"].get<std::string>().find("the load ended at"), std::string::npos)
+      << later.dump();
+  // The windows stay within the load.
+  const double load = r.report["load_s"];
+  EXPECT_LE(r.report["faults"][0]["window_end_s"].get<double>(), load + 1e-9);
+  EXPECT_NE(r.stdout_text.find("verdict: INCOMPLETE"), std::string::npos) << r.stdout_text;
+  EXPECT_NE(r.stdout_text.find("not played"), std::string::npos) << r.stdout_text;
+  // Said before the run, too.
+  EXPECT_NE(r.stderr_text.find("warning: the load should end near"), std::string::npos)
+      << r.stderr_text;
+  EXPECT_NE(r.stderr_text.find("chaos run incomplete"), std::string::npos) << r.stderr_text;
+}
+
+// The pids whose parent is `pid`, from /proc.
+std::vector<int> children_of(int pid) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Gone, or a zombie nobody reaped yet: not running, not stopped.
+bool dead(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return true;
+  const size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() &&
+         (text[close + 2] == 'Z' || text[close + 2] == 'X');
+}
+
+// kill -9 of troupe chaos while it holds a node stopped: the node (and the
+// coordinator) die with it instead of living on, stopped, as orphans.
+TEST(Chaos, ItsProcessesDieWithTheHarnessEvenAStoppedNode) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("troupe-chaos-kill-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  ChildProcess p(
+      {test::troupe_binary(), "chaos", (test::data_path("chaos") / "stopped-node.yaml").string(),
+       "--duration", "60", "--run-dir", dir.string()},
+      "", test::source_dir().string());
+  ASSERT_NE(p.wait_for_line("fault 0: process_stop node-1", 120), "") << p.stderr_so_far();
+  const std::vector<int> kids = children_of(p.pid());
+  ASSERT_EQ(kids.size(), 2u) << p.stderr_so_far();  // the coordinator and node-1
+  bool stopped = false;
+  for (int i = 0; i < 100 && !stopped; ++i) {
+    for (int k : kids) {
+      std::ifstream stat("/proc/" + std::to_string(k) + "/stat");
+      std::string text;
+      std::getline(stat, text);
+      const size_t close = text.rfind(')');
+      stopped = stopped || (close != std::string::npos && text[close + 2] == 'T');
+    }
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(stopped) << "no child was stopped";
+  p.signal(SIGKILL);
+  EXPECT_EQ(p.wait_exit(10), 128 + SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int k : kids) {
+    while (!dead(k) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(dead(k)) << "pid " << k << " outlived the harness";
+    if (!dead(k)) ::kill(k, SIGKILL);
+  }
+  fs::remove_all(dir);
+}
+
+// The same for any ChildProcess, when the thread that started it has
+// ended (a node restarted by the fault thread): the child lives on while
+// its parent does, and dies with it, stopped or not.
+TEST(ChildProcess, DiesWithItsParentNotWithTheThreadThatStartedIt) {
+  // Orphans come to this process, which can then see how they ended.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t parent = fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    close(fds[0]);
+    int pid = -1;
+    std::unique_ptr<ChildProcess> child;
+    std::thread([&] {
+      child = std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sleep", "300"});
+      pid = child->pid();
+    }).join();
+    // The thread that started it is gone; it still runs.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (!child->running()) pid = -2;
+    child->signal(SIGSTOP);
+    if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(3);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  int pid = 0;
+  ASSERT_EQ(read(fds[0], &pid, sizeof pid), ssize_t(sizeof pid));
+  close(fds[0]);
+  ASSERT_GT(pid, 0) << (pid == -2 ? "the child died with the thread that started it" : "");
+  ::kill(parent, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(parent, &status, 0), parent);
+  bool reaped = false;
+  for (int i = 0; i < 200 && !reaped; ++i) {
+    reaped = waitpid(pid, &status, WNOHANG) == pid;
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (!reaped) {
+    ::kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  ASSERT_TRUE(reaped) << "the stopped child outlived its parent";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 }
 
 // ---- the admin endpoint over real HTTP ----

@@ -115,6 +115,34 @@ TEST(Nodes, ThreeProcessesServeTheOneProcessAnswerAndSurviveANodeKill) {
   for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], want[i]) << "request " << i;
 }
 
+// configs/node.yaml's way to offer more devices: one entry each (here with
+// different thread counts), no --devices. It was refused because the
+// node's own (unused) parallel layout has one device.
+TEST(Nodes, ANodeListingTwoDevicesOffersBoth) {
+  Server s(coordinator_sets(2), /*wait_ready=*/false);
+  ASSERT_GT(s.nodes_port(), 0) << s.process().stderr_so_far();
+  ChildProcess node({test::troupe_binary(), "node", "--join",
+                     "127.0.0.1:" + std::to_string(s.nodes_port()), "--name", "a", "--config",
+                     (test::source_dir() / "configs" / "node.yaml").string(), "--set",
+                     "model.path=" + test::model_path("fortune").string(), "--set",
+                     "devices=[{kind: cpu, threads: 1}, {kind: cpu, threads: 2}]"});
+  EXPECT_NE(node.wait_for_line("offering 2 device(s)", 60), "") << node.stderr_so_far();
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "2", 60)) << s.metrics() << "\n"
+                                                          << node.stderr_so_far();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  auto r = s.complete({{"prompt", kPrompts[0]}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[0], 12));
+  // --devices that disagrees with a list of two is refused, naming the flag.
+  const auto refused = test::run_command(
+      {test::troupe_binary(), "node", "--join", "127.0.0.1:" + std::to_string(s.nodes_port()),
+       "--devices", "3", "--config", (test::source_dir() / "configs" / "node.yaml").string(),
+       "--set", "devices=[{kind: cpu, threads: 1}, {kind: cpu, threads: 1}]"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("--devices"), std::string::npos) << refused.err;
+}
+
 TEST(Nodes, AStoppedNodeIsDetectedByHeartbeatAndDeliversNothingStaleWhenItWakes) {
   Server s(coordinator_sets(2, 1.0), /*wait_ready=*/false);
   auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");

@@ -8,6 +8,8 @@
 
 #include "chaos/checker.h"
 #include "chaos/report.h"
+#include "chaos/runner.h"
+#include "net/link_proxy.h"
 
 namespace troupe::chaos {
 namespace {
@@ -391,20 +393,218 @@ TEST(ChaosChecker, ThroughputBinsAndFractions) {
   EXPECT_EQ(rep.throughput.bins[0], 10);
   EXPECT_EQ(rep.throughput.bins[3], 5);
   EXPECT_EQ(rep.throughput.bins[9], 10);
-  EXPECT_DOUBLE_EQ(rep.throughput.fault_window_s, 4);
-  ASSERT_TRUE(rep.throughput.during_fraction.has_value());
-  EXPECT_NEAR(*rep.throughput.during_fraction, 0.5, 1e-9);
-  ASSERT_TRUE(rep.throughput.after_fraction.has_value());
-  EXPECT_NEAR(*rep.throughput.after_fraction, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(rep.throughput.during.window_s, 4);
+  ASSERT_TRUE(rep.throughput.during.fraction.has_value());
+  EXPECT_NEAR(*rep.throughput.during.fraction, 0.5, 1e-9);
+  ASSERT_TRUE(rep.throughput.after.fraction.has_value());
+  EXPECT_NEAR(*rep.throughput.after.fraction, 1.0, 1e-9);
+  ASSERT_TRUE(rep.throughput.before.fraction.has_value());
+  EXPECT_NEAR(*rep.throughput.before.fraction, 1.0, 1e-9);
   EXPECT_NE(render_text(rep).find("(0.50x)"), std::string::npos) << render_text(rep);
   // No baseline: the rates stay, the fractions go.
   r.baseline_tokens_per_s = 0;
   const ChaosReport nb = check(r);
-  EXPECT_FALSE(nb.throughput.during_fraction.has_value());
-  EXPECT_FALSE(nb.throughput.after_fraction.has_value());
-  ASSERT_TRUE(nb.throughput.during_tokens_per_s.has_value());
-  EXPECT_NEAR(*nb.throughput.during_tokens_per_s, 5, 1e-9);
+  EXPECT_FALSE(nb.throughput.during.fraction.has_value());
+  EXPECT_FALSE(nb.throughput.after.fraction.has_value());
+  ASSERT_TRUE(nb.throughput.during.tokens_per_s.has_value());
+  EXPECT_NEAR(*nb.throughput.during.tokens_per_s, 5, 1e-9);
   EXPECT_TRUE(render_json(nb)["throughput"]["during_faults"]["fraction_of_baseline"].is_null());
+}
+
+// Tokens at `per_s` a second over [from, to), one stream request.
+RequestRecord steady(size_t index, double from, double to, double per_s) {
+  RequestRecord q;
+  q.index = index;
+  q.stream = true;
+  q.sent_s = from;
+  for (double t = from + 0.5 / per_s; t < to; t += 1 / per_s) q.token_times.push_back(t);
+  q.first_token_s = q.token_times.front();
+  q.end_s = q.token_times.back();
+  q.tokens.assign(q.token_times.size(), 1);
+  q.status = 200;
+  return q;
+}
+
+FaultRecord confirmed_fault(const char* kind, double at, double duration, double recovered = -1) {
+  FaultRecord f;
+  f.kind = kind;
+  f.target = "node-2";
+  f.planned_s = at;
+  f.injected_s = at;
+  f.duration_s = duration;
+  f.confirmed_s = at + 0.01;
+  f.recovered_s = recovered;
+  return f;
+}
+
+TEST(ChaosChecker, WindowsAreClippedToTheLoad) {
+  // quick.yaml with --requests 300: the process_stop window (8 .. 10.5 s)
+  // outlasts the load (8.6 s); the idle time after it is not a slowdown.
+  RunRecords r;
+  r.baseline_tokens_per_s = 10;
+  r.load_end_s = 8.6;
+  r.duration_s = 12;  // the waits for late confirmations
+  r.faults.push_back(confirmed_fault("process_stop", 8, 2.5));
+  r.requests.push_back(steady(0, 0, 8.6, 10));
+  r.expected.push_back({r.requests[0].tokens, ""});
+  const ChaosReport rep = check(r);
+  EXPECT_DOUBLE_EQ(rep.load_s, 8.6);
+  ASSERT_EQ(rep.faults.size(), 1u);
+  EXPECT_DOUBLE_EQ(rep.faults[0].window_start_s, 8);
+  EXPECT_DOUBLE_EQ(rep.faults[0].window_end_s, 8.6);
+  EXPECT_NEAR(rep.throughput.during.window_s, 0.6, 1e-9);
+  ASSERT_TRUE(rep.throughput.during.fraction.has_value());
+  EXPECT_NEAR(*rep.throughput.during.fraction, 1.0, 0.01);
+  EXPECT_NEAR(*rep.throughput.before.fraction, 1.0, 0.01);
+  // Nothing after the window: no rate rather than a made-up one.
+  EXPECT_FALSE(rep.throughput.after.tokens_per_s.has_value());
+  const std::string text = render_text(rep);
+  EXPECT_NE(text.find("during 10 tok/s (1.00x) over 0.6 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("clipped to the load (0-8.6 s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe chaos: 1 requests in 8.6 s"), std::string::npos) << text;
+}
+
+TEST(ChaosChecker, FaultsThatTookNoEffectOpenNoWindow) {
+  RunRecords r;
+  r.baseline_tokens_per_s = 10;
+  r.load_end_s = 10;
+  FaultRecord refused;
+  refused.kind = "kill";
+  refused.target = "replica 99 worker";
+  refused.injected_s = 2;
+  refused.error = "POST /admin/faults answered 400: no replica 99";
+  r.faults.push_back(refused);
+  r.requests.push_back(steady(0, 0, 10, 10));
+  r.expected.push_back({r.requests[0].tokens, ""});
+  const ChaosReport rep = check(r);
+  EXPECT_EQ(rep.faults[0].window_start_s, -1);
+  EXPECT_EQ(rep.first_fault_s, -1);
+  EXPECT_DOUBLE_EQ(rep.throughput.before.window_s, 10);
+  EXPECT_FALSE(rep.throughput.during.tokens_per_s.has_value());
+  EXPECT_EQ(rep.latency.before.requests, 1u);
+  EXPECT_EQ(rep.latency.during.requests, 0u);
+  EXPECT_EQ(rep.verdict(), Verdict::Fail);  // it is still a fault that failed
+}
+
+TEST(ChaosChecker, AfterMeansTheSameForLatencyAndThroughput) {
+  // Two windows, [2, 3] and [6, 7], in a load of 10 s: "after" is the time
+  // outside both once faults began ([3, 6] and [7, 10]), for requests and
+  // tokens alike.
+  RunRecords r;
+  r.baseline_tokens_per_s = 10;
+  r.load_end_s = 10;
+  r.faults.push_back(confirmed_fault("link_cut", 2, 1));
+  r.faults.push_back(confirmed_fault("link_cut", 6, 1));
+  r.requests.push_back(steady(0, 0, 1.9, 10));    // before
+  r.requests.push_back(steady(1, 2.5, 2.9, 10));  // during
+  r.requests.push_back(steady(2, 3.5, 5.5, 10));  // after (between the faults)
+  r.requests.push_back(steady(3, 5.8, 6.2, 10));  // during
+  r.requests.push_back(steady(4, 7.5, 10, 10));   // after (after the last)
+  for (const auto& q : r.requests) r.expected.push_back({q.tokens, ""});
+  const ChaosReport rep = check(r);
+  EXPECT_EQ(rep.latency.before.requests, 1u);
+  EXPECT_EQ(rep.latency.during.requests, 2u);
+  EXPECT_EQ(rep.latency.after.requests, 2u);
+  EXPECT_NEAR(rep.throughput.before.window_s, 2, 1e-9);
+  EXPECT_NEAR(rep.throughput.during.window_s, 2, 1e-9);
+  EXPECT_NEAR(rep.throughput.after.window_s, 6, 1e-9);
+  // 20 tokens in [3.5, 5.5), 2 in [5.8, 6) and 25 in [7.5, 10): 47 over 6 s.
+  ASSERT_TRUE(rep.throughput.after.tokens_per_s.has_value());
+  EXPECT_NEAR(*rep.throughput.after.tokens_per_s, 47.0 / 6, 1e-9);
+  const nlohmann::json j = render_json(rep);
+  EXPECT_NEAR(j["throughput"]["after_faults"]["window_s"].get<double>(), 6, 1e-9);
+  EXPECT_TRUE(j["phases"]["after"].is_string());
+}
+
+TEST(ChaosChecker, AFaultNeverPlayedIsListedAndTheRunIsIncomplete) {
+  RunRecords r;
+  r.load_end_s = 8.6;
+  r.faults.push_back(confirmed_fault("process_kill", 2, 0, 3.5));
+  FaultRecord later;
+  later.kind = "link_delay";
+  later.target = "node-1";
+  later.planned_s = 12;
+  later.duration_s = 2;
+  later.not_played = "the load ended at 8.6 s";
+  r.faults.push_back(later);
+  later.kind = "slow";
+  later.target = "replica 1";
+  later.planned_s = 14;
+  r.faults.push_back(later);
+  r.requests.push_back(steady(0, 0, 8.6, 10));
+  r.expected.push_back({r.requests[0].tokens, ""});
+  ChaosReport rep = check(r);
+  EXPECT_EQ(rep.played_faults(), 1u);
+  EXPECT_EQ(rep.verdict(), Verdict::Incomplete);
+  EXPECT_FALSE(rep.ok());
+  EXPECT_TRUE(rep.failures().empty());
+  ASSERT_EQ(rep.not_played().size(), 2u);
+  EXPECT_EQ(rep.not_played()[0],
+            "fault 1 (link_delay node-1, at 12.0 s) was not played: the load ended at 8.6 s");
+  // Not played is neither a window nor a fault of its kind that was played.
+  EXPECT_EQ(rep.faults[1].window_start_s, -1);
+  ASSERT_EQ(rep.fault_kinds.size(), 3u);
+  EXPECT_EQ(rep.fault_kinds[1].count, 0u);
+  EXPECT_EQ(rep.fault_kinds[1].not_played, 1u);
+  std::string text = render_text(rep);
+  EXPECT_NE(text.find("1 of 3 planned faults played (2 not played)"), std::string::npos) << text;
+  EXPECT_NE(text.find("not played\n      planned at 12.0 s; the load ended at 8.6 s"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("verdict: INCOMPLETE: 2 of 3 planned faults were not played (the load "
+                      "ended at 8.6 s)"),
+            std::string::npos)
+      << text;
+  nlohmann::json j = render_json(rep);
+  EXPECT_EQ(j["verdict"], "INCOMPLETE");
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["faults_planned"], 3);
+  EXPECT_EQ(j["faults_played"], 1);
+  EXPECT_EQ(j["not_played"].size(), 2u);
+  EXPECT_EQ(j["faults"][2]["played"], false);
+  EXPECT_TRUE(j["faults"][2]["injected_s"].is_null());
+  EXPECT_EQ(j["faults"][2]["planned_s"], 14);
+  // Something fatal as well: FAIL, which still says what was not played.
+  auto lost = steady(0, 1, 2, 10);
+  lost.transport = Transport::NoResponse;
+  lost.status = 0;
+  r.requests.push_back(lost);
+  rep = check(r);
+  EXPECT_EQ(rep.verdict(), Verdict::Fail);
+  text = render_text(rep);
+  EXPECT_NE(text.find("verdict: FAIL: 1 request lost; 2 of 3 planned faults were not played"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(render_json(rep)["verdict"], "FAIL");
+  // Every fault played: PASS.
+  r.requests.pop_back();
+  r.faults.resize(1);
+  EXPECT_EQ(check(r).verdict(), Verdict::Pass);
+}
+
+TEST(ChaosChecker, ALinkCutIsTheWallTimeItLasted) {
+  // A 2 s cut of both directions was reported as "4016 ms cut".
+  LinkCounters before, after;
+  before.to_upstream.cut_us = 1'000'000;
+  before.to_client.cut_us = 500'000;
+  after.to_upstream.cut_us = 3'008'000;
+  after.to_client.cut_us = 2'507'000;
+  FaultPlan cut;
+  cut.kind = "link_cut";
+  cut.direction = "both";
+  std::string what;
+  EXPECT_EQ(link_effect(cut, after, before, &what), 2008u);
+  EXPECT_EQ(what, "ms cut (to coordinator 2008 ms, to node 2007 ms)");
+  cut.direction = "to_coordinator";
+  after.to_client.cut_us = before.to_client.cut_us;
+  EXPECT_EQ(link_effect(cut, after, before, &what), 2008u);
+  EXPECT_EQ(what, "ms cut");
+  FaultPlan drop;
+  drop.kind = "link_drop";
+  after.to_upstream.frames_dropped = 3;
+  after.to_client.frames_dropped = 4;
+  EXPECT_EQ(link_effect(drop, after, before, &what), 7u);
+  EXPECT_EQ(what, "messages dropped");
 }
 
 TEST(ChaosChecker, ResourcesStartAndEnd) {

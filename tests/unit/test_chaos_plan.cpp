@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "chaos/plan.h"
+#include "deploy/config.h"
 #include "deploy/yaml_schema.h"
 #include "support/test_support.h"
 
@@ -110,6 +111,166 @@ TEST(ChaosPlan, OverridesAreCheckedToo) {
   EXPECT_THROW(validate_plan(negative), ConfigError);
   apply_plan_override(p, "workload.distinct", "20000");
   EXPECT_THROW(validate_plan(p), ConfigError);
+}
+
+TEST(ChaosPlan, NodeNamesAreWithinTheDeployment) {
+  // node-9 of three was accepted, and crashed the harness after the
+  // fault-free pass.
+  std::string e =
+      error_of("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: process_kill, node: node-9}]");
+  EXPECT_NE(e.find("faults[0].node"), std::string::npos) << e;
+  EXPECT_NE(e.find("node-1 .. node-3"), std::string::npos) << e;
+  EXPECT_NE(e.find("deployment.nodes is 3"), std::string::npos) << e;
+  for (const char* bad : {"node-0", "node-01", "node-", "node-x", "node-4", "node-1x"})
+    EXPECT_NE(error_of(std::string("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: link_reset, "
+                                   "node: ") +
+                       bad + "}]")
+                  .find("faults[0].node"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(error_of("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: link_reset, node: node-3}]"),
+            "");
+  EXPECT_EQ(node_number("node-3", 3), 3);
+  EXPECT_EQ(node_number("node-3", 2), 0);
+  EXPECT_EQ(node_number("node-12", 12), 12);
+  EXPECT_EQ(node_number("any", 3), 0);
+}
+
+TEST(ChaosPlan, AStartTimeIsNotALimit) {
+  const std::string e = error_of("faults: [{at_s: -1, kind: step_error}]");
+  EXPECT_NE(e.find("faults[0].at_s"), std::string::npos) << e;
+  EXPECT_EQ(e.find("no limit"), std::string::npos) << e;
+  EXPECT_NE(e.find("the start of the load"), std::string::npos) << e;
+  const std::string d = error_of("faults: [{at_s: 1, kind: slow, duration_s: -2}]");
+  EXPECT_NE(d.find("faults[0].duration_s"), std::string::npos) << d;
+  EXPECT_EQ(d.find("no limit"), std::string::npos) << d;
+}
+
+TEST(ChaosPlan, RandomFaultsThatCouldNeverPlayAreRefused) {
+  // every_s 0 with kinds ran no fault and passed.
+  const std::string e = error_of("random: {every_s: 0, kinds: [process_kill]}");
+  EXPECT_NE(e.find("random.every_s"), std::string::npos) << e;
+  const std::string u = error_of("random: {every_s: 2, from_s: 10, until_s: 5, kinds: [slow]}");
+  EXPECT_NE(u.find("random.until_s"), std::string::npos) << u;
+  const std::string n =
+      error_of("deployment: {nodes: 0}\nrandom: {every_s: 2, kinds: [step_error, link_cut]}");
+  EXPECT_NE(n.find("random.kinds[1]"), std::string::npos) << n;
+  EXPECT_EQ(error_of("random: {every_s: 2, kinds: [step_error]}"), "");
+}
+
+TEST(ChaosPlan, KeysThatDoNotFitTheKindAreRefused) {
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: process_kill, node: node-1, replica: 0}]")
+                .find("faults[0].replica"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: slow, node: node-1, factor: 2, duration_s: 1}]")
+                .find("faults[0].node"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: client_slow, device: 0}]").find("faults[0].device"),
+            std::string::npos);
+}
+
+Config deployment_of(int replicas, bool local = false) {
+  Config c;
+  c.parallel.replicas = replicas;
+  c.nodes.local = local;
+  c.nodes.listen = "127.0.0.1:0";
+  return c;
+}
+
+std::string deployment_error(const std::string& plan_yaml, const Config& c) {
+  try {
+    check_plan_deployment(parse_chaos_plan(plan_yaml, "plan.yaml"), c, "d.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ChaosPlan, CheckedAgainstItsDeploymentBeforeAnythingStarts) {
+  // replica 99 was refused only at injection, after the fault-free pass.
+  std::string e =
+      deployment_error("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: step_error, replica: 99}]",
+                       deployment_of(3));
+  EXPECT_NE(e.find("faults[0].replica"), std::string::npos) << e;
+  EXPECT_NE(e.find("d.yaml has 3 replica(s) (0 .. 2)"), std::string::npos) << e;
+  e = deployment_error("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: step_error, device: 1}]",
+                       deployment_of(3));
+  EXPECT_NE(e.find("faults[0].device"), std::string::npos) << e;
+  // Two nodes of one device cannot hold three replicas: the run waited
+  // ready_timeout_s (120 s) to say so.
+  e = deployment_error("deployment: {nodes: 2}\nfaults: [{at_s: 1, kind: step_error}]",
+                       deployment_of(3));
+  EXPECT_NE(e.find("deployment.nodes"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs 3"), std::string::npos) << e;
+  EXPECT_EQ(deployment_error("deployment: {nodes: 2, node_devices: 2}", deployment_of(3)), "");
+  // The coordinator's own devices hold the layout.
+  EXPECT_EQ(deployment_error("deployment: {nodes: 1}", deployment_of(3, true)), "");
+  // Placement that names a node the harness never starts.
+  Config pinned = deployment_of(2);
+  pinned.placement.replicas = {"node-1", "a"};
+  e = deployment_error("deployment: {nodes: 2}", pinned);
+  EXPECT_NE(e.find("placement.replicas[1]"), std::string::npos) << e;
+  EXPECT_NE(e.find("'a'"), std::string::npos) << e;
+  pinned.placement.replicas = {"node-1", "node-2,any"};
+  EXPECT_EQ(deployment_error("deployment: {nodes: 2}", pinned), "");
+  // A replica of two devices pinned to one node of one device.
+  Config wide = deployment_of(1);
+  wide.parallel.tensor = 2;
+  wide.placement.replicas = {"node-1"};
+  e = deployment_error("deployment: {nodes: 2}", wide);
+  EXPECT_NE(e.find("placement.replicas[0]"), std::string::npos) << e;
+}
+
+TEST(ChaosPlan, EveryShippedPlanFitsItsDeployment) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(test::source_dir() / "configs" / "chaos")) {
+    if (e.path().filename() == "deployment.yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    const ChaosPlan p = load_chaos_plan(e.path());
+    EXPECT_NO_THROW(check_plan_deployment(p, load_config(deployment_config_path(p)),
+                                          deployment_config_path(p).string()));
+  }
+}
+
+TEST(ChaosPlan, AttachTakesOnlyRuntimeAndHttpFaults) {
+  EXPECT_NO_THROW(check_plan_for_attach(parse_chaos_plan(
+      "faults: [{at_s: 1, kind: step_error}, {at_s: 2, kind: client_slow}]", "plan.yaml")));
+  try {
+    check_plan_for_attach(parse_chaos_plan(
+        "faults: [{at_s: 1, kind: step_error}, {at_s: 2, kind: link_cut, duration_s: 1}]",
+        "plan.yaml"));
+    ADD_FAILURE() << "a link fault was accepted with --attach";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("faults[1].kind"), std::string::npos) << e.what();
+  }
+  const ChaosPlan p = parse_chaos_plan("faults: [{at_s: 1, kind: kill, replica: 2}]", "plan.yaml");
+  EXPECT_THROW(check_plan_replicas(p, 2, 0, "the deployment at http://x"), ConfigError);
+  EXPECT_NO_THROW(check_plan_replicas(p, 3, 0, "the deployment at http://x"));
+}
+
+TEST(ChaosPlan, WarnsOfFaultsAfterTheLoadsExpectedEnd) {
+  const ChaosPlan p = parse_chaos_plan(R"(
+workload: {requests: 300, distinct: 100, rate: 30}
+faults:
+  - {at_s: 2, kind: step_error}
+  - {at_s: 12, kind: step_error}
+  - {at_s: 20, kind: client_slow}
+)",
+                                       "plan.yaml");
+  // 300 requests at 30 per second: about 10 s.
+  std::vector<std::string> w = plan_warnings(p, 0);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("10.0 s"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("faults[1] (step_error at 12 s), faults[2] (client_slow at 20 s)"),
+            std::string::npos)
+      << w[0];
+  EXPECT_NE(w[0].find("INCOMPLETE"), std::string::npos) << w[0];
+  EXPECT_EQ(plan_warnings(p, 1).size(), 1u);  // --duration 1: all three
+  EXPECT_NE(plan_warnings(p, 1)[0].find("faults[0]"), std::string::npos);
+  EXPECT_TRUE(plan_warnings(p, 30).empty());
+  ChaosPlan closed = p;
+  closed.workload.rate = 0;  // a closed loop's end is not known
+  EXPECT_TRUE(plan_warnings(closed, 0).empty());
 }
 
 }  // namespace

@@ -292,6 +292,34 @@ TEST(RuntimeConfigTest, DeviceCountMustMatchTheLayout) {
   EXPECT_THROW(threads_for_device(c, -1), std::out_of_range);
 }
 
+// A node's devices list is what it offers (configs/node.yaml: "list more
+// entries ... to offer more"); its own parallel layout, unused, does not
+// bound it.
+TEST(RuntimeConfigTest, ANodesDevicesAreTheDevicesItOffers) {
+  const std::string two = "devices: [{threads: 1}, {threads: 3}]\n";
+  EXPECT_THROW(parse_config(two, "node.yaml"), ConfigError);  // as a deployment: 1 device
+  const Config c = parse_config(two, "node.yaml", ConfigRole::Node);
+  const std::vector<DeviceSpec> offered = node_devices(c, 0);
+  ASSERT_EQ(offered.size(), 2u);
+  EXPECT_EQ(offered[0].threads, 1);
+  EXPECT_EQ(offered[1].threads, 3);
+  EXPECT_EQ(node_devices(c, 2).size(), 2u);
+  EXPECT_THROW(node_devices(c, 3), std::invalid_argument);
+  // One entry: for every device, --devices N of them (default: the layout's).
+  const Config one = parse_config("devices: [{threads: 2}]\n", "node.yaml", ConfigRole::Node);
+  EXPECT_EQ(node_devices(one, 0).size(), 1u);
+  ASSERT_EQ(node_devices(one, 4).size(), 4u);
+  EXPECT_EQ(node_devices(one, 4)[3].threads, 2);
+  // Overrides keep the role.
+  Config o = one;
+  apply_overrides(o, {{"devices", "[{threads: 1}, {threads: 1}, {threads: 1}]"}}, "--set",
+                  ConfigRole::Node);
+  EXPECT_EQ(node_devices(o, 0).size(), 3u);
+  EXPECT_THROW(apply_overrides(o, {{"devices", "[{threads: 1}, {threads: 1}]"}}, "--set"),
+               ConfigError);
+  EXPECT_THROW(parse_config("devices: []\n", "node.yaml", ConfigRole::Node), ConfigError);
+}
+
 TEST(RuntimeConfigTest, ByteCountsTakeBinaryUnits) {
   const Config c = parse("kv_cache: {bytes: 256MiB}\nserver: {max_body_bytes: 64 KiB}\n");
   EXPECT_EQ(c.kv_cache.bytes, int64_t(256) << 20);
