@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
@@ -193,6 +194,9 @@ void Simulator::on_arrival(const Arrival& a) {
   ++window_.arrivals;
   const uint64_t id = next_id_++;
   auto flight = std::make_shared<Flight>(*this, id, a);
+  // An idle cluster makes no progress and is not stalled: the stall clock
+  // starts when work arrives.
+  if (flights_.empty()) last_progress_ = now_;
   flights_.emplace(id, flight.get());
   // What the HTTP layer refuses before the runtime sees it.
   const int context = o_.scheduler.stop.context_length;
@@ -464,6 +468,42 @@ void Simulator::finish(Flight& f, Outcome outcome) {
     if (auto next = workload_.on_end(f.client, now_)) schedule_arrival(*next);
 }
 
+std::runtime_error Simulator::stalled(double stall_s) const {
+  // The request waiting longest says what is stuck.
+  const Flight* oldest = nullptr;
+  for (const auto& [id, f] : flights_)
+    if (!oldest || f->rec.arrival < oldest->rec.arrival ||
+        (f->rec.arrival == oldest->rec.arrival && id < oldest->rec.id))
+      oldest = f;
+  const RequestRecord& r = oldest->rec;
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "the simulation stalled at t=%.2f s: %zu request(s) in flight made no progress "
+                "(no step finished, no request ended) for %.0f s; %d of %d replicas up, %zu "
+                "waiting for one. The oldest, request %llu (%d prompt + %d output tokens), "
+                "arrived at t=%.2f s and ",
+                now_, flights_.size(), stall_s, table_->table().live_replicas(), o_.replicas,
+                table_->table().queue_depth(), (unsigned long long)r.id, r.prompt_tokens,
+                oldest->max_tokens, r.arrival);
+  std::string what = text;
+  if (r.placed < 0) {
+    what += "was never placed on a replica";
+  } else if (r.started < 0) {
+    std::snprintf(text, sizeof text, "was placed at t=%.2f s but never started", r.placed);
+    what += text;
+  } else {
+    std::snprintf(text, sizeof text, "started at t=%.2f s", r.started);
+    what += text;
+  }
+  const int bt = std::max(1, o_.scheduler.block_tokens);
+  const long long blocks =
+      (static_cast<long long>(r.prompt_tokens) + oldest->max_tokens + bt - 1) / bt;
+  if (blocks > o_.scheduler.kv_blocks)
+    what += "; it needs " + std::to_string(blocks) + " KV blocks of " + std::to_string(bt) +
+            " tokens, and a replica has " + std::to_string(o_.scheduler.kv_blocks);
+  return std::runtime_error(what);
+}
+
 bool Simulator::done() const {
   return workload_done_ && pending_.empty() && flights_.empty();
 }
@@ -505,11 +545,7 @@ void Simulator::run() {
       case Kind::Tick:
         table_->tick(now_);
         settle();
-        if (now_ - last_progress_ > stall_s)
-          throw std::runtime_error("the simulation stalled at t=" + std::to_string(now_) +
-                                   " s: " + std::to_string(flights_.size()) +
-                                   " requests made no progress for " + std::to_string(stall_s) +
-                                   " s");
+        if (!flights_.empty() && now_ - last_progress_ > stall_s) throw stalled(stall_s);
         push(now_ + o_.tick_s, Kind::Tick);
         break;
       case Kind::Sample:

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -164,6 +165,8 @@ class Simulator {
   void note_started(uint64_t id);
   void finish(Flight& f, Outcome outcome);
   bool done() const;
+  // The error for work in flight that made no progress for stall_s.
+  std::runtime_error stalled(double stall_s) const;
   std::unique_ptr<ReplicaScheduler> make_scheduler(int replica) const;
 
   SimOptions o_;

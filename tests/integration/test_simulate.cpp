@@ -104,6 +104,29 @@ TEST(Simulate, BadInputsNameTheProblem) {
   EXPECT_NE(r.err.find("give a workload"), std::string::npos) << r.err;
 }
 
+// An idle cluster is not a stalled one: arrivals far apart (a low rate, a
+// thinking client, a sparse trace) run to the end.
+TEST(Simulate, IdleTimeIsNotAStall) {
+  test::TempDir dir;
+  const auto trace = dir / "sparse.csv";
+  test::write_file(trace,
+                   "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:00:00.0000000,20,10\n"
+                   "2023-11-16 18:10:00.0000000,20,10\n");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--rate", "0.003", "--requests", "10"},
+        {"--clients", "1", "--think-s", "300", "--requests", "3"},
+        {"--trace", trace.string()}}) {
+    std::vector<std::string> all{"--profile", profile(), "--json"};
+    all.insert(all.end(), args.begin(), args.end());
+    const auto r = simulate(all);
+    ASSERT_EQ(r.exit_code, 0) << args[0] << ": " << r.err;
+    const auto j = json::parse(r.out);
+    EXPECT_EQ(j["outcomes"]["completed"], j["requests"]) << args[0];
+    EXPECT_GT(j["simulation"]["simulated_s"].get<double>(), 590) << args[0];
+  }
+}
+
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";

@@ -310,6 +310,68 @@ TEST(Simulator, ReplayNoticesADifferentDecision) {
   EXPECT_NE(r.first_mismatch.find("recorded assign"), std::string::npos) << r.first_mismatch;
 }
 
+// Idle time is not a stall: a cluster with nothing in flight waits for the
+// next arrival however far off it is.
+TEST(Simulator, IdleGapsAreNotAStall) {
+  // Open loop (or a trace's rows) ten minutes apart.
+  SimTotals totals;
+  const Records open = run_list(options(1, 4), {{0, 8, 4}, {600, 8, 4}, {1300, 8, 4}},
+                                constant_model(0.01), &totals);
+  ASSERT_EQ(open.by_id.size(), 3u);
+  for (const auto& [id, r] : open.by_id) EXPECT_EQ(r.outcome, Outcome::Completed) << id;
+  EXPECT_NEAR(totals.end_time_s, 1300.04, 1e-6);
+  // A closed loop whose client thinks for five minutes between requests.
+  ClosedLoopOptions co;
+  co.clients = 1;
+  co.requests = 3;
+  co.think_s = 300;
+  co.prompt = "8";
+  co.output = "4";
+  ClosedLoopWorkload w(co);
+  Records closed;
+  Simulator sim(options(1, 4), {constant_model(0.01)}, w, &closed);
+  ASSERT_NO_THROW(sim.run());
+  EXPECT_EQ(closed.summary.completed(), 3u);
+  EXPECT_GT(sim.totals().end_time_s, 600);
+}
+
+TEST(Simulator, WorkInFlightWithoutProgressIsAStallNamingTheRequest) {
+  // A prompt no replica can hold: without a context limit the front end
+  // lets it through, and 16 blocks of 16 tokens can never take 2000.
+  SimOptions o = options(1, 4);
+  o.scheduler.stop.context_length = 0;
+  o.scheduler.kv_blocks = 16;
+  ListWorkload w({{0, 8, 4}, {5, 2000, 4}});
+  Simulator sim(o, {constant_model(0.01)}, w);
+  try {
+    sim.run();
+    FAIL() << "no stall";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("stalled"), std::string::npos) << m;
+    EXPECT_NE(m.find("1 request(s) in flight"), std::string::npos) << m;
+    EXPECT_NE(m.find("request 2 (2000 prompt + 4 output tokens)"), std::string::npos) << m;
+    EXPECT_NE(m.find("126 KV blocks"), std::string::npos) << m;
+  }
+}
+
+TEST(Simulator, AReplicaThatNeverComesBackIsAStall) {
+  // Its requests wait for a replica (no queue timeout, no deadline).
+  SimOptions o = options(1, 4);
+  o.failures = {{0.05, 0, -1}};
+  o.restart_s = 1e6;
+  ListWorkload w({{0, 8, 100}});
+  Simulator sim(o, {constant_model(0.01)}, w);
+  try {
+    sim.run();
+    FAIL() << "no stall";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("0 of 1 replicas up"), std::string::npos) << m;
+    EXPECT_NE(m.find("request 1 "), std::string::npos) << m;
+  }
+}
+
 TEST(Simulator, RejectsTooFewKvBlocks) {
   SimOptions o = options(1, 4);
   o.scheduler.kv_blocks = 10;  // a 2048-token context needs 128
