@@ -28,7 +28,11 @@ struct Simulator::Replica {
   std::vector<InFlightStep> flight;
   RestartIntensity intensity;
   ReplicaFigures fig;
-  double busy_window = 0;  // device-seconds launched since the last sample
+  // Sampled runs only: device-seconds of compute in the current sample
+  // window, and the stages' busy intervals launched that may still end
+  // after now (their parts in later windows, or cut short by a death).
+  double busy_window = 0;
+  std::vector<std::pair<double, double>> busy;
 };
 
 // A request as its client sees it; the table holds it as the sink.
@@ -271,10 +275,11 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
     for (int s = 0; s < stages; ++s) {
       const double t = model.stage_s(s, shape) * r.slow;
       double& free_at = r.stage_free[size_t(s)];
-      free_at = std::max(free_at, ready) + t;
+      const double start = std::max(free_at, ready);
+      free_at = start + t;
       ready = free_at;
       r.fig.busy_s += t;
-      r.busy_window += t;
+      note_busy(r, start, free_at);
       if (r.tuner) f.samples.push_back({s, size_t(shape.tokens()), t});
     }
     done = std::max(done, ready);
@@ -282,6 +287,19 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
   f.engine_s = done - now_;
   // A slow replica's engine is slow; the serving around it is not.
   return done + model.overhead_s(int(n));
+}
+
+// A stage computes over [start, end): the window being sampled gets its
+// part of that, later windows the rest (on_sample), so that a sample's
+// utilisation is the share of that window its stages were busy, however
+// long a step is and wherever the window's edge falls in it.
+void Simulator::note_busy(Replica& r, double start, double end) {
+  if (o_.sample_s <= 0) return;
+  r.busy_window += std::max(0.0, std::min(end, window_end_) - start);
+  // Intervals over by now are fully counted; the rest are a stage's steps
+  // in flight, a handful.
+  std::erase_if(r.busy, [&](const auto& b) { return b.second <= now_; });
+  r.busy.emplace_back(start, end);
 }
 
 StepEvents& Simulator::next_out() {
@@ -378,6 +396,12 @@ void Simulator::on_failure(int replica) {
   r.sched.reset();
   r.tuner.reset();
   r.flight.clear();
+  // Its devices stop computing now: what its steps in flight would have
+  // done after this is no busy time (the summary's busy_s still counts
+  // whole steps launched).
+  for (const auto& [start, end] : r.busy)
+    r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+  r.busy.clear();
   const bool restart = r.intensity.allow_restart(now_);
   totals_.resumed += table_->replica_down(replica, !restart, now_);
   if (restart) {
@@ -447,7 +471,6 @@ void Simulator::on_sample() {
       s.running = r.sched->running();
       s.waiting = r.sched->waiting();
     }
-    r.busy_window = 0;
     r.fig.kv_sum += s.kv_occupancy;
     r.fig.kv_max = std::max(r.fig.kv_max, s.kv_occupancy);
     ++r.fig.samples;
@@ -455,6 +478,15 @@ void Simulator::on_sample() {
   }
   if (observer_) observer_->on_sample(c, samples_);
   window_ = ClusterSample{};
+  // The next window: the parts of the steps in flight that fall in it.
+  window_end_ = now_ + o_.sample_s;
+  for (auto& rp : replicas_) {
+    Replica& r = *rp;
+    std::erase_if(r.busy, [&](const auto& b) { return b.second <= now_; });
+    r.busy_window = 0;
+    for (const auto& [start, end] : r.busy)
+      r.busy_window += std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+  }
 }
 
 void Simulator::finish(Flight& f, Outcome outcome) {
@@ -512,7 +544,10 @@ void Simulator::run() {
   for (int i = 0; i < o_.replicas; ++i) bring_up(i);
   schedule_failures();
   push(o_.tick_s, Kind::Tick);
-  if (o_.sample_s > 0) push(o_.sample_s, Kind::Sample);
+  if (o_.sample_s > 0) {
+    window_end_ = o_.sample_s;
+    push(window_end_, Kind::Sample);
+  }
   pull_arrival();
   // With nothing left that could end them, requests that cannot run (a
   // prompt no replica can hold, every replica restarting for good) would
@@ -550,7 +585,7 @@ void Simulator::run() {
         break;
       case Kind::Sample:
         on_sample();
-        push(now_ + o_.sample_s, Kind::Sample);
+        push(window_end_, Kind::Sample);
         break;
       case Kind::Failure:
         on_failure_event(e);

@@ -150,6 +150,7 @@ class Simulator {
   void on_arrival(const Arrival& a);
   void submit(uint64_t id);
   double time_step(Replica& r, const PlannedStep& step, InFlightStep& f);
+  void note_busy(Replica& r, double start, double end);
   void launch(int replica);
   // The table reads the replicas' reports gathered in out_.
   void deliver();
@@ -192,6 +193,7 @@ class Simulator {
   double last_progress_ = 0;  // a step finished or a request ended
   SimTotals totals_;
   ClusterSample window_;
+  double window_end_ = 0;  // when the sample window being filled closes
   std::vector<ReplicaSample> samples_;
   std::vector<InFlightStep> spare_;  // finished steps' buffers
   // Reports on their way to the table: out_[0, out_n_) (none between

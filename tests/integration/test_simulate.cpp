@@ -127,6 +127,32 @@ TEST(Simulate, IdleTimeIsNotAStall) {
   }
 }
 
+TEST(Simulate, UtilisationSamplesStayWithinOne) {
+  test::TempDir dir;
+  const auto r = simulate({"--config", two_replicas(), "--profile", profile(), "--rate", "200",
+                           "--requests", "600", "--prompt", "uniform:16:200", "--output",
+                           "uniform:8:48", "--sample-s", "0.01", "--csv", dir.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream csv(test::read_file(dir / "replicas.csv"));
+  std::string line;
+  std::getline(csv, line);
+  size_t rows = 0;
+  double highest = 0;
+  while (std::getline(csv, line)) {
+    // time_s,replica,live,utilisation,kv_occupancy,running,waiting
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+    ASSERT_EQ(cells.size(), 7u) << line;
+    highest = std::max(highest, std::stod(cells[3]));
+    EXPECT_LE(std::stod(cells[4]), 1.0) << line;
+    ++rows;
+  }
+  EXPECT_GT(rows, 100u);
+  EXPECT_LE(highest, 1.0);
+  EXPECT_GT(highest, 0.5);
+}
+
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";

@@ -372,6 +372,81 @@ TEST(Simulator, AReplicaThatNeverComesBackIsAStall) {
   }
 }
 
+// Every sample the simulator reports.
+struct Samples : SimObserver {
+  void on_sample(const ClusterSample& c, const std::vector<ReplicaSample>& r) override {
+    times.push_back(c.time_s);
+    replicas.push_back(r);
+  }
+  std::vector<double> times;
+  std::vector<std::vector<ReplicaSample>> replicas;
+};
+
+TEST(Simulator, SampledUtilisationIsTheShareOfEachWindowSpentBusy) {
+  // One sequence decoding back to back in steps of 0.3 s, sampled every
+  // 0.5 s: busy all the time, so every full window is 1 (a window that
+  // launched two steps is not 1.2, one that launched one not 0.6). On two
+  // stages of 0.3 s each a step's stages alternate: half of each window.
+  for (int stages : {1, 2}) {
+    SimOptions o = options(1, 1);
+    o.sample_s = 0.5;
+    ListWorkload w({{0, 1, 20}});
+    Samples samples;
+    Simulator sim(o, {constant_model(0.3, stages)}, w, &samples);
+    sim.run();
+    const double end = sim.totals().end_time_s;
+    EXPECT_NEAR(end, 20 * 0.3 * stages, 1e-9);
+    // The last window closes as the last step ends, or just after.
+    ASSERT_GE(samples.times.size(), size_t(std::lround(end / o.sample_s)) - 1);
+    double busy = 0;
+    for (size_t i = 0; i < samples.times.size(); ++i) {
+      const double u = samples.replicas[i][0].utilisation;
+      busy += u * o.sample_s * stages;
+      EXPECT_NEAR(u, 1.0 / stages, 1e-9) << stages << " stage(s), at " << samples.times[i];
+    }
+    // The windows add up to the busy time: every stage-second, once (the
+    // replica computed all along).
+    EXPECT_NEAR(busy, samples.times.back(), 1e-9);
+  }
+}
+
+TEST(Simulator, SampledUtilisationNeverExceedsOne) {
+  // Long prefills and short decodes, several replicas, windows shorter
+  // than a step: however a step straddles windows, each gets its part.
+  ProfileGrid g;
+  g.batch = {0, 1, 64};
+  g.context = {1, 4096};
+  g.prefill = {0, 1, 4096};
+  g.stage_seconds.assign(1, std::vector<double>(g.points()));
+  for (size_t b = 0; b < g.batch.size(); ++b)
+    for (size_t c = 0; c < g.context.size(); ++c)
+      for (size_t p = 0; p < g.prefill.size(); ++p)
+        g.stage_seconds[0][g.at(b, c, p)] = 0.002 + 0.001 * g.batch[b] + 0.0015 * g.prefill[p];
+  SimOptions o = options(3, 8);
+  o.sample_s = 0.25;
+  o.failures = {{0.6, 1, -1}, {1.7, 2, -1}};  // deaths mid-step, restarts within one
+  o.restart_s = 0;
+  SyntheticOptions so;
+  so.requests = 300;
+  so.rate_per_s = 30;
+  so.prompt = "uniform:16:600";
+  so.output = "uniform:4:64";
+  SyntheticWorkload w(so);
+  Samples samples;
+  Simulator sim(o, {StepCostModel(g)}, w, &samples);
+  sim.run();
+  ASSERT_GT(samples.times.size(), 10u);
+  double highest = 0;
+  for (const auto& window : samples.replicas)
+    for (const ReplicaSample& r : window) {
+      highest = std::max(highest, r.utilisation);
+      EXPECT_GE(r.utilisation, -1e-9);
+      EXPECT_LE(r.kv_occupancy, 1.0);
+    }
+  EXPECT_LE(highest, 1.0 + 1e-9);
+  EXPECT_GT(highest, 0.9);  // the run was busy: the bound is not met by idling
+}
+
 TEST(Simulator, RejectsTooFewKvBlocks) {
   SimOptions o = options(1, 4);
   o.scheduler.kv_blocks = 10;  // a 2048-token context needs 128
