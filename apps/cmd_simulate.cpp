@@ -60,6 +60,10 @@ struct SimulateOptions {
   std::string loads = "0.3,0.7";
   int prompt_len = 32, output_len = 32;
   int repeats = 2;
+  bool rate_given = false;  // --rate appeared (0 is then not "no rate")
+  // --requests as given: signed, so that a negative count is refused rather
+  // than wrapped into an endless run (workload.requests once checked).
+  long long requests = 1000;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -130,6 +134,48 @@ StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
   }
 }
 
+// A parser of the sim library's, its std::invalid_argument (which names the
+// flag) as a usage error.
+template <class Parse, class Arg>
+auto usage(Parse parse, const Arg& arg) {
+  try {
+    return parse(arg);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// Every flag's value on its own, before anything runs: a message naming the
+// flag and the values it takes (the workload's are WorkloadSpec::check's).
+void check_flags(const SimulateOptions& o, bool rate_given) {
+  const auto fail = [](const std::string& flag, double v, const std::string& range) {
+    std::ostringstream s;
+    s << flag << ": " << v << " is out of range; give " << range;
+    throw UsageError(s.str());
+  };
+  const auto seconds = [&](const char* flag, double v, const char* range) {
+    if (!(v >= 0) || !std::isfinite(v)) fail(flag, v, range);
+  };
+  const auto positive = [&](const char* flag, double v, const char* range) {
+    if (!(v > 0) || !std::isfinite(v)) fail(flag, v, range);
+  };
+  if (rate_given) positive("--rate", o.workload.rate, "requests per second, > 0");
+  usage([](const WorkloadSpec& w) { w.check(); }, o.workload);
+  seconds("--mtbf-s", o.mtbf_s, "seconds >= 0 (0: no random replica deaths)");
+  seconds("--node-mtbf-s", o.node_mtbf_s, "seconds >= 0 (0: no random node deaths)");
+  if (o.replicas_per_node < 1) fail("--replicas-per-node", o.replicas_per_node, "1 or more");
+  seconds("--restart-s", o.restart_s, "seconds >= 0");
+  seconds("--sample-s", o.sample_s, "seconds >= 0 (0: no time series)");
+  positive("--slo-ttft-s", o.slo.ttft_s, "seconds > 0");
+  positive("--slo-tpot-s", o.slo.tpot_s, "seconds > 0");
+  if (o.refine < 0 || o.refine > 30) fail("--refine", o.refine, "0 to 30 bisection steps");
+  if (o.prompt_len < 1) fail("--prompt-len", o.prompt_len, "1 or more tokens");
+  if (o.output_len < 1) fail("--output-len", o.output_len, "1 or more tokens");
+  if (o.repeats < 1) fail("--repeats", o.repeats, "1 or more real runs per point");
+  for (const std::string& spec : o.slow) usage(sim::parse_slowdown, spec);
+  for (const std::string& spec : o.fails) usage(sim::parse_failure, spec);
+}
+
 // The same objects the runtime builds from the same config (actors/runtime.cpp).
 sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
                             const SimulateOptions& o) {
@@ -160,24 +206,23 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
   s.replicas_per_node = o.replicas_per_node;
   s.sample_s = o.sample_s;
   s.seed = o.workload.seed;
+  // The shapes were checked with the other flags (check_flags); whether the
+  // replicas and nodes exist depends on the config.
   if (!o.slow.empty()) s.slowdown.assign(size_t(s.replicas), 1.0);
   for (const std::string& spec : o.slow) {
-    const size_t colon = spec.find(':');
-    const int r = colon == std::string::npos ? -1 : std::atoi(spec.substr(0, colon).c_str());
-    if (r < 0 || r >= s.replicas)
-      throw UsageError("--slow: '" + spec + "' is not REPLICA:FACTOR with a replica below " +
-                       std::to_string(s.replicas));
-    s.slowdown[size_t(r)] = parse_number(spec.substr(colon + 1), "--slow");
+    const auto [r, factor] = usage(sim::parse_slowdown, spec);
+    if (r >= s.replicas)
+      throw UsageError("--slow: '" + spec + "': replica " + std::to_string(r) +
+                       " does not exist: there " +
+                       (s.replicas == 1 ? std::string("is one replica, 0")
+                                        : "are replicas 0.." + std::to_string(s.replicas - 1)));
+    s.slowdown[size_t(r)] = factor;
   }
   for (const std::string& spec : o.fails) {
-    sim::Failure f;
-    char node[8] = {0};
-    int n = 0;
-    if (std::sscanf(spec.c_str(), "%lf:%4[a-z]:%d", &f.time_s, node, &n) == 3 &&
-        std::string(node) == "node")
-      f.node = n;
-    else if (std::sscanf(spec.c_str(), "%lf:%d", &f.time_s, &f.replica) != 2)
-      throw UsageError("--fail: '" + spec + "' is not TIME:REPLICA or TIME:node:N");
+    const sim::Failure f = usage(sim::parse_failure, spec);
+    if (const std::string problem = sim::failure_problem(f, s.replicas, s.replicas_per_node);
+        !problem.empty())
+      throw UsageError("--fail: '" + spec + "': " + problem);
     s.failures.push_back(f);
   }
   return s;
@@ -737,6 +782,7 @@ void run_calibrate(const SimulateOptions& o) {
 }
 
 void run_simulate(const SimulateOptions& o) {
+  check_flags(o, o.rate_given);
   if (int(o.sweep) + int(o.validate) + int(o.calibrate) + int(!o.emit_trace.empty()) > 1)
     throw UsageError("give one of --sweep, --validate, --calibrate and --emit-trace");
   if (!o.emit_trace.empty()) {
@@ -760,6 +806,12 @@ void run_simulate(const SimulateOptions& o) {
         "--validate and --calibrate load the real server with the serving bench's "
         "own workloads (--prompt-len, --output-len); drop --trace and --clients");
   if (o.sweep && o.rates.empty()) throw UsageError("--sweep needs --rates R1,R2,...");
+  if (o.find_max_rate && (o.sweep || o.validate || o.calibrate))
+    throw UsageError("--find-max-rate searches from one run; the sweep has its own search");
+  if (o.find_max_rate && o.workload.trace.empty() && o.workload.clients > 0)
+    throw UsageError(
+        "--find-max-rate needs open-loop arrivals (--rate R or --trace FILE), "
+        "not --clients");
   if (o.calibrate) return run_calibrate(o);
   if (o.validate) return run_validate(o);
   if (o.sweep) return run_sweep(o);
@@ -781,9 +833,10 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--trace", w.trace,
                   "Replay a trace: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or "
                   "Mooncake JSONL (timestamp ms, input_length, output_length)");
-  cmd->add_option("--rate", w.rate,
-                  "Open loop: requests per second (with --trace: rescale it to this mean rate)");
-  cmd->add_option("--requests,-n", w.requests,
+  auto* rate = cmd->add_option(
+      "--rate", w.rate,
+      "Open loop: requests per second (with --trace: rescale it to this mean rate)");
+  cmd->add_option("--requests,-n", o->requests,
                   "Requests to send (with --trace: at most this many rows; 0: all)")
       ->capture_default_str();
   cmd->add_option("--arrivals", w.arrivals, "Open loop: constant | poisson | gamma:CV (bursty)")
@@ -853,7 +906,15 @@ void register_simulate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Validate: real runs per point (their spread is shown)")
       ->capture_default_str();
-  cmd->callback([o] { run_simulate(*o); });
+  cmd->callback([o, rate] {
+    o->rate_given = rate->count() > 0;
+    if (o->requests < 0)
+      throw UsageError("--requests: " + std::to_string(o->requests) +
+                       " is out of range; give 1 or more (0, all of a trace's rows, only with "
+                       "--trace)");
+    o->workload.requests = size_t(o->requests);
+    run_simulate(*o);
+  });
 }
 
 }  // namespace troupe::app

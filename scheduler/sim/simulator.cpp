@@ -111,6 +111,28 @@ class Simulator::Channel : public ReplicaChannel {
   Simulator& sim_;
 };
 
+std::string failure_problem(const Failure& f, int replicas, int replicas_per_node) {
+  const auto range = [](const char* what, int n) {
+    return n == 1 ? std::string("there is one ") + what + ", 0"
+                  : std::string("there are ") + what + "s 0.." + std::to_string(n - 1);
+  };
+  if (!(f.time_s >= 0) || !std::isfinite(f.time_s)) {
+    char text[120];
+    std::snprintf(text, sizeof text, "its time must be a number of seconds >= 0, not %g", f.time_s);
+    return text;
+  }
+  if ((f.replica >= 0) == (f.node >= 0)) return "it must name either a replica or a node";
+  if (f.replica >= replicas)
+    return "replica " + std::to_string(f.replica) +
+           " does not exist: " + range("replica", replicas);
+  const int per_node = std::max(1, replicas_per_node);
+  const int nodes = (replicas + per_node - 1) / per_node;
+  if (f.replica < 0 && f.node >= nodes)
+    return "node " + std::to_string(f.node) + " does not exist: with " + std::to_string(per_node) +
+           (per_node == 1 ? " replica" : " replicas") + " per node, " + range("node", nodes);
+  return "";
+}
+
 Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Workload& workload,
                      SimObserver* observer, std::unique_ptr<RouterLog> log)
     : o_(std::move(options)),
@@ -126,9 +148,22 @@ Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Work
   for (double s : o_.slowdown)
     if (!(s > 0) || !std::isfinite(s))
       throw std::invalid_argument("a replica's slowdown must be a positive factor");
-  if (!(o_.tick_s > 0)) throw std::invalid_argument("the router tick must be positive");
-  if (!(o_.restart_s >= 0)) throw std::invalid_argument("the restart time must be >= 0");
+  const auto seconds = [](double v) { return v >= 0 && std::isfinite(v); };
+  if (!(o_.tick_s > 0) || !std::isfinite(o_.tick_s))
+    throw std::invalid_argument("the router tick must be positive");
+  if (!seconds(o_.restart_s))
+    throw std::invalid_argument("the restart time must be a number of seconds >= 0");
+  if (!seconds(o_.sample_s))
+    throw std::invalid_argument("the sample interval must be a number of seconds >= 0 (0: none)");
+  if (!seconds(o_.mtbf_s) || !seconds(o_.node_mtbf_s))
+    throw std::invalid_argument(
+        "a mean time between failures must be a number of seconds >= 0 "
+        "(0: none)");
   if (o_.replicas_per_node < 1) throw std::invalid_argument("a node holds at least one replica");
+  for (const Failure& f : o_.failures)
+    if (const std::string problem = failure_problem(f, o_.replicas, o_.replicas_per_node);
+        !problem.empty())
+      throw std::invalid_argument("a scripted failure: " + problem);
   const StopRule& stop = o_.scheduler.stop;
   const int ctx_blocks = (stop.context_length + o_.scheduler.block_tokens - 1) /
                          std::max(1, o_.scheduler.block_tokens);
@@ -422,11 +457,7 @@ void Simulator::on_up(int replica, uint64_t epoch) {
 }
 
 void Simulator::schedule_failures() {
-  for (const Failure& f : o_.failures) {
-    if (f.replica >= o_.replicas || (f.replica < 0 && f.node < 0) ||
-        (f.replica < 0 && f.node * o_.replicas_per_node >= o_.replicas))
-      throw std::invalid_argument("a scripted failure names replica " + std::to_string(f.replica) +
-                                  " of " + std::to_string(o_.replicas));
+  for (const Failure& f : o_.failures) {  // checked by the constructor
     const bool node = f.replica < 0;
     push(f.time_s, Kind::Failure, f.replica, node ? uint64_t(f.node) : 0,
          kScripted | (node ? kNode : 0));

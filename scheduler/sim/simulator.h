@@ -40,6 +40,10 @@ struct Failure {
   int node = -1;     // >= 0: replicas [node * replicas_per_node, +replicas_per_node)
 };
 
+// What is wrong with a scripted failure among `replicas` replicas, nodes
+// of `replicas_per_node` (the last node may hold fewer); empty when nothing.
+std::string failure_problem(const Failure& f, int replicas, int replicas_per_node);
+
 struct SimOptions {
   int replicas = 1;
   RequestTableOptions table;  // table.replicas is set from `replicas`

@@ -104,6 +104,49 @@ TEST(Simulate, BadInputsNameTheProblem) {
   EXPECT_NE(r.err.find("give a workload"), std::string::npos) << r.err;
 }
 
+// Each bad value is refused before anything runs, naming its flag and the
+// values it takes.
+TEST(Simulate, BadValuesNameTheirFlagAndRange) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
+      {{"--rate", "5", "--fail", "-5:0"}, {"--fail: '-5:0'", ">= 0"}},
+      {{"--set", "parallel.replicas=4", "--rate", "5", "--fail", "10:node:5", "--replicas-per-node",
+        "2"},
+       {"--fail: '10:node:5'", "node 5 does not exist",
+        "with 2 replicas per node, there are nodes 0..1"}},
+      {{"--set", "parallel.replicas=2", "--rate", "5", "--fail", "10:2"},
+       {"replica 2 does not exist: there are replicas 0..1"}},
+      {{"--rate", "5", "--fail", "10:1x"}, {"--fail: '10:1x' is not TIME:REPLICA"}},
+      {{"--clients", "-3"}, {"--clients: -3", "1 or more"}},
+      {{"--rate", "-5"}, {"--rate: -5", "> 0"}},
+      {{"--rate", "0"}, {"--rate: 0", "> 0"}},
+      {{"--rate", "nan"}, {"--rate: nan", "> 0"}},
+      {{"--rate", "5", "--requests", "0"}, {"--requests: 0", "1 or more"}},
+      {{"--rate", "5", "--requests", "-5"}, {"--requests: -5", "1 or more"}},  // not 2^64 - 5
+      {{"--rate", "5", "--cancel-fraction", "1.5"}, {"--cancel-fraction: 1.5", "[0, 1]"}},
+      {{"--rate", "5", "--priority-fraction", "-1"}, {"--priority-fraction: -1", "[0, 1]"}},
+      {{"--clients", "2", "--think-s", "-1"}, {"--think-s: -1", ">= 0"}},
+      {{"--rate", "5", "--sample-s", "-1"}, {"--sample-s: -1", ">= 0"}},
+      {{"--rate", "5", "--mtbf-s", "-10"}, {"--mtbf-s: -10", ">= 0"}},
+      {{"--rate", "5", "--restart-s", "nan"}, {"--restart-s: nan", ">= 0"}},
+      {{"--rate", "5", "--replicas-per-node", "0"}, {"--replicas-per-node: 0", "1 or more"}},
+      {{"--rate", "5", "--slo-ttft-s", "0"}, {"--slo-ttft-s: 0", "> 0"}},
+      {{"--rate", "5", "--slow", "0:0"}, {"--slow: '0:0'", "a factor > 0"}},
+      {{"--rate", "5", "--slow", "2:3"}, {"--slow: '2:3'", "replica 2 does not exist"}},
+      {{"--validate", "--repeats", "0"}, {"--repeats: 0", "1 or more"}},
+      {{"--clients", "2", "--find-max-rate"}, {"--find-max-rate needs open-loop arrivals"}},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::vector<std::string> all{"--profile", profile()};
+    all.insert(all.end(), args.begin(), args.end());
+    const auto r = simulate(all);
+    std::string cmd;
+    for (const auto& a : args) cmd += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << cmd << r.err;
+    for (const std::string& e : expected)
+      EXPECT_NE(r.err.find(e), std::string::npos) << cmd << r.err;
+  }
+}
+
 // An idle cluster is not a stalled one: arrivals far apart (a low rate, a
 // thinking client, a sparse trace) run to the end.
 TEST(Simulate, IdleTimeIsNotAStall) {

@@ -447,6 +447,41 @@ TEST(Simulator, SampledUtilisationNeverExceedsOne) {
   EXPECT_GT(highest, 0.9);  // the run was busy: the bound is not met by idling
 }
 
+TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
+  EXPECT_EQ(failure_problem({10, 3, -1}, 4, 1), "");
+  EXPECT_EQ(failure_problem({10, -1, 1}, 4, 2), "");
+  EXPECT_EQ(failure_problem({10, 4, -1}, 4, 1),
+            "replica 4 does not exist: there are replicas 0..3");
+  EXPECT_EQ(failure_problem({10, -1, 5}, 4, 2),
+            "node 5 does not exist: with 2 replicas per node, there are nodes 0..1");
+  EXPECT_EQ(failure_problem({10, -1, 1}, 3, 4),
+            "node 1 does not exist: with 4 replicas per node, there is one node, 0");
+  EXPECT_NE(failure_problem({-5, 0, -1}, 4, 1).find(">= 0"), std::string::npos);
+  EXPECT_NE(failure_problem({NAN, 0, -1}, 4, 1), "");
+  EXPECT_NE(failure_problem({1, -1, -1}, 4, 1), "");
+  SimOptions o = options(4, 4);
+  o.replicas_per_node = 2;
+  o.failures = {{10, -1, 5}};
+  ListWorkload w({});
+  try {
+    Simulator sim(o, {constant_model(0.01)}, w);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("node 5 does not exist"), std::string::npos) << e.what();
+  }
+  o.failures = {{-5, 0, -1}};
+  EXPECT_THROW(Simulator(o, {constant_model(0.01)}, w), std::invalid_argument);
+  o.failures.clear();
+  for (double SimOptions::*field : {&SimOptions::mtbf_s, &SimOptions::node_mtbf_s,
+                                    &SimOptions::sample_s, &SimOptions::restart_s}) {
+    SimOptions bad = o;
+    bad.*field = -1;
+    EXPECT_THROW(Simulator(bad, {constant_model(0.01)}, w), std::invalid_argument);
+    bad.*field = NAN;
+    EXPECT_THROW(Simulator(bad, {constant_model(0.01)}, w), std::invalid_argument);
+  }
+}
+
 TEST(Simulator, RejectsTooFewKvBlocks) {
   SimOptions o = options(1, 4);
   o.scheduler.kv_blocks = 10;  // a 2048-token context needs 128
