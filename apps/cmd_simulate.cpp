@@ -266,22 +266,6 @@ void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult
       (unsigned long long)r.totals.given_up, (unsigned long long)r.totals.resumed);
 }
 
-// The highest rate keeping 90% of requests within the SLO, by bisection
-// between a rate that meets it and one that does not.
-double search_max_rate(const std::function<double(double)>& share_at, double start) {
-  double lo = 0, hi = start;
-  while (share_at(hi) >= 0.9) {
-    lo = hi;
-    hi *= 2;
-    if (hi > start * 1024) return lo;
-  }
-  for (int i = 0; i < 8; ++i) {
-    const double mid = (lo + hi) / 2;
-    (share_at(mid) >= 0.9 ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 void run_single(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const StepProfile profile = load_profile(o, cfg);
@@ -300,16 +284,32 @@ void run_single(const SimulateOptions& o) {
               << "/cluster.csv and replicas.csv\n";
   }
   if (o.find_max_rate) {
-    if (o.workload.clients > 0) throw UsageError("--find-max-rate needs open-loop arrivals");
     const double start = o.workload.rate > 0 ? o.workload.rate : 1.0;
-    const double best = search_max_rate(
+    const sim::MaxRate best = sim::search_max_rate(
         [&](double rate) {
           WorkloadSpec w = o.workload;
           w.rate = rate;
           return sim::simulate(so, models, w, o.slo).summary.goodput_share();
         },
-        start);
-    std::printf("highest rate with 90%% within the SLO: %.3f requests/s\n", best);
+        start, 0.9);
+    switch (best.bound) {
+      case sim::MaxRate::Bound::Found:
+        std::printf("highest rate with 90%% within the SLO: %.3f requests/s\n", best.rate);
+        break;
+      case sim::MaxRate::Bound::MetAtHighest:
+        std::printf(
+            "90%% within the SLO even at %.3f requests/s, the highest rate tried (1024 x the "
+            "start): a lower bound, not the maximum (a workload this short may never load the "
+            "cluster enough to miss it: give more --requests)\n",
+            best.rate);
+        break;
+      case sim::MaxRate::Bound::MissedAtLowest:
+        std::printf(
+            "no rate tried keeps 90%% within the SLO: missed even at %.4g requests/s, the lowest "
+            "tried (a request alone may miss TTFT <= %.3g s or TPOT <= %.3g s)\n",
+            best.lowest, o.slo.ttft_s, o.slo.tpot_s);
+        break;
+    }
   }
 }
 
@@ -323,7 +323,7 @@ void run_sweep(const SimulateOptions& o) {
   if (layouts.empty()) layouts.push_back(layout_name(base));
   std::filesystem::create_directories(o.out_dir);
   std::vector<sim::SweepPoint> points;
-  std::vector<std::tuple<std::string, std::string, double>> max_rates;
+  std::vector<std::tuple<std::string, std::string, sim::MaxRate>> max_rates;
   for (const std::string& layout : layouts)
     for (const std::string& policy : policies) {
       auto overrides = layout_overrides(layout);
@@ -600,7 +600,8 @@ void run_validate(const SimulateOptions& o) {
         "%.2f requests/s; rates:",
         layout_name(cfg).c_str(), bo.requests, bo.prompt_len, bo.output_len, capacity);
     for (double r : rates) std::printf(" %.2f", r);
-    std::printf("/s; %d real runs per point", o.repeats);
+    std::printf("/s; %d real run%s per point", o.repeats,
+                o.repeats == 1 ? " (so no run-to-run spread)" : "s");
     for (const std::string& spec : o.slow) std::printf("; --slow %s", spec.c_str());
     std::printf("\n");
     std::fflush(stdout);
@@ -644,6 +645,9 @@ void run_validate(const SimulateOptions& o) {
     }
   }
   nlohmann::json out = nlohmann::json::array();
+  // One run per point measures no run-to-run spread: 0 would make every
+  // difference look real.
+  const bool has_spread = o.repeats > 1;
   for (double rate : rates) {
     std::printf("\nrate %.2f requests/s\n%-18s %-13s %10s %10s %8s %8s\n", rate, "policy", "metric",
                 "simulated", "measured", "error", "spread");
@@ -654,16 +658,18 @@ void run_validate(const SimulateOptions& o) {
       for (const auto& [name, f] : kMetrics) {
         const bool ms = std::string(name) != "output tok/s";
         const double err = m.*f > 0 ? (s.*f - m.*f) / m.*f : 0;
-        std::printf("%-18s %-13s %10.2f %10.2f %+7.1f%% %7.1f%%%s\n", policy.c_str(), name,
-                    ms ? 1e3 * (s.*f) : s.*f, ms ? 1e3 * (m.*f) : m.*f, 100 * err, 100 * (sp.*f),
-                    std::abs(err) <= sp.*f ? "  (within spread)" : "");
+        char spread_text[16] = "       -";  // one run: no spread
+        if (has_spread) std::snprintf(spread_text, sizeof spread_text, "%7.1f%%", 100 * (sp.*f));
+        std::printf("%-18s %-13s %10.2f %10.2f %+7.1f%% %s%s\n", policy.c_str(), name,
+                    ms ? 1e3 * (s.*f) : s.*f, ms ? 1e3 * (m.*f) : m.*f, 100 * err, spread_text,
+                    has_spread && std::abs(err) <= sp.*f ? "  (within spread)" : "");
         out.push_back({{"rate", rate},
                        {"policy", policy},
                        {"metric", name},
                        {"simulated", s.*f},
                        {"measured", m.*f},
                        {"error", err},
-                       {"spread", sp.*f}});
+                       {"spread", has_spread ? nlohmann::json(sp.*f) : nlohmann::json()}});
       }
     }
     // Rankings by median end-to-end latency.
@@ -677,6 +683,13 @@ void run_validate(const SimulateOptions& o) {
       return s;
     };
     const std::string rs = ranking(simulated[rate]), rm = ranking(measured[rate]);
+    if (!has_spread) {
+      std::printf(
+          "ranking by latency p50: simulated %s; measured %s: %s; one real run per point has no "
+          "spread to tell the policies apart by (--repeats 2 or more), so no pair is counted\n",
+          rs.c_str(), rm.c_str(), rs == rm ? "same" : "different");
+      continue;
+    }
     // Only a measured difference beyond the run-to-run spread is a ranking
     // worth reproducing; the rest are ties.
     int pairs = 0, agree = 0;

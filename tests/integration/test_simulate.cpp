@@ -196,6 +196,33 @@ TEST(Simulate, UtilisationSamplesStayWithinOne) {
   EXPECT_GT(highest, 0.5);
 }
 
+// A bound of the search is said to be one.
+TEST(Simulate, MaxRateSearchAndSweepSayWhenTheyHitTheirBounds) {
+  auto r = simulate({"--profile", profile(), "--rate", "20", "--requests", "20", "--slo-ttft-s",
+                     "1000", "--slo-tpot-s", "1000", "--find-max-rate"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("90% within the SLO even at 20480.000 requests/s, the highest rate tried"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("a lower bound, not the maximum"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("highest rate with 90% within the SLO"), std::string::npos) << r.out;
+  // The lowest rates tried leave the cluster idle for minutes between requests.
+  r = simulate({"--profile", profile(), "--rate", "1", "--requests", "10", "--slo-ttft-s",
+                "0.000001", "--find-max-rate"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no rate tried keeps 90% within the SLO: missed even at 0.003906 "
+                       "requests/s, the lowest tried"),
+            std::string::npos)
+      << r.out;
+  test::TempDir dir;
+  r = simulate({"--profile", profile(), "--sweep", "--policies", "round_robin", "--rates", "2,4",
+                "--requests", "20", "--slo-ttft-s", "1000", "--slo-tpot-s", "1000", "--out",
+                dir.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("4.00 requests/s (met even at the highest rate"), std::string::npos)
+      << r.out;
+}
+
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";
@@ -306,6 +333,12 @@ TEST(Simulate, ValidateWithASlowReplicaSlowsTheRealOneToo) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json::parse(r.out.substr(r.out.find("\n[")));
   EXPECT_EQ(j.size(), 2u * 6u);
+  // One real run per point has no spread: none is claimed, nor any pair
+  // told apart beyond it.
+  EXPECT_TRUE(j[0]["spread"].is_null()) << j[0];
+  EXPECT_EQ(r.out.find("within spread"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("beyond the spread"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no pair is counted"), std::string::npos) << r.out;
   r = simulate({"--config", two_replicas(), "--profile", profile(), "--validate", "--slow", "1:0.5",
                 "--policies", "round_robin", "--rates", "30", "--requests", "8"},
                60);

@@ -10,6 +10,7 @@
 #include "scheduler/router_log.h"
 #include "scheduler/sim/router_replay.h"
 #include "scheduler/sim/simulator.h"
+#include "scheduler/sim/sweep.h"
 #include "support/test_support.h"
 
 namespace troupe::sim {
@@ -480,6 +481,52 @@ TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
     bad.*field = NAN;
     EXPECT_THROW(Simulator(bad, {constant_model(0.01)}, w), std::invalid_argument);
   }
+}
+
+TEST(MaxRate, SweepSaysWhenTheBoundIsTheRangeSwept) {
+  const auto never = [](double) -> double { throw std::logic_error("no refinement expected"); };
+  MaxRate m = max_rate_within_slo({{1, 1.0}, {2, 0.95}, {4, 0.91}}, 0.9, 3, never);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MetAtHighest);
+  EXPECT_EQ(m.rate, 4);
+  m = max_rate_within_slo({{1, 0.5}, {2, 0.2}}, 0.9, 3, never);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MissedAtLowest);
+  EXPECT_EQ(m.rate, 0);
+  m = max_rate_within_slo({{1, 1.0}, {2, 0.5}}, 0.9, 3, [](double r) { return r <= 1.3 ? 1 : 0; });
+  EXPECT_EQ(m.bound, MaxRate::Bound::Found);
+  EXPECT_DOUBLE_EQ(m.rate, 1.25);
+  const std::string t =
+      sweep_table({SweepPoint{"a", "1x1x1", 1, RunSummary{}, 0}},
+                  {{"a", "1x1x1", MaxRate{4, MaxRate::Bound::MetAtHighest, 1, 4}},
+                   {"b", "1x1x1", MaxRate{0, MaxRate::Bound::MissedAtLowest, 1, 4}},
+                   {"c", "1x1x1", MaxRate{2, MaxRate::Bound::Found, 1, 4}}});
+  EXPECT_NE(t.find("4.00 requests/s (met even at the highest rate"), std::string::npos) << t;
+  EXPECT_NE(t.find("0.00 requests/s (missed even at the lowest rate)"), std::string::npos) << t;
+  EXPECT_NE(t.find("2.00 requests/s\n"), std::string::npos) << t;
+}
+
+TEST(MaxRate, SearchSaysWhenItStoppedAtItsCapOrFoundNothing) {
+  std::vector<double> tried;
+  const auto at_most = [&](double limit) {
+    return [&tried, limit](double rate) {
+      tried.push_back(rate);
+      return rate <= limit ? 1.0 : 0.0;
+    };
+  };
+  MaxRate m = search_max_rate(at_most(37), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::Found);
+  EXPECT_LE(m.rate, 37);
+  EXPECT_GT(m.rate, 37 - 32.0 / 256);  // 8 bisections between 32 and 64
+  tried.clear();
+  m = search_max_rate(at_most(1e9), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MetAtHighest);
+  EXPECT_EQ(m.rate, 2048);
+  EXPECT_EQ(*std::max_element(tried.begin(), tried.end()), 2048);
+  tried.clear();
+  m = search_max_rate(at_most(-1), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MissedAtLowest);
+  EXPECT_EQ(m.rate, 0);
+  EXPECT_DOUBLE_EQ(m.lowest, 2.0 / 256);
+  EXPECT_DOUBLE_EQ(*std::min_element(tried.begin(), tried.end()), 2.0 / 256);
 }
 
 TEST(Simulator, RejectsTooFewKvBlocks) {
