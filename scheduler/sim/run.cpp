@@ -174,6 +174,7 @@ RunResult simulate(const SimOptions& options, const std::vector<StepCostModel>& 
   const auto workload = spec.make(options.scheduler.stop.context_length);
   RunResult res;
   res.summary = RunSummary(slo);
+  res.summary.set_limits(options.scheduler.stop.context_length, options.max_tokens_limit);
   struct Summarize : SimObserver {
     RunSummary* s;
     void on_request_end(const RequestRecord& r) override { s->add(r); }

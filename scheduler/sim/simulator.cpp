@@ -237,11 +237,20 @@ void Simulator::on_arrival(const Arrival& a) {
   // starts when work arrives.
   if (flights_.empty()) last_progress_ = now_;
   flights_.emplace(id, flight.get());
-  // What the HTTP layer refuses before the runtime sees it.
+  // What the HTTP layer refuses before the runtime sees it: max_tokens over
+  // the limit as it parses the request, then prompt + output over the
+  // context (net/openai_api.cpp).
   const int context = o_.scheduler.stop.context_length;
-  if ((o_.max_tokens_limit > 0 && a.output_tokens > o_.max_tokens_limit) ||
-      (context > 0 && a.prompt_tokens + a.output_tokens > context)) {
-    flight->on_error({ServiceErrorKind::BadRequest, "too long for the context", 0});
+  using TooLong = RequestRecord::TooLong;
+  flight->rec.too_long =
+      o_.max_tokens_limit > 0 && a.output_tokens > o_.max_tokens_limit ? TooLong::MaxTokens
+      : context > 0 && a.prompt_tokens + a.output_tokens > context     ? TooLong::Context
+                                                                       : TooLong::No;
+  if (flight->rec.too_long != TooLong::No) {
+    flight->on_error({ServiceErrorKind::BadRequest,
+                      flight->rec.too_long == TooLong::Context ? "context_length_exceeded"
+                                                               : "max_tokens over the limit",
+                      0});
     return;
   }
   const double front_end = models_.front().request_overhead_s();

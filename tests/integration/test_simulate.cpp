@@ -223,6 +223,18 @@ TEST(Simulate, MaxRateSearchAndSweepSayWhenTheyHitTheirBounds) {
       << r.out;
 }
 
+TEST(Simulate, TooLongRequestsAreExplained) {
+  // The bundled model's context is 256 tokens.
+  const auto r = simulate({"--profile", profile(), "--rate", "20", "--requests", "50", "--prompt",
+                           "uniform:100:200", "--output", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("refused as too long (HTTP 400)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with prompt + output over the model's context length of 256 tokens (the "
+                       "server answers 400 context_length_exceeded"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";

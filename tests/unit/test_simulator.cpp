@@ -483,6 +483,26 @@ TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
   }
 }
 
+TEST(Simulator, RequestsTooLongSayWhichLimit) {
+  SimOptions o = options(1, 4);
+  o.max_tokens_limit = 100;
+  const Records rec = run_list(o, {{0, 2000, 60}, {0, 10, 150}, {0, 10, 10}}, constant_model(0.01));
+  EXPECT_EQ(rec.by_id.at(1).outcome, Outcome::BadRequest);
+  EXPECT_EQ(rec.by_id.at(1).too_long, RequestRecord::TooLong::Context);
+  EXPECT_EQ(rec.by_id.at(2).too_long, RequestRecord::TooLong::MaxTokens);
+  EXPECT_EQ(rec.by_id.at(3).outcome, Outcome::Completed);
+  RunSummary summary = rec.summary;
+  summary.set_limits(2048, 100);
+  const std::string t = summary.table();
+  EXPECT_NE(t.find("2 refused as too long (HTTP 400)"), std::string::npos) << t;
+  EXPECT_NE(t.find("1 with prompt + output over the model's context length of 2048 tokens (the "
+                   "server answers 400 context_length_exceeded"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("1 asking for more output than server.max_tokens_limit"), std::string::npos)
+      << t;
+}
+
 TEST(MaxRate, SweepSaysWhenTheBoundIsTheRangeSwept) {
   const auto never = [](double) -> double { throw std::logic_error("no refinement expected"); };
   MaxRate m = max_rate_within_slo({{1, 1.0}, {2, 0.95}, {4, 0.91}}, 0.9, 3, never);
