@@ -147,7 +147,7 @@ auto usage(Parse parse, const Arg& arg) {
 
 // Every flag's value on its own, before anything runs: a message naming the
 // flag and the values it takes (the workload's are WorkloadSpec::check's).
-void check_flags(const SimulateOptions& o, bool rate_given) {
+void check_flags(const SimulateOptions& o) {
   const auto fail = [](const std::string& flag, double v, const std::string& range) {
     std::ostringstream s;
     s << flag << ": " << v << " is out of range; give " << range;
@@ -159,7 +159,7 @@ void check_flags(const SimulateOptions& o, bool rate_given) {
   const auto positive = [&](const char* flag, double v, const char* range) {
     if (!(v > 0) || !std::isfinite(v)) fail(flag, v, range);
   };
-  if (rate_given) positive("--rate", o.workload.rate, "requests per second, > 0");
+  if (o.rate_given) positive("--rate", o.workload.rate, "requests per second, > 0");
   usage([](const WorkloadSpec& w) { w.check(); }, o.workload);
   seconds("--mtbf-s", o.mtbf_s, "seconds >= 0 (0: no random replica deaths)");
   seconds("--node-mtbf-s", o.node_mtbf_s, "seconds >= 0 (0: no random node deaths)");
@@ -795,7 +795,7 @@ void run_calibrate(const SimulateOptions& o) {
 }
 
 void run_simulate(const SimulateOptions& o) {
-  check_flags(o, o.rate_given);
+  check_flags(o);
   if (int(o.sweep) + int(o.validate) + int(o.calibrate) + int(!o.emit_trace.empty()) > 1)
     throw UsageError("give one of --sweep, --validate, --calibrate and --emit-trace");
   if (!o.emit_trace.empty()) {
