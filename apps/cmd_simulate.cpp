@@ -60,6 +60,10 @@ struct SimulateOptions {
   std::string loads = "0.3,0.7";
   int prompt_len = 32, output_len = 32;
   int repeats = 2;
+  bool rate_given = false;  // --rate appeared (0 is then not "no rate")
+  // --requests as given: signed, so that a negative count is refused rather
+  // than wrapped into an endless run (workload.requests once checked).
+  long long requests = 1000;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -130,6 +134,48 @@ StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
   }
 }
 
+// A parser of the sim library's, its std::invalid_argument (which names the
+// flag) as a usage error.
+template <class Parse, class Arg>
+auto usage(Parse parse, const Arg& arg) {
+  try {
+    return parse(arg);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// Every flag's value on its own, before anything runs: a message naming the
+// flag and the values it takes (the workload's are WorkloadSpec::check's).
+void check_flags(const SimulateOptions& o) {
+  const auto fail = [](const std::string& flag, double v, const std::string& range) {
+    std::ostringstream s;
+    s << flag << ": " << v << " is out of range; give " << range;
+    throw UsageError(s.str());
+  };
+  const auto seconds = [&](const char* flag, double v, const char* range) {
+    if (!(v >= 0) || !std::isfinite(v)) fail(flag, v, range);
+  };
+  const auto positive = [&](const char* flag, double v, const char* range) {
+    if (!(v > 0) || !std::isfinite(v)) fail(flag, v, range);
+  };
+  if (o.rate_given) positive("--rate", o.workload.rate, "requests per second, > 0");
+  usage([](const WorkloadSpec& w) { w.check(); }, o.workload);
+  seconds("--mtbf-s", o.mtbf_s, "seconds >= 0 (0: no random replica deaths)");
+  seconds("--node-mtbf-s", o.node_mtbf_s, "seconds >= 0 (0: no random node deaths)");
+  if (o.replicas_per_node < 1) fail("--replicas-per-node", o.replicas_per_node, "1 or more");
+  seconds("--restart-s", o.restart_s, "seconds >= 0");
+  seconds("--sample-s", o.sample_s, "seconds >= 0 (0: no time series)");
+  positive("--slo-ttft-s", o.slo.ttft_s, "seconds > 0");
+  positive("--slo-tpot-s", o.slo.tpot_s, "seconds > 0");
+  if (o.refine < 0 || o.refine > 30) fail("--refine", o.refine, "0 to 30 bisection steps");
+  if (o.prompt_len < 1) fail("--prompt-len", o.prompt_len, "1 or more tokens");
+  if (o.output_len < 1) fail("--output-len", o.output_len, "1 or more tokens");
+  if (o.repeats < 1) fail("--repeats", o.repeats, "1 or more real runs per point");
+  for (const std::string& spec : o.slow) usage(sim::parse_slowdown, spec);
+  for (const std::string& spec : o.fails) usage(sim::parse_failure, spec);
+}
+
 // The same objects the runtime builds from the same config (actors/runtime.cpp).
 sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
                             const SimulateOptions& o) {
@@ -160,24 +206,23 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
   s.replicas_per_node = o.replicas_per_node;
   s.sample_s = o.sample_s;
   s.seed = o.workload.seed;
+  // The shapes were checked with the other flags (check_flags); whether the
+  // replicas and nodes exist depends on the config.
   if (!o.slow.empty()) s.slowdown.assign(size_t(s.replicas), 1.0);
   for (const std::string& spec : o.slow) {
-    const size_t colon = spec.find(':');
-    const int r = colon == std::string::npos ? -1 : std::atoi(spec.substr(0, colon).c_str());
-    if (r < 0 || r >= s.replicas)
-      throw UsageError("--slow: '" + spec + "' is not REPLICA:FACTOR with a replica below " +
-                       std::to_string(s.replicas));
-    s.slowdown[size_t(r)] = parse_number(spec.substr(colon + 1), "--slow");
+    const auto [r, factor] = usage(sim::parse_slowdown, spec);
+    if (r >= s.replicas)
+      throw UsageError("--slow: '" + spec + "': replica " + std::to_string(r) +
+                       " does not exist: there " +
+                       (s.replicas == 1 ? std::string("is one replica, 0")
+                                        : "are replicas 0.." + std::to_string(s.replicas - 1)));
+    s.slowdown[size_t(r)] = factor;
   }
   for (const std::string& spec : o.fails) {
-    sim::Failure f;
-    char node[8] = {0};
-    int n = 0;
-    if (std::sscanf(spec.c_str(), "%lf:%4[a-z]:%d", &f.time_s, node, &n) == 3 &&
-        std::string(node) == "node")
-      f.node = n;
-    else if (std::sscanf(spec.c_str(), "%lf:%d", &f.time_s, &f.replica) != 2)
-      throw UsageError("--fail: '" + spec + "' is not TIME:REPLICA or TIME:node:N");
+    const sim::Failure f = usage(sim::parse_failure, spec);
+    if (const std::string problem = sim::failure_problem(f, s.replicas, s.replicas_per_node);
+        !problem.empty())
+      throw UsageError("--fail: '" + spec + "': " + problem);
     s.failures.push_back(f);
   }
   return s;
@@ -221,22 +266,6 @@ void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult
       (unsigned long long)r.totals.given_up, (unsigned long long)r.totals.resumed);
 }
 
-// The highest rate keeping 90% of requests within the SLO, by bisection
-// between a rate that meets it and one that does not.
-double search_max_rate(const std::function<double(double)>& share_at, double start) {
-  double lo = 0, hi = start;
-  while (share_at(hi) >= 0.9) {
-    lo = hi;
-    hi *= 2;
-    if (hi > start * 1024) return lo;
-  }
-  for (int i = 0; i < 8; ++i) {
-    const double mid = (lo + hi) / 2;
-    (share_at(mid) >= 0.9 ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 void run_single(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const StepProfile profile = load_profile(o, cfg);
@@ -255,16 +284,32 @@ void run_single(const SimulateOptions& o) {
               << "/cluster.csv and replicas.csv\n";
   }
   if (o.find_max_rate) {
-    if (o.workload.clients > 0) throw UsageError("--find-max-rate needs open-loop arrivals");
     const double start = o.workload.rate > 0 ? o.workload.rate : 1.0;
-    const double best = search_max_rate(
+    const sim::MaxRate best = sim::search_max_rate(
         [&](double rate) {
           WorkloadSpec w = o.workload;
           w.rate = rate;
           return sim::simulate(so, models, w, o.slo).summary.goodput_share();
         },
-        start);
-    std::printf("highest rate with 90%% within the SLO: %.3f requests/s\n", best);
+        start, 0.9);
+    switch (best.bound) {
+      case sim::MaxRate::Bound::Found:
+        std::printf("highest rate with 90%% within the SLO: %.3f requests/s\n", best.rate);
+        break;
+      case sim::MaxRate::Bound::MetAtHighest:
+        std::printf(
+            "90%% within the SLO even at %.3f requests/s, the highest rate tried (1024 x the "
+            "start): a lower bound, not the maximum (a workload this short may never load the "
+            "cluster enough to miss it: give more --requests)\n",
+            best.rate);
+        break;
+      case sim::MaxRate::Bound::MissedAtLowest:
+        std::printf(
+            "no rate tried keeps 90%% within the SLO: missed even at %.4g requests/s, the lowest "
+            "tried (a request alone may miss TTFT <= %.3g s or TPOT <= %.3g s)\n",
+            best.lowest, o.slo.ttft_s, o.slo.tpot_s);
+        break;
+    }
   }
 }
 
@@ -278,7 +323,7 @@ void run_sweep(const SimulateOptions& o) {
   if (layouts.empty()) layouts.push_back(layout_name(base));
   std::filesystem::create_directories(o.out_dir);
   std::vector<sim::SweepPoint> points;
-  std::vector<std::tuple<std::string, std::string, double>> max_rates;
+  std::vector<std::tuple<std::string, std::string, sim::MaxRate>> max_rates;
   for (const std::string& layout : layouts)
     for (const std::string& policy : policies) {
       auto overrides = layout_overrides(layout);
@@ -555,7 +600,8 @@ void run_validate(const SimulateOptions& o) {
         "%.2f requests/s; rates:",
         layout_name(cfg).c_str(), bo.requests, bo.prompt_len, bo.output_len, capacity);
     for (double r : rates) std::printf(" %.2f", r);
-    std::printf("/s; %d real runs per point", o.repeats);
+    std::printf("/s; %d real run%s per point", o.repeats,
+                o.repeats == 1 ? " (so no run-to-run spread)" : "s");
     for (const std::string& spec : o.slow) std::printf("; --slow %s", spec.c_str());
     std::printf("\n");
     std::fflush(stdout);
@@ -599,6 +645,9 @@ void run_validate(const SimulateOptions& o) {
     }
   }
   nlohmann::json out = nlohmann::json::array();
+  // One run per point measures no run-to-run spread: 0 would make every
+  // difference look real.
+  const bool has_spread = o.repeats > 1;
   for (double rate : rates) {
     std::printf("\nrate %.2f requests/s\n%-18s %-13s %10s %10s %8s %8s\n", rate, "policy", "metric",
                 "simulated", "measured", "error", "spread");
@@ -609,16 +658,18 @@ void run_validate(const SimulateOptions& o) {
       for (const auto& [name, f] : kMetrics) {
         const bool ms = std::string(name) != "output tok/s";
         const double err = m.*f > 0 ? (s.*f - m.*f) / m.*f : 0;
-        std::printf("%-18s %-13s %10.2f %10.2f %+7.1f%% %7.1f%%%s\n", policy.c_str(), name,
-                    ms ? 1e3 * (s.*f) : s.*f, ms ? 1e3 * (m.*f) : m.*f, 100 * err, 100 * (sp.*f),
-                    std::abs(err) <= sp.*f ? "  (within spread)" : "");
+        char spread_text[16] = "       -";  // one run: no spread
+        if (has_spread) std::snprintf(spread_text, sizeof spread_text, "%7.1f%%", 100 * (sp.*f));
+        std::printf("%-18s %-13s %10.2f %10.2f %+7.1f%% %s%s\n", policy.c_str(), name,
+                    ms ? 1e3 * (s.*f) : s.*f, ms ? 1e3 * (m.*f) : m.*f, 100 * err, spread_text,
+                    has_spread && std::abs(err) <= sp.*f ? "  (within spread)" : "");
         out.push_back({{"rate", rate},
                        {"policy", policy},
                        {"metric", name},
                        {"simulated", s.*f},
                        {"measured", m.*f},
                        {"error", err},
-                       {"spread", sp.*f}});
+                       {"spread", has_spread ? nlohmann::json(sp.*f) : nlohmann::json()}});
       }
     }
     // Rankings by median end-to-end latency.
@@ -632,6 +683,13 @@ void run_validate(const SimulateOptions& o) {
       return s;
     };
     const std::string rs = ranking(simulated[rate]), rm = ranking(measured[rate]);
+    if (!has_spread) {
+      std::printf(
+          "ranking by latency p50: simulated %s; measured %s: %s; one real run per point has no "
+          "spread to tell the policies apart by (--repeats 2 or more), so no pair is counted\n",
+          rs.c_str(), rm.c_str(), rs == rm ? "same" : "different");
+      continue;
+    }
     // Only a measured difference beyond the run-to-run spread is a ranking
     // worth reproducing; the rest are ties.
     int pairs = 0, agree = 0;
@@ -737,6 +795,7 @@ void run_calibrate(const SimulateOptions& o) {
 }
 
 void run_simulate(const SimulateOptions& o) {
+  check_flags(o);
   if (int(o.sweep) + int(o.validate) + int(o.calibrate) + int(!o.emit_trace.empty()) > 1)
     throw UsageError("give one of --sweep, --validate, --calibrate and --emit-trace");
   if (!o.emit_trace.empty()) {
@@ -760,6 +819,12 @@ void run_simulate(const SimulateOptions& o) {
         "--validate and --calibrate load the real server with the serving bench's "
         "own workloads (--prompt-len, --output-len); drop --trace and --clients");
   if (o.sweep && o.rates.empty()) throw UsageError("--sweep needs --rates R1,R2,...");
+  if (o.find_max_rate && (o.sweep || o.validate || o.calibrate))
+    throw UsageError("--find-max-rate searches from one run; the sweep has its own search");
+  if (o.find_max_rate && o.workload.trace.empty() && o.workload.clients > 0)
+    throw UsageError(
+        "--find-max-rate needs open-loop arrivals (--rate R or --trace FILE), "
+        "not --clients");
   if (o.calibrate) return run_calibrate(o);
   if (o.validate) return run_validate(o);
   if (o.sweep) return run_sweep(o);
@@ -781,9 +846,10 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--trace", w.trace,
                   "Replay a trace: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or "
                   "Mooncake JSONL (timestamp ms, input_length, output_length)");
-  cmd->add_option("--rate", w.rate,
-                  "Open loop: requests per second (with --trace: rescale it to this mean rate)");
-  cmd->add_option("--requests,-n", w.requests,
+  auto* rate = cmd->add_option(
+      "--rate", w.rate,
+      "Open loop: requests per second (with --trace: rescale it to this mean rate)");
+  cmd->add_option("--requests,-n", o->requests,
                   "Requests to send (with --trace: at most this many rows; 0: all)")
       ->capture_default_str();
   cmd->add_option("--arrivals", w.arrivals, "Open loop: constant | poisson | gamma:CV (bursty)")
@@ -853,7 +919,15 @@ void register_simulate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Validate: real runs per point (their spread is shown)")
       ->capture_default_str();
-  cmd->callback([o] { run_simulate(*o); });
+  cmd->callback([o, rate] {
+    o->rate_given = rate->count() > 0;
+    if (o->requests < 0)
+      throw UsageError("--requests: " + std::to_string(o->requests) +
+                       " is out of range; give 1 or more (0, all of a trace's rows, only with "
+                       "--trace)");
+    o->workload.requests = size_t(o->requests);
+    run_simulate(*o);
+  });
 }
 
 }  // namespace troupe::app

@@ -1,12 +1,119 @@
 #include "scheduler/sim/run.h"
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 namespace troupe::sim {
 
+namespace {
+
+// The whole of `text` as a finite number, or nullopt.
+std::optional<double> finite_number(const std::string& text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+// The whole of `text` as a count from 0 (digits only), or nullopt.
+std::optional<int> index_number(const std::string& text) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || text[0] == '-' || text[0] == '+' || ec != std::errc() ||
+      end != text.data() + text.size())
+    return std::nullopt;
+  return v;
+}
+
+std::vector<std::string> split_colons(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (char c : text)
+    if (c == ':')
+      out.emplace_back();
+    else
+      out.back() += c;
+  return out;
+}
+
+std::string number_text(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+void WorkloadSpec::check() const {
+  const auto fail = [](const std::string& text) { throw std::invalid_argument(text); };
+  if (!(rate >= 0) || !std::isfinite(rate))
+    fail("--rate: " + number_text(rate) + " is not a rate; give requests per second, > 0");
+  if (clients < 0)
+    fail("--clients: " + std::to_string(clients) +
+         " is not a number of clients; give 1 or more for a closed loop (none: open loop)");
+  if (trace.empty() && requests == 0)
+    fail("--requests: 0 requests; give 1 or more (0, all of a trace's rows, only with --trace)");
+  if (!(think_s >= 0) || !std::isfinite(think_s))
+    fail("--think-s: " + number_text(think_s) + " is not a pause; give seconds >= 0");
+  if (!(cancel_fraction >= 0 && cancel_fraction <= 1))
+    fail("--cancel-fraction: " + number_text(cancel_fraction) +
+         " is not a share; give a fraction in [0, 1]");
+  if (!(cancel_after_s >= 0) || !std::isfinite(cancel_after_s))
+    fail("--cancel-after-s: " + number_text(cancel_after_s) +
+         " is not a mean time; give seconds >= 0");
+  if (!(priority_fraction >= 0 && priority_fraction <= 1))
+    fail("--priority-fraction: " + number_text(priority_fraction) +
+         " is not a share; give a fraction in [0, 1]");
+  if (!(length_scale > 0) || !std::isfinite(length_scale))
+    fail("--length-scale: " + number_text(length_scale) + " is not a factor; give a number > 0");
+  const auto parsed = [&](const char* flag, const auto& parse) {
+    try {
+      parse();
+    } catch (const std::invalid_argument& e) {
+      fail(std::string(flag) + ": " + e.what());
+    }
+  };
+  parsed("--prompt", [&] { LengthDist::parse(prompt); });
+  parsed("--output", [&] { LengthDist::parse(output); });
+  parsed("--arrivals", [&] { ArrivalProcess::parse(arrivals, 1.0); });
+}
+
+Failure parse_failure(const std::string& spec) {
+  const std::string form =
+      "--fail: '" + spec +
+      "' is not TIME:REPLICA or TIME:node:N (TIME in seconds, replicas and nodes counted from 0)";
+  const auto parts = split_colons(spec);
+  if (parts.size() != 2 && !(parts.size() == 3 && parts[1] == "node"))
+    throw std::invalid_argument(form);
+  const auto time = finite_number(parts[0]);
+  const auto index = index_number(parts.back());
+  if (!time || !index) throw std::invalid_argument(form);
+  if (*time < 0)
+    throw std::invalid_argument("--fail: '" + spec + "': the time " + parts[0] +
+                                " is before the start; give seconds >= 0");
+  Failure f;
+  f.time_s = *time;
+  (parts.size() == 3 ? f.node : f.replica) = *index;
+  return f;
+}
+
+std::pair<int, double> parse_slowdown(const std::string& spec) {
+  const auto parts = split_colons(spec);
+  const auto replica = parts.size() == 2 ? index_number(parts[0]) : std::nullopt;
+  const auto factor = parts.size() == 2 ? finite_number(parts[1]) : std::nullopt;
+  if (!replica || !factor || *factor <= 0)
+    throw std::invalid_argument("--slow: '" + spec +
+                                "' is not REPLICA:FACTOR (a replica counted from 0, a factor > 0: "
+                                "2 makes its steps take twice as long)");
+  return {*replica, *factor};
+}
+
 std::unique_ptr<Workload> WorkloadSpec::make(int max_context) const {
+  check();
   if (!trace.empty()) {
     TraceOptions o;
     o.length_scale = length_scale;
@@ -67,6 +174,7 @@ RunResult simulate(const SimOptions& options, const std::vector<StepCostModel>& 
   const auto workload = spec.make(options.scheduler.stop.context_length);
   RunResult res;
   res.summary = RunSummary(slo);
+  res.summary.set_limits(options.scheduler.stop.context_length, options.max_tokens_limit);
   struct Summarize : SimObserver {
     RunSummary* s;
     void on_request_end(const RequestRecord& r) override { s->add(r); }

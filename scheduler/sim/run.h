@@ -5,6 +5,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scheduler/sim/simulator.h"
@@ -25,11 +26,24 @@ struct WorkloadSpec {
   double length_scale = 1;  // traces
   uint64_t seed = 1;
 
+  // Throws std::invalid_argument naming the flag (--rate, --requests,
+  // --clients, ...) and the values it takes, for a value no workload can
+  // have: negative, not finite, a share outside [0, 1], an unknown length
+  // distribution or arrival process. Missing parts (no rate, no clients, no
+  // trace) are the caller's to judge.
+  void check() const;
   // Lengths are cut to fit `max_context` (the model's). Throws
   // std::invalid_argument for a bad description or an unreadable trace.
   std::unique_ptr<Workload> make(int max_context) const;
   std::string describe() const;
 };
+
+// The command line's --fail TIME:REPLICA or TIME:node:N, and --slow
+// REPLICA:FACTOR. Throw std::invalid_argument naming the flag and the form;
+// whether the replica or node exists is failure_problem's (simulator.h) and
+// the caller's.
+Failure parse_failure(const std::string& spec);
+std::pair<int, double> parse_slowdown(const std::string& spec);
 
 struct RunResult {
   RunSummary summary;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
@@ -27,7 +28,11 @@ struct Simulator::Replica {
   std::vector<InFlightStep> flight;
   RestartIntensity intensity;
   ReplicaFigures fig;
-  double busy_window = 0;  // device-seconds launched since the last sample
+  // Sampled runs only: device-seconds of compute in the current sample
+  // window, and the stages' busy intervals launched that may still end
+  // after now (their parts in later windows, or cut short by a death).
+  double busy_window = 0;
+  std::vector<std::pair<double, double>> busy;
 };
 
 // A request as its client sees it; the table holds it as the sink.
@@ -106,6 +111,28 @@ class Simulator::Channel : public ReplicaChannel {
   Simulator& sim_;
 };
 
+std::string failure_problem(const Failure& f, int replicas, int replicas_per_node) {
+  const auto range = [](const char* what, int n) {
+    return n == 1 ? std::string("there is one ") + what + ", 0"
+                  : std::string("there are ") + what + "s 0.." + std::to_string(n - 1);
+  };
+  if (!(f.time_s >= 0) || !std::isfinite(f.time_s)) {
+    char text[120];
+    std::snprintf(text, sizeof text, "its time must be a number of seconds >= 0, not %g", f.time_s);
+    return text;
+  }
+  if ((f.replica >= 0) == (f.node >= 0)) return "it must name either a replica or a node";
+  if (f.replica >= replicas)
+    return "replica " + std::to_string(f.replica) +
+           " does not exist: " + range("replica", replicas);
+  const int per_node = std::max(1, replicas_per_node);
+  const int nodes = (replicas + per_node - 1) / per_node;
+  if (f.replica < 0 && f.node >= nodes)
+    return "node " + std::to_string(f.node) + " does not exist: with " + std::to_string(per_node) +
+           (per_node == 1 ? " replica" : " replicas") + " per node, " + range("node", nodes);
+  return "";
+}
+
 Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Workload& workload,
                      SimObserver* observer, std::unique_ptr<RouterLog> log)
     : o_(std::move(options)),
@@ -121,9 +148,22 @@ Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Work
   for (double s : o_.slowdown)
     if (!(s > 0) || !std::isfinite(s))
       throw std::invalid_argument("a replica's slowdown must be a positive factor");
-  if (!(o_.tick_s > 0)) throw std::invalid_argument("the router tick must be positive");
-  if (!(o_.restart_s >= 0)) throw std::invalid_argument("the restart time must be >= 0");
+  const auto seconds = [](double v) { return v >= 0 && std::isfinite(v); };
+  if (!(o_.tick_s > 0) || !std::isfinite(o_.tick_s))
+    throw std::invalid_argument("the router tick must be positive");
+  if (!seconds(o_.restart_s))
+    throw std::invalid_argument("the restart time must be a number of seconds >= 0");
+  if (!seconds(o_.sample_s))
+    throw std::invalid_argument("the sample interval must be a number of seconds >= 0 (0: none)");
+  if (!seconds(o_.mtbf_s) || !seconds(o_.node_mtbf_s))
+    throw std::invalid_argument(
+        "a mean time between failures must be a number of seconds >= 0 "
+        "(0: none)");
   if (o_.replicas_per_node < 1) throw std::invalid_argument("a node holds at least one replica");
+  for (const Failure& f : o_.failures)
+    if (const std::string problem = failure_problem(f, o_.replicas, o_.replicas_per_node);
+        !problem.empty())
+      throw std::invalid_argument("a scripted failure: " + problem);
   const StopRule& stop = o_.scheduler.stop;
   const int ctx_blocks = (stop.context_length + o_.scheduler.block_tokens - 1) /
                          std::max(1, o_.scheduler.block_tokens);
@@ -193,12 +233,24 @@ void Simulator::on_arrival(const Arrival& a) {
   ++window_.arrivals;
   const uint64_t id = next_id_++;
   auto flight = std::make_shared<Flight>(*this, id, a);
+  // An idle cluster makes no progress and is not stalled: the stall clock
+  // starts when work arrives.
+  if (flights_.empty()) last_progress_ = now_;
   flights_.emplace(id, flight.get());
-  // What the HTTP layer refuses before the runtime sees it.
+  // What the HTTP layer refuses before the runtime sees it: max_tokens over
+  // the limit as it parses the request, then prompt + output over the
+  // context (net/openai_api.cpp).
   const int context = o_.scheduler.stop.context_length;
-  if ((o_.max_tokens_limit > 0 && a.output_tokens > o_.max_tokens_limit) ||
-      (context > 0 && a.prompt_tokens + a.output_tokens > context)) {
-    flight->on_error({ServiceErrorKind::BadRequest, "too long for the context", 0});
+  using TooLong = RequestRecord::TooLong;
+  flight->rec.too_long =
+      o_.max_tokens_limit > 0 && a.output_tokens > o_.max_tokens_limit ? TooLong::MaxTokens
+      : context > 0 && a.prompt_tokens + a.output_tokens > context     ? TooLong::Context
+                                                                       : TooLong::No;
+  if (flight->rec.too_long != TooLong::No) {
+    flight->on_error({ServiceErrorKind::BadRequest,
+                      flight->rec.too_long == TooLong::Context ? "context_length_exceeded"
+                                                               : "max_tokens over the limit",
+                      0});
     return;
   }
   const double front_end = models_.front().request_overhead_s();
@@ -267,10 +319,11 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
     for (int s = 0; s < stages; ++s) {
       const double t = model.stage_s(s, shape) * r.slow;
       double& free_at = r.stage_free[size_t(s)];
-      free_at = std::max(free_at, ready) + t;
+      const double start = std::max(free_at, ready);
+      free_at = start + t;
       ready = free_at;
       r.fig.busy_s += t;
-      r.busy_window += t;
+      note_busy(r, start, free_at);
       if (r.tuner) f.samples.push_back({s, size_t(shape.tokens()), t});
     }
     done = std::max(done, ready);
@@ -278,6 +331,19 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
   f.engine_s = done - now_;
   // A slow replica's engine is slow; the serving around it is not.
   return done + model.overhead_s(int(n));
+}
+
+// A stage computes over [start, end): the window being sampled gets its
+// part of that, later windows the rest (on_sample), so that a sample's
+// utilisation is the share of that window its stages were busy, however
+// long a step is and wherever the window's edge falls in it.
+void Simulator::note_busy(Replica& r, double start, double end) {
+  if (o_.sample_s <= 0) return;
+  r.busy_window += std::max(0.0, std::min(end, window_end_) - start);
+  // Intervals over by now are fully counted; the rest are a stage's steps
+  // in flight, a handful.
+  std::erase_if(r.busy, [&](const auto& b) { return b.second <= now_; });
+  r.busy.emplace_back(start, end);
 }
 
 StepEvents& Simulator::next_out() {
@@ -374,6 +440,12 @@ void Simulator::on_failure(int replica) {
   r.sched.reset();
   r.tuner.reset();
   r.flight.clear();
+  // Its devices stop computing now: what its steps in flight would have
+  // done after this is no busy time (the summary's busy_s still counts
+  // whole steps launched).
+  for (const auto& [start, end] : r.busy)
+    r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+  r.busy.clear();
   const bool restart = r.intensity.allow_restart(now_);
   totals_.resumed += table_->replica_down(replica, !restart, now_);
   if (restart) {
@@ -394,11 +466,7 @@ void Simulator::on_up(int replica, uint64_t epoch) {
 }
 
 void Simulator::schedule_failures() {
-  for (const Failure& f : o_.failures) {
-    if (f.replica >= o_.replicas || (f.replica < 0 && f.node < 0) ||
-        (f.replica < 0 && f.node * o_.replicas_per_node >= o_.replicas))
-      throw std::invalid_argument("a scripted failure names replica " + std::to_string(f.replica) +
-                                  " of " + std::to_string(o_.replicas));
+  for (const Failure& f : o_.failures) {  // checked by the constructor
     const bool node = f.replica < 0;
     push(f.time_s, Kind::Failure, f.replica, node ? uint64_t(f.node) : 0,
          kScripted | (node ? kNode : 0));
@@ -443,7 +511,6 @@ void Simulator::on_sample() {
       s.running = r.sched->running();
       s.waiting = r.sched->waiting();
     }
-    r.busy_window = 0;
     r.fig.kv_sum += s.kv_occupancy;
     r.fig.kv_max = std::max(r.fig.kv_max, s.kv_occupancy);
     ++r.fig.samples;
@@ -451,6 +518,15 @@ void Simulator::on_sample() {
   }
   if (observer_) observer_->on_sample(c, samples_);
   window_ = ClusterSample{};
+  // The next window: the parts of the steps in flight that fall in it.
+  window_end_ = now_ + o_.sample_s;
+  for (auto& rp : replicas_) {
+    Replica& r = *rp;
+    std::erase_if(r.busy, [&](const auto& b) { return b.second <= now_; });
+    r.busy_window = 0;
+    for (const auto& [start, end] : r.busy)
+      r.busy_window += std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+  }
 }
 
 void Simulator::finish(Flight& f, Outcome outcome) {
@@ -464,6 +540,42 @@ void Simulator::finish(Flight& f, Outcome outcome) {
     if (auto next = workload_.on_end(f.client, now_)) schedule_arrival(*next);
 }
 
+std::runtime_error Simulator::stalled(double stall_s) const {
+  // The request waiting longest says what is stuck.
+  const Flight* oldest = nullptr;
+  for (const auto& [id, f] : flights_)
+    if (!oldest || f->rec.arrival < oldest->rec.arrival ||
+        (f->rec.arrival == oldest->rec.arrival && id < oldest->rec.id))
+      oldest = f;
+  const RequestRecord& r = oldest->rec;
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "the simulation stalled at t=%.2f s: %zu request(s) in flight made no progress "
+                "(no step finished, no request ended) for %.0f s; %d of %d replicas up, %zu "
+                "waiting for one. The oldest, request %llu (%d prompt + %d output tokens), "
+                "arrived at t=%.2f s and ",
+                now_, flights_.size(), stall_s, table_->table().live_replicas(), o_.replicas,
+                table_->table().queue_depth(), (unsigned long long)r.id, r.prompt_tokens,
+                oldest->max_tokens, r.arrival);
+  std::string what = text;
+  if (r.placed < 0) {
+    what += "was never placed on a replica";
+  } else if (r.started < 0) {
+    std::snprintf(text, sizeof text, "was placed at t=%.2f s but never started", r.placed);
+    what += text;
+  } else {
+    std::snprintf(text, sizeof text, "started at t=%.2f s", r.started);
+    what += text;
+  }
+  const int bt = std::max(1, o_.scheduler.block_tokens);
+  const long long blocks =
+      (static_cast<long long>(r.prompt_tokens) + oldest->max_tokens + bt - 1) / bt;
+  if (blocks > o_.scheduler.kv_blocks)
+    what += "; it needs " + std::to_string(blocks) + " KV blocks of " + std::to_string(bt) +
+            " tokens, and a replica has " + std::to_string(o_.scheduler.kv_blocks);
+  return std::runtime_error(what);
+}
+
 bool Simulator::done() const {
   return workload_done_ && pending_.empty() && flights_.empty();
 }
@@ -472,7 +584,10 @@ void Simulator::run() {
   for (int i = 0; i < o_.replicas; ++i) bring_up(i);
   schedule_failures();
   push(o_.tick_s, Kind::Tick);
-  if (o_.sample_s > 0) push(o_.sample_s, Kind::Sample);
+  if (o_.sample_s > 0) {
+    window_end_ = o_.sample_s;
+    push(window_end_, Kind::Sample);
+  }
   pull_arrival();
   // With nothing left that could end them, requests that cannot run (a
   // prompt no replica can hold, every replica restarting for good) would
@@ -505,16 +620,12 @@ void Simulator::run() {
       case Kind::Tick:
         table_->tick(now_);
         settle();
-        if (now_ - last_progress_ > stall_s)
-          throw std::runtime_error("the simulation stalled at t=" + std::to_string(now_) +
-                                   " s: " + std::to_string(flights_.size()) +
-                                   " requests made no progress for " + std::to_string(stall_s) +
-                                   " s");
+        if (!flights_.empty() && now_ - last_progress_ > stall_s) throw stalled(stall_s);
         push(now_ + o_.tick_s, Kind::Tick);
         break;
       case Kind::Sample:
         on_sample();
-        push(now_ + o_.sample_s, Kind::Sample);
+        push(window_end_, Kind::Sample);
         break;
       case Kind::Failure:
         on_failure_event(e);

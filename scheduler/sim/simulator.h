@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,10 @@ struct Failure {
   int replica = -1;  // >= 0: this replica
   int node = -1;     // >= 0: replicas [node * replicas_per_node, +replicas_per_node)
 };
+
+// What is wrong with a scripted failure among `replicas` replicas, nodes
+// of `replicas_per_node` (the last node may hold fewer); empty when nothing.
+std::string failure_problem(const Failure& f, int replicas, int replicas_per_node);
 
 struct SimOptions {
   int replicas = 1;
@@ -149,6 +154,7 @@ class Simulator {
   void on_arrival(const Arrival& a);
   void submit(uint64_t id);
   double time_step(Replica& r, const PlannedStep& step, InFlightStep& f);
+  void note_busy(Replica& r, double start, double end);
   void launch(int replica);
   // The table reads the replicas' reports gathered in out_.
   void deliver();
@@ -164,6 +170,8 @@ class Simulator {
   void note_started(uint64_t id);
   void finish(Flight& f, Outcome outcome);
   bool done() const;
+  // The error for work in flight that made no progress for stall_s.
+  std::runtime_error stalled(double stall_s) const;
   std::unique_ptr<ReplicaScheduler> make_scheduler(int replica) const;
 
   SimOptions o_;
@@ -189,6 +197,7 @@ class Simulator {
   double last_progress_ = 0;  // a step finished or a request ended
   SimTotals totals_;
   ClusterSample window_;
+  double window_end_ = 0;  // when the sample window being filled closes
   std::vector<ReplicaSample> samples_;
   std::vector<InFlightStep> spare_;  // finished steps' buffers
   // Reports on their way to the table: out_[0, out_n_) (none between

@@ -79,6 +79,8 @@ void RunSummary::add(const RequestRecord& r) {
   first_arrival_ = std::min(first_arrival_, r.arrival);
   last_end_ = std::max(last_end_, r.end);
   output_tokens_ += uint64_t(r.output_tokens);
+  if (r.too_long == RequestRecord::TooLong::Context) ++over_context_;
+  if (r.too_long == RequestRecord::TooLong::MaxTokens) ++over_max_tokens_;
   if (r.started >= 0) queue_.add(r.queue_delay());
   if (r.outcome != Outcome::Completed) return;
   ++completed_;
@@ -149,10 +151,21 @@ std::string RunSummary::table() const {
   char line[256];
   std::snprintf(line, sizeof line,
                 "requests %zu: %zu completed, %zu cancelled, %zu refused (queue full), %zu timed "
-                "out, %zu unavailable, %zu bad\n",
+                "out, %zu unavailable, %zu refused as too long (HTTP 400)\n",
                 requests_, completed_, count(Outcome::Cancelled), count(Outcome::QueueFull),
                 count(Outcome::Timeout), count(Outcome::Unavailable), count(Outcome::BadRequest));
   s << line;
+  // Which limit, as the server's error says it.
+  const auto limit = [](const char* what, int n) {
+    return n > 0 ? std::string(" ") + what + " of " + std::to_string(n) + " tokens" : std::string();
+  };
+  if (over_context_ > 0)
+    s << "  " << over_context_ << " with prompt + output over the model's context"
+      << limit("length", context_length_)
+      << " (the server answers 400 context_length_exceeded; shorten the lengths to serve them)\n";
+  if (over_max_tokens_ > 0)
+    s << "  " << over_max_tokens_ << " asking for more output than server.max_tokens_limit"
+      << limit("limit", max_tokens_limit_) << " (the server answers 400 on max_tokens)\n";
   std::snprintf(line, sizeof line,
                 "span %.2f s: %.2f requests/s, %.1f output tokens/s; mean utilisation %.0f%%\n",
                 duration_s(), requests_per_s(), output_tokens_per_s(), 100 * mean_utilisation());

@@ -45,6 +45,9 @@ struct RequestRecord {
   int prompt_tokens = 0;
   int output_tokens = 0;  // delivered
   Outcome outcome = Outcome::Completed;
+  // Outcome::BadRequest: what the front end refused it for (the server's
+  // 400), before the runtime saw it.
+  enum class TooLong : uint8_t { No, Context, MaxTokens } too_long = TooLong::No;
 
   double ttft() const { return first_token - arrival; }
   // Time per output token after the first; < 0 with fewer than two.
@@ -81,6 +84,12 @@ class RunSummary {
   explicit RunSummary(Slo slo = {}) : slo_(slo) {}
   void add(const RequestRecord& r);
   void set_replicas(std::vector<ReplicaFigures> replicas) { replicas_ = std::move(replicas); }
+  // The limits requests were refused against, for the table's explanation
+  // (0: not known).
+  void set_limits(int context_length, int max_tokens_limit) {
+    context_length_ = context_length;
+    max_tokens_limit_ = max_tokens_limit;
+  }
 
   // The run's span: first arrival to last end (for throughput).
   double duration_s() const { return last_end_ > first_arrival_ ? last_end_ - first_arrival_ : 0; }
@@ -109,6 +118,8 @@ class RunSummary {
   size_t requests_ = 0, completed_ = 0, slo_met_ = 0;
   size_t outcomes_[7] = {0, 0, 0, 0, 0, 0, 0};
   uint64_t output_tokens_ = 0;
+  size_t over_context_ = 0, over_max_tokens_ = 0;
+  int context_length_ = 0, max_tokens_limit_ = 0;
   double first_arrival_ = 1e300, last_end_ = 0;
   LogHistogram ttft_, tpot_, latency_, queue_;
   std::vector<ReplicaFigures> replicas_;

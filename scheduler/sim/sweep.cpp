@@ -17,10 +17,17 @@ extern char** environ;
 
 namespace troupe::sim {
 
-double max_rate_within_slo(const std::vector<std::pair<double, double>>& rate_share, double share,
-                           int refine, const std::function<double(double)>& measure) {
+MaxRate max_rate_within_slo(const std::vector<std::pair<double, double>>& rate_share, double share,
+                            int refine, const std::function<double(double)>& measure) {
   std::vector<std::pair<double, double>> pts = rate_share;
   std::sort(pts.begin(), pts.end());
+  MaxRate m;
+  if (pts.empty()) {
+    m.bound = MaxRate::Bound::MissedAtLowest;
+    return m;
+  }
+  m.lowest = pts.front().first;
+  m.highest = pts.back().first;
   // The last rate of the leading run that meets it: past the first miss the
   // system is overloaded, whatever a noisy higher rate says.
   double lo = 0, hi = 0;
@@ -31,17 +38,52 @@ double max_rate_within_slo(const std::vector<std::pair<double, double>>& rate_sh
     }
     lo = rate;
   }
-  if (lo == 0 || hi == 0) return lo;
+  m.rate = lo;
+  if (lo == 0) {
+    m.bound = MaxRate::Bound::MissedAtLowest;
+    return m;
+  }
+  if (hi == 0) {
+    m.bound = MaxRate::Bound::MetAtHighest;
+    return m;
+  }
   for (int i = 0; i < refine; ++i) {
     const double mid = (lo + hi) / 2;
     (measure(mid) >= share ? lo : hi) = mid;
   }
-  return lo;
+  m.rate = lo;
+  return m;
+}
+
+MaxRate search_max_rate(const std::function<double(double)>& share_at, double start, double share,
+                        int refine) {
+  MaxRate m;
+  m.lowest = m.highest = start;
+  double lo = 0, hi = start;
+  while (share_at(hi) >= share) {
+    lo = hi;
+    m.highest = hi;
+    if (hi * 2 > start * 1024) {
+      m.rate = lo;
+      m.bound = MaxRate::Bound::MetAtHighest;
+      return m;
+    }
+    hi *= 2;
+  }
+  m.highest = std::max(m.highest, hi);
+  for (int i = 0; i < refine; ++i) {
+    const double mid = (lo + hi) / 2;
+    m.lowest = std::min(m.lowest, mid);
+    (share_at(mid) >= share ? lo : hi) = mid;
+  }
+  m.rate = lo;
+  if (lo == 0) m.bound = MaxRate::Bound::MissedAtLowest;
+  return m;
 }
 
 std::string sweep_table(
     const std::vector<SweepPoint>& points,
-    const std::vector<std::tuple<std::string, std::string, double>>& max_rates) {
+    const std::vector<std::tuple<std::string, std::string, MaxRate>>& max_rates) {
   std::ostringstream s;
   char line[320];
   std::snprintf(line, sizeof line, "%-18s %-8s %8s %9s %9s %9s %9s %9s %9s %8s %6s\n", "policy",
@@ -64,9 +106,14 @@ std::string sweep_table(
                   "\nhighest rate with 90%% of requests within TTFT %.3g s and TPOT %.3g s:\n",
                   slo.ttft_s, slo.tpot_s);
     s << line;
-    for (const auto& [policy, layout, rate] : max_rates) {
+    for (const auto& [policy, layout, m] : max_rates) {
+      const char* note = m.bound == MaxRate::Bound::MissedAtLowest
+                             ? " (missed even at the lowest rate)"
+                         : m.bound == MaxRate::Bound::MetAtHighest
+                             ? " (met even at the highest rate: a lower bound)"
+                             : "";
       std::snprintf(line, sizeof line, "  %-18s %-8s %8.2f requests/s%s\n", policy.c_str(),
-                    layout.c_str(), rate, rate == 0 ? " (missed even at the lowest rate)" : "");
+                    layout.c_str(), m.rate, note);
       s << line;
     }
   }

@@ -213,9 +213,11 @@ SyntheticWorkload::SyntheticWorkload(SyntheticOptions options)
       output_(LengthDist::parse(o_.output)),
       process_(ArrivalProcess::parse(o_.process, o_.rate_per_s)),
       rng_(o_.seed) {
-  if (o_.cancel_fraction < 0 || o_.cancel_fraction > 1)
+  if (!(o_.cancel_fraction >= 0 && o_.cancel_fraction <= 1))
     throw std::invalid_argument("the cancelled share must be in [0, 1]");
-  if (o_.high_priority_fraction < 0 || o_.high_priority_fraction > 1)
+  if (!(o_.cancel_after_s >= 0) || !std::isfinite(o_.cancel_after_s))
+    throw std::invalid_argument("the mean time until a cancellation must be seconds >= 0");
+  if (!(o_.high_priority_fraction >= 0 && o_.high_priority_fraction <= 1))
     throw std::invalid_argument("the high-priority share must be in [0, 1]");
 }
 
@@ -242,7 +244,8 @@ ClosedLoopWorkload::ClosedLoopWorkload(ClosedLoopOptions options)
       output_(LengthDist::parse(o_.output)),
       rng_(o_.seed) {
   if (o_.clients < 1) throw std::invalid_argument("a closed loop needs at least one client");
-  if (!(o_.think_s >= 0)) throw std::invalid_argument("the think time must be >= 0");
+  if (!(o_.think_s >= 0) || !std::isfinite(o_.think_s))
+    throw std::invalid_argument("the think time must be seconds >= 0");
 }
 
 Arrival ClosedLoopWorkload::make(int client, double at) {
@@ -295,7 +298,8 @@ TraceFormat trace_format_of(const std::filesystem::path& file) {
 TraceWorkload::TraceWorkload(const std::filesystem::path& file, TraceOptions options)
     : file_(file), format_(trace_format_of(file)), o_(options), in_(file) {
   if (!in_) throw std::invalid_argument("cannot read the trace " + file.string());
-  if (!(o_.time_scale > 0) || !(o_.length_scale > 0))
+  if (!(o_.time_scale > 0) || !(o_.length_scale > 0) || !std::isfinite(o_.time_scale) ||
+      !std::isfinite(o_.length_scale))
     throw std::invalid_argument("trace time and length scales must be positive");
   if (format_ != TraceFormat::Azure) return;
   std::string header;

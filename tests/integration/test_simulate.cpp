@@ -104,6 +104,137 @@ TEST(Simulate, BadInputsNameTheProblem) {
   EXPECT_NE(r.err.find("give a workload"), std::string::npos) << r.err;
 }
 
+// Each bad value is refused before anything runs, naming its flag and the
+// values it takes.
+TEST(Simulate, BadValuesNameTheirFlagAndRange) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
+      {{"--rate", "5", "--fail", "-5:0"}, {"--fail: '-5:0'", ">= 0"}},
+      {{"--set", "parallel.replicas=4", "--rate", "5", "--fail", "10:node:5", "--replicas-per-node",
+        "2"},
+       {"--fail: '10:node:5'", "node 5 does not exist",
+        "with 2 replicas per node, there are nodes 0..1"}},
+      {{"--set", "parallel.replicas=2", "--rate", "5", "--fail", "10:2"},
+       {"replica 2 does not exist: there are replicas 0..1"}},
+      {{"--rate", "5", "--fail", "10:1x"}, {"--fail: '10:1x' is not TIME:REPLICA"}},
+      {{"--clients", "-3"}, {"--clients: -3", "1 or more"}},
+      {{"--rate", "-5"}, {"--rate: -5", "> 0"}},
+      {{"--rate", "0"}, {"--rate: 0", "> 0"}},
+      {{"--rate", "nan"}, {"--rate: nan", "> 0"}},
+      {{"--rate", "5", "--requests", "0"}, {"--requests: 0", "1 or more"}},
+      {{"--rate", "5", "--requests", "-5"}, {"--requests: -5", "1 or more"}},  // not 2^64 - 5
+      {{"--rate", "5", "--cancel-fraction", "1.5"}, {"--cancel-fraction: 1.5", "[0, 1]"}},
+      {{"--rate", "5", "--priority-fraction", "-1"}, {"--priority-fraction: -1", "[0, 1]"}},
+      {{"--clients", "2", "--think-s", "-1"}, {"--think-s: -1", ">= 0"}},
+      {{"--rate", "5", "--sample-s", "-1"}, {"--sample-s: -1", ">= 0"}},
+      {{"--rate", "5", "--mtbf-s", "-10"}, {"--mtbf-s: -10", ">= 0"}},
+      {{"--rate", "5", "--restart-s", "nan"}, {"--restart-s: nan", ">= 0"}},
+      {{"--rate", "5", "--replicas-per-node", "0"}, {"--replicas-per-node: 0", "1 or more"}},
+      {{"--rate", "5", "--slo-ttft-s", "0"}, {"--slo-ttft-s: 0", "> 0"}},
+      {{"--rate", "5", "--slow", "0:0"}, {"--slow: '0:0'", "a factor > 0"}},
+      {{"--rate", "5", "--slow", "2:3"}, {"--slow: '2:3'", "replica 2 does not exist"}},
+      {{"--validate", "--repeats", "0"}, {"--repeats: 0", "1 or more"}},
+      {{"--clients", "2", "--find-max-rate"}, {"--find-max-rate needs open-loop arrivals"}},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::vector<std::string> all{"--profile", profile()};
+    all.insert(all.end(), args.begin(), args.end());
+    const auto r = simulate(all);
+    std::string cmd;
+    for (const auto& a : args) cmd += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << cmd << r.err;
+    for (const std::string& e : expected)
+      EXPECT_NE(r.err.find(e), std::string::npos) << cmd << r.err;
+  }
+}
+
+// An idle cluster is not a stalled one: arrivals far apart (a low rate, a
+// thinking client, a sparse trace) run to the end.
+TEST(Simulate, IdleTimeIsNotAStall) {
+  test::TempDir dir;
+  const auto trace = dir / "sparse.csv";
+  test::write_file(trace,
+                   "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:00:00.0000000,20,10\n"
+                   "2023-11-16 18:10:00.0000000,20,10\n");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--rate", "0.003", "--requests", "10"},
+        {"--clients", "1", "--think-s", "300", "--requests", "3"},
+        {"--trace", trace.string()}}) {
+    std::vector<std::string> all{"--profile", profile(), "--json"};
+    all.insert(all.end(), args.begin(), args.end());
+    const auto r = simulate(all);
+    ASSERT_EQ(r.exit_code, 0) << args[0] << ": " << r.err;
+    const auto j = json::parse(r.out);
+    EXPECT_EQ(j["outcomes"]["completed"], j["requests"]) << args[0];
+    EXPECT_GT(j["simulation"]["simulated_s"].get<double>(), 590) << args[0];
+  }
+}
+
+TEST(Simulate, UtilisationSamplesStayWithinOne) {
+  test::TempDir dir;
+  const auto r = simulate({"--config", two_replicas(), "--profile", profile(), "--rate", "200",
+                           "--requests", "600", "--prompt", "uniform:16:200", "--output",
+                           "uniform:8:48", "--sample-s", "0.01", "--csv", dir.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream csv(test::read_file(dir / "replicas.csv"));
+  std::string line;
+  std::getline(csv, line);
+  size_t rows = 0;
+  double highest = 0;
+  while (std::getline(csv, line)) {
+    // time_s,replica,live,utilisation,kv_occupancy,running,waiting
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+    ASSERT_EQ(cells.size(), 7u) << line;
+    highest = std::max(highest, std::stod(cells[3]));
+    EXPECT_LE(std::stod(cells[4]), 1.0) << line;
+    ++rows;
+  }
+  EXPECT_GT(rows, 100u);
+  EXPECT_LE(highest, 1.0);
+  EXPECT_GT(highest, 0.5);
+}
+
+// A bound of the search is said to be one.
+TEST(Simulate, MaxRateSearchAndSweepSayWhenTheyHitTheirBounds) {
+  auto r = simulate({"--profile", profile(), "--rate", "20", "--requests", "20", "--slo-ttft-s",
+                     "1000", "--slo-tpot-s", "1000", "--find-max-rate"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("90% within the SLO even at 20480.000 requests/s, the highest rate tried"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("a lower bound, not the maximum"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("highest rate with 90% within the SLO"), std::string::npos) << r.out;
+  // The lowest rates tried leave the cluster idle for minutes between requests.
+  r = simulate({"--profile", profile(), "--rate", "1", "--requests", "10", "--slo-ttft-s",
+                "0.000001", "--find-max-rate"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no rate tried keeps 90% within the SLO: missed even at 0.003906 "
+                       "requests/s, the lowest tried"),
+            std::string::npos)
+      << r.out;
+  test::TempDir dir;
+  r = simulate({"--profile", profile(), "--sweep", "--policies", "round_robin", "--rates", "2,4",
+                "--requests", "20", "--slo-ttft-s", "1000", "--slo-tpot-s", "1000", "--out",
+                dir.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("4.00 requests/s (met even at the highest rate"), std::string::npos)
+      << r.out;
+}
+
+TEST(Simulate, TooLongRequestsAreExplained) {
+  // The bundled model's context is 256 tokens.
+  const auto r = simulate({"--profile", profile(), "--rate", "20", "--requests", "50", "--prompt",
+                           "uniform:100:200", "--output", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("refused as too long (HTTP 400)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with prompt + output over the model's context length of 256 tokens (the "
+                       "server answers 400 context_length_exceeded"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(BenchProfile, WritesAGridTheSimulatorReads) {
   test::TempDir dir;
   const auto file = dir / "p.json";
@@ -214,6 +345,12 @@ TEST(Simulate, ValidateWithASlowReplicaSlowsTheRealOneToo) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json::parse(r.out.substr(r.out.find("\n[")));
   EXPECT_EQ(j.size(), 2u * 6u);
+  // One real run per point has no spread: none is claimed, nor any pair
+  // told apart beyond it.
+  EXPECT_TRUE(j[0]["spread"].is_null()) << j[0];
+  EXPECT_EQ(r.out.find("within spread"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("beyond the spread"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no pair is counted"), std::string::npos) << r.out;
   r = simulate({"--config", two_replicas(), "--profile", profile(), "--validate", "--slow", "1:0.5",
                 "--policies", "round_robin", "--rates", "30", "--requests", "8"},
                60);

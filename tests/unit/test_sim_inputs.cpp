@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "scheduler/sim/run.h"
 #include "scheduler/sim/step_profile.h"
 #include "scheduler/sim/workload.h"
 #include "support/test_support.h"
@@ -203,6 +204,110 @@ TEST(Workload, ClosedLoopSendsOnlyAfterAnEnd) {
   EXPECT_EQ(a->client, 1);
   EXPECT_DOUBLE_EQ(a->time_s, 2.5);
   EXPECT_FALSE(w.on_end(0, 3.0));  // three sent
+}
+
+// The message of what `f` throws as std::invalid_argument ("" if nothing).
+template <class F>
+std::string refusal(F f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CommandLine, FailuresParseStrictly) {
+  Failure f = parse_failure("10:2");
+  EXPECT_DOUBLE_EQ(f.time_s, 10);
+  EXPECT_EQ(f.replica, 2);
+  EXPECT_EQ(f.node, -1);
+  f = parse_failure("2.5:node:5");
+  EXPECT_DOUBLE_EQ(f.time_s, 2.5);
+  EXPECT_EQ(f.replica, -1);
+  EXPECT_EQ(f.node, 5);
+  const std::string before = refusal([] { parse_failure("-5:0"); });
+  EXPECT_NE(before.find("--fail: '-5:0'"), std::string::npos) << before;
+  EXPECT_NE(before.find(">= 0"), std::string::npos) << before;
+  for (const char* bad : {"10", "10:", ":1", "10:2abc", "10:-1", "10:+1", "10:node:-1", "nan:1",
+                          "inf:1", "10:rack:1", "10:node:1:2", "x:1", "10:1.5"}) {
+    const std::string m = refusal([&] { parse_failure(bad); });
+    EXPECT_NE(m.find("--fail: '" + std::string(bad) + "'"), std::string::npos) << bad << ": " << m;
+  }
+}
+
+TEST(CommandLine, SlowdownsParseStrictly) {
+  EXPECT_EQ(parse_slowdown("1:3"), std::make_pair(1, 3.0));
+  EXPECT_EQ(parse_slowdown("0:0.5"), std::make_pair(0, 0.5));
+  for (const char* bad : {"1", "1:0", "1:-2", "x:2", "1x:2", "-1:2", "1:nan", "1:inf", "1:2:3"}) {
+    const std::string m = refusal([&] { parse_slowdown(bad); });
+    EXPECT_NE(m.find("--slow: '" + std::string(bad) + "'"), std::string::npos) << bad << ": " << m;
+    EXPECT_NE(m.find("a factor > 0"), std::string::npos) << m;
+  }
+}
+
+TEST(CommandLine, WorkloadValuesNameTheirFlagAndRange) {
+  WorkloadSpec ok;
+  ok.rate = 5;
+  EXPECT_EQ(refusal([&] { ok.check(); }), "");
+  struct Case {
+    void (*set)(WorkloadSpec&);
+    const char* flag;
+    const char* range;
+  };
+  const Case cases[] = {
+      {[](WorkloadSpec& w) { w.rate = -5; }, "--rate: -5", "> 0"},
+      {[](WorkloadSpec& w) { w.rate = NAN; }, "--rate: nan", "> 0"},
+      {[](WorkloadSpec& w) { w.clients = -3; }, "--clients: -3", "1 or more"},
+      {[](WorkloadSpec& w) { w.requests = 0; }, "--requests: 0", "1 or more"},
+      {[](WorkloadSpec& w) { w.think_s = -1; }, "--think-s: -1", ">= 0"},
+      {[](WorkloadSpec& w) { w.think_s = INFINITY; }, "--think-s: inf", ">= 0"},
+      {[](WorkloadSpec& w) { w.cancel_fraction = 1.5; }, "--cancel-fraction: 1.5", "[0, 1]"},
+      {[](WorkloadSpec& w) { w.cancel_fraction = NAN; }, "--cancel-fraction: nan", "[0, 1]"},
+      {[](WorkloadSpec& w) { w.cancel_after_s = -2; }, "--cancel-after-s: -2", ">= 0"},
+      {[](WorkloadSpec& w) { w.priority_fraction = -0.1; }, "--priority-fraction: -0.1", "[0, 1]"},
+      {[](WorkloadSpec& w) { w.length_scale = 0; }, "--length-scale: 0", "> 0"},
+      {[](WorkloadSpec& w) { w.prompt = "normal:4"; }, "--prompt: length distribution 'normal:4'",
+       "uniform:MIN:MAX"},
+      {[](WorkloadSpec& w) { w.output = "exp:-1"; }, "--output: length distribution 'exp:-1'",
+       "positive"},
+      {[](WorkloadSpec& w) { w.arrivals = "gamma:0"; }, "--arrivals: arrival process 'gamma:0'",
+       "positive"},
+  };
+  for (const Case& c : cases) {
+    WorkloadSpec w = ok;
+    c.set(w);
+    const std::string m = refusal([&] { w.check(); });
+    EXPECT_EQ(m.rfind(c.flag, 0), 0u) << c.flag << ": " << m;
+    EXPECT_NE(m.find(c.range), std::string::npos) << c.flag << ": " << m;
+    // make() refuses the same, before reading or drawing anything.
+    EXPECT_EQ(refusal([&] { w.make(256); }), m);
+  }
+  // A trace's 0 requests is all of its rows.
+  WorkloadSpec trace = ok;
+  trace.trace = "t.csv";
+  trace.requests = 0;
+  EXPECT_EQ(refusal([&] { trace.check(); }), "");
+}
+
+TEST(Workload, SharesAndTimesOutsideTheirRangeAreRefused) {
+  for (double share : {-0.1, 1.1, double(NAN)}) {
+    SyntheticOptions so;
+    so.cancel_fraction = share;
+    EXPECT_THROW(SyntheticWorkload{so}, std::invalid_argument) << share;
+    so = {};
+    so.high_priority_fraction = share;
+    EXPECT_THROW(SyntheticWorkload{so}, std::invalid_argument) << share;
+  }
+  SyntheticOptions so;
+  so.cancel_after_s = -1;
+  EXPECT_THROW(SyntheticWorkload{so}, std::invalid_argument);
+  ClosedLoopOptions co;
+  co.think_s = INFINITY;
+  EXPECT_THROW(ClosedLoopWorkload{co}, std::invalid_argument);
+  co.think_s = 0;
+  co.clients = -3;
+  EXPECT_THROW(ClosedLoopWorkload{co}, std::invalid_argument);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "scheduler/router_log.h"
 #include "scheduler/sim/router_replay.h"
 #include "scheduler/sim/simulator.h"
+#include "scheduler/sim/sweep.h"
 #include "support/test_support.h"
 
 namespace troupe::sim {
@@ -308,6 +309,244 @@ TEST(Simulator, ReplayNoticesADifferentDecision) {
   const ReplayResult r = replay_router_log(path);
   EXPECT_FALSE(r.identical());
   EXPECT_NE(r.first_mismatch.find("recorded assign"), std::string::npos) << r.first_mismatch;
+}
+
+// Idle time is not a stall: a cluster with nothing in flight waits for the
+// next arrival however far off it is.
+TEST(Simulator, IdleGapsAreNotAStall) {
+  // Open loop (or a trace's rows) ten minutes apart.
+  SimTotals totals;
+  const Records open = run_list(options(1, 4), {{0, 8, 4}, {600, 8, 4}, {1300, 8, 4}},
+                                constant_model(0.01), &totals);
+  ASSERT_EQ(open.by_id.size(), 3u);
+  for (const auto& [id, r] : open.by_id) EXPECT_EQ(r.outcome, Outcome::Completed) << id;
+  EXPECT_NEAR(totals.end_time_s, 1300.04, 1e-6);
+  // A closed loop whose client thinks for five minutes between requests.
+  ClosedLoopOptions co;
+  co.clients = 1;
+  co.requests = 3;
+  co.think_s = 300;
+  co.prompt = "8";
+  co.output = "4";
+  ClosedLoopWorkload w(co);
+  Records closed;
+  Simulator sim(options(1, 4), {constant_model(0.01)}, w, &closed);
+  ASSERT_NO_THROW(sim.run());
+  EXPECT_EQ(closed.summary.completed(), 3u);
+  EXPECT_GT(sim.totals().end_time_s, 600);
+}
+
+TEST(Simulator, WorkInFlightWithoutProgressIsAStallNamingTheRequest) {
+  // A prompt no replica can hold: without a context limit the front end
+  // lets it through, and 16 blocks of 16 tokens can never take 2000.
+  SimOptions o = options(1, 4);
+  o.scheduler.stop.context_length = 0;
+  o.scheduler.kv_blocks = 16;
+  ListWorkload w({{0, 8, 4}, {5, 2000, 4}});
+  Simulator sim(o, {constant_model(0.01)}, w);
+  try {
+    sim.run();
+    FAIL() << "no stall";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("stalled"), std::string::npos) << m;
+    EXPECT_NE(m.find("1 request(s) in flight"), std::string::npos) << m;
+    EXPECT_NE(m.find("request 2 (2000 prompt + 4 output tokens)"), std::string::npos) << m;
+    EXPECT_NE(m.find("126 KV blocks"), std::string::npos) << m;
+  }
+}
+
+TEST(Simulator, AReplicaThatNeverComesBackIsAStall) {
+  // Its requests wait for a replica (no queue timeout, no deadline).
+  SimOptions o = options(1, 4);
+  o.failures = {{0.05, 0, -1}};
+  o.restart_s = 1e6;
+  ListWorkload w({{0, 8, 100}});
+  Simulator sim(o, {constant_model(0.01)}, w);
+  try {
+    sim.run();
+    FAIL() << "no stall";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("0 of 1 replicas up"), std::string::npos) << m;
+    EXPECT_NE(m.find("request 1 "), std::string::npos) << m;
+  }
+}
+
+// Every sample the simulator reports.
+struct Samples : SimObserver {
+  void on_sample(const ClusterSample& c, const std::vector<ReplicaSample>& r) override {
+    times.push_back(c.time_s);
+    replicas.push_back(r);
+  }
+  std::vector<double> times;
+  std::vector<std::vector<ReplicaSample>> replicas;
+};
+
+TEST(Simulator, SampledUtilisationIsTheShareOfEachWindowSpentBusy) {
+  // One sequence decoding back to back in steps of 0.3 s, sampled every
+  // 0.5 s: busy all the time, so every full window is 1 (a window that
+  // launched two steps is not 1.2, one that launched one not 0.6). On two
+  // stages of 0.3 s each a step's stages alternate: half of each window.
+  for (int stages : {1, 2}) {
+    SimOptions o = options(1, 1);
+    o.sample_s = 0.5;
+    ListWorkload w({{0, 1, 20}});
+    Samples samples;
+    Simulator sim(o, {constant_model(0.3, stages)}, w, &samples);
+    sim.run();
+    const double end = sim.totals().end_time_s;
+    EXPECT_NEAR(end, 20 * 0.3 * stages, 1e-9);
+    // The last window closes as the last step ends, or just after.
+    ASSERT_GE(samples.times.size(), size_t(std::lround(end / o.sample_s)) - 1);
+    double busy = 0;
+    for (size_t i = 0; i < samples.times.size(); ++i) {
+      const double u = samples.replicas[i][0].utilisation;
+      busy += u * o.sample_s * stages;
+      EXPECT_NEAR(u, 1.0 / stages, 1e-9) << stages << " stage(s), at " << samples.times[i];
+    }
+    // The windows add up to the busy time: every stage-second, once (the
+    // replica computed all along).
+    EXPECT_NEAR(busy, samples.times.back(), 1e-9);
+  }
+}
+
+TEST(Simulator, SampledUtilisationNeverExceedsOne) {
+  // Long prefills and short decodes, several replicas, windows shorter
+  // than a step: however a step straddles windows, each gets its part.
+  ProfileGrid g;
+  g.batch = {0, 1, 64};
+  g.context = {1, 4096};
+  g.prefill = {0, 1, 4096};
+  g.stage_seconds.assign(1, std::vector<double>(g.points()));
+  for (size_t b = 0; b < g.batch.size(); ++b)
+    for (size_t c = 0; c < g.context.size(); ++c)
+      for (size_t p = 0; p < g.prefill.size(); ++p)
+        g.stage_seconds[0][g.at(b, c, p)] = 0.002 + 0.001 * g.batch[b] + 0.0015 * g.prefill[p];
+  SimOptions o = options(3, 8);
+  o.sample_s = 0.25;
+  o.failures = {{0.6, 1, -1}, {1.7, 2, -1}};  // deaths mid-step, restarts within one
+  o.restart_s = 0;
+  SyntheticOptions so;
+  so.requests = 300;
+  so.rate_per_s = 30;
+  so.prompt = "uniform:16:600";
+  so.output = "uniform:4:64";
+  SyntheticWorkload w(so);
+  Samples samples;
+  Simulator sim(o, {StepCostModel(g)}, w, &samples);
+  sim.run();
+  ASSERT_GT(samples.times.size(), 10u);
+  double highest = 0;
+  for (const auto& window : samples.replicas)
+    for (const ReplicaSample& r : window) {
+      highest = std::max(highest, r.utilisation);
+      EXPECT_GE(r.utilisation, -1e-9);
+      EXPECT_LE(r.kv_occupancy, 1.0);
+    }
+  EXPECT_LE(highest, 1.0 + 1e-9);
+  EXPECT_GT(highest, 0.9);  // the run was busy: the bound is not met by idling
+}
+
+TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
+  EXPECT_EQ(failure_problem({10, 3, -1}, 4, 1), "");
+  EXPECT_EQ(failure_problem({10, -1, 1}, 4, 2), "");
+  EXPECT_EQ(failure_problem({10, 4, -1}, 4, 1),
+            "replica 4 does not exist: there are replicas 0..3");
+  EXPECT_EQ(failure_problem({10, -1, 5}, 4, 2),
+            "node 5 does not exist: with 2 replicas per node, there are nodes 0..1");
+  EXPECT_EQ(failure_problem({10, -1, 1}, 3, 4),
+            "node 1 does not exist: with 4 replicas per node, there is one node, 0");
+  EXPECT_NE(failure_problem({-5, 0, -1}, 4, 1).find(">= 0"), std::string::npos);
+  EXPECT_NE(failure_problem({NAN, 0, -1}, 4, 1), "");
+  EXPECT_NE(failure_problem({1, -1, -1}, 4, 1), "");
+  SimOptions o = options(4, 4);
+  o.replicas_per_node = 2;
+  o.failures = {{10, -1, 5}};
+  ListWorkload w({});
+  try {
+    Simulator sim(o, {constant_model(0.01)}, w);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("node 5 does not exist"), std::string::npos) << e.what();
+  }
+  o.failures = {{-5, 0, -1}};
+  EXPECT_THROW(Simulator(o, {constant_model(0.01)}, w), std::invalid_argument);
+  o.failures.clear();
+  for (double SimOptions::*field : {&SimOptions::mtbf_s, &SimOptions::node_mtbf_s,
+                                    &SimOptions::sample_s, &SimOptions::restart_s}) {
+    SimOptions bad = o;
+    bad.*field = -1;
+    EXPECT_THROW(Simulator(bad, {constant_model(0.01)}, w), std::invalid_argument);
+    bad.*field = NAN;
+    EXPECT_THROW(Simulator(bad, {constant_model(0.01)}, w), std::invalid_argument);
+  }
+}
+
+TEST(Simulator, RequestsTooLongSayWhichLimit) {
+  SimOptions o = options(1, 4);
+  o.max_tokens_limit = 100;
+  const Records rec = run_list(o, {{0, 2000, 60}, {0, 10, 150}, {0, 10, 10}}, constant_model(0.01));
+  EXPECT_EQ(rec.by_id.at(1).outcome, Outcome::BadRequest);
+  EXPECT_EQ(rec.by_id.at(1).too_long, RequestRecord::TooLong::Context);
+  EXPECT_EQ(rec.by_id.at(2).too_long, RequestRecord::TooLong::MaxTokens);
+  EXPECT_EQ(rec.by_id.at(3).outcome, Outcome::Completed);
+  RunSummary summary = rec.summary;
+  summary.set_limits(2048, 100);
+  const std::string t = summary.table();
+  EXPECT_NE(t.find("2 refused as too long (HTTP 400)"), std::string::npos) << t;
+  EXPECT_NE(t.find("1 with prompt + output over the model's context length of 2048 tokens (the "
+                   "server answers 400 context_length_exceeded"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("1 asking for more output than server.max_tokens_limit"), std::string::npos)
+      << t;
+}
+
+TEST(MaxRate, SweepSaysWhenTheBoundIsTheRangeSwept) {
+  const auto never = [](double) -> double { throw std::logic_error("no refinement expected"); };
+  MaxRate m = max_rate_within_slo({{1, 1.0}, {2, 0.95}, {4, 0.91}}, 0.9, 3, never);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MetAtHighest);
+  EXPECT_EQ(m.rate, 4);
+  m = max_rate_within_slo({{1, 0.5}, {2, 0.2}}, 0.9, 3, never);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MissedAtLowest);
+  EXPECT_EQ(m.rate, 0);
+  m = max_rate_within_slo({{1, 1.0}, {2, 0.5}}, 0.9, 3, [](double r) { return r <= 1.3 ? 1 : 0; });
+  EXPECT_EQ(m.bound, MaxRate::Bound::Found);
+  EXPECT_DOUBLE_EQ(m.rate, 1.25);
+  const std::string t =
+      sweep_table({SweepPoint{"a", "1x1x1", 1, RunSummary{}, 0}},
+                  {{"a", "1x1x1", MaxRate{4, MaxRate::Bound::MetAtHighest, 1, 4}},
+                   {"b", "1x1x1", MaxRate{0, MaxRate::Bound::MissedAtLowest, 1, 4}},
+                   {"c", "1x1x1", MaxRate{2, MaxRate::Bound::Found, 1, 4}}});
+  EXPECT_NE(t.find("4.00 requests/s (met even at the highest rate"), std::string::npos) << t;
+  EXPECT_NE(t.find("0.00 requests/s (missed even at the lowest rate)"), std::string::npos) << t;
+  EXPECT_NE(t.find("2.00 requests/s\n"), std::string::npos) << t;
+}
+
+TEST(MaxRate, SearchSaysWhenItStoppedAtItsCapOrFoundNothing) {
+  std::vector<double> tried;
+  const auto at_most = [&](double limit) {
+    return [&tried, limit](double rate) {
+      tried.push_back(rate);
+      return rate <= limit ? 1.0 : 0.0;
+    };
+  };
+  MaxRate m = search_max_rate(at_most(37), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::Found);
+  EXPECT_LE(m.rate, 37);
+  EXPECT_GT(m.rate, 37 - 32.0 / 256);  // 8 bisections between 32 and 64
+  tried.clear();
+  m = search_max_rate(at_most(1e9), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MetAtHighest);
+  EXPECT_EQ(m.rate, 2048);
+  EXPECT_EQ(*std::max_element(tried.begin(), tried.end()), 2048);
+  tried.clear();
+  m = search_max_rate(at_most(-1), 2, 0.9);
+  EXPECT_EQ(m.bound, MaxRate::Bound::MissedAtLowest);
+  EXPECT_EQ(m.rate, 0);
+  EXPECT_DOUBLE_EQ(m.lowest, 2.0 / 256);
+  EXPECT_DOUBLE_EQ(*std::min_element(tried.begin(), tried.end()), 2.0 / 256);
 }
 
 TEST(Simulator, RejectsTooFewKvBlocks) {
