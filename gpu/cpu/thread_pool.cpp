@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace troupe {
@@ -26,10 +27,39 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_tasks(int thread) {
+  uint64_t w = work_.load(std::memory_order_acquire);
   for (;;) {
-    const int task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= n_tasks_) break;
-    (*job_)(task, thread);
+    const uint64_t next = w & kTaskMask, tasks = (w >> kTaskBits) & kTaskMask;
+    if (next >= tasks) return;
+    // A claim of a loop that has ended fails: its word has changed.
+    if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acquire,
+                                     std::memory_order_acquire))
+      continue;
+    // The claimed task keeps the loop (and job_) alive until it is done.
+    (*job_)(offset_ + int(next), thread);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == int(tasks)) done_.notify_one();
+    w = work_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::run_batch(int n_tasks, const std::function<void(int, int)>& fn, int offset) {
+  job_ = &fn;
+  offset_ = offset;
+  done_.store(0, std::memory_order_relaxed);
+  ++loops_;
+  const uint64_t word = (loops_ << (2 * kTaskBits)) | (uint64_t(n_tasks) << kTaskBits);
+  work_.store(word, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  run_tasks(0);
+  int done = done_.load(std::memory_order_acquire);
+  for (int i = 0; done != n_tasks && i < kSpinIterations; ++i) {
+    _mm_pause();
+    done = done_.load(std::memory_order_acquire);
+  }
+  while (done != n_tasks) {
+    done_.wait(done, std::memory_order_acquire);
+    done = done_.load(std::memory_order_acquire);
   }
 }
 
@@ -39,23 +69,8 @@ void ThreadPool::parallel_for(int n_tasks, const std::function<void(int, int)>& 
     for (int i = 0; i < n_tasks; ++i) fn(i, 0);
     return;
   }
-  job_ = &fn;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  busy_.store(int(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
-  run_tasks(0);
-  int left = busy_.load(std::memory_order_acquire);
-  for (int i = 0; left != 0 && i < kSpinIterations; ++i) {
-    _mm_pause();
-    left = busy_.load(std::memory_order_acquire);
-  }
-  while (left != 0) {
-    busy_.wait(left, std::memory_order_acquire);
-    left = busy_.load(std::memory_order_acquire);
-  }
-  job_ = nullptr;
+  for (int offset = 0; offset < n_tasks; offset += kMaxTasks)
+    run_batch(std::min(kMaxTasks, n_tasks - offset), fn, offset);
 }
 
 void ThreadPool::worker_loop(int thread) {
@@ -73,7 +88,6 @@ void ThreadPool::worker_loop(int thread) {
     seen = gen;
     if (stop_.load()) return;
     run_tasks(thread);
-    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_.notify_one();
   }
 }
 

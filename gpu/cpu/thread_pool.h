@@ -21,20 +21,33 @@ class ThreadPool {
   int size() const { return int(workers_.size()) + 1; }
 
   // Calls fn(task, thread) for every task in [0, n_tasks) and returns when all
-  // are done. Tasks are claimed dynamically; `thread` is in [0, size()).
+  // are done. Tasks are claimed dynamically; `thread` is in [0, size()). The
+  // caller runs tasks too, and waits only for tasks a worker has claimed: a
+  // worker not yet awake (the machine busy with other threads) costs nothing
+  // once the caller has done the work itself.
   // Not reentrant: call from one thread at a time.
   void parallel_for(int n_tasks, const std::function<void(int, int)>& fn);
 
  private:
+  // The current loop in one word, so that a claim is one compare-and-swap
+  // that fails if the loop it was meant for has ended:
+  // [loop number : 32 | tasks : 16 | next task : 16]. A loop of more tasks
+  // runs as several.
+  static constexpr int kTaskBits = 16;
+  static constexpr uint64_t kTaskMask = (uint64_t(1) << kTaskBits) - 1;
+  static constexpr int kMaxTasks = int(kTaskMask);
+
   void worker_loop(int thread);
   void run_tasks(int thread);
+  void run_batch(int n_tasks, const std::function<void(int, int)>& fn, int offset);
 
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
-  int n_tasks_ = 0;
-  std::atomic<int> next_task_{0};
-  std::atomic<int> busy_{0};
+  int offset_ = 0;  // task numbers of this batch start here (loops over kMaxTasks)
+  std::atomic<uint64_t> work_{0};
+  std::atomic<int> done_{0};        // tasks of the current loop finished
   std::atomic<int> generation_{0};  // int: waits on it are plain futex waits
+  uint64_t loops_ = 0;
   std::atomic<bool> stop_{false};
 };
 

@@ -213,14 +213,19 @@ TEST(Gemm, StackedBlocksAndRowReadBack) {
 
 TEST(ThreadPoolTest, RunsEveryTaskOnce) {
   ThreadPool pool(4);
-  for (int round = 0; round < 200; ++round) {
-    std::vector<std::atomic<int>> hits(37);
-    pool.parallel_for(37, [&](int t, int thread) {
-      ASSERT_GE(thread, 0);
-      ASSERT_LT(thread, 4);
-      hits[size_t(t)].fetch_add(1);
-    });
-    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  // Short loops back to back (workers arrive late, or for a loop already
+  // over), and one of more tasks than a loop's word holds.
+  for (int n : {37, 2, 3, 1, 100, 70000}) {
+    for (int round = 0; round < (n > 1000 ? 2 : 200); ++round) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> bad_thread{0};
+      pool.parallel_for(n, [&](int t, int thread) {
+        if (thread < 0 || thread >= 4) bad_thread.fetch_add(1);
+        hits[size_t(t)].fetch_add(1);
+      });
+      ASSERT_EQ(bad_thread.load(), 0);
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << n << " tasks";
+    }
   }
 }
 
