@@ -68,6 +68,10 @@ struct RouterState {
   std::shared_ptr<FaultBook> faults;
   Clock::time_point start = Clock::now();
   double now() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
+  // What the labelled gauges were last set to, per replica: publish() runs
+  // on every step's events, and a labelled child is found under a lock.
+  std::vector<int> published_state;               // -1: never
+  std::vector<std::pair<int, int>> published_kv;  // (used, free); (-1, -1): never
 };
 
 void publish(RouterState& s) {
@@ -76,10 +80,15 @@ void publish(RouterState& s) {
   s.shared->ready = t.live_replicas() > 0;
   if (!s.metrics) return;
   const auto& reps = t.replicas();
-  for (size_t i = 0; i < reps.size(); ++i)
-    s.metrics->set_replica_state(int(i), reps[i].live     ? ReplicaState::Ready
-                                         : reps[i].failed ? ReplicaState::FailedPermanently
-                                                          : ReplicaState::Starting);
+  s.published_state.resize(reps.size(), -1);
+  for (size_t i = 0; i < reps.size(); ++i) {
+    const ReplicaState state = reps[i].live     ? ReplicaState::Ready
+                               : reps[i].failed ? ReplicaState::FailedPermanently
+                                                : ReplicaState::Starting;
+    if (s.published_state[i] == int(state)) continue;
+    s.published_state[i] = int(state);
+    s.metrics->set_replica_state(int(i), state);
+  }
   s.metrics->set_running_sequences(t.running());
   s.metrics->set_queue_depth(t.queue_depth());
 }
@@ -113,6 +122,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                                                  st->start);
   st->epoch.assign(size_t(options.table.replicas), 0);
   st->broken.assign(size_t(options.table.replicas), false);
+  st->published_kv.assign(size_t(options.table.replicas), {-1, -1});
   st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
                                                    options.routing_seed, *st->channel,
                                                    router_log_from_env());
@@ -164,7 +174,11 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         if (st->metrics) {
           if (ev.batch_sequences > 0)
             st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
-          st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
+          auto& kv = st->published_kv[size_t(ev.replica)];
+          if (kv != std::pair{ev.blocks_used, ev.blocks_free}) {
+            kv = {ev.blocks_used, ev.blocks_free};
+            st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
+          }
         }
         st->table->on_events(ev, st->now());
         publish(*st);

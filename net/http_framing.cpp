@@ -69,9 +69,23 @@ std::string stream_head(bool chunked, bool keep_alive) {
 }
 
 std::string stream_data(std::string_view data, bool chunked) {
-  if (data.empty()) return {};
-  if (!chunked) return std::string(data);
-  return beast::buffers_to_string(http::make_chunk(boost::asio::buffer(data.data(), data.size())));
+  std::string out;
+  append_stream_data(out, data, chunked);
+  return out;
+}
+
+void append_stream_data(std::string& out, std::string_view data, bool chunked) {
+  if (data.empty()) return;
+  if (chunked) {
+    // "<size in lowercase hex>\r\n<data>\r\n", as http::make_chunk writes it.
+    char hex[2 * sizeof(size_t)];
+    char* p = hex + sizeof hex;
+    for (size_t n = data.size(); n != 0; n >>= 4) *--p = "0123456789abcdef"[n & 0xF];
+    out.append(p, hex + sizeof hex);
+    out += "\r\n";
+  }
+  out += data;
+  if (chunked) out += "\r\n";
 }
 
 std::string stream_end(bool chunked) {

@@ -1,8 +1,8 @@
 #pragma once
-// Responses as bytes on the wire, made by Beast's serializer and chunk
-// encoder. The session queues these bytes and keeps one write in flight, so
-// that events arriving during a write go out together with the next one and
-// a slow reader holds at most one response's worth of memory.
+// Responses as bytes on the wire, made by Beast's serializer (and the
+// chunks of a streamed body as Beast's chunk encoder writes them). The session queues these bytes
+// and keeps one write in flight, so that events arriving during a write go out together with the
+// next one and a slow reader holds at most one response's worth of memory.
 #include <string>
 #include <string_view>
 
@@ -24,6 +24,9 @@ std::string stream_head(bool chunked, bool keep_alive);
 // A piece of the streamed body: one chunk, or the bytes as they are; nothing
 // for an empty piece, because an empty chunk would end the body.
 std::string stream_data(std::string_view data, bool chunked);
+// The same appended to `out`: the chunk is written there directly, without
+// the temporaries of Beast's chunk encoder (it goes out once per token).
+void append_stream_data(std::string& out, std::string_view data, bool chunked);
 // The end of the streamed body: the last chunk, or nothing (closing ends it).
 std::string stream_end(bool chunked);
 

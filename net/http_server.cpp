@@ -144,7 +144,7 @@ namespace {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl& server)
-      : server_(server), stream_(std::move(socket)) {}
+      : server_(server), stream_(std::move(socket)), write_timer_(stream_.get_executor()) {}
 
   ~Session() { server_.remove_session(this); }
 
@@ -351,9 +351,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void apply(const ExchangeStep& step) {
     if (step.cancel_service) cancel_service();
     if (step.response) send(http_framing::response(*step.response, reply_.keep_alive));
-    if (step.start_stream) send(http_framing::stream_head(reply_.chunked, reply_.keep_alive));
-    send(http_framing::stream_data(step.events, reply_.chunked));
-    if (step.end_stream) send(http_framing::stream_end(reply_.chunked));
+    if (step.start_stream) out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive);
+    http_framing::append_stream_data(out_, step.events, reply_.chunked);
+    if (step.end_stream) out_ += http_framing::stream_end(reply_.chunked);
+    kick_writer();
     if (step.ends_response()) phase_ = Phase::Flushing;
     if (step.finished) record(*step.finished, server_.metrics);
   }
@@ -384,18 +385,41 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // One write in flight at a time; what arrives meanwhile is coalesced into
   // the next one, so a slow reader costs at most one response of memory.
-  void send(std::string bytes) {
+  void send(const std::string& bytes) {
     out_ += bytes;
     kick_writer();
   }
 
+  // Writes go to the socket itself, their time limit kept by write_timer_
+  // rather than by the stream's own timer: that one is started and cancelled
+  // around every write (two timer-queue updates, each a timerfd_settime, per
+  // token), while this one is set again only when it fires.
   void kick_writer() {
     if (!inflight_.empty() || phase_ == Phase::Closed || out_.empty()) return;
     inflight_.swap(out_);
-    stream_.expires_after(seconds(server_.opt.write_timeout_s));
+    write_started_ = Clock::now();
+    if (!write_timer_armed_) arm_write_timer(write_started_ + seconds(server_.opt.write_timeout_s));
     net::async_write(
-        stream_, net::buffer(inflight_),
+        stream_.socket(), net::buffer(inflight_),
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); });
+  }
+
+  void arm_write_timer(Clock::time_point at) {
+    write_timer_armed_ = true;
+    write_timer_.expires_at(at);
+    write_timer_.async_wait(
+        [self = shared_from_this()](beast::error_code ec) { self->on_write_timer(ec); });
+  }
+
+  // A write still in flight write_timeout_s after it started: the client
+  // stopped reading. Otherwise the timer waits for the write now in flight,
+  // if any (the next write sets it again).
+  void on_write_timer(beast::error_code ec) {
+    write_timer_armed_ = false;
+    if (ec || phase_ == Phase::Closed || inflight_.empty()) return;
+    const auto deadline = write_started_ + seconds(server_.opt.write_timeout_s);
+    if (Clock::now() < deadline) return arm_write_timer(deadline);
+    client_gone();
   }
 
   void on_written(beast::error_code ec) {
@@ -482,6 +506,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (phase_ == Phase::Closed) return;
     phase_ = Phase::Closed;
+    write_timer_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -533,6 +558,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<CompletionExchange> active_;  // the request being answered
   bool watching_ = false;                     // the watch read is in flight
   std::string out_, inflight_;                // queued bytes; the bytes being written
+  net::steady_timer write_timer_;             // the limit on the write in flight
+  bool write_timer_armed_ = false;
+  Clock::time_point write_started_;
   Clock::time_point linger_until_;
   std::array<char, 4096> scratch_{};
   size_t drained_ = 0;

@@ -1,5 +1,6 @@
 #include "net/openai_api.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -446,13 +447,130 @@ json completion_response(const ResponseMeta& meta, const std::string& text, Fini
   return j;
 }
 
+namespace {
+
+// Well-formed UTF-8 (Unicode 15, table 3-7): what nlohmann's serializer
+// accepts as it is, without replacing anything.
+bool valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  const auto cont = [&](const unsigned char* q, unsigned char lo, unsigned char hi) {
+    return q < end && *q >= lo && *q <= hi;
+  };
+  while (p < end) {
+    const unsigned char c = *p;
+    if (c < 0x80) {
+      ++p;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      if (!cont(p + 1, 0x80, 0xBF)) return false;
+      p += 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+      if (!cont(p + 1, lo, hi) || !cont(p + 2, 0x80, 0xBF)) return false;
+      p += 3;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      const unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+      if (!cont(p + 1, lo, hi) || !cont(p + 2, 0x80, 0xBF) || !cont(p + 3, 0x80, 0xBF))
+        return false;
+      p += 4;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+}  // namespace
+
+void append_json_string(std::string& out, std::string_view s) {
+  if (!valid_utf8(s)) {
+    out += dump(json(std::string(s)));  // U+FFFD where it is not UTF-8, as dump() does
+    return;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  size_t run = 0;  // start of the bytes copied as they are
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s.data() + run, i - run);
+    run = i + 1;
+    out += '\\';
+    switch (c) {
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\b':
+        out += 'b';
+        break;
+      case '\t':
+        out += 't';
+        break;
+      case '\n':
+        out += 'n';
+        break;
+      case '\f':
+        out += 'f';
+        break;
+      case '\r':
+        out += 'r';
+        break;
+      default:
+        out += "u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 0xF];
+    }
+  }
+  out.append(s.data() + run, s.size() - run);
+  out += '"';
+}
+
+// Written directly rather than built as a json tree and dumped: it is sent
+// once per token. The bytes are dump()'s, keys in its (sorted) order, which
+// tests/unit/test_openai_api.cpp checks.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, bool include_usage,
                            const std::vector<int>* token_ids) {
-  json j = envelope(meta);
-  j["choices"] = json::array({choice_json(text, reason, token_ids)});
-  if (include_usage) j["usage"] = nullptr;
-  return sse(j);
+  std::string out;
+  out.reserve(160 + text.size() + meta.id.size() + meta.model.size() +
+              (token_ids ? 8 * token_ids->size() : 0));
+  out += "data: {\"choices\":[{\"finish_reason\":";
+  if (reason) {
+    out += '"';
+    out += finish_reason_name(*reason);
+    out += '"';
+  } else {
+    out += "null";
+  }
+  out += ",\"index\":0,\"logprobs\":null,\"text\":";
+  append_json_string(out, text);
+  if (token_ids) {
+    out += ",\"token_ids\":[";
+    for (size_t i = 0; i < token_ids->size(); ++i) {
+      if (i > 0) out += ',';
+      append_int(out, (*token_ids)[i]);
+    }
+    out += ']';
+  }
+  out += "}],\"created\":";
+  append_int(out, meta.created);
+  out += ",\"id\":";
+  append_json_string(out, meta.id);
+  out += ",\"model\":";
+  append_json_string(out, meta.model);
+  out += ",\"object\":\"text_completion\"";
+  if (include_usage) out += ",\"usage\":null";
+  out += "}\n\n";
+  return out;
 }
 
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage) {

@@ -126,6 +126,10 @@ std::string sse_done();                    // "data: [DONE]\n\n"
 // GET /v1/models.
 nlohmann::json models_response(const ModelLimits& limits, int64_t created);
 
+// `s` as a JSON string literal, appended to `out`: the bytes dump() writes
+// for it (invalid UTF-8 replaced by U+FFFD).
+void append_json_string(std::string& out, std::string_view s);
+
 // JSON text that never throws on invalid UTF-8 (replaced by U+FFFD): model
 // output cut at a stop string or an odd byte must not break a response.
 std::string dump(const nlohmann::json& j);

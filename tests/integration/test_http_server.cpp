@@ -682,6 +682,38 @@ TEST_F(HttpServerTest, SlowClientIsDropped) {
   EXPECT_EQ(Client(port_).get("/health").status, 200);
 }
 
+// A client that sends requests and never reads what comes back: once the
+// socket buffers are full a write stalls, and write_timeout_s after that write
+// started the server drops the connection (counting a request still being
+// answered as 499) instead of answering the rest.
+TEST_F(HttpServerTest, ClientThatStopsReadingIsDroppedAfterTheWriteTimeout) {
+  HttpServer::Options o = default_options();
+  o.write_timeout_s = 0.5;
+  o.read_timeout_s = 60;  // an idle keep-alive connection is not what closes it
+  start(o);
+  fake_.set_token_delay(0ms);
+  Client c(port_, 10000ms);
+  const std::string body = completion("Never read", 200, {{"stream", true}}).dump();
+  const std::string one =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
+  int requests = 0;
+  std::string pipelined;
+  for (; pipelined.size() < 60 * 1024; ++requests) pipelined += one;  // megabytes of responses
+  c.send(pipelined);
+  std::this_thread::sleep_for(3s);
+  Client m(port_);
+  const std::string metrics = m.get("/metrics").body;
+  const double ok = metric(metrics, "troupe_requests_total{status=\"200\"}");
+  const double dropped = std::max(0.0, metric(metrics, "troupe_requests_total{status=\"499\"}"));
+  EXPECT_GT(ok, 0);
+  EXPECT_LT(ok + dropped, requests) << "the server kept answering a client that does not read";
+  EXPECT_LE(dropped, 1);
+  EXPECT_EQ(fake_.running(), 0u) << "a request of the dropped connection still runs";
+  EXPECT_TRUE(c.closed_by_server());  // what was sent before the drop, then the end
+  EXPECT_EQ(m.get("/health").status, 200);
+}
+
 TEST_F(HttpServerTest, ServiceErrorsMapToStatuses) {
   start();
   Client c(port_);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/buffer.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/http.hpp>
 
 #include "net/http_framing.h"
@@ -75,6 +76,24 @@ TEST(HttpFraming, ChunkedStreamReadsBackAsItsEvents) {
   EXPECT_EQ(field(m, "Cache-Control"), "no-cache");
   EXPECT_EQ(field(m, "X-Accel-Buffering"), "no");
   EXPECT_EQ(field(m, "Connection"), "keep-alive");
+}
+
+TEST(HttpFraming, ChunksAreWhatBeastsChunkEncoderWrites) {
+  for (size_t n : {1u, 9u, 15u, 16u, 17u, 255u, 256u, 4095u, 4096u, 65536u, 1000003u}) {
+    const std::string data(n, 'x');
+    const std::string beast_chunk =
+        beast::buffers_to_string(http::make_chunk(boost::asio::buffer(data.data(), data.size())));
+    EXPECT_EQ(stream_data(data, true), beast_chunk) << n;
+    std::string out = "before";
+    append_stream_data(out, data, true);
+    EXPECT_EQ(out, std::string("before") + beast_chunk) << n;
+  }
+  std::string out = "kept";
+  append_stream_data(out, "", true);
+  append_stream_data(out, "", false);
+  EXPECT_EQ(out, "kept");
+  append_stream_data(out, "raw", false);
+  EXPECT_EQ(out, "keptraw");
 }
 
 TEST(HttpFraming, CloseDelimitedStreamForHttp10) {

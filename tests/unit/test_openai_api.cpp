@@ -471,6 +471,82 @@ TEST(OpenAiResponse, InvalidUtf8IsReplacedNotThrown) {
                        "b"));
 }
 
+// What sse_text_chunk() wrote when it built a json tree: its bytes must not change.
+std::string reference_text_chunk(const ResponseMeta& m, const std::string& text,
+                                 std::optional<FinishReason> reason, bool include_usage,
+                                 const std::vector<int>* token_ids) {
+  json c = {{"index", 0},
+            {"text", text},
+            {"logprobs", nullptr},
+            {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
+  if (token_ids) c["token_ids"] = *token_ids;
+  json j = {
+      {"id", m.id}, {"object", "text_completion"}, {"created", m.created}, {"model", m.model}};
+  j["choices"] = json::array({c});
+  if (include_usage) j["usage"] = nullptr;
+  return "data: " + dump(j) + "\n\n";
+}
+
+TEST(OpenAiResponse, JsonStringsAreWhatDumpWrites) {
+  std::vector<std::string> cases = {
+      "",
+      "plain",
+      "quote \" backslash \\ slash /",
+      "\b\f\n\r\t",
+      std::string("nul \0 in", 6),
+      "\x01\x1f\x20\x7f",
+      "\xC3\xA9t\xC3\xA9",                           // été
+      "\xE2\x82\xAC \xF0\x9F\x98\x80",               // € 😀
+      "\xED\x9F\xBF \xEE\x80\x80 \xF4\x8F\xBF\xBF",  // edges that are valid
+      "\xC0\xAF",                                    // overlong
+      "\xE0\x80\xAF",                                // overlong
+      "\xED\xA0\x80",                                // a surrogate
+      "\xF4\x90\x80\x80",                            // above U+10FFFF
+      "\xF5\x80\x80\x80",
+      "cut \xE2\x82",  // truncated
+      "\x80 lone continuation",
+      "a\xff"
+      "b"};
+  for (int b = 0; b < 256; ++b) cases.push_back(std::string(1, char(b)) + "x");
+  // Random bytes, mostly ASCII with runs of high bytes, from a fixed seed.
+  uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(state >> 33);
+  };
+  for (int n = 0; n < 3000; ++n) {
+    std::string s;
+    const int len = int(next() % 12);
+    for (int i = 0; i < len; ++i) {
+      const uint32_t r = next();
+      s += char(r % 4 == 0 ? 0x80 + (r >> 8) % 0x80 : (r >> 8) % 0x80);
+    }
+    cases.push_back(s);
+  }
+  for (const std::string& s : cases) {
+    std::string out = "x";
+    append_json_string(out, s);
+    std::string expected = "x";  // piece by piece: GCC 12 warns (-Wrestrict, falsely) on "x" + s
+    expected += dump(json(s));
+    EXPECT_EQ(out, expected) << json(s).dump(-1, ' ', true, json::error_handler_t::replace);
+  }
+}
+
+TEST(OpenAiResponse, SseTextChunkBytesAreTheJsonTreeDump) {
+  const std::vector<int> ids = {0, 7, 1999, -1, 2147483647};
+  const std::vector<int> none;
+  const ResponseMeta odd{"cmpl-\"odd\"\n", -5, "m\xC3\xA9\\del"};
+  for (const ResponseMeta& m : {meta(), odd})
+    for (const std::string text : {"", "Hi\n", " the \"end\"", "a\xff", "\xE2\x82\xAC\x01"})
+      for (const std::optional<FinishReason> reason :
+           {std::optional<FinishReason>{}, std::optional{FinishReason::Stop},
+            std::optional{FinishReason::Length}})
+        for (const bool usage : {false, true})
+          for (const std::vector<int>* t : {(const std::vector<int>*)nullptr, &none, &ids})
+            EXPECT_EQ(sse_text_chunk(m, text, reason, usage, t),
+                      reference_text_chunk(m, text, reason, usage, t));
+}
+
 TEST(OpenAiResponse, ModelsList) {
   json j = models_response(limits(), 123);
   EXPECT_EQ(j["object"], "list");
