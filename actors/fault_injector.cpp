@@ -13,11 +13,6 @@ namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(250);
 
-std::chrono::nanoseconds after(double seconds) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(seconds));
-}
-
 }  // namespace
 
 FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer self,
@@ -30,14 +25,14 @@ FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer sel
         const auto e = book->get(id);
         if (!e || e->state != FaultState::Scheduled) return;
         if (e->at_s > 0 && delayed->insert(id).second) {
-          self->delayed_send(self, after(e->at_s), a, id);
+          self->delayed_send(self, fault_delay(e->at_s), a, id);
           return;
         }
         delayed->erase(id);
         book->started(id, book->now());
         self->send(supervisor, a, e->order, caf::actor_cast<FaultInjectorActor>(self));
         if (fault_lasts(e->order.kind))
-          self->delayed_send(self, after(e->duration_s), fend_atom::value, id);
+          self->delayed_send(self, fault_delay(e->duration_s), fend_atom::value, id);
       },
       [=](fault_atom, const FaultReport& r) {
         // From the actor that applied the order, perhaps on a node. The book

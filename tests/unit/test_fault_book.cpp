@@ -2,6 +2,8 @@
 // check, without a runtime.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "faults/fault_book.h"
@@ -104,6 +106,35 @@ TEST(FaultJson, RequestsAreCheckedKeyByKey) {
             std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kill", "colour": 1})").find("unknown key 'colour'"),
             std::string::npos);
+}
+
+// A time past a week is refused by name; below, the timers' conversion
+// saturates instead of overflowing (1e10 s was 0.4 ms once cast to int64
+// nanoseconds).
+TEST(FaultJson, TimesAreBoundedAndTheirConversionIsSafe) {
+  const std::string week = std::to_string(int64_t(kMaxFaultSeconds));
+  EXPECT_EQ(refusal(R"({"kind": "slow", "factor": 2, "duration_s": )" + week + "}"), "accepted");
+  EXPECT_EQ(refusal(R"({"kind": "kill", "at_s": )" + week + "}"), "accepted");
+  for (const std::string body :
+       {R"({"kind": "slow", "replica": 0, "factor": 2, "duration_s": 1e10})",
+        R"({"kind": "kv_alloc_fail", "duration_s": 604801})"}) {
+    const std::string why = refusal(body);
+    EXPECT_EQ(why.rfind("duration_s: ", 0), 0u) << why;
+    EXPECT_NE(why.find("is above 604800"), std::string::npos) << why;
+  }
+  const std::string why = refusal(R"({"kind": "step_error", "at_s": 1e10})");
+  EXPECT_EQ(why.rfind("at_s: ", 0), 0u) << why;
+  EXPECT_NE(why.find("a week"), std::string::npos) << why;
+
+  using std::chrono::nanoseconds;
+  EXPECT_EQ(fault_delay(1.5), nanoseconds(1500000000));
+  EXPECT_EQ(fault_delay(0), nanoseconds(0));
+  EXPECT_EQ(fault_delay(-3), nanoseconds(0));
+  EXPECT_EQ(fault_delay(std::nan("")), nanoseconds(0));
+  const nanoseconds most = fault_delay(kMaxFaultSeconds);
+  EXPECT_EQ(most, std::chrono::seconds(int64_t(kMaxFaultSeconds)));
+  for (double big : {1e10, 1e300, std::numeric_limits<double>::infinity()})
+    EXPECT_EQ(fault_delay(big), most) << big;
 }
 
 class FakeAdmin : public FaultAdmin {
