@@ -54,7 +54,15 @@ FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer sel
         book->ended(id, book->now());
       },
       [=](ftick_atom t) {
-        book->expire(book->now());
+        // A fault given up on is still armed wherever it went (a worker's
+        // next step, a shard's, a replica's list of faults to pass on once
+        // it runs): withdrawn there, by the same path, so that it does not
+        // fire later on a book that says it failed.
+        for (FaultOrder withdraw : book->expire(book->now())) {
+          withdraw.end = true;
+          self->send(supervisor, fault_atom::value, withdraw,
+                     caf::actor_cast<FaultInjectorActor>(self));
+        }
         self->delayed_send(self, kTick, t);
       },
   };

@@ -64,9 +64,12 @@ using FaultInjectorActor =
     caf::typed_actor<caf::reacts_to<fault_atom, uint64_t>, caf::reacts_to<fault_atom, FaultReport>,
                      caf::reacts_to<fend_atom, uint64_t>, caf::reacts_to<ftick_atom>>;
 
-// A device of a parallel layout: (run) takes its next queued job; (crash)
-// arms it to die at its next step, mid-step for the rest of its group.
-using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<crash_atom>>;
+// A device of a parallel layout: (run) takes its next queued job; (crash,
+// fault id, true, reporter) arms it to die at its next step, mid-step for
+// the rest of its group; (crash, fault id, false, reporter) withdraws that
+// fault if it is still armed, and says so to the reporter.
+using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>,
+                                    caf::reacts_to<crash_atom, uint64_t, bool, FaultInjectorActor>>;
 
 // A replica's engine on its own thread. (step, items) -> one sampled id per
 // item; (stepdone, ticket) is its own note that a launched step is over;

@@ -405,7 +405,9 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
           return;
         }
         Slot& slot = st->slots[size_t(o.replica)];
-        if (slot.failed) {
+        if (slot.failed && o.end) {
+          // Nothing runs there to end or withdraw it from.
+        } else if (slot.failed) {
           self->send(reporter, a,
                      FaultReport{o.id, FaultOutcome::Refused,
                                  "replica " + std::to_string(o.replica) +
@@ -413,8 +415,15 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         } else if (slot.batcher) {
           self->send(slot.batcher, a, o, reporter);
         } else if (o.end) {
-          // Not yet passed on (the replica was down all along): it never starts.
-          std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
+          // Not yet passed on (the replica was down all along): it never
+          // starts. A one-shot fault given up on is withdrawn here.
+          const size_t dropped =
+              std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
+          if (dropped > 0 && !fault_lasts(o.kind))
+            self->send(reporter, a,
+                       FaultReport{o.id, FaultOutcome::Withdrawn,
+                                   "replica " + std::to_string(o.replica) +
+                                       " was not running; it will not be passed on"});
         } else {
           slot.faults.emplace_back(o, reporter);
         }

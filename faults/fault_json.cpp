@@ -138,6 +138,8 @@ json fault_entry_json(const FaultEntry& e) {
   put("ended_s", e.ended);
   put("detected_s", e.detected);
   put("recovered_s", e.recovered);
+  put("withdrawn_s", e.withdrawn);
+  put("died_late_s", e.died_late);
   if (!e.effect.empty()) j["effect"] = e.effect;
   if (!e.error.empty()) j["error"] = e.error;
   return j;

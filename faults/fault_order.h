@@ -32,7 +32,11 @@ struct FaultOrder {
   int replica = 0;
   int device = -1;    // Shard/Member: its index; StepError: the device (-1: the replica's engine)
   double factor = 1;  // Slow: > 1
-  bool end = false;   // ends a lasting fault (Slow, KvAllocFail) instead of starting one
+  // Ends a lasting fault (Slow, KvAllocFail) instead of starting one; for
+  // a one-shot fault (Kill, StepError), withdraws it from whatever actor
+  // holds it armed (a worker's next step, a shard's), if it has not fired:
+  // the coordinator gave up on its effect. Only the fault of this id ends.
+  bool end = false;
 };
 
 // A slow fault's largest factor (the chaos plans' too): the worker sleeps
@@ -64,6 +68,7 @@ enum class FaultOutcome : uint8_t {
   Applied,    // it acted; the effect is observed elsewhere (a replica's death)
   Confirmed,  // the effect itself was observed (a step slowed, blocks refused)
   Refused,    // it cannot take effect there (no such device, ...)
+  Withdrawn,  // an order to withdraw it found it armed, and disarmed it
 };
 
 struct FaultReport {

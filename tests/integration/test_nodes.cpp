@@ -165,6 +165,70 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
+
+json admin_faults(Server& s) {
+  const HttpResponse r = test::http_request(s.port(), "GET", "/admin/faults", "", 10, kAdmin);
+  EXPECT_EQ(r.status, 200) << r.body;
+  return r.status == 200 ? json::parse(r.body)["faults"] : json::array();
+}
+
+int add_fault(Server& s, const json& fault) {
+  const HttpResponse r =
+      test::http_request(s.port(), "POST", "/admin/faults", fault.dump(), 10, kAdmin);
+  EXPECT_EQ(r.status, 201) << r.body;
+  return r.status == 201 ? json::parse(r.body)["id"].get<int>() : -1;
+}
+
+// Step errors no step met within 15 s fail, and are withdrawn wherever
+// they wait: in a node's worker (another process), and in the
+// coordinator's list for a replica not running yet. Neither fires later.
+TEST(Nodes, AFaultGivenUpOnIsWithdrawnWhereverItWaits) {
+  auto sets = coordinator_sets(2);
+  sets.insert(sets.end(), {"admin.faults=true", "admin.token=T"});
+  Server s(sets, /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  // Replica 0 runs on node a; replica 1 waits for a node.
+  const int on_node = add_fault(s, {{"kind", "step_error"}, {"replica", 0}});
+  const int waiting = add_fault(s, {{"kind", "step_error"}, {"replica", 1}});
+  json faults;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(45);
+  for (;;) {
+    faults = admin_faults(s);
+    int withdrawn = 0;
+    for (const json& f : faults) withdrawn += f.contains("withdrawn_s") ? 1 : 0;
+    if (withdrawn == 2 || std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  for (const json& f : faults) {
+    EXPECT_EQ(f["state"], "failed") << f.dump();
+    EXPECT_TRUE(f.contains("withdrawn_s")) << f.dump();
+    const std::string error = f.value("error", "");
+    EXPECT_NE(error.find("no effect seen within 15 s"), std::string::npos) << error;
+    if (f["id"] == on_node) {
+      EXPECT_NE(error.find("will not fail"), std::string::npos) << error;
+    }
+    if (f["id"] == waiting) {
+      EXPECT_NE(error.find("not running"), std::string::npos) << error;
+    }
+  }
+  auto b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  // Both replicas serve (round robin), and neither dies.
+  for (int i = 0; i < 6; ++i) {
+    const std::string& p = kPrompts[size_t(i) % 3];
+    auto r = s.complete({{"prompt", p}, {"max_tokens", 20}, {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 20));
+  }
+  const std::string m = s.metrics();
+  EXPECT_EQ(m.find("troupe_replica_restarts_total{"), std::string::npos) << m;
+  EXPECT_EQ(a->stderr_so_far().find("injected fault"), std::string::npos) << a->stderr_so_far();
+  EXPECT_EQ(b->stderr_so_far().find("injected fault"), std::string::npos) << b->stderr_so_far();
+  for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
+}
+
 // A replica whose tensor shards, or pipeline stages, are on two node
 // processes (Gloo between them, meeting through the coordinator) answers as
 // one device does; when one of its nodes dies, its requests wait and resume
