@@ -26,7 +26,7 @@ namespace troupe {
 // strings, floating-point fields as their IEEE-754 bits. 4: the router <->
 // replica channel's sequence numbers (scheduler/replica_link.h). 5: a
 // fault order with `end` withdraws a one-shot fault (an older node would
-// arm it) and FaultOutcome::Withdrawn.
+// arm it), FaultOutcome::Withdrawn, and a node answers (alive).
 inline constexpr uint32_t kWireProtocol = 5;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";

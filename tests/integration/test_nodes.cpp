@@ -165,6 +165,63 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = 0; (at = text.find(needle, at)) != std::string::npos; at += needle.size()) ++n;
+  return n;
+}
+
+// Two live processes under one name: the second is refused, naming the
+// conflict, and exits 1, while the first keeps its membership and its
+// replica. A genuine restart is taken: the old process killed (its
+// connection gone), or stopped (silent, its connection still open: it
+// does not answer); and that old one, woken, is the one refused then.
+TEST(Nodes, ASecondLiveNodeWithTheSameNameIsRefusedButARestartIsTaken) {
+  Server s(coordinator_sets(1, 1.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  auto twin = test::start_node(s.nodes_port(), "a");
+  EXPECT_EQ(twin->wait_exit(30), 1) << twin->stderr_so_far();
+  EXPECT_NE(twin->stderr_so_far().find("already called 'a'"), std::string::npos)
+      << twin->stderr_so_far();
+  // The first was never evicted: no death, its replica started once, serving.
+  std::string m = s.metrics();
+  EXPECT_EQ(test::prometheus_sample(m, "troupe_nodes{state=\"dead\"}"), "0") << m;
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos) << m;
+  EXPECT_TRUE(a->running());
+  EXPECT_EQ(count(a->stderr_so_far(), "replica 0 started"), 1) << a->stderr_so_far();
+  EXPECT_EQ(count(a->stderr_so_far(), "stopping"), 0) << a->stderr_so_far();
+  auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+
+  // Killed and started again at once: the new process is the node now.
+  a->signal(SIGKILL);
+  EXPECT_GT(a->wait_exit(10), 128);
+  a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  EXPECT_TRUE(a->running()) << a->stderr_so_far();
+
+  // Stopped, and another process started under its name: taken too.
+  a->signal(SIGSTOP);
+  auto again = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(again->wait_for_line("joined the coordinator", 60) != "") << again->stderr_so_far();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  // Woken, the old one learns it is no longer a member, tries to join
+  // again, and is refused: the name is the live new one's.
+  a->signal(SIGCONT);
+  EXPECT_EQ(a->wait_exit(30), 1) << a->stderr_so_far();
+  EXPECT_NE(a->stderr_so_far().find("already called 'a'"), std::string::npos) << a->stderr_so_far();
+  EXPECT_TRUE(again->running()) << again->stderr_so_far();
+  m = s.metrics();
+  EXPECT_EQ(test::prometheus_sample(m, "troupe_nodes{state=\"live\"}"), "1") << m;
+  r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
 const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
 
 json admin_faults(Server& s) {
