@@ -128,6 +128,10 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
             st->up = true;
             self->send(st->router, up_atom::value, st->sched->replica(), st->epoch,
                        caf::actor_cast<BatcherActor>(self));
+            // Its own load (an empty KV cache) at once, the channel's first
+            // message: what the router shows of this replica is this
+            // placement's from the start, not the last one's.
+            tell_router(self, *st, st->sched->load_report());
             schedule(self, st);
           },
           [=](caf::error& err) { self->quit(err); });

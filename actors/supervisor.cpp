@@ -81,8 +81,9 @@ void publish(SupervisorState& s) {
     int live = 0;
     for (const auto& n : nodes) {
       live += n.state == NodeState::Live ? 1 : 0;
+      // A dead node's age keeps growing: it has not been heard from since.
       s.metrics->set_node(n.name, n.state == NodeState::Live, n.devices, int(n.replicas.size()),
-                          n.state == NodeState::Live ? s.now() - n.last_heard : 0.0);
+                          std::max(0.0, s.now() - n.last_heard));
     }
     s.metrics->set_nodes(live, int(nodes.size()) - live);
   }

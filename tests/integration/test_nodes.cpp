@@ -286,6 +286,55 @@ TEST(Nodes, AFaultGivenUpOnIsWithdrawnWhereverItWaits) {
   for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
 }
 
+double sample(Server& s, const std::string& series) {
+  const std::string v = test::prometheus_sample(s.metrics(), series);
+  return v.empty() ? -1 : std::stod(v);
+}
+
+// What /metrics says of a dead node's replica and of the node: the
+// replica holds no KV blocks while it is down (its placement's cache died
+// with it) and starts from its own when placed again; the node's
+// heartbeat age keeps growing.
+TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
+  auto sets = coordinator_sets(2);
+  sets.insert(sets.end(),
+              {"admin.faults=true", "admin.token=T", "placement.replicas=[\"a\", \"b\"]"});
+  Server s(sets, /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  // Replica 0 (on a) slowed, so that its requests hold blocks a while.
+  add_fault(s, {{"kind", "slow"}, {"replica", 0}, {"factor", 20}, {"duration_s", 60}});
+  const std::string used0 = "troupe_kv_blocks{replica=\"0\",state=\"used\"}";
+  const std::string free0 = "troupe_kv_blocks{replica=\"0\",state=\"free\"}";
+  const std::string age = "troupe_node_heartbeat_age_seconds{node=\"a\"}";
+  run_load(s, 8, [&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (sample(s, used0) <= 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(sample(s, used0), 0) << s.metrics();
+    a->signal(SIGKILL);
+    EXPECT_TRUE(s.wait_metric("troupe_nodes{state=\"dead\"}", "1", 10)) << s.metrics();
+    EXPECT_TRUE(s.wait_metric(used0, "0", 10)) << s.metrics();
+    EXPECT_EQ(sample(s, free0), 0) << s.metrics();
+  });
+  const double age1 = sample(s, age);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double age2 = sample(s, age);
+  EXPECT_GT(age2, age1 + 1) << age1 << " then " << age2;
+  EXPECT_EQ(sample(s, used0), 0);
+  // Placed again (on a new "a"), ready and idle: its own empty cache.
+  a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  EXPECT_EQ(sample(s, used0), 0) << s.metrics();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sample(s, free0) <= 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GT(sample(s, free0), 0) << s.metrics();
+  EXPECT_EQ(sample(s, used0), 0) << s.metrics();
+  EXPECT_LT(sample(s, age), 2) << s.metrics();
+}
+
 // A replica whose tensor shards, or pipeline stages, are on two node
 // processes (Gloo between them, meeting through the coordinator) answers as
 // one device does; when one of its nodes dies, its requests wait and resume
