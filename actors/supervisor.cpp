@@ -236,7 +236,15 @@ caf::typed_response_promise<JoinReply> join_named(SupervisorActor::pointer self,
     promise.deliver(admit(self, st, req, agent));
     return promise;
   }
-  if (s.pending_joins.count(req.name)) {
+  if (auto waiting = s.pending_joins.find(req.name); waiting != s.pending_joins.end()) {
+    if (waiting->second.agent.address() == agent.address()) {
+      // The same process asking again (its first join timed out there,
+      // e.g. with a shorter heartbeat timeout than ours): this one is
+      // answered when the holder is.
+      waiting->second.request = req;
+      waiting->second.promise = promise;
+      return promise;
+    }
     JoinReply busy;
     busy.reason = "another process is joining as '" + req.name +
                   "' already, waiting for the live node of that name to answer";
