@@ -52,6 +52,9 @@ void shut_down(HttpServer& server, ActorRuntime& runtime, double grace_s, int si
   runtime.shutdown();
   server.stop();
   spdlog::info("troupe serve: stopped");
+  // What is left (the runtime's actors, a step in progress) stops as the
+  // caller unwinds; bounded whatever it waits for.
+  exit_if_stuck(std::chrono::seconds(10), 0, "serve");
 }
 
 void run_serve(const ServeOptions& so) {
