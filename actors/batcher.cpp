@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 
 #include "actors/wire_checks.h"
 #include "actors/worker.h"
@@ -25,12 +26,14 @@ struct BatcherState {
   // The channel with the router (scheduler/replica_link.h).
   SequenceCheck from_router;
   uint64_t sent = 0;
-  // An injected refusal of KV blocks, until its effect is reported.
-  struct {
-    uint64_t id = 0;
+  // Injected refusals of KV blocks, by fault id, while they last: blocks
+  // are refused while any is on; each is confirmed once.
+  struct KvFault {
     FaultInjectorActor reporter;
     uint64_t refusals_before = 0;
-  } kv_fault;
+    bool confirmed = false;
+  };
+  std::map<uint64_t, KvFault> kv_faults;
 };
 
 // Every message to the router is numbered and carries what it had received.
@@ -67,12 +70,14 @@ void report(BatcherActor::pointer self, const FaultInjectorActor& to, uint64_t i
 
 // The refusal's effect is seen once a planned step wanted blocks it was refused.
 void confirm_kv_fault(BatcherActor::pointer self, BatcherState& s) {
-  if (s.kv_fault.id == 0 || s.sched->refusals() == s.kv_fault.refusals_before) return;
-  report(self, s.kv_fault.reporter, s.kv_fault.id, FaultOutcome::Confirmed,
-         "replica " + std::to_string(s.sched->replica()) + " was refused KV blocks (" +
-             std::to_string(s.sched->running()) + " running, " +
-             std::to_string(s.sched->waiting()) + " waiting)");
-  s.kv_fault.id = 0;
+  for (auto& [id, f] : s.kv_faults) {
+    if (f.confirmed || s.sched->refusals() == f.refusals_before) continue;
+    report(self, f.reporter, id, FaultOutcome::Confirmed,
+           "replica " + std::to_string(s.sched->replica()) + " was refused KV blocks (" +
+               std::to_string(s.sched->running()) + " running, " +
+               std::to_string(s.sched->waiting()) + " waiting)");
+    f.confirmed = true;
+  }
 }
 
 // Hands the scheduler's side effects on: engine state to drop, to the
@@ -123,6 +128,10 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
             st->up = true;
             self->send(st->router, up_atom::value, st->sched->replica(), st->epoch,
                        caf::actor_cast<BatcherActor>(self));
+            // Its own load (an empty KV cache) at once, the channel's first
+            // message: what the router shows of this replica is this
+            // placement's from the start, not the last one's.
+            tell_router(self, *st, st->sched->load_report());
             schedule(self, st);
           },
           [=](caf::error& err) { self->quit(err); });
@@ -177,18 +186,20 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
           return;
         }
         if (o.kind == FaultKind::KvAllocFail) {
-          st->sched->refuse_blocks(!o.end);
           if (o.end) {
-            st->kv_fault.id = 0;
+            st->kv_faults.erase(o.id);
           } else {
-            st->kv_fault = {o.id, reporter, st->sched->refusals()};
+            st->kv_faults[o.id] = {reporter, st->sched->refusals(), false};
             report(self, reporter, o.id, FaultOutcome::Applied,
                    "replica " + std::to_string(replica) + " refuses KV blocks");
           }
+          st->sched->refuse_blocks(!st->kv_faults.empty());
           schedule(self, st);
           return;
         }
         if (o.kind == FaultKind::Kill && o.role == FaultRole::Batcher) {
+          // Applied at once, so never armed here: nothing to withdraw.
+          if (o.end) return;
           report(self, reporter, o.id, FaultOutcome::Applied,
                  "the batcher of replica " + std::to_string(replica) + " exits");
           self->quit(caf::make_error(

@@ -13,11 +13,6 @@ namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(250);
 
-std::chrono::nanoseconds after(double seconds) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(seconds));
-}
-
 }  // namespace
 
 FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer self,
@@ -30,14 +25,14 @@ FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer sel
         const auto e = book->get(id);
         if (!e || e->state != FaultState::Scheduled) return;
         if (e->at_s > 0 && delayed->insert(id).second) {
-          self->delayed_send(self, after(e->at_s), a, id);
+          self->delayed_send(self, fault_delay(e->at_s), a, id);
           return;
         }
         delayed->erase(id);
         book->started(id, book->now());
         self->send(supervisor, a, e->order, caf::actor_cast<FaultInjectorActor>(self));
         if (fault_lasts(e->order.kind))
-          self->delayed_send(self, after(e->duration_s), fend_atom::value, id);
+          self->delayed_send(self, fault_delay(e->duration_s), fend_atom::value, id);
       },
       [=](fault_atom, const FaultReport& r) {
         // From the actor that applied the order, perhaps on a node. The book
@@ -59,7 +54,15 @@ FaultInjectorActor::behavior_type fault_injector(FaultInjectorActor::pointer sel
         book->ended(id, book->now());
       },
       [=](ftick_atom t) {
-        book->expire(book->now());
+        // A fault given up on is still armed wherever it went (a worker's
+        // next step, a shard's, a replica's list of faults to pass on once
+        // it runs): withdrawn there, by the same path, so that it does not
+        // fire later on a book that says it failed.
+        for (FaultOrder withdraw : book->expire(book->now())) {
+          withdraw.end = true;
+          self->send(supervisor, fault_atom::value, withdraw,
+                     caf::actor_cast<FaultInjectorActor>(self));
+        }
         self->delayed_send(self, kTick, t);
       },
   };

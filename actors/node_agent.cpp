@@ -390,6 +390,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         s.joined = false;
         join(self, st);
       },
+      [=](alive_atom) { return st->incarnation; },
       [=](ntick_atom) {
         AgentState& s = *st;
         if (s.joined) {

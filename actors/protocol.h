@@ -55,6 +55,7 @@ using sync_atom = caf::atom_constant<caf::atom("sync")>;
 using broken_atom = caf::atom_constant<caf::atom("broken")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using placed_atom = caf::atom_constant<caf::atom("placed")>;
+using alive_atom = caf::atom_constant<caf::atom("alive")>;
 
 // The coordinator's fault injector: (fault, id) starts a fault the admin
 // endpoint recorded, (fault, report) is what the actor that applied one
@@ -64,9 +65,12 @@ using FaultInjectorActor =
     caf::typed_actor<caf::reacts_to<fault_atom, uint64_t>, caf::reacts_to<fault_atom, FaultReport>,
                      caf::reacts_to<fend_atom, uint64_t>, caf::reacts_to<ftick_atom>>;
 
-// A device of a parallel layout: (run) takes its next queued job; (crash)
-// arms it to die at its next step, mid-step for the rest of its group.
-using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<crash_atom>>;
+// A device of a parallel layout: (run) takes its next queued job; (crash,
+// fault id, true, reporter) arms it to die at its next step, mid-step for
+// the rest of its group; (crash, fault id, false, reporter) withdraws that
+// fault if it is still armed, and says so to the reporter.
+using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>,
+                                    caf::reacts_to<crash_atom, uint64_t, bool, FaultInjectorActor>>;
 
 // A replica's engine on its own thread. (step, items) -> one sampled id per
 // item; (stepdone, ticket) is its own note that a launched step is over;
@@ -117,12 +121,15 @@ using RouterActor = caf::typed_actor<
 // (placed, replica, epoch) answers with the batcher of that placement if it
 // runs here (an error if not): the supervisor asks when a start's answer is
 // late, since a start or its answer may have been lost on the way.
-using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
-                                                   std::vector<MemberActor>>::with<BatcherActor>,
-                                   caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
-                                   caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
-                                   caf::reacts_to<stop_atom, int, uint64_t>,
-                                   caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom>>;
+// (alive) answers with the incarnation it holds: the supervisor asks when
+// another process joins under this node's name (a restart, or a mistake).
+using NodeActor =
+    caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
+                                     std::vector<MemberActor>>::with<BatcherActor>,
+                     caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
+                     caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
+                     caf::reacts_to<stop_atom, int, uint64_t>, caf::reacts_to<join_atom>,
+                     caf::reacts_to<ntick_atom>, caf::replies_to<alive_atom>::with<uint64_t>>;
 
 // What a node sees of the coordinator: it joins, it beats, and the parts of
 // a replica spanning nodes meet through its rendezvous store (set a key;

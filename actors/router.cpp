@@ -93,6 +93,12 @@ void publish(RouterState& s) {
   s.metrics->set_queue_depth(t.queue_depth());
 }
 
+// A replica that is down holds no KV cache: its blocks read 0 (used and
+// free) until its next placement reports its own.
+void clear_kv_blocks(RouterState& s, int replica) {
+  if (s.metrics) s.metrics->set_kv_blocks(replica, 0, 0);
+}
+
 // The channel to a replica lost, duplicated out of order or never answered
 // a message: nothing it says can be trusted any more. Its requests resume
 // elsewhere at once, it is fenced (its events ignored until a new
@@ -101,6 +107,7 @@ void channel_broke(RouterActor::pointer self, RouterState& s, int replica, const
   if (s.broken[size_t(replica)]) return;
   s.broken[size_t(replica)] = true;
   const size_t resumed = s.table->replica_down(replica, false, s.now());
+  clear_kv_blocks(s, replica);
   spdlog::warn("replica {}: {}; {} requests to resume", replica, why, resumed);
   if (s.supervisor)
     self->send(caf::actor_cast<SupervisorActor>(s.supervisor), broken_atom::value, replica,
@@ -201,6 +208,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         const bool current = epoch == st->epoch[size_t(replica)];
         if (!current && !permanent) return;
         const size_t resumed = st->table->replica_down(replica, permanent, st->now());
+        clear_kv_blocks(*st, replica);
         spdlog::warn("replica {} down{}; {} requests to resume", replica,
                      permanent ? " for good" : "", resumed);
         publish(*st);

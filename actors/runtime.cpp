@@ -154,7 +154,21 @@ ActorRuntime::~ActorRuntime() {
   system_->await_all_actors_done();
 }
 
+void ActorRuntime::shutdown() {
+  if (shut_down_.exchange(true)) return;
+  // The router's exit ends what it holds with 503 (RequestTable::shutdown),
+  // each through its sink, before it quits.
+  caf::scoped_actor self{*system_};
+  self->send_exit(router_, caf::exit_reason::user_shutdown);
+  self->wait_for(router_);
+}
+
 void ActorRuntime::submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) {
+  if (shut_down_) {
+    // Nothing accepted ends in silence: the router is gone.
+    sink->on_error({ServiceErrorKind::Unavailable, "the server is shutting down", 5});
+    return;
+  }
   caf::anon_send(router_, submit_atom::value, std::move(request), std::move(sink));
 }
 

@@ -5,6 +5,7 @@
 // nodes.listen set, other processes (`troupe node`) join it and run
 // replicas too. Built from the one configuration and exposed as a
 // CompletionService.
+#include <atomic>
 #include <caf/all.hpp>
 #include <functional>
 #include <memory>
@@ -50,6 +51,12 @@ class ActorRuntime : public CompletionService, public FaultAdmin {
                Metrics* metrics = nullptr, std::string model_fingerprint = "local");
   ~ActorRuntime() override;
 
+  // Ends every request still open with 503 ("the server is shutting
+  // down": the router's exit) and returns once it has; what is submitted
+  // afterwards ends the same way at once. The rest of the runtime stops in
+  // the destructor. Idempotent.
+  void shutdown();
+
   void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink) override;
   void cancel(uint64_t request_id) override;
   bool ready() const override { return router_shared_->ready.load(); }
@@ -94,6 +101,7 @@ class ActorRuntime : public CompletionService, public FaultAdmin {
   FaultInjectorActor injector_;
   NodeActor local_node_;
   uint16_t nodes_port_ = 0;
+  std::atomic<bool> shut_down_{false};
 };
 
 }  // namespace troupe

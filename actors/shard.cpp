@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -54,12 +55,12 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
     ended->count_down();
   });
   self->set_exception_handler(die_naming(name));
-  auto armed = std::make_shared<bool>(false);
+  auto armed = std::make_shared<std::set<uint64_t>>();  // the faults it dies of, by id
   return {
       [=](run_atom) {
         auto job = queue->try_pop();
         if (!job) return;
-        if (*armed) {
+        if (!armed->empty()) {
           const std::string why = "injected fault: " + name + " killed mid-step";
           queue->close(why);
           job->abandon(why);
@@ -67,9 +68,20 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
         }
         run_device_job(*job, *queue, stage, rank);
       },
-      [=](crash_atom) {
-        spdlog::warn("{}: armed to die at its next step", name);
-        *armed = true;
+      [=](crash_atom, uint64_t fault, bool arm, const FaultInjectorActor& reporter) {
+        if (arm) {
+          spdlog::warn("{}: armed to die at its next step", name);
+          armed->insert(fault);
+          return;
+        }
+        // Withdrawn (the coordinator gave up on its effect): only if it is
+        // still armed, which a shard that died of it no longer is.
+        if (armed->erase(fault) == 0) return;
+        spdlog::info("{}: fault {} withdrawn", name, fault);
+        if (reporter)
+          self->send(
+              reporter, fault_atom::value,
+              FaultReport{fault, FaultOutcome::Withdrawn, name + " will not die in its next step"});
       },
   };
 }

@@ -40,6 +40,17 @@ struct Slot {
   std::vector<std::pair<FaultOrder, FaultInjectorActor>> faults;
 };
 
+// A join under the name of a live node, from another process: it waits
+// for that node to say whether it is still there.
+struct PendingJoin {
+  uint64_t ticket = 0;
+  int holder = -1;  // the live node of that name
+  uint64_t incarnation = 0;
+  JoinRequest request;
+  NodeActor agent;
+  caf::typed_response_promise<JoinReply> promise;
+};
+
 struct SupervisorState {
   SupervisorOptions opts;
   RouterActor router;
@@ -50,6 +61,8 @@ struct SupervisorState {
   std::map<std::string, std::string> rendezvous;  // spanning replicas' parts meet here
   std::vector<Slot> slots;
   uint64_t next_epoch = 1;
+  std::map<std::string, PendingJoin> pending_joins;  // by name
+  uint64_t next_ticket = 1;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   explicit SupervisorState(const SupervisorOptions& o) : opts(o), cluster(o.cluster) {}
   double now() const {
@@ -68,8 +81,9 @@ void publish(SupervisorState& s) {
     int live = 0;
     for (const auto& n : nodes) {
       live += n.state == NodeState::Live ? 1 : 0;
+      // A dead node's age keeps growing: it has not been heard from since.
       s.metrics->set_node(n.name, n.state == NodeState::Live, n.devices, int(n.replicas.size()),
-                          n.state == NodeState::Live ? s.now() - n.last_heard : 0.0);
+                          std::max(0.0, s.now() - n.last_heard));
     }
     s.metrics->set_nodes(live, int(nodes.size()) - live);
   }
@@ -124,6 +138,8 @@ void replica_died(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
   place_waiting(self, st);
 }
 
+void admit_pending(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, int node);
+
 // A node the cluster has declared dead: its agent is forgotten (and told,
 // if it can still hear, that its membership is over: that fences whatever
 // it runs), and its replicas are placed anew. A node's death is not its
@@ -155,11 +171,121 @@ void bury(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, in
   if (s.metrics) s.metrics->node_dead(cause);
   publish(s);
   place_waiting(self, st);
+  // A process waiting to take its name (its restart) joins now.
+  admit_pending(self, st, node);
 }
 
 void node_lost(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, int node,
                const std::string& cause) {
   if (st->cluster.lost(node, cause)) bury(self, st, node, cause);
+}
+
+// Admits a node (Cluster::join decides), or says why not.
+JoinReply admit(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st,
+                const JoinRequest& req, const NodeActor& agent) {
+  SupervisorState& s = *st;
+  // Same CAF node: the agent runs in this process (nodes.local).
+  const bool in_process = agent.node() == self->node();
+  const JoinReply reply = s.cluster.join(req, s.now(), in_process);
+  if (!reply.accepted) {
+    spdlog::warn("node {} refused: {}", req.name, reply.reason);
+    return reply;
+  }
+  spdlog::info("node {} joined ({} device(s), {})", req.name, req.devices, req.address);
+  s.nodes[reply.node] = agent;
+  self->monitor(agent);
+  place_waiting(self, st);
+  return reply;
+}
+
+void admit_pending(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, int node) {
+  for (auto it = st->pending_joins.begin(); it != st->pending_joins.end(); ++it)
+    if (it->second.holder == node) {
+      PendingJoin p = std::move(it->second);
+      st->pending_joins.erase(it);
+      p.promise.deliver(admit(self, st, p.request, p.agent));
+      return;
+    }
+}
+
+// A join under the name of a live node. The same process joining again
+// (the answer to its join was lost) ends its old membership; another
+// process takes the name only from a node that is dead: silent past the
+// heartbeat timeout, or not answering when asked (a restart whose
+// predecessor's death was not seen yet). A holder that answers keeps its
+// name, and the newcomer is refused naming it: two live nodes with one
+// name would otherwise evict each other for ever.
+caf::typed_response_promise<JoinReply> join_named(SupervisorActor::pointer self,
+                                                  std::shared_ptr<SupervisorState> st,
+                                                  const JoinRequest& req, const NodeActor& agent) {
+  SupervisorState& s = *st;
+  auto promise = self->make_response_promise<JoinReply>();
+  const NameClaim claim = s.cluster.claim(req.name, s.now());
+  const auto holder = s.nodes.find(claim.node);
+  if (claim.holder == NameClaim::Holder::None || claim.holder == NameClaim::Holder::InProcess) {
+    promise.deliver(admit(self, st, req, agent));  // free, or refused by the cluster
+    return promise;
+  }
+  if (holder == s.nodes.end() || holder->second.address() == agent.address()) {
+    node_lost(self, st, claim.node, "joined again");
+    promise.deliver(admit(self, st, req, agent));
+    return promise;
+  }
+  if (claim.holder == NameClaim::Holder::Silent) {
+    node_lost(self, st, claim.node, "heartbeat");
+    promise.deliver(admit(self, st, req, agent));
+    return promise;
+  }
+  if (auto waiting = s.pending_joins.find(req.name); waiting != s.pending_joins.end()) {
+    if (waiting->second.agent.address() == agent.address()) {
+      // The same process asking again (its first join timed out there,
+      // e.g. with a shorter heartbeat timeout than ours): this one is
+      // answered when the holder is.
+      waiting->second.request = req;
+      waiting->second.promise = promise;
+      return promise;
+    }
+    JoinReply busy;
+    busy.reason = "another process is joining as '" + req.name +
+                  "' already, waiting for the live node of that name to answer";
+    spdlog::warn("node {} refused: {}", req.name, busy.reason);
+    promise.deliver(busy);
+    return promise;
+  }
+  const uint64_t ticket = s.next_ticket++;
+  PendingJoin& p = s.pending_joins[req.name];
+  p = {ticket, claim.node, s.cluster.node(claim.node)->incarnation, req, agent, promise};
+  spdlog::info("node {}: another process joins under its name; asking it whether it is alive",
+               req.name);
+  // A live agent answers at once (it beats every quarter of the timeout).
+  const auto wait = std::chrono::milliseconds(
+      int64_t(std::clamp(s.opts.cluster.heartbeat_timeout_s, 0.5, 5.0) * 1000));
+  const std::string name = req.name;
+  self->request(holder->second, wait, alive_atom::value)
+      .then(
+          [=](uint64_t) {
+            auto it = st->pending_joins.find(name);
+            if (it == st->pending_joins.end() || it->second.ticket != ticket) return;
+            PendingJoin q = std::move(it->second);
+            st->pending_joins.erase(it);
+            JoinReply refused;
+            refused.reason = st->cluster.name_taken(q.holder, st->now());
+            spdlog::warn("node {} refused: {}", name, refused.reason);
+            q.promise.deliver(refused);
+          },
+          [=](caf::error& err) {
+            auto it = st->pending_joins.find(name);
+            if (it == st->pending_joins.end() || it->second.ticket != ticket) return;
+            PendingJoin q = std::move(it->second);
+            st->pending_joins.erase(it);
+            spdlog::warn("node {}: its old process does not answer ({}); the new one replaces it",
+                         name, self->system().render(err));
+            const NodeRecord* h = st->cluster.node(q.holder);
+            if (h && h->state == NodeState::Live && h->incarnation == q.incarnation)
+              node_lost(self, st, q.holder, "joined again");
+            q.promise.deliver(admit(self, st, q.request, q.agent));
+          });
+  return promise;
 }
 
 ReplicaPlan plan_for(const SupervisorState& s, size_t r, uint64_t epoch) {
@@ -342,25 +468,8 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   });
   self->send(self, stick_atom::value);
   return {
-      [=](join_atom, const JoinRequest& req, NodeActor agent) -> JoinReply {
-        SupervisorState& s = *st;
-        // A node joining again under its name: its old self is over.
-        for (const NodeRecord* n : s.cluster.nodes())
-          if (n->name == req.name && n->state == NodeState::Live)
-            node_lost(self, st, n->id, "joined again");
-        // Same CAF node: the agent runs in this process (nodes.local).
-        const bool in_process = agent.node() == self->node();
-        const JoinReply reply = s.cluster.join(req, s.now(), in_process);
-        if (!reply.accepted) {
-          spdlog::warn("node {} refused: {}", req.name, reply.reason);
-          return reply;
-        }
-        spdlog::info("node {} joined ({} device(s), {})", req.name, req.devices, req.address);
-        s.nodes[reply.node] = agent;
-        self->monitor(agent);
-        place_waiting(self, st);
-        return reply;
-      },
+      [=](join_atom, const JoinRequest& req, NodeActor agent)
+          -> caf::typed_response_promise<JoinReply> { return join_named(self, st, req, agent); },
       [=](beat_atom, int node, uint64_t incarnation) {
         SupervisorState& s = *st;
         if (s.cluster.heard_from(node, incarnation, s.now())) return;
@@ -405,7 +514,9 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
           return;
         }
         Slot& slot = st->slots[size_t(o.replica)];
-        if (slot.failed) {
+        if (slot.failed && o.end) {
+          // Nothing runs there to end or withdraw it from.
+        } else if (slot.failed) {
           self->send(reporter, a,
                      FaultReport{o.id, FaultOutcome::Refused,
                                  "replica " + std::to_string(o.replica) +
@@ -413,8 +524,15 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         } else if (slot.batcher) {
           self->send(slot.batcher, a, o, reporter);
         } else if (o.end) {
-          // Not yet passed on (the replica was down all along): it never starts.
-          std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
+          // Not yet passed on (the replica was down all along): it never
+          // starts. A one-shot fault given up on is withdrawn here.
+          const size_t dropped =
+              std::erase_if(slot.faults, [&](const auto& f) { return f.first.id == o.id; });
+          if (dropped > 0 && !fault_lasts(o.kind))
+            self->send(reporter, a,
+                       FaultReport{o.id, FaultOutcome::Withdrawn,
+                                   "replica " + std::to_string(o.replica) +
+                                       " was not running; it will not be passed on"});
         } else {
           slot.faults.emplace_back(o, reporter);
         }

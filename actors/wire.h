@@ -24,8 +24,10 @@ namespace troupe {
 // Bumped whenever a wire type or an actor protocol changes: a node speaking
 // another protocol is refused when it joins. 3: rendezvous values as
 // strings, floating-point fields as their IEEE-754 bits. 4: the router <->
-// replica channel's sequence numbers (scheduler/replica_link.h).
-inline constexpr uint32_t kWireProtocol = 4;
+// replica channel's sequence numbers (scheduler/replica_link.h). 5: a
+// fault order with `end` withdraws a one-shot fault (an older node would
+// arm it), FaultOutcome::Withdrawn, and a node answers (alive).
+inline constexpr uint32_t kWireProtocol = 5;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 

@@ -189,7 +189,7 @@ std::string fault_order_problem(const FaultOrder& o) {
 std::string fault_report_problem(const FaultReport& r) {
   const std::string name = "report on fault " + std::to_string(r.id);
   if (r.outcome != FaultOutcome::Applied && r.outcome != FaultOutcome::Confirmed &&
-      r.outcome != FaultOutcome::Refused)
+      r.outcome != FaultOutcome::Refused && r.outcome != FaultOutcome::Withdrawn)
     return name + ": outcome " + str(int64_t(static_cast<int>(r.outcome))) + " is unknown";
   if (r.text.size() > kMaxFaultText)
     return name + ": text of " + str(int64_t(r.text.size())) + " bytes, more than " +

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <stdexcept>
@@ -36,14 +37,17 @@ struct WorkerState {
   };
   std::map<uint64_t, Pending> pending;  // steps in flight, by this worker's id
   uint64_t next_id = 1;
-  // Injected faults: the next step throws; every step takes `factor` times
-  // as long (reported once, with the first step it slowed).
-  bool throw_next_step = false;
-  struct {
+  // Injected faults: the next step throws (the fault's id; 0: none);
+  // every step takes `factor` times as long while a slow fault lasts (the
+  // largest factor of those on; each reported once, with the first step it
+  // slowed).
+  uint64_t throw_next_step = 0;
+  struct Slow {
     double factor = 1;
-    uint64_t id = 0;
     FaultInjectorActor reporter;
-  } slow;
+    bool confirmed = false;
+  };
+  std::map<uint64_t, Slow> slow;
 };
 
 void report(WorkerActor::pointer self, const FaultInjectorActor& to, uint64_t id,
@@ -72,9 +76,37 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
       return refuse(name + " has " + std::to_string(st.shards.size()) + " shard actor(s)" +
                     (st.shards.empty() ? " (one device: kill its worker instead)" : "") +
                     "; no device " + std::to_string(device));
-    self->send(st.shards[size_t(device)], crash_atom::value);
+    self->send(st.shards[size_t(device)], crash_atom::value, o.id, true, reporter);
     applied(name + ": device " + std::to_string(device) + " dies in its next step");
   };
+  // A withdrawal: the shard disarms it if it still holds it, and says so.
+  const auto disarm_shard = [&](int device) {
+    if (device >= 0 && size_t(device) < st.shards.size())
+      self->send(st.shards[size_t(device)], crash_atom::value, o.id, false, reporter);
+  };
+  if (o.end) {
+    // Ends a lasting fault, or withdraws a one-shot one given up on. Kills
+    // of a worker or a remote part are applied at once: never held armed.
+    switch (o.kind) {
+      case FaultKind::Kill:
+        if (o.role == FaultRole::Shard) disarm_shard(o.device);
+        return;
+      case FaultKind::StepError:
+        if (!st.shards.empty()) return disarm_shard(o.device < 0 ? 0 : o.device);
+        if (st.throw_next_step == o.id) {
+          st.throw_next_step = 0;
+          report(self, reporter, o.id, FaultOutcome::Withdrawn,
+                 name + ": its next step will not fail");
+        }
+        return;
+      case FaultKind::Slow:
+        st.slow.erase(o.id);
+        return;
+      case FaultKind::KvAllocFail:
+        return;
+    }
+    return;
+  }
   switch (o.kind) {
     case FaultKind::Kill:
       switch (o.role) {
@@ -104,16 +136,10 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
       if (!st.shards.empty()) return kill_shard(o.device < 0 ? 0 : o.device);
       if (o.device > 0)
         return refuse(name + " has one device; no device " + std::to_string(o.device));
-      st.throw_next_step = true;
+      st.throw_next_step = o.id;
       return applied(name + ": its next step throws");
     case FaultKind::Slow:
-      if (o.end) {
-        st.slow = {};
-        return;
-      }
-      st.slow.factor = o.factor;
-      st.slow.id = o.id;
-      st.slow.reporter = reporter;
+      st.slow[o.id] = {o.factor, reporter, false};
       return applied(name + ": every step takes " + std::to_string(o.factor) + "x as long");
     case FaultKind::KvAllocFail:
       return refuse("KV blocks are refused by the batcher");
@@ -148,7 +174,7 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
   return {
       [=](step_atom, std::vector<StepItem>& items) -> caf::result<std::vector<int>> {
         auto rp = self->make_response_promise<std::vector<int>>();
-        if (st->throw_next_step)
+        if (st->throw_next_step != 0)
           throw std::runtime_error("injected fault: replica " + std::to_string(replica) +
                                    "'s step failed on its device");
         if (st->tuner) {
@@ -187,17 +213,20 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
         WorkerState::Pending done = it->second;
         st->pending.erase(it);
         auto out = st->engine->finish(done.ticket);  // throws the step's error: this worker dies
-        if (st->slow.factor > 1) {
+        double factor = 1;
+        for (const auto& [fid, slow] : st->slow) factor = std::max(factor, slow.factor);
+        if (factor > 1) {
           const double took =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - done.launched)
                   .count();
-          const double extra = (st->slow.factor - 1) * took;
+          const double extra = (factor - 1) * took;
           std::this_thread::sleep_for(std::chrono::duration<double>(extra));
-          if (st->slow.id != 0) {
-            report(self, st->slow.reporter, st->slow.id, FaultOutcome::Confirmed,
+          for (auto& [fid, slow] : st->slow) {
+            if (slow.confirmed) continue;
+            report(self, slow.reporter, fid, FaultOutcome::Confirmed,
                    "a step of replica " + std::to_string(replica) + " took " + ms(took + extra) +
                        " instead of " + ms(took));
-            st->slow.id = 0;
+            slow.confirmed = true;
           }
         }
         if (st->tuner)

@@ -111,6 +111,9 @@ void run_node(const NodeOptions& o) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return stop || !refused.empty(); });
   }
+  // Bounded: a node refused after it had run replicas and lost its first
+  // connection was seen to wait for ever in CAF's teardown.
+  exit_if_stuck(std::chrono::seconds(10), refused.empty() ? 0 : 1, "node " + name);
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
   if (!refused.empty()) {
     // The waiter sleeps in sigwait: wake it, so that it can be joined.

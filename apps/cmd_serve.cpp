@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -20,6 +21,41 @@ struct ServeOptions {
   std::string listen;
   bool print_config = false;
 };
+
+// SIGTERM or SIGINT: nothing accepted ends in silence, and the exit is
+// bounded. New requests get 503 at once; those in flight get `grace_s` to
+// finish (a second SIGTERM or SIGINT stops the wait); then the router ends
+// whatever is still open with 503 (a stream: an SSE error event and
+// [DONE]), the server writes those last bytes and closes, and the runtime
+// stops.
+void shut_down(HttpServer& server, ActorRuntime& runtime, double grace_s, int sig,
+               const sigset_t& signals) {
+  server.begin_shutdown();
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(grace_s));
+  if (server.in_flight() > 0 && grace_s > 0)
+    spdlog::info("signal {}: shutting down; {} request(s) in flight get up to {} s to finish", sig,
+                 server.in_flight(), schema::format_number(grace_s));
+  else
+    spdlog::info("signal {}: shutting down", sig);
+  while (server.in_flight() > 0 && Clock::now() < deadline) {
+    const timespec pause{0, 50'000'000};
+    const int again = sigtimedwait(&signals, nullptr, &pause);
+    if (again == SIGINT || again == SIGTERM) {
+      spdlog::warn("signal {}: not waiting for the requests in flight", again);
+      break;
+    }
+  }
+  if (const size_t open = server.in_flight(); open > 0)
+    spdlog::warn("{} request(s) still open: ending them with 503", open);
+  runtime.shutdown();
+  server.stop();
+  spdlog::info("troupe serve: stopped");
+  // What is left (the runtime's actors, a step in progress) stops as the
+  // caller unwinds; bounded whatever it waits for.
+  exit_if_stuck(std::chrono::seconds(10), 0, "serve");
+}
 
 void run_serve(const ServeOptions& so) {
   std::vector<std::pair<std::string, std::string>> flags;
@@ -98,8 +134,7 @@ void run_serve(const ServeOptions& so) {
     }
     break;
   }
-  spdlog::info("signal {}: shutting down", sig);
-  server.stop();
+  shut_down(server, runtime, cfg.server.shutdown_grace_s, sig, signals);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // Helpers shared by the subcommands.
 #include "apps/commands.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace troupe::app {
 
@@ -14,6 +17,16 @@ bool is_bundle(const std::filesystem::path& dir) {
 }
 
 }  // namespace
+
+void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string& who) {
+  std::thread([limit, code, who] {
+    std::this_thread::sleep_for(limit);
+    std::fprintf(stderr, "troupe %s: shutdown still waiting after %lld ms; exiting with %d\n",
+                 who.c_str(), static_cast<long long>(limit.count()), code);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }).detach();
+}
 
 std::filesystem::path bundle_root() {
   if (is_bundle(".")) return ".";

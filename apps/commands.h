@@ -3,6 +3,7 @@
 // helpers here give serve, generate and bench one way to build their
 // configuration.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,13 @@ class ExitStatus : public std::runtime_error {
  private:
   int status_;
 };
+
+// For a process that has decided to exit: past `limit`, it ends with
+// `code` (saying so on stderr) whatever its teardown still waits for.
+// CAF 0.17's actor_system destructor waits until every detached actor is
+// destroyed, and one still referenced (a pending timer's message, say)
+// can keep it waiting for ever; a shutdown must stay bounded.
+void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string& who);
 
 // The directory holding the bundled models/ and configs/: the working
 // directory when it has them, else the nearest directory above the

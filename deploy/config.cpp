@@ -93,7 +93,8 @@ const Fields<Config>& config_fields() {
         .add("max_body_bytes", &ServerSection::max_body_bytes, schema::byte_count(true))
         .add("request_timeout_s", &ServerSection::request_timeout_s, schema::seconds(true))
         .add("max_tokens_limit", &ServerSection::max_tokens_limit, schema::positive_int())
-        .add("io_threads", &ServerSection::io_threads, schema::positive_int());
+        .add("io_threads", &ServerSection::io_threads, schema::positive_int())
+        .add("shutdown_grace_s", &ServerSection::shutdown_grace_s, schema::number_in(0, 3600));
 
     Fields<ParallelLayout> parallel;
     parallel.flow()

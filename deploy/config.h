@@ -39,6 +39,10 @@ struct ServerSection {
   double request_timeout_s = 120;  // 0 = no limit
   int max_tokens_limit = 4096;     // cap on a request's max_tokens
   int io_threads = 1;
+  // On SIGTERM or SIGINT: new requests get 503 at once; those in flight get
+  // this long to finish, then end with 503 (a stream: an error event and
+  // [DONE]). 0: end them at once.
+  double shutdown_grace_s = 5;
   bool operator==(const ServerSection&) const = default;
 };
 

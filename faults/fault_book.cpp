@@ -2,7 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sstream>
+
 namespace troupe {
+
+namespace {
+
+// 15 -> "15", 0.5 -> "0.5".
+std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+}  // namespace
 
 std::string_view fault_state_name(FaultState s) {
   switch (s) {
@@ -67,7 +80,17 @@ void FaultBook::started(uint64_t id, double now) {
 void FaultBook::report(const FaultReport& r, double now) {
   std::lock_guard<std::mutex> l(mu_);
   FaultEntry* e = find(r.id);
-  if (!e || e->state == FaultState::Failed || e->state == FaultState::Ended) return;
+  if (!e) return;
+  if (r.outcome == FaultOutcome::Withdrawn) {
+    // Only withdrawals the book asked for (of a fault it gave up on).
+    if (e->expired && e->withdrawn < 0) {
+      e->withdrawn = now;
+      e->error += "; withdrawn (" + r.text + ")";
+      spdlog::info("fault {}: withdrawn: {}", r.id, r.text);
+    }
+    return;
+  }
+  if (e->state == FaultState::Failed || e->state == FaultState::Ended) return;
   switch (r.outcome) {
     case FaultOutcome::Applied:
       if (e->effect.empty()) e->effect = r.text;
@@ -83,6 +106,8 @@ void FaultBook::report(const FaultReport& r, double now) {
       e->state = FaultState::Failed;
       e->error = r.text;
       spdlog::warn("fault {}: refused: {}", r.id, r.text);
+      break;
+    case FaultOutcome::Withdrawn:
       break;
   }
 }
@@ -114,8 +139,20 @@ void FaultBook::ended(uint64_t id, double now) {
 void FaultBook::replica_died(int replica, const std::string& why, double now) {
   std::lock_guard<std::mutex> l(mu_);
   for (auto& e : entries_) {
-    if (e.order.replica != replica || e.state != FaultState::Active) continue;
+    if (e.order.replica != replica) continue;
     if (e.order.kind != FaultKind::Kill && e.order.kind != FaultKind::StepError) continue;
+    if (e.expired && e.withdrawn < 0 && e.died_late < 0) {
+      // Given up on, and its withdrawal not acknowledged: it may have fired
+      // before the withdrawal reached it (or the withdrawal was lost).
+      e.died_late = now;
+      e.effect = "replica " + std::to_string(replica) +
+                 " died after the fault was given up, before its withdrawal was "
+                 "acknowledged: " +
+                 why;
+      spdlog::warn("fault {}: {}", e.order.id, e.effect);
+      continue;
+    }
+    if (e.state != FaultState::Active) continue;
     e.state = FaultState::Confirmed;
     e.confirmed = e.detected = now;
     e.effect = "replica " + std::to_string(replica) + " died: " + why;
@@ -139,16 +176,20 @@ std::vector<FaultBook::Resume> FaultBook::resumes() const {
   return {resumes_.begin(), resumes_.end()};
 }
 
-void FaultBook::expire(double now) {
+std::vector<FaultOrder> FaultBook::expire(double now) {
   std::lock_guard<std::mutex> l(mu_);
+  std::vector<FaultOrder> out;
   for (auto& e : entries_) {
     if (e.state != FaultState::Active || fault_lasts(e.order.kind)) continue;
     if (now - e.started > confirm_within_s_) {
       e.state = FaultState::Failed;
-      e.error = "no effect seen within " + std::to_string(int(confirm_within_s_)) + " s";
-      spdlog::warn("fault {}: {}", e.order.id, e.error);
+      e.expired = true;
+      e.error = "no effect seen within " + seconds_text(confirm_within_s_) + " s";
+      spdlog::warn("fault {}: {}; withdrawing it", e.order.id, e.error);
+      out.push_back(e.order);
     }
   }
+  return out;
 }
 
 }  // namespace troupe

@@ -35,8 +35,15 @@ struct FaultEntry {
   double added = -1, started = -1, confirmed = -1, ended = -1;
   double detected = -1;   // the replica it took down was seen dead
   double recovered = -1;  // ... and serving again
-  std::string effect;     // what was seen
-  std::string error;      // why it failed
+  // A fault that failed for want of an effect is withdrawn from the actor
+  // holding it: when that actor said it disarmed it. Or, if its replica
+  // died before the withdrawal was acknowledged, when that was seen (that
+  // death may be its effect, late).
+  bool expired = false;
+  double withdrawn = -1;
+  double died_late = -1;
+  std::string effect;  // what was seen
+  std::string error;   // why it failed
 };
 
 class FaultBook {
@@ -64,8 +71,10 @@ class FaultBook {
   void replica_died(int replica, const std::string& why, double now);
   // The replica serves again (after a death this book confirmed).
   void replica_up(int replica, double now);
-  // Fails faults whose effect did not come within the window.
-  void expire(double now);
+  // Fails faults whose effect did not come within the window, and returns
+  // their orders: each is still armed wherever it went (a worker's next
+  // step, a shard's) and must be withdrawn from there, or it fires later.
+  std::vector<FaultOrder> expire(double now);
 
   // A request whose replica died delivered its next token (elsewhere):
   // when the death was seen and when that token came. The latest

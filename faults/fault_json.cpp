@@ -38,6 +38,15 @@ std::string text(const json& j, const char* key) {
   return v.get<std::string>();
 }
 
+// A time in seconds: a number in [lo, kMaxFaultSeconds].
+double seconds(const json& j, const char* key, double lo) {
+  const double x = number(j, key, lo);
+  if (x > kMaxFaultSeconds)
+    throw Refusal{std::string(key) + ": " + j.at(key).dump() + " is above " +
+                  json(kMaxFaultSeconds).dump() + " (a week, the longest a fault waits or lasts)"};
+  return x;
+}
+
 double optional_time(double t) {
   return t < 0 ? -1 : t;
 }
@@ -91,11 +100,11 @@ std::variant<FaultRequest, std::string> parse_fault_request(std::string_view bod
     } else if (*k == FaultKind::Slow) {
       throw Refusal{"factor: missing; a slow fault makes each step this many times as long"};
     }
-    if (j.contains("at_s")) r.at_s = number(j, "at_s", 0);
+    if (j.contains("at_s")) r.at_s = seconds(j, "at_s", 0);
     if (fault_lasts(*k)) {
       if (!j.contains("duration_s"))
         throw Refusal{"duration_s: missing; a " + kind + " fault lasts for a time"};
-      r.duration_s = number(j, "duration_s", 0);
+      r.duration_s = seconds(j, "duration_s", 0);
       if (r.duration_s <= 0) throw Refusal{"duration_s: must be above 0"};
     } else if (j.contains("duration_s")) {
       throw Refusal{"duration_s: a " + kind + " fault happens once; it has no duration"};
@@ -129,6 +138,8 @@ json fault_entry_json(const FaultEntry& e) {
   put("ended_s", e.ended);
   put("detected_s", e.detected);
   put("recovered_s", e.recovered);
+  put("withdrawn_s", e.withdrawn);
+  put("died_late_s", e.died_late);
   if (!e.effect.empty()) j["effect"] = e.effect;
   if (!e.error.empty()) j["error"] = e.error;
   return j;

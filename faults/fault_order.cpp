@@ -30,6 +30,12 @@ std::string joined(const Table& t) {
 
 }  // namespace
 
+std::chrono::nanoseconds fault_delay(double seconds) {
+  // Written so that NaN goes to 0: every comparison with it is false.
+  const double s = seconds > 0 ? (seconds < kMaxFaultSeconds ? seconds : kMaxFaultSeconds) : 0;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
+}
+
 bool fault_lasts(FaultKind kind) {
   return kind == FaultKind::Slow || kind == FaultKind::KvAllocFail;
 }

@@ -3,6 +3,7 @@
 // the actor owning the target (a replica's batcher, worker, shard or remote
 // part, in whatever process it runs) applies. Faults on links, processes and
 // HTTP clients are the chaos harness's (chaos/), not the runtime's.
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,12 +32,25 @@ struct FaultOrder {
   int replica = 0;
   int device = -1;    // Shard/Member: its index; StepError: the device (-1: the replica's engine)
   double factor = 1;  // Slow: > 1
-  bool end = false;   // ends a lasting fault (Slow, KvAllocFail) instead of starting one
+  // Ends a lasting fault (Slow, KvAllocFail) instead of starting one; for
+  // a one-shot fault (Kill, StepError), withdraws it from whatever actor
+  // holds it armed (a worker's next step, a shard's), if it has not fired:
+  // the coordinator gave up on its effect. Only the fault of this id ends.
+  bool end = false;
 };
 
 // A slow fault's largest factor (the chaos plans' too): the worker sleeps
 // (factor - 1) times each step's time, which must stay a duration.
 inline constexpr double kMaxSlowFactor = 1000;
+
+// The longest a fault may wait for its start (at_s) or last (duration_s):
+// a week. A run of faults is a test, not a season; and a time must stay a
+// duration that the clocks it is added to can hold.
+inline constexpr double kMaxFaultSeconds = 7 * 24 * 3600;
+
+// `seconds` as a duration for a timer, in [0, kMaxFaultSeconds] (NaN: 0),
+// so that no value overflows the conversion to nanoseconds.
+std::chrono::nanoseconds fault_delay(double seconds);
 
 // Whether a fault lasts (and so needs a duration) or happens once.
 bool fault_lasts(FaultKind kind);
@@ -54,6 +68,7 @@ enum class FaultOutcome : uint8_t {
   Applied,    // it acted; the effect is observed elsewhere (a replica's death)
   Confirmed,  // the effect itself was observed (a step slowed, blocks refused)
   Refused,    // it cannot take effect there (no such device, ...)
+  Withdrawn,  // an order to withdraw it found it armed, and disarmed it
 };
 
 struct FaultReport {

@@ -51,8 +51,10 @@ Metrics::Metrics() {
            .histogram("troupe_tokens_per_step", "Tokens fed per engine step (prefill and decode).",
                       exponential_buckets(1, 2, 14))
            .labels(std::vector<std::string>{});
-  kv_blocks_ = &registry_.gauge("troupe_kv_blocks", "KV-cache blocks per replica, used or free.",
-                                {"replica", "state"});
+  kv_blocks_ = &registry_.gauge(
+      "troupe_kv_blocks",
+      "KV-cache blocks per replica, used or free (both 0 while the replica is down).",
+      {"replica", "state"});
   ttft_ = &registry_
                .histogram("troupe_time_to_first_token_seconds",
                           "From submission to the first generated token.", kTtftBuckets)
@@ -79,8 +81,9 @@ Metrics::Metrics() {
   nodes_ = &registry_.gauge("troupe_nodes", "Nodes known to the coordinator, by state", {"state"});
   node_devices_ = &registry_.gauge("troupe_node_devices", "Devices a node offers", {"node"});
   node_replicas_ = &registry_.gauge("troupe_node_replicas", "Replicas placed on a node", {"node"});
-  node_heartbeat_age_ = &registry_.gauge("troupe_node_heartbeat_age_seconds",
-                                         "Seconds since a live node was last heard from", {"node"});
+  node_heartbeat_age_ = &registry_.gauge(
+      "troupe_node_heartbeat_age_seconds",
+      "Seconds since a node was last heard from (a dead node's keeps growing)", {"node"});
   node_deaths_ = &registry_.counter("troupe_node_detections_total",
                                     "Nodes declared dead, by how it was detected", {"cause"});
 }

@@ -132,6 +132,8 @@ struct HttpServer::Impl {
   std::optional<net::steady_timer> accept_retry;
   std::vector<std::thread> threads;
   std::atomic<uint16_t> bound_port{0};
+  std::atomic<bool> draining{false};  // begin_shutdown() was called
+  std::atomic<size_t> in_flight{0};   // completions accepted and not yet all written
   bool started = false;
   bool stopped = false;
 };
@@ -146,7 +148,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket&& socket, HttpServer::Impl& server)
       : server_(server), stream_(std::move(socket)), write_timer_(stream_.get_executor()) {}
 
-  ~Session() { server_.remove_session(this); }
+  ~Session() {
+    end_flight();
+    server_.remove_session(this);
+  }
 
   net::any_io_executor executor() { return stream_.get_executor(); }
 
@@ -162,13 +167,27 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // The server is stopping: give up the request in flight and close.
+  // The server is stopping: the request in flight ends with 503 (a stream
+  // already started: an error event and [DONE]), its last bytes go out,
+  // and the connection closes; an idle one closes now.
   void shutdown() {
-    if (phase_ == Phase::Answering) {
-      active_->abandon();
-      cancel_service();
+    stopping_ = true;
+    reply_.keep_alive = false;
+    switch (phase_) {
+      case Phase::Answering:
+        cancel_service();
+        apply(active_->fail(unavailable("The server is shutting down.")));
+        if (phase_ == Phase::Flushing && !inflight_.empty()) return;  // end_response() closes
+        return close();
+      case Phase::Flushing:
+        if (!inflight_.empty()) return;  // its last bytes are on the way
+        return close();
+      case Phase::ReadingRequest:
+      case Phase::Rearming:
+      case Phase::Draining:
+      case Phase::Closed:
+        return close();
     }
-    close();
   }
 
   // ---- events from the sink (on the strand) ----
@@ -300,6 +319,12 @@ class Session : public std::enable_shared_from_this<Session> {
     auto routed = route(sv(req_.method_string()), sv(req_.target()), admin);
     if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
     const Endpoint endpoint = std::get<Endpoint>(routed);
+    if (server_.draining) {
+      // Shutting down: no new work, and the connection does not stay.
+      reply_.keep_alive = false;
+      if (endpoint == Endpoint::Completions)
+        return reject(unavailable("The server is shutting down; retry on another instance."));
+    }
     if (endpoint == Endpoint::Completions) return start_completion();
     if (endpoint == Endpoint::Faults)
       return respond(answer_faults(*o.faults, o.admin_token, sv(req_.method_string()),
@@ -329,6 +354,7 @@ class Session : public std::enable_shared_from_this<Session> {
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id), unix_now(), limits.name};
     active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now());
     phase_ = Phase::Answering;
+    begin_flight();
     auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), id);
     try {
       server_.service.submit(std::move(request), std::move(sink));
@@ -431,6 +457,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void end_response() {
+    end_flight();
+    if (stopping_) return close();
     if (!reply_.keep_alive) return graceful_close();
     if (watching_) {
       // The watch read must end before the next request is read; whatever it
@@ -503,7 +531,20 @@ class Session : public std::enable_shared_from_this<Session> {
                             });
   }
 
+  // Counts the completion being answered in the server's in_flight.
+  void begin_flight() {
+    if (counted_) return;
+    counted_ = true;
+    ++server_.in_flight;
+  }
+  void end_flight() {
+    if (!counted_) return;
+    counted_ = false;
+    --server_.in_flight;
+  }
+
   void close() {
+    end_flight();
     if (phase_ == Phase::Closed) return;
     phase_ = Phase::Closed;
     write_timer_.cancel();
@@ -564,6 +605,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point linger_until_;
   std::array<char, 4096> scratch_{};
   size_t drained_ = 0;
+  bool counted_ = false;   // in server_.in_flight
+  bool stopping_ = false;  // the server stops: close once the response is out
 };
 
 }  // namespace
@@ -580,6 +623,7 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
       r.body = R"({"status":"ok"})";
       break;
     case Endpoint::Ready:
+      if (draining) return error_response(unavailable("The server is shutting down."));
       if (!service.ready()) return error_response(unavailable("No replica is ready to serve."));
       r.body = R"({"status":"ready"})";
       break;
@@ -691,6 +735,14 @@ void HttpServer::start() {
   int n = std::max(1, s.opt.io_threads);
   for (int i = 0; i < n; ++i) s.threads.emplace_back([&s] { s.run_io(); });
   spdlog::info("http: listening on {}:{} ({} io threads)", s.opt.host, s.bound_port.load(), n);
+}
+
+void HttpServer::begin_shutdown() {
+  impl_->draining = true;
+}
+
+size_t HttpServer::in_flight() const {
+  return impl_->in_flight.load();
 }
 
 void HttpServer::stop() {

@@ -56,11 +56,19 @@ class HttpServer {
   // Binds, listens and starts the io threads. Throws std::runtime_error
   // naming the address when it cannot listen.
   void start();
-  // Closes the listener and every connection, cancels the requests still in
-  // flight at the service, and joins the io threads; takes at most ~2 s even
-  // if a connection is stuck. Idempotent. Not from an io thread (it joins them).
-  // Sink calls that arrive afterwards are dropped, so the service may outlive
-  // the server.
+  // The server is going away: from now on a completion request gets 503
+  // (Retry-After, "Connection: close"), and so does /ready; the requests in
+  // flight go on. Idempotent; from any thread.
+  void begin_shutdown();
+  // Completion requests being answered: accepted, their response not yet
+  // all written.
+  size_t in_flight() const;
+  // Ends every request still open with 503 (one that streams already: an
+  // SSE error event, then [DONE]) and cancels it at the service, lets the
+  // last bytes go out, closes every connection and the listener, and joins
+  // the io threads; takes at most ~2 s even if a connection is stuck.
+  // Idempotent. Not from an io thread (it joins them). Sink calls that
+  // arrive afterwards are dropped, so the service may outlive the server.
   void stop();
 
   // The bound port (the chosen one when Options::port was 0); 0 before start().

@@ -1,6 +1,7 @@
 #include "scheduler/cluster.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 namespace troupe {
@@ -51,8 +52,7 @@ JoinReply Cluster::join(const JoinRequest& r, double now, bool in_process) {
   NodeRecord* same = nullptr;
   for (auto& [id, n] : nodes_)
     if (n.name == r.name) same = &n;
-  if (same && same->state == NodeState::Live)
-    return refuse("a live node is already called '" + r.name + "'");
+  if (same && same->state == NodeState::Live) return refuse(name_taken(same->id, now));
   NodeRecord& n = same ? *same : nodes_[next_id_];
   if (!same) n.id = next_id_++;
   n.name = r.name;
@@ -105,6 +105,26 @@ bool Cluster::lost(int id, const std::string& cause) {
   if (!n || n->state != NodeState::Live) return false;
   declare_dead(*n, cause);
   return true;
+}
+
+NameClaim Cluster::claim(const std::string& name, double now) const {
+  for (const auto& [id, n] : nodes_) {
+    if (n.name != name || n.state != NodeState::Live) continue;
+    if (n.in_process) return {NameClaim::Holder::InProcess, id};
+    if (now - n.last_heard > options_.heartbeat_timeout_s) return {NameClaim::Holder::Silent, id};
+    return {NameClaim::Holder::Heard, id};
+  }
+  return {};
+}
+
+std::string Cluster::name_taken(int id, double now) const {
+  const NodeRecord* n = node(id);
+  if (!n) return "a live node has that name";
+  char heard[32];
+  std::snprintf(heard, sizeof heard, "%.1f", std::max(0.0, now - n->last_heard));
+  return "a live node is already called '" + n->name + "' (node " + std::to_string(n->id) +
+         (n->in_process ? ", the coordinator's own" : ", at " + n->address) + ", heard from " +
+         heard + " s ago): stop that one first, or give this one another name (--name)";
 }
 
 void Cluster::place(int replica, const Parts& parts) {

@@ -58,6 +58,20 @@ struct ClusterOptions {
   double heartbeat_timeout_s = 2;
 };
 
+// A join under a name: whether a live node holds it, and what that means.
+struct NameClaim {
+  enum class Holder {
+    None,       // no live node has it: join() decides the rest
+    InProcess,  // the coordinator's own node: never another process's to take
+    Silent,     // not heard from within the heartbeat timeout: it is dead
+    Heard,      // heard from lately: ask it whether it is still there before
+                // taking its name (a restart whose predecessor's death was not
+                // seen yet, or a second process started with the same name)
+  };
+  Holder holder = Holder::None;
+  int node = -1;  // the holder
+};
+
 class Cluster {
  public:
   explicit Cluster(ClusterOptions options);
@@ -76,6 +90,11 @@ class Cluster {
   // Declares a live node dead with `cause` (e.g. "connection lost"); false
   // when it was not live.
   bool lost(int node, const std::string& cause);
+  // Who holds `name` now, for a join under it.
+  NameClaim claim(const std::string& name, double now) const;
+  // Why a join under live node `node`'s name is refused: its name, id,
+  // address and when it was last heard from.
+  std::string name_taken(int node, double now) const;
 
   // Where a replica runs: (node, devices of it) per part, in the order of
   // its devices (stage-major): one part, or several for a replica spanning

@@ -194,6 +194,49 @@ TEST(Faults, AFaultThatCannotTakeEffectFails) {
   EXPECT_EQ(rt.replica_status()[0].restarts, 0);
 }
 
+// A one-shot fault whose effect did not come within the book's window
+// (15 s: no step ran) fails, and is withdrawn from the actor holding it:
+// a worker's next step, a shard's. It never fires later: requests after it
+// end exactly and no replica restarts. (With a device per replica the
+// worker holds a step error; with shard actors the shard does, for a step
+// error and for a shard's kill.)
+TEST(Faults, AFaultGivenUpOnIsWithdrawnAndNeverFiresLater) {
+  ActorRuntime whole(config(1), std::make_shared<EngineBuilder>(checkpoint(), DType::F32));
+  ActorRuntime sharded(config(2, 2), std::make_shared<EngineBuilder>(checkpoint(), DType::F32));
+  ASSERT_TRUE(whole.wait_live(1, 60));
+  ASSERT_TRUE(sharded.wait_live(2, 60));
+  const uint64_t in_worker = whole.inject(fault(FaultKind::StepError, 0)).order.id;
+  const uint64_t in_shard = sharded.inject(fault(FaultKind::StepError, 0)).order.id;
+  const uint64_t shard_kill = sharded.inject(kill(FaultRole::Shard, 1, 1)).order.id;
+  const auto withdrawn = [](const ActorRuntime& rt, uint64_t id) {
+    const FaultEntry e = wait_for(rt, id, 40);
+    EXPECT_EQ(e.state, FaultState::Failed) << e.effect;
+    EXPECT_NE(e.error.find("no effect seen within 15 s"), std::string::npos) << e.error;
+    for (int i = 0; i < 1000; ++i) {  // the withdrawal's answer follows within moments
+      for (const FaultEntry& f : rt.faults())
+        if (f.order.id == id && f.withdrawn >= 0) return f;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "fault " << id << " was not withdrawn: " << e.error;
+    return e;
+  };
+  EXPECT_NE(withdrawn(whole, in_worker).error.find("its next step will not fail"),
+            std::string::npos);
+  EXPECT_NE(withdrawn(sharded, in_shard).error.find("will not die in its next step"),
+            std::string::npos);
+  EXPECT_NE(withdrawn(sharded, shard_kill).error.find("will not die in its next step"),
+            std::string::npos);
+  expect_exact_under(whole, 4, 20, [] {});
+  expect_exact_under(sharded, 6, 20, [] {});
+  EXPECT_EQ(whole.replica_status()[0].restarts, 0) << whole.replica_status()[0].last_death;
+  for (const ReplicaStatus& r : sharded.replica_status()) EXPECT_EQ(r.restarts, 0) << r.last_death;
+  for (const ActorRuntime* rt : {&whole, &sharded})
+    for (const FaultEntry& f : rt->faults()) {
+      EXPECT_EQ(f.state, FaultState::Failed);
+      EXPECT_LT(f.died_late, 0) << f.effect;
+    }
+}
+
 TEST(Faults, AFaultStartsAtItsTime) {
   ActorRuntime rt(config(1), std::make_shared<EngineBuilder>(checkpoint(), DType::F32));
   ASSERT_TRUE(rt.wait_live(1, 60));

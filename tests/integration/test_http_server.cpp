@@ -971,5 +971,57 @@ TEST_F(HttpServerTest, StopWithRequestsInFlight) {
   EXPECT_TRUE(c.closed_by_server());
 }
 
+// Shutting down: new requests get 503 at once (and /ready), those in
+// flight go on; stop() then ends each with a 503 of its own, a JSON body,
+// or for a stream that started an error event and [DONE], whatever the
+// service does, before it closes.
+TEST_F(HttpServerTest, ShutdownRefusesNewRequestsAndStopEndsOpenOnesWith503) {
+  start();
+  fake_.set_hang(true);
+  Client waiting(port_);
+  const std::string body = completion("never answered", 10).dump();
+  waiting.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body);
+  ASSERT_TRUE(fake_.wait_submitted(1));
+  fake_.set_hang(false);
+  fake_.set_token_delay(50ms);
+  Client streaming(port_);
+  const std::string sbody = completion("Streams for long", 200, {{"stream", true}}).dump();
+  streaming.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                 std::to_string(sbody.size()) + "\r\n\r\n" + sbody);
+  ASSERT_NE(streaming.read_until("data: ").find("data: "), std::string::npos);
+  EXPECT_EQ(server_->in_flight(), 2u);
+
+  server_->begin_shutdown();
+  {
+    Client late(port_);
+    HttpResponse r = late.post("/v1/completions", completion("too late", 5));
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(r.body.find("shutting down"), std::string::npos) << r.body;
+    EXPECT_FALSE(r.header("Retry-After").empty());
+    EXPECT_FALSE(r.keep_alive);
+    Client probe(port_);
+    EXPECT_EQ(probe.get("/ready").status, 503);
+  }
+  EXPECT_EQ(fake_.submitted_count(), 2u);  // the late one never reached the service
+  EXPECT_EQ(server_->in_flight(), 2u);     // the open ones go on
+
+  std::thread stopper([&] { server_->stop(); });
+  HttpResponse r = waiting.read_response();
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(body_json(r)["error"]["message"].get<std::string>().find("shutting down"),
+            std::string::npos)
+      << r.body;
+  const std::string rest = streaming.read_until("data: [DONE]");
+  const size_t error = rest.find("\"error\"");
+  EXPECT_NE(error, std::string::npos) << rest;
+  EXPECT_NE(rest.find("\"status\":503", error), std::string::npos) << rest;
+  EXPECT_NE(rest.find("data: [DONE]", error), std::string::npos) << rest;
+  stopper.join();
+  EXPECT_EQ(server_->in_flight(), 0u);
+  EXPECT_FALSE(r.keep_alive);  // "Connection: close"
+  EXPECT_TRUE(streaming.closed_by_server());
+}
+
 }  // namespace
 }  // namespace troupe

@@ -193,6 +193,176 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = 0; (at = text.find(needle, at)) != std::string::npos; at += needle.size()) ++n;
+  return n;
+}
+
+// Two live processes under one name: the second is refused, naming the
+// conflict, and exits 1, while the first keeps its membership and its
+// replica. A genuine restart is taken: the old process killed (its
+// connection gone), or stopped (silent, its connection still open: it
+// does not answer); and that old one, woken, is the one refused then.
+TEST(Nodes, ASecondLiveNodeWithTheSameNameIsRefusedButARestartIsTaken) {
+  Server s(coordinator_sets(1, 1.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  auto twin = test::start_node(s.nodes_port(), "a");
+  EXPECT_EQ(twin->wait_exit(30), 1) << twin->stderr_so_far();
+  EXPECT_NE(twin->stderr_so_far().find("already called 'a'"), std::string::npos)
+      << twin->stderr_so_far();
+  // The first was never evicted: no death, its replica started once, serving.
+  std::string m = s.metrics();
+  EXPECT_EQ(test::prometheus_sample(m, "troupe_nodes{state=\"dead\"}"), "0") << m;
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos) << m;
+  EXPECT_TRUE(a->running());
+  EXPECT_EQ(count(a->stderr_so_far(), "replica 0 started"), 1) << a->stderr_so_far();
+  EXPECT_EQ(count(a->stderr_so_far(), "stopping"), 0) << a->stderr_so_far();
+  auto r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+
+  // Killed and started again at once: the new process is the node now.
+  a->signal(SIGKILL);
+  EXPECT_GT(a->wait_exit(10), 128);
+  a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  EXPECT_TRUE(a->running()) << a->stderr_so_far();
+
+  // Stopped, and another process started under its name: taken too.
+  a->signal(SIGSTOP);
+  auto again = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(again->wait_for_line("joined the coordinator", 60) != "") << again->stderr_so_far();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  // Woken, the old one learns it is no longer a member, tries to join
+  // again, and is refused: the name is the live new one's.
+  a->signal(SIGCONT);
+  EXPECT_EQ(a->wait_exit(30), 1) << a->stderr_so_far();
+  EXPECT_NE(a->stderr_so_far().find("already called 'a'"), std::string::npos) << a->stderr_so_far();
+  EXPECT_TRUE(again->running()) << again->stderr_so_far();
+  m = s.metrics();
+  EXPECT_EQ(test::prometheus_sample(m, "troupe_nodes{state=\"live\"}"), "1") << m;
+  r = s.complete({{"prompt", "A fool"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
+
+json admin_faults(Server& s) {
+  const HttpResponse r = test::http_request(s.port(), "GET", "/admin/faults", "", 10, kAdmin);
+  EXPECT_EQ(r.status, 200) << r.body;
+  return r.status == 200 ? json::parse(r.body)["faults"] : json::array();
+}
+
+int add_fault(Server& s, const json& fault) {
+  const HttpResponse r =
+      test::http_request(s.port(), "POST", "/admin/faults", fault.dump(), 10, kAdmin);
+  EXPECT_EQ(r.status, 201) << r.body;
+  return r.status == 201 ? json::parse(r.body)["id"].get<int>() : -1;
+}
+
+// Step errors no step met within 15 s fail, and are withdrawn wherever
+// they wait: in a node's worker (another process), and in the
+// coordinator's list for a replica not running yet. Neither fires later.
+TEST(Nodes, AFaultGivenUpOnIsWithdrawnWhereverItWaits) {
+  auto sets = coordinator_sets(2);
+  sets.insert(sets.end(), {"admin.faults=true", "admin.token=T"});
+  Server s(sets, /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  // Replica 0 runs on node a; replica 1 waits for a node.
+  const int on_node = add_fault(s, {{"kind", "step_error"}, {"replica", 0}});
+  const int waiting = add_fault(s, {{"kind", "step_error"}, {"replica", 1}});
+  json faults;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(45);
+  for (;;) {
+    faults = admin_faults(s);
+    int withdrawn = 0;
+    for (const json& f : faults) withdrawn += f.contains("withdrawn_s") ? 1 : 0;
+    if (withdrawn == 2 || std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  for (const json& f : faults) {
+    EXPECT_EQ(f["state"], "failed") << f.dump();
+    EXPECT_TRUE(f.contains("withdrawn_s")) << f.dump();
+    const std::string error = f.value("error", "");
+    EXPECT_NE(error.find("no effect seen within 15 s"), std::string::npos) << error;
+    if (f["id"] == on_node) {
+      EXPECT_NE(error.find("will not fail"), std::string::npos) << error;
+    }
+    if (f["id"] == waiting) {
+      EXPECT_NE(error.find("not running"), std::string::npos) << error;
+    }
+  }
+  auto b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  // Both replicas serve (round robin), and neither dies.
+  for (int i = 0; i < 6; ++i) {
+    const std::string& p = kPrompts[size_t(i) % 3];
+    auto r = s.complete({{"prompt", p}, {"max_tokens", 20}, {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 20));
+  }
+  const std::string m = s.metrics();
+  EXPECT_EQ(m.find("troupe_replica_restarts_total{"), std::string::npos) << m;
+  EXPECT_EQ(a->stderr_so_far().find("injected fault"), std::string::npos) << a->stderr_so_far();
+  EXPECT_EQ(b->stderr_so_far().find("injected fault"), std::string::npos) << b->stderr_so_far();
+  for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
+}
+
+double sample(Server& s, const std::string& series) {
+  const std::string v = test::prometheus_sample(s.metrics(), series);
+  return v.empty() ? -1 : std::stod(v);
+}
+
+// What /metrics says of a dead node's replica and of the node: the
+// replica holds no KV blocks while it is down (its placement's cache died
+// with it) and starts from its own when placed again; the node's
+// heartbeat age keeps growing.
+TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
+  auto sets = coordinator_sets(2);
+  sets.insert(sets.end(),
+              {"admin.faults=true", "admin.token=T", "placement.replicas=[\"a\", \"b\"]"});
+  Server s(sets, /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  // Replica 0 (on a) slowed, so that its requests hold blocks a while.
+  add_fault(s, {{"kind", "slow"}, {"replica", 0}, {"factor", 20}, {"duration_s", 60}});
+  const std::string used0 = "troupe_kv_blocks{replica=\"0\",state=\"used\"}";
+  const std::string free0 = "troupe_kv_blocks{replica=\"0\",state=\"free\"}";
+  const std::string age = "troupe_node_heartbeat_age_seconds{node=\"a\"}";
+  run_load(s, 8, [&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (sample(s, used0) <= 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(sample(s, used0), 0) << s.metrics();
+    a->signal(SIGKILL);
+    EXPECT_TRUE(s.wait_metric("troupe_nodes{state=\"dead\"}", "1", 10)) << s.metrics();
+    EXPECT_TRUE(s.wait_metric(used0, "0", 10)) << s.metrics();
+    EXPECT_EQ(sample(s, free0), 0) << s.metrics();
+  });
+  const double age1 = sample(s, age);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double age2 = sample(s, age);
+  EXPECT_GT(age2, age1 + 1) << age1 << " then " << age2;
+  EXPECT_EQ(sample(s, used0), 0);
+  // Placed again (on a new "a"), ready and idle: its own empty cache.
+  a = test::start_node(s.nodes_port(), "a");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  EXPECT_EQ(sample(s, used0), 0) << s.metrics();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sample(s, free0) <= 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GT(sample(s, free0), 0) << s.metrics();
+  EXPECT_EQ(sample(s, used0), 0) << s.metrics();
+  EXPECT_LT(sample(s, age), 2) << s.metrics();
+}
+
 // A replica whose tensor shards, or pipeline stages, are on two node
 // processes (Gloo between them, meeting through the coordinator) answers as
 // one device does; when one of its nodes dies, its requests wait and resume

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -154,6 +155,109 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
   auto metrics = test::http_request(s.port(), "GET", "/metrics").body;
   EXPECT_NE(metrics.find("troupe_replica_restarts_total"), std::string::npos) << metrics;
   EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
+}
+
+// ---- SIGTERM / SIGINT: nothing accepted ends in silence ----
+
+const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
+
+// Slows every step of replica 0 `factor`-fold for a minute, so that
+// requests stay in flight while the test signals the server.
+void slow_down(Server& s, double factor) {
+  const HttpResponse r = test::http_request(
+      s.port(), "POST", "/admin/faults",
+      json({{"kind", "slow"}, {"replica", 0}, {"factor", factor}, {"duration_s", 60}}).dump(), 10,
+      kAdmin);
+  ASSERT_EQ(r.status, 201) << r.body;
+}
+
+// Waits until `n` sequences run (the requests were accepted and are in
+// their steps).
+bool wait_running(Server& s, int n) {
+  return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
+}
+
+TEST(Serve, SigtermEndsEveryOpenRequestWithAClearErrorThenExits) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    Server s({"admin.faults=true", "admin.token=T", "server.shutdown_grace_s=0"});
+    slow_down(s, 50);
+    HttpResponse plain, streamed;
+    std::string streamed_body;  // as it comes
+    std::atomic<bool> tokens_flow{false};
+    std::thread a([&] {
+      plain = s.complete({{"prompt", "A fool"}, {"max_tokens", 240}, {"ignore_eos", true}}, 60);
+    });
+    std::thread b([&] {
+      HttpClient client(test::loopback_client(s.port(), 60));
+      const json body = {
+          {"prompt", "Love is"}, {"max_tokens", 240}, {"ignore_eos", true}, {"stream", true}};
+      HttpRequest post;
+      post.method = "POST";
+      post.target = "/v1/completions";
+      post.body = body.dump();
+      post.keep_alive = false;
+      streamed = client.request(post, [&](const HttpResponse&, std::string_view piece) {
+        streamed_body += piece;
+        if (streamed_body.find("\"text\"") != std::string::npos) tokens_flow = true;
+        return true;
+      });
+    });
+    ASSERT_TRUE(wait_running(s, 2)) << s.metrics();
+    // The stream has started (its first tokens came) before the signal.
+    for (int i = 0; i < 1200 && !tokens_flow; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(tokens_flow);
+    s.process().signal(sig);
+    a.join();
+    b.join();
+    streamed.body = streamed_body;
+    // Not streaming: a 503 with a JSON body that says why.
+    EXPECT_EQ(plain.status, 503) << plain.body;
+    EXPECT_TRUE(plain.complete());
+    EXPECT_NE(plain.body.find("shutting down"), std::string::npos) << plain.body;
+    EXPECT_NO_THROW(json::parse(plain.body)) << plain.body;
+    EXPECT_FALSE(plain.header("Retry-After").empty());
+    // Streaming: its tokens so far, then an error event, then [DONE], and
+    // the chunked body ends properly.
+    EXPECT_EQ(streamed.status, 200) << streamed.body;
+    EXPECT_TRUE(streamed.complete()) << streamed.body;
+    const size_t error = streamed.body.find("data: {\"error\"");
+    EXPECT_NE(error, std::string::npos) << streamed.body;
+    EXPECT_NE(streamed.body.find("shutting down", error), std::string::npos) << streamed.body;
+    EXPECT_NE(streamed.body.find("\"status\":503", error), std::string::npos) << streamed.body;
+    const std::string done = "data: [DONE]\n\n";
+    ASSERT_GE(streamed.body.size(), done.size());
+    EXPECT_EQ(streamed.body.substr(streamed.body.size() - done.size()), done) << streamed.body;
+    // And the process is gone, cleanly.
+    EXPECT_EQ(s.process().wait_exit(30), 0) << s.process().stderr_so_far();
+  }
+}
+
+// With a grace period, the requests in flight finish (those that come
+// meanwhile get 503 at once, /ready too), and the process exits as soon
+// as they have.
+TEST(Serve, SigtermLetsRequestsInFlightFinishWithinTheGracePeriod) {
+  Server s({"admin.faults=true", "admin.token=T", "server.shutdown_grace_s=120"});
+  const std::string want = generate_text("The meaning of life", 30);
+  slow_down(s, 50);  // the request takes seconds: SIGTERM and the next one come meanwhile
+  HttpResponse first;
+  std::thread a([&] {
+    first = s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 30}, {"temperature", 0}},
+                       120);
+  });
+  ASSERT_TRUE(wait_running(s, 1)) << s.metrics();
+  s.process().signal(SIGTERM);
+  ASSERT_NE(s.process().wait_for_line("shutting down", 20), "") << s.process().stderr_so_far();
+  const HttpResponse late = s.complete({{"prompt", "A fool"}, {"max_tokens", 5}}, 20);
+  EXPECT_EQ(late.status, 503) << late.body;
+  EXPECT_NE(late.body.find("shutting down"), std::string::npos) << late.body;
+  EXPECT_FALSE(late.header("Retry-After").empty());
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/ready").status, 503);
+  a.join();
+  EXPECT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(json::parse(first.body)["choices"][0]["text"], want);
+  EXPECT_EQ(s.process().wait_exit(60), 0) << s.process().stderr_so_far();
 }
 
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {

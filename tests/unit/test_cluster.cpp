@@ -10,12 +10,7 @@ namespace troupe {
 namespace {
 
 ClusterOptions options() {
-  ClusterOptions o;
-  o.protocol = 3;
-  o.model = "abc";
-  o.token = "t";
-  o.heartbeat_timeout_s = 2;
-  return o;
+  return {3, "abc", "t", 2};  // protocol, model, token, heartbeat timeout
 }
 
 JoinRequest node(const std::string& name, int devices) {
@@ -60,6 +55,35 @@ TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
   EXPECT_GT(back.incarnation, b.incarnation);
   EXPECT_FALSE(c.heard_from(b.node, b.incarnation, 3.1));  // the old incarnation
   EXPECT_TRUE(c.heard_from(b.node, back.incarnation, 3.1));
+}
+
+// A join under a live node's name: refused naming the holder, unless the
+// holder is silent past the heartbeat timeout (it is dead); one heard from
+// lately is to be asked first (the supervisor does), and the coordinator's
+// own node is never another process's to replace.
+TEST(Cluster, ANameHeldByALiveNodeIsClaimedOnlyFromASilentOne) {
+  Cluster c(options());
+  EXPECT_EQ(c.claim("a", 0).holder, NameClaim::Holder::None);
+  const JoinReply a = c.join(node("a", 1), 0);
+  const JoinReply local = c.join(node("local", 1), 0, true);
+  const JoinReply refused = c.join(node("a", 1), 1.25);
+  EXPECT_FALSE(refused.accepted);
+  EXPECT_EQ(refused.reason, c.name_taken(a.node, 1.25));
+  EXPECT_NE(refused.reason.find("already called 'a'"), std::string::npos) << refused.reason;
+  EXPECT_NE(refused.reason.find("127.0.0.1"), std::string::npos) << refused.reason;
+  EXPECT_NE(refused.reason.find("heard from 1.2 s ago"), std::string::npos) << refused.reason;
+  EXPECT_NE(refused.reason.find("--name"), std::string::npos) << refused.reason;
+  EXPECT_EQ(c.claim("a", 1.0).holder, NameClaim::Holder::Heard);
+  EXPECT_EQ(c.claim("a", 1.0).node, a.node);
+  EXPECT_EQ(c.claim("a", 2.5).holder, NameClaim::Holder::Silent);
+  EXPECT_TRUE(c.heard_from(a.node, a.incarnation, 2.4));
+  EXPECT_EQ(c.claim("a", 2.5).holder, NameClaim::Holder::Heard);
+  EXPECT_EQ(c.claim("local", 100).holder, NameClaim::Holder::InProcess);
+  EXPECT_EQ(c.claim("local", 100).node, local.node);
+  // Once the holder is dead, its name is free for its restart.
+  EXPECT_TRUE(c.lost(a.node, "joined again"));
+  EXPECT_EQ(c.claim("a", 3).holder, NameClaim::Holder::None);
+  EXPECT_TRUE(c.join(node("a", 1), 3).accepted);
 }
 
 // The coordinator's own node shares its process: a starved process (no

@@ -67,6 +67,7 @@ TEST(RuntimeConfigTest, DefaultsMatchTheSchema) {
   EXPECT_EQ(c.server.request_timeout_s, 120);
   EXPECT_EQ(c.server.max_tokens_limit, 4096);
   EXPECT_EQ(c.server.io_threads, 1);
+  EXPECT_EQ(c.server.shutdown_grace_s, 5);
   EXPECT_EQ(c.parallel.device_count(), 1);
   ASSERT_EQ(c.devices.size(), 1u);
   EXPECT_EQ(c.devices[0].kind, DeviceKind::Cpu);
@@ -197,6 +198,9 @@ TEST(RuntimeConfigTest, NegativeAndZeroWherePositiveRequired) {
                "expected a positive integer, got 0");
   expect_error("admission: {priority_levels: 0}\n", "admission.priority_levels", "got 0");
   expect_error("server: {io_threads: 0}\n", "server.io_threads", "got 0");
+  expect_error("server: {shutdown_grace_s: -1}\n", "server.shutdown_grace_s",
+               "expected a number in [0, 3600], got -1");
+  expect_error("server: {shutdown_grace_s: 1e9}\n", "server.shutdown_grace_s", "[0, 3600]");
   expect_error("supervision: {max_restarts: -2}\n", "supervision.max_restarts",
                "expected a non-negative integer, got -2");
   expect_error("supervision: {within_s: 0}\n", "supervision.within_s",

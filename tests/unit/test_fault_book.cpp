@@ -2,6 +2,8 @@
 // check, without a runtime.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "faults/fault_book.h"
@@ -64,6 +66,64 @@ TEST(FaultBook, UnconfirmedFaultsFail) {
   EXPECT_EQ(b.get(kv)->effect, "refused KV blocks");
 }
 
+// A one-shot fault given up on is handed back for withdrawal (once); the
+// holder's word that it disarmed it is recorded, and only for a fault the
+// book gave up on. A replica death before that word may be its late
+// effect: recorded too, without undoing the failure.
+TEST(FaultBook, AnExpiredFaultIsToBeWithdrawnAndItsWithdrawalOrLateEffectRecorded) {
+  FaultBook b(5);
+  const uint64_t step = b.add(order(FaultKind::StepError, 1), 0, 0, 0).id;
+  const uint64_t kill = b.add(order(FaultKind::Kill, 0), 0, 0, 0).id;
+  const uint64_t slow = b.add(order(FaultKind::Slow, 1), 0, 30, 0).id;
+  for (uint64_t id : {step, kill, slow}) b.started(id, 0);
+  // Not expired yet: a withdrawal report changes nothing.
+  b.report({step, FaultOutcome::Withdrawn, "early"}, 1);
+  EXPECT_LT(b.get(step)->withdrawn, 0);
+  EXPECT_TRUE(b.expire(4).empty());
+  const std::vector<FaultOrder> expired = b.expire(5.5);
+  ASSERT_EQ(expired.size(), 2u);  // not the lasting one: its end ends it
+  EXPECT_EQ(expired[0].id, step);
+  EXPECT_EQ(expired[0].kind, FaultKind::StepError);
+  EXPECT_EQ(expired[0].replica, 1);
+  EXPECT_EQ(expired[1].id, kill);
+  EXPECT_TRUE(b.expire(9).empty());  // handed back once
+  FaultEntry e = *b.get(step);
+  EXPECT_EQ(e.state, FaultState::Failed);
+  EXPECT_TRUE(e.expired);
+  EXPECT_EQ(e.error, "no effect seen within 5 s");
+  b.report({step, FaultOutcome::Withdrawn, "replica 1: its next step will not fail"}, 6);
+  b.report({step, FaultOutcome::Withdrawn, "again"}, 7);  // the first word counts
+  e = *b.get(step);
+  EXPECT_EQ(e.state, FaultState::Failed);
+  EXPECT_DOUBLE_EQ(e.withdrawn, 6);
+  EXPECT_EQ(e.error,
+            "no effect seen within 5 s; withdrawn (replica 1: its next step will not fail)");
+  // Withdrawn: a later death of its replica is not its doing.
+  b.replica_died(1, "a node died", 8);
+  EXPECT_LT(b.get(step)->died_late, 0);
+  // Not yet withdrawn: its replica's death is recorded as a possible late
+  // effect, once; the fault stays failed.
+  b.replica_died(0, "injected fault: worker of replica 0 killed", 8.5);
+  b.replica_died(0, "again", 9);
+  e = *b.get(kill);
+  EXPECT_EQ(e.state, FaultState::Failed);
+  EXPECT_DOUBLE_EQ(e.died_late, 8.5);
+  EXPECT_LT(e.detected, 0);
+  EXPECT_NE(e.effect.find("died after the fault was given up"), std::string::npos) << e.effect;
+  EXPECT_NE(e.effect.find("worker of replica 0 killed"), std::string::npos) << e.effect;
+  // A fault that failed otherwise (refused) is never withdrawn.
+  const uint64_t refused = b.add(order(FaultKind::StepError), 0, 0, 10).id;
+  b.started(refused, 10);
+  b.report({refused, FaultOutcome::Refused, "no device 7"}, 10);
+  b.report({refused, FaultOutcome::Withdrawn, "?"}, 11);
+  EXPECT_LT(b.get(refused)->withdrawn, 0);
+  EXPECT_EQ(b.get(refused)->error, "no device 7");
+  const nlohmann::json j = fault_entry_json(*b.get(step));
+  EXPECT_DOUBLE_EQ(j.at("withdrawn_s").get<double>(), 6);
+  EXPECT_FALSE(j.contains("died_late_s"));
+  EXPECT_DOUBLE_EQ(fault_entry_json(*b.get(kill)).at("died_late_s").get<double>(), 8.5);
+}
+
 std::string refusal(const std::string& body, int replicas = 2) {
   auto r = parse_fault_request(body, replicas);
   if (auto* why = std::get_if<std::string>(&r)) return *why;
@@ -104,6 +164,35 @@ TEST(FaultJson, RequestsAreCheckedKeyByKey) {
             std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kill", "colour": 1})").find("unknown key 'colour'"),
             std::string::npos);
+}
+
+// A time past a week is refused by name; below, the timers' conversion
+// saturates instead of overflowing (1e10 s was 0.4 ms once cast to int64
+// nanoseconds).
+TEST(FaultJson, TimesAreBoundedAndTheirConversionIsSafe) {
+  const std::string week = std::to_string(int64_t(kMaxFaultSeconds));
+  EXPECT_EQ(refusal(R"({"kind": "slow", "factor": 2, "duration_s": )" + week + "}"), "accepted");
+  EXPECT_EQ(refusal(R"({"kind": "kill", "at_s": )" + week + "}"), "accepted");
+  for (const std::string body :
+       {R"({"kind": "slow", "replica": 0, "factor": 2, "duration_s": 1e10})",
+        R"({"kind": "kv_alloc_fail", "duration_s": 604801})"}) {
+    const std::string why = refusal(body);
+    EXPECT_EQ(why.rfind("duration_s: ", 0), 0u) << why;
+    EXPECT_NE(why.find("is above 604800"), std::string::npos) << why;
+  }
+  const std::string why = refusal(R"({"kind": "step_error", "at_s": 1e10})");
+  EXPECT_EQ(why.rfind("at_s: ", 0), 0u) << why;
+  EXPECT_NE(why.find("a week"), std::string::npos) << why;
+
+  using std::chrono::nanoseconds;
+  EXPECT_EQ(fault_delay(1.5), nanoseconds(1500000000));
+  EXPECT_EQ(fault_delay(0), nanoseconds(0));
+  EXPECT_EQ(fault_delay(-3), nanoseconds(0));
+  EXPECT_EQ(fault_delay(std::nan("")), nanoseconds(0));
+  const nanoseconds most = fault_delay(kMaxFaultSeconds);
+  EXPECT_EQ(most, std::chrono::seconds(int64_t(kMaxFaultSeconds)));
+  for (double big : {1e10, 1e300, std::numeric_limits<double>::infinity()})
+    EXPECT_EQ(fault_delay(big), most) << big;
 }
 
 class FakeAdmin : public FaultAdmin {

@@ -200,7 +200,9 @@ TEST(WireChecks, FaultOrdersAndReportsThatMakeNoSenseAreRefused) {
 
   FaultReport r = sample<FaultReport>("fault-report-refused");
   EXPECT_EQ(fault_report_problem(r), "");
-  r.outcome = FaultOutcome(3);
+  r.outcome = FaultOutcome::Withdrawn;
+  EXPECT_EQ(fault_report_problem(r), "");
+  r.outcome = FaultOutcome(4);
   EXPECT_TRUE(names(fault_report_problem(r), "outcome"));
   r.outcome = FaultOutcome::Applied;
   r.text.assign(kMaxFaultText + 1, 'x');
