@@ -329,7 +329,9 @@ TEST(GlooCommunicator, AbortFromAnotherThreadUnblocksAWaitingRank) {
   EXPECT_EQ(comm_error_message(errors[0]), "shard 1 died");
   EXPECT_FALSE(errors[1]);
   EXPECT_GE(abort_latency_s.load(), 0);
-  EXPECT_LT(abort_latency_s.load(), 0.5) << "abort took " << abort_latency_s.load() << " s";
+  // Far below the group's 30 s timeout: the abort, not the timeout, ended
+  // the wait (a generous bound: a loaded machine delays threads).
+  EXPECT_LT(abort_latency_s.load(), 5.0) << "abort took " << abort_latency_s.load() << " s";
   std::printf("abort -> CommError in the waiting rank: %.2f ms\n", abort_latency_s.load() * 1e3);
   EXPECT_TRUE(contains(later_on_rank1, "rank 0 (node-a) aborted: shard 1 died")) << later_on_rank1;
 }
