@@ -381,12 +381,12 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     const size_t n = size_t(T) * size_t(c.dim);
     if (!io.tp || io.tp->rank() == 0) {
       matmul(pool, in, T, ldx, m, out, c.dim);
-      if (io.tp) sum_in_piece_order(*io.tp, out, nullptr, 0, n);
+      if (io.tp) io.tp->sum_in_piece_order(out, nullptr, 0, n);
       return;
     }
     if (ws.pieces.size() < size_t(m.pieces()) * n) ws.pieces.resize(size_t(m.pieces()) * n);
     matmul(pool, in, T, ldx, m, ws.pieces.data(), c.dim, n);
-    sum_in_piece_order(*io.tp, out, ws.pieces.data(), m.pieces(), n);
+    io.tp->sum_in_piece_order(out, ws.pieces.data(), m.pieces(), n);
   };
 
   const int dim = c.dim, hd = c.head_dim;

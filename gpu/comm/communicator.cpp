@@ -81,18 +81,18 @@ std::vector<std::unique_ptr<Communicator>> join_at_once(
   return out;
 }
 
-void sum_in_piece_order(Communicator& comm, float* data, const float* pieces, int count, size_t n) {
-  const int rank = comm.rank(), size = comm.size();
-  if (size == 1) return;
-  if (rank > 0) {
-    comm.recv(data, n, rank - 1);
-    for (int p = 0; p < count; ++p) {
-      const float* piece = pieces + size_t(p) * n;
+void Communicator::sum_in_piece_order(float* data, const float* pieces, int count, size_t n) {
+  const int me = rank(), p = size();
+  if (p == 1) return;
+  if (me > 0) {
+    recv(data, n, me - 1);
+    for (int c = 0; c < count; ++c) {
+      const float* piece = pieces + size_t(c) * n;
       for (size_t i = 0; i < n; ++i) data[i] += piece[i];
     }
   }
-  if (rank + 1 < size) comm.send(data, n, rank + 1);
-  comm.broadcast(data, n, size - 1);
+  if (me + 1 < p) send(data, n, me + 1);
+  broadcast(data, n, p - 1);
 }
 
 }  // namespace troupe

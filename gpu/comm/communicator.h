@@ -87,6 +87,16 @@ class Communicator {
   // holding communicators of several kinds stops them all alike.
   virtual void abort(const std::string& reason) = 0;
 
+  // The in-order sum of every rank's pieces (ranks in order, each rank's
+  // pieces in order), on every rank: rank 0 passes the in-order sum of its own
+  // pieces in `data`; every other rank passes its `count` pieces of n floats
+  // (pieces + i * n) and gets the total in `data`. Unlike all_reduce_sum's,
+  // the result equals adding all the pieces one after the other on one
+  // device, whatever the number of ranks. Default: each rank adds its pieces
+  // onto the sum of the ranks before it (a chain of sends), and the last
+  // broadcasts.
+  virtual void sum_in_piece_order(float* data, const float* pieces, int count, size_t n);
+
   // Each rank passes its local best (value, global index); every rank gets the
   // group's best. Greedy sampling over a vocabulary split across ranks uses it
   // instead of gathering the logits. Default: an all_gather of the pairs.
@@ -105,15 +115,6 @@ class Communicator {
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> nanos_{0};
 };
-
-// The in-order sum of every rank's pieces (ranks in order, each rank's
-// pieces in order), on every rank: rank 0 passes the in-order sum of its own
-// pieces in `data`; every other rank passes its `count` pieces of n floats
-// (pieces + i * n) and gets the total in `data`. Each rank adds its pieces
-// onto the sum of the ranks before it (a chain of sends), and the last
-// broadcasts: unlike all_reduce_sum, the result equals summing all the
-// pieces one after the other on one device, whatever the number of ranks.
-void sum_in_piece_order(Communicator& comm, float* data, const float* pieces, int count, size_t n);
 
 // Runs make(rank) for every rank at once, each on its own thread, and
 // returns the communicators in the order of `ranks`: joining a group (a

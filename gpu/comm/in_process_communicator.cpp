@@ -70,7 +70,7 @@ inline bool reached(uint32_t counter, uint32_t target) {
   return int32_t(counter - target) >= 0;
 }
 
-enum class Op : uint8_t { kBarrier, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+enum class Op : uint8_t { kBarrier, kAllReduce, kAllGather, kReduceScatter, kBroadcast, kPieceSum };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -84,6 +84,8 @@ const char* op_name(Op op) {
       return "reduce_scatter_sum";
     case Op::kBroadcast:
       return "broadcast";
+    case Op::kPieceSum:
+      return "sum_in_piece_order";
   }
   return "?";
 }
@@ -96,6 +98,7 @@ struct Slot {
   int root = 0;
   const float* src = nullptr;
   float* dst = nullptr;
+  int blocks = 1;  // sum_in_piece_order: the n-float blocks at src
 };
 struct alignas(64) PaddedSlot {
   Slot s;
@@ -447,6 +450,42 @@ void InProcessCommunicator::all_reduce_sum(float* data, size_t n) {
     }
     g.leave_data_phase();
     g.round(rank_, nullptr, Op::kAllReduce);  // nobody returns while others still write
+  });
+}
+
+void InProcessCommunicator::sum_in_piece_order(float* data, const float* pieces, int count,
+                                               size_t n) {
+  const int p = size();
+  timed(2 * uint64_t(p - 1) * floats_bytes(n) / uint64_t(p), [&] {
+    auto& g = impl();
+    check_buffer(g, data, n, "sum_in_piece_order", rank_);
+    if (p == 1) return g.throw_if_aborted();
+    if (rank_ > 0 && (count < 0 || (count > 0 && !pieces)))
+      g.bad_argument("sum_in_piece_order: rank " + std::to_string(rank_) + " passed " +
+                     std::to_string(count) + " pieces at " + (pieces ? "a buffer" : "null"));
+    const Slot mine{Op::kPieceSum, n, 0, rank_ == 0 ? data : pieces, data, rank_ == 0 ? 1 : count};
+    const uint32_t parity = g.round(rank_, &mine, Op::kPieceSum);
+    g.check_same(parity);
+    // As all_reduce_sum: this rank sums one slice, rank 0's sum first, then
+    // every later rank's pieces in order, and writes it to every rank.
+    const size_t chunk =
+        ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+    const size_t lo = std::min(n, size_t(rank_) * chunk);
+    const size_t hi = std::min(n, lo + chunk);
+    g.enter_data_phase();
+    float acc[kBlock];
+    for (size_t off = lo; off < hi; off += kBlock) {
+      const size_t len = std::min(kBlock, hi - off);
+      std::memcpy(acc, g.slot(parity, 0).src + off, len * sizeof(float));
+      for (int r = 1; r < p; ++r) {
+        const Slot& s = g.slot(parity, r);
+        for (int b = 0; b < s.blocks; ++b) add_into(acc, s.src + size_t(b) * n + off, len);
+      }
+      for (int r = 0; r < p; ++r)
+        std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
+    }
+    g.leave_data_phase();
+    g.round(rank_, nullptr, Op::kPieceSum);  // nobody returns while others still write
   });
 }
 

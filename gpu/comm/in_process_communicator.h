@@ -64,6 +64,9 @@ class InProcessCommunicator : public Communicator {
   void all_gather(const float* send, size_t n_per_rank, float* recv) override;
   void reduce_scatter_sum(const float* send, size_t n_per_rank, float* recv) override;
   void broadcast(float* data, size_t n, int root) override;
+  // One pass like all_reduce_sum's (each rank sums a slice of every rank's
+  // pieces in order and writes it to all), not a chain of sends.
+  void sum_in_piece_order(float* data, const float* pieces, int count, size_t n) override;
   void send(const float* data, size_t n, int peer) override;
   void recv(float* data, size_t n, int peer) override;
   void barrier() override;

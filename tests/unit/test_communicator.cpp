@@ -73,6 +73,47 @@ TEST_P(CommunicatorRanks, AllReduceIsTheRankOrderSumBitForBitOnEveryRank) {
   }
 }
 
+// Rank 0 gives its own pieces' sum, every other rank its pieces apart; all
+// get the sum of every piece added one after the other, in rank and piece
+// order: in one pass (the in-process override) and by the chain of sends
+// every communicator inherits, bit for bit alike.
+TEST_P(CommunicatorRanks, SumInPieceOrderAddsEveryPieceInTurn) {
+  const int p = GetParam();
+  for (size_t n : {size_t(1), size_t(17), size_t(1000), size_t(5003)}) {
+    // Rank r holds r + 1 pieces (rank 0's already summed), of very different
+    // sizes, so that another order would round differently.
+    std::vector<std::vector<float>> pieces(static_cast<size_t>(p));
+    for (int r = 0; r < p; ++r)
+      for (int c = 0; c <= r; ++c) {
+        auto d = rank_data(r * 10 + c, n, n);
+        for (auto& v : d) v *= c % 2 ? 1e-3f : 1e3f;
+        pieces[size_t(r)].insert(pieces[size_t(r)].end(), d.begin(), d.end());
+      }
+    std::vector<float> first(pieces[0].begin(), pieces[0].begin() + long(n));
+    std::vector<float> expected = first;
+    for (int r = 1; r < p; ++r)
+      for (int c = 0; c <= r; ++c)
+        for (size_t i = 0; i < n; ++i) expected[i] += pieces[size_t(r)][size_t(c) * n + i];
+    for (bool chain : {false, true}) {
+      auto comms = make_in_process_group(p, bounded());
+      std::vector<std::vector<float>> out(static_cast<size_t>(p), std::vector<float>(n, -1.f));
+      out[0] = first;
+      expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+        const size_t r = size_t(c.rank());
+        const float* mine = r == 0 ? nullptr : pieces[r].data();
+        const int count = r == 0 ? 0 : int(r) + 1;
+        if (chain)
+          c.Communicator::sum_in_piece_order(out[r].data(), mine, count, n);
+        else
+          c.sum_in_piece_order(out[r].data(), mine, count, n);
+      }));
+      for (int r = 0; r < p; ++r)
+        EXPECT_TRUE(same_bits(out[size_t(r)], expected))
+            << "P=" << p << " n=" << n << " rank " << r << (chain ? " (chain)" : "");
+    }
+  }
+}
+
 TEST_P(CommunicatorRanks, AllGatherIsRankMajorAlsoInPlace) {
   const int p = GetParam();
   const size_t n = 37;
