@@ -28,11 +28,14 @@ inline typename V::vec load_w(const void* base, size_t index) {
 // sk = rows). The chains start from zero, or with `from` (row stride ldf)
 // continue from exact f32 partial sums of earlier k blocks, so that blocked
 // chains equal one unblocked chain. The result is stored to y, or with `add`
-// added to what y holds (the next piece of a sum over pieces).
+// added to what y holds (the next piece of a sum over pieces). `cuts` (n_cuts
+// positions inside (k0, k1)) start new pieces within the call: each piece's
+// chain starts from zero and is added to the sum of those before it in
+// registers, as a call per piece adding into y would.
 template <class V, DType WT, int R, int NP>
 void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
                   const float* from, int ldf, float* y, int ldy, int valid_cols, bool add,
-                  bool prefetch) {
+                  bool prefetch, const int* cuts = nullptr, int n_cuts = 0) {
   constexpr int VPP = kPanel / V::kLanes;  // vectors per panel
   constexpr int NV = NP * VPP;
   constexpr int width = NP * kPanel;
@@ -63,35 +66,57 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
     load_tile(from, ldf, acc);
   }
   const size_t panel_stride = size_t(K) * kPanel;
-  for (int k = k0; k < k1; ++k) {
-    typename V::vec w[NV];
+  typename V::vec sum[R][NV];  // the pieces before the current one
 #pragma GCC unroll 16
-    for (int p = 0; p < NP; ++p)
+  for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
-      for (int v = 0; v < VPP; ++v)
-        w[p * VPP + v] = load_w<V, WT>(
-            panels, size_t(p) * panel_stride + size_t(k) * kPanel + size_t(v) * V::kLanes);
-    if constexpr (kPrefetchBytes > 0) {
-      // The first pass over a block of weights streams it from DRAM: run
-      // ahead of the hardware prefetcher, which tracks only a few streams
-      // per page and falls behind at decode batch sizes. Later row blocks
-      // find the block in L1 and skip this.
-      constexpr size_t esz = WT == DType::F32 ? 4 : 2;
-      if (prefetch && (size_t(k) * kPanel * esz) % 64 == 0)
+    for (int j = 0; j < NV; ++j) sum[m][j] = V::zero();
+  for (int seg = 0; seg <= n_cuts; ++seg) {
+    const int kb = seg == 0 ? k0 : cuts[seg - 1], ke = seg == n_cuts ? k1 : cuts[seg];
+    if (seg > 0) {
 #pragma GCC unroll 16
-        for (int p = 0; p < NP; ++p)
-          _mm_prefetch(static_cast<const char*>(panels) +
-                           (size_t(p) * panel_stride + size_t(k) * kPanel) * esz + kPrefetchBytes,
-                       _MM_HINT_T0);
+      for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) {
+          sum[m][j] = seg == 1 ? acc[m][j] : V::add(sum[m][j], acc[m][j]);
+          acc[m][j] = V::zero();
+        }
     }
-    const float* xk = x + size_t(k) * sk;
+    for (int k = kb; k < ke; ++k) {
+      typename V::vec w[NV];
 #pragma GCC unroll 16
-    for (int m = 0; m < R; ++m) {
-      const typename V::vec xb = V::set1(xk[size_t(m) * sm]);
+      for (int p = 0; p < NP; ++p)
 #pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) acc[m][j] = V::fma(xb, w[j], acc[m][j]);
+        for (int v = 0; v < VPP; ++v)
+          w[p * VPP + v] = load_w<V, WT>(
+              panels, size_t(p) * panel_stride + size_t(k) * kPanel + size_t(v) * V::kLanes);
+      if constexpr (kPrefetchBytes > 0) {
+        // The first pass over a block of weights streams it from DRAM: run
+        // ahead of the hardware prefetcher, which tracks only a few streams
+        // per page and falls behind at decode batch sizes. Later row blocks
+        // find the block in L1 and skip this.
+        constexpr size_t esz = WT == DType::F32 ? 4 : 2;
+        if (prefetch && (size_t(k) * kPanel * esz) % 64 == 0)
+#pragma GCC unroll 16
+          for (int p = 0; p < NP; ++p)
+            _mm_prefetch(static_cast<const char*>(panels) +
+                             (size_t(p) * panel_stride + size_t(k) * kPanel) * esz + kPrefetchBytes,
+                         _MM_HINT_T0);
+      }
+      const float* xk = x + size_t(k) * sk;
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m) {
+        const typename V::vec xb = V::set1(xk[size_t(m) * sm]);
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) acc[m][j] = V::fma(xb, w[j], acc[m][j]);
+      }
     }
   }
+  if (n_cuts > 0)
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[m][j] = V::add(sum[m][j], acc[m][j]);
   if (add) {
     typename V::vec prev[R][NV];
     load_tile(y, ldy, prev);
@@ -118,14 +143,14 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
 template <class V, DType WT, int R, int NP>
 void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* panels, int K, int k0,
                  int k1, const float* from, int ldf, float* y, int ldy, int valid_cols, bool add,
-                 bool prefetch) {
+                 bool prefetch, const int* cuts = nullptr, int n_cuts = 0) {
   if constexpr (R > 0) {
     if (rows == R)
       micro_kernel<V, WT, R, NP>(x, sm, sk, panels, K, k0, k1, from, ldf, y, ldy, valid_cols, add,
-                                 prefetch);
+                                 prefetch, cuts, n_cuts);
     else
       rows_kernel<V, WT, R - 1, NP>(rows, x, sm, sk, panels, K, k0, k1, from, ldf, y, ldy,
-                                    valid_cols, add, prefetch);
+                                    valid_cols, add, prefetch, cuts, n_cuts);
   }
 }
 
@@ -202,6 +227,10 @@ float* widen_buffer() {
 // it saves (measured with bench_kernels: the break-even is near 4 blocks).
 constexpr int kWidenRowBlocks = 4;
 
+// Up to this many rows a kernel keeps a sum over pieces in registers next to
+// the accumulators (twice the registers); more would spill.
+constexpr int kPiecesInRegisters = 3;
+
 // Where the pieces of a product go (see PanelsRef::piece_k): with stride 0
 // their chains are summed into y in piece order, else piece p's chain is
 // stored at y + p * stride. A piece's chain that spans several k blocks
@@ -250,6 +279,12 @@ void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const Pan
   const int pieces = w.pieces > 0 ? w.pieces : 1;
   o.y += size_t(pg) * kPanel;
   if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
+    if (pieces > 1 && o.stride == 0 && M <= kPiecesInRegisters) {
+      // The pieces' sum in registers: one call, however small the pieces.
+      rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, nullptr, 0, o.y, o.ldy,
+                                 valid, false, true, w.piece_k + 1, pieces - 1);
+      return;
+    }
     for (int p = 0; p < pieces; ++p) {
       const int k0 = piece_begin(w, p), k1 = piece_end(w, p);
       rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, k0, k1, nullptr, 0, o.out(p),

@@ -140,7 +140,8 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
   // directly), several, and enough for 16-bit weights to be widened.
   const int N = 70, K = 700;
   const std::vector<int> bounds{0, 40, 300, 310, 700};
-  for (int M : {1, 9, 40}) {
+  // (pieces summed in registers up to 3 rows, piece by piece beyond).
+  for (int M : {1, 3, 5, 9, 40}) {
     const auto x = random_vec(size_t(M) * K, 21);
     const auto w = random_vec(size_t(N) * K, 22);
     for (DType dt : {DType::F32, DType::BF16}) {
