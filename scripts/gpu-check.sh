@@ -4,7 +4,9 @@
 # serving integration tests with every test server on `kind: cuda`, and ends
 # with a table of figures against the bounds. Says clearly when it finds no
 # GPU (exit 2). A few minutes on an H200; each section has a time limit,
-# 570 s in all at worst, so one 10-minute slot always reaches the summary.
+# 300 s in all at worst (tests 120, bench_cuda 75, troupe bench 45, serving
+# 60), so that with a machine's start one run fits well inside a 15-minute
+# device budget and leaves room to run it again.
 #
 # Serving on CUDA needs troupe built with -DTROUPE_SERVE_CUDA=ON:
 #   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTROUPE_SERVE_CUDA=ON
@@ -146,7 +148,9 @@ if [ -n "$FROM" ]; then
   LIBS="$(cd "$FROM/lib" && pwd)$LIBS"
   echo "binaries from the bundle $FROM"
 elif [ -x "$BUILD/tests/gpu_tests" ] && [ -x "$BUILD/gpu/cuda/bench_cuda" ]; then
-  BIN="$OUT_DIR/.bin" && mkdir -p "$BIN"
+  # Not under OUT_DIR: whatever lands there may be fetched back (a few
+  # files of limited size), and the results must not be crowded out.
+  BIN="$(mktemp -d)/bin" && mkdir -p "$BIN"
   cp "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda" "$BIN/"
   [ -x "$BUILD/troupe" ] && [ -x "$BUILD/tests/integration_tests" ] &&
     cp "$BUILD/troupe" "$BUILD/tests/integration_tests" "$BIN/"
@@ -212,18 +216,18 @@ case "$AVAIL" in
 esac
 
 say "GPU tests"
-timeout 150 "$BIN/gpu_tests" --gtest_output="xml:$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" |
+timeout -k 10 120 "$BIN/gpu_tests" --gtest_output="xml:$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" |
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|batch invariance|NCCL at run time|^\[  PASSED|^\[==' 
 TESTS_RC=${PIPESTATUS[0]}
 
 say "benchmark"
-timeout 120 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
+timeout -k 10 75 "$BIN/bench_cuda" $QUICK 2>&1 | tee "$OUT_DIR/bench.txt"
 BENCH_RC=${PIPESTATUS[0]}
 
 say "troupe bench on kind: cuda (the 1b preset, TinyLlama's shape, bf16)"
 TROUPE_BENCH_RC=skipped
 if [ -n "$SERVING" ]; then
-  timeout 120 "$BIN/troupe" bench --preset 1b --dtype bf16 --batch 1,8,32,128 --prompt-len 512 \
+  timeout -k 10 45 "$BIN/troupe" bench --preset 1b --dtype bf16 --batch 1,8,32,128 --prompt-len 512 \
     --decode-tokens 32 --set 'devices=[{kind: cuda, index: 0, threads: 2}]' 2>&1 |
     tee "$OUT_DIR/troupe_bench_1b.txt" | grep -v '^\[' 
   TROUPE_BENCH_RC=${PIPESTATUS[0]}
@@ -237,7 +241,7 @@ if [ -n "$SERVING" ]; then
   # The serving integration tests as they run in CI, with every test server
   # on the GPU; their reference answers still come from the CPU.
   TROUPE_BINARY="$BIN/troupe" TROUPE_TEST_SERVE_SET='devices=[{kind: cuda, index: 0, threads: 2}]' \
-    timeout 180 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*:ServeLayouts.*' \
+    timeout -k 10 60 "$BIN/integration_tests" --gtest_filter='Serve.*:ServeDevices.*:ServeLayouts.*' \
     --gtest_output="xml:$OUT_DIR/serve_cuda.xml" 2>&1 | tee "$OUT_DIR/serve_cuda.log" |
     grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[=='
   SERVE_RC=${PIPESTATUS[0]}
