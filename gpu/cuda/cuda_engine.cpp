@@ -140,10 +140,19 @@ std::vector<RowSampling> CudaEngine::draw_coins(Pending& p) {
 
 cudaGraphExec_t CudaEngine::graph_for(int n) {
   if (auto it = graphs_.find(n); it != graphs_.end()) return it->second;
+  const ForwardShape shape = fwd_->graph_shape(n);
+  // The first step of this size runs once eagerly before the capture, on
+  // its metadata (already queued): that makes the cuBLASLt plans of these
+  // row counts (heuristic queries stay out of the capture) and loads every
+  // kernel it launches (CUDA loads modules lazily, at first launch, and a
+  // module load is not allowed while a stream captures). Running it twice
+  // is harmless: the same KV slots get the same values, and the ids and
+  // flags are written again by the graph.
+  fwd_->forward(shape, true);
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin graph capture");
   cudaGraph_t graph = nullptr;
   try {
-    fwd_->forward(fwd_->graph_shape(n), true);
+    fwd_->forward(shape, true);
   } catch (...) {
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
@@ -184,25 +193,32 @@ uint64_t CudaEngine::launch(std::vector<StepItem> items, std::function<void()> o
     return ticket;
   }
   const PackedStep& pk = p.packed;
-  check(cudaMemcpyAsync(fwd_->metadata(), meta_host_, fwd_->layout().bytes, cudaMemcpyHostToDevice,
-                        stream_),
-        "copy step metadata");
-  check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-  if (p.graph_items > 0) {
-    check(cudaGraphLaunch(graph_for(p.graph_items), stream_), "cudaGraphLaunch");
-  } else {
-    fwd_->forward(fwd_->eager_shape(pk), true);
+  try {
+    check(cudaMemcpyAsync(fwd_->metadata(), meta_host_, fwd_->layout().bytes,
+                          cudaMemcpyHostToDevice, stream_),
+          "copy step metadata");
+    check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    if (p.graph_items > 0) {
+      check(cudaGraphLaunch(graph_for(p.graph_items), stream_), "cudaGraphLaunch");
+    } else {
+      fwd_->forward(fwd_->eager_shape(pk), true);
+    }
+    const size_t rows = pk.row_item.size();
+    if (rows > 0) {
+      check(cudaMemcpyAsync(ids_host_, fwd_->sampled(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                            stream_),
+            "copy sampled ids");
+      check(cudaMemcpyAsync(flags_host_, fwd_->flags(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                            stream_),
+            "copy sample flags");
+    }
+    check(cudaEventRecord(done_, stream_), "cudaEventRecord");
+  } catch (...) {
+    // No step is pending now, so the next launch writes the pinned buffers
+    // at once: the copies queued from them must be over first.
+    cudaStreamSynchronize(stream_);
+    throw;
   }
-  const size_t rows = pk.row_item.size();
-  if (rows > 0) {
-    check(cudaMemcpyAsync(ids_host_, fwd_->sampled(), rows * sizeof(int), cudaMemcpyDeviceToHost,
-                          stream_),
-          "copy sampled ids");
-    check(cudaMemcpyAsync(flags_host_, fwd_->flags(), rows * sizeof(int), cudaMemcpyDeviceToHost,
-                          stream_),
-          "copy sample flags");
-  }
-  check(cudaEventRecord(done_, stream_), "cudaEventRecord");
   if (on_done) {
     // Runs on a CUDA callback thread once the step is over: it must not
     // call into CUDA (nor into this engine, which does).
