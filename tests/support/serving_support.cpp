@@ -18,10 +18,29 @@ namespace troupe::test {
 
 namespace {
 
+// The same tests on other devices: $TROUPE_TEST_SERVE_SET's KEY=VALUE
+// overrides (separated by ';') as --set arguments (the GPU check serves on
+// kind cuda, and takes its reference answers from the same device).
+std::vector<std::string> env_sets() {
+  std::vector<std::string> args;
+  const char* extra = std::getenv("TROUPE_TEST_SERVE_SET");
+  std::string rest = extra ? extra : "";
+  while (!rest.empty()) {
+    const size_t end = rest.find(';');
+    const std::string one = rest.substr(0, end);
+    if (!one.empty()) {
+      args.push_back("--set");
+      args.push_back(one);
+    }
+    rest = end == std::string::npos ? "" : rest.substr(end + 1);
+  }
+  return args;
+}
+
 // `troupe serve` on configs/default.yaml and the bundled model, port chosen
 // by the server, with `sets` as --set overrides (then, for a server meant to
 // serve, those of $TROUPE_TEST_SERVE_SET).
-std::vector<std::string> serve_argv(const std::vector<std::string>& sets, bool env_sets) {
+std::vector<std::string> serve_argv(const std::vector<std::string>& sets, bool with_env_sets) {
   std::vector<std::string> argv{
       troupe_binary(), "serve",
       "--config",      (source_dir() / "configs" / "default.yaml").string(),
@@ -31,19 +50,9 @@ std::vector<std::string> serve_argv(const std::vector<std::string>& sets, bool e
     argv.push_back("--set");
     argv.push_back(s);
   }
-  // The same tests on other devices (the GPU check serves on kind cuda).
-  const char* extra = env_sets ? std::getenv("TROUPE_TEST_SERVE_SET") : nullptr;
-  if (extra) {
-    std::string rest = extra;
-    while (!rest.empty()) {
-      const size_t end = rest.find(';');
-      const std::string one = rest.substr(0, end);
-      if (!one.empty()) {
-        argv.push_back("--set");
-        argv.push_back(one);
-      }
-      rest = end == std::string::npos ? "" : rest.substr(end + 1);
-    }
+  if (with_env_sets) {
+    const std::vector<std::string> extra = env_sets();
+    argv.insert(argv.end(), extra.begin(), extra.end());
   }
   return argv;
 }
@@ -114,6 +123,8 @@ std::string generate_text(const std::string& prompt, int max_tokens,
       troupe_binary(), "generate", "--model",      model_path("fortune").string(),
       "--prompt",      prompt,     "--max-tokens", std::to_string(max_tokens)};
   args.insert(args.end(), sampling.begin(), sampling.end());
+  const std::vector<std::string> extra = env_sets();
+  args.insert(args.end(), extra.begin(), extra.end());
   auto r = run_command(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return r.out.substr(0, r.out.size() - 1);  // generate adds a newline

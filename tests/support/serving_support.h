@@ -50,7 +50,8 @@ std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
                                          std::vector<std::string> sets = {});
 
 // `troupe generate`'s text of the bundled model: greedy, or as `sampling`
-// (its flags, e.g. {"--temperature", "0.8", "--seed", "15"}) says.
+// (its flags, e.g. {"--temperature", "0.8", "--seed", "15"}) says; on the
+// device that $TROUPE_TEST_SERVE_SET gives the test servers, if it does.
 std::string generate_text(const std::string& prompt, int max_tokens,
                           const std::vector<std::string>& sampling = {"--temperature", "0"});
 
