@@ -61,6 +61,7 @@ class CudaEngine final : public StepEngine {
   void release_host();
   void use_device() const { fwd_->use_device(); }
   std::vector<RowSampling> draw_coins(Pending& p);
+  void capture_graphs();
   cudaGraphExec_t graph_for(int padded_items);
   void settle();
 
@@ -97,9 +98,35 @@ CudaEngine::CudaEngine(const Checkpoint& ckpt, DType dtype, CudaEngineOptions o)
     release_host();
     throw;
   }
-  if (o.graphs) graph_sizes_ = graph_batch_sizes(layout.capacity.items);
-  spdlog::info("{}: graphs {}, {}", fwd_->name(), o.graphs ? "on" : "off",
-               o.deterministic ? "deterministic" : "fast");
+  if (o.graphs) {
+    graph_sizes_ = graph_batch_sizes(layout.capacity.items);
+    try {
+      capture_graphs();
+    } catch (...) {
+      release_host();
+      throw;
+    }
+  }
+  spdlog::info("{}: graphs {} ({} captured), {}", fwd_->name(), o.graphs ? "on" : "off",
+               graphs_.size(), o.deterministic ? "deterministic" : "fast");
+}
+
+// Every decode graph is captured before the first step, over a step of
+// padding items only (no KV slot written, nothing sampled): capturing and
+// instantiating allocate device and host memory, which a step must not.
+void CudaEngine::capture_graphs() {
+  use_device();
+  const StepLayout& layout = fwd_->layout();
+  for (int n : graph_sizes_) {
+    pack_step({}, {}, options_.block_tokens, layout, n,
+              std::span<std::byte>(meta_host_, layout.bytes));
+    check(cudaMemcpyAsync(fwd_->metadata(), meta_host_, layout.bytes, cudaMemcpyHostToDevice,
+                          stream_),
+          "copy step metadata");
+    graph_for(n);
+    // The next size packs into the same pinned buffer.
+    check(cudaStreamSynchronize(stream_), "capture decode graphs");
+  }
 }
 
 CudaEngine::~CudaEngine() {
@@ -141,13 +168,13 @@ std::vector<RowSampling> CudaEngine::draw_coins(Pending& p) {
 cudaGraphExec_t CudaEngine::graph_for(int n) {
   if (auto it = graphs_.find(n); it != graphs_.end()) return it->second;
   const ForwardShape shape = fwd_->graph_shape(n);
-  // The first step of this size runs once eagerly before the capture, on
-  // its metadata (already queued): that makes the cuBLASLt plans of these
-  // row counts (heuristic queries stay out of the capture) and loads every
-  // kernel it launches (CUDA loads modules lazily, at first launch, and a
-  // module load is not allowed while a stream captures). Running it twice
-  // is harmless: the same KV slots get the same values, and the ids and
-  // flags are written again by the graph.
+  // The step runs once eagerly before the capture, on its metadata
+  // (already queued): that makes the cuBLASLt plans of these row counts
+  // (heuristic queries stay out of the capture) and loads every kernel it
+  // launches (CUDA loads modules lazily, at first launch, and a module load
+  // is not allowed while a stream captures). Running it twice is harmless:
+  // the same KV slots get the same values, and the ids and flags are
+  // written again by the graph.
   fwd_->forward(shape, true);
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin graph capture");
   cudaGraph_t graph = nullptr;
