@@ -94,6 +94,7 @@ void run_serve(const ServeOptions& so) {
   ho.max_body_bytes = size_t(cfg.server.max_body_bytes);
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
+  ho.chat_template = cfg.server.chat_template;
   if (cfg.admin.faults) {
     ho.faults = &runtime;
     ho.admin_token = cfg.admin.token;

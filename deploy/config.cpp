@@ -94,7 +94,9 @@ const Fields<Config>& config_fields() {
         .add("request_timeout_s", &ServerSection::request_timeout_s, schema::seconds(true))
         .add("max_tokens_limit", &ServerSection::max_tokens_limit, schema::positive_int())
         .add("io_threads", &ServerSection::io_threads, schema::positive_int())
-        .add("shutdown_grace_s", &ServerSection::shutdown_grace_s, schema::number_in(0, 3600));
+        .add("shutdown_grace_s", &ServerSection::shutdown_grace_s, schema::number_in(0, 3600))
+        .add("chat_template", &ServerSection::chat_template,
+             schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}));
 
     Fields<ParallelLayout> parallel;
     parallel.flow()

@@ -19,6 +19,7 @@
 #include "gpu/dtype.h"
 #include "gpu/model_config.h"
 #include "scheduler/admission_queue.h"
+#include "service/chat_template.h"
 
 namespace troupe {
 
@@ -43,6 +44,8 @@ struct ServerSection {
   // this long to finish, then end with 503 (a stream: an error event and
   // [DONE]). 0: end them at once.
   double shutdown_grace_s = 5;
+  // How /v1/chat/completions renders messages into a prompt (plain, llama2).
+  ChatTemplate chat_template = ChatTemplate::Plain;
   bool operator==(const ServerSection&) const = default;
 };
 

@@ -66,8 +66,8 @@ ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {
   }
   // Without a tokenizer every token is news (its id); with one, only text is.
   if (out.empty() && has_tokenizer_) return {};
-  std::string chunk =
-      openai::sse_text_chunk(meta_, out, std::nullopt, params_.include_usage, ids_to_send());
+  std::string chunk = opening() + openai::sse_text_chunk(meta_, out, std::nullopt,
+                                                         params_.include_usage, ids_to_send());
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
 }
@@ -108,8 +108,8 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   const openai::Usage usage{prompt_tokens_, completion_tokens_};
   ExchangeStep step;
   if (params_.stream) {
-    std::string events =
-        openai::sse_text_chunk(meta_, tail, reason, params_.include_usage, ids_to_send());
+    std::string events = opening() + openai::sse_finish_chunks(
+                                         meta_, tail, reason, params_.include_usage, ids_to_send());
     if (params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
     events += openai::sse_done();
     step = stream(std::move(events), /*last=*/true);
@@ -134,6 +134,12 @@ ExchangeStep CompletionExchange::finish_error(const openai::ApiError& error) {
   state_ = State::Finished;
   step.finished = figures(error.status, std::nullopt);
   return step;
+}
+
+std::string CompletionExchange::opening() {
+  if (meta_.api != openai::Api::Chat || opened_) return {};
+  opened_ = true;
+  return openai::sse_role_chunk(meta_, params_.include_usage);
 }
 
 // The stream's header goes out with its first events, not at submission, so

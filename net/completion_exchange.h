@@ -1,5 +1,5 @@
 #pragma once
-// One POST /v1/completions exchange, from the service's events to what the
+// One POST /v1/completions or /v1/chat/completions exchange, from the service's events to what the
 // client gets, as a pure unit: no sockets, no clock reads, no registry. The
 // session feeds it the service's events with the time each arrived and does
 // what the returned steps say: send these bytes, stop the generation, count
@@ -74,6 +74,8 @@ class CompletionExchange {
   ExchangeStep finish_ok(FinishReason reason, const std::string& tail, Clock::time_point end);
   ExchangeStep finish_error(const openai::ApiError& error);
   ExchangeStep stream(std::string events, bool last);
+  // A chat stream's role chunk before its first text, once; else "".
+  std::string opening();
   ExchangeFigures figures(int status, std::optional<Clock::time_point> end) const;
   std::string decode(int token_id);
   std::string decode_tail();
@@ -93,6 +95,7 @@ class CompletionExchange {
   // Waiting: nothing sent yet, so an error still gets its own status.
   enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
   bool warned_overflow_ = false;  // logged once per request
+  bool opened_ = false;           // a chat stream's role chunk went out
 };
 
 // The service's request for validated parameters and the prompt's ids; the

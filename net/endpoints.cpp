@@ -12,11 +12,19 @@ struct Route {
   std::string_view method;
   Endpoint endpoint;
   bool admin = false;
+  bool prefix = false;  // the path and at least one more character
+
+  bool matches(std::string_view p) const {
+    if (!prefix) return p == path;
+    return p.size() > path.size() && p.substr(0, path.size()) == path;
+  }
 };
 
 constexpr std::array kRoutes = {
     Route{kCompletionsPath, "POST", Endpoint::Completions},
+    Route{kChatCompletionsPath, "POST", Endpoint::ChatCompletions},
     Route{"/v1/models", "GET", Endpoint::Models},
+    Route{kModelPathPrefix, "GET", Endpoint::Model, false, true},
     Route{"/health", "GET", Endpoint::Health},
     Route{"/ready", "GET", Endpoint::Ready},
     Route{"/metrics", "GET", Endpoint::Metrics},
@@ -35,7 +43,7 @@ std::variant<Endpoint, Response> route(std::string_view method, std::string_view
   const std::string_view path = path_of(target);
   std::string allow;
   for (const Route& r : kRoutes) {
-    if (r.path != path || (r.admin && !admin)) continue;
+    if (!r.matches(path) || (r.admin && !admin)) continue;
     if (r.method == method) return r.endpoint;
     if (!allow.empty()) allow += ", ";
     allow += r.method;

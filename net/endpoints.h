@@ -9,17 +9,29 @@
 
 namespace troupe {
 
-enum class Endpoint { Completions, Models, Health, Ready, Metrics, Faults };
+// Model: GET /v1/models/{id}, one model (its id is what follows the prefix).
+enum class Endpoint { Completions, ChatCompletions, Models, Model, Health, Ready, Metrics, Faults };
 
 inline constexpr std::string_view kCompletionsPath = "/v1/completions";
+inline constexpr std::string_view kChatCompletionsPath = "/v1/chat/completions";
+inline constexpr std::string_view kModelPathPrefix = "/v1/models/";
+
+// The endpoints that generate: counted in the request metrics, refused while
+// the server shuts down.
+inline bool generates(Endpoint e) {
+  return e == Endpoint::Completions || e == Endpoint::ChatCompletions;
+}
+inline bool generates_path(std::string_view path) {
+  return path == kCompletionsPath || path == kChatCompletionsPath;
+}
 
 // The target without its query string.
 std::string_view path_of(std::string_view target);
 
 // The endpoint for `method` on `target`, or the error response to send: 404
-// for an unknown path, 405 with Allow (the methods the path takes) for a
-// known path asked with another method. The admin paths exist only with
-// `admin` (the configuration turned them on).
+// for an unknown path (paths match exactly, but for kModelPathPrefix and an id), 405 with Allow
+// (the methods the path takes) for a known path asked with another method. The admin paths exist
+// only with `admin` (the configuration turned them on).
 std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
                                        bool admin = false);
 

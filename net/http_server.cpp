@@ -108,8 +108,9 @@ struct HttpServer::Impl {
   void add_session(Session* s, std::weak_ptr<Session> w);
   void remove_session(Session* s);
   size_t session_count();
-  // The endpoints that answer at once (all but completions).
+  // The endpoints that answer at once (all but completions, and one model).
   Response answer(Endpoint endpoint);
+  Response answer_model(std::string_view id);
 
   Options opt;
   CompletionService& service;
@@ -141,8 +142,8 @@ struct HttpServer::Impl {
 namespace {
 
 // One connection: reads requests, routes them, runs a completion exchange
-// for POST /v1/completions, and writes the responses in order. Everything
-// runs on the connection's strand.
+// for POST /v1/completions and /v1/chat/completions, and writes the responses
+// in order. Everything runs on the connection's strand.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl& server)
@@ -301,7 +302,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                   std::to_string(server_.opt.max_body_bytes) + " bytes.",
                               {}, "request_too_large");
       e.status = 413;
-      if (parser_ && path_of(sv(parser_->get().target())) == kCompletionsPath)
+      if (parser_ && generates_path(path_of(sv(parser_->get().target()))))
         server_.metrics.request_finished(413);
       return respond(error_response(e));
     }
@@ -322,19 +323,26 @@ class Session : public std::enable_shared_from_this<Session> {
     if (server_.draining) {
       // Shutting down: no new work, and the connection does not stay.
       reply_.keep_alive = false;
-      if (endpoint == Endpoint::Completions)
+      if (generates(endpoint))
         return reject(unavailable("The server is shutting down; retry on another instance."));
     }
-    if (endpoint == Endpoint::Completions) return start_completion();
+    if (endpoint == Endpoint::Completions) return start_completion(openai::Api::Completions);
+    if (endpoint == Endpoint::ChatCompletions) return start_completion(openai::Api::Chat);
     if (endpoint == Endpoint::Faults)
       return respond(answer_faults(*o.faults, o.admin_token, sv(req_.method_string()),
                                    sv(req_[http::field::authorization]), req_.body()));
+    if (endpoint == Endpoint::Model)
+      return respond(
+          server_.answer_model(path_of(sv(req_.target())).substr(kModelPathPrefix.size())));
     respond(server_.answer(endpoint));
   }
 
-  void start_completion() {
+  // Both endpoints from here on: one path to the service, one exchange.
+  void start_completion(openai::Api api) {
     const openai::ModelLimits& limits = server_.model;
-    auto parsed = openai::parse_completion_request(req_.body(), limits);
+    auto parsed = api == openai::Api::Chat
+                      ? openai::parse_chat_request(req_.body(), limits, server_.opt.chat_template)
+                      : openai::parse_completion_request(req_.body(), limits);
     if (auto* e = std::get_if<openai::ApiError>(&parsed)) return reject(*e);
     auto& params = std::get<openai::CompletionParams>(parsed);
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
@@ -351,7 +359,8 @@ class Session : public std::enable_shared_from_this<Session> {
     CompletionRequest request =
         service_request(id, params, std::move(ids), seed, server_.opt.request_timeout_s);
     const int prompt_tokens = int(request.prompt.size());
-    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id), unix_now(), limits.name};
+    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
+                              limits.name, api};
     active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now());
     phase_ = Phase::Answering;
     begin_flight();
@@ -632,9 +641,19 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
       r.body = metrics.render();
       break;
     case Endpoint::Completions:
+    case Endpoint::ChatCompletions:
+    case Endpoint::Model:
     case Endpoint::Faults:
       throw std::logic_error("answered elsewhere");
   }
+  return r;
+}
+
+Response HttpServer::Impl::answer_model(std::string_view id) {
+  auto found = openai::model_response(id, model, created);
+  if (auto* e = std::get_if<openai::ApiError>(&found)) return error_response(*e);
+  Response r;
+  r.body = openai::dump(std::get<nlohmann::json>(found));
   return r;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The OpenAI-compatible HTTP/1.1 server (Boost.Beast) in front of a
-// CompletionService: POST /v1/completions (JSON or server-sent events),
+// CompletionService: POST /v1/completions and POST /v1/chat/completions (JSON
+// or server-sent events),
 // GET /v1/models, /health, /ready and /metrics; with the admin endpoints
 // turned on, POST and GET /admin/faults.
 //
@@ -16,6 +17,7 @@
 #include "metrics/metrics.h"
 #include "net/fault_admin.h"
 #include "net/openai_api.h"
+#include "service/chat_template.h"
 #include "service/completion_service.h"
 #include "text/tokenizer.h"
 
@@ -37,6 +39,8 @@ class HttpServer {
     // A client that stops reading its response is dropped after this.
     double write_timeout_s = 30;
     int io_threads = 1;
+    // How /v1/chat/completions renders messages into a prompt.
+    ChatTemplate chat_template = ChatTemplate::Plain;
     size_t max_connections = 1024;  // beyond: 503 and close
     // POST/GET /admin/faults: served only with both set, and only to
     // requests that carry "Authorization: Bearer <admin_token>".

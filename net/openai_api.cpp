@@ -1,5 +1,6 @@
 #include "net/openai_api.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,15 @@ struct Invalid {
   throw Invalid{bad_request(std::move(message), std::move(param), std::move(code))};
 }
 
+// A model this server does not serve: 404, as OpenAI answers it.
+ApiError model_not_found(std::string_view id) {
+  ApiError e = bad_request("The model `" + std::string(id) + "` does not exist.", "model",
+                           "model_not_found");
+  e.status = 404;
+  return e;
+}
+
+// Called qualified: for a std::string argument, ADL would pick std::quoted.
 std::string quoted(std::string_view name) {
   // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "`" + std::string.
   std::string s = "`";
@@ -33,8 +43,9 @@ std::string quoted(std::string_view name) {
 }
 
 [[noreturn]] void wrong_type(std::string_view name, std::string_view expected, const json& got) {
-  fail(quoted(name) + " must be " + std::string(expected) + ", got " + got.type_name() + ".",
-       std::string(name));
+  fail(
+      openai::quoted(name) + " must be " + std::string(expected) + ", got " + got.type_name() + ".",
+      std::string(name));
 }
 
 // The field, or nullptr when absent or null (null means "the default").
@@ -82,7 +93,8 @@ int64_t get_int(const json& v, std::string_view name) {
 int get_int32(const json& v, std::string_view name) {
   int64_t out = get_int(v, name);
   if (out < std::numeric_limits<int>::min() || out > std::numeric_limits<int>::max())
-    fail(quoted(name) + " is out of range, got " + std::to_string(out) + ".", std::string(name));
+    fail(openai::quoted(name) + " is out of range, got " + std::to_string(out) + ".",
+         std::string(name));
   return int(out);
 }
 
@@ -102,9 +114,30 @@ const std::string& get_string(const json& v, std::string_view name) {
 }
 
 [[noreturn]] void unsupported(std::string_view name, std::string_view detail = {}) {
-  fail(quoted(name) + " is not supported by this server" +
+  fail(openai::quoted(name) + " is not supported by this server" +
            (detail.empty() ? std::string(".") : "; " + std::string(detail) + "."),
        std::string(name), "unsupported_parameter");
+}
+
+// Token ids, each within the vocabulary.
+void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionParams& p) {
+  p.prompt_ids.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const json& e = ids[i];
+    int64_t id = 0;
+    if (!e.is_number() || !as_int64(e, id))
+      fail(
+          "`prompt` must be a string, an array of token ids, or an array holding one string or "
+          "one array of token ids; element " +
+              std::to_string(i) + " is " + e.type_name() + ".",
+          "prompt");
+    if (id < 0 || id >= limits.vocab_size)
+      fail("Token id " + std::to_string(id) + " at `prompt`[" + std::to_string(i) +
+               "] is outside the vocabulary (valid ids: 0.." +
+               std::to_string(limits.vocab_size - 1) + ").",
+           "prompt");
+    p.prompt_ids.push_back(int(id));
+  }
 }
 
 void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams& p) {
@@ -116,32 +149,24 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams&
   }
   if (!v->is_array()) wrong_type("prompt", "a string or an array of token ids", *v);
   if (v->empty()) fail("`prompt` must not be empty.", "prompt");
+  // OpenAI's batches of one: ["text"] and [[1, 2, 3]].
   if (v->size() == 1 && (*v)[0].is_string()) {
     p.prompt_text = (*v)[0].get<std::string>();
     return;
   }
-  bool all_strings = true;
-  for (const json& e : *v) all_strings = all_strings && e.is_string();
-  if (all_strings)
+  if (v->size() == 1 && (*v)[0].is_array()) {
+    if ((*v)[0].empty()) fail("`prompt` must not be empty.", "prompt");
+    return parse_prompt_ids((*v)[0], limits, p);
+  }
+  bool all_strings = true, all_arrays = true;
+  for (const json& e : *v) {
+    all_strings = all_strings && e.is_string();
+    all_arrays = all_arrays && e.is_array();
+  }
+  if (all_strings || all_arrays)
     fail("Only one prompt per request is supported; got " + std::to_string(v->size()) + " prompts.",
          "prompt");
-  p.prompt_ids.reserve(v->size());
-  for (size_t i = 0; i < v->size(); ++i) {
-    const json& e = (*v)[i];
-    int64_t id = 0;
-    if (!e.is_number() || !as_int64(e, id))
-      fail(
-          "`prompt` must be a string, an array of token ids, or an array holding one string; "
-          "element " +
-              std::to_string(i) + " is " + e.type_name() + ".",
-          "prompt");
-    if (id < 0 || id >= limits.vocab_size)
-      fail("Token id " + std::to_string(id) + " at `prompt`[" + std::to_string(i) +
-               "] is outside the vocabulary (valid ids: 0.." +
-               std::to_string(limits.vocab_size - 1) + ").",
-           "prompt");
-    p.prompt_ids.push_back(int(id));
-  }
+  parse_prompt_ids(*v, limits, p);
 }
 
 void parse_stop(const json& body, CompletionParams& p) {
@@ -202,10 +227,6 @@ void reject_unsupported(const json& body) {
   if (const json* v = field(body, "echo")) {
     if (get_bool(*v, "echo")) unsupported("echo");
   }
-  if (const json* v = field(body, "logprobs")) {
-    get_int(*v, "logprobs");
-    unsupported("logprobs");
-  }
   if (const json* v = field(body, "suffix")) {
     if (!get_string(*v, "suffix").empty()) unsupported("suffix");
   }
@@ -232,7 +253,8 @@ void parse_streaming(const json& body, CompletionParams& p) {
   }
 }
 
-CompletionParams parse_checked(std::string_view body, const ModelLimits& limits) {
+// The body as a JSON object.
+json parse_body(std::string_view body) {
   json j;
   // what() is "[json.exception.parse_error.101] parse error at line 1,
   // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
@@ -253,33 +275,35 @@ CompletionParams parse_checked(std::string_view body, const ModelLimits& limits)
   }
   if (!j.is_object())
     fail(std::string("The request body must be a JSON object, got ") + j.type_name() + ".");
+  return j;
+}
 
-  CompletionParams p;
+// Absent: the served model. Another name is a 404, as OpenAI answers it.
+void parse_model(const json& body, const ModelLimits& limits, CompletionParams& p) {
   p.model = limits.name;
-  if (const json* v = field(j, "model")) {
-    p.model = get_string(*v, "model");
-    if (p.model != limits.name) {
-      ApiError e =
-          bad_request("The model `" + p.model + "` does not exist.", "model", "model_not_found");
-      e.status = 404;
-      throw Invalid{e};
-    }
-  }
-  parse_prompt(j, limits, p);
-  if (const json* v = field(j, "max_tokens")) {
-    int64_t m = get_int(*v, "max_tokens");
-    if (m < 1)
-      fail("`max_tokens` must be at least 1, got " + std::to_string(m) + ".", "max_tokens");
-    if (limits.max_tokens_cap > 0 && m > limits.max_tokens_cap)
-      fail("`max_tokens` is " + std::to_string(m) + ", but this server allows at most " +
-               std::to_string(limits.max_tokens_cap) + " tokens per completion.",
-           "max_tokens");
-    if (m > std::numeric_limits<int>::max())
-      fail("`max_tokens` is out of range, got " + std::to_string(m) + ".", "max_tokens");
-    p.max_tokens = int(m);
-  } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
-    p.max_tokens = limits.max_tokens_cap;
-  }
+  const json* v = field(body, "model");
+  if (!v) return;
+  p.model = get_string(*v, "model");
+  if (p.model != limits.name) throw Invalid{model_not_found(p.model)};
+}
+
+// `max_tokens` (or a chat's `max_completion_tokens`, `name`) against the cap.
+int checked_max_tokens(const json& v, const std::string& name, const ModelLimits& limits) {
+  int64_t m = get_int(v, name);
+  if (m < 1)
+    fail(openai::quoted(name) + " must be at least 1, got " + std::to_string(m) + ".", name);
+  if (limits.max_tokens_cap > 0 && m > limits.max_tokens_cap)
+    fail(openai::quoted(name) + " is " + std::to_string(m) + ", but this server allows at most " +
+             std::to_string(limits.max_tokens_cap) + " tokens per completion.",
+         name);
+  if (m > std::numeric_limits<int>::max())
+    fail(openai::quoted(name) + " is out of range, got " + std::to_string(m) + ".", name);
+  return int(m);
+}
+
+// What both endpoints take alike: sampling, stop strings, streaming, the
+// options refused on both, and the extensions.
+void parse_generation_options(const json& j, CompletionParams& p) {
   parse_sampling(j, p);
   parse_stop(j, p);
   parse_streaming(j, p);
@@ -288,6 +312,129 @@ CompletionParams parse_checked(std::string_view body, const ModelLimits& limits)
   if (const json* v = field(j, "return_token_ids"))
     p.return_token_ids = get_bool(*v, "return_token_ids");
   if (const json* v = field(j, "ignore_eos")) p.ignore_eos = get_bool(*v, "ignore_eos");
+}
+
+CompletionParams parse_completion(std::string_view body, const ModelLimits& limits) {
+  const json j = parse_body(body);
+  CompletionParams p;
+  parse_model(j, limits, p);
+  parse_prompt(j, limits, p);
+  if (const json* v = field(j, "max_tokens")) {
+    p.max_tokens = checked_max_tokens(*v, "max_tokens", limits);
+  } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
+    p.max_tokens = limits.max_tokens_cap;
+  }
+  parse_generation_options(j, p);
+  if (const json* v = field(j, "logprobs")) {
+    get_int(*v, "logprobs");
+    unsupported("logprobs");
+  }
+  return p;
+}
+
+ChatRole parse_role(const json& message, const std::string& where) {
+  const std::string name = where + ".role";
+  const json* v = field(message, "role");
+  if (!v) fail(openai::quoted(name) + " is required.", name);
+  const std::string& role = get_string(*v, name);
+  if (role == "system" || role == "developer") return ChatRole::System;
+  if (role == "user") return ChatRole::User;
+  if (role == "assistant") return ChatRole::Assistant;
+  fail(openai::quoted(name) + " must be one of system, user, assistant; got '" + role +
+           "' (tool and function messages are not supported).",
+       name);
+}
+
+// A string, or an array of {"type": "text", "text": "..."} parts joined by "\n".
+std::string parse_content(const json& message, const std::string& where) {
+  const std::string name = where + ".content";
+  const json* v = field(message, "content");
+  if (!v) fail(openai::quoted(name) + " is required.", name);
+  if (v->is_string()) return v->get<std::string>();
+  if (!v->is_array()) wrong_type(name, "a string or an array of text parts", *v);
+  std::string text;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& part = (*v)[i];
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) wrong_type(at, "an object {\"type\": \"text\", \"text\": ...}", part);
+    const json* type = field(part, "type");
+    if (!type) fail(openai::quoted(at + ".type") + " is required.", at + ".type");
+    const std::string& kind = get_string(*type, at + ".type");
+    if (kind != "text")
+      fail(openai::quoted(at + ".type") + " is '" + kind + "'; only text parts are supported.",
+           at + ".type", "unsupported_parameter");
+    const json* t = field(part, "text");
+    if (!t) fail(openai::quoted(at + ".text") + " is required.", at + ".text");
+    if (i > 0) text += '\n';
+    text += get_string(*t, at + ".text");
+  }
+  return text;
+}
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  const json* v = field(body, "messages");
+  if (!v) fail("`messages` is required.", "messages");
+  if (!v->is_array()) wrong_type("messages", "an array of messages", *v);
+  if (v->empty()) fail("`messages` must not be empty.", "messages");
+  std::vector<ChatMessage> messages;
+  messages.reserve(v->size());
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(where, "an object", m);
+    for (const char* calls : {"tool_calls", "function_call"})
+      if (field(m, calls)) unsupported(where + "." + calls);
+    ChatMessage message;
+    message.role = parse_role(m, where);
+    message.content = parse_content(m, where);
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+// The chat options this server cannot honour, refused rather than ignored.
+void reject_unsupported_chat(const json& j) {
+  if (const json* v = field(j, "logprobs")) {
+    if (get_bool(*v, "logprobs")) unsupported("logprobs");
+  }
+  if (const json* v = field(j, "top_logprobs")) {
+    if (get_int(*v, "top_logprobs") != 0) unsupported("top_logprobs");
+  }
+  for (const char* name : {"tools", "functions"}) {
+    if (const json* v = field(j, name)) {
+      if (!v->is_array()) wrong_type(name, "an array", *v);
+      if (!v->empty()) unsupported(name);
+    }
+  }
+  if (const json* v = field(j, "tool_choice")) {
+    if (!v->is_string() || (*v != "none" && *v != "auto"))
+      unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
+  }
+  if (const json* v = field(j, "response_format")) {
+    if (!v->is_object()) wrong_type("response_format", "an object", *v);
+    const json* type = field(*v, "type");
+    if (type && get_string(*type, "response_format.type") != "text")
+      unsupported("response_format", "only {\"type\": \"text\"} is accepted");
+  }
+}
+
+CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
+  const json j = parse_body(body);
+  CompletionParams p;
+  p.api = Api::Chat;
+  parse_model(j, limits, p);
+  p.prompt_text = render_chat(parse_messages(j), tmpl);
+  const json* max = field(j, "max_completion_tokens");
+  const std::string name = max ? "max_completion_tokens" : "max_tokens";
+  if (!max) max = field(j, "max_tokens");
+  if (max) {
+    p.max_tokens = checked_max_tokens(*max, name, limits);
+  } else {
+    p.max_tokens = limits.max_tokens_cap > 0 ? limits.max_tokens_cap : limits.context_length;
+    p.max_tokens_from_context = true;
+  }
+  parse_generation_options(j, p);
+  reject_unsupported_chat(j);
   return p;
 }
 
@@ -367,16 +514,30 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens,
 Result<CompletionParams> parse_completion_request(std::string_view body,
                                                   const ModelLimits& limits) {
   try {
-    return parse_checked(body, limits);
+    return parse_completion(body, limits);
   } catch (const Invalid& e) {
     return e.error;
   }
 }
 
-Result<std::vector<int>> resolve_prompt(const CompletionParams& p, const Tokenizer* tokenizer,
+Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
+                                            ChatTemplate tmpl) {
+  try {
+    return parse_chat(body, limits, tmpl);
+  } catch (const Invalid& e) {
+    return e.error;
+  }
+}
+
+Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* tokenizer,
                                         const ModelLimits& limits) {
   std::vector<int> ids;
   if (p.prompt_text) {
+    if (!tokenizer && p.api == Api::Chat)
+      return bad_request(
+          "This server has no tokenizer, so chat messages cannot be turned into a prompt; use "
+          "/v1/completions with token ids.",
+          "messages");
     if (!tokenizer)
       return bad_request("This server has no tokenizer: send `prompt` as an array of token ids.",
                          "prompt");
@@ -392,14 +553,19 @@ Result<std::vector<int>> resolve_prompt(const CompletionParams& p, const Tokeniz
     return bad_request("This server has no tokenizer, so `stop` strings cannot be applied.",
                        "stop");
   if (ids.empty()) return bad_request("`prompt` must not be empty.", "prompt");
+  if (p.max_tokens_from_context) {
+    const int64_t room = int64_t(limits.context_length) - int64_t(ids.size());
+    p.max_tokens = int(std::max<int64_t>(1, std::min<int64_t>(p.max_tokens, room)));
+  }
   if (auto e = check_context_length(int(ids.size()), p.max_tokens, limits.context_length))
     return *e;
   return ids;
 }
 
-std::string completion_id(uint64_t nonce, uint64_t request_id) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "cmpl-%016llx%016llx", static_cast<unsigned long long>(nonce),
+std::string completion_id(uint64_t nonce, uint64_t request_id, Api api) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%s-%016llx%016llx", api == Api::Chat ? "chatcmpl" : "cmpl",
+                static_cast<unsigned long long>(nonce),
                 static_cast<unsigned long long>(request_id));
   return buf;
 }
@@ -416,19 +582,29 @@ json usage_json(const Usage& u) {
 
 namespace {
 
-json choice_json(const std::string& text, std::optional<FinishReason> reason,
+// A non-streaming response's choice: its text, or a chat's message.
+json choice_json(Api api, const std::string& text, std::optional<FinishReason> reason,
                  const std::vector<int>* token_ids) {
   json c = {{"index", 0},
-            {"text", text},
             {"logprobs", nullptr},
             {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
+  if (api == Api::Chat) {
+    c["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    c["text"] = text;
+  }
   if (token_ids) c["token_ids"] = *token_ids;
   return c;
 }
 
-json envelope(const ResponseMeta& meta) {
+const char* object_name(Api api, bool chunk) {
+  if (api == Api::Completions) return "text_completion";
+  return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+json envelope(const ResponseMeta& meta, bool chunk) {
   return {{"id", meta.id},
-          {"object", "text_completion"},
+          {"object", object_name(meta.api, chunk)},
           {"created", meta.created},
           {"model", meta.model}};
 }
@@ -441,8 +617,8 @@ std::string sse(const json& j) {
 
 json completion_response(const ResponseMeta& meta, const std::string& text, FinishReason reason,
                          const Usage& usage, const std::vector<int>* token_ids) {
-  json j = envelope(meta);
-  j["choices"] = json::array({choice_json(text, reason, token_ids)});
+  json j = envelope(meta, /*chunk=*/false);
+  j["choices"] = json::array({choice_json(meta.api, text, reason, token_ids)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -540,10 +716,21 @@ void append_json_string(std::string& out, std::string_view s) {
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, bool include_usage,
                            const std::vector<int>* token_ids) {
+  const bool chat = meta.api == Api::Chat;
   std::string out;
-  out.reserve(160 + text.size() + meta.id.size() + meta.model.size() +
+  out.reserve(180 + text.size() + meta.id.size() + meta.model.size() +
               (token_ids ? 8 * token_ids->size() : 0));
-  out += "data: {\"choices\":[{\"finish_reason\":";
+  out += "data: {\"choices\":[{";
+  if (chat) {
+    if (reason && text.empty()) {
+      out += "\"delta\":{},";
+    } else {
+      out += "\"delta\":{\"content\":";
+      append_json_string(out, text);
+      out += "},";
+    }
+  }
+  out += "\"finish_reason\":";
   if (reason) {
     out += '"';
     out += finish_reason_name(*reason);
@@ -551,8 +738,11 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
   } else {
     out += "null";
   }
-  out += ",\"index\":0,\"logprobs\":null,\"text\":";
-  append_json_string(out, text);
+  out += ",\"index\":0,\"logprobs\":null";
+  if (!chat) {
+    out += ",\"text\":";
+    append_json_string(out, text);
+  }
   if (token_ids) {
     out += ",\"token_ids\":[";
     for (size_t i = 0; i < token_ids->size(); ++i) {
@@ -567,14 +757,36 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
   append_json_string(out, meta.id);
   out += ",\"model\":";
   append_json_string(out, meta.model);
-  out += ",\"object\":\"text_completion\"";
+  out += ",\"object\":\"";
+  out += object_name(meta.api, /*chunk=*/true);
+  out += '"';
   if (include_usage) out += ",\"usage\":null";
   out += "}\n\n";
   return out;
 }
 
+std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage) {
+  json j = envelope(meta, /*chunk=*/true);
+  j["choices"] = json::array({json{{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}});
+  if (include_usage) j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
+                              FinishReason reason, bool include_usage,
+                              const std::vector<int>* token_ids) {
+  if (meta.api == Api::Completions || text.empty())
+    return sse_text_chunk(meta, text, reason, include_usage, token_ids);
+  static const std::vector<int> kNone;
+  return sse_text_chunk(meta, text, std::nullopt, include_usage, token_ids) +
+         sse_text_chunk(meta, "", reason, include_usage, token_ids ? &kNone : nullptr);
+}
+
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage) {
-  json j = envelope(meta);
+  json j = envelope(meta, /*chunk=*/true);
   j["choices"] = json::array();
   j["usage"] = usage_json(usage);
   return sse(j);
@@ -590,15 +802,27 @@ std::string sse_done() {
   return "data: [DONE]\n\n";
 }
 
+namespace {
+
+json model_json(const ModelLimits& limits, int64_t created) {
+  return {{"id", limits.name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "troupe"},
+          {"root", limits.name},
+          {"parent", nullptr},
+          {"max_model_len", limits.context_length}};
+}
+
+}  // namespace
+
 json models_response(const ModelLimits& limits, int64_t created) {
-  json model = {{"id", limits.name},
-                {"object", "model"},
-                {"created", created},
-                {"owned_by", "troupe"},
-                {"root", limits.name},
-                {"parent", nullptr},
-                {"max_model_len", limits.context_length}};
-  return {{"object", "list"}, {"data", json::array({model})}};
+  return {{"object", "list"}, {"data", json::array({model_json(limits, created)})}};
+}
+
+Result<json> model_response(std::string_view id, const ModelLimits& limits, int64_t created) {
+  if (id == limits.name) return model_json(limits, created);
+  return model_not_found(id);
 }
 
 std::string dump(const json& j) {

@@ -1,7 +1,9 @@
 #pragma once
-// The OpenAI-compatible completions API as pure functions: request parsing
-// and validation (with OpenAI/vLLM-style error messages), response and
-// server-sent-event builders, and stop-string handling on streamed text.
+// The OpenAI-compatible completions and chat completions APIs as pure
+// functions: request parsing and validation (with OpenAI/vLLM-style error
+// messages), response and server-sent-event builders. A chat request becomes
+// a completion of its rendered messages (net/chat_template.h): the same
+// parameters, the same path through the runtime, another response shape.
 // Nothing here does I/O, so all of it is unit-tested without a server.
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "net/chat_template.h"
 #include "service/completion_service.h"
 #include "text/stop_strings.h"
 
@@ -48,12 +51,23 @@ struct ModelLimits {
   int max_tokens_cap = 0;  // largest accepted max_tokens; <= 0: only the context bounds it
 };
 
-// A validated /v1/completions request, before tokenization.
+// Which endpoint a request came in on, and so which shape its response has.
+enum class Api {
+  Completions,  // POST /v1/completions: "text_completion"
+  Chat,         // POST /v1/chat/completions: "chat.completion(.chunk)"
+};
+
+// A validated /v1/completions or /v1/chat/completions request, before
+// tokenization (a chat's prompt_text is its rendered messages).
 struct CompletionParams {
+  Api api = Api::Completions;
   std::string model;
   std::optional<std::string> prompt_text;  // set when the prompt was text
   std::vector<int> prompt_ids;             // set when the prompt was token ids
   int max_tokens = 16;
+  // No max_tokens given to a chat: max_tokens is the cap, lowered by
+  // resolve_prompt() to what the context leaves after the prompt.
+  bool max_tokens_from_context = false;
   float temperature = 1;
   float top_p = 1;
   int top_k = 0;                 // 0: off
@@ -77,10 +91,22 @@ using Result = std::variant<T, ApiError>;
 // The context-length check needs the token count: see resolve_prompt().
 Result<CompletionParams> parse_completion_request(std::string_view body, const ModelLimits& limits);
 
+// Parses and validates a POST /v1/chat/completions body by the same rules and
+// the same code, with `messages` (roles system, user, assistant; "developer"
+// is OpenAI's newer name for system; content a string or an array of
+// {"type": "text", "text"} parts) rendered by `tmpl` into prompt_text in
+// place of `prompt`, `max_completion_tokens` as the newer name of
+// `max_tokens` (it wins when both are given; neither: what the context
+// leaves, within the cap), `logprobs` a boolean, and tools, functions and
+// response formats other than text refused as unsupported.
+Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
+                                            ChatTemplate tmpl);
+
 // The prompt as token ids: text is encoded (with BOS when the tokenizer has
 // one); `tokenizer` may be null, and then only token-id prompts are accepted.
-// Checks prompt tokens + max_tokens against the context length.
-Result<std::vector<int>> resolve_prompt(const CompletionParams& params, const Tokenizer* tokenizer,
+// Checks prompt tokens + max_tokens against the context length, after
+// fitting max_tokens to the context when max_tokens_from_context is set.
+Result<std::vector<int>> resolve_prompt(CompletionParams& params, const Tokenizer* tokenizer,
                                         const ModelLimits& limits);
 
 // The 400 for prompt + completion over the context (vLLM's wording), or nullopt.
@@ -88,9 +114,9 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens, 
 
 // ---- responses ----
 
-// "cmpl-" + 32 hex digits: a per-process random nonce and the request id, so
-// ids are unique across restarts without coordination.
-std::string completion_id(uint64_t nonce, uint64_t request_id);
+// "cmpl-" (a chat: "chatcmpl-") + 32 hex digits: a per-process random nonce
+// and the request id, so ids are unique across restarts without coordination.
+std::string completion_id(uint64_t nonce, uint64_t request_id, Api api = Api::Completions);
 
 // "stop" or "length"; Cancelled has no OpenAI name and is never reported.
 const char* finish_reason_name(FinishReason r);
@@ -105,10 +131,13 @@ struct ResponseMeta {
   std::string id;       // completion_id()
   int64_t created = 0;  // unix seconds
   std::string model;
+  Api api = Api::Completions;  // the response's shape
 };
 
-// The non-streaming response. `token_ids` adds a "token_ids" field to the
-// choice (vLLM-style extension) when given.
+// The non-streaming response: a "text_completion" with choices[].text, or
+// for a chat a "chat.completion" with choices[].message {role: "assistant",
+// content}. `token_ids` adds a "token_ids" field to the choice (vLLM-style
+// extension) when given.
 nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
                                    FinishReason reason, const Usage& usage,
                                    const std::vector<int>* token_ids = nullptr);
@@ -116,15 +145,29 @@ nlohmann::json completion_response(const ResponseMeta& meta, const std::string& 
 // One SSE event: "data: <json>\n\n". A text chunk has finish_reason null;
 // the last one carries it. With include_usage every chunk has "usage": null
 // and usage_chunk() (choices: []) follows the last one, as OpenAI sends it.
+// A chat's chunks are "chat.completion.chunk" with the text as
+// delta.content; one with a finish reason and no text has an empty delta.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, bool include_usage,
                            const std::vector<int>* token_ids = nullptr);
+// A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
+std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage);
+// The chunks that end a stream's choice: the last text with the finish
+// reason in one chunk, or for a chat the text (when there is any) and then
+// the finish reason with an empty delta.
+std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
+                              FinishReason reason, bool include_usage,
+                              const std::vector<int>* token_ids = nullptr);
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage);
 std::string sse_error(const ApiError& e);  // an error after the stream started
 std::string sse_done();                    // "data: [DONE]\n\n"
 
-// GET /v1/models.
+// GET /v1/models: the list of the one model served.
 nlohmann::json models_response(const ModelLimits& limits, int64_t created);
+// GET /v1/models/{id}: that model's object, or a 404 (model_not_found), as
+// for an unknown `model` in a request.
+Result<nlohmann::json> model_response(std::string_view id, const ModelLimits& limits,
+                                      int64_t created);
 
 // `s` as a JSON string literal, appended to `out`: the bytes dump() writes
 // for it (invalid UTF-8 replaced by U+FFFD).

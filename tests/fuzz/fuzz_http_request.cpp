@@ -46,10 +46,13 @@ void handle(const http::request<http::string_body>& req) {
   const auto routed = route(sv(req.method_string()), sv(req.target()));
   if (const auto* refusal = std::get_if<Response>(&routed))
     return check_framed(*refusal, req.keep_alive());
-  if (std::get<Endpoint>(routed) != Endpoint::Completions) return;
+  const Endpoint endpoint = std::get<Endpoint>(routed);
+  if (!generates(endpoint)) return;
   static const openai::ModelLimits limits = fortune_limits();
-  const auto parsed = openai::parse_completion_request(req.body(), limits);
-  if (const auto* params = std::get_if<openai::CompletionParams>(&parsed))
+  auto parsed = endpoint == Endpoint::ChatCompletions
+                    ? openai::parse_chat_request(req.body(), limits, ChatTemplate::Plain)
+                    : openai::parse_completion_request(req.body(), limits);
+  if (auto* params = std::get_if<openai::CompletionParams>(&parsed))
     (void)openai::resolve_prompt(*params, &fortune_tokenizer(), limits);
 }
 

@@ -104,9 +104,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto* params = std::get_if<openai::CompletionParams>(&parsed);
   if (!params) return 0;
   // Without a tokenizer (a server for token-id prompts only) ...
-  (void)openai::resolve_prompt(*params, nullptr, limits);
+  openai::CompletionParams without = *params;
+  (void)openai::resolve_prompt(without, nullptr, limits);
   // ... and with the model's.
-  const auto prompt = openai::resolve_prompt(*params, &fortune_tokenizer(), limits);
-  if (const auto* ids = std::get_if<std::vector<int>>(&prompt)) check_exchange(*params, *ids);
+  openai::CompletionParams with = *params;
+  const auto prompt = openai::resolve_prompt(with, &fortune_tokenizer(), limits);
+  if (const auto* ids = std::get_if<std::vector<int>>(&prompt)) check_exchange(with, *ids);
   return 0;
 }

@@ -508,6 +508,161 @@ TEST_F(HttpServerTest, StreamingMatchesNonStreaming) {
   EXPECT_EQ(sse_events(s.body).back(), "[DONE]");
 }
 
+// ---- chat completions: the same path to the service, a chat's shapes ----
+
+json chat(const std::string& user, int max_tokens, json extra = json::object()) {
+  json body = {
+      {"model", "fortune"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be wise."}}, {{"role", "user"}, {"content", user}}}},
+      {"max_tokens", max_tokens},
+      {"temperature", 0}};
+  for (auto& [k, v] : extra.items()) body[k] = v;
+  return body;
+}
+
+std::string rendered(const std::string& user) {
+  return "System: Be wise.\nUser: " + user + "\nAssistant:";
+}
+
+// A chat stream's text, checking its shape: the role first, then content
+// deltas, the finish reason alone in an empty delta, usage, [DONE].
+StreamResult collect_chat_stream(const std::string& body) {
+  StreamResult r;
+  bool role = false;
+  for (const std::string& ev : sse_events(body)) {
+    EXPECT_FALSE(r.done) << "event after [DONE]: " << ev;
+    if (ev == "[DONE]") {
+      r.done = true;
+      continue;
+    }
+    json j = json::parse(ev);
+    if (j.contains("error")) {
+      r.error = j;
+      continue;
+    }
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+    if (j["choices"].empty()) {
+      r.usage = j["usage"];
+      continue;
+    }
+    EXPECT_TRUE(r.finish_reason.empty()) << "chunk after the finish_reason chunk";
+    const json& delta = j["choices"][0]["delta"];
+    EXPECT_EQ(delta.contains("role"), !role) << "the role comes first, once: " << ev;
+    role = true;
+    ++r.chunks;
+    if (delta.contains("content")) r.text += delta["content"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) {
+      r.finish_reason = j["choices"][0]["finish_reason"];
+      EXPECT_EQ(delta, json::object()) << ev;
+    }
+  }
+  return r;
+}
+
+TEST_F(HttpServerTest, ChatIsTheCompletionOfItsRenderedPrompt) {
+  start();
+  Client c(port_);
+  HttpResponse r = c.post("/v1/chat/completions", chat("Hello", 12, {{"seed", 7}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = body_json(r);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "fortune");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], expected_text(rendered("Hello"), 12));
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  const int prompt_tokens = int(fortune().encode(rendered("Hello"), true).size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["total_tokens"], prompt_tokens + 12);
+  auto req = fake_.wait_submitted(1);
+  ASSERT_TRUE(req);
+  EXPECT_EQ(req->prompt, fortune().encode(rendered("Hello"), true));
+  EXPECT_EQ(req->max_tokens, 12);
+  EXPECT_EQ(req->sampling.seed, 7u);
+  EXPECT_DOUBLE_EQ(req->timeout_s, 30);
+
+  HttpResponse s =
+      c.post("/v1/chat/completions",
+             chat("Hello", 12, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.header("content-type").rfind("text/event-stream", 0), 0u);
+  StreamResult st = collect_chat_stream(s.body);
+  EXPECT_TRUE(st.done);
+  EXPECT_EQ(st.text, expected_text(rendered("Hello"), 12));
+  EXPECT_EQ(st.finish_reason, "length");
+  ASSERT_TRUE(st.usage);
+  EXPECT_EQ((*st.usage)["completion_tokens"], 12);
+}
+
+TEST_F(HttpServerTest, ChatErrorsHaveTheCompletionsStatusesAndShape) {
+  start();
+  Client c(port_);
+  HttpResponse bad =
+      c.post("/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(body_json(bad)["error"]["param"], "messages[0].content[0].type");
+  EXPECT_EQ(body_json(bad)["error"]["type"], "invalid_request_error");
+  HttpResponse unknown = c.post("/v1/chat/completions", chat("x", 4, {{"model", "gpt-4"}}));
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(body_json(unknown)["error"]["code"], "model_not_found");
+  for (const auto& [kind, status] :
+       {std::pair{ServiceErrorKind::QueueFull, 429}, std::pair{ServiceErrorKind::Unavailable, 503},
+        std::pair{ServiceErrorKind::Timeout, 504}}) {
+    fake_.fail_with(ServiceError{kind, "fake says no", 2});
+    for (bool stream : {false, true}) {
+      HttpResponse r = c.post("/v1/chat/completions", chat("x", 5, {{"stream", stream}}));
+      EXPECT_EQ(r.status, status) << r.body;
+      EXPECT_EQ(body_json(r)["error"]["message"], "fake says no");
+      EXPECT_EQ(r.header("retry-after"), status == 504 ? "" : "2") << status;
+    }
+  }
+  fake_.fail_with(std::nullopt);
+  Client m(port_);
+  const std::string text = m.get("/metrics").body;
+  EXPECT_EQ(metric(text, "troupe_requests_total{status=\"429\"}"), 2);
+  EXPECT_EQ(metric(text, "troupe_requests_total{status=\"404\"}"), 1);
+}
+
+TEST_F(HttpServerTest, ChatClientDisconnectMidStreamCancelsOnce) {
+  start();
+  fake_.set_token_delay(20ms);
+  {
+    Client c(port_);
+    std::string body = chat("Disconnect me", 200, {{"stream", true}}).dump();
+    c.send(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::string got = c.read_until("content");
+    ASSERT_NE(got.find("data: "), std::string::npos) << got;
+    c.close();
+  }
+  auto req = fake_.wait_submitted(1);
+  ASSERT_TRUE(req);
+  EXPECT_TRUE(fake_.wait_cancel(req->id));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(fake_.cancel_count(req->id), 1);
+  EXPECT_EQ(fake_.running(), 0u);
+}
+
+TEST_F(HttpServerTest, OneModelByItsId) {
+  start();
+  Client c(port_);
+  HttpResponse m = c.get("/v1/models/fortune");
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_EQ(body_json(m), body_json(c.get("/v1/models"))["data"][0]);
+  HttpResponse missing = c.get("/v1/models/gpt-4");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(body_json(missing)["error"]["code"], "model_not_found");
+}
+
 TEST_F(HttpServerTest, TokenIdPromptAndReturnTokenIds) {
   start();
   Client c(port_);

@@ -260,6 +260,112 @@ TEST(Serve, SigtermLetsRequestsInFlightFinishWithinTheGracePeriod) {
   EXPECT_EQ(s.process().wait_exit(60), 0) << s.process().stderr_so_far();
 }
 
+// ---- /v1/chat/completions: a completion of the rendered messages ----
+
+const json kMessages = json::array({{{"role", "system"}, {"content", "You are wise."}},
+                                    {{"role", "user"}, {"content", "Tell me a fortune"}}});
+
+HttpResponse chat(Server& s, json body) {
+  body["messages"] = kMessages;
+  return test::http_request(s.port(), "POST", "/v1/chat/completions", body.dump(), 120);
+}
+
+// The text of a chat stream, checking its shape: the role first, content
+// deltas, the finish reason in an empty delta, then usage and [DONE].
+std::string chat_stream_text(const std::string& body, std::string* finish, json* usage) {
+  std::string text;
+  bool role = false, done = false;
+  for (const std::string& payload : sse_events(body)) {
+    EXPECT_FALSE(done) << "data after [DONE]";
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(payload);
+    EXPECT_EQ(j["object"], "chat.completion.chunk") << payload;
+    if (j["choices"].empty()) {
+      *usage = j["usage"];
+      continue;
+    }
+    const json& delta = j["choices"][0]["delta"];
+    EXPECT_EQ(delta.contains("role"), !role) << payload;
+    role = true;
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_TRUE(finish->empty()) << "a second finish_reason";
+      *finish = j["choices"][0]["finish_reason"];
+      EXPECT_EQ(delta, json::object());
+    }
+  }
+  EXPECT_TRUE(done) << "no data: [DONE]";
+  return text;
+}
+
+void expect_chat_equals_completion(Server& s, const std::string& rendered, const json& sampling) {
+  json body = sampling;
+  body["max_tokens"] = 24;
+  body["prompt"] = rendered;
+  auto plain = s.complete(body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json want = json::parse(plain.body);
+  body.erase("prompt");
+
+  auto r = chat(s, body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u) << j["id"];
+  EXPECT_EQ(j["model"], "fortune");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want["choices"][0]["text"]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], want["choices"][0]["finish_reason"]);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["usage"], want["usage"]);
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto st = chat(s, body);
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_NE(st.header("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string finish;
+  json usage;
+  EXPECT_EQ(chat_stream_text(st.body, &finish, &usage), want["choices"][0]["text"]);
+  EXPECT_EQ(finish, want["choices"][0]["finish_reason"]);
+  EXPECT_EQ(usage, want["usage"]);
+}
+
+TEST(Serve, ChatIsTheCompletionOfItsRenderedMessages) {
+  Server s({});
+  const std::string rendered = "System: You are wise.\nUser: Tell me a fortune\nAssistant:";
+  expect_chat_equals_completion(s, rendered, {{"temperature", 0}});
+  expect_chat_equals_completion(s, rendered, {{"temperature", 0.8}, {"seed", 7}});
+
+  auto bad = test::http_request(
+      s.port(), "POST", "/v1/chat/completions",
+      R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "messages[0].content[0].type");
+  auto unknown = chat(s, {{"model", "gpt-4"}});
+  EXPECT_EQ(unknown.status, 404) << unknown.body;
+  EXPECT_EQ(json::parse(unknown.body)["error"]["code"], "model_not_found");
+  auto model = test::http_request(s.port(), "GET", "/v1/models/fortune");
+  EXPECT_EQ(model.status, 200);
+  EXPECT_EQ(json::parse(model.body)["id"], "fortune");
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/v1/models/gpt-4").status, 404);
+}
+
+TEST(Serve, ChatTemplateIsTheConfiguredOne) {
+  Server s({"server.chat_template=llama2"});
+  expect_chat_equals_completion(
+      s, "[INST] <<SYS>>\nYou are wise.\n<</SYS>>\n\nTell me a fortune [/INST]",
+      {{"temperature", 0}});
+  const test::Refusal r = test::serve_until_exit({"server.chat_template=chatgpt"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.stderr_text.find("server.chat_template"), std::string::npos) << r.stderr_text;
+}
+
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
   test::TempDir tmp;
   test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");

@@ -133,6 +133,78 @@ TEST(CompletionExchange, StreamingSendsTheHeaderOnceThenEventsThenDone) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], int(ids.size()));
 }
 
+openai::ResponseMeta chat_meta() {
+  return {"chatcmpl-test", 1700000000, "fortune", openai::Api::Chat};
+}
+
+TEST(CompletionExchange, ChatNonStreamingAnswersWithTheAssistantsMessage) {
+  const std::vector<int> ids = ids_of(" Love is a fool");
+  openai::CompletionParams p = params(int(ids.size()), false);
+  p.api = openai::Api::Chat;
+  CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+  for (const ExchangeStep& s : feed(ex, ids)) EXPECT_TRUE(nothing(s));
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0 + milliseconds(50));
+  ASSERT_TRUE(done.response);
+  const json j = json::parse(done.response->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"], "chatcmpl-test");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], fortune().decode(ids));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], int(ids.size()));
+}
+
+// The role first, then content deltas, then the finish reason in an empty
+// delta, the usage chunk and [DONE].
+TEST(CompletionExchange, ChatStreamingSendsRoleThenContentThenFinish) {
+  const std::vector<int> ids = ids_of(" Love is a fool");
+  openai::CompletionParams p = params(int(ids.size()), true);
+  p.api = openai::Api::Chat;
+  p.include_usage = true;
+  p.stop = {"fool"};
+  CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+  std::vector<ExchangeStep> steps = feed(ex, ids);
+  ASSERT_TRUE(steps.back().finished) << "the stop string ended it";
+  EXPECT_TRUE(steps.back().cancel_service);
+  EXPECT_TRUE(steps[0].start_stream);
+
+  const auto evs = events(steps);
+  ASSERT_GE(evs.size(), 5u);
+  const json role = json::parse(evs[0]);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i + 3 < evs.size(); ++i) {
+    const json c = json::parse(evs[i]);
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_FALSE(c["choices"][0]["delta"].contains("role")) << evs[i];
+    EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null()) << evs[i];
+    EXPECT_TRUE(c["usage"].is_null());
+    text += c["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, " Love is a ");
+  const json finish = json::parse(evs[evs.size() - 3]);
+  EXPECT_EQ(finish["choices"][0]["delta"], json::object());
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "stop");
+  const json usage = json::parse(evs[evs.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(evs.back(), "[DONE]");
+}
+
+TEST(CompletionExchange, ChatStreamWithNoTextStillSendsTheRoleFirst) {
+  openai::CompletionParams p = params(4, true);
+  p.api = openai::Api::Chat;
+  CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+  const ExchangeStep done = ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(5));
+  EXPECT_TRUE(done.start_stream && done.end_stream);
+  const auto evs = sse_events(done.events);
+  ASSERT_EQ(evs.size(), 3u);
+  EXPECT_EQ(json::parse(evs[0])["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(json::parse(evs[1])["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(evs[2], "[DONE]");
+}
+
 TEST(CompletionExchange, StopStringAcrossTokensEndsAndCancelsOnce) {
   const std::string full = " The meaning of life is a fool and a fool";
   const std::vector<int> ids = ids_of(full);

@@ -26,7 +26,10 @@ Response refusal(std::string_view method, std::string_view target) {
 
 TEST(Endpoints, EveryEndpointWithItsMethod) {
   EXPECT_EQ(endpoint("POST", "/v1/completions"), Endpoint::Completions);
+  EXPECT_EQ(endpoint("POST", "/v1/chat/completions"), Endpoint::ChatCompletions);
   EXPECT_EQ(endpoint("GET", "/v1/models"), Endpoint::Models);
+  EXPECT_EQ(endpoint("GET", "/v1/models/fortune"), Endpoint::Model);
+  EXPECT_EQ(endpoint("GET", "/v1/models/org/name?x=1"), Endpoint::Model) << "ids may hold '/'";
   EXPECT_EQ(endpoint("GET", "/health"), Endpoint::Health);
   EXPECT_EQ(endpoint("GET", "/ready"), Endpoint::Ready);
   EXPECT_EQ(endpoint("GET", "/metrics"), Endpoint::Metrics);
@@ -50,6 +53,9 @@ TEST(Endpoints, WrongMethodIs405WithAllow) {
             "Method GET is not allowed on /v1/completions; use POST.");
   ASSERT_EQ(r.headers.size(), 1u);
   EXPECT_EQ(r.headers[0], (std::pair<std::string, std::string>{"Allow", "POST"}));
+  EXPECT_EQ(refusal("GET", "/v1/chat/completions").headers[0].second, "POST");
+  EXPECT_EQ(refusal("POST", "/v1/models/fortune").headers[0].second, "GET");
+  EXPECT_EQ(refusal("GET", "/v1/chat/completions/").status, 404);
   const Response d = refusal("DELETE", "/health");
   EXPECT_EQ(d.status, 405);
   EXPECT_EQ(d.headers[0].second, "GET");

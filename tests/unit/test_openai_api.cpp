@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "net/openai_api.h"
+#include "net/sse_parser.h"
 #include "support/test_support.h"
 #include "text/tokenizer.h"
 
@@ -216,7 +217,12 @@ TEST(OpenAiParse, PromptShapes) {
   ApiError two = parse_err(R"({"prompt":["a","b"]})");
   EXPECT_EQ(two.status, 400);
   EXPECT_TRUE(contains(two.message, "Only one prompt")) << two.message;
-  EXPECT_EQ(parse_err(R"({"prompt":[[1,2]]})").param, "prompt");
+  // OpenAI takes a batch of token-id prompts; one of them is one prompt.
+  EXPECT_EQ(parse_ok(R"({"prompt":[[1,2]]})").prompt_ids, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[1,2],[3]]})").message, "Only one prompt"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[]]})").message, "must not be empty"));
+  EXPECT_EQ(parse_err(R"({"prompt":[[1,"a"]]})").param, "prompt");
+  EXPECT_EQ(parse_err(R"({"prompt":[[1,99999]]})").param, "prompt");
   EXPECT_EQ(parse_err(R"({"prompt":[1,"a"]})").param, "prompt");
   EXPECT_EQ(parse_err(R"({"prompt":[1,2.5]})").param, "prompt");
   EXPECT_EQ(parse_err(R"({"prompt":[true]})").param, "prompt");
@@ -547,6 +553,16 @@ TEST(OpenAiResponse, SseTextChunkBytesAreTheJsonTreeDump) {
                       reference_text_chunk(m, text, reason, usage, t));
 }
 
+TEST(OpenAiResponse, OneModelOrA404) {
+  auto found = model_response("fortune", limits(), 123);
+  ASSERT_TRUE(std::holds_alternative<json>(found));
+  EXPECT_EQ(std::get<json>(found), models_response(limits(), 123)["data"][0]);
+  auto missing = model_response("gpt-4", limits(), 123);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(missing));
+  EXPECT_EQ(std::get<ApiError>(missing).status, 404);
+  EXPECT_EQ(std::get<ApiError>(missing).code, "model_not_found");
+}
+
 TEST(OpenAiResponse, ModelsList) {
   json j = models_response(limits(), 123);
   EXPECT_EQ(j["object"], "list");
@@ -555,6 +571,249 @@ TEST(OpenAiResponse, ModelsList) {
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["created"], 123);
   EXPECT_EQ(j["data"][0]["max_model_len"], 256);
+}
+
+// ---- chat completions ----
+
+CompletionParams chat_ok(const std::string& body, ChatTemplate tmpl = ChatTemplate::Plain) {
+  auto r = parse_chat_request(body, limits(), tmpl);
+  if (auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << "unexpected error for " << body << ": " << e->message;
+    return {};
+  }
+  return std::get<CompletionParams>(r);
+}
+
+ApiError chat_err(const std::string& body) {
+  auto r = parse_chat_request(body, limits(), ChatTemplate::Plain);
+  if (auto* e = std::get_if<ApiError>(&r)) return *e;
+  ADD_FAILURE() << "expected an error for " << body;
+  return {};
+}
+
+TEST(OpenAiChatParse, MessagesBecomeTheRenderedPrompt) {
+  CompletionParams p = chat_ok(R"({"model":"fortune","messages":[
+      {"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]})");
+  EXPECT_EQ(p.api, Api::Chat);
+  ASSERT_TRUE(p.prompt_text.has_value());
+  EXPECT_EQ(*p.prompt_text, "System: Be brief.\nUser: Hello\nAssistant:");
+  EXPECT_TRUE(p.prompt_ids.empty());
+  CompletionParams l =
+      chat_ok(R"({"messages":[{"role":"user","content":"Hello"}]})", ChatTemplate::Llama2);
+  EXPECT_EQ(*l.prompt_text, "[INST] Hello [/INST]");
+}
+
+TEST(OpenAiChatParse, ContentPartsAreJoinedAndDeveloperIsSystem) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"developer","content":"Rules"},
+      {"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]},
+      {"role":"assistant","content":"ok","name":"bot"}]})");
+  EXPECT_EQ(*p.prompt_text, "System: Rules\nUser: one\ntwo\nAssistant: ok\nAssistant:");
+}
+
+TEST(OpenAiChatParse, TheSameOptionsAsCompletions) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":50,
+      "temperature":0.5,"top_p":0.9,"top_k":40,"seed":1234,"stop":["\n","END"],"stream":true,
+      "stream_options":{"include_usage":true},"n":1,"priority":1,"ignore_eos":true,
+      "logprobs":false,"top_logprobs":0,"tools":[],"tool_choice":"none",
+      "response_format":{"type":"text"},"presence_penalty":0,"user":"me","unknown":{"x":1}})");
+  EXPECT_EQ(p.max_tokens, 50);
+  EXPECT_FALSE(p.max_tokens_from_context);
+  EXPECT_FLOAT_EQ(p.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.top_k, 40);
+  EXPECT_EQ(p.seed, 1234u);
+  EXPECT_EQ(p.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(p.stream);
+  EXPECT_TRUE(p.include_usage);
+  EXPECT_EQ(p.priority, 1);
+  EXPECT_TRUE(p.ignore_eos);
+}
+
+TEST(OpenAiChatParse, MaxCompletionTokensWinsAndBothAreChecked) {
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  EXPECT_EQ(chat_ok("{" + m + R"(,"max_completion_tokens":7})").max_tokens, 7);
+  EXPECT_EQ(chat_ok("{" + m + R"(,"max_completion_tokens":7,"max_tokens":9})").max_tokens, 7);
+  EXPECT_EQ(chat_ok("{" + m + R"(,"max_tokens":9})").max_tokens, 9);
+  ApiError over = chat_err("{" + m + R"(,"max_completion_tokens":1000})");
+  EXPECT_EQ(over.param, "max_completion_tokens");
+  EXPECT_TRUE(contains(over.message, "at most 200")) << over.message;
+  EXPECT_EQ(chat_err("{" + m + R"(,"max_tokens":0})").param, "max_tokens");
+}
+
+TEST(OpenAiChatParse, WithoutMaxTokensTheContextLeftIsTheLimit) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"Hello"}]})");
+  EXPECT_TRUE(p.max_tokens_from_context);
+  EXPECT_EQ(p.max_tokens, 200);  // the cap, until the prompt is known
+  auto ids = resolve_prompt(p, &fortune(), limits());
+  ASSERT_TRUE(std::holds_alternative<std::vector<int>>(ids));
+  EXPECT_EQ(p.max_tokens, 200) << "the context leaves more than the cap";
+
+  ModelLimits tight = limits();
+  tight.context_length = 20;
+  CompletionParams q = chat_ok(R"({"messages":[{"role":"user","content":"Hello"}]})");
+  auto qi = resolve_prompt(q, &fortune(), tight);
+  ASSERT_TRUE(std::holds_alternative<std::vector<int>>(qi));
+  EXPECT_EQ(q.max_tokens, 20 - int(std::get<std::vector<int>>(qi).size()));
+
+  std::string words;
+  for (int i = 0; i < 30; ++i) words += "word ";
+  CompletionParams full = chat_ok(R"({"messages":[{"role":"user","content":")" + words + R"("}]})");
+  ApiError e = std::get<ApiError>(resolve_prompt(full, &fortune(), tight));
+  EXPECT_EQ(e.code, "context_length_exceeded");
+}
+
+TEST(OpenAiChatParse, WithoutATokenizerTheMessagesAreRefused) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"Hello"}]})");
+  ApiError e = std::get<ApiError>(resolve_prompt(p, nullptr, limits()));
+  EXPECT_EQ(e.param, "messages");
+}
+
+TEST(OpenAiChatParse, BadMessagesNameTheField) {
+  EXPECT_EQ(chat_err(R"({})").param, "messages");
+  EXPECT_EQ(chat_err(R"({"messages":"hi"})").param, "messages");
+  EXPECT_EQ(chat_err(R"({"messages":[]})").param, "messages");
+  EXPECT_EQ(chat_err(R"({"messages":["hi"]})").param, "messages[0]");
+  EXPECT_EQ(chat_err(R"({"messages":[{"content":"x"}]})").param, "messages[0].role");
+  ApiError role = chat_err(R"({"messages":[{"role":"user","content":"x"},
+      {"role":"tool","content":"y"}]})");
+  EXPECT_EQ(role.param, "messages[1].role");
+  EXPECT_TRUE(contains(role.message, "'tool'")) << role.message;
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user"}]})").param, "messages[0].content");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":null}]})").param,
+            "messages[0].content");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":5}]})").param, "messages[0].content");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":["x"]}]})").param,
+            "messages[0].content[0]");
+  ApiError image = chat_err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},
+      {"type":"image_url","image_url":{"url":"http://x"}}]}]})");
+  EXPECT_EQ(image.param, "messages[0].content[1].type");
+  EXPECT_TRUE(contains(image.message, "image_url")) << image.message;
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})").param,
+            "messages[0].content[0].text");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[]}]})").param,
+            "messages[0].tool_calls");
+}
+
+TEST(OpenAiChatParse, SharedRulesGiveTheSameErrors) {
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  for (const std::string rest :
+       {R"("temperature":-1)", R"("top_p":0)", R"("n":2)", R"("stop":5)", R"("seed":"x")",
+        R"("stream":"yes")", R"("stream_options":{"include_usage":true})", R"("priority":1.5)",
+        R"("presence_penalty":1)", R"("logit_bias":{"1":2})", R"("model":"gpt-4")"}) {
+    ApiError chat = chat_err("{" + m + "," + rest + "}");
+    ApiError completion = parse_err(R"({"prompt":"x",)" + rest + "}");
+    EXPECT_EQ(chat.status, completion.status) << rest;
+    EXPECT_EQ(chat.message, completion.message) << rest;
+    EXPECT_EQ(chat.param, completion.param) << rest;
+  }
+  EXPECT_EQ(chat_err(R"({"messages":)").code, "invalid_json");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":"x"}],"model":"gpt-4"})").status,
+            404);
+}
+
+TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"("logprobs":true)", "logprobs"},
+           {R"("top_logprobs":2)", "top_logprobs"},
+           {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
+           {R"("functions":[{"name":"f"}])", "functions"},
+           {R"("tool_choice":"required")", "tool_choice"},
+           {R"("response_format":{"type":"json_object"})", "response_format"}}) {
+    ApiError e = chat_err("{" + m + "," + rest + "}");
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_EQ(e.param, param) << rest;
+    EXPECT_EQ(e.code, "unsupported_parameter") << rest;
+  }
+  EXPECT_EQ(chat_err("{" + m + R"(,"logprobs":3})").param, "logprobs");
+}
+
+ResponseMeta chat_meta() {
+  return {completion_id(0xabc, 7, Api::Chat), 1700000000, "fortune", Api::Chat};
+}
+
+TEST(OpenAiChatResponse, IdAndNonStreamingShape) {
+  EXPECT_EQ(completion_id(0x1234, 0xff, Api::Chat), "chatcmpl-000000000000123400000000000000ff");
+  json j = completion_response(chat_meta(), "Hello there", FinishReason::Stop, {5, 3});
+  EXPECT_EQ(j["id"], chat_meta().id);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "fortune");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["index"], 0);
+  EXPECT_EQ(c["message"], json({{"role", "assistant"}, {"content", "Hello there"}}));
+  EXPECT_FALSE(c.contains("text"));
+  EXPECT_TRUE(c.contains("logprobs") && c["logprobs"].is_null());
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"],
+            json({{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8}}));
+}
+
+TEST(OpenAiChatResponse, StreamChunks) {
+  json role = sse_payload(sse_role_chunk(chat_meta(), false));
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["id"], chat_meta().id);
+  EXPECT_EQ(role["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(role.contains("usage"));
+  EXPECT_TRUE(sse_payload(sse_role_chunk(chat_meta(), true))["usage"].is_null());
+
+  json text = sse_payload(sse_text_chunk(chat_meta(), "Hi", std::nullopt, false));
+  EXPECT_EQ(text["choices"][0]["delta"], json({{"content", "Hi"}}));
+  EXPECT_FALSE(text["choices"][0].contains("text"));
+  EXPECT_TRUE(text["choices"][0]["finish_reason"].is_null());
+
+  // The end: the last text, then the finish reason with an empty delta.
+  std::vector<std::string> end =
+      sse_events(sse_finish_chunks(chat_meta(), "!", FinishReason::Length, true));
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_EQ(json::parse(end[0])["choices"][0]["delta"], json({{"content", "!"}}));
+  EXPECT_TRUE(json::parse(end[0])["choices"][0]["finish_reason"].is_null());
+  const json last = json::parse(end[1]);
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["usage"].is_null());
+  EXPECT_EQ(sse_events(sse_finish_chunks(chat_meta(), "", FinishReason::Stop, false)).size(), 1u);
+  // Completions end in one chunk, text and reason together.
+  EXPECT_EQ(sse_finish_chunks(meta(), "!", FinishReason::Stop, false),
+            sse_text_chunk(meta(), "!", FinishReason::Stop, false));
+
+  json usage = sse_payload(sse_usage_chunk(chat_meta(), {4, 2}));
+  EXPECT_EQ(usage["object"], "chat.completion.chunk");
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+}
+
+// A chat chunk as a json tree: sse_text_chunk() must write its dump() bytes.
+std::string reference_chat_chunk(const ResponseMeta& m, const std::string& text,
+                                 std::optional<FinishReason> reason, bool include_usage,
+                                 const std::vector<int>* token_ids) {
+  json c = {{"index", 0},
+            {"delta", reason && text.empty() ? json::object() : json({{"content", text}})},
+            {"logprobs", nullptr},
+            {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
+  if (token_ids) c["token_ids"] = *token_ids;
+  json j = {{"id", m.id},
+            {"object", "chat.completion.chunk"},
+            {"created", m.created},
+            {"model", m.model}};
+  j["choices"] = json::array({c});
+  if (include_usage) j["usage"] = nullptr;
+  return "data: " + dump(j) + "\n\n";
+}
+
+TEST(OpenAiChatResponse, SseChunkBytesAreTheJsonTreeDump) {
+  const std::vector<int> ids = {0, 7, 1999};
+  const ResponseMeta odd{"chatcmpl-\"odd\"\n", -5, "m\xC3\xA9\\del", Api::Chat};
+  for (const ResponseMeta& m : {chat_meta(), odd})
+    for (const std::string text : {"", "Hi\n", " the \"end\"", "a\xff"})
+      for (const std::optional<FinishReason> reason :
+           {std::optional<FinishReason>{}, std::optional{FinishReason::Stop}})
+        for (const bool usage : {false, true})
+          for (const std::vector<int>* t : {(const std::vector<int>*)nullptr, &ids})
+            EXPECT_EQ(sse_text_chunk(m, text, reason, usage, t),
+                      reference_chat_chunk(m, text, reason, usage, t));
 }
 
 }  // namespace

@@ -1,0 +1,71 @@
+#include "net/chat_template.h"
+
+namespace troupe::openai {
+
+namespace {
+
+const char* plain_label(ChatRole role) {
+  switch (role) {
+    case ChatRole::System:
+      return "System: ";
+    case ChatRole::User:
+      return "User: ";
+    case ChatRole::Assistant:
+      return "Assistant: ";
+  }
+  return "";
+}
+
+std::string render_plain(const std::vector<ChatMessage>& messages) {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    out += plain_label(m.role);
+    out += m.content;
+    out += '\n';
+  }
+  out += "Assistant:";
+  return out;
+}
+
+std::string render_llama2(const std::vector<ChatMessage>& messages) {
+  std::string out;
+  std::string system;  // waits for the next user turn
+  const auto instruction = [&](const std::string& text) {
+    if (!out.empty()) out += ' ';
+    out += "[INST] ";
+    out += system;
+    out += text;
+    out += " [/INST]";
+    system.clear();
+  };
+  for (const ChatMessage& m : messages) {
+    switch (m.role) {
+      case ChatRole::System:
+        system += "<<SYS>>\n" + m.content + "\n<</SYS>>\n\n";
+        break;
+      case ChatRole::User:
+        instruction(m.content);
+        break;
+      case ChatRole::Assistant:
+        if (!out.empty()) out += ' ';
+        out += m.content;
+        break;
+    }
+  }
+  if (!system.empty()) instruction("");  // a system message with no user turn after it
+  return out;
+}
+
+}  // namespace
+
+std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl) {
+  switch (tmpl) {
+    case ChatTemplate::Plain:
+      return render_plain(messages);
+    case ChatTemplate::Llama2:
+      return render_llama2(messages);
+  }
+  return render_plain(messages);
+}
+
+}  // namespace troupe::openai

@@ -1,0 +1,30 @@
+#pragma once
+// A chat's messages rendered as one prompt, by the template the server was
+// configured with (service/chat_template.h). Pure functions, unit-tested.
+#include <string>
+#include <vector>
+
+#include "service/chat_template.h"
+
+namespace troupe::openai {
+
+enum class ChatRole { System, User, Assistant };
+
+struct ChatMessage {
+  ChatRole role = ChatRole::User;
+  std::string content;  // the text parts, joined by "\n"
+  bool operator==(const ChatMessage&) const = default;
+};
+
+// The prompt text, ending where the assistant's next turn begins, so that
+// the model's completion is that turn:
+// - plain: one "System: ", "User: " or "Assistant: " line per message, then
+//   "Assistant:".
+// - llama2: Meta's Llama 2 chat format. Each user turn is "[INST] ... [/INST]",
+//   a system message goes first into the next one as "<<SYS>>\n...\n<</SYS>>\n\n",
+//   an assistant turn follows as " ...". The tokenizer adds the BOS at the start;
+//   the EOS/BOS pairs Meta puts between turns are not text, so they are left
+//   out rather than spelled as the characters "</s><s>".
+std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl);
+
+}  // namespace troupe::openai
