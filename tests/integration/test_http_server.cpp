@@ -353,8 +353,12 @@ struct StreamResult {
   int chunks = 0;
 };
 
-StreamResult collect_stream(const std::string& body) {
+// A completion stream's text, checking its shape; a chat stream (`chat`)
+// also has the role first, then content deltas, and the finish reason alone
+// in an empty delta.
+StreamResult collect_stream(const std::string& body, bool chat = false) {
   StreamResult r;
+  bool role = false;
   for (const std::string& ev : sse_events(body)) {
     EXPECT_FALSE(r.done) << "event after [DONE]: " << ev;
     if (ev == "[DONE]") {
@@ -366,17 +370,31 @@ StreamResult collect_stream(const std::string& body) {
       r.error = j;
       continue;
     }
-    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["object"], chat ? "chat.completion.chunk" : "text_completion");
     EXPECT_EQ(j["model"], "fortune");
+    if (chat) {
+      EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+    }
     if (j["choices"].empty()) {
       r.usage = j["usage"];
       continue;
     }
     EXPECT_TRUE(r.finish_reason.empty()) << "chunk after the finish_reason chunk";
     ++r.chunks;
-    r.text += j["choices"][0]["text"].get<std::string>();
-    if (!j["choices"][0]["finish_reason"].is_null())
-      r.finish_reason = j["choices"][0]["finish_reason"];
+    const json& choice = j["choices"][0];
+    const bool last = !choice["finish_reason"].is_null();
+    if (last) r.finish_reason = choice["finish_reason"];
+    if (!chat) {
+      r.text += choice["text"].get<std::string>();
+      continue;
+    }
+    const json& delta = choice["delta"];
+    EXPECT_EQ(delta.contains("role"), !role) << "the role comes first, once: " << ev;
+    role = true;
+    if (delta.contains("content")) r.text += delta["content"].get<std::string>();
+    if (last) {
+      EXPECT_EQ(delta, json::object()) << ev;
+    }
   }
   return r;
 }
@@ -525,42 +543,6 @@ std::string rendered(const std::string& user) {
   return "System: Be wise.\nUser: " + user + "\nAssistant:";
 }
 
-// A chat stream's text, checking its shape: the role first, then content
-// deltas, the finish reason alone in an empty delta, usage, [DONE].
-StreamResult collect_chat_stream(const std::string& body) {
-  StreamResult r;
-  bool role = false;
-  for (const std::string& ev : sse_events(body)) {
-    EXPECT_FALSE(r.done) << "event after [DONE]: " << ev;
-    if (ev == "[DONE]") {
-      r.done = true;
-      continue;
-    }
-    json j = json::parse(ev);
-    if (j.contains("error")) {
-      r.error = j;
-      continue;
-    }
-    EXPECT_EQ(j["object"], "chat.completion.chunk");
-    EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
-    if (j["choices"].empty()) {
-      r.usage = j["usage"];
-      continue;
-    }
-    EXPECT_TRUE(r.finish_reason.empty()) << "chunk after the finish_reason chunk";
-    const json& delta = j["choices"][0]["delta"];
-    EXPECT_EQ(delta.contains("role"), !role) << "the role comes first, once: " << ev;
-    role = true;
-    ++r.chunks;
-    if (delta.contains("content")) r.text += delta["content"].get<std::string>();
-    if (!j["choices"][0]["finish_reason"].is_null()) {
-      r.finish_reason = j["choices"][0]["finish_reason"];
-      EXPECT_EQ(delta, json::object()) << ev;
-    }
-  }
-  return r;
-}
-
 TEST_F(HttpServerTest, ChatIsTheCompletionOfItsRenderedPrompt) {
   start();
   Client c(port_);
@@ -592,7 +574,7 @@ TEST_F(HttpServerTest, ChatIsTheCompletionOfItsRenderedPrompt) {
              chat("Hello", 12, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
   ASSERT_EQ(s.status, 200) << s.body;
   EXPECT_EQ(s.header("content-type").rfind("text/event-stream", 0), 0u);
-  StreamResult st = collect_chat_stream(s.body);
+  StreamResult st = collect_stream(s.body, true);
   EXPECT_TRUE(st.done);
   EXPECT_EQ(st.text, expected_text(rendered("Hello"), 12));
   EXPECT_EQ(st.finish_reason, "length");
