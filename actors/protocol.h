@@ -123,13 +123,13 @@ using RouterActor = caf::typed_actor<
 // late, since a start or its answer may have been lost on the way.
 // (alive) answers with the incarnation it holds: the supervisor asks when
 // another process joins under this node's name (a restart, or a mistake).
-using NodeActor =
-    caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
-                                     std::vector<MemberActor>>::with<BatcherActor>,
-                     caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
-                     caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
-                     caf::reacts_to<stop_atom, int, uint64_t>, caf::reacts_to<join_atom>,
-                     caf::reacts_to<ntick_atom>, caf::replies_to<alive_atom>::with<uint64_t>>;
+using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
+                                                   std::vector<MemberActor>>::with<BatcherActor>,
+                                   caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
+                                   caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
+                                   caf::reacts_to<stop_atom, int, uint64_t>,
+                                   caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom, uint64_t>,
+                                   caf::replies_to<alive_atom>::with<uint64_t>>;
 
 // What a node sees of the coordinator: it joins, it beats, and the parts of
 // a replica spanning nodes meet through its rendezvous store (set a key;

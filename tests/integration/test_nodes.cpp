@@ -437,6 +437,25 @@ TEST(Nodes, AReplicaWhosePartsNodeDiedFreesItsLeadersDevices) {
       << s.metrics() << s.process().stderr_so_far();
 }
 
+// A node beats at the coordinator's pace when the coordinator's heartbeat
+// timeout is the shorter: a node left at its default (2 s, a beat every
+// 0.5 s) under a coordinator of 0.4 s was declared dead every half second,
+// and its replica restarted with it (15 times in 8 s). Here a node of 8 s
+// (a beat every 2 s) under a coordinator of 1 s.
+TEST(Nodes, ANodeWithALongerHeartbeatTimeoutBeatsAtTheCoordinatorsPace) {
+  Server s(coordinator_sets(1, 1.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a", {"nodes.heartbeat_timeout_s=8"});
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const std::string m = s.metrics();
+  // No node was declared dead, either way.
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos)
+      << m << s.process().stderr_so_far();
+  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 16}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 16));
+}
+
 // Garbage and truncated messages on the node port close that connection;
 // the coordinator keeps serving and nodes still join.
 TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
