@@ -416,7 +416,11 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         AgentState& s = *st;
         if (chain != s.ticks) return;  // replaced by a faster one
         if (s.joined) {
-          self->send(s.coordinator, beat_atom::value, s.node, s.incarnation);
+          // The answer is traffic that keeps this end of the connection
+          // alive (CAF's connection timeout is this node's heartbeat
+          // timeout); a membership that is over is told by a join instead.
+          self->request(s.coordinator, join_timeout(s), beat_atom::value, s.node, s.incarnation)
+              .then([](bool) {}, [](caf::error&) {});
         } else if (!s.joining && Clock::now() - s.last_attempt >= std::chrono::milliseconds(500)) {
           join(self, st);
         }

@@ -131,16 +131,17 @@ using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, Rout
                                    caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom, uint64_t>,
                                    caf::replies_to<alive_atom>::with<uint64_t>>;
 
-// What a node sees of the coordinator: it joins, it beats, and the parts of
-// a replica spanning nodes meet through its rendezvous store (set a key;
-// get one, empty while it is not set). Values travel as std::string, not
+// What a node sees of the coordinator: it joins, it beats (answered: whether
+// its membership is current), and the parts of a replica spanning nodes
+// meet through its rendezvous store (set a key; get one, empty while it is
+// not set). Values travel as std::string, not
 // std::vector<char>: CAF 0.17's binary_deserializer resizes a byte vector to
 // the length the message claims before it checks that many bytes are there
 // (5 bytes claiming 1 GiB allocate 1 GiB), while a string's length is
 // checked against the input first.
 using CoordinatorActor =
     caf::typed_actor<caf::replies_to<join_atom, JoinRequest, NodeActor>::with<JoinReply>,
-                     caf::reacts_to<beat_atom, int, uint64_t>,
+                     caf::replies_to<beat_atom, int, uint64_t>::with<bool>,
                      caf::replies_to<rdvset_atom, std::string, std::string>::with<bool>,
                      caf::replies_to<rdvget_atom, std::string>::with<std::string>>;
 

@@ -479,12 +479,16 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   return {
       [=](join_atom, const JoinRequest& req, NodeActor agent)
           -> caf::typed_response_promise<JoinReply> { return join_named(self, st, req, agent); },
-      [=](beat_atom, int node, uint64_t incarnation) {
+      // Answered, so that a node hears from us at its own beat's pace: with
+      // only our CAF heartbeats (a quarter of our timeout), a node of a
+      // shorter timeout saw its connection time out between them.
+      [=](beat_atom, int node, uint64_t incarnation) -> bool {
         SupervisorState& s = *st;
-        if (s.cluster.heard_from(node, incarnation, s.now())) return;
+        if (s.cluster.heard_from(node, incarnation, s.now())) return true;
         // It speaks for a membership that is over (declared dead while it
         // was away): it must stop what it runs and join again.
         self->send(caf::actor_cast<NodeActor>(self->current_sender()), join_atom::value);
+        return false;
       },
       [=](stick_atom) {
         SupervisorState& s = *st;

@@ -456,6 +456,26 @@ TEST(Nodes, ANodeWithALongerHeartbeatTimeoutBeatsAtTheCoordinatorsPace) {
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 16));
 }
 
+// And the other way round: a node of a shorter heartbeat timeout than its
+// coordinator's heard from the coordinator only at the coordinator's CAF
+// heartbeat pace (a quarter of its timeout), so its connection timed out
+// and it dropped its replica and joined again every few seconds (a node of
+// 2 s under a coordinator of 10 s). The coordinator answers every beat.
+TEST(Nodes, ANodeWithAShorterHeartbeatTimeoutKeepsItsCoordinator) {
+  Server s(coordinator_sets(1, 8.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a", {"nodes.heartbeat_timeout_s=1"});
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const std::string m = s.metrics();
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos)
+      << m << s.process().stderr_so_far();
+  EXPECT_EQ(a->stderr_so_far().find("lost the coordinator"), std::string::npos)
+      << a->stderr_so_far();
+  auto r = s.complete({{"prompt", kPrompts[2]}, {"max_tokens", 16}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[2], 16));
+}
+
 // Garbage and truncated messages on the node port close that connection;
 // the coordinator keeps serving and nodes still join.
 TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {
