@@ -128,15 +128,23 @@ struct AgentState {
   bool joining = false;
   int node = -1;
   uint64_t incarnation = 0;
+  // The coordinator's heartbeat timeout, from its answer to the join (0:
+  // not known yet): the beats keep its pace when it is the shorter.
+  double coordinator_timeout_s = 0;
+  uint64_t ticks = 0;              // the tick chain's number: a faster pace starts a new chain
   std::map<int, Hosted> replicas;  // by replica index
   std::vector<bool> busy;          // per device
   Clock::time_point last_attempt{};
   bool warned_unreachable = false;
 };
 
+// Four beats within the shorter of this node's heartbeat timeout and its
+// coordinator's: a node configured with a longer one than its coordinator
+// would otherwise be declared dead between beats.
 std::chrono::milliseconds beat_interval(const AgentState& s) {
-  return std::chrono::milliseconds(
-      std::max<int64_t>(20, int64_t(s.opts.heartbeat_timeout_s * 1000 / 4)));
+  double timeout_s = s.opts.heartbeat_timeout_s;
+  if (s.coordinator_timeout_s > 0) timeout_s = std::min(timeout_s, s.coordinator_timeout_s);
+  return std::chrono::milliseconds(std::max<int64_t>(20, int64_t(timeout_s * 1000 / 4)));
 }
 
 // A join that gets no answer (a connection that died silently) is given up
@@ -205,6 +213,19 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
             st->joined = true;
             st->node = reply.node;
             st->incarnation = reply.incarnation;
+            const double coordinator_s = reply.heartbeat_timeout_ms / 1000.0;
+            const auto pace = beat_interval(*st);
+            st->coordinator_timeout_s = coordinator_s;
+            if (beat_interval(*st) < pace) {
+              // The next tick, due at the old pace, would come too late:
+              // a new chain beats now and at the new pace.
+              self->send(self, ntick_atom::value, ++st->ticks);
+              spdlog::info(
+                  "node {}: the coordinator's heartbeat timeout ({} s) is shorter than this "
+                  "node's ({} s): it beats every {} ms",
+                  st->opts.join.name, coordinator_s, st->opts.heartbeat_timeout_s,
+                  beat_interval(*st).count());
+            }
             spdlog::info("node {}: joined the coordinator as node {} (incarnation {}), {} devices",
                          st->opts.join.name, reply.node, reply.incarnation,
                          st->opts.devices.size());
@@ -311,7 +332,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
     stop_all(self, *st, "the node is shutting down");
     self->quit(em.reason);
   });
-  self->send(self, ntick_atom::value);
+  self->send(self, ntick_atom::value, st->ticks);
   return {
       [=](start_atom, const ReplicaPlan& plan, RouterActor router,
           std::vector<MemberActor> members) -> caf::result<BatcherActor> {
@@ -391,14 +412,19 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         join(self, st);
       },
       [=](alive_atom) { return st->incarnation; },
-      [=](ntick_atom) {
+      [=](ntick_atom, uint64_t chain) {
         AgentState& s = *st;
+        if (chain != s.ticks) return;  // replaced by a faster one
         if (s.joined) {
-          self->send(s.coordinator, beat_atom::value, s.node, s.incarnation);
+          // The answer is traffic that keeps this end of the connection
+          // alive (CAF's connection timeout is this node's heartbeat
+          // timeout); a membership that is over is told by a join instead.
+          self->request(s.coordinator, join_timeout(s), beat_atom::value, s.node, s.incarnation)
+              .then([](bool) {}, [](caf::error&) {});
         } else if (!s.joining && Clock::now() - s.last_attempt >= std::chrono::milliseconds(500)) {
           join(self, st);
         }
-        self->delayed_send(self, beat_interval(s), ntick_atom::value);
+        self->delayed_send(self, beat_interval(s), ntick_atom::value, s.ticks);
       },
   };
 }

@@ -123,24 +123,25 @@ using RouterActor = caf::typed_actor<
 // late, since a start or its answer may have been lost on the way.
 // (alive) answers with the incarnation it holds: the supervisor asks when
 // another process joins under this node's name (a restart, or a mistake).
-using NodeActor =
-    caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
-                                     std::vector<MemberActor>>::with<BatcherActor>,
-                     caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
-                     caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
-                     caf::reacts_to<stop_atom, int, uint64_t>, caf::reacts_to<join_atom>,
-                     caf::reacts_to<ntick_atom>, caf::replies_to<alive_atom>::with<uint64_t>>;
+using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, RouterActor,
+                                                   std::vector<MemberActor>>::with<BatcherActor>,
+                                   caf::replies_to<placed_atom, int, uint64_t>::with<BatcherActor>,
+                                   caf::replies_to<part_atom, ReplicaPlan>::with<MemberActor>,
+                                   caf::reacts_to<stop_atom, int, uint64_t>,
+                                   caf::reacts_to<join_atom>, caf::reacts_to<ntick_atom, uint64_t>,
+                                   caf::replies_to<alive_atom>::with<uint64_t>>;
 
-// What a node sees of the coordinator: it joins, it beats, and the parts of
-// a replica spanning nodes meet through its rendezvous store (set a key;
-// get one, empty while it is not set). Values travel as std::string, not
+// What a node sees of the coordinator: it joins, it beats (answered: whether
+// its membership is current), and the parts of a replica spanning nodes
+// meet through its rendezvous store (set a key; get one, empty while it is
+// not set). Values travel as std::string, not
 // std::vector<char>: CAF 0.17's binary_deserializer resizes a byte vector to
 // the length the message claims before it checks that many bytes are there
 // (5 bytes claiming 1 GiB allocate 1 GiB), while a string's length is
 // checked against the input first.
 using CoordinatorActor =
     caf::typed_actor<caf::replies_to<join_atom, JoinRequest, NodeActor>::with<JoinReply>,
-                     caf::reacts_to<beat_atom, int, uint64_t>,
+                     caf::replies_to<beat_atom, int, uint64_t>::with<bool>,
                      caf::replies_to<rdvset_atom, std::string, std::string>::with<bool>,
                      caf::replies_to<rdvget_atom, std::string>::with<std::string>>;
 

@@ -103,6 +103,15 @@ void end_placement(SupervisorActor::pointer self, SupervisorState& s, size_t r, 
   Slot& slot = s.slots[r];
   if (slot.batcher) self->demonitor(slot.batcher.address());
   for (const MemberActor& m : slot.members) self->send_exit(m, caf::exit_reason::user_shutdown);
+  // Every live node it was placed on stops what it runs of this placement
+  // and frees those devices in its own books at once, before any later
+  // start from here reaches it (same sender, same order). Without it, a
+  // leader on a live node whose part's node died ran on (idle, or waiting
+  // in a collective) holding devices the cluster counts free, and the next
+  // start placed there was refused for want of them.
+  for (int node : slot.nodes)
+    if (auto agent = s.nodes.find(node); agent != s.nodes.end())
+      self->send(agent->second, stop_atom::value, int(r), slot.epoch);
   self->send(s.router, down_atom::value, int(r), slot.epoch, give_up);
   slot.batcher = BatcherActor{};
   slot.members.clear();
@@ -470,12 +479,16 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   return {
       [=](join_atom, const JoinRequest& req, NodeActor agent)
           -> caf::typed_response_promise<JoinReply> { return join_named(self, st, req, agent); },
-      [=](beat_atom, int node, uint64_t incarnation) {
+      // Answered, so that a node hears from us at its own beat's pace: with
+      // only our CAF heartbeats (a quarter of our timeout), a node of a
+      // shorter timeout saw its connection time out between them.
+      [=](beat_atom, int node, uint64_t incarnation) -> bool {
         SupervisorState& s = *st;
-        if (s.cluster.heard_from(node, incarnation, s.now())) return;
+        if (s.cluster.heard_from(node, incarnation, s.now())) return true;
         // It speaks for a membership that is over (declared dead while it
         // was away): it must stop what it runs and join again.
         self->send(caf::actor_cast<NodeActor>(self->current_sender()), join_atom::value);
+        return false;
       },
       [=](stick_atom) {
         SupervisorState& s = *st;
@@ -497,11 +510,9 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         if (replica < 0 || size_t(replica) >= s.slots.size()) return;
         Slot& slot = s.slots[size_t(replica)];
         if (slot.epoch != epoch || !slot.batcher) return;  // already over
-        // It may still run, deaf or mute: its node is told to stop it (the
-        // router ignores it from now on either way, by its epoch).
-        for (int node : slot.nodes)
-          if (auto agent = s.nodes.find(node); agent != s.nodes.end())
-            self->send(agent->second, stop_atom::value, replica, epoch);
+        // It may still run, deaf or mute: its nodes are told to stop it
+        // (end_placement, from replica_died; the router ignores it from now
+        // on either way, by its epoch).
         self->send_exit(slot.batcher, caf::exit_reason::user_shutdown);
         replica_died(self, st, size_t(replica), why);
       },

@@ -26,8 +26,10 @@ namespace troupe {
 // strings, floating-point fields as their IEEE-754 bits. 4: the router <->
 // replica channel's sequence numbers (scheduler/replica_link.h). 5: a
 // fault order with `end` withdraws a one-shot fault (an older node would
-// arm it), FaultOutcome::Withdrawn, and a node answers (alive).
-inline constexpr uint32_t kWireProtocol = 5;
+// arm it), FaultOutcome::Withdrawn, and a node answers (alive). 6: a join's
+// answer carries the coordinator's heartbeat timeout, which sets the pace
+// of the node's beats, and a beat is answered.
+inline constexpr uint32_t kWireProtocol = 6;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -132,7 +134,8 @@ typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinReply& x) {
-  return f(caf::meta::type_name("JoinReply"), x.accepted, x.reason, x.node, x.incarnation);
+  return f(caf::meta::type_name("JoinReply"), x.accepted, x.reason, x.node, x.incarnation,
+           x.heartbeat_timeout_ms);
 }
 
 // What a node needs to start a replica placed on it. The node takes the

@@ -72,10 +72,17 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
     report(self, reporter, o.id, FaultOutcome::Applied, what);
   };
   const auto kill_shard = [&](int device) {
+    // A replica spanning nodes numbers here only the shards on its
+    // leader's node; the others are its parts' (a kill of a member).
     if (device < 0 || size_t(device) >= st.shards.size())
       return refuse(name + " has " + std::to_string(st.shards.size()) + " shard actor(s)" +
-                    (st.shards.empty() ? " (one device: kill its worker instead)" : "") +
-                    "; no device " + std::to_string(device));
+                    (!st.members.empty() ? " on its leader's node"
+                     : st.shards.empty() ? " (one device: kill its worker instead)"
+                                         : "") +
+                    "; no device " + std::to_string(device) +
+                    (!st.members.empty() ? " there (its " + std::to_string(st.members.size()) +
+                                               " part(s) on other nodes: kill a member)"
+                                         : ""));
     self->send(st.shards[size_t(device)], crash_atom::value, o.id, true, reporter);
     applied(name + ": device " + std::to_string(device) + " dies in its next step");
   };

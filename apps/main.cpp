@@ -28,7 +28,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and the like are 0; a command line CLI11 refuses (an unknown
+    // flag, a value of the wrong type, a missing --join) is a usage error,
+    // 2 like the ones the commands refuse themselves, not CLI11's 104-109
+    // (which `troupe chaos` callers would read as neither PASS, FAIL nor
+    // INCOMPLETE).
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const troupe::app::ExitStatus& e) {
     std::cerr << "troupe: " << e.what() << "\n";
     return e.status();

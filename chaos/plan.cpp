@@ -1,6 +1,8 @@
 #include "chaos/plan.h"
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "deploy/config.h"
@@ -12,6 +14,53 @@ namespace {
 
 using schema::Fields;
 using schema::Origin;
+
+// The keys a fault of `kind` takes beyond at_s and kind, and besides node,
+// replica, device and duration_s (checked by value in validate_fault, each
+// with its own reason); null for an unknown kind (validate_fault names it).
+const std::vector<std::string_view>* fault_keys(std::string_view kind) {
+  using Keys = std::vector<std::string_view>;
+  static const std::vector<std::pair<std::string_view, Keys>> table = {
+      {"process_kill", {"restart_after_s"}},
+      {"process_stop", {"duration_s"}},
+      {"process_restart", {}},
+      {"link_delay", {"duration_s", "direction", "delay_s"}},
+      {"link_drop", {"duration_s", "direction", "probability"}},
+      {"link_duplicate", {"duration_s", "direction", "probability"}},
+      {"link_reorder", {"duration_s", "direction", "probability"}},
+      {"link_cut", {"duration_s", "direction"}},
+      {"link_bandwidth", {"duration_s", "direction", "bytes_per_s"}},
+      {"link_reset", {}},
+      {"kill", {"role"}},
+      {"step_error", {}},
+      {"slow", {"duration_s", "factor"}},
+      {"kv_alloc_fail", {"duration_s"}},
+      {"client_disconnect", {"count"}},
+      {"client_slow", {"count", "bytes_per_s"}},
+  };
+  for (const auto& [k, keys] : table)
+    if (k == kind) return &keys;
+  return nullptr;
+}
+
+// A key given that the fault's kind does not use was ignored: a plan with
+// {kind: slow, delay_s: 3} ran a slow fault of the default factor, and one
+// with {kind: link_delay, factor: 3} the default delay, without a word.
+void check_fault_keys(const Origin& o, const std::string& path, FaultPlan& f,
+                      const std::set<std::string>& given) {
+  const std::vector<std::string_view>* keys = fault_keys(f.kind);
+  if (!keys) return;
+  for (const std::string& key : given) {
+    if (key == "at_s" || key == "kind" || key == "node" || key == "replica" || key == "device" ||
+        key == "duration_s")
+      continue;
+    if (std::find(keys->begin(), keys->end(), key) != keys->end()) continue;
+    std::vector<std::string_view> takes{"at_s"};
+    takes.insert(takes.end(), keys->begin(), keys->end());
+    o.fail(schema::child_key(path, key),
+           "a " + f.kind + " fault has no " + key + " (it takes " + schema::join(takes) + ")");
+  }
+}
 
 const Fields<ChaosPlan>& plan_fields() {
   static const Fields<ChaosPlan> root = [] {
@@ -51,7 +100,8 @@ const Fields<ChaosPlan>& plan_fields() {
         .add("direction", &FaultPlan::direction, schema::non_empty_text())
         .add("bytes_per_s", &FaultPlan::bytes_per_s, schema::number_in(1, 1e12))
         .add("count", &FaultPlan::count, schema::positive_int())
-        .add("restart_after_s", &FaultPlan::restart_after_s, schema::number_in(-1, 3600));
+        .add("restart_after_s", &FaultPlan::restart_after_s, schema::number_in(-1, 3600))
+        .after_read(check_fault_keys);
 
     Fields<RandomFaults> random;
     random.add("every_s", &RandomFaults::every_s, schema::non_negative_seconds("no random faults"))
@@ -130,6 +180,10 @@ void validate_fault(const Origin& o, const ChaosPlan& p, const FaultPlan& f,
       f.role != "member")
     o.fail(key + ".role", "expected one of worker, batcher, shard, member, got '" + f.role +
                               "' (the router and supervisor are the coordinator itself)");
+  if (f.kind == "kill" && (f.role == "shard" || f.role == "member") && f.device < 0)
+    o.fail(key + ".device", "a kill of a " + f.role + " names which one (device: 0 for the " +
+                                (f.role == "shard" ? "replica's first shard" : "first other part") +
+                                ")");
   if (on_node && p.deployment.nodes == 0)
     o.fail(key + ".kind", "a " + f.kind + " fault needs node processes (deployment.nodes is 0)");
   if (on_node && f.node != "any" && node_number(f.node, p.deployment.nodes) == 0)
@@ -260,6 +314,12 @@ void check_plan_replicas(const ChaosPlan& plan, int replicas, int devices_per_re
              std::to_string(f.replica) + ", but " + deployment + " has " +
                  std::to_string(replicas) + " replica(s)" +
                  (replicas > 0 ? " (0 .. " + std::to_string(replicas - 1) + ")" : std::string()));
+    if (f.kind == "kill" && (f.role == "shard" || f.role == "member") && devices_per_replica == 1)
+      o.fail(key + ".role",
+             "a kill of a " + f.role + ", but a replica of " + deployment + " has one device: " +
+                 (f.role == "shard" ? "it runs no shard actors"
+                                    : "it never spans nodes, so it has no remote parts") +
+                 " (kill its worker instead)");
     if (f.device >= 0 && devices_per_replica > 0 && f.device >= devices_per_replica)
       o.fail(key + ".device", std::to_string(f.device) + ", but a replica of " + deployment +
                                   " has " + std::to_string(devices_per_replica) +

@@ -1,6 +1,7 @@
 #include "scheduler/cluster.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -68,6 +69,8 @@ JoinReply Cluster::join(const JoinRequest& r, double now, bool in_process) {
   reply.accepted = true;
   reply.node = n.id;
   reply.incarnation = n.incarnation;
+  reply.heartbeat_timeout_ms =
+      uint32_t(std::clamp(std::ceil(options_.heartbeat_timeout_s * 1000), 1.0, double(UINT32_MAX)));
   return reply;
 }
 

@@ -29,6 +29,11 @@ struct JoinReply {
   std::string reason;        // why not, when refused
   int node = -1;             // its id at this coordinator
   uint64_t incarnation = 0;  // bumped every time it (re)joins
+  // The coordinator's nodes.heartbeat_timeout_s in milliseconds: a node
+  // beats at least four times within it, whatever its own timeout (a node
+  // of a longer one, beating at its own pace, was declared dead between
+  // every two beats). 0: not said.
+  uint32_t heartbeat_timeout_ms = 0;
 };
 
 enum class NodeState { Live, Dead };

@@ -276,9 +276,18 @@ size_t RequestTable::replica_down(int replica, bool permanent, double now) {
 }
 
 void RequestTable::tick(double now) {
-  for (uint64_t id : queue_.expire(now))
-    end_with_error(id, ServiceErrorKind::Unavailable, "timed out waiting in the admission queue",
-                   queue_.retry_after_s(now));
+  const std::vector<uint64_t> expired = queue_.expire(now);
+  if (!expired.empty()) {
+    // With every replica down (their nodes dead), the client learns why
+    // nothing took its request, not only that it waited.
+    const std::string why =
+        live_replicas() > 0
+            ? "timed out waiting in the admission queue"
+            : "timed out waiting in the admission queue: no replica is up (0 of " +
+                  std::to_string(replicas_.size()) + "; down ones wait to be placed again)";
+    for (uint64_t id : expired)
+      end_with_error(id, ServiceErrorKind::Unavailable, why, queue_.retry_after_s(now));
+  }
   std::vector<std::pair<uint64_t, bool>> late;
   while (!deadlines_.empty() && deadlines_.top().first <= now) {
     const auto [deadline, id] = deadlines_.top();

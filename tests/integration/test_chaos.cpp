@@ -193,6 +193,9 @@ TEST(Chaos, WhatThePlanOrTheFlagsGetWrongIsRefusedBeforeAnythingStarts) {
   };
   const fs::path quick = test::source_dir() / "configs" / "chaos" / "quick.yaml";
   EXPECT_EQ(refused(quick, {"--requests", "0"}, "--requests must be a positive").exit_code, 2);
+  // What the flag parser refuses is a usage error too (it was 104-109).
+  EXPECT_EQ(refused(quick, {"--requests", "x"}, "--requests").exit_code, 2);
+  EXPECT_EQ(refused(quick, {"--no-such-flag"}, "--no-such-flag").exit_code, 2);
   refused(quick, {"--requests", "-5"}, "--requests must be a positive");
   refused(quick, {"--duration", "-1"}, "--duration must be a positive");
   refused(quick, {"--duration", "0"}, "--duration must be a positive");

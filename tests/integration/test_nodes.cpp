@@ -397,6 +397,85 @@ TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
   }
 }
 
+// A replica spanning nodes whose other part's node dies is over on every
+// node, its leader's included: a live leader left running (idle, or stuck
+// in a collective with the dead part) kept its node's device while the
+// coordinator counted it free, so the next replica placed there was
+// refused ("node a has 0 free devices") until its restart limit, and stayed
+// down for good although the devices were there.
+TEST(Nodes, AReplicaWhosePartsNodeDiedFreesItsLeadersDevices) {
+  auto sets = coordinator_sets(2);
+  sets.push_back("parallel.tensor=2");
+  Server s(sets, /*wait_ready=*/false);
+  const std::string two = "devices=[{kind: cpu, threads: 1}, {kind: cpu, threads: 1}]";
+  // Replica 0 on c (two devices), replica 1 split over a and b.
+  auto c = test::start_node(s.nodes_port(), "c", {two});
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  ASSERT_TRUE(s.wait_metric(node_replicas("a"), "1", 10)) << s.metrics();
+  // b hangs: replica 1 is over (its leader on a must let go of a's device).
+  b->signal(SIGSTOP);
+  ASSERT_TRUE(s.wait_metric("troupe_node_detections_total{cause=\"heartbeat\"}", "1", 30))
+      << s.metrics();
+  // c dies; d joins: replica 0 goes to a and d.
+  c->signal(SIGKILL);
+  ASSERT_TRUE(s.wait_metric("troupe_node_detections_total{cause=\"connection lost\"}", "1", 30))
+      << s.metrics();
+  auto d = test::start_node(s.nodes_port(), "d");
+  EXPECT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60))
+      << s.metrics() << s.process().stderr_so_far() << a->stderr_so_far();
+  EXPECT_EQ(s.metrics().find("troupe_replica_state{replica=\"1\"} 3"), std::string::npos)
+      << s.process().stderr_so_far();
+  auto r = s.complete({{"prompt", kPrompts[0]}, {"max_tokens", 20}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[0], 20));
+  // b wakes (fenced, it joins again) and e joins: replica 1 runs again.
+  b->signal(SIGCONT);
+  auto e = test::start_node(s.nodes_port(), "e");
+  EXPECT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60))
+      << s.metrics() << s.process().stderr_so_far();
+}
+
+// A node beats at the coordinator's pace when the coordinator's heartbeat
+// timeout is the shorter: a node left at its default (2 s, a beat every
+// 0.5 s) under a coordinator of 0.4 s was declared dead every half second,
+// and its replica restarted with it (15 times in 8 s). Here a node of 8 s
+// (a beat every 2 s) under a coordinator of 1 s.
+TEST(Nodes, ANodeWithALongerHeartbeatTimeoutBeatsAtTheCoordinatorsPace) {
+  Server s(coordinator_sets(1, 1.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a", {"nodes.heartbeat_timeout_s=8"});
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const std::string m = s.metrics();
+  // No node was declared dead, either way.
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos)
+      << m << s.process().stderr_so_far();
+  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 16}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 16));
+}
+
+// And the other way round: a node of a shorter heartbeat timeout than its
+// coordinator's heard from the coordinator only at the coordinator's CAF
+// heartbeat pace (a quarter of its timeout), so its connection timed out
+// and it dropped its replica and joined again every few seconds (a node of
+// 2 s under a coordinator of 10 s). The coordinator answers every beat.
+TEST(Nodes, ANodeWithAShorterHeartbeatTimeoutKeepsItsCoordinator) {
+  Server s(coordinator_sets(1, 8.0), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a", {"nodes.heartbeat_timeout_s=1"});
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const std::string m = s.metrics();
+  EXPECT_EQ(m.find("troupe_node_detections_total{"), std::string::npos)
+      << m << s.process().stderr_so_far();
+  EXPECT_EQ(a->stderr_so_far().find("lost the coordinator"), std::string::npos)
+      << a->stderr_so_far();
+  auto r = s.complete({{"prompt", kPrompts[2]}, {"max_tokens", 16}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[2], 16));
+}
+
 // Garbage and truncated messages on the node port close that connection;
 // the coordinator keeps serving and nodes still join.
 TEST(Nodes, GarbageOnTheNodePortNeverTakesTheCoordinatorDown) {

@@ -167,6 +167,47 @@ TEST(ChaosPlan, KeysThatDoNotFitTheKindAreRefused) {
             std::string::npos);
   EXPECT_NE(error_of("faults: [{at_s: 1, kind: client_slow, device: 0}]").find("faults[0].device"),
             std::string::npos);
+  // Keys of another kind were ignored: a slow fault ran with the default
+  // factor, a link delay with the default delay, a kill "restarted".
+  const std::string slow =
+      error_of("faults: [{at_s: 1, kind: slow, replica: 0, duration_s: 1, delay_s: 3}]");
+  EXPECT_NE(slow.find("faults[0].delay_s: a slow fault has no delay_s (it takes at_s, "
+                      "duration_s, factor)"),
+            std::string::npos)
+      << slow;
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: link_delay, node: node-1, duration_s: 1, "
+                     "factor: 3}]")
+                .find("faults[0].factor"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: kill, replica: 0, restart_after_s: 2}]")
+                .find("faults[0].restart_after_s"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: process_stop, node: node-1, duration_s: 1, "
+                     "probability: 0.5}]")
+                .find("faults[0].probability"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: step_error, role: shard}]").find("faults[0].role"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: client_disconnect, bytes_per_s: 10}]")
+                .find("faults[0].bytes_per_s"),
+            std::string::npos);
+  EXPECT_NE(error_of("faults: [{at_s: 1, kind: link_reset, node: node-1, direction: to_node}]")
+                .find("faults[0].direction"),
+            std::string::npos);
+  // Overrides too.
+  ChaosPlan p =
+      parse_chaos_plan("faults: [{at_s: 1, kind: slow, replica: 0, duration_s: 1}]", "plan.yaml");
+  EXPECT_THROW(apply_plan_override(p, "faults[0].count", "2"), ConfigError);
+  // A kill of a shard or a remote part names which one: the admin endpoint
+  // refused it only during the run, failing the verdict.
+  for (const char* role : {"shard", "member"}) {
+    const std::string e =
+        error_of(std::string("faults: [{at_s: 1, kind: kill, role: ") + role + ", replica: 0}]");
+    EXPECT_NE(e.find("faults[0].device: a kill of a " + std::string(role) + " names which one"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(error_of("faults: [{at_s: 1, kind: kill, role: shard, replica: 0, device: 1}]"), "");
 }
 
 Config deployment_of(int replicas, bool local = false) {
@@ -196,6 +237,24 @@ TEST(ChaosPlan, CheckedAgainstItsDeploymentBeforeAnythingStarts) {
   e = deployment_error("deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: step_error, device: 1}]",
                        deployment_of(3));
   EXPECT_NE(e.find("faults[0].device"), std::string::npos) << e;
+  // A one-device replica has no shard actors and no remote parts: the
+  // fault failed only at injection, failing the run.
+  e = deployment_error(
+      "deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: kill, role: shard, device: 0}]",
+      deployment_of(3));
+  EXPECT_NE(e.find("faults[0].role: a kill of a shard, but a replica of d.yaml has one device"),
+            std::string::npos)
+      << e;
+  e = deployment_error(
+      "deployment: {nodes: 3}\nfaults: [{at_s: 1, kind: kill, role: member, device: 0}]",
+      deployment_of(3));
+  EXPECT_NE(e.find("faults[0].role"), std::string::npos) << e;
+  Config split = deployment_of(1);
+  split.parallel.tensor = 2;
+  EXPECT_EQ(
+      deployment_error(
+          "deployment: {nodes: 2}\nfaults: [{at_s: 1, kind: kill, role: shard, device: 1}]", split),
+      "");
   // Two nodes of one device cannot hold three replicas: the run waited
   // ready_timeout_s (120 s) to say so.
   e = deployment_error("deployment: {nodes: 2}\nfaults: [{at_s: 1, kind: step_error}]",

@@ -21,6 +21,9 @@ TEST(Cluster, JoinsAreCheckedAndRefusedWithAReason) {
   Cluster c(options());
   const JoinReply a = c.join(node("a", 2), 0);
   ASSERT_TRUE(a.accepted) << a.reason;
+  // The node is told the coordinator's heartbeat timeout, to beat at its pace.
+  EXPECT_EQ(a.heartbeat_timeout_ms, 2000u);
+  EXPECT_EQ(Cluster({3, "abc", "t", 0.4}).join(node("b", 1), 0).heartbeat_timeout_ms, 400u);
   auto bad = node("x", 2);
   bad.token = "wrong";
   EXPECT_NE(c.join(bad, 0).reason.find("token"), std::string::npos);

@@ -274,6 +274,27 @@ TEST(RequestTable, QueueWaitLimitEndsWithUnavailable) {
   ASSERT_TRUE(waiting->error());
   EXPECT_EQ(waiting->error()->kind, ServiceErrorKind::Unavailable);
   EXPECT_NE(waiting->error()->message.find("admission queue"), std::string::npos);
+  EXPECT_EQ(waiting->error()->message.find("no replica"), std::string::npos)
+      << waiting->error()->message;
+}
+
+// With every replica down (its node dead, waiting to be placed again), a
+// request waits its queue time and is told why nothing took it.
+TEST(RequestTable, AQueueTimeoutWithNoReplicaUpSaysSo) {
+  Table t(2);
+  t.table->replica_up(0, 0);
+  t.table->replica_up(1, 0);
+  t.table->replica_down(0, false, 0);
+  t.table->replica_down(1, false, 0);
+  auto waiting = t.submit(request(1), 0);
+  t.table->tick(1);
+  EXPECT_FALSE(waiting->finished());  // a node may come back
+  t.table->tick(6);
+  ASSERT_TRUE(waiting->error());
+  EXPECT_EQ(waiting->error()->kind, ServiceErrorKind::Unavailable);
+  EXPECT_EQ(waiting->error()->message,
+            "timed out waiting in the admission queue: no replica is up (0 of 2; down ones wait "
+            "to be placed again)");
 }
 
 TEST(RequestTable, WhenEveryReplicaIsGivenUpEverythingEndsAndNewRequestsAreRefused) {
