@@ -9,6 +9,7 @@
 #include "deploy/yaml_schema.h"
 #include "scheduler/partitioner.h"
 #include "scheduler/restart_intensity.h"
+#include "scheduler/start_failures.h"
 
 namespace troupe {
 
@@ -34,6 +35,7 @@ struct Slot {
   std::vector<int> nodes;            // its parts' nodes, the leader's among them
   std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
   RestartIntensity intensity;
+  StartFailures start_failures;  // when to try again, and where not
   bool failed = false;
   bool waiting_logged = false;
   // Faults aimed at it while it was not running: passed on once it runs.
@@ -315,6 +317,7 @@ void adopt(SupervisorActor::pointer self, SupervisorState& s, size_t r, uint64_t
   }
   sl.starting = false;
   sl.start_sent = -1;
+  sl.start_failures.started();
   sl.batcher = b;
   self->monitor(b);
   for (auto& [order, reporter] : sl.faults) self->send(b, fault_atom::value, order, reporter);
@@ -339,7 +342,9 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
               Slot& sl = st->slots[r];
               if (sl.epoch != epoch || !sl.starting) return;
               // A node that cannot build the replica (it does not fit there)
-              // counts like a crash, so that it is not retried forever.
+              // counts like a crash, so that it is not retried forever; the
+              // next try waits a little and goes elsewhere if it can.
+              sl.start_failures.failed(leader_node, st->now());
               replica_died(self, st, r, "could not start: " + self->system().render(err));
             });
 }
@@ -380,8 +385,10 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
   for (size_t r = 0; r < s.slots.size(); ++r) {
     Slot& slot = s.slots[r];
     if (slot.failed || slot.batcher || slot.starting) continue;
+    if (!slot.start_failures.may_try(s.now())) continue;  // the tick comes back to it
     const std::string wanted = wanted_node(s, r);
-    const auto parts = s.cluster.choose(wanted, s.opts.plan.devices());
+    const auto parts =
+        s.cluster.choose(wanted, s.opts.plan.devices(), slot.start_failures.avoid(s.now()));
     if (!parts) {
       if (!slot.waiting_logged)
         spdlog::warn("replica {} waits for a node ({}) with {} free device(s)", r, wanted,
@@ -435,6 +442,7 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
               [=](caf::error& err) {
                 Slot& sl = st->slots[r];
                 if (sl.epoch != epoch || !sl.starting) return;
+                sl.start_failures.failed(sl.nodes[p], st->now());
                 replica_died(self, st, r,
                              "could not start part " + std::to_string(p) + ": " +
                                  self->system().render(err));

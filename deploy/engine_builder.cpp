@@ -11,6 +11,7 @@
 #include "gpu/cuda/cuda_engine.h"
 #endif
 #include "gpu/kv_cache.h"
+#include "gpu/layer_profile.h"
 #include "scheduler/partitioner.h"
 
 namespace troupe {
@@ -107,6 +108,49 @@ std::vector<std::pair<int, int>> balanced_stages(const LayerProfile& profile, in
 
 namespace {
 
+std::string mib(uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20));
+}
+
+// A CPU device's share of the model against its memory cap: its stage's
+// layers (the embedding and classifier ride on the first and last) and
+// their KV blocks, split over the stage's T shards. Pipeline stages placed
+// by the partitioner fit by construction; one device, tensor shards and
+// stages given by hand are checked only here.
+void check_memory_caps(const ModelConfig& c, DType dtype, const EngineSpec& spec) {
+  bool any = false;
+  for (int d = 0; d < spec.devices(); ++d) any = any || spec.memory_of(d) > 0;
+  if (!any) return;
+  const std::vector<uint64_t> layer_bytes = layer_weight_bytes(c, dtype);
+  const uint64_t kv_per_layer =
+      uint64_t(spec.blocks) * uint64_t(spec.block_tokens) * kv_bytes_per_token(1, c.kv_dim());
+  std::vector<std::pair<int, int>> stages = spec.stage_layers;
+  if (stages.empty()) {
+    const StagePartition even = equal_partition(c.n_layers, spec.pipeline);
+    for (int s = 0; s < even.stages(); ++s) stages.emplace_back(even.begin(s), even.end(s));
+  }
+  const uint64_t T = uint64_t(spec.tensor);
+  for (int s = 0; s < int(stages.size()); ++s) {
+    uint64_t weights = 0;
+    for (int l = stages[size_t(s)].first; l < stages[size_t(s)].second; ++l)
+      weights += layer_bytes[size_t(l)];
+    const uint64_t kv = kv_per_layer * uint64_t(stages[size_t(s)].second - stages[size_t(s)].first);
+    const uint64_t w_share = (weights + T - 1) / T, kv_share = (kv + T - 1) / T;
+    for (int t = 0; t < spec.tensor; ++t) {
+      const int d = s * spec.tensor + t;
+      const int64_t cap = spec.memory_of(d);
+      if (cap <= 0 || w_share + kv_share <= uint64_t(cap)) continue;
+      throw std::invalid_argument(fmt::format(
+          "devices: device {} (stage {}, shard {}) has a memory cap of {}, but its share of the "
+          "model needs {} ({} of weights, {} of KV cache for {} blocks of {} tokens); raise its "
+          "memory, lower kv_cache.blocks (or kv_cache.bytes), or split the model over more "
+          "devices",
+          d, s, t, mib(uint64_t(cap)), mib(w_share + kv_share), mib(w_share), mib(kv_share),
+          spec.blocks, spec.block_tokens));
+    }
+  }
+}
+
 ParallelEngineOptions parallel_options(const EngineSpec& spec) {
   ParallelEngineOptions o;
   o.pipeline = spec.pipeline;
@@ -172,6 +216,8 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     // uniform work, split evenly unless given.
     if (spec.kind == DeviceKind::Cuda) return spec;
   }
+  // Stages the partitioner places are checked once placed (below).
+  if (spec.pipeline == 1 || !spec.stage_layers.empty()) check_memory_caps(model(), dtype_, spec);
   // One device: nothing to decide. Its weights are packed by the first
   // build(), on the thread that builds (a worker's): packing a large model
   // takes seconds, which a node agent answering starts and sending
@@ -190,6 +236,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     }
     last_profile_ = &it->second;
     spec.stage_layers = balanced_stages(it->second, spec.pipeline, stage_memory(model(), spec));
+    check_memory_caps(model(), dtype_, spec);
   }
   return spec;
 }

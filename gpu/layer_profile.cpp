@@ -8,11 +8,6 @@
 
 namespace troupe {
 
-namespace {
-
-// What a stage holding layer l keeps for it: the layer's matrices and norms,
-// plus the embedding on the first layer and the final norm and classifier on
-// the last (a split model holds both, tied or not).
 std::vector<uint64_t> layer_weight_bytes(const ModelConfig& c, DType dtype) {
   const uint64_t esz = dtype_size(dtype), dim = uint64_t(c.dim);
   const uint64_t matrices = 2 * uint64_t(c.q_dim()) * dim + 2 * uint64_t(c.kv_dim()) * dim +
@@ -23,8 +18,6 @@ std::vector<uint64_t> layer_weight_bytes(const ModelConfig& c, DType dtype) {
   out.back() += vocab + dim * sizeof(float);
   return out;
 }
-
-}  // namespace
 
 LayerProfile profile_layers(const Checkpoint& ckpt, DType dtype, const LayerProfileOptions& o) {
   if (o.batch < 1 || o.context < 1 || o.repeats < 1 || o.threads < 1)

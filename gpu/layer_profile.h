@@ -24,6 +24,11 @@ struct LayerProfile {
   std::vector<uint64_t> weight_bytes;  // per layer: bytes its shard holds
 };
 
+// What a stage holding layer l keeps for it: the layer's matrices and norms,
+// plus the embedding on the first layer and the final norm and classifier on
+// the last (a split model holds both, tied or not).
+std::vector<uint64_t> layer_weight_bytes(const ModelConfig& c, DType dtype);
+
 // Builds the whole model for the measurement and frees it before returning.
 // Throws what Model throws for a bad checkpoint, std::invalid_argument for
 // bad options.

@@ -170,7 +170,8 @@ std::vector<int> Cluster::nodes_of(int replica) const {
   return out;
 }
 
-std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int devices) const {
+std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int devices,
+                                              const std::set<int>& avoid) const {
   auto free_of = [](const NodeRecord& n) { return n.devices - n.used_devices; };
   if (wanted.find(',') != std::string::npos) {
     // Named nodes, in order, each with its share.
@@ -195,26 +196,34 @@ std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int dev
     return parts;
   }
   const bool any = wanted.empty() || wanted == "any";
-  std::vector<const NodeRecord*> live;
-  for (const auto& [id, n] : nodes_)
-    if (n.state == NodeState::Live && (any || n.name == wanted) && free_of(n) > 0)
-      live.push_back(&n);
-  // The freest first, ties to the lowest id (stable over the id order).
-  std::stable_sort(live.begin(), live.end(), [&](const NodeRecord* a, const NodeRecord* b) {
-    return free_of(*a) > free_of(*b);
-  });
-  if (!live.empty() && free_of(*live.front()) >= devices) return Parts{{live.front()->id, devices}};
-  if (!any) return std::nullopt;
-  Parts parts;
-  int left = devices;
-  for (const NodeRecord* n : live) {
-    if (left == 0) break;
-    const int take = std::min(left, free_of(*n));
-    parts.emplace_back(n->id, take);
-    left -= take;
-  }
-  if (left > 0) return std::nullopt;
-  return parts;
+  // Live nodes outside `skip`, the freest first.
+  const auto pick = [&](const std::set<int>& skip) -> std::optional<Parts> {
+    std::vector<const NodeRecord*> live;
+    for (const auto& [id, n] : nodes_)
+      if (n.state == NodeState::Live && (any || n.name == wanted) && free_of(n) > 0 &&
+          !skip.contains(id))
+        live.push_back(&n);
+    // Ties to the lowest id (stable over the id order).
+    std::stable_sort(live.begin(), live.end(), [&](const NodeRecord* a, const NodeRecord* b) {
+      return free_of(*a) > free_of(*b);
+    });
+    if (!live.empty() && free_of(*live.front()) >= devices)
+      return Parts{{live.front()->id, devices}};
+    if (!any) return std::nullopt;
+    Parts parts;
+    int left = devices;
+    for (const NodeRecord* n : live) {
+      if (left == 0) break;
+      const int take = std::min(left, free_of(*n));
+      parts.emplace_back(n->id, take);
+      left -= take;
+    }
+    if (left > 0) return std::nullopt;
+    return parts;
+  };
+  if (any && !avoid.empty())
+    if (auto elsewhere = pick(avoid)) return elsewhere;
+  return pick({});
 }
 
 }  // namespace troupe

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,8 +118,10 @@ class Cluster {
   // that order, as evenly as they go), or is "any" (or empty): the live
   // node with the most free devices that holds it all (ties to the lowest
   // id), else as few live nodes as hold it, the freest first. Nothing when
-  // it does not fit.
-  std::optional<Parts> choose(const std::string& wanted, int devices) const;
+  // it does not fit. With "any", nodes in `avoid` (where this replica's
+  // start failed lately) are used only when the others cannot hold it.
+  std::optional<Parts> choose(const std::string& wanted, int devices,
+                              const std::set<int>& avoid = {}) const;
 
   const NodeRecord* node(int id) const;
   std::vector<const NodeRecord*> nodes() const;

@@ -437,6 +437,34 @@ TEST(Nodes, AReplicaWhosePartsNodeDiedFreesItsLeadersDevices) {
       << s.metrics() << s.process().stderr_so_far();
 }
 
+// A node that cannot build the replica (its device's memory cap is too
+// small) is passed over for another that can, and the retries wait a
+// little: they were immediate, on the same node (the freest), and used up
+// the restart limit within milliseconds, so the replica stayed down for
+// good although another node could hold it.
+TEST(Nodes, AReplicaThatCannotStartOnANodeGoesToAnotherAfterAPause) {
+  auto sets = coordinator_sets(1);
+  sets.push_back("supervision.max_restarts=20");
+  sets.push_back("supervision.within_s=60");
+  Server s(sets, /*wait_ready=*/false);
+  auto a =
+      test::start_node(s.nodes_port(), "a", {"devices=[{kind: cpu, threads: 1, memory: 1MiB}]"});
+  ASSERT_NE(s.process().wait_for_line("could not start", 30), "") << s.process().stderr_so_far();
+  auto b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric(node_replicas("b"), "1", 60))
+      << s.metrics() << s.process().stderr_so_far();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 20}, {"temperature", 0}}, 60);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 20));
+  // The refusal names what did not fit; the tries on a were spaced out.
+  const std::string log = s.process().stderr_so_far();
+  EXPECT_NE(log.find("has a memory cap of 1.0 MiB"), std::string::npos) << log;
+  int failures = 0;
+  for (size_t at = 0; (at = log.find("could not start", at)) != std::string::npos; ++at) ++failures;
+  EXPECT_LT(failures, 12) << log;
+}
+
 // A node beats at the coordinator's pace when the coordinator's heartbeat
 // timeout is the shorter: a node left at its default (2 s, a beat every
 // 0.5 s) under a coordinator of 0.4 s was declared dead every half second,

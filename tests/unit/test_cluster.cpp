@@ -100,6 +100,22 @@ TEST(Cluster, TheCoordinatorsOwnNodeDoesNotExpire) {
   EXPECT_EQ(c.live_nodes(), 0);
 }
 
+// Where a replica's start failed lately is passed over while other nodes
+// can hold it, and used again when they cannot; named nodes are kept.
+TEST(Cluster, NodesToAvoidAreUsedOnlyWhenNoOtherHoldsTheReplica) {
+  Cluster c(options());
+  const int a = c.join(node("a", 2), 0).node, b = c.join(node("b", 1), 0).node,
+            d = c.join(node("d", 1), 0).node;
+  EXPECT_EQ(*c.choose("any", 1), (Cluster::Parts{{a, 1}}));
+  EXPECT_EQ(*c.choose("any", 1, {a}), (Cluster::Parts{{b, 1}}));
+  EXPECT_EQ(*c.choose("any", 1, {a, b}), (Cluster::Parts{{d, 1}}));
+  EXPECT_EQ(*c.choose("any", 1, {a, b, d}), (Cluster::Parts{{a, 1}}));
+  // Two devices without a: spread over b and d rather than back on a.
+  EXPECT_EQ(*c.choose("any", 2, {a}), (Cluster::Parts{{b, 1}, {d, 1}}));
+  EXPECT_EQ(*c.choose("", 3, {a}), (Cluster::Parts{{a, 2}, {b, 1}}));
+  EXPECT_EQ(*c.choose("a", 1, {a}), (Cluster::Parts{{a, 1}}));
+}
+
 TEST(Cluster, ReplicasGoToTheFreestNodeOrSpanAsFewNodesAsHoldThem) {
   Cluster c(options());
   const int a = c.join(node("a", 2), 0).node, b = c.join(node("b", 3), 0).node,

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "deploy/engine_builder.h"
+#include "gpu/layer_profile.h"
 #include "gpu/parallel_engine.h"
 #include "support/test_support.h"
 
@@ -100,6 +101,43 @@ TEST(EngineBuilder, ResolvesStagesRefusesMisfitsAndSharesOneDeviceWeights) {
 // Device kinds: `auto` settles on CUDA only where a device answers; `cuda`
 // without one, or with CUDA indices that do not fit the layout, is refused
 // saying why.
+// A device's memory cap holds its share of the weights and KV cache, in
+// every layout; a refusal names the device and what did not fit.
+TEST(EngineBuilder, AMemoryCapTooSmallForADevicesShareIsRefusedNamingIt) {
+  auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
+  auto builder = std::make_shared<EngineBuilder>(ck, DType::F32);
+  const ModelConfig& c = ck->config;
+  uint64_t weights = 0;
+  for (uint64_t b : layer_weight_bytes(c, DType::F32)) weights += b;
+  EngineSpec spec;
+  spec.blocks = 64;
+  const uint64_t kv = uint64_t(spec.blocks) * uint64_t(spec.block_tokens) * c.kv_bytes_per_token();
+  spec.memory_bytes = {int64_t(weights + kv)};  // exactly enough
+  EXPECT_NO_THROW(builder->resolve(spec));
+  spec.memory_bytes = {int64_t(weights + kv - 1)};
+  try {
+    builder->resolve(spec);
+    FAIL() << "a cap one byte short was taken";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("device 0 (stage 0, shard 0) has a memory cap"), std::string::npos) << what;
+    EXPECT_NE(what.find("64 blocks"), std::string::npos) << what;
+  }
+  // Two tensor shards each hold half: the cap that was short is enough for
+  // one, half of it too small for the second.
+  spec.tensor = 2;
+  spec.memory_bytes = {int64_t(weights + kv - 1)};
+  EXPECT_NO_THROW(builder->resolve(spec));
+  spec.memory_bytes = {0, int64_t((weights + kv) / 4)};
+  try {
+    builder->resolve(spec);
+    FAIL() << "a shard's cap too small was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("device 1 (stage 0, shard 1)"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
   auto ck = std::make_shared<const Checkpoint>(load_checkpoint(test::model_path("fortune")));
   auto builder = std::make_shared<EngineBuilder>(ck, DType::F32);
