@@ -7,6 +7,7 @@
 
 #include "deploy/config.h"
 #include "deploy/yaml_schema.h"
+#include "faults/fault_order.h"
 
 namespace troupe::chaos {
 
@@ -201,6 +202,13 @@ void validate_fault(const Origin& o, const ChaosPlan& p, const FaultPlan& f,
                                  (on_node ? " (it names a node: give node)" : std::string()));
   if (k->family != "runtime" && f.device >= 0)
     o.fail(key + ".device", "a " + f.kind + " fault does not act on a device");
+  const auto kind = parse_fault_kind(f.kind);
+  const auto role = parse_fault_role(f.role);
+  if (k->family == "runtime" && f.device >= 0 && kind &&
+      !fault_names_device(*kind, role.value_or(FaultRole::Worker)))
+    o.fail(key + ".device", "a " + f.kind +
+                                (f.kind == "kill" ? " of a " + f.role : std::string(" fault")) +
+                                " acts on the whole replica; it names no device");
 }
 
 void validate(const Origin& o, const ChaosPlan& p) {

@@ -87,6 +87,11 @@ std::variant<FaultRequest, std::string> parse_fault_request(std::string_view bod
     if (j.contains("device")) r.order.device = integer(j, "device", 0, 4095);
     const bool per_device = (*k == FaultKind::Kill && (r.order.role == FaultRole::Shard ||
                                                        r.order.role == FaultRole::Member));
+    if (r.order.device >= 0 && !fault_names_device(*k, r.order.role))
+      throw Refusal{"device: a " + kind +
+                    (*k == FaultKind::Kill ? " of a " + std::string(fault_role_name(r.order.role))
+                                           : std::string(" fault")) +
+                    " acts on the whole replica; it names no device"};
     if (per_device && r.order.device < 0)
       throw Refusal{"device: a kill of a " + std::string(fault_role_name(r.order.role)) +
                     " names which one"};

@@ -36,6 +36,11 @@ std::chrono::nanoseconds fault_delay(double seconds) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
 }
 
+bool fault_names_device(FaultKind kind, FaultRole role) {
+  return kind == FaultKind::StepError ||
+         (kind == FaultKind::Kill && (role == FaultRole::Shard || role == FaultRole::Member));
+}
+
 bool fault_lasts(FaultKind kind) {
   return kind == FaultKind::Slow || kind == FaultKind::KvAllocFail;
 }

@@ -54,6 +54,10 @@ std::chrono::nanoseconds fault_delay(double seconds);
 
 // Whether a fault lasts (and so needs a duration) or happens once.
 bool fault_lasts(FaultKind kind);
+// Whether a fault acts on one device of its replica and so may name it (a
+// step error, or a shard's or member's kill, which must): the others act on
+// the whole replica, and a device given to them would be ignored.
+bool fault_names_device(FaultKind kind, FaultRole role);
 
 std::string_view fault_kind_name(FaultKind kind);
 std::optional<FaultKind> parse_fault_kind(std::string_view name);

@@ -17,6 +17,22 @@ bool same_secret(std::string_view given, std::string_view token) {
   return diff == 0;
 }
 
+// The key a refusal is about, for the error's `param`: refusals start with
+// it ("factor: must be above 1"), or name an unknown one ("unknown key 'x'").
+std::string refused_key(const std::string& why) {
+  constexpr std::string_view kUnknown = "unknown key '";
+  if (why.starts_with(kUnknown)) {
+    const size_t end = why.find('\'', kUnknown.size());
+    return end == std::string::npos ? std::string()
+                                    : why.substr(kUnknown.size(), end - kUnknown.size());
+  }
+  const size_t colon = why.find(':');
+  if (colon == 0 || colon == std::string::npos) return {};
+  for (size_t i = 0; i < colon; ++i)
+    if (!((why[i] >= 'a' && why[i] <= 'z') || why[i] == '_')) return {};
+  return why.substr(0, colon);
+}
+
 }  // namespace
 
 Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_view method,
@@ -46,7 +62,8 @@ Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_
   }
   auto injected = admin.inject_json(body);
   if (auto* why = std::get_if<std::string>(&injected))
-    return error_response(openai::bad_request("Fault refused: " + *why + ".", {}, "invalid_fault"));
+    return error_response(
+        openai::bad_request("Fault refused: " + *why + ".", refused_key(*why), "invalid_fault"));
   r.status = 201;
   r.body = fault_entry_json(std::get<FaultEntry>(injected)).dump();
   return r;

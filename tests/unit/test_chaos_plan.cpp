@@ -44,7 +44,8 @@ faults:
   - {at_s: 1, kind: process_kill, node: node-2, restart_after_s: -1}
   - {at_s: 2, kind: link_drop, node: any, probability: 0.5, duration_s: 1, direction: to_node}
   - {at_s: 3, kind: kill, role: batcher, replica: 1}
-  - {at_s: 4, kind: slow, replica: 0, device: 0, factor: 2.5, duration_s: 2}
+  - {at_s: 4, kind: slow, replica: 0, factor: 2.5, duration_s: 2}
+  - {at_s: 5, kind: step_error, replica: 0, device: 1}
 random: {every_s: 3, kinds: [process_stop, step_error], from_s: 1, until_s: 60, duration_s: 1}
 )",
                                        "plan.yaml");
@@ -53,14 +54,14 @@ random: {every_s: 3, kinds: [process_stop, step_error], from_s: 1, until_s: 60, 
   EXPECT_EQ(p.deployment.node_devices, 2);
   EXPECT_EQ(p.workload.rate, 20);
   EXPECT_EQ(p.workload.cancel, 0.1);
-  ASSERT_EQ(p.faults.size(), 4u);
+  ASSERT_EQ(p.faults.size(), 5u);
   EXPECT_EQ(p.faults[0].restart_after_s, -1);
   EXPECT_EQ(p.faults[1].direction, "to_node");
   EXPECT_EQ(p.faults[1].probability, 0.5);
   EXPECT_EQ(p.faults[2].role, "batcher");
   EXPECT_EQ(p.faults[2].replica, 1);
-  EXPECT_EQ(p.faults[3].device, 0);
   EXPECT_EQ(p.faults[3].factor, 2.5);
+  EXPECT_EQ(p.faults[4].device, 1);
   EXPECT_EQ(p.random.kinds, (std::vector<std::string>{"process_stop", "step_error"}));
   EXPECT_EQ(p.random.until_s, 60);
 }
@@ -82,6 +83,17 @@ TEST(ChaosPlan, TheRouterCannotBeKilledAndSaysWhy) {
   const std::string e = error_of("faults: [{at_s: 1, kind: kill, role: router}]");
   EXPECT_NE(e.find("faults[0].role"), std::string::npos) << e;
   EXPECT_NE(e.find("coordinator"), std::string::npos) << e;
+}
+
+// A device only for faults that act on one; it was taken and ignored.
+TEST(ChaosPlan, ADeviceIsNamedOnlyWhereTheFaultActsOnOne) {
+  std::string e =
+      error_of("faults: [{at_s: 1, kind: slow, factor: 2, duration_s: 1, replica: 0, device: 1}]");
+  EXPECT_NE(e.find("faults[0].device"), std::string::npos) << e;
+  EXPECT_NE(e.find("acts on the whole replica"), std::string::npos) << e;
+  e = error_of("faults: [{at_s: 1, kind: kill, role: batcher, replica: 0, device: 0}]");
+  EXPECT_NE(e.find("a kill of a batcher acts on the whole replica"), std::string::npos) << e;
+  EXPECT_EQ(error_of("faults: [{at_s: 1, kind: step_error, replica: 0, device: 0}]"), "");
 }
 
 TEST(ChaosPlan, RangesThatConstrainEachOther) {

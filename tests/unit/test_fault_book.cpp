@@ -158,6 +158,15 @@ TEST(FaultJson, RequestsAreCheckedKeyByKey) {
   EXPECT_NE(refusal(R"({"kind": "slow", "factor": 1e300, "duration_s": 1})").find("above 1000"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kv_alloc_fail"})").find("duration_s: missing"), std::string::npos);
+  // A device only where the fault acts on one: it was taken and ignored.
+  EXPECT_NE(refusal(R"({"kind": "slow", "factor": 2, "duration_s": 1, "device": 1})")
+                .find("device: a slow fault acts on the whole replica"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "role": "worker", "device": 0})")
+                .find("device: a kill of a worker acts on the whole replica"),
+            std::string::npos);
+  EXPECT_EQ(refusal(R"({"kind": "step_error", "device": 1})"), "accepted");
+  EXPECT_EQ(refusal(R"({"kind": "kill", "role": "member", "device": 0})"), "accepted");
   EXPECT_NE(refusal(R"({"kind": "kill", "duration_s": 1})").find("happens once"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"kind": "kill", "replica": "0"})").find("expected an integer"),
@@ -227,6 +236,9 @@ TEST(AdminEndpoint, OnlyTheTokenOpensIt) {
   r = answer_faults(admin, "s3cret", "POST", "Bearer s3cret", R"({"kind": "nope"})");
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("unknown 'nope'"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["error"]["param"], "kind") << r.body;
+  r = answer_faults(admin, "s3cret", "POST", "Bearer s3cret", R"({"kind": "kill", "when": 1})");
+  EXPECT_EQ(nlohmann::json::parse(r.body)["error"]["param"], "when") << r.body;
   r = answer_faults(admin, "s3cret", "GET", "Bearer s3cret", "");
   EXPECT_EQ(r.status, 200);
   const auto list = nlohmann::json::parse(r.body).at("faults");
