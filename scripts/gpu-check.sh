@@ -63,7 +63,9 @@ is_machine_lib() {
 serving_binaries() {
   local troupe=$1 tests=$2
   [ -x "$troupe" ] && [ -x "$tests" ] || return 1
-  ldd "$troupe" | grep -q 'libcublas' || return 1
+  # grep reads all of ldd's output: with -q it would stop at the first
+  # match, and under pipefail ldd's SIGPIPE would fail the test.
+  ldd "$troupe" | grep 'libcublas' >/dev/null || return 1
   echo "$troupe $tests"
 }
 
@@ -188,7 +190,7 @@ MISSING=0
 for b in "$BIN/gpu_tests" "$BIN/bench_cuda" $SERVING; do
   echo "$b:"
   ldd "$b" | sed 's/^/  /'
-  ldd "$b" | grep -q "not found" && MISSING=1
+  ldd "$b" | grep "not found" >/dev/null && MISSING=1
 done
 if [ "$MISSING" = 1 ]; then
   echo "GPU CHECK FAILED: shared libraries not found (above)"
