@@ -424,6 +424,16 @@ class HttpServerTest : public ::testing::Test {
     return o;
   }
 
+  // The one request submitted is cancelled, exactly once, and runs no more.
+  void expect_cancelled_once() {
+    auto req = fake_.wait_submitted(1);
+    ASSERT_TRUE(req);
+    EXPECT_TRUE(fake_.wait_cancel(req->id));
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(fake_.cancel_count(req->id), 1);
+    EXPECT_EQ(fake_.running(), 0u);
+  }
+
   void start(std::optional<HttpServer::Options> o = std::nullopt, bool with_tokenizer = true) {
     server_ = std::make_unique<HttpServer>(
         o ? *o : default_options(), fake_,
@@ -626,12 +636,7 @@ TEST_F(HttpServerTest, ChatClientDisconnectMidStreamCancelsOnce) {
     ASSERT_NE(got.find("data: "), std::string::npos) << got;
     c.close();
   }
-  auto req = fake_.wait_submitted(1);
-  ASSERT_TRUE(req);
-  EXPECT_TRUE(fake_.wait_cancel(req->id));
-  std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(fake_.cancel_count(req->id), 1);
-  EXPECT_EQ(fake_.running(), 0u);
+  expect_cancelled_once();
 }
 
 TEST_F(HttpServerTest, OneModelByItsId) {
@@ -904,12 +909,7 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsOnce) {
     ASSERT_NE(got.find("data: "), std::string::npos) << got;
     c.close();
   }
-  auto req = fake_.wait_submitted(1);
-  ASSERT_TRUE(req);
-  EXPECT_TRUE(fake_.wait_cancel(req->id));
-  std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(fake_.cancel_count(req->id), 1);
-  EXPECT_EQ(fake_.running(), 0u);
+  expect_cancelled_once();
   Client m(port_);
   EXPECT_EQ(metric(m.get("/metrics").body, "troupe_requests_total{status=\"499\"}"), 1);
 }
