@@ -363,6 +363,7 @@ class Session : public std::enable_shared_from_this<Session> {
                               limits.name, api};
     active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now());
     phase_ = Phase::Answering;
+    hold_ = shared_from_this();
     begin_flight();
     auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), id);
     try {
@@ -467,6 +468,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void end_response() {
     end_flight();
+    hold_.reset();  // a handler holds this session: it is not the last reference
     if (stopping_) return close();
     if (!reply_.keep_alive) return graceful_close();
     if (watching_) {
@@ -554,6 +556,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void close() {
     end_flight();
+    hold_.reset();  // as in end_response()
     if (phase_ == Phase::Closed) return;
     phase_ = Phase::Closed;
     write_timer_.cancel();
@@ -606,9 +609,14 @@ class Session : public std::enable_shared_from_this<Session> {
   Phase phase_ = Phase::ReadingRequest;
   Reply reply_;
   std::optional<CompletionExchange> active_;  // the request being answered
-  bool watching_ = false;                     // the watch read is in flight
-  std::string out_, inflight_;                // queued bytes; the bytes being written
-  net::steady_timer write_timer_;             // the limit on the write in flight
+  // This session, from a completion's start to the end of its response: the
+  // sink holds only a weak reference, and with kMaxPipelinedBytes read ahead
+  // no read is pending either, so without it nothing would keep the
+  // connection up between two writes.
+  std::shared_ptr<Session> hold_;
+  bool watching_ = false;          // the watch read is in flight
+  std::string out_, inflight_;     // queued bytes; the bytes being written
+  net::steady_timer write_timer_;  // the limit on the write in flight
   bool write_timer_armed_ = false;
   Clock::time_point write_started_;
   Clock::time_point linger_until_;

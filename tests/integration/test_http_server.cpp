@@ -1005,6 +1005,44 @@ TEST_F(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
   EXPECT_EQ(c.read_response().status, 200);
 }
 
+// More pipelined bytes than the server reads ahead while it answers (64 KiB):
+// the watch for a disconnect stops, and nothing else may hold the connection
+// up, yet every request is answered, in order. (The session used to be
+// destroyed as soon as no read or write was pending: the connection closed
+// without a byte while its request was being generated.)
+TEST_F(HttpServerTest, PipelinedRequestsBeyondTheReadAheadAreAllAnswered) {
+  fake_.set_token_delay(5ms);  // the first answer is still running when the bytes are in
+  start();
+  Client c(port_);
+  const std::string pad(2000, 'x');
+  std::string bytes;
+  const int n = 40;  // about 85 KiB
+  for (int i = 0; i < n; ++i) {
+    json b = completion("pipelined " + std::to_string(i), 4, {{"stream", i % 2 == 1}});
+    b["pad"] = pad;  // unknown fields are ignored
+    const std::string body = b.dump();
+    bytes +=
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+  }
+  ASSERT_GT(bytes.size(), 64u * 1024);
+  c.send(bytes);
+  for (int i = 0; i < n; ++i) {
+    HttpResponse r = c.read_response();
+    ASSERT_EQ(r.status, 200) << "request " << i;
+    const std::string want = expected_text("pipelined " + std::to_string(i), 4);
+    if (i % 2 == 1) {
+      StreamResult s = collect_stream(r.body);
+      EXPECT_TRUE(s.done) << "request " << i;
+      EXPECT_EQ(s.text, want) << "request " << i;
+    } else {
+      EXPECT_EQ(body_json(r)["choices"][0]["text"], want) << "request " << i;
+    }
+  }
+  EXPECT_EQ(c.get("/health").status, 200);
+}
+
 TEST_F(HttpServerTest, Http10StreamIsCloseDelimited) {
   start();
   Client c(port_);
