@@ -251,7 +251,9 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto& req = parser_->get();
     if (auto len = parser_->content_length(); len && *len > server_.opt.max_body_bytes)
       return on_read_error(http::error::body_limit);
-    if (beast::iequals(req[http::field::expect], "100-continue"))
+    // An HTTP/1.0 client knows no interim responses: its expectation is
+    // ignored (RFC 9110 10.1.1).
+    if (req.version() >= 11 && beast::iequals(req[http::field::expect], "100-continue"))
       send(http_framing::interim_continue());
     stream_.expires_after(seconds(server_.opt.read_timeout_s));
     http::async_read(

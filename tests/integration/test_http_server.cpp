@@ -1043,6 +1043,19 @@ TEST_F(HttpServerTest, PipelinedRequestsBeyondTheReadAheadAreAllAnswered) {
   EXPECT_EQ(c.get("/health").status, 200);
 }
 
+// RFC 9110 10.1.1: a 100-continue expectation in an HTTP/1.0 request is
+// ignored. An HTTP/1.0 client knows no interim responses, so a "100 Continue"
+// would be read as the response itself and the real one as garbage after it.
+TEST_F(HttpServerTest, Http10ExpectContinueGetsNoInterimResponse) {
+  start();
+  Client c(port_);
+  const std::string body = completion("Old client", 3).dump();
+  c.send("POST /v1/completions HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body);
+  const std::string head = c.read_until("\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK", 0), 0u) << head;
+}
+
 TEST_F(HttpServerTest, Http10StreamIsCloseDelimited) {
   start();
   Client c(port_);
