@@ -130,6 +130,7 @@ void run_generate(const GenerateOptions& o) {
   std::optional<TextStreamer> streamer;
   if (!o.print_ids) {
     streamer.emplace(*tokenizer);
+    streamer->continue_after(req.prompt);
     if (o.echo) std::cout << o.prompt << std::flush;
   }
   auto on_token = [&](int id) {

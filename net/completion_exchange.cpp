@@ -27,7 +27,8 @@ void record(const ExchangeFigures& f, Metrics& m) {
 
 CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionParams params,
                                        openai::ResponseMeta meta, int prompt_tokens,
-                                       const Tokenizer* tokenizer, Clock::time_point submitted)
+                                       const Tokenizer* tokenizer, Clock::time_point submitted,
+                                       std::span<const int> prompt_tail)
     : request_id_(request_id),
       params_(std::move(params)),
       meta_(std::move(meta)),
@@ -35,7 +36,10 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
       has_tokenizer_(tokenizer != nullptr),
       stop_(params_.stop),
       submitted_(submitted) {
-  if (tokenizer) streamer_.emplace(*tokenizer);
+  if (tokenizer) {
+    streamer_.emplace(*tokenizer);
+    streamer_->continue_after(prompt_tail);
+  }
 }
 
 ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {

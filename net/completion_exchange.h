@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,10 +53,12 @@ class CompletionExchange {
   using Clock = std::chrono::steady_clock;
 
   // `tokenizer` may be null: then the text is "" and every token is sent as
-  // its id. `prompt_tokens` is the count the service was given.
+  // its id. `prompt_tokens` is the count the service was given; the text
+  // continues the prompt whose last ids are `prompt_tail` (see
+  // TextStreamer::continue_after), so that it reads on from it.
   CompletionExchange(uint64_t request_id, openai::CompletionParams params,
                      openai::ResponseMeta meta, int prompt_tokens, const Tokenizer* tokenizer,
-                     Clock::time_point submitted);
+                     Clock::time_point submitted, std::span<const int> prompt_tail = {});
 
   // The service's events; after the exchange ended they change nothing.
   ExchangeStep on_token(int token_id, Clock::time_point at);

@@ -361,9 +361,14 @@ class Session : public std::enable_shared_from_this<Session> {
     CompletionRequest request =
         service_request(id, params, std::move(ids), seed, server_.opt.request_timeout_s);
     const int prompt_tokens = int(request.prompt.size());
+    const std::vector<int> prompt_tail(
+        request.prompt.end() -
+            std::ptrdiff_t(std::min(request.prompt.size(), TextStreamer::kContinuationIds)),
+        request.prompt.end());
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
                               limits.name, api};
-    active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now());
+    active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now(),
+                    prompt_tail);
     phase_ = Phase::Answering;
     hold_ = shared_from_this();
     begin_flight();

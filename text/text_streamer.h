@@ -1,5 +1,6 @@
 #pragma once
 // A streaming detokenizer: generated ids in, text out as soon as it is final.
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,14 @@ class TextStreamer {
   // renders as U+FFFD), then back to the start-of-text state for reuse.
   std::string finish();
   void reset();
+  // Starts over as the text that follows `prompt` (its last ids are
+  // enough: kContinuationIds), so that a first piece's leading space is kept:
+  // "The meaning of life" continues " is ...", not "is ...", and prompt +
+  // completion reads as one text. With no prompt, or one that ends inside a
+  // UTF-8 character, the text starts as a text does (decode()'s rule).
+  // Throws std::out_of_range for a bad id.
+  void continue_after(std::span<const int> prompt);
+  static constexpr size_t kContinuationIds = 5;  // an ordinary piece + a character's bytes
 
  private:
   bool tail_is_incomplete_utf8() const;

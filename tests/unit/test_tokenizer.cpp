@@ -306,6 +306,43 @@ TEST(TextStreamer, ConcatenationEqualsDecodeOfRandomIds) {
   }
 }
 
+// A completion continues its prompt: what the streamer gives after the
+// prompt's last token is the text decode(prompt + generated) has past
+// decode(prompt), the first piece's space included ("life" + " is").
+TEST(TextStreamer, AContinuationKeepsItsLeadingSpace) {
+  const Tokenizer& tok = fortune();
+  const auto continued = [&](const std::vector<int>& prompt, const std::vector<int>& gen) {
+    TextStreamer streamer(tok);
+    streamer.continue_after(prompt);
+    std::string out;
+    for (int id : gen) out += streamer.put(id);
+    return out + streamer.finish();
+  };
+  const std::vector<int> prompt = tok.encode("The meaning of life", true);
+  const std::vector<int> gen = tok.encode("is the only thing", false);  // "▁is" ...
+  ASSERT_EQ(tok.piece(gen.at(0)), "▁is");
+  EXPECT_EQ(continued(prompt, gen), " is the only thing");
+  // After BOS alone (an empty prompt) the text starts as a text does.
+  EXPECT_EQ(continued({1}, gen), "is the only thing");
+  // Random prompts (non-ASCII ones end in byte pieces) and continuations:
+  // always the text past the prompt's.
+  uint64_t state = 99;
+  auto next = [&state](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int> p = tok.encode(samples()[next(samples().size())], true);
+    std::vector<int> g;
+    for (int i = 0, n = 1 + int(next(20)); i < n; ++i) g.push_back(int(next(tok.vocab_size())));
+    std::vector<int> all = p;
+    all.insert(all.end(), g.begin(), g.end());
+    const std::string whole = tok.decode(all), head = tok.decode(p);
+    ASSERT_EQ(whole.compare(0, head.size(), head), 0) << "ids: " << ids_str(all);
+    EXPECT_EQ(continued(p, g), whole.substr(head.size())) << "ids: " << ids_str(all);
+  }
+}
+
 TEST(TextStreamer, IncompleteTailIsFlushedByFinish) {
   const Tokenizer& tok = fortune();
   const int e2 = 3 + 0xE2, x98 = 3 + 0x98;
