@@ -848,7 +848,8 @@ void register_simulate(CLI::App& app) {
                   "Mooncake JSONL (timestamp ms, input_length, output_length)");
   auto* rate = cmd->add_option(
       "--rate", w.rate,
-      "Open loop: requests per second (with --trace: rescale it to this mean rate)");
+      "Open loop: requests per second (with --trace: the rows replayed, --requests of them, "
+      "rescaled to this mean rate)");
   cmd->add_option("--requests,-n", o->requests,
                   "Requests to send (with --trace: at most this many rows; 0: all)")
       ->capture_default_str();

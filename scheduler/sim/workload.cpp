@@ -373,8 +373,10 @@ std::optional<Arrival> TraceWorkload::next() {
   return a;
 }
 
-TraceStats trace_stats(const std::filesystem::path& file) {
-  TraceWorkload w(file, {});
+TraceStats trace_stats(const std::filesystem::path& file, size_t limit) {
+  TraceOptions o;
+  o.limit = limit;
+  TraceWorkload w(file, o);
   TraceStats s;
   double prompt = 0, output = 0;
   while (const auto a = w.next()) {

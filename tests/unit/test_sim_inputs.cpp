@@ -123,6 +123,36 @@ TEST(Workload, MooncakeJsonlInMilliseconds) {
   EXPECT_FALSE(w.next());
 }
 
+TEST(Workload, ATraceRescaledToARateHasThatRateOverTheRowsReplayed) {
+  // 20 rows 10 ms apart, then 20 rows 1 s apart: the first 20 alone are at
+  // 100/s, the whole trace at about 2/s. --rate 5 --requests 20 replays
+  // those 20 rows at 5/s.
+  test::TempDir dir;
+  std::string text;
+  double t = 0;
+  for (int i = 0; i < 40; ++i) {
+    text += "{\"timestamp\": " + std::to_string(int(t)) +
+            ", \"input_length\": 10, \"output_length\": 2}\n";
+    t += i < 19 ? 10 : 1000;
+  }
+  test::write_file(dir / "t.jsonl", text);
+  WorkloadSpec spec;
+  spec.trace = (dir / "t.jsonl").string();
+  spec.rate = 5;
+  spec.requests = 20;
+  const auto w = spec.make(256);
+  size_t rows = 0;
+  double last = 0;
+  while (const auto a = w->next()) {
+    ++rows;
+    last = a->time_s;
+  }
+  EXPECT_EQ(rows, 20u);
+  EXPECT_NEAR(double(rows - 1) / last, 5.0, 1e-9);
+  EXPECT_EQ(trace_stats(dir / "t.jsonl", 20).rows, 20u);
+  EXPECT_EQ(trace_stats(dir / "t.jsonl").rows, 40u);
+}
+
 TEST(Workload, BadTracesNameFileAndLine) {
   test::TempDir dir;
   test::write_file(dir / "a.csv", "time,in,out\n1,2,3\n");
