@@ -169,6 +169,35 @@ TEST(Workload, BadTracesNameFileAndLine) {
   EXPECT_THROW(TraceWorkload(dir / "c.txt", {}), std::invalid_argument);
 }
 
+TEST(Workload, MooncakeRowsAreCheckedAsAzureRowsAre) {
+  // Lengths as the Azure reader takes them: a prompt of 1 token or more,
+  // an output of 0 or more; each refusal names the line and the field.
+  test::TempDir dir;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"timestamp": 0, "input_length": -5, "output_length": 3})", "input_length"},
+      {R"({"timestamp": 0, "input_length": 0, "output_length": 3})", "input_length"},
+      {R"({"timestamp": 0, "input_length": 10, "output_length": -3})", "output_length"},
+      {R"({"timestamp": 0, "input_length": "abc", "output_length": 3})", "input_length"},
+      {R"({"timestamp": "x", "input_length": 10, "output_length": 3})", "timestamp"},
+      {R"({"input_length": 10, "output_length": 3})", "timestamp"},
+  };
+  for (const auto& [row, field] : cases) {
+    test::write_file(dir / "m.jsonl",
+                     std::string(R"({"timestamp": 0, "input_length": 10, "output_length": 3})") +
+                         "\n" + row + "\n");
+    TraceWorkload w(dir / "m.jsonl", {});
+    ASSERT_TRUE(w.next());
+    try {
+      w.next();
+      ADD_FAILURE() << row << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("m.jsonl:2"), std::string::npos) << row << ": " << m;
+      EXPECT_NE(m.find(field), std::string::npos) << row << ": " << m;
+    }
+  }
+}
+
 TEST(Workload, WrittenTracesReadBack) {
   SyntheticOptions so;
   so.requests = 50;
