@@ -819,6 +819,29 @@ void run_simulate(const SimulateOptions& o) {
         "--validate and --calibrate load the real server with the serving bench's "
         "own workloads (--prompt-len, --output-len); drop --trace and --clients");
   if (o.sweep && o.rates.empty()) throw UsageError("--sweep needs --rates R1,R2,...");
+  if (o.sweep && o.workload.trace.empty() && o.workload.clients > 0)
+    throw UsageError(
+        "--sweep runs each policy at each of --rates, and closed-loop --clients send at the "
+        "rate they are answered, not at a rate; drop --clients (open loop) or give --trace");
+  // What the simulated side would do that the real server is not made to.
+  if (o.validate || o.calibrate) {
+    const char* mode = o.validate ? "--validate" : "--calibrate";
+    const auto refuse = [&](bool given, const std::string& flag) {
+      if (given)
+        throw UsageError(std::string(mode) + ": " + flag +
+                         " would act on the simulated side only; the real server is not made to "
+                         "fail, so the two would not be compared like for like; drop " +
+                         flag);
+    };
+    refuse(!o.fails.empty(), "--fail");
+    refuse(o.mtbf_s > 0, "--mtbf-s");
+    refuse(o.node_mtbf_s > 0, "--node-mtbf-s");
+    if (o.calibrate && !o.slow.empty())
+      throw UsageError(
+          "--calibrate: --slow would slow the simulated replicas only; calibration measures the "
+          "serving overhead of the real server as it is configured, so drop --slow (--validate "
+          "--slow slows both sides)");
+  }
   if (o.find_max_rate && (o.sweep || o.validate || o.calibrate))
     throw UsageError("--find-max-rate searches from one run; the sweep has its own search");
   if (o.find_max_rate && o.workload.trace.empty() && o.workload.clients > 0)
@@ -848,7 +871,8 @@ void register_simulate(CLI::App& app) {
                   "Mooncake JSONL (timestamp ms, input_length, output_length)");
   auto* rate = cmd->add_option(
       "--rate", w.rate,
-      "Open loop: requests per second (with --trace: rescale it to this mean rate)");
+      "Open loop: requests per second (with --trace: the rows replayed, --requests of them, "
+      "rescaled to this mean rate)");
   cmd->add_option("--requests,-n", o->requests,
                   "Requests to send (with --trace: at most this many rows; 0: all)")
       ->capture_default_str();

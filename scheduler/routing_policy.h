@@ -189,8 +189,10 @@ class LatencyAwarePolicy : public RoutingPolicy {
 using RoutingPolicyFactory = std::function<std::unique_ptr<RoutingPolicy>(
     uint64_t seed, const LatencyAwareOptions& latency)>;
 
-// Adds a policy (call it before the config is read, e.g. first thing in
-// main). Throws std::invalid_argument for an empty or already known name.
+// Adds a policy. Call it before the config is read: first thing in main()
+// (apps/main.cpp), not from a static initialiser in the policy's own file,
+// which the static-library link leaves out when nothing else refers to it.
+// Throws std::invalid_argument for an empty or already known name.
 void register_routing_policy(const std::string& name, RoutingPolicyFactory factory);
 
 // Names accepted by make_routing_policy, in a stable order (built-ins first).

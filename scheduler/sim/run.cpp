@@ -120,9 +120,13 @@ std::unique_ptr<Workload> WorkloadSpec::make(int max_context) const {
     o.max_context = max_context;
     o.limit = requests;
     if (rate > 0) {
-      const TraceStats s = trace_stats(trace);
+      // The rate of the rows replayed: the first `requests` of them.
+      const TraceStats s = trace_stats(trace, requests);
       if (s.rate_per_s() <= 0)
-        throw std::invalid_argument(trace + ": too few rows or no time span to rescale to a rate");
+        throw std::invalid_argument(
+            trace + ": too few rows or no time span to rescale to a rate" +
+            (requests > 0 ? " in the first " + std::to_string(requests) + " rows (--requests)"
+                          : std::string()));
       o.time_scale = rate / s.rate_per_s();
     }
     return std::make_unique<TraceWorkload>(trace, o);

@@ -15,7 +15,7 @@ namespace troupe::sim {
 // What to serve, as the command line gives it.
 struct WorkloadSpec {
   std::string trace;       // Azure .csv or Mooncake .jsonl; empty: synthetic
-  double rate = 0;         // synthetic: requests/s; a trace: rescaled to this mean rate (0: as is)
+  double rate = 0;         // synthetic: requests/s; a trace: its rows replayed at this mean rate
   size_t requests = 1000;  // synthetic: how many; a trace: at most this many (0: all)
   std::string arrivals = "poisson";
   std::string prompt = "128", output = "128";

@@ -494,6 +494,8 @@ void Simulator::on_failure_event(const Event& e) {
 }
 
 void Simulator::on_sample() {
+  // The window closing now; the last one of a run may be shorter.
+  const double span = now_ - (window_end_ - o_.sample_s);
   ClusterSample c = window_;
   c.time_s = now_;
   c.in_flight = table_->table().size();
@@ -505,7 +507,7 @@ void Simulator::on_sample() {
     ReplicaSample s;
     s.replica = int(i);
     s.live = r.up;
-    s.utilisation = r.busy_window / double(r.model->stages()) / o_.sample_s;
+    s.utilisation = span > 0 ? r.busy_window / double(r.model->stages()) / span : 0.0;
     if (r.sched) {
       s.kv_occupancy = double(r.sched->blocks_used()) / double(o_.scheduler.kv_blocks);
       s.running = r.sched->running();
@@ -635,6 +637,9 @@ void Simulator::run() {
         break;
     }
   }
+  // The window the run ended in, up to its end: without it the time
+  // series would miss the last requests' arrivals, completions and tokens.
+  if (o_.sample_s > 0 && now_ > window_end_ - o_.sample_s) on_sample();
   totals_.end_time_s = now_;
 }
 

@@ -68,7 +68,7 @@ struct SimOptions {
   // degraded hardware.
   std::vector<double> slowdown;
   double tick_s = 0.05;   // the router's deadline tick
-  double sample_s = 1.0;  // time-series interval (0: none)
+  double sample_s = 1.0;  // time-series interval (0: none); the last sample is at the run's end
   uint64_t seed = 1;      // failures
 };
 

@@ -339,9 +339,18 @@ std::optional<Arrival> TraceWorkload::read_row() {
         output = *out;
       } else {
         const auto j = nlohmann::json::parse(text);
-        t = j.at("timestamp").get<double>() / 1000.0;  // Mooncake: milliseconds
-        prompt = j.at("input_length").get<double>();
-        output = j.at("output_length").get<double>();
+        // The same rules as the Azure columns, naming the field.
+        const auto field = [&](const char* name) {
+          const auto it = j.find(name);
+          if (it == j.end() || !it->is_number())
+            throw std::invalid_argument(std::string(name) + " is missing or not a number");
+          return it->get<double>();
+        };
+        t = field("timestamp") / 1000.0;  // Mooncake: milliseconds
+        prompt = field("input_length");
+        if (!(prompt > 0)) throw std::invalid_argument("input_length is not a positive number");
+        output = field("output_length");
+        if (!(output >= 0)) throw std::invalid_argument("output_length is not a count");
       }
     } catch (const std::exception& e) {
       throw std::invalid_argument(where + ": " + e.what());
@@ -373,8 +382,10 @@ std::optional<Arrival> TraceWorkload::next() {
   return a;
 }
 
-TraceStats trace_stats(const std::filesystem::path& file) {
-  TraceWorkload w(file, {});
+TraceStats trace_stats(const std::filesystem::path& file, size_t limit) {
+  TraceOptions o;
+  o.limit = limit;
+  TraceWorkload w(file, o);
   TraceStats s;
   double prompt = 0, output = 0;
   while (const auto a = w.next()) {

@@ -162,14 +162,15 @@ class TraceWorkload : public Workload {
   size_t clipped_ = 0;
 };
 
-// Count, span and mean lengths of a trace in one pass (for --rate).
+// Count, span and mean lengths of a trace in one pass (for --rate), over
+// its first `limit` rows (0: all), the rows a replay of that many reads.
 struct TraceStats {
   size_t rows = 0;
   double span_s = 0;
   double mean_prompt = 0, mean_output = 0;
   double rate_per_s() const { return span_s > 0 ? double(rows - 1) / span_s : 0; }
 };
-TraceStats trace_stats(const std::filesystem::path& file);
+TraceStats trace_stats(const std::filesystem::path& file, size_t limit = 0);
 
 // Seconds since the epoch of an Azure TIMESTAMP ("2023-11-16 18:15:46.6805900"),
 // or the number itself when the column holds plain seconds.

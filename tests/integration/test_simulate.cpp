@@ -134,6 +134,12 @@ TEST(Simulate, BadValuesNameTheirFlagAndRange) {
       {{"--rate", "5", "--slow", "2:3"}, {"--slow: '2:3'", "replica 2 does not exist"}},
       {{"--validate", "--repeats", "0"}, {"--repeats: 0", "1 or more"}},
       {{"--clients", "2", "--find-max-rate"}, {"--find-max-rate needs open-loop arrivals"}},
+      // What one side of a comparison or a sweep would ignore.
+      {{"--sweep", "--rates", "1,2", "--clients", "4"}, {"--sweep", "--clients", "--rates"}},
+      {{"--validate", "--fail", "1:0"}, {"--validate", "--fail", "real server"}},
+      {{"--validate", "--mtbf-s", "30"}, {"--validate", "--mtbf-s", "real server"}},
+      {{"--calibrate", "--node-mtbf-s", "30"}, {"--calibrate", "--node-mtbf-s", "real server"}},
+      {{"--calibrate", "--slow", "0:2"}, {"--calibrate", "--slow", "real server"}},
   };
   for (const auto& [args, expected] : cases) {
     std::vector<std::string> all{"--profile", profile()};

@@ -123,6 +123,36 @@ TEST(Workload, MooncakeJsonlInMilliseconds) {
   EXPECT_FALSE(w.next());
 }
 
+TEST(Workload, ATraceRescaledToARateHasThatRateOverTheRowsReplayed) {
+  // 20 rows 10 ms apart, then 20 rows 1 s apart: the first 20 alone are at
+  // 100/s, the whole trace at about 2/s. --rate 5 --requests 20 replays
+  // those 20 rows at 5/s.
+  test::TempDir dir;
+  std::string text;
+  double t = 0;
+  for (int i = 0; i < 40; ++i) {
+    text += "{\"timestamp\": " + std::to_string(int(t)) +
+            ", \"input_length\": 10, \"output_length\": 2}\n";
+    t += i < 19 ? 10 : 1000;
+  }
+  test::write_file(dir / "t.jsonl", text);
+  WorkloadSpec spec;
+  spec.trace = (dir / "t.jsonl").string();
+  spec.rate = 5;
+  spec.requests = 20;
+  const auto w = spec.make(256);
+  size_t rows = 0;
+  double last = 0;
+  while (const auto a = w->next()) {
+    ++rows;
+    last = a->time_s;
+  }
+  EXPECT_EQ(rows, 20u);
+  EXPECT_NEAR(double(rows - 1) / last, 5.0, 1e-9);
+  EXPECT_EQ(trace_stats(dir / "t.jsonl", 20).rows, 20u);
+  EXPECT_EQ(trace_stats(dir / "t.jsonl").rows, 40u);
+}
+
 TEST(Workload, BadTracesNameFileAndLine) {
   test::TempDir dir;
   test::write_file(dir / "a.csv", "time,in,out\n1,2,3\n");
@@ -137,6 +167,35 @@ TEST(Workload, BadTracesNameFileAndLine) {
     EXPECT_NE(std::string(e.what()).find("b.csv:3"), std::string::npos) << e.what();
   }
   EXPECT_THROW(TraceWorkload(dir / "c.txt", {}), std::invalid_argument);
+}
+
+TEST(Workload, MooncakeRowsAreCheckedAsAzureRowsAre) {
+  // Lengths as the Azure reader takes them: a prompt of 1 token or more,
+  // an output of 0 or more; each refusal names the line and the field.
+  test::TempDir dir;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"timestamp": 0, "input_length": -5, "output_length": 3})", "input_length"},
+      {R"({"timestamp": 0, "input_length": 0, "output_length": 3})", "input_length"},
+      {R"({"timestamp": 0, "input_length": 10, "output_length": -3})", "output_length"},
+      {R"({"timestamp": 0, "input_length": "abc", "output_length": 3})", "input_length"},
+      {R"({"timestamp": "x", "input_length": 10, "output_length": 3})", "timestamp"},
+      {R"({"input_length": 10, "output_length": 3})", "timestamp"},
+  };
+  for (const auto& [row, field] : cases) {
+    test::write_file(dir / "m.jsonl",
+                     std::string(R"({"timestamp": 0, "input_length": 10, "output_length": 3})") +
+                         "\n" + row + "\n");
+    TraceWorkload w(dir / "m.jsonl", {});
+    ASSERT_TRUE(w.next());
+    try {
+      w.next();
+      ADD_FAILURE() << row << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("m.jsonl:2"), std::string::npos) << row << ": " << m;
+      EXPECT_NE(m.find(field), std::string::npos) << row << ": " << m;
+    }
+  }
 }
 
 TEST(Workload, WrittenTracesReadBack) {

@@ -397,18 +397,63 @@ TEST(Simulator, SampledUtilisationIsTheShareOfEachWindowSpentBusy) {
     sim.run();
     const double end = sim.totals().end_time_s;
     EXPECT_NEAR(end, 20 * 0.3 * stages, 1e-9);
-    // The last window closes as the last step ends, or just after.
+    // The last window closes as the last step ends.
+    EXPECT_NEAR(samples.times.back(), end, 1e-9);
     ASSERT_GE(samples.times.size(), size_t(std::lround(end / o.sample_s)) - 1);
     double busy = 0;
     for (size_t i = 0; i < samples.times.size(); ++i) {
       const double u = samples.replicas[i][0].utilisation;
-      busy += u * o.sample_s * stages;
+      // The last window ends with the run, however short that makes it.
+      const double span = samples.times[i] - (i > 0 ? samples.times[i - 1] : 0.0);
+      busy += u * span * stages;
       EXPECT_NEAR(u, 1.0 / stages, 1e-9) << stages << " stage(s), at " << samples.times[i];
     }
     // The windows add up to the busy time: every stage-second, once (the
     // replica computed all along).
     EXPECT_NEAR(busy, samples.times.back(), 1e-9);
   }
+}
+
+TEST(Simulator, TheTimeSeriesAddsUpToTheRunUpToItsEnd) {
+  // Steps of 0.3 s, windows of 1 s: the run ends mid-window (5 requests of
+  // 4 tokens back to back on one slot: 6 s of steps, then 0.3 s more). The
+  // samples' arrivals, completions and tokens are the run's, and the last
+  // window is cut at the run's end, its utilisation over its own length.
+  SimOptions o = options(1, 1);
+  o.sample_s = 1.0;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 5; ++i) arrivals.push_back({0.1 * i, 1, 4});
+  arrivals.push_back({5.0, 1, 1});
+  ListWorkload w(arrivals);
+  struct Totals : SimObserver {
+    void on_request_end(const RequestRecord& r) override {
+      ++ended;
+      tokens += uint64_t(r.output_tokens);
+    }
+    void on_sample(const ClusterSample& c, const std::vector<ReplicaSample>& r) override {
+      times.push_back(c.time_s);
+      arrivals += c.arrivals;
+      completed += c.completed;
+      sampled_tokens += c.output_tokens;
+      last_utilisation = r[0].utilisation;
+    }
+    size_t ended = 0, arrivals = 0, completed = 0;
+    uint64_t tokens = 0, sampled_tokens = 0;
+    double last_utilisation = -1;
+    std::vector<double> times;
+  } t;
+  Simulator sim(o, {constant_model(0.3)}, w, &t);
+  sim.run();
+  const double end = sim.totals().end_time_s;
+  EXPECT_NEAR(end, 6.3, 1e-9);
+  ASSERT_FALSE(t.times.empty());
+  EXPECT_NEAR(t.times.back(), end, 1e-9);
+  EXPECT_EQ(t.arrivals, 6u);
+  EXPECT_EQ(t.completed, t.ended);
+  EXPECT_EQ(t.sampled_tokens, t.tokens);
+  EXPECT_EQ(t.tokens, 21u);
+  // Busy all of [6, 6.3): 1, not 0.3.
+  EXPECT_NEAR(t.last_utilisation, 1.0, 1e-9);
 }
 
 TEST(Simulator, SampledUtilisationNeverExceedsOne) {
