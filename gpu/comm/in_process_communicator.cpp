@@ -421,6 +421,30 @@ void check_buffer(InProcessGroup::Impl& g, const void* p, size_t n, const char* 
   }
 }
 
+// Reduce-scatter and all-gather in one pass: rank `rank` owns one slice of
+// the n floats, sums it over every rank's blocks in rank order (rank 0's
+// first, then each later rank's, block by block) and writes the sum into
+// every rank's buffer. The slices are disjoint, so no two ranks touch the
+// same element.
+void sum_slice_to_all(InProcessGroup::Impl& g, uint32_t parity, int rank, int p, size_t n) {
+  const size_t chunk =
+      ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+  const size_t lo = std::min(n, size_t(rank) * chunk);
+  const size_t hi = std::min(n, lo + chunk);
+  g.enter_data_phase();
+  float acc[kBlock];
+  for (size_t off = lo; off < hi; off += kBlock) {
+    const size_t len = std::min(kBlock, hi - off);
+    std::memcpy(acc, g.slot(parity, 0).src + off, len * sizeof(float));
+    for (int r = 1; r < p; ++r) {
+      const Slot& s = g.slot(parity, r);
+      for (int b = 0; b < s.blocks; ++b) add_into(acc, s.src + size_t(b) * n + off, len);
+    }
+    for (int r = 0; r < p; ++r) std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
+  }
+  g.leave_data_phase();
+}
+
 }  // namespace
 
 void InProcessCommunicator::all_reduce_sum(float* data, size_t n) {
@@ -429,26 +453,10 @@ void InProcessCommunicator::all_reduce_sum(float* data, size_t n) {
     auto& g = impl();
     check_buffer(g, data, n, "all_reduce_sum", rank_);
     if (p == 1) return g.throw_if_aborted();
-    const Slot mine{Op::kAllReduce, n, 0, data, data};
+    const Slot mine{Op::kAllReduce, n, 0, data, data};  // one block each
     const uint32_t parity = g.round(rank_, &mine, Op::kAllReduce);
     g.check_same(parity);
-    // Reduce-scatter and all-gather in one pass: this rank owns one slice,
-    // sums it in rank order and writes the sum into every rank's buffer. The
-    // slices are disjoint, so no two ranks touch the same element.
-    const size_t chunk =
-        ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
-    const size_t lo = std::min(n, size_t(rank_) * chunk);
-    const size_t hi = std::min(n, lo + chunk);
-    g.enter_data_phase();
-    float acc[kBlock];
-    for (size_t off = lo; off < hi; off += kBlock) {
-      const size_t len = std::min(kBlock, hi - off);
-      std::memcpy(acc, g.slot(parity, 0).src + off, len * sizeof(float));
-      for (int r = 1; r < p; ++r) add_into(acc, g.slot(parity, r).src + off, len);
-      for (int r = 0; r < p; ++r)
-        std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
-    }
-    g.leave_data_phase();
+    sum_slice_to_all(g, parity, rank_, p, n);
     g.round(rank_, nullptr, Op::kAllReduce);  // nobody returns while others still write
   });
 }
@@ -463,28 +471,11 @@ void InProcessCommunicator::sum_in_piece_order(float* data, const float* pieces,
     if (rank_ > 0 && (count < 0 || (count > 0 && !pieces)))
       g.bad_argument("sum_in_piece_order: rank " + std::to_string(rank_) + " passed " +
                      std::to_string(count) + " pieces at " + (pieces ? "a buffer" : "null"));
+    // Rank 0 gives its sum so far, every later rank its pieces in order.
     const Slot mine{Op::kPieceSum, n, 0, rank_ == 0 ? data : pieces, data, rank_ == 0 ? 1 : count};
     const uint32_t parity = g.round(rank_, &mine, Op::kPieceSum);
     g.check_same(parity);
-    // As all_reduce_sum: this rank sums one slice, rank 0's sum first, then
-    // every later rank's pieces in order, and writes it to every rank.
-    const size_t chunk =
-        ((n + size_t(p) - 1) / size_t(p) + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
-    const size_t lo = std::min(n, size_t(rank_) * chunk);
-    const size_t hi = std::min(n, lo + chunk);
-    g.enter_data_phase();
-    float acc[kBlock];
-    for (size_t off = lo; off < hi; off += kBlock) {
-      const size_t len = std::min(kBlock, hi - off);
-      std::memcpy(acc, g.slot(parity, 0).src + off, len * sizeof(float));
-      for (int r = 1; r < p; ++r) {
-        const Slot& s = g.slot(parity, r);
-        for (int b = 0; b < s.blocks; ++b) add_into(acc, s.src + size_t(b) * n + off, len);
-      }
-      for (int r = 0; r < p; ++r)
-        std::memcpy(g.slot(parity, r).dst + off, acc, len * sizeof(float));
-    }
-    g.leave_data_phase();
+    sum_slice_to_all(g, parity, rank_, p, n);
     g.round(rank_, nullptr, Op::kPieceSum);  // nobody returns while others still write
   });
 }
