@@ -120,10 +120,12 @@ void run_bench(const BenchOptions& o) {
       force_isa(Isa::Avx2);
     else if (o.isa == "avx512")
       force_isa(Isa::Avx512);
+    else if (o.isa == "avx512_bf16")
+      force_isa(Isa::Avx512Bf16);
     else if (o.isa == "scalar")
       force_isa(Isa::Scalar);
     else
-      throw UsageError("--isa must be scalar, avx2 or avx512");
+      throw UsageError("--isa must be scalar, avx2, avx512 or avx512_bf16");
   }
   if (o.groups < 0) throw UsageError("--groups must be 0 (one per stage) or more");
   if (!o.preset.empty() && !o.engine.model.empty())
@@ -197,7 +199,7 @@ void register_bench(CLI::App& app) {
   e.push_back(cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")
                   ->capture_default_str());
   e.push_back(cmd->add_option("--isa", o->isa,
-                              "Force kernels: scalar | avx2 | avx512 (default: best available)"));
+                              "Force kernels: scalar | avx2 | avx512 | avx512_bf16 (default: best available)"));
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
   e.push_back(cmd->add_option("--profile", o->profile,
                               "Measure the step-time grid troupe simulate interpolates in, for "

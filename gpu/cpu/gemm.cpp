@@ -1,8 +1,12 @@
 #include "gpu/cpu/gemm.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -10,11 +14,42 @@ namespace troupe {
 
 namespace {
 
+// vdpbf16ps against its emulation on products built to expose a different
+// order or rounding (cancellations, sums that sit between two floats), with
+// an odd piece and one row block and several. The emulation defines the
+// values everywhere else, so an instruction that disagrees is not used.
+bool bf16_instruction_matches_emulation() {
+  const int N = 48, K = 301, M = 13;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(size_t(N) * K), x(size_t(M) * K);
+  for (auto& v : w) v = normal(rng);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(normal(rng), int(i % 7) * 3 - 9);
+  PackedMatrix packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::BF16);
+  packed.set_pieces({0, 31, 200, K});
+  for (int rows : {1, M}) {
+    std::vector<float> native(size_t(rows) * N), emulated(size_t(rows) * N);
+    detail::gemm_avx512_bf16()(x.data(), rows, K, packed.ref(), 0, packed.panels(), native.data(),
+                               N, 0, 0);
+    detail::gemm_avx512()(x.data(), rows, K, packed.ref(), 0, packed.panels(), emulated.data(), N,
+                          0, 0);
+    if (std::memcmp(native.data(), emulated.data(), native.size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
 Isa detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
+      __builtin_cpu_supports("avx512vl")) {
+    if (!__builtin_cpu_supports("avx512bf16")) return Isa::Avx512;
+    if (bf16_instruction_matches_emulation()) return Isa::Avx512Bf16;
+    spdlog::warn(
+        "this CPU's vdpbf16ps differs from its documented rounding; bf16 products use the "
+        "f32 emulation (same values, slower)");
     return Isa::Avx512;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
   return Isa::Scalar;
 }
@@ -36,6 +71,27 @@ float load_weight(const PackedMatrix& w, int p, size_t index) {
   return 0;
 }
 
+// Lane `lane` of panel p times row xm over piece `piece`: one chain.
+float chain(const float* xm, const PackedMatrix& w, int p, int lane, int piece) {
+  const int k0 = w.piece_bounds()[size_t(piece)], k1 = w.piece_bounds()[size_t(piece) + 1];
+  float acc = 0.0f;
+  if (w.dtype() != DType::BF16) {
+    for (int k = k0; k < k1; ++k)
+      acc = std::fma(xm[k], load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);
+    return acc;
+  }
+  // Pairs (k, k + 1), the odd product first; an odd piece's last pair has a
+  // zero odd half.
+  for (int s = w.piece_step(piece); s < w.piece_step(piece + 1); ++s) {
+    const int k = k0 + 2 * (s - w.piece_step(piece));
+    const size_t at = (size_t(s) * kPanel + size_t(lane)) * 2;
+    const float x_odd = k + 1 < k1 ? bf16_to_f32(bf16_for_product(xm[k + 1])) : 0.0f;
+    acc = std::fma(x_odd, load_weight(w, p, at + 1), acc);
+    acc = std::fma(bf16_to_f32(bf16_for_product(xm[k])), load_weight(w, p, at), acc);
+  }
+  return acc;
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -46,6 +102,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::Avx512:
       return "avx512";
+    case Isa::Avx512Bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
@@ -67,19 +125,14 @@ void force_isa(Isa isa) {
 
 void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
                         float* y, int ldy, size_t piece_stride) {
-  const std::vector<int> bounds =
-      w.piece_bounds().empty() ? std::vector<int>{0, w.cols()} : w.piece_bounds();
   for (int p = p0; p < p1; ++p) {
     for (int lane = 0; lane < kPanel; ++lane) {
       const int n = p * kPanel + lane;
       if (n >= w.rows()) break;
       for (int m = 0; m < M; ++m) {
-        for (size_t piece = 0; piece + 1 < bounds.size(); ++piece) {
-          float acc = 0.0f;
-          for (int k = bounds[piece]; k < bounds[piece + 1]; ++k)
-            acc = std::fma(x[size_t(m) * size_t(ldx) + size_t(k)],
-                           load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);
-          float& out = y[piece * piece_stride + size_t(m) * size_t(ldy) + size_t(n)];
+        for (int piece = 0; piece < w.pieces(); ++piece) {
+          const float acc = chain(x + size_t(m) * size_t(ldx), w, p, lane, piece);
+          float& out = y[size_t(piece) * piece_stride + size_t(m) * size_t(ldy) + size_t(n)];
           out = piece > 0 && piece_stride == 0 ? out + acc : acc;
         }
       }
@@ -90,6 +143,11 @@ void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, i
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
                  int ldy, uint64_t pack_tag, size_t piece_stride) {
   switch (active_isa()) {
+    case Isa::Avx512Bf16:
+      if (w.dtype() == DType::BF16)
+        return detail::gemm_avx512_bf16()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag,
+                                          piece_stride);
+      [[fallthrough]];
     case Isa::Avx512:
       return detail::gemm_avx512()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag, piece_stride);
     case Isa::Avx2:

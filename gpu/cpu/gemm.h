@@ -2,12 +2,16 @@
 // y = x W^T over packed weights. Every output element is the same sequential
 // FMA chain over k whatever the ISA, batch size or thread split (see
 // packed_matrix.h), so the scalar reference matches the SIMD kernels exactly.
+// bf16 weights take the chain of bf16 pair products (packed_matrix.h): one
+// vdpbf16ps a pair with AVX512_BF16, emulated in f32 FMAs elsewhere.
 #include "gpu/cpu/packed_matrix.h"
 #include "gpu/cpu/thread_pool.h"
 
 namespace troupe {
 
-enum class Isa { Scalar, Avx2, Avx512 };
+// Avx512Bf16: Avx512 with AVX512_BF16, used only where the instruction gives
+// what its emulation gives (checked once at start-up).
+enum class Isa { Scalar, Avx2, Avx512, Avx512Bf16 };
 const char* isa_name(Isa isa);
 Isa best_isa();           // what this CPU supports
 Isa active_isa();         // what the kernels use now (best_isa() unless forced)

@@ -2,23 +2,43 @@
 // compiled per ISA (gemm_avx2.cpp, gemm_avx512.cpp). Include inside an
 // anonymous namespace.
 //
-// V provides: vec, kLanes, zero(), load(const float*), load_bf16(const
-// uint16_t*), load_f16(const uint16_t*), set1(float), fma(a, b, c), add(a, b),
-// store.
+// V provides: vec, kLanes, zero(), load(const float*), load_f16(const
+// uint16_t*), set1(float), fma(a, b, c), add(a, b),
+// store, and for bf16 weights dot_pair(acc, x, w) (see packed_matrix.h) with
+// the kernel shape kPairRows x kPairPanels it wants.
+//
+// A k step is one element of k for f32 and f16 weights, one pair for bf16
+// (32 bits a lane: the weights load as f32 vectors would, and x, packed into
+// pairs by pack_pairs, broadcasts as an f32 would).
 
 #ifndef TROUPE_PREFETCH_BYTES
 #define TROUPE_PREFETCH_BYTES 2048
 #endif
 constexpr size_t kPrefetchBytes = TROUPE_PREFETCH_BYTES;
 
+// Bytes of one weight lane in one k step.
+template <DType WT>
+constexpr size_t step_bytes() {
+  return WT == DType::F16 ? 2 : 4;
+}
+
+// Weights of one k step as f32 (f16: widened; bf16: the raw pairs).
 template <class V, DType WT>
 inline typename V::vec load_w(const void* base, size_t index) {
-  if constexpr (WT == DType::F32) {
-    return V::load(static_cast<const float*>(base) + index);
-  } else if constexpr (WT == DType::BF16) {
-    return V::load_bf16(static_cast<const uint16_t*>(base) + index);
-  } else {
+  if constexpr (WT == DType::F16) {
     return V::load_f16(static_cast<const uint16_t*>(base) + index);
+  } else {
+    return V::load(static_cast<const float*>(base) + index);
+  }
+}
+
+// One k step of one output vector's chain.
+template <class V, DType WT>
+inline typename V::vec step(typename V::vec acc, typename V::vec x, typename V::vec w) {
+  if constexpr (WT == DType::BF16) {
+    return V::dot_pair(acc, x, w);
+  } else {
+    return V::fma(x, w, acc);
   }
 }
 
@@ -95,7 +115,7 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
         // ahead of the hardware prefetcher, which tracks only a few streams
         // per page and falls behind at decode batch sizes. Later row blocks
         // find the block in L1 and skip this.
-        constexpr size_t esz = WT == DType::F32 ? 4 : 2;
+        constexpr size_t esz = step_bytes<WT>();
         if (prefetch && (size_t(k) * kPanel * esz) % 64 == 0)
 #pragma GCC unroll 16
           for (int p = 0; p < NP; ++p)
@@ -108,7 +128,7 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
       for (int m = 0; m < R; ++m) {
         const typename V::vec xb = V::set1(xk[size_t(m) * sm]);
 #pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[m][j] = V::fma(xb, w[j], acc[m][j]);
+        for (int j = 0; j < NV; ++j) acc[m][j] = step<V, WT>(acc[m][j], xb, w[j]);
       }
     }
   }
@@ -156,8 +176,7 @@ void rows_kernel(int rows, const float* x, size_t sm, size_t sk, const void* pan
 
 template <DType WT>
 inline const void* panel_ptr(const PanelsRef& w, int p) {
-  constexpr size_t esz = WT == DType::F32 ? 4 : 2;
-  return static_cast<const char*>(w.data) + size_t(p) * size_t(w.cols) * kPanel * esz;
+  return static_cast<const char*>(w.data) + size_t(p) * size_t(w.cols) * kPanel * step_bytes<WT>();
 }
 
 // A per-thread scratch buffer for packed rows of x, reused across calls.
@@ -197,9 +216,42 @@ const float* pack_rows(const float* x, int M, int ldx, int K, uint64_t tag) {
   return xp;
 }
 
-// Rows [k0, k1) of NP panels of 16-bit weights, widened to f32 into dst
+// x for bf16 weights: rows rounded to bf16 (bf16_for_product) and paired
+// within each piece as the weights are (packed_matrix.h), the pair of
+// elements k, k + 1 as one 32-bit word (k in the low half), and laid out as
+// pack_rows lays out x: row block b is w.cols steps of `rows` words. One
+// row block (M <= MR) is packed too, as [steps][M].
+template <int MR>
+const float* pack_pairs(const float* x, int M, int ldx, const PanelsRef& w, uint64_t tag) {
+  static thread_local PackBuffer buffer;
+  static thread_local uint64_t packed_tag = 0;
+  if (tag != 0 && tag == packed_tag) return buffer.data;
+  packed_tag = tag;
+  const int blocks = (M + MR - 1) / MR;
+  const int pieces = w.pieces > 0 ? w.pieces : 1;
+  float* xp = buffer.get(size_t(blocks) * MR * size_t(w.cols));
+  for (int b = 0; b < blocks; ++b) {
+    const int rows = M - b * MR < MR ? M - b * MR : MR;
+    float* dst = xp + size_t(b) * MR * size_t(w.cols);
+    const float* src = x + size_t(b * MR) * size_t(ldx);
+    for (int p = 0; p < pieces; ++p) {
+      const int kb = w.x_piece_k ? w.x_piece_k[p] : 0;
+      const int ke = w.x_piece_k ? w.x_piece_k[p + 1] : w.x_cols;
+      for (int k = kb; k < ke; k += 2)
+        for (int m = 0; m < rows; ++m) {
+          const float* r = src + size_t(m) * size_t(ldx);
+          const uint32_t word = uint32_t(bf16_for_product(r[k])) |
+                                (k + 1 < ke ? uint32_t(bf16_for_product(r[k + 1])) << 16 : 0u);
+          __builtin_memcpy(dst++, &word, 4);
+        }
+    }
+  }
+  return xp;
+}
+
+// Rows [k0, k1) of NP panels of f16 weights, widened to f32 into dst
 // (panel p at dst + p * (k1 - k0) * kPanel). Widening is exact, so the f32
-// kernel over dst computes the same chains as the 16-bit kernel would.
+// kernel over dst computes the same chains as the f16 kernel would.
 template <class V, DType WT, int NP>
 void widen_block(const void* panels, int K, int k0, int k1, float* dst) {
   constexpr int VPP = kPanel / V::kLanes;
@@ -221,7 +273,7 @@ float* widen_buffer() {
 
 // K is processed in blocks of KB so that a panel group's block stays in L1
 // while every row block of x passes over it. With many row blocks (prefill),
-// 16-bit weights are widened once per block rather than once per row block:
+// f16 weights are widened once per block rather than once per row block:
 // widening costs two vector ops per load on the FMA ports, a quarter of the
 // kernel's throughput. With few, writing the widened block costs more than
 // it saves (measured with bench_kernels: the break-even is near 4 blocks).
@@ -269,30 +321,32 @@ void piece_block(int rows, const float* xb, size_t sm, size_t sk, const void* pa
                              valid, last && o.adds(p), prefetch);
 }
 
+// One row block (M <= MR) reads x at (sm, sk) strides; more read xp, x packed
+// by row block.
 template <class V, DType WT, int MR, int NP, int KB>
-void gemm_panel_group(const float* x, int M, int ldx, const float* xp, const PanelsRef& w, int pg,
-                      PieceOut o) {
+void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* xp,
+                      const PanelsRef& w, int pg, PieceOut o) {
   const int K = w.cols;
   const int left = w.rows - pg * kPanel;
   const int valid = left < NP * kPanel ? left : NP * kPanel;
   const void* panels = panel_ptr<WT>(w, pg);
   const int pieces = w.pieces > 0 ? w.pieces : 1;
   o.y += size_t(pg) * kPanel;
-  if (!xp) {  // one row block: nothing to reuse, no packing or k blocking
+  if (M <= MR) {  // one row block: nothing to reuse, no k blocking
     if (pieces > 1 && o.stride == 0 && M <= kPiecesInRegisters) {
       // The pieces' sum in registers: one call, however small the pieces.
-      rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, 0, K, nullptr, 0, o.y, o.ldy,
-                                 valid, false, true, w.piece_k + 1, pieces - 1);
+      rows_kernel<V, WT, MR, NP>(M, x, sm, sk, panels, K, 0, K, nullptr, 0, o.y, o.ldy, valid,
+                                 false, true, w.piece_k + 1, pieces - 1);
       return;
     }
     for (int p = 0; p < pieces; ++p) {
       const int k0 = piece_begin(w, p), k1 = piece_end(w, p);
-      rows_kernel<V, WT, MR, NP>(M, x, size_t(ldx), 1, panels, K, k0, k1, nullptr, 0, o.out(p),
-                                 o.ldy, valid, o.adds(p), true);
+      rows_kernel<V, WT, MR, NP>(M, x, sm, sk, panels, K, k0, k1, nullptr, 0, o.out(p), o.ldy,
+                                 valid, o.adds(p), true);
     }
     return;
   }
-  if constexpr (WT != DType::F32) {
+  if constexpr (WT == DType::F16) {
     if (M >= kWidenRowBlocks * MR) {
       // A widened block takes twice the bytes: half the rows keep it in L1.
       constexpr int KBW = KB / 2;
@@ -332,12 +386,19 @@ float* piece_scratch(int M) {
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                 int ldy, uint64_t pack_tag, size_t piece_stride) {
-  const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
+  const float* xp = nullptr;
+  size_t sm = size_t(ldx), sk = 1;  // x as given
+  if constexpr (WT == DType::BF16) {
+    xp = pack_pairs<MR>(x, M, ldx, w, pack_tag);
+    if (M <= MR) x = xp, sm = 1, sk = size_t(M);
+  } else if (M > MR) {
+    xp = pack_rows<MR>(x, M, ldx, w.cols, pack_tag);
+  }
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
-  if (xp && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
   int p = p0;
-  for (; p + NP <= p1; p += NP) gemm_panel_group<V, WT, MR, NP, KB>(x, M, ldx, xp, w, p, o);
-  for (; p < p1; ++p) gemm_panel_group<V, WT, MR, 1, KB>(x, M, ldx, xp, w, p, o);
+  for (; p + NP <= p1; p += NP) gemm_panel_group<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p, o);
+  for (; p < p1; ++p) gemm_panel_group<V, WT, MR, 1, KB>(x, sm, sk, M, xp, w, p, o);
 }
 
 template <class V, int MR, int NP, int KB>
@@ -348,8 +409,8 @@ void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, i
       return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
                                                    piece_stride);
     case DType::BF16:
-      return gemm_typed<V, DType::BF16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
-                                                    piece_stride);
+      return gemm_typed<V, DType::BF16, V::kPairRows, V::kPairPanels, KB>(
+          x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
     case DType::F16:
       return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
                                                    piece_stride);

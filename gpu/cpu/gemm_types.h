@@ -11,17 +11,38 @@ namespace troupe {
 
 constexpr int kPanel = 16;
 
+// A packed matrix as the kernels see it. Its k steps are single elements of
+// k for f32 and f16 weights; bf16 weights are stored as pairs of k (see
+// packed_matrix.h), and a step is one pair: 32 bits per weight lane.
 struct PanelsRef {
-  const void* data;  // panel 0; panel p starts p * cols * kPanel elements later
+  const void* data;  // panel 0; panel p starts p * cols * kPanel steps later
   int rows;          // N
-  int cols;          // K
+  int cols;          // k steps: K, or the pairs of bf16 weights
   DType dtype;
-  // The product as a sum over pieces of k: piece p covers [piece_k[p],
+  // The product as a sum over pieces of k: piece p covers steps [piece_k[p],
   // piece_k[p + 1]), each output is one FMA chain per piece, and the pieces'
   // chains are added in order. 0 pieces: one chain over all of k.
   const int* piece_k = nullptr;
   int pieces = 0;
+  // x's columns (K) and, with pieces, where each piece begins in them: bf16
+  // pairs start afresh at each piece, so a piece of odd length ends in a pair
+  // whose second half is zero.
+  int x_cols = 0;
+  const int* x_piece_k = nullptr;
 };
+
+// f32 to bf16 for the bf16 product (packed_matrix.h): to nearest even, f32
+// denormals to a signed zero (as vdpbf16ps reads them), NaN stays NaN.
+// Static: the per-ISA files get their own copy, never one the linker could
+// hand to baseline code.
+static inline uint16_t bf16_for_product(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0) return uint16_t((u >> 16) & 0x8000u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
 
 namespace detail {
 // pack_tag: calls with the same non-zero tag pass the same x, so a thread
@@ -33,6 +54,7 @@ using GemmFn = void (*)(const float* x, int M, int ldx, const PanelsRef& w, int 
                         float* y, int ldy, uint64_t pack_tag, size_t piece_stride);
 GemmFn gemm_avx2();
 GemmFn gemm_avx512();
+GemmFn gemm_avx512_bf16();  // AVX-512 with the bf16 dot-product instruction
 }  // namespace detail
 
 }  // namespace troupe

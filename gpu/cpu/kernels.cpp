@@ -124,7 +124,7 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 
 namespace {
 detail::TileFns tile_fns() {
-  return active_isa() == Isa::Avx512 ? detail::attention_avx512() : detail::attention_avx2();
+  return active_isa() >= Isa::Avx512 ? detail::attention_avx512() : detail::attention_avx2();
 }
 }  // namespace
 

@@ -15,29 +15,65 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
           "PackedMatrix::pack: blocks must be 2-D with equal columns, got " + b.shape_str());
     m.rows_ += int(b.dim(0));
   }
-  const int64_t K = m.cols_;
-  m.data_ = Tensor::zeros({int64_t(m.panels()) * kPanel, K}, dtype);
-  std::vector<float> row(static_cast<size_t>(K), 0.0f);
-  std::vector<uint16_t> row16(static_cast<size_t>(K));
-  int n = 0;
-  for (const auto& b : row_blocks) {
-    const size_t esz = dtype_size(b.dtype());
-    for (int64_t r = 0; r < b.dim(0); ++r, ++n) {
-      convert_to_f32(static_cast<const char*>(b.raw()) + size_t(r * K) * esz, b.dtype(), row.data(),
-                     size_t(K));
-      const int p = n / kPanel, lane = n % kPanel;
-      const size_t base = size_t(p) * size_t(K) * kPanel + size_t(lane);
-      if (dtype == DType::F32) {
-        float* dst = m.data_.data_mut<float>();
-        for (int64_t k = 0; k < K; ++k) dst[base + size_t(k) * kPanel] = row[size_t(k)];
+  m.piece_k_ = {0, m.cols_};
+  const size_t K = size_t(m.cols_);
+  size_t block = 0;
+  int64_t first = 0;  // block's first row
+  m.lay_out(dtype, [&](int n, float* out) {
+    while (n - first >= row_blocks[block].dim(0)) first += row_blocks[block++].dim(0);
+    const Tensor& b = row_blocks[block];
+    convert_to_f32(static_cast<const char*>(b.raw()) + size_t(n - first) * K * dtype_size(b.dtype()),
+                   b.dtype(), out, K);
+  });
+  return m;
+}
+
+template <class F>
+void PackedMatrix::for_each_k(int lane, F&& f) const {
+  for (size_t p = 0; p + 1 < piece_k_.size(); ++p)
+    for (int k = piece_k_[p]; k < piece_k_[p + 1]; ++k) {
+      if (dtype() != DType::BF16) {
+        f(k, size_t(k) * kPanel + size_t(lane));
       } else {
-        convert_from_f32(row.data(), dtype, row16.data(), size_t(K));
-        uint16_t* dst = m.data_.data_mut<uint16_t>();
-        for (int64_t k = 0; k < K; ++k) dst[base + size_t(k) * kPanel] = row16[size_t(k)];
+        const int local = k - piece_k_[p];
+        f(k, (size_t(step_k_[p] + local / 2) * kPanel + size_t(lane)) * 2 + size_t(local % 2));
       }
     }
+}
+
+template <class RowFn>
+void PackedMatrix::lay_out(DType dtype, RowFn&& row_of) {
+  step_k_.assign(piece_k_.size(), 0);
+  for (size_t p = 1; p < piece_k_.size(); ++p) {
+    const int len = piece_k_[p] - piece_k_[p - 1];
+    step_k_[p] = step_k_[p - 1] + (dtype == DType::BF16 ? (len + 1) / 2 : len);
   }
-  return m;
+  // Zeros also fill the odd halves that end odd pieces, and rows past N.
+  const int64_t per_row = dtype == DType::BF16 ? 2 * int64_t(steps()) : int64_t(steps());
+  data_ = Tensor::zeros({int64_t(panels()) * kPanel, per_row}, dtype);
+  std::vector<float> row(static_cast<size_t>(cols_));
+  std::vector<uint16_t> row16(static_cast<size_t>(cols_));
+  for (int n = 0; n < rows_; ++n) {
+    row_of(n, row.data());
+    const int lane = n % kPanel;
+    void* base = static_cast<char*>(data_.raw_mut()) +
+                 size_t(n / kPanel) * size_t(steps()) * kPanel * step_bytes();
+    switch (dtype) {
+      case DType::F32:
+        for_each_k(lane, [&](int k, size_t i) { static_cast<float*>(base)[i] = row[size_t(k)]; });
+        break;
+      case DType::F16:
+        convert_from_f32(row.data(), dtype, row16.data(), row.size());
+        for_each_k(lane,
+                   [&](int k, size_t i) { static_cast<uint16_t*>(base)[i] = row16[size_t(k)]; });
+        break;
+      case DType::BF16:
+        for_each_k(lane, [&](int k, size_t i) {
+          static_cast<uint16_t*>(base)[i] = bf16_for_product(row[size_t(k)]);
+        });
+        break;
+    }
+  }
 }
 
 void PackedMatrix::set_pieces(std::vector<int> bounds) {
@@ -47,29 +83,34 @@ void PackedMatrix::set_pieces(std::vector<int> bounds) {
   for (size_t i = 1; i < bounds.size(); ++i)
     if (bounds[i] <= bounds[i - 1])
       throw std::invalid_argument("PackedMatrix::set_pieces: bounds must increase");
-  piece_k_ = bounds.size() == 2 ? std::vector<int>{} : std::move(bounds);
+  if (dtype() != DType::BF16) {
+    piece_k_ = std::move(bounds);
+    step_k_ = piece_k_;
+    return;
+  }
+  // Pairs restart at each piece: lay the rows out again from the old layout.
+  const PackedMatrix old = *this;
+  piece_k_ = std::move(bounds);
+  lay_out(DType::BF16, [&](int n, float* out) { old.row_to_f32(n, out); });
 }
 
 void PackedMatrix::row_to_f32(int n, float* out) const {
   if (n < 0 || n >= rows_) throw std::out_of_range("PackedMatrix::row_to_f32: row out of range");
-  const int p = n / kPanel, lane = n % kPanel;
-  const size_t base = size_t(p) * size_t(cols_) * kPanel + size_t(lane);
+  const void* base = panel(n / kPanel);
   switch (dtype()) {
-    case DType::F32: {
-      const float* src = data_.data<float>();
-      for (int k = 0; k < cols_; ++k) out[k] = src[base + size_t(k) * kPanel];
+    case DType::F32:
+      for_each_k(n % kPanel, [&](int k, size_t i) { out[k] = static_cast<const float*>(base)[i]; });
       return;
-    }
-    case DType::F16: {
-      const uint16_t* src = data_.data<uint16_t>();
-      for (int k = 0; k < cols_; ++k) out[k] = f16_to_f32(src[base + size_t(k) * kPanel]);
+    case DType::F16:
+      for_each_k(n % kPanel, [&](int k, size_t i) {
+        out[k] = f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+      });
       return;
-    }
-    case DType::BF16: {
-      const uint16_t* src = data_.data<uint16_t>();
-      for (int k = 0; k < cols_; ++k) out[k] = bf16_to_f32(src[base + size_t(k) * kPanel]);
+    case DType::BF16:
+      for_each_k(n % kPanel, [&](int k, size_t i) {
+        out[k] = bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+      });
       return;
-    }
   }
 }
 

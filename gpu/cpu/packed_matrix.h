@@ -5,6 +5,18 @@
 // sequential FMA chain over k, so its value does not depend on the batch
 // size, the thread split or the vector width: batched and single runs agree
 // bit for bit.
+//
+// bf16 weights are multiplied as bf16 hardware does it (AVX512_BF16's
+// vdpbf16ps, llama.cpp's and PyTorch's bf16 CPU paths): x is rounded to bf16
+// too, and k is taken in pairs, panel[k/2][16][2] with the even k in the low
+// half. A pair step adds the odd k's product to the chain, then the even
+// k's, each rounded to f32 (the products of two bf16 values are exact).
+// Pairs start afresh at each piece (set_pieces); a piece of odd length ends
+// in a pair whose odd half is zero. Values that would be f32 denormals are
+// flushed to zero when x and W are rounded, as the instruction does; an
+// accumulator that itself passes through the denormal range (below 1.2e-38
+// without being zero) is the one case where the instruction, which flushes
+// it, and the kernels without it may differ.
 #include <cstdint>
 #include <vector>
 
@@ -24,9 +36,10 @@ class PackedMatrix {
   int panels() const { return (rows_ + kPanel - 1) / kPanel; }
   DType dtype() const { return data_.dtype(); }
   size_t bytes() const { return data_.nbytes(); }
+  // k steps of a panel: K, or for bf16 the pairs over all pieces.
+  int steps() const { return step_k_.back(); }
   const void* panel(int p) const {
-    return static_cast<const char*>(data_.raw()) +
-           size_t(p) * size_t(cols_) * kPanel * dtype_size(dtype());
+    return static_cast<const char*>(data_.raw()) + size_t(p) * size_t(steps()) * kPanel * step_bytes();
   }
   // Cuts k into pieces [bounds[i], bounds[i + 1]) (bounds run from 0 to
   // cols(), increasing): a product is then the in-order sum of one FMA chain
@@ -34,22 +47,37 @@ class PackedMatrix {
   // their partial products, added piece by piece, give the one-device value.
   void set_pieces(std::vector<int> bounds);
   const std::vector<int>& piece_bounds() const { return piece_k_; }
-  int pieces() const { return piece_k_.empty() ? 1 : int(piece_k_.size()) - 1; }
+  int pieces() const { return int(piece_k_.size()) - 1; }
+  // Where piece p's steps begin (p == pieces(): steps()).
+  int piece_step(int p) const { return step_k_[size_t(p)]; }
   PanelsRef ref() const {
+    const bool cut = pieces() > 1;
     return PanelsRef{data_.raw(),
                      rows_,
-                     cols_,
+                     steps(),
                      dtype(),
-                     piece_k_.empty() ? nullptr : piece_k_.data(),
-                     piece_k_.empty() ? 0 : int(piece_k_.size()) - 1};
+                     cut ? step_k_.data() : nullptr,
+                     cut ? pieces() : 0,
+                     cols_,
+                     cut ? piece_k_.data() : nullptr};
   }
   // Row n as f32 (for embedding lookups from a tied classifier).
   void row_to_f32(int n, float* out) const;
 
  private:
+  size_t step_bytes() const { return dtype() == DType::BF16 ? 4 : dtype_size(dtype()); }
+  // Lays out rows_ rows, row(n, out) writing row n as K floats, in the
+  // current pieces.
+  template <class RowFn>
+  void lay_out(DType dtype, RowFn&& row);
+  // f(k, i) for each k of a panel lane, i = index(lane, k).
+  template <class F>
+  void for_each_k(int lane, F&& f) const;
+
   int rows_ = 0;
   int cols_ = 0;
-  std::vector<int> piece_k_;  // empty: one piece
+  std::vector<int> piece_k_{0, 0};  // bounds in k
+  std::vector<int> step_k_{0, 0};   // the same bounds in k steps
   Tensor data_;
 };
 

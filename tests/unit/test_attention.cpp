@@ -26,7 +26,7 @@ struct IsaGuard {
 std::vector<Isa> vector_isas() {
   // The attention kernels have no scalar build: Scalar runs the AVX2 ones.
   std::vector<Isa> out{Isa::Avx2};
-  if (best_isa() == Isa::Avx512) out.push_back(Isa::Avx512);
+  if (best_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
   return out;
 }
 

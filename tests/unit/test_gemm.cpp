@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "gpu/cpu/gemm.h"
@@ -23,7 +24,8 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out{Isa::Scalar};
   if (int(best_isa()) >= int(Isa::Avx2)) out.push_back(Isa::Avx2);
-  if (best_isa() == Isa::Avx512) out.push_back(Isa::Avx512);
+  if (best_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
+  if (best_isa() >= Isa::Avx512Bf16) out.push_back(Isa::Avx512Bf16);
   return out;
 }
 
@@ -95,7 +97,7 @@ TEST(Gemm, RowsDoNotDependOnBatchSize) {
   }
 }
 
-TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
+TEST(Gemm, F16WeightsEqualF32OnTheRoundedWeights) {
   IsaGuard guard;
   ThreadPool pool(2);
   // One row block (weights read directly), several with a partial last one,
@@ -104,7 +106,7 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
     const int M = s.M, N = s.N, K = s.K;
     const auto x = random_vec(size_t(M) * K, 5);
     const auto w = random_vec(size_t(N) * K, 6);
-    for (DType dt : {DType::BF16, DType::F16}) {
+    for (DType dt : {DType::F16}) {
       // Round the weights through the 16-bit type, then the f32 product of the
       // rounded weights must equal the 16-bit product exactly.
       std::vector<uint16_t> w16(w.size());
@@ -129,6 +131,79 @@ TEST(Gemm, SixteenBitWeightsEqualF32OnTheRoundedWeights) {
   }
 }
 
+float bf16_value(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0) return std::copysign(0.0f, f);  // denormals flush
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;        // to nearest even
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// bf16 weights multiply as vdpbf16ps does: x and W rounded to bf16, k in pairs
+// that restart at each piece, the odd product added before the even one.
+// Written here from that definition alone, not from the packed layout.
+float bf16_chain(const float* x, const float* w, int k0, int k1) {
+  float acc = 0.0f;
+  for (int k = k0; k < k1; k += 2) {
+    if (k + 1 < k1) acc = std::fma(bf16_value(x[k + 1]), bf16_value(w[k + 1]), acc);
+    acc = std::fma(bf16_value(x[k]), bf16_value(w[k]), acc);
+  }
+  return acc;
+}
+
+TEST(Gemm, Bf16WeightsTakeTheBf16PairProduct) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  // Odd and even K and pieces; one row block, several, a partial last one;
+  // k spanning several k blocks of every ISA. x spans many magnitudes, with
+  // tiny values that round to bf16 denormals and flush.
+  const std::vector<std::vector<int>> cuts{{}, {}, {0, 7, 130}, {0, 33, 300, 301, 600}};
+  const std::vector<Shape> shapes{{1, 33, 301}, {9, 70, 130}, {9, 70, 130}, {40, 200, 600}};
+  for (size_t c = 0; c < shapes.size(); ++c) {
+    const int M = shapes[c].M, N = shapes[c].N, K = shapes[c].K;
+    auto x = random_vec(size_t(M) * K, 5);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], int(i % 11) * 4 - 20);
+    x[3] = 1e-39f;
+    const auto w = random_vec(size_t(N) * K, 6);
+    auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::BF16);
+    std::vector<int> bounds = cuts[c].empty() ? std::vector<int>{0, K} : cuts[c];
+    if (!cuts[c].empty()) packed.set_pieces(bounds);
+    EXPECT_EQ(packed.bytes(), size_t(packed.panels()) * 16 * 4 * size_t(packed.steps()));
+    std::vector<float> want(size_t(M) * N);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        float sum = 0.0f;
+        for (size_t p = 0; p + 1 < bounds.size(); ++p) {
+          const float part = bf16_chain(x.data() + size_t(m) * K, w.data() + size_t(n) * K,
+                                        bounds[p], bounds[p + 1]);
+          sum = p == 0 ? part : sum + part;
+        }
+        want[size_t(m) * N + n] = sum;
+        // And the values are what the product should be, to bf16 rounding
+        // (2^-8 of each term, relative).
+        double exact = 0, magnitude = 0;
+        for (int k = 0; k < K; ++k) {
+          const double t = double(x[size_t(m) * K + k]) * double(w[size_t(n) * K + k]);
+          exact += t;
+          magnitude += std::fabs(t);
+        }
+        ASSERT_NEAR(sum, exact, magnitude / 128);
+      }
+    std::vector<float> ref(size_t(M) * N);
+    gemm_panels_scalar(x.data(), M, K, packed, 0, packed.panels(), ref.data(), N);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(ref[i], want[i]) << "scalar, element " << i;
+    for (Isa isa : supported_isas()) {
+      force_isa(isa);
+      std::vector<float> y(size_t(M) * N, -1.0f);
+      matmul(pool, x.data(), M, K, packed, y.data(), N);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_EQ(y[i], want[i]) << isa_name(isa) << " M=" << M << " N=" << N << " K=" << K
+                                 << " element " << i;
+    }
+  }
+}
+
 // A product cut into pieces of k sums one chain per piece, in order; with a
 // piece stride each piece's chains land in their own block. Shards that hold
 // whole pieces (the columns of k a tensor-parallel rank holds) and add their
@@ -139,7 +214,8 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
   // Pieces shorter and longer than every ISA's k block; one row block (read
   // directly), several, and enough for 16-bit weights to be widened.
   const int N = 70, K = 700;
-  const std::vector<int> bounds{0, 40, 300, 310, 700};
+  // Odd pieces too: bf16 pairs restart at each piece.
+  const std::vector<int> bounds{0, 41, 300, 311, 700};
   // (pieces summed in registers up to 3 rows, piece by piece beyond).
   for (int M : {1, 3, 5, 9, 40}) {
     const auto x = random_vec(size_t(M) * K, 21);
@@ -165,8 +241,8 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
               w[size_t(n) * K + size_t(k)];
       auto a = PackedMatrix::pack({Tensor::view(left.data(), {N, 300}, DType::F32)}, dt);
       auto b = PackedMatrix::pack({Tensor::view(right.data(), {N, 400}, DType::F32)}, dt);
-      a.set_pieces({0, 40, 300});
-      b.set_pieces({0, 10, 400});
+      a.set_pieces({0, 41, 300});
+      b.set_pieces({0, 11, 400});
       std::vector<float> xa(size_t(M) * 300), xb(size_t(M) * 400);
       for (int m = 0; m < M; ++m)
         for (int k = 0; k < K; ++k)
@@ -198,18 +274,29 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
 }
 
 TEST(Gemm, StackedBlocksAndRowReadBack) {
-  const int K = 20;
+  const int K = 21;
   const auto a = random_vec(size_t(5) * K, 7), b = random_vec(size_t(19) * K, 8);
-  const auto p = PackedMatrix::pack(
-      {Tensor::view(a.data(), {5, K}, DType::F32), Tensor::view(b.data(), {19, K}, DType::F32)},
-      DType::F32);
-  ASSERT_EQ(p.rows(), 24);
-  std::vector<float> row(K);
-  p.row_to_f32(3, row.data());
-  for (int k = 0; k < K; ++k) EXPECT_EQ(row[k], a[size_t(3) * K + k]);
-  p.row_to_f32(5 + 17, row.data());
-  for (int k = 0; k < K; ++k) EXPECT_EQ(row[k], b[size_t(17) * K + k]);
-  EXPECT_THROW(p.row_to_f32(24, row.data()), std::out_of_range);
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    auto p = PackedMatrix::pack(
+        {Tensor::view(a.data(), {5, K}, DType::F32), Tensor::view(b.data(), {19, K}, DType::F32)},
+        dt);
+    ASSERT_EQ(p.rows(), 24);
+    // Rows read back the same before and after pieces (odd ones re-pair bf16).
+    for (bool cut : {false, true}) {
+      if (cut) p.set_pieces({0, 3, 10, K});
+      std::vector<float> row(K);
+      for (const auto& [n, src] : {std::pair{3, a.data() + 3 * K}, {5 + 17, b.data() + 17 * K}}) {
+        p.row_to_f32(n, row.data());
+        for (int k = 0; k < K; ++k) {
+          const float want = dt == DType::F32    ? src[k]
+                             : dt == DType::BF16 ? bf16_value(src[k])
+                                                 : f16_to_f32(f32_to_f16(src[k]));
+          EXPECT_EQ(row[size_t(k)], want) << dtype_name(dt) << " row " << n << " k " << k;
+        }
+      }
+      EXPECT_THROW(p.row_to_f32(24, row.data()), std::out_of_range);
+    }
+  }
 }
 
 TEST(ThreadPoolTest, RunsEveryTaskOnce) {

@@ -1,0 +1,38 @@
+// Compiled with AVX-512 and AVX512_BF16 flags; only called after a run-time
+// CPU check (and a check that the instruction gives the emulated values).
+#include <immintrin.h>
+
+#include <cstdlib>
+
+#include "gpu/cpu/gemm_types.h"
+
+namespace troupe {
+namespace {
+
+#include "gpu/cpu/gemm_avx512_traits.h"
+
+struct Avx512Bf16 : Avx512 {
+  // One instruction per pair: the weight vector stays whole, as for f32.
+  static constexpr int kPairRows = 6, kPairPanels = 4;
+  static vec dot_pair(vec acc, vec x, vec w) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(x), reinterpret_cast<__m512bh>(w));
+  }
+};
+
+#include "gpu/cpu/gemm_kernel.inl"
+
+void gemm_avx512_bf16_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
+                           float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
+  if (w.dtype != DType::BF16) std::abort();  // gemm.cpp routes only bf16 here
+  gemm_typed<Avx512Bf16, DType::BF16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 128>(
+      x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
+}
+
+}  // namespace
+
+namespace detail {
+GemmFn gemm_avx512_bf16() {
+  return &gemm_avx512_bf16_impl;
+}
+}  // namespace detail
+}  // namespace troupe

@@ -1,0 +1,32 @@
+#pragma once
+// The AVX-512 vector traits of gemm_kernel.inl, shared by the files compiled
+// with AVX-512 flags (gemm_avx512.cpp, gemm_avx512_bf16.cpp). Include inside
+// an anonymous namespace, after <immintrin.h>.
+
+struct Avx512 {
+  using vec = __m512;
+  static constexpr int kLanes = 16;
+  // Rows x panels of the kernel for bf16 pairs: emulating the pair product
+  // splits each weight vector in two, which takes registers from the rows.
+  static constexpr int kPairRows = 4, kPairPanels = 4;
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static vec load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static vec set1(float v) { return _mm512_set1_ps(v); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  // acc + x.odd * w.odd, then + x.even * w.even, per 32-bit lane of bf16
+  // pairs (odd in the high half): vdpbf16ps's order and roundings, in f32
+  // FMAs (the products of two bf16 values are exact in f32).
+  static vec dot_pair(vec acc, vec x, vec w) {
+    const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+    const __m512i xi = _mm512_castps_si512(x), wi = _mm512_castps_si512(w);
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(xi, hi)),
+                          _mm512_castsi512_ps(_mm512_and_si512(wi, hi)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(xi, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(wi, 16)), acc);
+  }
+};
