@@ -218,32 +218,30 @@ const float* pack_rows(const float* x, int M, int ldx, int K, uint64_t tag) {
 
 // x for bf16 weights: rows rounded to bf16 (bf16_for_product) and paired
 // within each piece as the weights are (packed_matrix.h), the pair of
-// elements k, k + 1 as one 32-bit word (k in the low half), and laid out as
-// pack_rows lays out x: row block b is w.cols steps of `rows` words. One
-// row block (M <= MR) is packed too, as [steps][M].
-template <int MR>
+// elements k, k + 1 as one 32-bit word (k in the low half): row m's step s
+// at xp[m * w.cols + s]. Rows stay whole (the kernel's broadcasts read
+// `rows` streams) so that the conversion is one vectorised pass over x.
 const float* pack_pairs(const float* x, int M, int ldx, const PanelsRef& w, uint64_t tag) {
   static thread_local PackBuffer buffer;
   static thread_local uint64_t packed_tag = 0;
   if (tag != 0 && tag == packed_tag) return buffer.data;
   packed_tag = tag;
-  const int blocks = (M + MR - 1) / MR;
   const int pieces = w.pieces > 0 ? w.pieces : 1;
-  float* xp = buffer.get(size_t(blocks) * MR * size_t(w.cols));
-  for (int b = 0; b < blocks; ++b) {
-    const int rows = M - b * MR < MR ? M - b * MR : MR;
-    float* dst = xp + size_t(b) * MR * size_t(w.cols);
-    const float* src = x + size_t(b * MR) * size_t(ldx);
+  float* xp = buffer.get(size_t(M) * size_t(w.cols));
+  for (int m = 0; m < M; ++m) {
+    const float* src = x + size_t(m) * size_t(ldx);
+    float* dst = xp + size_t(m) * size_t(w.cols);  // words, as the kernel reads them
     for (int p = 0; p < pieces; ++p) {
       const int kb = w.x_piece_k ? w.x_piece_k[p] : 0;
       const int ke = w.x_piece_k ? w.x_piece_k[p + 1] : w.x_cols;
-      for (int k = kb; k < ke; k += 2)
-        for (int m = 0; m < rows; ++m) {
-          const float* r = src + size_t(m) * size_t(ldx);
-          const uint32_t word = uint32_t(bf16_for_product(r[k])) |
-                                (k + 1 < ke ? uint32_t(bf16_for_product(r[k + 1])) << 16 : 0u);
-          __builtin_memcpy(dst++, &word, 4);
-        }
+      const int pairs = (ke - kb) / 2;
+      const float* r = src + kb;
+      for (int j = 0; j < pairs; ++j)
+        dst[j] = __builtin_bit_cast(float, uint32_t(bf16_for_product(r[2 * j])) |
+                                               uint32_t(bf16_for_product(r[2 * j + 1])) << 16);
+      dst += pairs;
+      if ((ke - kb) % 2)  // the odd half is zero
+        *dst++ = __builtin_bit_cast(float, uint32_t(bf16_for_product(r[2 * pairs])));
     }
   }
   return xp;
@@ -322,7 +320,7 @@ void piece_block(int rows, const float* xb, size_t sm, size_t sk, const void* pa
 }
 
 // One row block (M <= MR) reads x at (sm, sk) strides; more read xp, x packed
-// by row block.
+// (pack_rows, pack_pairs).
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* xp,
                       const PanelsRef& w, int pg, PieceOut o) {
@@ -370,8 +368,11 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
       const int k1 = k0 + KB < piece_end(w, p) ? k0 + KB : piece_end(w, p);
       for (int m0 = 0; m0 < M; m0 += MR) {
         const int rows = M - m0 < MR ? M - m0 : MR;
-        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), 1, size_t(rows), panels, K,
-                                   k0, k0, k1, p, w, o, m0, valid, m0 == 0);
+        // x packed by pack_pairs (row-major) or pack_rows (k-major blocks).
+        const size_t sm = WT == DType::BF16 ? size_t(K) : 1;
+        const size_t sk = WT == DType::BF16 ? 1 : size_t(rows);
+        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), sm, sk, panels, K, k0, k0,
+                                   k1, p, w, o, m0, valid, m0 == 0);
       }
     }
 }
@@ -389,8 +390,8 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   const float* xp = nullptr;
   size_t sm = size_t(ldx), sk = 1;  // x as given
   if constexpr (WT == DType::BF16) {
-    xp = pack_pairs<MR>(x, M, ldx, w, pack_tag);
-    if (M <= MR) x = xp, sm = 1, sk = size_t(M);
+    xp = pack_pairs(x, M, ldx, w, pack_tag);
+    if (M <= MR) x = xp, sm = size_t(w.cols);
   } else if (M > MR) {
     xp = pack_rows<MR>(x, M, ldx, w.cols, pack_tag);
   }

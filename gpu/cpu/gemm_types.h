@@ -35,13 +35,14 @@ struct PanelsRef {
 // denormals to a signed zero (as vdpbf16ps reads them), NaN stays NaN.
 // Static: the per-ISA files get their own copy, never one the linker could
 // hand to baseline code.
+// Branch-free, so that loops over it vectorise.
 static inline uint16_t bf16_for_product(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0) return uint16_t((u >> 16) & 0x8000u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u, zero = (u >> 16) & 0x8000u;
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  return uint16_t((u & 0x7f800000u) == 0 ? zero : r);
 }
 
 namespace detail {
