@@ -1,6 +1,7 @@
 #include "net/endpoints.h"
 
 #include <array>
+#include <cctype>
 #include <string>
 
 namespace troupe {
@@ -35,6 +36,17 @@ constexpr std::array kRoutes = {
 }  // namespace
 
 std::string_view path_of(std::string_view target) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.size() < scheme.size()) continue;
+    bool same = true;  // schemes are case-insensitive
+    for (size_t i = 0; i < scheme.size() && same; ++i)
+      same = char(std::tolower(static_cast<unsigned char>(target[i]))) == scheme[i];
+    if (!same) continue;
+    const size_t path = target.find_first_of("/?", scheme.size());
+    if (path == std::string_view::npos || target[path] == '?') return "/";
+    target = target.substr(path);
+    break;
+  }
   return target.substr(0, target.find('?'));
 }
 
@@ -44,9 +56,10 @@ std::variant<Endpoint, Response> route(std::string_view method, std::string_view
   std::string allow;
   for (const Route& r : kRoutes) {
     if (!r.matches(path) || (r.admin && !admin)) continue;
-    if (r.method == method) return r.endpoint;
+    if (r.method == method || (method == "HEAD" && r.method == "GET")) return r.endpoint;
     if (!allow.empty()) allow += ", ";
     allow += r.method;
+    if (r.method == "GET") allow += ", HEAD";
   }
   if (allow.empty()) {
     openai::ApiError e = openai::bad_request("Not found: " + std::string(path), {}, "not_found");

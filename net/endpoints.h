@@ -25,13 +25,16 @@ inline bool generates_path(std::string_view path) {
   return path == kCompletionsPath || path == kChatCompletionsPath;
 }
 
-// The target without its query string.
+// The target's path: without its query string, and for the absolute form a
+// proxy sends ("http://host:port/path?q", which servers must accept) without
+// the scheme and authority.
 std::string_view path_of(std::string_view target);
 
 // The endpoint for `method` on `target`, or the error response to send: 404
 // for an unknown path (paths match exactly, but for kModelPathPrefix and an id), 405 with Allow
-// (the methods the path takes) for a known path asked with another method. The admin paths exist
-// only with `admin` (the configuration turned them on).
+// (the methods the path takes) for a known path asked with another method. HEAD is taken wherever
+// GET is, as GET without the body. The admin paths exist only with `admin` (the configuration
+// turned them on).
 std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
                                        bool admin = false);
 

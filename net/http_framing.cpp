@@ -39,7 +39,7 @@ void set_common_fields(http::response<Body>& msg, bool keep_alive) {
 
 }  // namespace
 
-std::string response(const Response& r, bool keep_alive) {
+std::string response(const Response& r, bool keep_alive, bool head_only) {
   http::response<http::string_body> msg;
   msg.version(11);
   msg.result(unsigned(r.status));
@@ -48,7 +48,7 @@ std::string response(const Response& r, bool keep_alive) {
   for (const auto& [name, value] : r.headers) msg.set(name, value);
   msg.body() = r.body;
   msg.prepare_payload();
-  return serialize(msg, /*header_only=*/false);
+  return serialize(msg, head_only);
 }
 
 std::string interim_continue() {

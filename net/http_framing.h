@@ -11,8 +11,9 @@
 namespace troupe::http_framing {
 
 // A whole response with Content-Length; Connection says whether the
-// connection stays open after it.
-std::string response(const Response& r, bool keep_alive);
+// connection stays open after it. `head_only`: the answer to HEAD, the same
+// header (Content-Length included) without the body.
+std::string response(const Response& r, bool keep_alive, bool head_only = false);
 
 // "HTTP/1.1 100 Continue": the client may send the body it announced.
 std::string interim_continue();

@@ -223,6 +223,7 @@ class Session : public std::enable_shared_from_this<Session> {
   struct Reply {
     bool keep_alive = true;
     bool chunked = true;  // a streamed body; HTTP/1.0 streams until close instead
+    bool head_only = false;  // HEAD: the header a GET would have, no body
   };
 
   bool answering(uint64_t request_id) const {
@@ -267,6 +268,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req_ = parser_->release();
     parser_.reset();
     reply_.keep_alive = req_.keep_alive();
+    reply_.head_only = req_.method() == http::verb::head;
     try {
       handle_request();
     } catch (const std::exception& e) {
@@ -393,7 +395,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Does what the exchange says, in its order.
   void apply(const ExchangeStep& step) {
     if (step.cancel_service) cancel_service();
-    if (step.response) send(http_framing::response(*step.response, reply_.keep_alive));
+    if (step.response)
+      send(http_framing::response(*step.response, reply_.keep_alive, reply_.head_only));
     if (step.start_stream) out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive);
     http_framing::append_stream_data(out_, step.events, reply_.chunked);
     if (step.end_stream) out_ += http_framing::stream_end(reply_.chunked);
@@ -403,7 +406,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void respond(const Response& r) {
-    send(http_framing::response(r, reply_.keep_alive));
+    send(http_framing::response(r, reply_.keep_alive, reply_.head_only));
     phase_ = Phase::Flushing;
   }
 

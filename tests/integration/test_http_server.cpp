@@ -1014,6 +1014,34 @@ TEST_F(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
   EXPECT_EQ(c.read_response().status, 200);
 }
 
+// HEAD is GET without the body (health checkers, curl -I): the same header,
+// Content-Length included, and nothing after it, so the next response on the
+// connection starts right there. A proxy's absolute-form target is routed by
+// its path.
+TEST_F(HttpServerTest, HeadAndAbsoluteFormTargets) {
+  start();
+  Client c(port_);
+  const HttpResponse get = c.get("/health");
+  ASSERT_EQ(get.status, 200);
+  c.send("HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string head = c.read_until("\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Length: " + std::to_string(get.body.size()) + "\r\n"),
+            std::string::npos)
+      << head;
+  c.send("HEAD /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string refused = c.read_until("\r\n\r\n");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 405", 0), 0u) << refused;
+  EXPECT_NE(refused.find("Allow: POST\r\n"), std::string::npos) << refused;
+  const HttpResponse after = c.get("/v1/models");
+  EXPECT_EQ(after.status, 200);
+  EXPECT_EQ(body_json(after)["data"][0]["id"], body_json(c.get("/v1/models"))["data"][0]["id"]);
+  const HttpResponse absolute = c.post("http://127.0.0.1:" + std::to_string(port_) + "/v1/completions",
+                                       completion("absolute", 3));
+  EXPECT_EQ(absolute.status, 200);
+  EXPECT_EQ(body_json(absolute)["choices"][0]["text"], expected_text("absolute", 3));
+}
+
 // More pipelined bytes than the server reads ahead while it answers (64 KiB):
 // the watch for a disconnect stops, and nothing else may hold the connection
 // up, yet every request is answered, in order. (The session used to be

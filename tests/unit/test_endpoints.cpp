@@ -54,17 +54,41 @@ TEST(Endpoints, WrongMethodIs405WithAllow) {
   ASSERT_EQ(r.headers.size(), 1u);
   EXPECT_EQ(r.headers[0], (std::pair<std::string, std::string>{"Allow", "POST"}));
   EXPECT_EQ(refusal("GET", "/v1/chat/completions").headers[0].second, "POST");
-  EXPECT_EQ(refusal("POST", "/v1/models/fortune").headers[0].second, "GET");
+  EXPECT_EQ(refusal("POST", "/v1/models/fortune").headers[0].second, "GET, HEAD");
   EXPECT_EQ(refusal("GET", "/v1/chat/completions/").status, 404);
   const Response d = refusal("DELETE", "/health");
   EXPECT_EQ(d.status, 405);
-  EXPECT_EQ(d.headers[0].second, "GET");
+  EXPECT_EQ(d.headers[0].second, "GET, HEAD");
+}
+
+TEST(Endpoints, HeadIsGetWithoutTheBodyAndOnlyThere) {
+  EXPECT_EQ(endpoint("HEAD", "/health"), Endpoint::Health);
+  EXPECT_EQ(endpoint("HEAD", "/v1/models"), Endpoint::Models);
+  EXPECT_EQ(endpoint("HEAD", "/v1/models/fortune"), Endpoint::Model);
+  const Response r = refusal("HEAD", "/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers[0].second, "POST");
+  EXPECT_EQ(refusal("HEAD", "/nope").status, 404);
+}
+
+TEST(Endpoints, AbsoluteFormTargetsRouteByTheirPath) {
+  EXPECT_EQ(endpoint("POST", "http://127.0.0.1:8080/v1/completions"), Endpoint::Completions);
+  EXPECT_EQ(endpoint("GET", "HTTP://example.com/v1/models/a/b?x=1"), Endpoint::Model);
+  EXPECT_EQ(endpoint("GET", "https://example.com/health"), Endpoint::Health);
+  EXPECT_EQ(refusal("GET", "http://example.com").status, 404);
+  EXPECT_EQ(refusal("GET", "http://example.com?health").status, 404);
 }
 
 TEST(Endpoints, PathOf) {
   EXPECT_EQ(path_of("/a/b?c=d?e"), "/a/b");
   EXPECT_EQ(path_of("/a"), "/a");
   EXPECT_EQ(path_of(""), "");
+  EXPECT_EQ(path_of("http://h:1/a/b?c"), "/a/b");
+  EXPECT_EQ(path_of("Https://h/a"), "/a");
+  EXPECT_EQ(path_of("http://h"), "/");
+  EXPECT_EQ(path_of("http://h?x=/y"), "/");
+  EXPECT_EQ(path_of("http:/a"), "http:/a") << "not the absolute form";
+  EXPECT_EQ(path_of("/http://h/a"), "/http://h/a");
 }
 
 }  // namespace
