@@ -811,7 +811,10 @@ json model_json(const ModelLimits& limits, int64_t created) {
           {"owned_by", "troupe"},
           {"root", limits.name},
           {"parent", nullptr},
-          {"max_model_len", limits.context_length}};
+          {"max_model_len", limits.context_length},
+          // Beyond OpenAI's fields, as max_model_len is vLLM's: the range of
+          // token ids a prompt may hold (troupe bench --url reads it).
+          {"vocab_size", limits.vocab_size}};
 }
 
 }  // namespace

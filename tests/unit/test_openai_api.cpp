@@ -571,6 +571,7 @@ TEST(OpenAiResponse, ModelsList) {
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["created"], 123);
   EXPECT_EQ(j["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(j["data"][0]["vocab_size"], 2000) << "what a token-id prompt may hold";
 }
 
 // ---- chat completions ----
