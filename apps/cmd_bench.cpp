@@ -198,8 +198,9 @@ void register_bench(CLI::App& app) {
                   ->capture_default_str());
   e.push_back(cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")
                   ->capture_default_str());
-  e.push_back(cmd->add_option("--isa", o->isa,
-                              "Force kernels: scalar | avx2 | avx512 | avx512_bf16 (default: best available)"));
+  e.push_back(cmd->add_option(
+      "--isa", o->isa,
+      "Force kernels: scalar | avx2 | avx512 | avx512_bf16 (default: best available)"));
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
   e.push_back(cmd->add_option("--profile", o->profile,
                               "Measure the step-time grid troupe simulate interpolates in, for "

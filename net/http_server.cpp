@@ -222,7 +222,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // How the current response goes on the wire.
   struct Reply {
     bool keep_alive = true;
-    bool chunked = true;  // a streamed body; HTTP/1.0 streams until close instead
+    bool chunked = true;     // a streamed body; HTTP/1.0 streams until close instead
     bool head_only = false;  // HEAD: the header a GET would have, no body
   };
 

@@ -25,7 +25,8 @@ bool bf16_instruction_matches_emulation() {
   std::vector<float> w(size_t(N) * K), x(size_t(M) * K);
   for (auto& v : w) v = normal(rng);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(normal(rng), int(i % 7) * 3 - 9);
-  PackedMatrix packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::BF16);
+  PackedMatrix packed =
+      PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, DType::BF16);
   packed.set_pieces({0, 31, 200, K});
   for (int rows : {1, M}) {
     std::vector<float> native(size_t(rows) * N), emulated(size_t(rows) * N);

@@ -371,8 +371,8 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
         // x packed by pack_pairs (row-major) or pack_rows (k-major blocks).
         const size_t sm = WT == DType::BF16 ? size_t(K) : 1;
         const size_t sk = WT == DType::BF16 ? 1 : size_t(rows);
-        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), sm, sk, panels, K, k0, k0,
-                                   k1, p, w, o, m0, valid, m0 == 0);
+        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), sm, sk, panels, K, k0, k0, k1,
+                                   p, w, o, m0, valid, m0 == 0);
       }
     }
 }

@@ -22,8 +22,9 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
   m.lay_out(dtype, [&](int n, float* out) {
     while (n - first >= row_blocks[block].dim(0)) first += row_blocks[block++].dim(0);
     const Tensor& b = row_blocks[block];
-    convert_to_f32(static_cast<const char*>(b.raw()) + size_t(n - first) * K * dtype_size(b.dtype()),
-                   b.dtype(), out, K);
+    convert_to_f32(
+        static_cast<const char*>(b.raw()) + size_t(n - first) * K * dtype_size(b.dtype()),
+        b.dtype(), out, K);
   });
   return m;
 }

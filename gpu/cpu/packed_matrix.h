@@ -39,7 +39,8 @@ class PackedMatrix {
   // k steps of a panel: K, or for bf16 the pairs over all pieces.
   int steps() const { return step_k_.back(); }
   const void* panel(int p) const {
-    return static_cast<const char*>(data_.raw()) + size_t(p) * size_t(steps()) * kPanel * step_bytes();
+    return static_cast<const char*>(data_.raw()) +
+           size_t(p) * size_t(steps()) * kPanel * step_bytes();
   }
   // Cuts k into pieces [bounds[i], bounds[i + 1]) (bounds run from 0 to
   // cols(), increasing): a product is then the in-order sum of one FMA chain

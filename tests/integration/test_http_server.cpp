@@ -1036,8 +1036,8 @@ TEST_F(HttpServerTest, HeadAndAbsoluteFormTargets) {
   const HttpResponse after = c.get("/v1/models");
   EXPECT_EQ(after.status, 200);
   EXPECT_EQ(body_json(after)["data"][0]["id"], body_json(c.get("/v1/models"))["data"][0]["id"]);
-  const HttpResponse absolute = c.post("http://127.0.0.1:" + std::to_string(port_) + "/v1/completions",
-                                       completion("absolute", 3));
+  const HttpResponse absolute = c.post(
+      "http://127.0.0.1:" + std::to_string(port_) + "/v1/completions", completion("absolute", 3));
   EXPECT_EQ(absolute.status, 200);
   EXPECT_EQ(body_json(absolute)["choices"][0]["text"], expected_text("absolute", 3));
 }

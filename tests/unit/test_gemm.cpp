@@ -135,7 +135,7 @@ float bf16_value(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7f800000u) == 0) return std::copysign(0.0f, f);  // denormals flush
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;        // to nearest even
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;         // to nearest even
   std::memcpy(&f, &u, 4);
   return f;
 }
