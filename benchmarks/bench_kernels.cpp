@@ -47,6 +47,18 @@ void BM_PackedGemm(benchmark::State& state, DType dtype) {
   set_counters(state, M, N, K);
 }
 
+// bf16 products emulated in f32 FMAs (what CPUs without AVX512_BF16 run),
+// beside BM_PackedGemm/bf16's vdpbf16ps where the CPU has it.
+void BM_PackedGemmBf16Emulated(benchmark::State& state) {
+  if (best_isa() < Isa::Avx512) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  force_isa(Isa::Avx512);
+  BM_PackedGemm(state, DType::BF16);
+  force_isa(best_isa());
+}
+
 // The down projection as the model runs it: its input cut into one piece per
 // head (12 for the 110m shape), each piece's chain summed in order.
 void BM_PackedGemmPieces(benchmark::State& state, DType dtype) {
@@ -86,6 +98,7 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_PackedGemm, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemm, bf16, DType::BF16)->Apply(shapes);
+BENCHMARK(BM_PackedGemmBf16Emulated)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, bf16, DType::BF16)->Apply(shapes);
 BENCHMARK(BM_OpenBlasSgemm)->Apply(shapes);
