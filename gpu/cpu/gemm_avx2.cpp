@@ -10,9 +10,10 @@ namespace {
 struct Avx2 {
   using vec = __m256;
   static constexpr int kLanes = 8;
-  // Rows x panels of the kernel for bf16 pairs (each weight vector is split
-  // in two; 16 ymm registers).
-  static constexpr int kPairRows = 3, kPairPanels = 1;
+  // Rows x panels of the kernel for bf16 pairs: the f32 kernel's, for the
+  // prefill-sized products that split pairs per k block; a few rows (decode,
+  // bound by memory) spill the split halves.
+  static constexpr int kPairRows = 3, kPairPanels = 2;
   static vec zero() { return _mm256_setzero_ps(); }
   static vec load(const float* p) { return _mm256_loadu_ps(p); }
   static vec load_f16(const uint16_t* p) {
@@ -22,14 +23,18 @@ struct Avx2 {
   static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  // vdpbf16ps's pair product in f32 FMAs (see gemm_avx512_traits.h).
+  // bf16 pairs as in gemm_avx512_traits.h.
+  static vec odd_half(vec pairs) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_castps_si256(pairs), _mm256_set1_epi32(int(0xffff0000u))));
+  }
+  static vec even_half(vec pairs) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pairs), 16));
+  }
+  static constexpr bool kNativeBf16 = false;
   static vec dot_pair(vec acc, vec x, vec w) {
-    const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
-    const __m256i xi = _mm256_castps_si256(x), wi = _mm256_castps_si256(w);
-    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(xi, hi)),
-                          _mm256_castsi256_ps(_mm256_and_si256(wi, hi)), acc);
-    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(xi, 16)),
-                           _mm256_castsi256_ps(_mm256_slli_epi32(wi, 16)), acc);
+    acc = _mm256_fmadd_ps(odd_half(x), odd_half(w), acc);
+    return _mm256_fmadd_ps(even_half(x), even_half(w), acc);
   }
 };
 

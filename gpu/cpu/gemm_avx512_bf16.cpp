@@ -14,6 +14,7 @@ namespace {
 struct Avx512Bf16 : Avx512 {
   // One instruction per pair: the weight vector stays whole, as for f32.
   static constexpr int kPairRows = 6, kPairPanels = 4;
+  static constexpr bool kNativeBf16 = true;
   static vec dot_pair(vec acc, vec x, vec w) {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(x), reinterpret_cast<__m512bh>(w));
   }

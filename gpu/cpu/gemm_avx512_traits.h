@@ -18,15 +18,19 @@ struct Avx512 {
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
-  // acc + x.odd * w.odd, then + x.even * w.even, per 32-bit lane of bf16
-  // pairs (odd in the high half): vdpbf16ps's order and roundings, in f32
-  // FMAs (the products of two bf16 values are exact in f32).
+  // The halves of 32-bit lanes of bf16 pairs (the odd k high), as f32.
+  static vec odd_half(vec pairs) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(pairs), _mm512_set1_epi32(int(0xffff0000u))));
+  }
+  static vec even_half(vec pairs) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16));
+  }
+  // acc + x.odd * w.odd, then + x.even * w.even: vdpbf16ps's order and
+  // roundings, in f32 FMAs (the products of two bf16 values are exact in f32).
+  static constexpr bool kNativeBf16 = false;
   static vec dot_pair(vec acc, vec x, vec w) {
-    const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
-    const __m512i xi = _mm512_castps_si512(x), wi = _mm512_castps_si512(w);
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(xi, hi)),
-                          _mm512_castsi512_ps(_mm512_and_si512(wi, hi)), acc);
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(xi, 16)),
-                           _mm512_castsi512_ps(_mm512_slli_epi32(wi, 16)), acc);
+    acc = _mm512_fmadd_ps(odd_half(x), odd_half(w), acc);
+    return _mm512_fmadd_ps(even_half(x), even_half(w), acc);
   }
 };

@@ -5,7 +5,9 @@
 // V provides: vec, kLanes, zero(), load(const float*), load_f16(const
 // uint16_t*), set1(float), fma(a, b, c), add(a, b),
 // store, and for bf16 weights dot_pair(acc, x, w) (see packed_matrix.h) with
-// the kernel shape kPairRows x kPairPanels it wants.
+// the kernel shape kPairRows x kPairPanels it wants, kNativeBf16 (whether
+// dot_pair is the instruction) and odd_half / even_half (a pair's halves as
+// f32).
 //
 // A k step is one element of k for f32 and f16 weights, one pair for bf16
 // (32 bits a lane: the weights load as f32 vectors would, and x, packed into
@@ -262,6 +264,42 @@ void widen_block(const void* panels, int K, int k0, int k1, float* dst) {
                                                 size_t(v) * V::kLanes));
 }
 
+// Steps [s0, s1) of NP panels of bf16 pairs split into f32 rows, for CPUs
+// without the pair instruction: step s becomes row 2(s - s0), its odd half,
+// then row 2(s - s0) + 1, its even half (the emulation's order), so that the
+// f32 kernel over dst with x split alike (split_pairs_x) computes the same
+// chains as dot_pair. Panel p at dst + p * 2 * (s1 - s0) * kPanel.
+template <class V, int NP>
+void split_pairs_block(const void* panels, int S, int s0, int s1, float* dst) {
+  constexpr int VPP = kPanel / V::kLanes;
+  const size_t panel_stride = size_t(S) * kPanel;
+  for (int p = 0; p < NP; ++p)
+    for (int s = s0; s < s1; ++s, dst += 2 * kPanel)
+#pragma GCC unroll 4
+      for (int v = 0; v < VPP; ++v) {
+        const typename V::vec w = load_w<V, DType::BF16>(
+            panels, size_t(p) * panel_stride + size_t(s) * kPanel + size_t(v) * V::kLanes);
+        V::store(dst + v * V::kLanes, V::odd_half(w));
+        V::store(dst + kPanel + v * V::kLanes, V::even_half(w));
+      }
+}
+
+// x packed by pack_pairs (M rows of S words), split as split_pairs_block
+// splits the weights: row m's step s at xe[m * 2S + 2s] (odd) and + 1 (even).
+const float* split_pairs_x(const float* xp, int M, int S, uint64_t tag) {
+  static thread_local PackBuffer buffer;
+  static thread_local uint64_t packed_tag = 0;
+  if (tag != 0 && tag == packed_tag) return buffer.data;
+  packed_tag = tag;
+  float* xe = buffer.get(size_t(M) * 2 * size_t(S));
+  for (size_t i = 0; i < size_t(M) * size_t(S); ++i) {
+    const uint32_t word = __builtin_bit_cast(uint32_t, xp[i]);
+    xe[2 * i] = __builtin_bit_cast(float, word & 0xffff0000u);
+    xe[2 * i + 1] = __builtin_bit_cast(float, word << 16);
+  }
+  return xe;
+}
+
 // One thread's widened block of NP panels x KB rows.
 template <int NP, int KB>
 float* widen_buffer() {
@@ -276,6 +314,14 @@ float* widen_buffer() {
 // kernel's throughput. With few, writing the widened block costs more than
 // it saves (measured with bench_kernels: the break-even is near 4 blocks).
 constexpr int kWidenRowBlocks = 4;
+
+// Whether a bf16 product of M rows splits its pairs into f32 per k block
+// (split_pairs_block): on CPUs without the pair instruction, with as many row
+// blocks as make widening f16 worth it.
+template <class V, int MR>
+bool splits_pairs(int M) {
+  return !V::kNativeBf16 && M >= kWidenRowBlocks * MR;
+}
 
 // Up to this many rows a kernel keeps a sum over pieces in registers next to
 // the accumulators (twice the registers); more would spill.
@@ -304,23 +350,24 @@ inline int piece_end(const PanelsRef& w, int p) {
 }
 
 // One row block over k block [k0, k1) of piece p, the block's weights at
-// `panels` (K rows each, of which [wk0, wk0 + k1 - k0) are this block's).
+// `panels` (K rows each, of which [wk0, wk0 + span) are this block's: k1 - k0,
+// or twice that for bf16 pairs split into f32 rows).
 template <class V, DType WT, int MR, int NP>
 void piece_block(int rows, const float* xb, size_t sm, size_t sk, const void* panels, int K,
-                 int wk0, int k0, int k1, int p, const PanelsRef& w, const PieceOut& o, int m0,
-                 int valid, bool prefetch) {
+                 int wk0, int span, int k0, int k1, int p, const PanelsRef& w, const PieceOut& o,
+                 int m0, int valid, bool prefetch) {
   const bool first = k0 == piece_begin(w, p), last = k1 == piece_end(w, p);
   float* dst = o.out(p) + size_t(m0) * size_t(o.ldy);
   // Partial sums of this piece: in its output unless that holds earlier pieces.
   float* part = o.adds(p) ? o.scratch + size_t(m0) * size_t(o.ld_scratch) : dst;
   const int ldp = o.adds(p) ? o.ld_scratch : o.ldy;
-  rows_kernel<V, WT, MR, NP>(rows, xb, sm, sk, panels, K, wk0, wk0 + (k1 - k0),
-                             first ? nullptr : part, ldp, last ? dst : part, last ? o.ldy : ldp,
-                             valid, last && o.adds(p), prefetch);
+  rows_kernel<V, WT, MR, NP>(rows, xb, sm, sk, panels, K, wk0, wk0 + span, first ? nullptr : part,
+                             ldp, last ? dst : part, last ? o.ldy : ldp, valid, last && o.adds(p),
+                             prefetch);
 }
 
 // One row block (M <= MR) reads x at (sm, sk) strides; more read xp, x packed
-// (pack_rows, pack_pairs).
+// (pack_rows, pack_pairs, split_pairs_x).
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* xp,
                       const PanelsRef& w, int pg, PieceOut o) {
@@ -344,6 +391,27 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
     }
     return;
   }
+  if constexpr (WT == DType::BF16) {
+    if (splits_pairs<V, MR>(M)) {
+      // Split once per k block instead of in the inner loop, where it costs
+      // two vector ops per weight vector on the FMA ports; KB / 2 steps fill
+      // KB f32 rows. xp is x split alike (gemm_typed).
+      constexpr int KBS = KB / 2;
+      float* wide = widen_buffer<NP, KB>();
+      for (int p = 0; p < pieces; ++p)
+        for (int s0 = piece_begin(w, p); s0 < piece_end(w, p); s0 += KBS) {
+          const int s1 = s0 + KBS < piece_end(w, p) ? s0 + KBS : piece_end(w, p);
+          split_pairs_block<V, NP>(panels, K, s0, s1, wide);
+          for (int m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? M - m0 : MR;
+            piece_block<V, DType::F32, MR, NP>(
+                rows, xp + size_t(m0) * 2 * size_t(K) + 2 * size_t(s0), 2 * size_t(K), 1, wide,
+                2 * (s1 - s0), 0, 2 * (s1 - s0), s0, s1, p, w, o, m0, valid, false);
+          }
+        }
+      return;
+    }
+  }
   if constexpr (WT == DType::F16) {
     if (M >= kWidenRowBlocks * MR) {
       // A widened block takes twice the bytes: half the rows keep it in L1.
@@ -357,7 +425,7 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
             const int rows = M - m0 < MR ? M - m0 : MR;
             piece_block<V, DType::F32, MR, NP>(
                 rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows),
-                wide, k1 - k0, 0, k0, k1, p, w, o, m0, valid, false);
+                wide, k1 - k0, 0, k1 - k0, k0, k1, p, w, o, m0, valid, false);
           }
         }
       return;
@@ -371,8 +439,8 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
         // x packed by pack_pairs (row-major) or pack_rows (k-major blocks).
         const size_t sm = WT == DType::BF16 ? size_t(K) : 1;
         const size_t sk = WT == DType::BF16 ? 1 : size_t(rows);
-        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), sm, sk, panels, K, k0, k0, k1,
-                                   p, w, o, m0, valid, m0 == 0);
+        piece_block<V, WT, MR, NP>(rows, xp + size_t(m0) * size_t(K), sm, sk, panels, K, k0,
+                                   k1 - k0, k0, k1, p, w, o, m0, valid, m0 == 0);
       }
     }
 }
@@ -392,6 +460,7 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   if constexpr (WT == DType::BF16) {
     xp = pack_pairs(x, M, ldx, w, pack_tag);
     if (M <= MR) x = xp, sm = size_t(w.cols);
+    if (splits_pairs<V, MR>(M)) xp = split_pairs_x(xp, M, w.cols, pack_tag);
   } else if (M > MR) {
     xp = pack_rows<MR>(x, M, ldx, w.cols, pack_tag);
   }
