@@ -338,10 +338,9 @@ double Simulator::time_step(Replica& r, const PlannedStep& step, InFlightStep& f
 // utilisation is the share of that window its stages were busy, however
 // long a step is and wherever the window's edge falls in it.
 void Simulator::note_busy(Replica& r, double start, double end) {
-  if (o_.sample_s <= 0) return;
-  r.busy_window += std::max(0.0, std::min(end, window_end_) - start);
+  if (o_.sample_s > 0) r.busy_window += std::max(0.0, std::min(end, window_end_) - start);
   // Intervals over by now are fully counted; the rest are a stage's steps
-  // in flight, a handful.
+  // in flight, a handful (a death cuts them short).
   std::erase_if(r.busy, [&](const auto& b) { return b.second <= now_; });
   r.busy.emplace_back(start, end);
 }
@@ -441,10 +440,12 @@ void Simulator::on_failure(int replica) {
   r.tuner.reset();
   r.flight.clear();
   // Its devices stop computing now: what its steps in flight would have
-  // done after this is no busy time (the summary's busy_s still counts
-  // whole steps launched).
-  for (const auto& [start, end] : r.busy)
-    r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+  // done after this is no busy time, in the window or in the summary.
+  for (const auto& [start, end] : r.busy) {
+    if (o_.sample_s > 0)
+      r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+    r.fig.busy_s -= std::max(0.0, end - std::max(start, now_));
+  }
   r.busy.clear();
   const bool restart = r.intensity.allow_restart(now_);
   totals_.resumed += table_->replica_down(replica, !restart, now_);

@@ -491,6 +491,18 @@ TEST(Simulator, SampledUtilisationNeverExceedsOne) {
     }
   EXPECT_LE(highest, 1.0 + 1e-9);
   EXPECT_GT(highest, 0.9);  // the run was busy: the bound is not met by idling
+  // The summary's busy time is the windows' (steps cut short by a death
+  // count up to the death in both).
+  const auto figures = sim.replica_figures();
+  for (size_t i = 0; i < figures.size(); ++i) {
+    double from_windows = 0, previous = 0;
+    for (size_t k = 0; k < samples.times.size(); ++k) {
+      from_windows += samples.replicas[k][i].utilisation * (samples.times[k] - previous);
+      previous = samples.times[k];
+    }
+    EXPECT_NEAR(figures[i].busy_s, from_windows, 1e-6 * std::max(1.0, from_windows))
+        << "replica " << i << ", failures " << figures[i].failures;
+  }
 }
 
 TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
