@@ -391,7 +391,7 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
     }
     return;
   }
-  if constexpr (WT == DType::BF16) {
+  if constexpr (WT == DType::BF16 && !V::kNativeBf16) {
     if (splits_pairs<V, MR>(M)) {
       // Split once per k block instead of in the inner loop, where it costs
       // two vector ops per weight vector on the FMA ports; KB / 2 steps fill
