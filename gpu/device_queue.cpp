@@ -78,17 +78,19 @@ void DeviceQueue::set_notify(std::function<void()> notify) {
   notify_ = std::move(notify);
 }
 
+std::string device_death(int stage, int rank, const std::string& what) {
+  return "device (stage " + std::to_string(stage) + ", rank " + std::to_string(rank) +
+         ") died: " + what;
+}
+
 void run_device_job(DeviceJob& job, DeviceQueue& queue, int stage, int rank) {
-  const auto name = [&] {
-    return "device (stage " + std::to_string(stage) + ", rank " + std::to_string(rank) + ") died: ";
-  };
   try {
     job.run();
   } catch (const std::exception& e) {
-    queue.close(name() + e.what());
+    queue.close(device_death(stage, rank, e.what()));
     throw;
   } catch (...) {
-    queue.close(name() + "unknown exception");
+    queue.close(device_death(stage, rank, "unknown exception"));
     throw;
   }
 }

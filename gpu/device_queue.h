@@ -69,5 +69,7 @@ std::unique_ptr<DeviceRunner> launch_device_thread(int stage, int rank,
 // Runs one job; if it throws, closes the queue with the message naming the
 // device, and rethrows (the device is dead). Shared by every runner.
 void run_device_job(DeviceJob& job, DeviceQueue& queue, int stage, int rank);
+// The queue's closing message for device (stage, rank) dying of `what`.
+std::string device_death(int stage, int rank, const std::string& what);
 
 }  // namespace troupe

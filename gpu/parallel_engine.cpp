@@ -423,12 +423,17 @@ void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
     const std::string why = "shard (stage " + std::to_string(s) + ", rank " + std::to_string(t) +
                             ") failed: " + e.what();
     const bool first = fail(st, d, mb, arrived, std::current_exception(), why);
+    // Dead before the step is over: once finish() has the error, the next
+    // launch must find this device down (its runner would close the queue
+    // only after the rethrow, when a launch may already have gone through).
+    if (first) d.queue->close(device_death(s, t, e.what()));
     st.job_over();
     if (first) throw;
     return;
   } catch (...) {
     const bool first =
         fail(st, d, mb, arrived, std::current_exception(), "a shard failed: unknown exception");
+    if (first) d.queue->close(device_death(s, t, "unknown exception"));
     st.job_over();
     if (first) throw;
     return;
