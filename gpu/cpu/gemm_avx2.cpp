@@ -32,10 +32,6 @@ struct Avx2 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pairs), 16));
   }
   static constexpr bool kNativeBf16 = false;
-  static vec dot_pair(vec acc, vec x, vec w) {
-    acc = _mm256_fmadd_ps(odd_half(x), odd_half(w), acc);
-    return _mm256_fmadd_ps(even_half(x), even_half(w), acc);
-  }
 };
 
 #include "gpu/cpu/gemm_kernel.inl"

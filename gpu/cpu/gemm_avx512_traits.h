@@ -26,11 +26,6 @@ struct Avx512 {
   static vec even_half(vec pairs) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16));
   }
-  // acc + x.odd * w.odd, then + x.even * w.even: vdpbf16ps's order and
-  // roundings, in f32 FMAs (the products of two bf16 values are exact in f32).
+  // No pair instruction: gemm_kernel.inl's step() emulates it.
   static constexpr bool kNativeBf16 = false;
-  static vec dot_pair(vec acc, vec x, vec w) {
-    acc = _mm512_fmadd_ps(odd_half(x), odd_half(w), acc);
-    return _mm512_fmadd_ps(even_half(x), even_half(w), acc);
-  }
 };

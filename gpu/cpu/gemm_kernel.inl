@@ -1,13 +1,13 @@
 // The GEMM micro-kernel, written once over a vector-traits type V and
-// compiled per ISA (gemm_avx2.cpp, gemm_avx512.cpp). Include inside an
-// anonymous namespace.
+// compiled per ISA (gemm_avx2.cpp, gemm_avx512.cpp, gemm_avx512_bf16.cpp).
+// Include inside an anonymous namespace.
 //
 // V provides: vec, kLanes, zero(), load(const float*), load_f16(const
 // uint16_t*), set1(float), fma(a, b, c), add(a, b),
-// store, and for bf16 weights dot_pair(acc, x, w) (see packed_matrix.h) with
-// the kernel shape kPairRows x kPairPanels it wants, kNativeBf16 (whether
-// dot_pair is the instruction) and odd_half / even_half (a pair's halves as
-// f32).
+// store, and for bf16 weights (see packed_matrix.h) the kernel shape
+// kPairRows x kPairPanels it wants, odd_half / even_half (a pair's halves as
+// f32) and kNativeBf16: whether it has dot_pair(acc, x, w), the pair
+// instruction.
 //
 // A k step is one element of k for f32 and f16 weights, one pair for bf16
 // (32 bits a lane: the weights load as f32 vectors would, and x, packed into
@@ -34,11 +34,16 @@ inline typename V::vec load_w(const void* base, size_t index) {
   }
 }
 
-// One k step of one output vector's chain.
+// One k step of one output vector's chain. A bf16 pair without the
+// instruction: acc + x.odd * w.odd, then + x.even * w.even, vdpbf16ps's order
+// and roundings in f32 FMAs (the products of two bf16 values are exact).
 template <class V, DType WT>
 inline typename V::vec step(typename V::vec acc, typename V::vec x, typename V::vec w) {
-  if constexpr (WT == DType::BF16) {
+  if constexpr (WT == DType::BF16 && V::kNativeBf16) {
     return V::dot_pair(acc, x, w);
+  } else if constexpr (WT == DType::BF16) {
+    acc = V::fma(V::odd_half(x), V::odd_half(w), acc);
+    return V::fma(V::even_half(x), V::even_half(w), acc);
   } else {
     return V::fma(x, w, acc);
   }
@@ -268,7 +273,7 @@ void widen_block(const void* panels, int K, int k0, int k1, float* dst) {
 // without the pair instruction: step s becomes row 2(s - s0), its odd half,
 // then row 2(s - s0) + 1, its even half (the emulation's order), so that the
 // f32 kernel over dst with x split alike (split_pairs_x) computes the same
-// chains as dot_pair. Panel p at dst + p * 2 * (s1 - s0) * kPanel.
+// chains as step(). Panel p at dst + p * 2 * (s1 - s0) * kPanel.
 template <class V, int NP>
 void split_pairs_block(const void* panels, int S, int s0, int s1, float* dst) {
   constexpr int VPP = kPanel / V::kLanes;

@@ -34,8 +34,7 @@ struct PanelsRef {
 // f32 to bf16 for the bf16 product (packed_matrix.h): to nearest even, f32
 // denormals to a signed zero (as vdpbf16ps reads them), NaN stays NaN.
 // Static: the per-ISA files get their own copy, never one the linker could
-// hand to baseline code.
-// Branch-free, so that loops over it vectorise.
+// hand to baseline code. Branch-free, so that loops over it vectorise.
 static inline uint16_t bf16_for_product(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);

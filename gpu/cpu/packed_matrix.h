@@ -71,7 +71,8 @@ class PackedMatrix {
   // current pieces.
   template <class RowFn>
   void lay_out(DType dtype, RowFn&& row);
-  // f(k, i) for each k of a panel lane, i = index(lane, k).
+  // f(k, i) for each k of a panel lane, i: where element (lane, k) lies in
+  // its panel, in units of the dtype's storage.
   template <class F>
   void for_each_k(int lane, F&& f) const;
 
