@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -22,7 +23,12 @@ struct BatcherState {
   std::unique_ptr<ReplicaScheduler> sched;
   int vocab_size = 0;
   int context_length = 0;
+  bool lookahead = false;
   bool up = false;
+  // When the last step was answered: a step launched ahead of it started
+  // on the device then, not when it was sent (the routing policy learns
+  // the replica's speed from these times).
+  Clock::time_point last_answer;
   // The channel with the router (scheduler/replica_link.h).
   SequenceCheck from_router;
   uint64_t sent = 0;
@@ -99,7 +105,10 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
     self->request(st->worker, caf::infinite, step_atom::value, std::move(step->items))
         .then(
             [=](const std::vector<int>& out) {
-              const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+              const auto now = Clock::now();
+              const auto start = st->lookahead ? std::max(t0, st->last_answer) : t0;
+              st->last_answer = now;
+              const double took = std::chrono::duration<double>(now - start).count();
               StepEvents ev = st->sched->finish_step(id, out, took);
               flush(self, *st);
               tell_router(self, *st, std::move(ev));
@@ -147,6 +156,7 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
   st->sched = std::make_unique<ReplicaScheduler>(options.scheduler);
   st->vocab_size = options.vocab_size;
   st->context_length = options.scheduler.stop.context_length;
+  st->lookahead = options.scheduler.lookahead;
   st->worker = self->spawn<caf::detached + caf::linked>(
       worker, options.engine, options.scheduler.replica, options.metrics, options.members);
   probe(self, st);

@@ -29,7 +29,7 @@ namespace troupe {
 // arm it), FaultOutcome::Withdrawn, and a node answers (alive). 6: a join's
 // answer carries the coordinator's heartbeat timeout, which sets the pace
 // of the node's beats, and a beat is answered.
-inline constexpr uint32_t kWireProtocol = 6;
+inline constexpr uint32_t kWireProtocol = 7;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -153,6 +153,7 @@ struct ReplicaPlan {
   int max_batch_sequences = 32;
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
+  bool async_scheduling = true;  // batching.async_scheduling (a pipeline ignores it)
   // A replica spanning nodes: per device (stage-major) the part it belongs
   // to, one part per node, and the parts' names (their nodes', for errors);
   // empty: the whole replica on one node. `part` is the receiver's.
@@ -179,7 +180,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
   return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
            x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
-           x.prefill_chunk_tokens, x.hosts, x.part_names, x.part);
+           x.prefill_chunk_tokens, x.async_scheduling, x.hosts, x.part_names, x.part);
 }
 
 // Registers every type above, and the actor handles messages carry, on a

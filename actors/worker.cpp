@@ -3,10 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include "actors/shard.h"
 #include "scheduler/microbatch_tuner.h"
@@ -30,13 +33,26 @@ struct WorkerState {
   std::vector<MemberActor> members;        // this replica's parts on other nodes
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  using Promise = caf::typed_response_promise<std::vector<int>>;
   struct Pending {
     uint64_t ticket = 0;
-    caf::typed_response_promise<std::vector<int>> promise;
+    Promise promise;
     std::chrono::steady_clock::time_point launched;
+    std::vector<uint64_t> seqs;  // per item: its sequence (the last sampled ids)
   };
   std::map<uint64_t, Pending> pending;  // steps in flight, by this worker's id
   uint64_t next_id = 1;
+  // Steps planned ahead (ReplicaSchedulerOptions::lookahead) wait here
+  // until every step before them is answered, and take their sequences'
+  // last sampled ids in place of kSampledToken; the steps behind them wait
+  // too, so that steps are answered in the order they came.
+  struct Held {
+    std::vector<StepItem> items;
+    Promise promise;
+  };
+  std::deque<Held> held;
+  bool launching_held = false;
+  std::unordered_map<uint64_t, int> last_sampled;  // by sequence, until released
   // Injected faults: the next step throws (the fault's id; 0: none);
   // every step takes `factor` times as long while a slow fault lasts (the
   // largest factor of those on; each reported once, with the first step it
@@ -153,6 +169,105 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
   }
 }
 
+void complete_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& st, int replica,
+                   Metrics* metrics, uint64_t id);
+
+// Launches a step now. A step the engine runs to its end inside launch()
+// (one device) is answered at once, before this worker reads the next
+// step: with lookahead that one is already waiting in the mailbox.
+void launch_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& st, int replica,
+                 Metrics* metrics, std::vector<StepItem> items, WorkerState::Promise rp) {
+  std::vector<uint64_t> seqs(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    StepItem& it = items[i];
+    seqs[i] = it.seq;
+    if (it.tokens.size() != 1 || it.tokens[0] != kSampledToken) continue;
+    auto last = st->last_sampled.find(it.seq);
+    if (last == st->last_sampled.end())
+      throw std::logic_error("replica " + std::to_string(replica) + ": a step feeds sequence " +
+                             std::to_string(it.seq) +
+                             " the token its previous step sampled, and none did");
+    it.tokens[0] = last->second;
+  }
+  if (st->tuner) {
+    size_t tokens = 0;
+    for (const auto& it : items) tokens += it.tokens.size();
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
+    // Micro-batches fill the pipeline only when no other step does; no
+    // more of them than sequences (a sequence is not split).
+    const int m = st->pending.empty() ? st->tuner->choose(tokens, now) : 1;
+    st->engine->set_microbatches(std::min(int(items.size()), m));
+  }
+  if (metrics && !st->shards.empty())
+    metrics->pipeline_step_launched(replica, !st->pending.empty());
+  // Steps are launched without waiting: with a pipeline the batcher
+  // keeps one per group of sequences in flight, and each is answered
+  // when the engine reports it done.
+  const uint64_t id = st->next_id++;
+  st->pending.emplace(id, WorkerState::Pending{0, std::move(rp), std::chrono::steady_clock::now(),
+                                               std::move(seqs)});
+  // 0: launching; 1: launch() returned first; 2: done first (inside launch()).
+  auto state = std::make_shared<std::atomic<int>>(0);
+  WorkerActor me = caf::actor_cast<WorkerActor>(self);
+  auto on_done = [me, id, state] {
+    int launching = 0;
+    if (!state->compare_exchange_strong(launching, 2)) caf::anon_send(me, stepdone_atom::value, id);
+  };
+  if (st->members.empty()) {
+    st->pending.at(id).ticket = st->engine->launch(std::move(items), on_done);
+  } else {
+    // Every part runs the step, cut alike, in the order steps come.
+    const int m = st->engine->microbatches_for(items.size());
+    for (const MemberActor& member : st->members) self->send(member, step_atom::value, items, m);
+    st->pending.at(id).ticket = st->engine->launch_split(std::move(items), m, on_done);
+  }
+  int launching = 0;
+  if (!state->compare_exchange_strong(launching, 1)) complete_step(self, st, replica, metrics, id);
+}
+
+// Answers a step the engine is done with, then launches the steps that
+// waited for it.
+void complete_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& st, int replica,
+                   Metrics* metrics, uint64_t id) {
+  auto it = st->pending.find(id);
+  if (it == st->pending.end()) return;
+  WorkerState::Pending done = std::move(it->second);
+  st->pending.erase(it);
+  auto out = st->engine->finish(done.ticket);  // throws the step's error: this worker dies
+  for (size_t i = 0; i < out.size() && i < done.seqs.size(); ++i)
+    if (out[i] >= 0) st->last_sampled[done.seqs[i]] = out[i];
+  double factor = 1;
+  for (const auto& [fid, slow] : st->slow) factor = std::max(factor, slow.factor);
+  if (factor > 1) {
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - done.launched).count();
+    const double extra = (factor - 1) * took;
+    std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+    for (auto& [fid, slow] : st->slow) {
+      if (slow.confirmed) continue;
+      report(self, slow.reporter, fid, FaultOutcome::Confirmed,
+             "a step of replica " + std::to_string(replica) + " took " + ms(took + extra) +
+                 " instead of " + ms(took));
+      slow.confirmed = true;
+    }
+  }
+  if (st->tuner)
+    for (const auto& smp : st->engine->last_samples())
+      st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
+  if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
+  done.promise.deliver(std::move(out));
+  // One loop launches the held steps, however deep the answers nest.
+  if (st->launching_held) return;
+  st->launching_held = true;
+  while (st->pending.empty() && !st->held.empty()) {
+    WorkerState::Held next = std::move(st->held.front());
+    st->held.pop_front();
+    launch_step(self, st, replica, metrics, std::move(next.items), std::move(next.promise));
+  }
+  st->launching_held = false;
+}
+
 }  // namespace
 
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
@@ -184,65 +299,21 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
         if (st->throw_next_step != 0)
           throw std::runtime_error("injected fault: replica " + std::to_string(replica) +
                                    "'s step failed on its device");
-        if (st->tuner) {
-          size_t tokens = 0;
-          for (const auto& it : items) tokens += it.tokens.size();
-          const double now =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
-          // Micro-batches fill the pipeline only when no other step does; no
-          // more of them than sequences (a sequence is not split).
-          const int m = st->pending.empty() ? st->tuner->choose(tokens, now) : 1;
-          st->engine->set_microbatches(std::min(int(items.size()), m));
+        const bool ahead = std::any_of(items.begin(), items.end(), [](const StepItem& it) {
+          return it.tokens.size() == 1 && it.tokens[0] == kSampledToken;
+        });
+        if (!st->held.empty() || (ahead && !st->pending.empty())) {
+          st->held.push_back({std::move(items), rp});
+          return rp;
         }
-        if (metrics && !st->shards.empty())
-          metrics->pipeline_step_launched(replica, !st->pending.empty());
-        // Steps are launched without waiting: with a pipeline the batcher
-        // keeps one per group of sequences in flight, and each is answered
-        // when the engine reports it done.
-        const uint64_t id = st->next_id++;
-        st->pending.emplace(id, WorkerState::Pending{0, rp, std::chrono::steady_clock::now()});
-        WorkerActor me = caf::actor_cast<WorkerActor>(self);
-        auto on_done = [me, id] { caf::anon_send(me, stepdone_atom::value, id); };
-        if (st->members.empty()) {
-          st->pending.at(id).ticket = st->engine->launch(std::move(items), on_done);
-        } else {
-          // Every part runs the step, cut alike, in the order steps come.
-          const int m = st->engine->microbatches_for(items.size());
-          for (const MemberActor& member : st->members)
-            self->send(member, step_atom::value, items, m);
-          st->pending.at(id).ticket = st->engine->launch_split(std::move(items), m, on_done);
-        }
+        launch_step(self, st, replica, metrics, std::move(items), rp);
         return rp;
       },
-      [=](stepdone_atom, uint64_t id) {
-        auto it = st->pending.find(id);
-        if (it == st->pending.end()) return;
-        WorkerState::Pending done = it->second;
-        st->pending.erase(it);
-        auto out = st->engine->finish(done.ticket);  // throws the step's error: this worker dies
-        double factor = 1;
-        for (const auto& [fid, slow] : st->slow) factor = std::max(factor, slow.factor);
-        if (factor > 1) {
-          const double took =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - done.launched)
-                  .count();
-          const double extra = (factor - 1) * took;
-          std::this_thread::sleep_for(std::chrono::duration<double>(extra));
-          for (auto& [fid, slow] : st->slow) {
-            if (slow.confirmed) continue;
-            report(self, slow.reporter, fid, FaultOutcome::Confirmed,
-                   "a step of replica " + std::to_string(replica) + " took " + ms(took + extra) +
-                       " instead of " + ms(took));
-            slow.confirmed = true;
-          }
-        }
-        if (st->tuner)
-          for (const auto& smp : st->engine->last_samples())
-            st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
-        if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
-        done.promise.deliver(std::move(out));
+      [=](stepdone_atom, uint64_t id) { complete_step(self, st, replica, metrics, id); },
+      [=](release_atom, uint64_t seq) {
+        st->engine->release(seq);
+        st->last_sampled.erase(seq);
       },
-      [=](release_atom, uint64_t seq) { st->engine->release(seq); },
       [=](fault_atom, const FaultOrder& o, const FaultInjectorActor& reporter) {
         apply_fault(self, *st, replica, o, reporter);
       },

@@ -119,7 +119,8 @@ const Fields<Config>& config_fields() {
         .add("max_batch_sequences", &BatchingSection::max_batch_sequences, schema::positive_int())
         .add("max_batch_tokens", &BatchingSection::max_batch_tokens, schema::positive_int())
         .add("prefill_chunk_tokens", &BatchingSection::prefill_chunk_tokens, schema::positive_int())
-        .add("max_waiting", &BatchingSection::max_waiting, schema::non_negative_int());
+        .add("max_waiting", &BatchingSection::max_waiting, schema::non_negative_int())
+        .add("async_scheduling", &BatchingSection::async_scheduling, schema::boolean());
 
     Fields<KvCacheSection> kv;
     kv.flow()

@@ -76,6 +76,10 @@ struct BatchingSection {
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
   int max_waiting = 256;  // per replica
+  // Plan each step while the one before it runs (replicas without a
+  // pipeline): the device never waits for the batcher, at the price of a
+  // request arriving mid-step joining one step later.
+  bool async_scheduling = true;
   bool operator==(const BatchingSection&) const = default;
 };
 

@@ -15,6 +15,10 @@ ReplicaScheduler::ReplicaScheduler(ReplicaSchedulerOptions o)
       policy_(options_.limits, options_.block_tokens),
       blocks_(options_.kv_blocks) {
   if (options_.groups < 1) throw std::invalid_argument("a replica needs at least one step group");
+  if (options_.lookahead && options_.groups != 1)
+    throw std::invalid_argument(
+        "scheduling ahead needs one step group (a pipeline's groups already overlap), got " +
+        std::to_string(options_.groups));
 }
 
 void ReplicaScheduler::add(Assignment a) {
@@ -35,9 +39,12 @@ void ReplicaScheduler::add(Assignment a) {
   q.a = std::move(a);
   q.prefill_end = int(q.tokens.size());
   q.cached = 0;
+  q.in_flight = 0;
   q.blocks.clear();
   q.step = 0;
+  q.ahead = 0;
   q.cancelled = false;
+  q.draining = false;
   q.used = true;
   queued_ += queued_of(q);
   index_.emplace(id, slot);
@@ -54,24 +61,65 @@ void ReplicaScheduler::cancel(uint64_t id) {
 }
 
 bool ReplicaScheduler::can_launch() const {
-  return int(in_flight_.size()) < options_.groups;
+  return int(in_flight_.size()) < (options_.lookahead ? 2 : options_.groups);
 }
 
 void ReplicaScheduler::end(StepEvents& ev, Slot slot, FinishReason reason) {
   Sequence& q = slots_[slot];
-  if (!q.used) return;
+  if (!q.used || q.draining) return;
   const uint64_t id = q.a.id;
   ev.done.push_back({id, reason, q.a.generated});
-  blocks_.release(q.blocks);
-  q.blocks.clear();
   queued_ -= queued_of(q);
   if (q.cancelled) --cancelled_;
-  q.used = false;
   index_.erase(id);
-  free_slots_.push_back(slot);
   std::erase(running_, slot);
   std::erase(waiting_, slot);
+  if (q.step != 0) {
+    // Planned ahead: that step still writes into its blocks, and its engine
+    // still samples for it. Both are let go when the step is answered.
+    q.draining = true;
+    return;
+  }
   released_.push_back(id);
+  free_slot(slot);
+}
+
+void ReplicaScheduler::free_slot(Slot slot) {
+  Sequence& q = slots_[slot];
+  blocks_.release(q.blocks);
+  q.blocks.clear();
+  q.used = false;
+  q.draining = false;
+  free_slots_.push_back(slot);
+}
+
+bool ReplicaScheduler::plannable_ahead(const Sequence& q) const {
+  if (!options_.lookahead || q.step == 0 || q.ahead != 0 || q.cancelled) return false;
+  const int fed = q.cached + q.in_flight;
+  const int known = int(q.tokens.size());
+  if (fed < known) return true;  // a prompt chunk follows the one in flight
+  // The step in flight samples: its token is fed next, unless it ends the
+  // sequence by length (known now; an EOS is not, and costs one dropped item).
+  return q.a.generated + 1 < q.a.max_tokens && known < options_.stop.context_length;
+}
+
+int ReplicaScheduler::view_running(bool ahead) {
+  std::vector<SeqView>& running = running_view_;
+  running.clear();
+  int busy = 0;
+  for (Slot slot : running_) {
+    const Sequence& q = slots_[slot];
+    if (q.step == 0) {
+      running.push_back({slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size())});
+    } else if (ahead && plannable_ahead(q)) {
+      const int fed = q.cached + q.in_flight;
+      const int pending = std::max(1, int(q.tokens.size()) - fed);
+      running.push_back({slot, pending, fed, int(q.blocks.size())});
+    } else {
+      ++busy;
+    }
+  }
+  return busy;
 }
 
 void ReplicaScheduler::fill_load(StepEvents& ev) const {
@@ -130,7 +178,7 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     std::vector<Slot> gone;
     for (Slot slot = 0; slot < Slot(slots_.size()); ++slot) {
       const Sequence& q = slots_[slot];
-      if (q.used && q.cancelled && q.step == 0) gone.push_back(slot);
+      if (q.used && !q.draining && q.cancelled && q.step == 0) gone.push_back(slot);
     }
     if (!gone.empty()) {
       // Oldest request first, whichever slots they took.
@@ -141,19 +189,11 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
       fill_load(*ended_);
     }
   }
-  std::vector<SeqView>& running = running_view_;
+  const std::vector<SeqView>& running = running_view_;
   std::vector<SeqView>& waiting = waiting_view_;
-  running.clear();
   waiting.clear();
-  int busy = 0;
-  for (Slot slot : running_) {
-    const Sequence& q = slots_[slot];
-    if (q.step != 0) {
-      ++busy;
-      continue;
-    }
-    running.push_back({slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size())});
-  }
+  const bool ahead = options_.lookahead && !in_flight_.empty();
+  int busy = view_running(ahead);
   for (Slot slot : waiting_) {
     const Sequence& q = slots_[slot];
     waiting.push_back({slot, int(q.tokens.size()), 0, 0});
@@ -167,6 +207,15 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   }
   BatchPlan& plan = plan_;
   policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
+  if (ahead && !plan.preempted.empty()) {
+    // Short of blocks, nothing is planned ahead: a sequence a step holds
+    // cannot be preempted. Nor is any other while that step runs: its
+    // answer may return the blocks (as without lookahead, the step after
+    // it decides).
+    busy = view_running(false);
+    policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
+    if (!plan.preempted.empty()) return false;
+  }
   if (refusing_) {
     // Refused when the step differs from the one the free blocks allow: a
     // sequence preempted, not admitted, or left out for want of a block.
@@ -193,17 +242,27 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     const PlanEntry& e = plan.entries[i];
     const Slot slot = Slot(e.id);
     Sequence& q = slots_[slot];
-    const int need = policy_.blocks_for(q.cached + e.tokens) - int(q.blocks.size());
+    const int fed = q.cached + q.in_flight;
+    const int known = int(q.tokens.size());
+    const int need = policy_.blocks_for(fed + e.tokens) - int(q.blocks.size());
     if (need > 0) blocks_.allocate(need, q.blocks);
     StepItem& it = step.items[i];
     it.seq = q.a.id;
-    it.tokens.assign(q.tokens.begin() + q.cached, q.tokens.begin() + q.cached + e.tokens);
-    it.position = q.cached;
+    it.position = fed;
     it.blocks.assign(q.blocks.begin(), q.blocks.end());
-    it.sample = q.cached + e.tokens == int(q.tokens.size());
     it.sampling = q.a.sampling;
-    it.generated = q.a.generated;
-    q.step = step.id;
+    if (fed == known) {
+      // Planned ahead of the step that samples the token it feeds.
+      it.tokens.assign(1, kSampledToken);
+      it.sample = true;
+      it.generated = q.a.generated + 1;
+    } else {
+      it.tokens.assign(q.tokens.begin() + fed, q.tokens.begin() + fed + e.tokens);
+      it.sample = fed + e.tokens == known;
+      it.generated = q.a.generated;
+    }
+    (q.step == 0 ? q.step : q.ahead) = step.id;
+    q.in_flight += e.tokens;
     flight.items.push_back({slot, it.seq, it.position, e.tokens, it.sample});
   }
   return true;
@@ -247,11 +306,25 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     if (item.slot >= slots_.size()) continue;
     Sequence& q = slots_[item.slot];
     if (!q.used || q.a.id != item.seq) continue;
+    if (q.step == step) {
+      q.step = q.ahead;
+      q.ahead = 0;
+    } else if (q.ahead == step) {
+      q.ahead = 0;
+    }
+    q.in_flight -= n;
+    if (q.draining) {
+      // Ended by an earlier step's token: this item's result means nothing.
+      if (q.step == 0) {
+        released_.push_back(q.a.id);
+        free_slot(item.slot);
+      }
+      continue;
+    }
     ev.prefill_tokens += std::max(0, std::min(item.position + n, q.prefill_end) - item.position);
     queued_ -= queued_of(q);
     q.cached += n;
     queued_ += queued_of(q);
-    q.step = 0;
     if (!item.sample || q.cancelled) continue;
     const int tok = ids[i];
     const int fed = int(q.tokens.size());

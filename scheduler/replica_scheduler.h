@@ -35,6 +35,14 @@ struct ReplicaSchedulerOptions {
   // pipeline of P stages runs P, so that no stage waits for the tokens of
   // the step ahead of it. 1: one step at a time.
   int groups = 1;
+  // Schedules one step ahead (one group only): step N+1 is planned and
+  // launched while step N runs, so that the device does not wait for N's
+  // answer to travel to the batcher and N+1 back. A sequence whose step N
+  // samples is in N+1 too, fed {kSampledToken} (the worker substitutes N's
+  // id); if N's token ends it (EOS, a stop), its N+1 result is dropped and
+  // its blocks are returned once N+1 is answered. Only sequences that N's
+  // token cannot end by length, and are not cancelled, are planned ahead.
+  bool lookahead = false;
   StopRule stop;
   int bos = 1;  // the probe step's token
 };
@@ -56,7 +64,7 @@ class ReplicaScheduler {
   // flight that holds it returns. Unknown ids are ignored.
   void cancel(uint64_t id);
 
-  // True when fewer steps than groups are in flight.
+  // True when fewer steps than groups are in flight (two with lookahead).
   bool can_launch() const;
   // Ends cancelled sequences that no step holds (see take_ended), then plans
   // the next step over the sequences not in a step in flight: allocates the
@@ -67,7 +75,8 @@ class ReplicaScheduler {
   bool next_step(PlannedStep& out);
   // A launched step's sampled ids (one per item, -1 where not sampled): the
   // tokens delivered and the requests that ended, with the load after it.
-  // Throws std::logic_error for a step that is not in flight.
+  // Throws std::logic_error for a step that is not in flight. With
+  // lookahead, steps are answered in the order they were planned.
   StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s);
   // The same into `ev`, reusing its buffers.
   void finish_step(uint64_t step, const std::vector<int>& ids, double step_s, StepEvents& ev);
@@ -109,10 +118,13 @@ class ReplicaScheduler {
     std::vector<int> tokens;  // prompt + generated so far
     int prefill_end = 0;      // tokens known at placement (prompt + delivered)
     int cached = 0;           // tokens in the KV cache
+    int in_flight = 0;        // tokens fed to steps in flight (cached + in_flight: fed so far)
     std::vector<int> blocks;  // its block table
     uint64_t step = 0;        // the step in flight that holds it (0: none)
+    uint64_t ahead = 0;       // lookahead: the step after `step` that holds it too (0: none)
     bool cancelled = false;
-    bool used = false;  // the slot holds a sequence
+    bool draining = false;  // ended while a step still holds its blocks
+    bool used = false;      // the slot holds a sequence
   };
   // Sequences live in slots, found by id only for what comes from outside
   // (add, cancel, holds): a step plans and finishes by slot. The batch
@@ -133,6 +145,13 @@ class ReplicaScheduler {
   };
 
   void end(StepEvents& ev, Slot slot, FinishReason reason);
+  void free_slot(Slot slot);
+  // A sequence in a step in flight that the next step may feed too.
+  bool plannable_ahead(const Sequence& q) const;
+  // The batch policy's view of the sequences the next step may take (those
+  // planned ahead too, if `ahead`); returns how many sequences run in steps
+  // in flight and are not in the view.
+  int view_running(bool ahead);
   void fill_load(StepEvents& ev) const;
   void preempt(Slot slot);
   // Prompt (or resumed) tokens of q not yet in the KV cache.

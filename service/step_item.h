@@ -10,9 +10,16 @@
 
 namespace troupe {
 
+// An item's only token when it is the one its sequence's previous step
+// samples: a replica that schedules ahead (ReplicaSchedulerOptions::
+// lookahead) plans step N+1 while step N runs, and its worker puts N's
+// sampled id in place of this before it launches N+1. Engines never see it.
+inline constexpr int kSampledToken = -1;
+
 struct StepItem {
   uint64_t seq = 0;
   std::vector<int> tokens;  // written to the KV cache at positions position, position + 1, ...
+                            // (or {kSampledToken}, before the worker launches it)
   int position = 0;         // tokens of the sequence already in the KV cache
   std::vector<int> blocks;  // the sequence's block table; covers position + tokens.size()
   bool sample = false;      // sample a token from the last one's logits

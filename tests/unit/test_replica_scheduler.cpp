@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -370,6 +371,321 @@ TEST(ReplicaScheduler, RefusedBlocksCountWhenTheyLeaveASequenceOut) {
   EXPECT_EQ(r.refusals(), 1u);
 }
 
+ReplicaSchedulerOptions ahead_options(int blocks) {
+  ReplicaSchedulerOptions o = options(blocks);
+  o.lookahead = true;
+  return o;
+}
+
+bool fed_sampled(const StepItem& it) {
+  return it.tokens == std::vector<int>{kSampledToken};
+}
+
+TEST(ReplicaScheduler, LookaheadPlansTheNextTokenWhileTheStepBeforeItRuns) {
+  ReplicaScheduler r(ahead_options(16));
+  r.add(assignment(1, {1, 5, 6}, 4));
+  auto s1 = r.next_step();
+  ASSERT_TRUE(s1);
+  EXPECT_TRUE(r.can_launch());
+  auto s2 = r.next_step();  // while s1 runs
+  ASSERT_TRUE(s2);
+  ASSERT_EQ(s2->items.size(), 1u);
+  EXPECT_TRUE(fed_sampled(s2->items[0]));
+  EXPECT_EQ(s2->items[0].position, 3);
+  EXPECT_TRUE(s2->items[0].sample);
+  EXPECT_EQ(s2->items[0].generated, 1);
+  EXPECT_EQ(s2->items[0].blocks.size(), 1u);  // positions 0..3
+  EXPECT_FALSE(r.can_launch());               // two steps at most
+  EXPECT_FALSE(r.next_step());
+  auto ev = r.finish_step(s1->id, sampled(*s1, 40), 0.01);
+  ASSERT_EQ(ev.tokens.size(), 1u);
+  EXPECT_EQ(ev.tokens[0].token, 40);
+  EXPECT_EQ(ev.tokens[0].index, 0);
+  auto s3 = r.next_step();  // ahead of s2
+  ASSERT_TRUE(s3);
+  EXPECT_TRUE(fed_sampled(s3->items[0]));
+  EXPECT_EQ(s3->items[0].position, 4);
+  EXPECT_EQ(s3->items[0].blocks.size(), 2u);
+  EXPECT_EQ(s3->items[0].generated, 2);
+  ev = r.finish_step(s2->id, sampled(*s2, 41), 0.01);
+  ASSERT_EQ(ev.tokens.size(), 1u);
+  EXPECT_EQ(ev.tokens[0].index, 1);
+  EXPECT_EQ(ev.tokens[0].token, 41);
+  // s3 samples the 3rd token of 4: the 4th (the last) is planned ahead;
+  // nothing is planned ahead of the last.
+  auto s4 = r.next_step();
+  ASSERT_TRUE(s4);
+  EXPECT_EQ(s4->items[0].position, 5);
+  ev = r.finish_step(s3->id, sampled(*s3, 42), 0.01);
+  EXPECT_FALSE(r.next_step());
+  ev = r.finish_step(s4->id, sampled(*s4, 43), 0.01);
+  ASSERT_EQ(ev.done.size(), 1u);
+  EXPECT_EQ(ev.done[0].reason, FinishReason::Length);
+  EXPECT_EQ(ev.done[0].completion_tokens, 4);
+  EXPECT_EQ(ev.blocks_used, 0);
+}
+
+TEST(ReplicaScheduler, APromptsNextChunkIsPlannedAheadOfTheOneInFlight) {
+  ReplicaScheduler r(ahead_options(16));
+  r.add(assignment(1, std::vector<int>(11, 7), 3));
+  auto s1 = r.next_step();
+  auto s2 = r.next_step();
+  ASSERT_TRUE(s1 && s2);
+  EXPECT_EQ(s1->items[0].tokens.size(), 8u);
+  EXPECT_EQ(s2->items[0].tokens, std::vector<int>(3, 7));
+  EXPECT_EQ(s2->items[0].position, 8);
+  EXPECT_TRUE(s2->items[0].sample);
+  auto ev = r.finish_step(s1->id, sampled(*s1, 0), 0.01);
+  EXPECT_EQ(ev.prefill_tokens, 8);
+  EXPECT_EQ(ev.queued_tokens, 3);
+  ev = r.finish_step(s2->id, sampled(*s2, 40), 0.01);
+  EXPECT_EQ(ev.queued_tokens, 0);
+  ASSERT_EQ(ev.tokens.size(), 1u);
+}
+
+// EOS from step N ends the request at N (its end is reported at once); the
+// item planned ahead in N+1 is dropped, and its blocks come back, with the
+// engine's note to release the sequence, only once N+1 is answered.
+TEST(ReplicaScheduler, ATokenThatEndsASequenceDropsItsItemPlannedAhead) {
+  ReplicaScheduler r(ahead_options(16));
+  r.add(assignment(1, {1, 5, 6, 7, 8}, 8));  // 5 tokens: 2 blocks with the next
+  auto s1 = r.next_step();
+  auto s2 = r.next_step();
+  ASSERT_TRUE(s1 && s2);
+  auto ev = r.finish_step(s1->id, sampled(*s1, 2), 0.01);  // EOS
+  ASSERT_EQ(ev.done.size(), 1u);
+  EXPECT_EQ(ev.done[0].reason, FinishReason::Stop);
+  EXPECT_EQ(ev.running, 0);
+  EXPECT_FALSE(r.holds(1));
+  EXPECT_EQ(ev.blocks_used, 2);  // still written by s2
+  EXPECT_TRUE(r.take_released().empty());
+  r.add(assignment(2, {1, 9}, 8));  // planned alongside, in other blocks
+  auto s3 = r.next_step();
+  ASSERT_TRUE(s3);
+  ASSERT_EQ(s3->items.size(), 1u);
+  for (int b : s3->items[0].blocks)
+    EXPECT_EQ(std::count(s2->items[0].blocks.begin(), s2->items[0].blocks.end(), b), 0);
+  ev = r.finish_step(s2->id, sampled(*s2, 50), 0.01);
+  EXPECT_TRUE(ev.tokens.empty());  // dropped
+  EXPECT_TRUE(ev.done.empty());    // ended once
+  EXPECT_EQ(ev.blocks_used, 1);    // request 2's
+  EXPECT_EQ(r.take_released(), (std::vector<uint64_t>{1}));
+  r.finish_step(s3->id, sampled(*s3, 2), 0.01);
+  EXPECT_EQ(r.blocks_used(), 0);
+}
+
+TEST(ReplicaScheduler, ACancelledSequenceIsNotPlannedAheadAndEndsAfterItsLastStep) {
+  ReplicaScheduler r(ahead_options(16));
+  r.add(assignment(1, {1, 5}, 8));
+  r.add(assignment(2, {1, 6}, 8));
+  auto s1 = r.next_step();
+  r.cancel(1);
+  auto s2 = r.next_step();
+  ASSERT_TRUE(s1 && s2);
+  ASSERT_EQ(s2->items.size(), 1u);
+  EXPECT_EQ(s2->items[0].seq, 2u);
+  r.cancel(2);  // planned ahead already
+  auto ev = r.finish_step(s1->id, sampled(*s1, 30), 0.01);
+  EXPECT_TRUE(ev.tokens.empty());
+  EXPECT_FALSE(r.next_step());  // s2 still holds 2; 1 ends now
+  auto ended = r.take_ended();
+  ASSERT_TRUE(ended);
+  ASSERT_EQ(ended->done.size(), 1u);
+  EXPECT_EQ(ended->done[0].id, 1u);
+  ev = r.finish_step(s2->id, sampled(*s2, 31), 0.01);
+  EXPECT_TRUE(ev.tokens.empty());
+  EXPECT_FALSE(r.next_step());
+  ended = r.take_ended();
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(ended->done[0].id, 2u);
+  EXPECT_EQ(ended->done[0].reason, FinishReason::Cancelled);
+  EXPECT_EQ(r.blocks_used(), 0);
+}
+
+TEST(ReplicaScheduler, NothingIsPreemptedWhileAStepRunsAhead) {
+  ReplicaScheduler r(ahead_options(6));  // 24 positions
+  r.add(assignment(1, std::vector<int>(8, 5), 20));
+  r.add(assignment(2, std::vector<int>(8, 6), 20));
+  auto s = r.next_step();
+  r.finish_step(s->id, sampled(*s, 9), 0.01);  // 9 tokens each: 3 blocks each next
+  int preemptions = 0, planned_ahead = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto a = r.next_step();  // may preempt: no step runs
+    ASSERT_TRUE(a);
+    const int preempted = int(r.take_released().size());
+    auto b = r.next_step();  // would need a block only preemption frees
+    const auto released = r.take_released();
+    if (b) {
+      EXPECT_TRUE(released.empty()) << "preempted while a step ran";
+      for (const auto& x : b->items)
+        for (const auto& y : a->items)
+          if (y.seq != x.seq) {
+            for (int blk : x.blocks)
+              EXPECT_EQ(std::count(y.blocks.begin(), y.blocks.end(), blk), 0);
+          }
+    }
+    r.finish_step(a->id, sampled(*a, 9), 0.01);
+    if (b) r.finish_step(b->id, sampled(*b, 9), 0.01);
+    EXPECT_LE(r.blocks_used(), 6);
+    preemptions += preempted;
+    planned_ahead += b.has_value();
+  }
+  EXPECT_GT(preemptions, 0);  // the pressure was there
+  EXPECT_GT(planned_ahead, 0);
+}
+
+// A model whose next token is a function of everything a sequence fed it,
+// and an engine that keeps what each sequence wrote where: a step planned
+// ahead must feed the token its predecessor sampled, at the right position,
+// in blocks no other live sequence writes. Each request's tokens are then
+// the same with and without lookahead, and the model's own continuation.
+struct ToyModel {
+  static int next(const std::vector<int>& fed) {
+    uint64_t h = 1469598103934665603ull;
+    for (int t : fed) h = (h ^ uint64_t(t)) * 1099511628211ull;
+    return h % 13 == 0 ? 2 : 3 + int(h % 40);  // EOS (2) now and then
+  }
+};
+
+struct Expected {
+  std::vector<int> tokens;
+  FinishReason reason;
+};
+
+Expected continuation(const Assignment& a, const StopRule& stop) {
+  std::vector<int> fed = a.tokens;
+  Expected e;
+  for (int g = a.generated;; ++g) {
+    const int tok = ToyModel::next(fed);
+    const auto o = stop.judge(tok, g, a.max_tokens, int(fed.size()), a.ignore_eos);
+    if (o.deliver) {
+      e.tokens.push_back(tok);
+      fed.push_back(tok);
+    }
+    if (o.finish) {
+      e.reason = *o.finish;
+      return e;
+    }
+  }
+}
+
+TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
+  for (bool ahead : {false, true}) {
+    for (int blocks : {7, 40}) {
+      SCOPED_TRACE(std::string(ahead ? "ahead" : "one at a time") + ", " + std::to_string(blocks) +
+                   " blocks");
+      auto o = options(blocks);
+      o.lookahead = ahead;
+      ReplicaScheduler r(o);
+      std::mt19937 rng(5);
+      std::map<uint64_t, Assignment> asked;
+      std::map<uint64_t, std::vector<int>> got;
+      std::map<uint64_t, FinishReason> ended;
+      std::map<uint64_t, std::vector<int>> kv;  // the engine's: what each sequence wrote
+      std::map<uint64_t, int> last;             // the worker's: last sampled id
+      std::deque<PlannedStep> flying;
+      std::set<uint64_t> cancelled;
+      int planned_ahead = 0, dropped = 0;
+      uint64_t next_id = 1;
+      auto take = [&](const StepEvents& ev) {
+        for (const auto& t : ev.tokens) {
+          ASSERT_EQ(t.index, int(got[t.id].size())) << "request " << t.id;
+          got[t.id].push_back(t.token);
+        }
+        for (const auto& d : ev.done) {
+          ASSERT_FALSE(ended.count(d.id)) << "request " << d.id << " ended twice";
+          ended[d.id] = d.reason;
+          EXPECT_EQ(d.completion_tokens, int(got[d.id].size()));
+        }
+      };
+      auto answer = [&] {
+        PlannedStep s = std::move(flying.front());
+        flying.pop_front();
+        std::vector<int> ids;
+        for (auto& it : s.items) {
+          if (fed_sampled(it)) {
+            ASSERT_TRUE(last.count(it.seq));
+            it.tokens[0] = last[it.seq];
+          }
+          std::vector<int>& w = kv[it.seq];
+          ASSERT_LE(it.position, int(w.size())) << "a gap in sequence " << it.seq;
+          w.resize(size_t(it.position));  // a preempted sequence writes again
+          w.insert(w.end(), it.tokens.begin(), it.tokens.end());
+          ASSERT_LE(int(w.size()), int(it.blocks.size()) * 4);
+          ids.push_back(it.sample ? ToyModel::next(w) : -1);
+          if (it.sample) last[it.seq] = ids.back();
+        }
+        take(r.finish_step(s.id, ids, 0.01));
+        for (uint64_t id : r.take_released()) last.erase(id);
+      };
+      for (int round = 0; round < 4000 || !asked.empty(); ++round) {
+        ASSERT_LT(round, 100000) << "no progress";
+        const unsigned op = rng() % 10;
+        if (round < 4000 && op < 2 && asked.size() < 10) {
+          const int len = 1 + int(rng() % 14);
+          std::vector<int> prompt(static_cast<size_t>(len), 0);
+          for (int& t : prompt) t = 3 + int(rng() % 40);
+          Assignment a = assignment(next_id, prompt, 1 + int(rng() % 12));
+          asked[next_id] = a;
+          r.add(a);
+          ++next_id;
+        } else if (round < 4000 && op == 2 && !asked.empty() && rng() % 8 == 0) {
+          auto it = std::next(asked.begin(), long(rng() % asked.size()));
+          cancelled.insert(it->first);
+          r.cancel(it->first);
+        } else if (op < 7 && r.can_launch()) {
+          if (auto s = r.next_step()) {
+            // Live sequences never share a block with another step's.
+            for (const PlannedStep& f : flying)
+              for (const auto& x : f.items)
+                for (const auto& y : s->items)
+                  if (x.seq != y.seq) {
+                    for (int b : y.blocks) {
+                      ASSERT_EQ(std::count(x.blocks.begin(), x.blocks.end(), b), 0)
+                          << "block " << b << " of " << x.seq << " given to " << y.seq;
+                    }
+                  }
+            for (const auto& it : s->items) planned_ahead += fed_sampled(it);
+            flying.push_back(std::move(*s));
+          }
+          if (auto e = r.take_ended()) take(*e);
+          for (uint64_t id : r.take_released()) last.erase(id);
+        } else if (!flying.empty()) {
+          answer();
+        }
+        for (auto it = asked.begin(); it != asked.end();) {
+          const uint64_t id = it->first;
+          if (!ended.count(id)) {
+            ++it;
+            continue;
+          }
+          const Expected want = continuation(it->second, o.stop);
+          if (ended[id] == FinishReason::Cancelled) {
+            ASSERT_TRUE(cancelled.count(id));
+            ASSERT_LE(got[id].size(), want.tokens.size());
+            EXPECT_TRUE(std::equal(got[id].begin(), got[id].end(), want.tokens.begin()));
+          } else {
+            EXPECT_EQ(got[id], want.tokens) << "request " << id;
+            EXPECT_EQ(ended[id], want.reason) << "request " << id;
+            dropped += ahead && want.reason == FinishReason::Stop;
+          }
+          it = asked.erase(it);
+        }
+      }
+      while (!flying.empty()) answer();
+      EXPECT_FALSE(r.next_step());
+      EXPECT_EQ(r.blocks_used(), 0);
+      EXPECT_EQ(r.running(), 0);
+      if (ahead) {
+        EXPECT_GT(planned_ahead, 100);
+        EXPECT_GT(dropped, 10);
+      } else {
+        EXPECT_EQ(planned_ahead, 0);
+      }
+    }
+  }
+}
+
 TEST(ReplicaScheduler, BadInputIsRefused) {
   ReplicaScheduler r(options(4));
   r.add(assignment(1, {1}, 4));
@@ -379,6 +695,9 @@ TEST(ReplicaScheduler, BadInputIsRefused) {
   EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
   o = options(4);
   o.groups = 0;
+  EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
+  o = options(4, 2);
+  o.lookahead = true;  // a pipeline's groups overlap already
   EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
 }
 
