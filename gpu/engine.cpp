@@ -67,7 +67,15 @@ std::vector<int> Engine::run(const std::vector<StepItem>& items) {
   const std::vector<StepInput> inputs = step_inputs(items, caches);
   const size_t vocab = size_t(model_->config().vocab_size);
   if (logits_.size() < items.size() * vocab) logits_.resize(items.size() * vocab);
-  model_->forward(inputs, cache_, pool_, ws_, logits_.data());
+  int tokens = 0;
+  for (const auto& it : items) tokens += int(it.tokens.size());
+  const auto way = pool_.size() > 1 ? choice_.choose(tokens) : ThreadChoice::Way::Pool;
+  const auto t0 = std::chrono::steady_clock::now();
+  model_->forward(inputs, cache_, way == ThreadChoice::Way::Pool ? pool_ : serial_, ws_,
+                  logits_.data());
+  pool_.rest();
+  choice_.observe(tokens, way,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::vector<int> out(items.size(), -1);
   last_logits_.clear();
   for (size_t i = 0; i < items.size(); ++i) {

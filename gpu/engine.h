@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cpu/thread_choice.h"
+#include "gpu/cpu/thread_pool.h"
 #include "gpu/model.h"
 #include "gpu/sampler.h"
 #include "service/step_item.h"
@@ -112,7 +114,9 @@ struct EngineOptions {
 };
 
 // One device holding the whole model. Steps run synchronously inside
-// launch(), on the caller's thread and the engine's thread pool.
+// launch(), on the caller's thread and the engine's thread pool, or on the
+// caller's thread alone where that measures faster (gpu/cpu/thread_choice.h:
+// `threads` is the most a step uses).
 class Engine : public StepEngine {
  public:
   Engine(std::shared_ptr<const Model> model, EngineOptions options);
@@ -135,6 +139,8 @@ class Engine : public StepEngine {
   EngineOptions options_;
   KvCache cache_;
   ThreadPool pool_;
+  ThreadPool serial_{1};
+  ThreadChoice choice_;
   Workspace ws_;
   SequenceSamplers samplers_;
   std::vector<float> logits_;

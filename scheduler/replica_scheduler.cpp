@@ -15,10 +15,15 @@ ReplicaScheduler::ReplicaScheduler(ReplicaSchedulerOptions o)
       policy_(options_.limits, options_.block_tokens),
       blocks_(options_.kv_blocks) {
   if (options_.groups < 1) throw std::invalid_argument("a replica needs at least one step group");
-  if (options_.lookahead && options_.groups != 1)
+  set_lookahead(options_.lookahead);
+}
+
+void ReplicaScheduler::set_lookahead(bool on) {
+  if (on && options_.groups != 1)
     throw std::invalid_argument(
         "scheduling ahead needs one step group (a pipeline's groups already overlap), got " +
         std::to_string(options_.groups));
+  lookahead_ = on;
 }
 
 void ReplicaScheduler::add(Assignment a) {
@@ -61,7 +66,7 @@ void ReplicaScheduler::cancel(uint64_t id) {
 }
 
 bool ReplicaScheduler::can_launch() const {
-  return int(in_flight_.size()) < (options_.lookahead ? 2 : options_.groups);
+  return int(in_flight_.size()) < (lookahead_ ? 2 : options_.groups);
 }
 
 void ReplicaScheduler::end(StepEvents& ev, Slot slot, FinishReason reason) {
@@ -94,7 +99,7 @@ void ReplicaScheduler::free_slot(Slot slot) {
 }
 
 bool ReplicaScheduler::plannable_ahead(const Sequence& q) const {
-  if (!options_.lookahead || q.step == 0 || q.ahead != 0 || q.cancelled) return false;
+  if (!lookahead_ || q.step == 0 || q.ahead != 0 || q.cancelled) return false;
   const int fed = q.cached + q.in_flight;
   const int known = int(q.tokens.size());
   if (fed < known) return true;  // a prompt chunk follows the one in flight
@@ -192,7 +197,7 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   const std::vector<SeqView>& running = running_view_;
   std::vector<SeqView>& waiting = waiting_view_;
   waiting.clear();
-  const bool ahead = options_.lookahead && !in_flight_.empty();
+  const bool ahead = lookahead_ && !in_flight_.empty();
   int busy = view_running(ahead);
   for (Slot slot : waiting_) {
     const Sequence& q = slots_[slot];

@@ -66,6 +66,11 @@ class ReplicaScheduler {
 
   // True when fewer steps than groups are in flight (two with lookahead).
   bool can_launch() const;
+  // Turns lookahead on or off from the next step planned (steps already
+  // planned ahead finish as planned). Throws std::invalid_argument for on
+  // with more than one group.
+  void set_lookahead(bool on);
+  bool lookahead() const { return lookahead_; }
   // Ends cancelled sequences that no step holds (see take_ended), then plans
   // the next step over the sequences not in a step in flight: allocates the
   // blocks it needs, preempting the newest sequences if nothing fits.
@@ -180,6 +185,7 @@ class ReplicaScheduler {
   std::vector<int> probe_blocks_;
   bool refusing_ = false;
   uint64_t refusals_ = 0;
+  bool lookahead_ = false;
 };
 
 }  // namespace troupe

@@ -46,6 +46,7 @@ void ThreadPool::run_batch(int n_tasks, const std::function<void(int, int)>& fn,
   job_ = &fn;
   offset_ = offset;
   done_.store(0, std::memory_order_relaxed);
+  resting_.store(false, std::memory_order_relaxed);
   ++loops_;
   const uint64_t word = (loops_ << (2 * kTaskBits)) | (uint64_t(n_tasks) << kTaskBits);
   work_.store(word, std::memory_order_release);
@@ -78,6 +79,7 @@ void ThreadPool::worker_loop(int thread) {
   for (;;) {
     int gen = generation_.load(std::memory_order_acquire);
     for (int i = 0; gen == seen && i < kSpinIterations; ++i) {
+      if (resting_.load(std::memory_order_relaxed)) break;
       _mm_pause();
       gen = generation_.load(std::memory_order_acquire);
     }

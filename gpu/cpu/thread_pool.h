@@ -28,6 +28,11 @@ class ThreadPool {
   // Not reentrant: call from one thread at a time.
   void parallel_for(int n_tasks, const std::function<void(int, int)>& fn);
 
+  // No loop follows soon (a step is over): the workers sleep now instead of
+  // spinning, so that they leave the cores to other threads until the next
+  // loop wakes them.
+  void rest() { resting_.store(true, std::memory_order_relaxed); }
+
  private:
   // The current loop in one word, so that a claim is one compare-and-swap
   // that fails if the loop it was meant for has ended:
@@ -49,6 +54,7 @@ class ThreadPool {
   std::atomic<int> generation_{0};  // int: waits on it are plain futex waits
   uint64_t loops_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> resting_{false};
 };
 
 }  // namespace troupe

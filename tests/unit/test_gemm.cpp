@@ -4,9 +4,11 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "gpu/cpu/gemm.h"
 
@@ -313,8 +315,22 @@ TEST(ThreadPoolTest, RunsEveryTaskOnce) {
       });
       ASSERT_EQ(bad_thread.load(), 0);
       for (auto& h : hits) ASSERT_EQ(h.load(), 1) << n << " tasks";
+      // Rested workers (a step over) are woken by the next loop.
+      if (round % 3 == 0) pool.rest();
     }
   }
+  // A rested pool's workers do come back: some task runs off the caller's
+  // thread when the caller waits for them.
+  std::atomic<int> others{0};
+  for (int round = 0; round < 200 && others.load() == 0; ++round) {
+    pool.rest();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    pool.parallel_for(64, [&](int, int thread) {
+      if (thread != 0) others.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    });
+  }
+  EXPECT_GT(others.load(), 0);
 }
 
 }  // namespace

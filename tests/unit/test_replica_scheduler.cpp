@@ -633,6 +633,8 @@ TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
           auto it = std::next(asked.begin(), long(rng() % asked.size()));
           cancelled.insert(it->first);
           r.cancel(it->first);
+        } else if (ahead && op == 9 && rng() % 16 == 0) {
+          r.set_lookahead(!r.lookahead());  // the batcher's turns, mid-flight
         } else if (op < 7 && r.can_launch()) {
           if (auto s = r.next_step()) {
             // Live sequences never share a block with another step's.
@@ -699,6 +701,8 @@ TEST(ReplicaScheduler, BadInputIsRefused) {
   o = options(4, 2);
   o.lookahead = true;  // a pipeline's groups overlap already
   EXPECT_THROW(ReplicaScheduler bad(o), std::invalid_argument);
+  ReplicaScheduler groups(options(4, 2));
+  EXPECT_THROW(groups.set_lookahead(true), std::invalid_argument);
 }
 
 }  // namespace
