@@ -6,8 +6,8 @@
 // task a worker has claimed when that worker's core was taken by another
 // thread. A large model's loops earn that back many times (a 110M model
 // decodes 2x faster on two threads), a small model's do not: inside a
-// server, whose HTTP, actor and client threads share the cores, a 15M
-// model's decode steps ran 1.3-2x faster on one thread than on two. Where
+// server, whose HTTP, actor and client threads share the cores, models of
+// 2.4M and 260K parameters served 1.3-2x more tokens on one thread. Where
 // the line falls depends on the model, the machine and the load, so it is
 // not guessed: for each step size (tokens, in powers of two) the choice
 // keeps each way's recent times per token (a median of the last few), tries
