@@ -348,7 +348,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         b.scheduler.limits = {plan.max_batch_sequences, plan.max_batch_tokens,
                               plan.prefill_chunk_tokens};
         b.scheduler.groups = engine.spec.pipeline;  // one step in flight per stage
-        b.scheduler.lookahead = plan.async_scheduling && engine.spec.pipeline == 1;
+        b.scheduler.lookahead = plan.schedules_ahead();
         b.scheduler.stop = s.opts.stop;
         b.scheduler.bos = s.opts.bos;
         b.engine = std::move(engine.factory);

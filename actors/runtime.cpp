@@ -82,7 +82,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
        plan.block_tokens,
        {plan.max_batch_sequences, plan.max_batch_tokens, plan.prefill_chunk_tokens},
        plan.pipeline,
-       plan.async_scheduling && plan.pipeline == 1,
+       plan.schedules_ahead(),
        StopRule{model.eos_ids, model.max_seq_len},
        model.bos_id});
 

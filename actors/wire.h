@@ -161,6 +161,9 @@ struct ReplicaPlan {
   std::vector<std::string> part_names;
   int part = 0;
   int devices() const { return pipeline * tensor; }
+  // A pipeline's groups already overlap steps: only a replica without one
+  // schedules ahead.
+  bool schedules_ahead() const { return async_scheduling && pipeline == 1; }
   // Devices of part `p` (all of them for a replica on one node).
   int devices_of(int p) const;
   // The part that samples: it hosts device (P-1, 0), and runs the replica's

@@ -181,7 +181,7 @@ void launch_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& 
   for (size_t i = 0; i < items.size(); ++i) {
     StepItem& it = items[i];
     seqs[i] = it.seq;
-    if (it.tokens.size() != 1 || it.tokens[0] != kSampledToken) continue;
+    if (!it.feeds_sampled_token()) continue;
     auto last = st->last_sampled.find(it.seq);
     if (last == st->last_sampled.end())
       throw std::logic_error("replica " + std::to_string(replica) + ": a step feeds sequence " +
@@ -299,9 +299,8 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
         if (st->throw_next_step != 0)
           throw std::runtime_error("injected fault: replica " + std::to_string(replica) +
                                    "'s step failed on its device");
-        const bool ahead = std::any_of(items.begin(), items.end(), [](const StepItem& it) {
-          return it.tokens.size() == 1 && it.tokens[0] == kSampledToken;
-        });
+        const bool ahead = std::any_of(items.begin(), items.end(),
+                                       [](const StepItem& it) { return it.feeds_sampled_token(); });
         if (!st->held.empty() || (ahead && !st->pending.empty())) {
           st->held.push_back({std::move(items), rp});
           return rp;

@@ -62,13 +62,11 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
       cache_(model_->make_cache(o.block_tokens, o.blocks)),
       pool_(o.threads) {}
 
-std::vector<int> Engine::run(const std::vector<StepItem>& items) {
+std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens) {
   std::vector<SequenceCache> caches;
   const std::vector<StepInput> inputs = step_inputs(items, caches);
   const size_t vocab = size_t(model_->config().vocab_size);
   if (logits_.size() < items.size() * vocab) logits_.resize(items.size() * vocab);
-  int tokens = 0;
-  for (const auto& it : items) tokens += int(it.tokens.size());
   const auto way = pool_.size() > 1 ? choice_.choose(tokens) : ThreadChoice::Way::Pool;
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(inputs, cache_, way == ThreadChoice::Way::Pool ? pool_ : serial_, ws_,
@@ -91,17 +89,17 @@ uint64_t Engine::launch(std::vector<StepItem> items, std::function<void()> on_do
   if (items.empty()) throw std::invalid_argument("launch: a step needs at least one item");
   const uint64_t ticket = next_ticket_++;
   Result& r = results_[ticket];
+  size_t tokens = 0;
+  for (const auto& it : items) tokens += it.tokens.size();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    r.ids = run(items);
+    r.ids = run(items, int(tokens));
   } catch (...) {
     r.error = std::current_exception();
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   busy_s_ += took;
   ++steps_;
-  size_t tokens = 0;
-  for (const auto& it : items) tokens += it.tokens.size();
   last_samples_ = {StageSample{0, tokens, took}};
   if (on_done) on_done();
   return ticket;

@@ -133,7 +133,7 @@ class Engine : public StepEngine {
   const Model& model() const { return *model_; }
 
  private:
-  std::vector<int> run(const std::vector<StepItem>& items);
+  std::vector<int> run(const std::vector<StepItem>& items, int tokens);
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;

@@ -25,6 +25,9 @@ struct StepItem {
   bool sample = false;      // sample a token from the last one's logits
   SamplingParams sampling;  // used when the sequence's sampler is created
   int generated = 0;        // tokens already generated: a new sampler skips that many draws
+
+  // Its token is the one its sequence's previous step samples.
+  bool feeds_sampled_token() const { return tokens.size() == 1 && tokens[0] == kSampledToken; }
 };
 
 }  // namespace troupe

@@ -377,10 +377,6 @@ ReplicaSchedulerOptions ahead_options(int blocks) {
   return o;
 }
 
-bool fed_sampled(const StepItem& it) {
-  return it.tokens == std::vector<int>{kSampledToken};
-}
-
 TEST(ReplicaScheduler, LookaheadPlansTheNextTokenWhileTheStepBeforeItRuns) {
   ReplicaScheduler r(ahead_options(16));
   r.add(assignment(1, {1, 5, 6}, 4));
@@ -390,7 +386,7 @@ TEST(ReplicaScheduler, LookaheadPlansTheNextTokenWhileTheStepBeforeItRuns) {
   auto s2 = r.next_step();  // while s1 runs
   ASSERT_TRUE(s2);
   ASSERT_EQ(s2->items.size(), 1u);
-  EXPECT_TRUE(fed_sampled(s2->items[0]));
+  EXPECT_TRUE(s2->items[0].feeds_sampled_token());
   EXPECT_EQ(s2->items[0].position, 3);
   EXPECT_TRUE(s2->items[0].sample);
   EXPECT_EQ(s2->items[0].generated, 1);
@@ -403,7 +399,7 @@ TEST(ReplicaScheduler, LookaheadPlansTheNextTokenWhileTheStepBeforeItRuns) {
   EXPECT_EQ(ev.tokens[0].index, 0);
   auto s3 = r.next_step();  // ahead of s2
   ASSERT_TRUE(s3);
-  EXPECT_TRUE(fed_sampled(s3->items[0]));
+  EXPECT_TRUE(s3->items[0].feeds_sampled_token());
   EXPECT_EQ(s3->items[0].position, 4);
   EXPECT_EQ(s3->items[0].blocks.size(), 2u);
   EXPECT_EQ(s3->items[0].generated, 2);
@@ -603,7 +599,7 @@ TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
         flying.pop_front();
         std::vector<int> ids;
         for (auto& it : s.items) {
-          if (fed_sampled(it)) {
+          if (it.feeds_sampled_token()) {
             ASSERT_TRUE(last.count(it.seq));
             it.tokens[0] = last[it.seq];
           }
@@ -647,7 +643,7 @@ TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
                           << "block " << b << " of " << x.seq << " given to " << y.seq;
                     }
                   }
-            for (const auto& it : s->items) planned_ahead += fed_sampled(it);
+            for (const auto& it : s->items) planned_ahead += it.feeds_sampled_token();
             flying.push_back(std::move(*s));
           }
           if (auto e = r.take_ended()) take(*e);
