@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gpu/cpu/gemm.h"
+#include "gpu/cpu/kernels.h"
 
 namespace {
 
@@ -36,10 +37,10 @@ void set_counters(benchmark::State& state, int M, int N, int K) {
                          benchmark::Counter::kIs1000);
 }
 
-void BM_PackedGemm(benchmark::State& state, DType dtype) {
+void BM_PackedGemm(benchmark::State& state, DType dtype, int threads = 1) {
   const int M = int(state.range(0)), N = int(state.range(1)), K = int(state.range(2));
   auto o = make(M, N, K, dtype);
-  ThreadPool pool(1);
+  ThreadPool pool(threads);
   for (auto _ : state) {
     matmul(pool, o.x.data(), M, K, o.packed, o.y.data(), N);
     benchmark::DoNotOptimize(o.y.data());
@@ -88,6 +89,49 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
   set_counters(state, M, N, K);
 }
 
+// Prefill attention of one kv head over a paged cache as the model tiles it:
+// every position of a range(0)-token prompt attends to those before it,
+// range(1) consecutive tokens a tile (1: as decode attends). head_dim 64,
+// blocks of 16 tokens.
+void BM_AttentionPrefill(benchmark::State& state) {
+  const int n = int(state.range(0)), per_tile = int(state.range(1)), hd = 64, bt = 16;
+  const int blocks = (n + bt - 1) / bt;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> keys(size_t(blocks) * bt * hd), values(keys.size()), q(size_t(n) * hd);
+  for (auto* v : {&keys, &values, &q})
+    for (auto& e : *v) e = d(rng);
+  std::vector<int> table(static_cast<size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) table[size_t(b)] = blocks - 1 - b;  // not in order
+  const kernels::PagedKv kv{keys.data(), values.data(),   table.data(),
+                            bt,          size_t(bt) * hd, size_t(hd)};
+  std::vector<float> scores(size_t(kernels::kTileQueries) * size_t(n)),
+      scratch(kernels::tile_scratch_floats(hd)), out(size_t(n) * hd);
+  double pairs = 0;
+  for (auto _ : state) {
+    pairs = 0;
+    for (int t1 = n; t1 > 0; t1 -= per_tile) {
+      kernels::HeadTile tile;
+      tile.count = std::min(per_tile, t1);
+      for (int i = 0; i < tile.count; ++i) {
+        const int t = t1 - 1 - i;
+        tile.q[i] = q.data() + size_t(t) * hd;
+        tile.n[i] = t + 1;
+        tile.scores[i] = scores.data() + size_t(i) * size_t(n);
+        tile.out[i] = out.data() + size_t(t) * hd;
+        pairs += t + 1;
+      }
+      kernels::attend_tile(tile, hd, 1.0f / 8, kv, 0, scratch.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  // Two FMAs a pair and element: q . k and the weighted sum of v.
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * hd * pairs * double(state.iterations()), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionPrefill)->Args({512, 8})->Args({2048, 8})->Args({512, 1});
+
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 8, 12, 18, 24, 32, 256}) {
     b->Args({M, 2304, 768});  // fused q/k/v
@@ -99,6 +143,9 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_PackedGemm, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemm, bf16, DType::BF16)->Apply(shapes);
 BENCHMARK(BM_PackedGemmBf16Emulated)->Apply(shapes);
+// Two threads on one product: how far the split across a pool scales.
+BENCHMARK_CAPTURE(BM_PackedGemm, f32_2threads, DType::F32, 2)->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_PackedGemm, bf16_2threads, DType::BF16, 2)->Apply(shapes)->UseRealTime();
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, bf16, DType::BF16)->Apply(shapes);
 BENCHMARK(BM_OpenBlasSgemm)->Apply(shapes);

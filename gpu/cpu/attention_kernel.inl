@@ -17,17 +17,23 @@
 //
 // V provides: vec, kQueries, kLanes (= 8 * kQueries), zero(), load(const
 // float*), bcast8(const float*) (8 floats into every group), set1(float),
-// fma(a, b, c), store(float*, vec), groups(vec, __m256* out).
+// fma(a, b, c), store(float*, vec), reduce_keys4(const vec acc[4], float*
+// out): query p's accumulators against keys u = 0..3 reduced in reduce4's
+// order, into out[4p + u]; store_keys4(acc, scale, float* const* dst): the
+// same sums times scale, query p's four at dst[p].
 
 inline int min_int(int a, int b) {
   return a < b ? a : b;
 }
 
 // The reduction of four 8-lane accumulators, lane u of the result from a_u.
-inline void reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
   const __m256 s = _mm256_hadd_ps(s01, s23);
-  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+inline void reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+  _mm_storeu_ps(out, reduce4(a0, a1, a2, a3));
 }
 
 // One query against keys k0..k3.
@@ -112,15 +118,19 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
         }
       }
       for (int g = 0; g < G; ++g) {
-        __m256 part[4][P];
-        for (int u = 0; u < 4; ++u) V::groups(acc[g][u], part[u]);
+        float* dst[P];
+        for (int p = 0; p < P; ++p) dst[p] = scores[g * P + p] + j0 + o;
+        if (chunks * 8 == hd) {
+          V::store_keys4(acc[g], scale, dst);
+          continue;
+        }
+        float d[P][4];
+        V::reduce_keys4(acc[g], d[0]);
         for (int p = 0; p < P; ++p) {
-          const int i = g * P + p;
-          float d[4];
-          reduce4(part[0][p], part[1][p], part[2][p], part[3][p], d);
           for (int e = chunks * 8; e < hd; ++e)
-            for (int u = 0; u < 4; ++u) d[u] = __builtin_fmaf(q[i][e], k[u][e], d[u]);
-          for (int u = 0; u < 4; ++u) scores[i][j0 + o + u] = d[u] * scale;
+            for (int u = 0; u < 4; ++u)
+              d[p][u] = __builtin_fmaf(q[g * P + p][e], k[u][e], d[p][u]);
+          for (int u = 0; u < 4; ++u) dst[p][u] = d[p][u] * scale;
         }
       }
     }
@@ -223,7 +233,10 @@ struct Ymm {
   static vec set1(float v) { return _mm256_set1_ps(v); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  static void groups(vec v, __m256* out) { out[0] = v; }
+  static void reduce_keys4(const vec* a, float* out) { reduce4(a[0], a[1], a[2], a[3], out); }
+  static void store_keys4(const vec* a, float scale, float* const* dst) {
+    _mm_storeu_ps(dst[0], _mm_mul_ps(reduce4(a[0], a[1], a[2], a[3]), _mm_set1_ps(scale)));
+  }
 };
 
 // B queries' outputs [d0, d0 + W::kLanes * C) and so on down: passes of C

@@ -6,47 +6,24 @@
 #include <cmath>
 
 #include "gpu/cpu/gemm.h"
+#include "gpu/cpu/vec_math_types.h"
 
 namespace troupe::kernels {
 
 namespace {
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-// exp on 8 lanes (Cephes' expf polynomial, ~1 ulp); inputs are clamped to
-// [-87.3, 88.7], so tiny results flush to about 1e-38 instead of 0.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
-inline float exp1(float x) {
-  alignas(32) float v[8];
-  _mm256_store_ps(v, exp8(_mm256_set1_ps(x)));
-  return v[0];
+#include "gpu/cpu/vec_math.inl"
+
+// The row kernels for the active ISA: the same values on every one.
+detail::RowFns row_fns() {
+  if (active_isa() >= Isa::Avx512) return detail::row_fns_avx512();
+  return {&softmax_lanes<Lanes8>, &silu_mul_lanes<Lanes8>};
 }
 
 }  // namespace
 
 float exp_approx(float x) {
-  return exp1(x);
+  return exp_one(x);
 }
 
 float dot(const float* a, const float* b, int n) {
@@ -58,7 +35,7 @@ float dot(const float* a, const float* b, int n) {
   }
   for (; i + 8 <= n; i += 8)
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = hsum(_mm256_add_ps(acc0, acc1));
+  float s = hsum8(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) s = std::fma(a[i], b[i], s);
   return s;
 }
@@ -78,48 +55,11 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
 }
 
 void softmax(float* x, int n) {
-  // The maximum is the same in any order (a -0/+0 tie changes no x - max).
-  __m256 vmax = _mm256_set1_ps(x[0]);
-  int k = 0;
-  for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + k));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float mx = lanes[0];
-  for (int l = 1; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
-  for (; k < n; ++k) mx = x[k] > mx ? x[k] : mx;
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 acc = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
-    _mm256_storeu_ps(x + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  float sum = hsum(acc);
-  for (; i < n; ++i) {
-    x[i] = exp1(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  const __m256 vinv = _mm256_set1_ps(inv);
-  int j = 0;
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), vinv));
-  for (; j < n; ++j) x[j] *= inv;
+  row_fns().softmax(x, n);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int n) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-    _mm256_storeu_ps(
-        out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
-  }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + exp1(-g)) * up[i];
-  }
+  row_fns().silu_mul(gate, up, out, n);
 }
 
 namespace {

@@ -11,24 +11,17 @@
 
 #include "gpu/cpu/gemm.h"
 #include "gpu/cpu/kernels.h"
+#include "tests/support/isa_support.h"
 
 namespace troupe {
 namespace {
 
+using test::IsaGuard;
+using test::vector_isas;
+
 using kernels::HeadTile;
 using kernels::kTileQueries;
 using kernels::PagedKv;
-
-struct IsaGuard {
-  ~IsaGuard() { force_isa(best_isa()); }
-};
-
-std::vector<Isa> vector_isas() {
-  // The attention kernels have no scalar build: Scalar runs the AVX2 ones.
-  std::vector<Isa> out{Isa::Avx2};
-  if (best_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
-  return out;
-}
 
 // A cache of `positions` rows of `kv_heads` heads, in blocks that are not in
 // order (block b of the sequence is storage block blocks[b]).

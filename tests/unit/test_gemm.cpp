@@ -11,9 +11,13 @@
 #include <thread>
 
 #include "gpu/cpu/gemm.h"
+#include "tests/support/isa_support.h"
 
 namespace troupe {
 namespace {
+
+using test::IsaGuard;
+using test::supported_isas;
 
 std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -22,18 +26,6 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
   for (auto& x : v) x = d(rng);
   return v;
 }
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> out{Isa::Scalar};
-  if (int(best_isa()) >= int(Isa::Avx2)) out.push_back(Isa::Avx2);
-  if (best_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
-  if (best_isa() >= Isa::Avx512Bf16) out.push_back(Isa::Avx512Bf16);
-  return out;
-}
-
-struct IsaGuard {
-  ~IsaGuard() { force_isa(best_isa()); }
-};
 
 struct Shape {
   int M, N, K;
