@@ -42,8 +42,10 @@ bool bf16_instruction_matches_emulation() {
 
 Isa detect_isa() {
   __builtin_cpu_init();
+  // The AVX-512 files are compiled with F, BW, VL and DQ (every AVX-512 CPU
+  // but the Xeon Phi has all four).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl")) {
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     if (!__builtin_cpu_supports("avx512bf16")) return Isa::Avx512;
     if (bf16_instruction_matches_emulation()) return Isa::Avx512Bf16;
     spdlog::warn(
