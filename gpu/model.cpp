@@ -458,11 +458,16 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
   // next stage gets every row, the classifier reads only a sequence's last.
   const bool pending = d.layers() > 0;
   if (!d.last) {
-    if (pending)
-      for_each_token(pool, T, [&](int t) {
-        add_row(x + size_t(t) * size_t(dim), tmp + size_t(t) * size_t(dim));
-      });
-    std::copy(x, x + size_t(T) * size_t(dim), io.x_out);
+    // x + tmp written straight to the output, one pass instead of an add and
+    // a copy.
+    for_each_token(pool, T, [&](int t) {
+      const size_t r = size_t(t) * size_t(dim);
+      if (!pending) {
+        std::copy(x + r, x + r + size_t(dim), io.x_out + r);
+        return;
+      }
+      for (int i = 0; i < dim; ++i) io.x_out[r + size_t(i)] = x[r + size_t(i)] + tmp[r + size_t(i)];
+    });
     return;
   }
 
