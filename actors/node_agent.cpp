@@ -88,6 +88,8 @@ ReplicaEngineSource engines_from(std::shared_ptr<EngineBuilder> engines, CudaSec
     spec.max_batch_sequences = plan.max_batch_sequences;
     spec.block_tokens = plan.block_tokens;
     spec.blocks = plan.blocks;
+    // Checked when the plan arrived (actors/wire_checks.cpp).
+    spec.kv_dtype = parse_dtype(plan.kv_dtype).value_or(DType::F32);
     for (size_t s = 0; s + 1 < plan.stage_bounds.size(); ++s)
       spec.stage_layers.emplace_back(plan.stage_bounds[s], plan.stage_bounds[s + 1]);
     if (plan.spans()) {

@@ -57,6 +57,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   const EngineSpec first = engine_spec(config, model, 0);
   plan.block_tokens = first.block_tokens;
   plan.blocks = first.blocks;
+  plan.kv_dtype = dtype_name(first.kv_dtype);
   plan.max_batch_sequences = config.batching.max_batch_sequences;
   plan.max_batch_tokens = config.batching.max_batch_tokens;
   plan.prefill_chunk_tokens = config.batching.prefill_chunk_tokens;

@@ -29,7 +29,7 @@ namespace troupe {
 // arm it), FaultOutcome::Withdrawn, and a node answers (alive). 6: a join's
 // answer carries the coordinator's heartbeat timeout, which sets the pace
 // of the node's beats, and a beat is answered.
-inline constexpr uint32_t kWireProtocol = 7;
+inline constexpr uint32_t kWireProtocol = 8;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -150,6 +150,7 @@ struct ReplicaPlan {
       stage_bounds;  // stage s has layers [bounds[s], bounds[s+1]); empty: balanced there
   int block_tokens = 16;
   int blocks = 4096;
+  std::string kv_dtype = "f32";  // kv_cache.dtype, as dtype_name writes it
   int max_batch_sequences = 32;
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
@@ -183,7 +184,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
   return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
            x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
-           x.prefill_chunk_tokens, x.async_scheduling, x.hosts, x.part_names, x.part);
+           x.prefill_chunk_tokens, x.async_scheduling, x.hosts, x.part_names, x.part, x.kv_dtype);
 }
 
 // Registers every type above, and the actor handles messages carry, on a

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <unordered_set>
 
+#include "gpu/dtype.h"
 #include "util/utf8.h"
 
 namespace troupe {
@@ -49,6 +50,7 @@ std::string replica_plan_problem(const ReplicaPlan& p) {
   }
   if (p.block_tokens < 1) return "block_tokens " + str(int64_t(p.block_tokens)) + " is below 1";
   if (p.blocks < 1) return "blocks " + str(int64_t(p.blocks)) + " is below 1";
+  if (!parse_dtype(p.kv_dtype)) return "kv_dtype '" + p.kv_dtype + "' is not f32, f16 or bf16";
   if (p.max_batch_sequences < 1 || p.max_batch_tokens < 1 || p.prefill_chunk_tokens < 1)
     return "batch limits must be >= 1 (max_batch_sequences " + str(int64_t(p.max_batch_sequences)) +
            ", max_batch_tokens " + str(int64_t(p.max_batch_tokens)) + ", prefill_chunk_tokens " +

@@ -166,7 +166,10 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
   // The host's bandwidth bounds CPU devices only (bench_cuda has the GPU's).
   if (r.bandwidth_gbs > 0)
     r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
-  r.kv_bytes_per_token = c.kv_bytes_per_token();
+  // A CUDA engine keeps its cache in the weights' type.
+  const DType kv = spec.kind == DeviceKind::Cuda ? dtype : spec.kv_dtype;
+  r.kv_dtype = dtype_name(kv);
+  r.kv_bytes_per_token = c.kv_bytes_per_token(kv);
   const bool layout = spec.devices() > 1;
   uint64_t next_seq = 1;
   auto item = [&](uint64_t seq, int slot, std::vector<int> tokens) {
@@ -245,6 +248,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["mode"] = "engine";
   j["model"] = model;
   j["dtype"] = dtype;
+  j["kv_dtype"] = kv_dtype;
   j["device"] = device;
   j["isa"] = isa;
   j["threads"] = threads;
@@ -285,15 +289,16 @@ std::string EngineBenchResult::table() const {
   char line[256];
   const bool bounded = bound_steps_per_s > 0;
   if (bounded) {
-    s << "model " << model << ", " << dtype << " weights, " << threads << " threads, " << isa
-      << " kernels\n";
+    s << "model " << model << ", " << dtype << " weights, " << kv_dtype << " KV cache, " << threads
+      << " threads, " << isa << " kernels\n";
     std::snprintf(line, sizeof line,
                   "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> "
                   "bound %.1f steps/s\n",
                   bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6,
                   bound_steps_per_s);
   } else {
-    s << "model " << model << ", " << dtype << " weights, on " << device << "\n";
+    s << "model " << model << ", " << dtype << " weights, " << kv_dtype << " KV cache, on "
+      << device << "\n";
     std::snprintf(line, sizeof line,
                   "weights per step %.1f MB (no host bandwidth bound: bench_cuda has the GPU's)\n",
                   double(weight_bytes_per_step) / 1e6);
@@ -366,8 +371,8 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name) {
-  return {name,     c.max_seq_len, c.vocab_size, (long long)c.kv_bytes_per_token(),
+sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name, DType kv_dtype) {
+  return {name,     c.max_seq_len, c.vocab_size, (long long)c.kv_bytes_per_token(kv_dtype),
           c.bos_id, c.eos_ids};
 }
 

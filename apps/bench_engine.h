@@ -37,6 +37,7 @@ struct DecodePoint {
 struct EngineBenchResult {
   std::string model;
   std::string dtype;
+  std::string kv_dtype = "f32";  // the KV cache's elements
   std::string isa;
   std::string device = "cpu";  // the devices' kind
   int threads = 0;             // per device
@@ -85,7 +86,9 @@ sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DT
                                       const StepProfileOptions& opts);
 
 // The model's part of a profile file.
-sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name);
+// The model as a step profile records it, its KV bytes per token those of a
+// cache of `kv_dtype` elements.
+sim::ProfileModel profile_model(const ModelConfig& c, const std::string& name, DType kv_dtype);
 
 // /proc/cpuinfo's model name ("" when unknown).
 std::string cpu_model_name();

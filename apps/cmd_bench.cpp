@@ -89,9 +89,13 @@ void write_profile(const BenchOptions& o, std::shared_ptr<const Checkpoint> ckpt
     if (profile.model.name != name)
       throw UsageError(o.profile + " profiles " + profile.model.name + ", not " + name +
                        "; give another file");
+    if (profile.kv_dtype != dtype_name(engine.kv_dtype))
+      throw UsageError(o.profile + " was measured with a " + profile.kv_dtype + " KV cache, not " +
+                       dtype_name(engine.kv_dtype) + "; give another file");
   } else {
-    profile.model = profile_model(ckpt->config, name);
+    profile.model = profile_model(ckpt->config, name, engine.kv_dtype);
     profile.dtype = dtype_name(dtype);
+    profile.kv_dtype = dtype_name(engine.kv_dtype);
     profile.isa = isa_name(active_isa());
     profile.cpu = cpu_model_name();
   }
@@ -179,6 +183,9 @@ void register_bench(CLI::App& app) {
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
   e.push_back(cmd->add_option("--dtype", o->engine.dtype,
                               "Weights in memory: f32 | f16 | bf16 (default: the config's)"));
+  e.push_back(cmd->add_option("--kv-dtype", o->engine.kv_dtype,
+                              "KV cache elements: f32 | f16 | bf16 (default: the config's "
+                              "kv_cache.dtype)"));
   e.push_back(cmd->add_option("--threads", o->engine.threads,
                               "CPU threads per device (default: the config's devices[].threads)"));
   e.push_back(cmd->add_option("--pipeline", o->engine.pipeline,

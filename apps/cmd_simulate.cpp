@@ -176,6 +176,21 @@ void check_flags(const SimulateOptions& o) {
   for (const std::string& spec : o.fails) usage(sim::parse_failure, spec);
 }
 
+// The config's KV bytes per token: the profile's, for the config's cache
+// elements (the step times stay those measured with the profile's).
+long long config_kv_bytes_per_token(const StepProfile& profile, const Config& cfg) {
+  const auto measured = parse_dtype(profile.kv_dtype);
+  if (!measured)
+    throw UsageError("the step profile's kv_dtype '" + profile.kv_dtype +
+                     "' is not f32, f16 or bf16");
+  if (*measured != cfg.kv_cache.dtype)
+    std::cerr << "troupe simulate: the profile's steps were measured with a " << profile.kv_dtype
+              << " KV cache; the config's is " << dtype_name(cfg.kv_cache.dtype)
+              << " (its capacity is sized for it, its step times are the profile's)\n";
+  return profile.model.kv_bytes_per_token / (long long)dtype_size(*measured) *
+         (long long)dtype_size(cfg.kv_cache.dtype);
+}
+
 // The same objects the runtime builds from the same config (actors/runtime.cpp).
 sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
                             const SimulateOptions& o) {
@@ -188,10 +203,10 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
   s.policy = cfg.routing.policy;
   s.policy_seed = cfg.routing.seed;
   s.scheduler.block_tokens = cfg.kv_cache.block_tokens;
-  s.scheduler.kv_blocks =
-      cfg.kv_cache.bytes > 0
-          ? int(cfg.kv_cache.bytes / (profile.model.kv_bytes_per_token * cfg.kv_cache.block_tokens))
-          : int(cfg.kv_cache.blocks);
+  s.scheduler.kv_blocks = cfg.kv_cache.bytes > 0
+                              ? int(cfg.kv_cache.bytes / (config_kv_bytes_per_token(profile, cfg) *
+                                                          cfg.kv_cache.block_tokens))
+                              : int(cfg.kv_cache.blocks);
   s.scheduler.limits = {cfg.batching.max_batch_sequences, cfg.batching.max_batch_tokens,
                         cfg.batching.prefill_chunk_tokens};
   s.scheduler.stop = StopRule{profile.model.eos, profile.model.max_seq_len};

@@ -58,11 +58,12 @@ struct ConfigFlags {
 void add_config_flags(CLI::App* cmd, ConfigFlags& flags);
 
 // The engine flags generate and bench share, as config overrides: --model,
-// --dtype, --pipeline and --tensor (empty or 0: the config's). Throws
+// --dtype, --kv-dtype, --pipeline and --tensor (empty or 0: the config's). Throws
 // UsageError naming the flag for a bad value.
 struct EngineFlags {
   std::string model;
   std::string dtype;
+  std::string kv_dtype;
   int threads = 0;
   int pipeline = 0;
   int tensor = 0;

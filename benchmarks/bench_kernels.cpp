@@ -8,6 +8,7 @@
 
 #include "gpu/cpu/gemm.h"
 #include "gpu/cpu/kernels.h"
+#include "gpu/dtype.h"
 
 namespace {
 
@@ -89,22 +90,43 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
   set_counters(state, M, N, K);
 }
 
+// Keys and values of `rows` positions of `width` elements, random, stored as
+// `dtype` (the bytes a KvCache of that type holds).
+struct KvRows {
+  std::vector<char> keys, values;
+  KvRows(size_t rows, int width, DType dtype, std::mt19937& rng) {
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> f(rows * size_t(width));
+    for (auto* bytes : {&keys, &values}) {
+      for (auto& e : f) e = d(rng);
+      bytes->resize(f.size() * dtype_size(dtype));
+      convert_from_f32(f.data(), dtype, bytes->data(), f.size());
+    }
+  }
+};
+
+kernels::KvType kv_type(DType d) {
+  return d == DType::F16    ? kernels::KvType::F16
+         : d == DType::BF16 ? kernels::KvType::BF16
+                            : kernels::KvType::F32;
+}
+
 // Prefill attention of one kv head over a paged cache as the model tiles it:
 // every position of a range(0)-token prompt attends to those before it,
 // range(1) consecutive tokens a tile (1: as decode attends). head_dim 64,
-// blocks of 16 tokens.
-void BM_AttentionPrefill(benchmark::State& state) {
+// blocks of 16 tokens, the cache's elements `dtype`.
+void BM_AttentionPrefill(benchmark::State& state, DType dtype) {
   const int n = int(state.range(0)), per_tile = int(state.range(1)), hd = 64, bt = 16;
   const int blocks = (n + bt - 1) / bt;
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> keys(size_t(blocks) * bt * hd), values(keys.size()), q(size_t(n) * hd);
-  for (auto* v : {&keys, &values, &q})
-    for (auto& e : *v) e = d(rng);
+  const KvRows rows(size_t(blocks) * bt, hd, dtype, rng);
+  std::vector<float> q(size_t(n) * hd);
+  for (auto& e : q) e = d(rng);
   std::vector<int> table(static_cast<size_t>(blocks));
   for (int b = 0; b < blocks; ++b) table[size_t(b)] = blocks - 1 - b;  // not in order
-  const kernels::PagedKv kv{keys.data(), values.data(),   table.data(),
-                            bt,          size_t(bt) * hd, size_t(hd)};
+  const kernels::PagedKv kv{rows.keys.data(), rows.values.data(), table.data(),  bt,
+                            size_t(bt) * hd,  size_t(hd),         kv_type(dtype)};
   std::vector<float> scores(size_t(kernels::kTileQueries) * size_t(n)),
       scratch(kernels::tile_scratch_floats(hd)), out(size_t(n) * hd);
   double pairs = 0;
@@ -130,7 +152,52 @@ void BM_AttentionPrefill(benchmark::State& state) {
       benchmark::Counter(4.0 * hd * pairs * double(state.iterations()), benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionPrefill)->Args({512, 8})->Args({2048, 8})->Args({512, 1});
+BENCHMARK_CAPTURE(BM_AttentionPrefill, f32, DType::F32)
+    ->Args({512, 8})
+    ->Args({2048, 8})
+    ->Args({512, 1});
+BENCHMARK_CAPTURE(BM_AttentionPrefill, f16, DType::F16)->Args({512, 8})->Args({2048, 8});
+
+// One decode step's attention for range(0) sequences of range(1) positions
+// each, 12 kv heads of 64 (110m's shape) in blocks of 16: every query reads
+// its head's keys and values once, so the cache's bytes bound it once they
+// are past the caches.
+void BM_AttentionDecode(benchmark::State& state, DType dtype) {
+  const int seqs = int(state.range(0)), n = int(state.range(1)), heads = 12, hd = 64, bt = 16;
+  const int width = heads * hd, per_seq = (n + bt - 1) / bt;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1, 1);
+  const KvRows rows(size_t(seqs) * size_t(per_seq) * bt, width, dtype, rng);
+  std::vector<std::vector<int>> tables(static_cast<size_t>(seqs));
+  for (int s = 0; s < seqs; ++s)
+    for (int b = 0; b < per_seq; ++b) tables[size_t(s)].push_back(s * per_seq + b);
+  std::vector<float> q(size_t(heads) * hd), scores(static_cast<size_t>(n)), out(q.size());
+  for (auto& e : q) e = d(rng);
+  for (auto _ : state) {
+    for (int s = 0; s < seqs; ++s) {
+      const kernels::PagedKv kv{rows.keys.data(),
+                                rows.values.data(),
+                                tables[size_t(s)].data(),
+                                bt,
+                                size_t(bt) * size_t(width),
+                                size_t(width),
+                                kv_type(dtype)};
+      for (int h = 0; h < heads; ++h)
+        kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * hd, n,
+                             scores.data(), out.data() + size_t(h) * hd);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["cache GB/s"] = benchmark::Counter(
+      double(seqs) * n * 2 * width * double(dtype_size(dtype)) * double(state.iterations()),
+      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["positions/s"] =
+      benchmark::Counter(double(seqs) * n * heads * double(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK_CAPTURE(BM_AttentionDecode, f32, DType::F32)->Args({1, 1024})->Args({8, 2048});
+BENCHMARK_CAPTURE(BM_AttentionDecode, f16, DType::F16)->Args({1, 1024})->Args({8, 2048});
+BENCHMARK_CAPTURE(BM_AttentionDecode, bf16, DType::BF16)->Args({1, 1024})->Args({8, 2048});
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 8, 12, 18, 24, 32, 256}) {

@@ -127,6 +127,7 @@ const Fields<Config>& config_fields() {
         .add("block_tokens", &KvCacheSection::block_tokens, schema::positive_int())
         .add("blocks", &KvCacheSection::blocks, schema::non_negative_int64(), /*omit_zero=*/true)
         .add("bytes", &KvCacheSection::bytes, schema::byte_count(false), /*omit_zero=*/true)
+        .add("dtype", &KvCacheSection::dtype, dtype_kind())
         // The sizing given replaces any earlier one (the defaults, or the
         // file when this is an override), so only giving both in one place
         // is an error.

@@ -89,6 +89,10 @@ struct KvCacheSection {
   int block_tokens = 16;
   int64_t blocks = 4096;
   int64_t bytes = 0;
+  // Elements of a CPU device's cache: f32 (exact), or f16/bf16 (half the
+  // memory and of what decode's attention reads; keys and values rounded
+  // once when written).
+  DType dtype = DType::F32;
   bool operator==(const KvCacheSection&) const = default;
 };
 

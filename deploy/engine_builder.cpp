@@ -56,8 +56,9 @@ EngineSpec engine_spec(const Config& c, const ModelConfig& model, int replica) {
   s.max_batch_sequences = c.batching.max_batch_sequences;
   s.cuda = c.cuda;
   s.block_tokens = c.kv_cache.block_tokens;
+  s.kv_dtype = c.kv_cache.dtype;
   s.blocks = c.kv_cache.bytes > 0 ? KvCache::blocks_for_bytes(model, c.kv_cache.block_tokens,
-                                                              size_t(c.kv_cache.bytes))
+                                                              size_t(c.kv_cache.bytes), s.kv_dtype)
                                   : int(c.kv_cache.blocks);
   return s;
 }
@@ -68,8 +69,8 @@ StageMemory stage_memory(const ModelConfig& c, const EngineSpec& spec) {
   for (int d = 0; d < spec.devices(); ++d) any = any || spec.memory_of(d) > 0;
   if (!any) return m;
   // A layer's KV share on one device: the replica's blocks for that layer.
-  m.kv_bytes_per_layer =
-      uint64_t(spec.blocks) * uint64_t(spec.block_tokens) * kv_bytes_per_token(1, c.kv_dim());
+  m.kv_bytes_per_layer = uint64_t(spec.blocks) * uint64_t(spec.block_tokens) *
+                         kv_bytes_per_token(1, c.kv_dim(), spec.kv_dtype);
   for (int s = 0; s < spec.pipeline; ++s) {
     // A stage's T shards split its layers: it holds T times its smallest
     // shard's memory (0 is no cap).
@@ -122,8 +123,8 @@ void check_memory_caps(const ModelConfig& c, DType dtype, const EngineSpec& spec
   for (int d = 0; d < spec.devices(); ++d) any = any || spec.memory_of(d) > 0;
   if (!any) return;
   const std::vector<uint64_t> layer_bytes = layer_weight_bytes(c, dtype);
-  const uint64_t kv_per_layer =
-      uint64_t(spec.blocks) * uint64_t(spec.block_tokens) * kv_bytes_per_token(1, c.kv_dim());
+  const uint64_t kv_per_layer = uint64_t(spec.blocks) * uint64_t(spec.block_tokens) *
+                                kv_bytes_per_token(1, c.kv_dim(), spec.kv_dtype);
   std::vector<std::pair<int, int>> stages = spec.stage_layers;
   if (stages.empty()) {
     const StagePartition even = equal_partition(c.n_layers, spec.pipeline);
@@ -151,6 +152,16 @@ void check_memory_caps(const ModelConfig& c, DType dtype, const EngineSpec& spec
   }
 }
 
+// A CUDA engine keeps its KV cache in the weights' type; a cache type asked
+// for CPU devices (anything but the f32 default) must agree with it.
+void check_cuda_kv_dtype(DType kv, DType weights) {
+  if (kv == DType::F32 || kv == weights) return;
+  throw std::invalid_argument(fmt::format(
+      "kv_cache.dtype: {} is for CPU devices; a CUDA replica keeps its KV cache in the weights' "
+      "type ({}): remove kv_cache.dtype or set it to {}",
+      dtype_name(kv), dtype_name(weights), dtype_name(weights)));
+}
+
 ParallelEngineOptions parallel_options(const EngineSpec& spec) {
   ParallelEngineOptions o;
   o.pipeline = spec.pipeline;
@@ -161,6 +172,7 @@ ParallelEngineOptions parallel_options(const EngineSpec& spec) {
   o.credits = spec.credits;
   o.block_tokens = spec.block_tokens;
   o.blocks = spec.blocks;
+  o.kv_dtype = spec.kv_dtype;
   o.placement = spec.placement;
   return o;
 }
@@ -192,6 +204,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
   check_layout_fits(model(), spec.pipeline, spec.tensor);
   if (spec.threads.size() > 1 && int(spec.threads.size()) != spec.devices())
     throw std::invalid_argument("give one thread count, or one per device");
+  if (spec.kind == DeviceKind::Cuda) check_cuda_kv_dtype(spec.kv_dtype, dtype_);
   if (spec.kind != DeviceKind::Cpu) {
     if (int(spec.cuda_devices.size()) != spec.devices() && spec.cuda_devices.size() != 1)
       throw std::invalid_argument("give one CUDA device index, or one per device");
@@ -214,7 +227,10 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
     }
     // The weights go to the devices in build(); a CUDA layout's layers are
     // uniform work, split evenly unless given.
-    if (spec.kind == DeviceKind::Cuda) return spec;
+    if (spec.kind == DeviceKind::Cuda) {
+      check_cuda_kv_dtype(spec.kv_dtype, dtype_);
+      return spec;
+    }
   }
   // Stages the partitioner places are checked once placed (below).
   if (spec.pipeline == 1 || !spec.stage_layers.empty()) check_memory_caps(model(), dtype_, spec);
@@ -289,7 +305,8 @@ std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
     throw std::logic_error("EngineBuilder::build: resolve() the spec first (kind auto)");
   if (spec.devices() == 1 && spec.placement.host.empty())
     return std::make_unique<Engine>(
-        whole_model(), EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks});
+        whole_model(),
+        EngineOptions{spec.threads_of(0), spec.block_tokens, spec.blocks, spec.kv_dtype});
   return std::make_unique<ParallelEngine>(*checkpoint_, dtype_, parallel_options(spec), launcher);
 }
 

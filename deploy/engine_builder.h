@@ -28,7 +28,8 @@ struct EngineSpec {
   std::vector<int> threads{1};        // per device of the replica (stage-major), or one for all
   std::vector<int64_t> memory_bytes;  // per device, as threads; 0 or empty: no cap
   int block_tokens = 16;
-  int blocks = 4096;  // KV blocks per device
+  int blocks = 4096;            // KV blocks per device
+  DType kv_dtype = DType::F32;  // a CPU device's KV cache elements
   // [begin, end) layers per stage; empty with pipeline > 1: balanced by
   // resolve() on measured per-layer decode times within the memory caps.
   std::vector<std::pair<int, int>> stage_layers;

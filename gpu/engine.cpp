@@ -59,7 +59,7 @@ std::vector<StepInput> step_inputs(std::span<const StepItem> items,
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
     : model_(std::move(model)),
       options_(o),
-      cache_(model_->make_cache(o.block_tokens, o.blocks)),
+      cache_(model_->make_cache(o.block_tokens, o.blocks, o.kv_dtype)),
       pool_(o.threads) {}
 
 std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens) {

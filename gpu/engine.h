@@ -111,6 +111,7 @@ struct EngineOptions {
   int threads = 1;
   int block_tokens = 16;
   int blocks = 4096;
+  DType kv_dtype = DType::F32;  // the KV cache's elements (gpu/kv_cache.h)
 };
 
 // One device holding the whole model. Steps run synchronously inside

@@ -8,13 +8,36 @@
 
 namespace troupe {
 
-KvCache::KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks)
+KvCache::KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks, DType dtype)
     : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), num_blocks_(num_blocks) {
   if (block_tokens <= 0) throw std::invalid_argument("kv_cache.block_tokens must be positive");
   if (n_layers <= 0 || kv_dim <= 0) throw std::invalid_argument("KV cache needs layers and heads");
   if (num_blocks <= 0) throw std::invalid_argument("KV cache needs at least one block");
-  storage_ = Tensor::zeros({int64_t(n_layers) * 2 * num_blocks * block_tokens, int64_t(kv_dim)},
-                           DType::F32);
+  storage_ =
+      Tensor::zeros({int64_t(n_layers) * 2 * num_blocks * block_tokens, int64_t(kv_dim)}, dtype);
+}
+
+kernels::KvType KvCache::kernel_type() const {
+  switch (storage_.dtype()) {
+    case DType::F16:
+      return kernels::KvType::F16;
+    case DType::BF16:
+      return kernels::KvType::BF16;
+    case DType::F32:
+      break;
+  }
+  return kernels::KvType::F32;
+}
+
+void KvCache::store(int layer, const SequenceCache& seq, int pos, const float* key,
+                    const float* value) {
+  convert_from_f32(key, dtype(), position(layer, 0, seq, pos), size_t(kv_dim_));
+  convert_from_f32(value, dtype(), position(layer, 1, seq, pos), size_t(kv_dim_));
+}
+
+void KvCache::load(int layer, const SequenceCache& seq, int pos, float* key, float* value) const {
+  convert_to_f32(position(layer, 0, seq, pos), dtype(), key, size_t(kv_dim_));
+  convert_to_f32(position(layer, 1, seq, pos), dtype(), value, size_t(kv_dim_));
 }
 
 std::vector<int> contiguous_blocks(int first, int count) {
@@ -23,8 +46,8 @@ std::vector<int> contiguous_blocks(int first, int count) {
   return out;
 }
 
-int KvCache::blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes) {
-  return int(bytes / (c.kv_bytes_per_token() * size_t(block_tokens)));
+int KvCache::blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes, DType dtype) {
+  return int(bytes / (c.kv_bytes_per_token(dtype) * size_t(block_tokens)));
 }
 
 void KvCache::check_covers(const SequenceCache& seq, int tokens) const {

@@ -4,6 +4,12 @@
 // replica's scheduler (scheduler/block_allocator.h, the one book of blocks);
 // a step brings each sequence's block table. Nothing is allocated while
 // decoding.
+//
+// Rows are stored as f32 or as 16-bit floats (f16, bf16: half the memory
+// and half the bytes attention reads per position). A 16-bit row is the f32
+// row rounded to nearest even once, when written; every reader widens it
+// exactly, so the choice changes the cached numbers, never the order of any
+// arithmetic: a sequence still gets the same values in any batch and layout.
 #include <cstddef>
 #include <vector>
 
@@ -28,17 +34,20 @@ class KvCache {
  public:
   // kv_heads/head_dim describe what this cache stores (a shard may hold a
   // subset of the model's kv heads).
-  KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks);
-  static KvCache for_model(const ModelConfig& c, int block_tokens, int num_blocks) {
-    return KvCache(c.n_layers, c.kv_dim(), block_tokens, num_blocks);
+  KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks, DType dtype = DType::F32);
+  static KvCache for_model(const ModelConfig& c, int block_tokens, int num_blocks,
+                           DType dtype = DType::F32) {
+    return KvCache(c.n_layers, c.kv_dim(), block_tokens, num_blocks, dtype);
   }
   // Blocks that fit in `bytes` for this model.
-  static int blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes);
+  static int blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes,
+                              DType dtype = DType::F32);
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
   int kv_dim() const { return kv_dim_; }
-  size_t bytes_per_token() const { return kv_bytes_per_token(n_layers_, kv_dim_); }
+  DType dtype() const { return storage_.dtype(); }
+  size_t bytes_per_token() const { return kv_bytes_per_token(n_layers_, kv_dim_, dtype()); }
   size_t total_bytes() const { return storage_.nbytes(); }
 
   // Throws std::invalid_argument unless seq's block table holds `tokens`
@@ -46,28 +55,32 @@ class KvCache {
   void check_covers(const SequenceCache& seq, int tokens) const;
 
   // Layer `layer` of `seq` as the attention kernel reads it.
-  kernels::PagedKv paged(int layer, const SequenceCache& seq) {
+  kernels::PagedKv paged(int layer, const SequenceCache& seq) const {
     const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
     return kernels::PagedKv{
         slot(layer, 0, 0, 0), slot(layer, 1, 0, 0), seq.blocks.data(), block_tokens_, per_block,
-        size_t(kv_dim_)};
+        size_t(kv_dim_),      kernel_type()};
   }
 
-  // Row of position `pos` of `seq` in layer `layer`: kv_dim floats.
-  float* key(int layer, const SequenceCache& seq, int pos) {
-    return slot(layer, 0, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
-  }
-  float* value(int layer, const SequenceCache& seq, int pos) {
-    return slot(layer, 1, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
-  }
+  // Writes position `pos` of `seq` in layer `layer`: kv_dim keys and values,
+  // rounded to the cache's type.
+  void store(int layer, const SequenceCache& seq, int pos, const float* key, const float* value);
+  // Reads them back, widened to f32 (kv_dim floats each).
+  void load(int layer, const SequenceCache& seq, int pos, float* key, float* value) const;
 
  private:
-  float* slot(int layer, int kv, int block, int offset) {
+  kernels::KvType kernel_type() const;
+  char* slot(int layer, int kv, int block, int offset) const {
     const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
     const size_t index =
         ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) * per_block +
         size_t(offset) * size_t(kv_dim_);
-    return storage_.data_mut<float>() + index;
+    // The cache's storage is its own and writable; const readers only read.
+    return static_cast<char*>(const_cast<void*>(storage_.raw())) +
+           index * dtype_size(storage_.dtype());
+  }
+  char* position(int layer, int kv, const SequenceCache& seq, int pos) const {
+    return slot(layer, kv, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
   }
 
   int n_layers_, kv_dim_, block_tokens_, num_blocks_;

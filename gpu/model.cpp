@@ -222,8 +222,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
   }
 }
 
-KvCache Model::make_cache(int block_tokens, int blocks) const {
-  return KvCache(dims_.layers(), dims_.kv_heads * config_.head_dim, block_tokens, blocks);
+KvCache Model::make_cache(int block_tokens, int blocks, DType kv_dtype) const {
+  return KvCache(dims_.layers(), dims_.kv_heads * config_.head_dim, block_tokens, blocks, kv_dtype);
 }
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, DType weight_dtype) {
@@ -435,8 +435,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       kernels::rope(row, d.heads, hd, pos, rope_, c.rope);
       kernels::rope(row + qd, d.kv_heads, hd, pos, rope_, c.rope);
       const SequenceCache& seq = *inputs[size_t(ws.seq_of[size_t(t)])].cache;
-      std::copy(row + qd, row + qd + kvd, cache.key(li, seq, pos));
-      std::copy(row + qd + kvd, row + qd + 2 * kvd, cache.value(li, seq, pos));
+      cache.store(li, seq, pos, row + qd, row + qd + kvd);
     });
     attention(li, inputs, cache, pool, ws);
     row_parallel(w.wo, ws.att.data(), qd, tmp);

@@ -127,8 +127,9 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }
-  // A KV cache laid out for this shard (its layers and kv heads).
-  KvCache make_cache(int block_tokens, int blocks) const;
+  // A KV cache laid out for this shard (its layers and kv heads), of
+  // elements `kv_dtype`.
+  KvCache make_cache(int block_tokens, int blocks, DType kv_dtype = DType::F32) const;
   DType weight_dtype() const { return weight_dtype_; }
   const std::filesystem::path& tokenizer_path() const { return tokenizer_path_; }
   const std::filesystem::path& source() const { return source_; }

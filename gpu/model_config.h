@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/dtype.h"
+
 namespace troupe {
 
 // How RoPE pairs the elements of a head: llama2.c rotates adjacent pairs
@@ -11,9 +13,10 @@ namespace troupe {
 enum class RopeLayout { Interleaved, RotateHalf };
 
 // KV-cache bytes per token for `layers` layers of `kv_dim` keys and values
-// (f32): the one formula for the model, a shard's cache and the partitioner.
-inline size_t kv_bytes_per_token(int layers, int kv_dim) {
-  return size_t(layers) * 2 * size_t(kv_dim) * sizeof(float);
+// stored as `kv`: the one formula for the model, a shard's cache and the
+// partitioner.
+inline size_t kv_bytes_per_token(int layers, int kv_dim, DType kv = DType::F32) {
+  return size_t(layers) * 2 * size_t(kv_dim) * dtype_size(kv);
 }
 
 struct ModelConfig {
@@ -35,14 +38,14 @@ struct ModelConfig {
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   // KV-cache bytes one token takes on a device holding every layer.
-  size_t kv_bytes_per_token() const;
+  size_t kv_bytes_per_token(DType kv = DType::F32) const;
   // Throws std::invalid_argument naming `source` and the inconsistent fields.
   void validate(const std::string& source) const;
   bool is_eos(int id) const;
 };
 
-inline size_t ModelConfig::kv_bytes_per_token() const {
-  return troupe::kv_bytes_per_token(n_layers, kv_dim());
+inline size_t ModelConfig::kv_bytes_per_token(DType kv) const {
+  return troupe::kv_bytes_per_token(n_layers, kv_dim(), kv);
 }
 
 }  // namespace troupe

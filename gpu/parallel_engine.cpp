@@ -151,9 +151,10 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngi
   const auto [last_begin, last_end] = layout.stage_layers.back();
   for (int t = 0; t < T; ++t)
     m.last_dims.push_back(shard_dims(ckpt.config, ShardSpec{t, T, last_begin, last_end}));
-  const ShardFactory make_shard =
-      layout.shards ? layout.shards
-                    : cpu_shards(ckpt, dtype, layout.threads, layout.block_tokens, layout.blocks);
+  const ShardFactory make_shard = layout.shards
+                                      ? layout.shards
+                                      : cpu_shards(ckpt, dtype, layout.threads, layout.block_tokens,
+                                                   layout.blocks, layout.kv_dtype);
   m.devices.resize(size_t(P * T));
   for (int s = 0; s < P; ++s)
     for (int t = 0; t < T; ++t) {

@@ -93,7 +93,8 @@ struct ParallelEngineOptions {
   std::vector<double> stage_delay_s;  // fault injection: extra seconds per micro-batch per stage
   int block_tokens = 16;
   int blocks = 4096;
-  ProcessPlacement placement;  // a replica spanning processes; by default all in this one
+  DType kv_dtype = DType::F32;  // the KV cache's elements (gpu/kv_cache.h)
+  ProcessPlacement placement;   // a replica spanning processes; by default all in this one
   // What a device is: empty, a CPU shard with threads[device] threads and
   // `blocks` KV blocks. Called while the engine is built, never after.
   ShardFactory shards;

@@ -11,9 +11,9 @@ namespace {
 class CpuShard final : public Shard {
  public:
   CpuShard(const Checkpoint& ckpt, DType dtype, const ShardSpec& spec, int threads,
-           int block_tokens, int blocks)
+           int block_tokens, int blocks, DType kv_dtype)
       : model_(ckpt, dtype, spec),
-        cache_(model_.make_cache(block_tokens, blocks)),
+        cache_(model_.make_cache(block_tokens, blocks, kv_dtype)),
         pool_(threads) {}
 
   const ShardDims& dims() const override { return model_.dims(); }
@@ -35,13 +35,13 @@ class CpuShard final : public Shard {
 }  // namespace
 
 ShardFactory cpu_shards(const Checkpoint& ckpt, DType dtype, std::vector<int> threads,
-                        int block_tokens, int blocks) {
+                        int block_tokens, int blocks, DType kv_dtype) {
   if (threads.empty()) threads = {1};
-  return [&ckpt, dtype, threads = std::move(threads), block_tokens, blocks](const ShardSpec& spec,
-                                                                            int device) {
+  return [&ckpt, dtype, threads = std::move(threads), block_tokens, blocks, kv_dtype](
+             const ShardSpec& spec, int device) {
     const int n = threads.size() == 1 ? threads[0] : threads.at(size_t(device));
     return std::unique_ptr<Shard>(
-        std::make_unique<CpuShard>(ckpt, dtype, spec, n, block_tokens, blocks));
+        std::make_unique<CpuShard>(ckpt, dtype, spec, n, block_tokens, blocks, kv_dtype));
   };
 }
 

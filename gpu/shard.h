@@ -43,8 +43,8 @@ using LocalGroupFactory =
 
 // CPU shards: the checkpoint's slice packed in `dtype`, each with a pool of
 // threads[device] threads (one entry: the same for all) and a KV cache of
-// `blocks` blocks of `block_tokens` positions.
+// `blocks` blocks of `block_tokens` positions of `kv_dtype` elements.
 ShardFactory cpu_shards(const Checkpoint& ckpt, DType dtype, std::vector<int> threads,
-                        int block_tokens, int blocks);
+                        int block_tokens, int blocks, DType kv_dtype = DType::F32);
 
 }  // namespace troupe

@@ -16,7 +16,17 @@ struct Zmm {
   static constexpr int kQueries = 2, kLanes = 16;
   static vec zero() { return _mm512_setzero_ps(); }
   static vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static vec bcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+  static vec load(const F16Bits* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static vec load(const Bf16Bits* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  template <class T>
+  static vec bcast8(const T* p) {
+    return _mm512_broadcast_f32x8(load8(p));
+  }
   static vec set1(float v) { return _mm512_set1_ps(v); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
@@ -50,22 +60,24 @@ struct Zmm {
   }
 };
 
-void scores_avx512(const HeadTile& t, int hd, float scale, const PagedKv& kv, size_t head_off,
-                   float* scratch) {
-  // 4 vectors of 2 queries x 4 keys = 16 accumulators of 32 zmm registers.
-  scores_tile<Zmm, 4>(t, hd, scale, kv, head_off, scratch);
-}
-
-void values_avx512(const HeadTile& t, int hd, const PagedKv& kv, size_t head_off) {
-  // 4 queries x 64 elements = 16 accumulators.
-  values_tile<Zmm, 4, 4>(t, hd, kv, head_off);
-}
+template <class T>
+struct Avx512 {
+  static void scores(const HeadTile& t, int hd, float scale, const PagedKv& kv, size_t head_off,
+                     float* scratch) {
+    // 4 vectors of 2 queries x 4 keys = 16 accumulators of 32 zmm registers.
+    scores_tile<Zmm, 4, T>(t, hd, scale, kv, head_off, scratch);
+  }
+  static void values(const HeadTile& t, int hd, const PagedKv& kv, size_t head_off) {
+    // 4 queries x 64 elements = 16 accumulators.
+    values_tile<Zmm, 4, 4, T>(t, hd, kv, head_off);
+  }
+};
 
 }  // namespace
 
 namespace detail {
-TileFns attention_avx512() {
-  return {&scores_avx512, &values_avx512};
+TileFns attention_avx512(KvType type) {
+  return tile_fns_for<Avx512>(type);
 }
 }  // namespace detail
 }  // namespace troupe::kernels

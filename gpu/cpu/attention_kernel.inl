@@ -11,12 +11,15 @@
 //   (head_dim % 8) values in order; except that within a cache block the last
 //   (positions % 4) keys a query sees are reduced as kernels::dot reduces;
 // - an output element is one FMA chain over positions 0..n-1.
+// Keys and values are read as T: float, or the 16-bit F16Bits/Bf16Bits
+// widened exactly on load, so a 16-bit cache gives the values an f32 cache
+// holding the same (rounded) numbers would.
 // A V vector holds V::kQueries groups of 8 lanes. Scores put one query in
 // each group (so wide vectors score several queries against one key);
 // values put consecutive head elements of one query in them.
 //
 // V provides: vec, kQueries, kLanes (= 8 * kQueries), zero(), load(const
-// float*), bcast8(const float*) (8 floats into every group), set1(float),
+// T*), bcast8(const T*) (8 values into every group), set1(float),
 // fma(a, b, c), store(float*, vec), reduce_keys4(const vec acc[4], float*
 // out): query p's accumulators against keys u = 0..3 reduced in reduce4's
 // order, into out[4p + u]; store_keys4(acc, scale, float* const* dst): the
@@ -36,46 +39,103 @@ inline void reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
   _mm_storeu_ps(out, reduce4(a0, a1, a2, a3));
 }
 
+// Eight cache values widened to f32, and one.
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const F16Bits* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const Bf16Bits* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float elem(const float* p, int i) {
+  return p[i];
+}
+inline float elem(const F16Bits* p, int i) {
+  return _cvtsh_ss(p[i].bits);
+}
+inline float elem(const Bf16Bits* p, int i) {
+  const unsigned bits = unsigned(p[i].bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // One query against keys k0..k3.
-inline void dot4(const float* q, const float* k0, const float* k1, const float* k2,
-                 const float* k3, int n, float* out) {
+template <class T>
+void dot4(const float* q, const T* k0, const T* k1, const T* k2, const T* k3, int n, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+    a0 = _mm256_fmadd_ps(qv, load8(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(qv, load8(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(qv, load8(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(qv, load8(k3 + i), a3);
   }
   reduce4(a0, a1, a2, a3, out);
   for (; i < n; ++i) {
-    out[0] = __builtin_fmaf(q[i], k0[i], out[0]);
-    out[1] = __builtin_fmaf(q[i], k1[i], out[1]);
-    out[2] = __builtin_fmaf(q[i], k2[i], out[2]);
-    out[3] = __builtin_fmaf(q[i], k3[i], out[3]);
+    out[0] = __builtin_fmaf(q[i], elem(k0, i), out[0]);
+    out[1] = __builtin_fmaf(q[i], elem(k1, i), out[1]);
+    out[2] = __builtin_fmaf(q[i], elem(k2, i), out[2]);
+    out[3] = __builtin_fmaf(q[i], elem(k3, i), out[3]);
   }
 }
 
-inline const float* key_row(const PagedKv& kv, int block, size_t head_off) {
-  return kv.keys + size_t(kv.blocks[block]) * kv.block_stride + head_off;
+// One query against one key in kernels::dot's order: two accumulators over
+// 16 values, one over a last 8, their sum reduced as
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail.
+template <class T>
+float dot1(const float* q, const T* k, int n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), a0);
+  const __m256 a = _mm256_add_ps(a0, a1);
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  float s = _mm_cvtss_f32(lo);
+  for (; i < n; ++i) s = __builtin_fmaf(q[i], elem(k, i), s);
+  return s;
+}
+
+template <class T>
+const T* key_row(const PagedKv& kv, int block, size_t head_off) {
+  return static_cast<const T*>(kv.keys) + size_t(kv.blocks[block]) * kv.block_stride + head_off;
+}
+template <class T>
+const T* value_row(const PagedKv& kv, int block, size_t head_off) {
+  return static_cast<const T*>(kv.values) + size_t(kv.blocks[block]) * kv.block_stride + head_off;
+}
+// Position j's value row.
+template <class T>
+const T* value_at(const PagedKv& kv, int j, size_t head_off) {
+  return value_row<T>(kv, j / kv.block_tokens, head_off) +
+         size_t(j % kv.block_tokens) * kv.row_stride;
 }
 
 // Keys [o, end) of one block for one query: fours, then the remainder.
-inline void score_keys(const float* q, int hd, float scale, const float* row, size_t rs, int o,
-                       int end, float* scores) {
+template <class T>
+void score_keys(const float* q, int hd, float scale, const T* row, size_t rs, int o, int end,
+                float* scores) {
   for (; o + 4 <= (end & ~3); o += 4) {
     float d[4];
-    const float* k = row + size_t(o) * rs;
+    const T* k = row + size_t(o) * rs;
     dot4(q, k, k + rs, k + 2 * rs, k + 3 * rs, hd, d);
     for (int u = 0; u < 4; ++u) scores[o + u] = d[u] * scale;
   }
-  for (; o < end; ++o) scores[o] = dot(q, row + size_t(o) * rs, hd) * scale;
+  for (; o < end; ++o) scores[o] = dot1(q, row + size_t(o) * rs, hd) * scale;
 }
 
 // G vectors of V::kQueries queries each (q[0..G*kQueries), padded by the
 // caller) against the keys, four at a time where every query sees all four.
-template <class V, int G>
+template <class V, int G, class T>
 void scores_group(const float* const* q, const int* n, float* const* scores, int hd, float scale,
                   const PagedKv& kv, size_t head_off, float* qpack) {
   constexpr int P = V::kQueries, Q = G * P, L = V::kLanes;
@@ -90,7 +150,7 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
   for (int i = 0; i < Q; ++i) n_max = n[i] > n_max ? n[i] : n_max;
   const size_t rs = kv.row_stride;
   for (int j0 = 0, b = 0; j0 < n_max; j0 += kv.block_tokens, ++b) {
-    const float* row = key_row(kv, b, head_off);
+    const T* row = key_row<T>(kv, b, head_off);
     int end[Q], shared = kv.block_tokens;
     for (int i = 0; i < Q; ++i) {
       end[i] = n[i] - j0 < kv.block_tokens ? n[i] - j0 : kv.block_tokens;
@@ -99,7 +159,7 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
     }
     int o = 0;
     for (; o + 4 <= shared; o += 4) {
-      const float* k[4];
+      const T* k[4];
       for (int u = 0; u < 4; ++u) k[u] = row + size_t(o + u) * rs;
       typename V::vec acc[G][4];
 #pragma GCC unroll 8
@@ -129,7 +189,7 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
         for (int p = 0; p < P; ++p) {
           for (int e = chunks * 8; e < hd; ++e)
             for (int u = 0; u < 4; ++u)
-              d[p][u] = __builtin_fmaf(q[g * P + p][e], k[u][e], d[p][u]);
+              d[p][u] = __builtin_fmaf(q[g * P + p][e], elem(k[u], e), d[p][u]);
           for (int u = 0; u < 4; ++u) dst[p][u] = d[p][u] * scale;
         }
       }
@@ -139,12 +199,12 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
   }
 }
 
-template <class V, int G>
+template <class V, int G, class T>
 void scores_tile(const HeadTile& t, int hd, float scale, const PagedKv& kv, size_t head_off,
                  float* qpack) {
   if (t.count == 1) {
     for (int j0 = 0, b = 0; j0 < t.n[0]; j0 += kv.block_tokens, ++b)
-      score_keys(t.q[0], hd, scale, key_row(kv, b, head_off), kv.row_stride, 0,
+      score_keys(t.q[0], hd, scale, key_row<T>(kv, b, head_off), kv.row_stride, 0,
                  min_int(t.n[0] - j0, kv.block_tokens), t.scores[0] + j0);
     return;
   }
@@ -174,16 +234,16 @@ void scores_tile(const HeadTile& t, int hd, float scale, const PagedKv& kv, size
           rest.n[i] = t.n[first + i];
           rest.scores[i] = t.scores[first + i];
         }
-        return scores_tile<V, G - 1>(rest, hd, scale, kv, head_off, qpack);
+        return scores_tile<V, G - 1, T>(rest, hd, scale, kv, head_off, qpack);
       }
     }
-    scores_group<V, G>(q, n, s, hd, scale, kv, head_off, qpack);
+    scores_group<V, G, T>(q, n, s, hd, scale, kv, head_off, qpack);
   }
 }
 
 // Output elements [d0, d0 + C * W::kLanes) of B queries: W's lanes are
 // consecutive elements of one query.
-template <class W, int B, int C>
+template <class W, int B, int C, class T>
 void values_pass(const float* const* scores, const int* n, float* const* out, const PagedKv& kv,
                  size_t off) {
   constexpr int L = W::kLanes;
@@ -195,7 +255,7 @@ void values_pass(const float* const* scores, const int* n, float* const* out, co
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[i][c] = W::zero();
   for (int j0 = 0, b = 0; j0 < n_min; j0 += kv.block_tokens, ++b) {
-    const float* row = kv.values + size_t(kv.blocks[b]) * kv.block_stride + off;
+    const T* row = value_row<T>(kv, b, off);
     const int end = min_int(n_min - j0, kv.block_tokens);
     for (int o = 0; o < end; ++o, row += kv.row_stride) {
       typename W::vec v[C];
@@ -213,8 +273,7 @@ void values_pass(const float* const* scores, const int* n, float* const* out, co
 #pragma GCC unroll 8
   for (int i = 0; i < B; ++i) {
     for (int j = n_min; j < n[i]; ++j) {
-      const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
-                         size_t(j % kv.block_tokens) * kv.row_stride + off;
+      const T* row = value_at<T>(kv, j, off);
       const typename W::vec w = W::set1(scores[i][j]);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[i][c] = W::fma(w, W::load(row + c * L), acc[i][c]);
@@ -228,8 +287,14 @@ struct Ymm {
   using vec = __m256;
   static constexpr int kQueries = 1, kLanes = 8;
   static vec zero() { return _mm256_setzero_ps(); }
-  static vec load(const float* p) { return _mm256_loadu_ps(p); }
-  static vec bcast8(const float* p) { return _mm256_loadu_ps(p); }
+  template <class T>
+  static vec load(const T* p) {
+    return load8(p);
+  }
+  template <class T>
+  static vec bcast8(const T* p) {
+    return load8(p);
+  }
   static vec set1(float v) { return _mm256_set1_ps(v); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
@@ -241,7 +306,7 @@ struct Ymm {
 
 // B queries' outputs [d0, d0 + W::kLanes * C) and so on down: passes of C
 // vectors, of one vector, of 8 lanes, then element by element.
-template <class W, int B, int C>
+template <class W, int B, int C, class T>
 void values_queries(const float* const* scores, const int* n, float* const* out, int hd,
                     const PagedKv& kv, size_t head_off) {
   constexpr int L = W::kLanes;
@@ -251,28 +316,25 @@ void values_queries(const float* const* scores, const int* n, float* const* out,
     for (int i = 0; i < B; ++i) o[i] = out[i] + d0;
     return head_off + size_t(d0);
   };
-  for (; d + C * L <= hd; d += C * L) values_pass<W, B, C>(scores, n, o, kv, at(d));
-  for (; d + L <= hd; d += L) values_pass<W, B, 1>(scores, n, o, kv, at(d));
+  for (; d + C * L <= hd; d += C * L) values_pass<W, B, C, T>(scores, n, o, kv, at(d));
+  for (; d + L <= hd; d += L) values_pass<W, B, 1, T>(scores, n, o, kv, at(d));
   if constexpr (L > 8)
-    for (; d + 8 <= hd; d += 8) values_pass<Ymm, B, 1>(scores, n, o, kv, at(d));
+    for (; d + 8 <= hd; d += 8) values_pass<Ymm, B, 1, T>(scores, n, o, kv, at(d));
   for (; d < hd; ++d)
     for (int i = 0; i < B; ++i) {
       float acc = 0.0f;
-      for (int j = 0; j < n[i]; ++j) {
-        const float* row = kv.values + size_t(kv.blocks[j / kv.block_tokens]) * kv.block_stride +
-                           size_t(j % kv.block_tokens) * kv.row_stride + head_off;
-        acc = __builtin_fmaf(scores[i][j], row[d], acc);
-      }
+      for (int j = 0; j < n[i]; ++j)
+        acc = __builtin_fmaf(scores[i][j], elem(value_at<T>(kv, j, head_off), d), acc);
       out[i][d] = acc;
     }
 }
 
 // Queries in sets of B (a smaller instantiation for the rest).
-template <class W, int B, int C>
+template <class W, int B, int C, class T>
 void values_tile(const HeadTile& t, int hd, const PagedKv& kv, size_t head_off) {
   int first = 0;
   for (; first + B <= t.count; first += B)
-    values_queries<W, B, C>(t.scores + first, t.n + first, t.out + first, hd, kv, head_off);
+    values_queries<W, B, C, T>(t.scores + first, t.n + first, t.out + first, hd, kv, head_off);
   if constexpr (B > 1) {
     if (first < t.count) {
       HeadTile rest = t;
@@ -282,7 +344,22 @@ void values_tile(const HeadTile& t, int hd, const PagedKv& kv, size_t head_off) 
         rest.n[i] = t.n[first + i];
         rest.out[i] = t.out[first + i];
       }
-      values_tile<W, B - 1, C>(rest, hd, kv, head_off);
+      values_tile<W, B - 1, C, T>(rest, hd, kv, head_off);
     }
   }
+}
+
+// The tile kernels of one ISA for the cache's element type: K<T>::scores
+// and K<T>::values.
+template <template <class> class K>
+detail::TileFns tile_fns_for(KvType type) {
+  switch (type) {
+    case KvType::F16:
+      return {&K<F16Bits>::scores, &K<F16Bits>::values};
+    case KvType::BF16:
+      return {&K<Bf16Bits>::scores, &K<Bf16Bits>::values};
+    case KvType::F32:
+      break;
+  }
+  return {&K<float>::scores, &K<float>::values};
 }

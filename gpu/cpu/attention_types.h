@@ -6,15 +6,28 @@
 
 namespace troupe::kernels {
 
+// What a cache row holds: f32, or 16-bit floats the kernels widen exactly
+// on load (so the arithmetic and its order are the same for every type).
+enum class KvType : int { F32, F16, BF16 };
+
+// 16-bit cache elements, as distinct types so the kernels overload on them.
+struct F16Bits {
+  unsigned short bits;
+};
+struct Bf16Bits {
+  unsigned short bits;
+};
+
 // Keys and values of one layer in a paged cache: position j of a sequence
 // lives in block blocks[j / block_tokens], row j % block_tokens.
 struct PagedKv {
-  const float* keys;    // block 0 of this layer's keys
-  const float* values;  // block 0 of this layer's values
+  const void* keys;    // block 0 of this layer's keys
+  const void* values;  // block 0 of this layer's values
   const int* blocks;
   int block_tokens;
-  size_t block_stride;  // floats per block
-  size_t row_stride;    // floats per position (kv_dim)
+  size_t block_stride;  // elements per block
+  size_t row_stride;    // elements per position (kv_dim)
+  KvType type = KvType::F32;
 };
 
 // Query heads that attend to the same kv head of the same sequence (the heads
@@ -35,9 +48,6 @@ constexpr size_t tile_scratch_floats(int head_dim) {
   return size_t(kTileQueries) * size_t((head_dim + 7) / 8 * 8);
 }
 
-// kernels.h's dot (compiled for the baseline ISA): remainder keys use it.
-float dot(const float* a, const float* b, int n);
-
 namespace detail {
 // scores[i][j] = q_i . k_j * scale, every dot in the one order attend_head
 // has always used; then (after the caller's softmax) out_i = sum_j
@@ -50,8 +60,8 @@ struct TileFns {
   TileScoresFn scores;
   TileValuesFn values;
 };
-TileFns attention_avx2();
-TileFns attention_avx512();
+TileFns attention_avx2(KvType type);
+TileFns attention_avx512(KvType type);
 }  // namespace detail
 
 }  // namespace troupe::kernels

@@ -63,14 +63,15 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }
 
 namespace {
-detail::TileFns tile_fns() {
-  return active_isa() >= Isa::Avx512 ? detail::attention_avx512() : detail::attention_avx2();
+detail::TileFns tile_fns(KvType type) {
+  return active_isa() >= Isa::Avx512 ? detail::attention_avx512(type)
+                                     : detail::attention_avx2(type);
 }
 }  // namespace
 
 void attend_tile(const HeadTile& tile, int hd, float scale, const PagedKv& kv, size_t head_off,
                  float* scratch) {
-  const detail::TileFns fns = tile_fns();
+  const detail::TileFns fns = tile_fns(kv.type);
   fns.scores(tile, hd, scale, kv, head_off, scratch);
   for (int i = 0; i < tile.count; ++i) softmax(tile.scores[i], tile.n[i]);
   fns.values(tile, hd, kv, head_off);

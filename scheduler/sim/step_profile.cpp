@@ -87,6 +87,7 @@ nlohmann::json StepProfile::to_json() const {
                 {"bos", model.bos},
                 {"eos", model.eos}};
   j["dtype"] = dtype;
+  j["kv_dtype"] = kv_dtype;
   j["isa"] = isa;
   j["cpu"] = cpu;
   j["layouts"] = nlohmann::json::array();
@@ -122,6 +123,7 @@ StepProfile StepProfile::from_json(const nlohmann::json& j, const std::string& s
   p.model.eos = field<std::vector<int>>(m, "eos", mw);
   if (p.model.max_seq_len < 1) throw std::invalid_argument(mw + ": max_seq_len must be >= 1");
   p.dtype = j.value("dtype", "");
+  p.kv_dtype = j.value("kv_dtype", "f32");
   p.isa = j.value("isa", "");
   p.cpu = j.value("cpu", "");
   for (const auto& l : field<nlohmann::json>(j, "layouts", source)) {

@@ -8,11 +8,13 @@
 //
 // File format (JSON, "format": "troupe-step-profile/1"):
 //   {"format": ..., "model": {"name", "max_seq_len", "vocab_size",
-//    "kv_bytes_per_token", "bos", "eos": [...]}, "dtype", "isa", "cpu",
+//    "kv_bytes_per_token", "bos", "eos": [...]}, "dtype", "kv_dtype", "isa", "cpu",
 //    "layouts": [{"pipeline", "tensor", "threads", "block_tokens",
 //                 "batch": [...], "context": [...], "prefill": [...],
 //                 "stage_seconds": [[...], ...],
 //                 "overhead_s", "overhead_per_seq_s", "request_overhead_s"}]}
+// kv_bytes_per_token is for the KV cache's elements the steps were measured
+// with, kv_dtype (f32 where absent).
 // The overheads are 0 until `troupe simulate --calibrate` measures them.
 // stage_seconds[s] is stage s's time for a whole step (one micro-batch)
 // at every grid point, batch-major: index (b * |context| + c) * |prefill| + p.
@@ -68,6 +70,7 @@ struct StepProfile {
   std::string isa;
   std::string cpu;
   std::vector<ProfileGrid> layouts;
+  std::string kv_dtype = "f32";  // the KV cache the steps were measured with
 
   nlohmann::json to_json() const;
   // Throws std::invalid_argument naming `source` and the bad field.

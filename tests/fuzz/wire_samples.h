@@ -104,6 +104,7 @@ inline std::vector<WireSample> wire_samples() {
   tensor.tensor = 2;
   tensor.stage_bounds.clear();
   tensor.part = 0;
+  tensor.kv_dtype = "f16";
   add("tensor", M::ReplicaPlan, wire_encode(tensor));
 
   const SamplingParams sampled{0.8f, 0.9f, 40, 7};

@@ -35,6 +35,20 @@ TEST(CliBench, EngineJsonHasEveryField) {
   // fortune: 5 layers x 2 (k, v) x 2 kv heads x 32 x 4 bytes
   EXPECT_EQ(j["kv_bytes_per_token"], 5 * 2 * 64 * 4);
   EXPECT_GT(j["peak_rss_bytes"].get<double>(), 1e6);
+  EXPECT_EQ(j["kv_dtype"], "f32");
+}
+
+TEST(CliBench, SixteenBitKvCacheHalvesItsBytesPerToken) {
+  for (const char* kv : {"f16", "bf16"}) {
+    auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--kv-dtype", kv,
+                         "--batch", "2", "--prompt-len", "16", "--decode-tokens", "4", "--repeats",
+                         "1", "--threads", "1", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["kv_dtype"], kv);
+    EXPECT_EQ(j["kv_bytes_per_token"], 5 * 2 * 64 * 2);
+    EXPECT_GT(j["decode"][0]["tokens_per_s"].get<double>(), 0);
+  }
 }
 
 TEST(CliBench, TableAndBadOptions) {
@@ -45,6 +59,12 @@ TEST(CliBench, TableAndBadOptions) {
   EXPECT_NE(r.out.find("decode tokens/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bf16"), std::string::npos);
   auto bad = troupe_cmd({"bench", "--preset", "tiny", "--batch", "0"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--batch"), std::string::npos) << bad.err;
+  bad = troupe_cmd({"bench", "--preset", "tiny", "--kv-dtype", "f8"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--kv-dtype must be f32, f16 or bf16"), std::string::npos) << bad.err;
+  bad = troupe_cmd({"bench", "--preset", "tiny", "--batch", "0"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--batch"), std::string::npos) << bad.err;
   bad = troupe_cmd({"bench", "--preset", "nope"});

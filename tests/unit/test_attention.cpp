@@ -1,5 +1,6 @@
 // Paged attention (kernels::attend_head, kernels::attend_tile) against a
-// scalar emulation of its one summation order, bit for bit, on every ISA;
+// scalar emulation of its one summation order, bit for bit, on every ISA and
+// for every cache element type (a 16-bit cache as the f32 values it holds);
 // against a double-precision softmax within rounding; and the property the
 // engine leans on: a query's output does not depend on the tile it is in.
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 
 #include "gpu/cpu/gemm.h"
 #include "gpu/cpu/kernels.h"
+#include "gpu/dtype.h"
 #include "tests/support/isa_support.h"
 
 namespace troupe {
@@ -24,14 +26,22 @@ using kernels::kTileQueries;
 using kernels::PagedKv;
 
 // A cache of `positions` rows of `kv_heads` heads, in blocks that are not in
-// order (block b of the sequence is storage block blocks[b]).
+// order (block b of the sequence is storage block blocks[b]), stored as
+// `dtype`; `keys` and `values` hold the f32 numbers it stores.
 struct Cache {
   int hd, kv_heads, block_tokens, positions;
+  DType dtype;
   std::vector<float> keys, values;
+  std::vector<char> key_bytes, value_bytes;
   std::vector<int> blocks;
 
-  Cache(int hd_, int kv_heads_, int block_tokens_, int positions_, uint32_t seed)
-      : hd(hd_), kv_heads(kv_heads_), block_tokens(block_tokens_), positions(positions_) {
+  Cache(int hd_, int kv_heads_, int block_tokens_, int positions_, uint32_t seed,
+        DType dtype_ = DType::F32)
+      : hd(hd_),
+        kv_heads(kv_heads_),
+        block_tokens(block_tokens_),
+        positions(positions_),
+        dtype(dtype_) {
     const int n_blocks = (positions + block_tokens - 1) / block_tokens;
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> d(-1.5f, 1.5f);
@@ -40,16 +50,25 @@ struct Cache {
     values.resize(keys.size());
     for (auto& v : keys) v = d(rng);
     for (auto& v : values) v = d(rng);
+    for (auto [f, bytes] : {std::pair{&keys, &key_bytes}, std::pair{&values, &value_bytes}}) {
+      bytes->resize(f->size() * dtype_size(dtype));
+      convert_from_f32(f->data(), dtype, bytes->data(), f->size());
+      convert_to_f32(bytes->data(), dtype, f->data(), f->size());
+    }
     blocks.resize(size_t(n_blocks));
     for (int b = 0; b < n_blocks; ++b) blocks[size_t(b)] = n_blocks - b;
   }
   PagedKv paged() const {
-    return {keys.data(),
-            values.data(),
+    const auto type = dtype == DType::F16    ? kernels::KvType::F16
+                      : dtype == DType::BF16 ? kernels::KvType::BF16
+                                             : kernels::KvType::F32;
+    return {key_bytes.data(),
+            value_bytes.data(),
             blocks.data(),
             block_tokens,
             size_t(block_tokens) * size_t(kv_heads * hd),
-            size_t(kv_heads * hd)};
+            size_t(kv_heads * hd),
+            type};
   }
   const float* key(int j, size_t off) const { return row(keys, j, off); }
   const float* value(int j, size_t off) const { return row(values, j, off); }
@@ -131,12 +150,13 @@ struct Shape {
   int hd, block_tokens;
 };
 
-class AttentionTest : public ::testing::TestWithParam<Shape> {};
+class AttentionTest : public ::testing::TestWithParam<std::tuple<Shape, DType>> {};
 
 TEST_P(AttentionTest, TilesMatchTheEmulatedOrderOnEveryIsaAndTheExactSoftmax) {
-  const auto [hd, bt] = GetParam();
+  const auto [shape, dtype] = GetParam();
+  const auto [hd, bt] = shape;
   const int positions = 75, kv_heads = 2;
-  const Cache cache(hd, kv_heads, bt, positions, 11);
+  const Cache cache(hd, kv_heads, bt, positions, 11, dtype);
   const size_t off = size_t(hd);  // kv head 1
   const float scale = 1.0f / std::sqrt(float(hd));
   std::mt19937 rng(uint32_t(hd * 100 + bt));
@@ -185,8 +205,9 @@ TEST_P(AttentionTest, TilesMatchTheEmulatedOrderOnEveryIsaAndTheExactSoftmax) {
       for (int i = 0; i < tile.count; ++i)
         for (int e = 0; e < hd; ++e)
           ASSERT_EQ(out[size_t(i) * size_t(hd) + size_t(e)], want[size_t(i)][size_t(e)])
-              << isa_name(isa) << " hd " << hd << " block " << bt << " tile of " << tile.count
-              << ", query " << i << " (n " << n[size_t(i)] << ") element " << e;
+              << isa_name(isa) << " " << dtype_name(dtype) << " hd " << hd << " block " << bt
+              << " tile of " << tile.count << ", query " << i << " (n " << n[size_t(i)]
+              << ") element " << e;
       // Alone, each query gives the same values.
       std::vector<float> one(size_t(hd), std::numeric_limits<float>::quiet_NaN());
       kernels::attend_head(tile.q[0], hd, scale, cache.paged(), off, n[0], scores.data(),
@@ -198,11 +219,12 @@ TEST_P(AttentionTest, TilesMatchTheEmulatedOrderOnEveryIsaAndTheExactSoftmax) {
 
 // Head sizes below, at and past each vector width, with remainders of 8 and
 // of 16; blocks that are and are not multiples of four keys.
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(Shape{8, 16}, Shape{32, 16}, Shape{64, 16},
-                                           Shape{128, 16}, Shape{72, 16}, Shape{36, 16},
-                                           Shape{6, 16}, Shape{64, 6}, Shape{40, 1}, Shape{24, 3},
-                                           Shape{80, 32}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Combine(::testing::Values(Shape{8, 16}, Shape{32, 16}, Shape{64, 16}, Shape{128, 16},
+                                         Shape{72, 16}, Shape{36, 16}, Shape{6, 16}, Shape{64, 6},
+                                         Shape{40, 1}, Shape{24, 3}, Shape{80, 32}),
+                       ::testing::Values(DType::F32, DType::F16, DType::BF16)));
 
 }  // namespace
 }  // namespace troupe

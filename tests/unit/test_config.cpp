@@ -246,6 +246,10 @@ TEST(RuntimeConfigTest, UnknownEnumValuesListTheKnownOnes) {
   // `off` is a YAML 1.1 boolean, but as a level it is a level.
   EXPECT_EQ(parse("logging: {level: off}\n").logging.level, spdlog::level::off);
   EXPECT_EQ(parse("model: {dtype: bf16}\n").model.dtype, DType::BF16);
+  expect_error("kv_cache: {dtype: fp8}\n", "kv_cache.dtype",
+               "expected one of f32, bf16, f16, got 'fp8'");
+  EXPECT_EQ(parse("kv_cache: {dtype: f16}\n").kv_cache.dtype, DType::F16);
+  EXPECT_EQ(parse("kv_cache: {blocks: 64}\n").kv_cache.dtype, DType::F32);
   EXPECT_EQ(parse("admission: {on_timeout: keep}\n").admission.on_timeout, TimeoutAction::Keep);
 }
 

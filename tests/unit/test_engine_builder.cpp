@@ -51,6 +51,13 @@ TEST(EngineBuilder, SpecsComeFromTheConfigPerReplica) {
   // A byte budget becomes blocks through the model's KV size per token.
   apply_override(c, "kv_cache.bytes", std::to_string(m.kv_bytes_per_token() * 8 * 5 + 3));
   EXPECT_EQ(engine_spec(c, m, 0).blocks, 5);
+  // ... of the cache's elements: a 16-bit cache fits twice the blocks.
+  apply_override(c, "kv_cache.dtype", "f16");
+  EXPECT_EQ(engine_spec(c, m, 0).kv_dtype, DType::F16);
+  EXPECT_EQ(engine_spec(c, m, 0).blocks, 10);
+  EXPECT_EQ(stage_memory(m, engine_spec(c, m, 0)).kv_bytes_per_layer,
+            uint64_t(10) * 8 * kv_bytes_per_token(1, m.kv_dim(), DType::F16));
+  apply_override(c, "kv_cache.dtype", "f32");
   // A stage holds T times its smallest shard's cap; no cap is "max".
   const StageMemory sm = stage_memory(m, r0);
   ASSERT_EQ(sm.stage_cap_bytes.size(), 1u);
@@ -155,6 +162,21 @@ TEST(EngineBuilder, DeviceKindsAreSettledOrRefusedWithTheReason) {
         << e.what();
   }
   spec.cuda_devices = {0, 1};
+  {
+    // A CUDA engine keeps its cache in the weights' type: another 16-bit
+    // type asked for is refused, GPU or not.
+    auto bf16 = std::make_shared<EngineBuilder>(ck, DType::BF16);
+    EngineSpec f16_cache = spec;
+    f16_cache.kv_dtype = DType::F16;
+    try {
+      bf16->resolve(f16_cache);
+      FAIL() << "an f16 cache was accepted for a CUDA replica with bf16 weights";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("kv_cache.dtype: f16 is for CPU devices"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   std::string why;
   const bool gpu = EngineBuilder::cuda_available(&why);
   if (gpu) GTEST_SKIP() << "a CUDA device answers here (" << why << "); tests/gpu covers it";

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "gpu/cpu/kernels.h"
@@ -154,6 +155,62 @@ TEST(DTypes, ConversionsRoundTrip) {
   // bf16 rounds to nearest even.
   EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);  // tie -> even (down)
   EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);  // tie -> even (up)
+}
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// The array conversions (vectors of 8, then a tail) give the scalar
+// conversions' bits for every value: rounding ties both ways, subnormal f16
+// results, overflow to infinity, infinities and NaNs (which may sit beside
+// ordinary values in a vector), at every offset and tail length.
+TEST(DTypes, ArrayConversionsGiveTheScalarBits) {
+  std::vector<float> src;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 20000; ++i) src.push_back(from_bits(uint32_t(rng())));  // any bits
+  for (uint32_t h = 0; h < 0x10000; h += 7) {
+    // f16 and bf16 values, and the points halfway to their neighbours.
+    const float f = f16_to_f32(uint16_t(h)), g = bf16_to_f32(uint16_t(h));
+    uint32_t fb, gb;
+    std::memcpy(&fb, &f, 4);
+    std::memcpy(&gb, &g, 4);
+    for (float x : {f, g, from_bits(fb + 0x1000), from_bits(fb + 0xfff), from_bits(gb + 0x8000),
+                    from_bits(gb + 0x7fff)})
+      src.push_back(x);
+  }
+  for (float x : {65504.0f, 65520.0f, 65519.99f, 1e-8f, 2.98e-8f, 2.99e-8f, INFINITY, -INFINITY,
+                  NAN, -NAN, 0.0f, -0.0f})
+    src.push_back(x);
+  std::shuffle(src.begin(), src.end(), rng);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    auto scalar = [dt](float x) { return dt == DType::F16 ? f32_to_f16(x) : f32_to_bf16(x); };
+    for (size_t offset : {size_t(0), size_t(3)}) {
+      const size_t n = src.size() - offset;
+      std::vector<uint16_t> got(n);
+      convert_from_f32(src.data() + offset, dt, got.data(), n);
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[i], scalar(src[offset + i]))
+            << dtype_name(dt) << " of " << std::hexfloat << src[offset + i] << " at " << i;
+      std::vector<float> back(n), want(n);
+      convert_to_f32(got.data(), dt, back.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        want[i] = dt == DType::F16 ? f16_to_f32(got[i]) : bf16_to_f32(got[i]);
+        if (std::isnan(want[i]))
+          ASSERT_TRUE(std::isnan(back[i])) << i;
+        else
+          ASSERT_EQ(std::memcmp(&back[i], &want[i], 4), 0) << dtype_name(dt) << " " << got[i];
+      }
+    }
+    for (size_t len = 0; len <= 17; ++len) {
+      std::vector<uint16_t> got(len + 1, 0xabcd);
+      convert_from_f32(src.data(), dt, got.data(), len);
+      for (size_t i = 0; i < len; ++i) ASSERT_EQ(got[i], scalar(src[i])) << len;
+      EXPECT_EQ(got[len], 0xabcd) << "wrote past " << len << " values";
+    }
+  }
 }
 
 }  // namespace

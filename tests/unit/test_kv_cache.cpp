@@ -19,6 +19,51 @@ TEST(KvCacheTest, BytesPerTokenAndSizing) {
   EXPECT_EQ(KvCache::blocks_for_bytes(c, 16, cache.bytes_per_token() * 16 * 7 + 5), 7);
 }
 
+TEST(KvCacheTest, SixteenBitCachesTakeHalfTheBytesAndRoundWhatTheyStore) {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.n_kv_heads = 2;
+  c.head_dim = 12;
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    KvCache cache = KvCache::for_model(c, 4, 5, dt);
+    EXPECT_EQ(cache.dtype(), dt);
+    EXPECT_EQ(cache.bytes_per_token(), size_t(3 * 2 * 24) * dtype_size(dt));
+    EXPECT_EQ(cache.total_bytes(), cache.bytes_per_token() * 20);
+    EXPECT_EQ(KvCache::blocks_for_bytes(c, 4, cache.bytes_per_token() * 4 * 3, dt), 3);
+    SequenceCache s;
+    s.blocks = {3, 1};
+    std::vector<float> k(24), v(24), k_back(24), v_back(24);
+    for (int pos : {0, 5, 7})
+      for (int layer = 0; layer < 3; ++layer) {
+        for (int i = 0; i < 24; ++i) {
+          k[size_t(i)] = 0.1f * float(i + 1) + float(layer) + 0.01f * float(pos);
+          v[size_t(i)] = -k[size_t(i)] / 3.0f;
+        }
+        cache.store(layer, s, pos, k.data(), v.data());
+        cache.load(layer, s, pos, k_back.data(), v_back.data());
+        for (int i = 0; i < 24; ++i) {
+          // What the cache holds is the value rounded to its type, once.
+          auto rounded = [dt](float x) {
+            return dt == DType::F16    ? f16_to_f32(f32_to_f16(x))
+                   : dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(x))
+                                       : x;
+          };
+          ASSERT_EQ(k_back[size_t(i)], rounded(k[size_t(i)])) << layer << " " << pos << " " << i;
+          ASSERT_EQ(v_back[size_t(i)], rounded(v[size_t(i)])) << layer << " " << pos << " " << i;
+        }
+      }
+    // Layer 0 at position 0 was not overwritten by the later writes.
+    cache.load(0, s, 0, k_back.data(), v_back.data());
+    EXPECT_NEAR(k_back[0], 0.1f, 1e-3f);
+    // The attention kernels are told the element type.
+    const kernels::PagedKv kv = cache.paged(1, s);
+    EXPECT_EQ(kv.type, dt == DType::F16    ? kernels::KvType::F16
+                       : dt == DType::BF16 ? kernels::KvType::BF16
+                                           : kernels::KvType::F32);
+  }
+}
+
 TEST(KvCacheTest, BlockTablesMustCoverTheStep) {
   KvCache cache(2, 8, 16, 4);
   SequenceCache s;

@@ -30,9 +30,10 @@ SequenceCache seq_at(int first, int count) {
 }
 
 // Logits of the last prompt token, prompt fed in one step.
-std::vector<float> last_logits(const Model& m, const std::vector<int>& prompt) {
+std::vector<float> last_logits(const Model& m, const std::vector<int>& prompt,
+                               DType kv = DType::F32) {
   const int blocks = (m.config().max_seq_len + 15) / 16;
-  KvCache cache = KvCache::for_model(m.config(), 16, blocks);
+  KvCache cache = KvCache::for_model(m.config(), 16, blocks, kv);
   ThreadPool pool(2);
   Workspace ws;
   SequenceCache seq = seq_at(0, blocks);
@@ -85,7 +86,7 @@ TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
 
 // A ragged batch: sequences at different positions, some prefilling a chunk,
 // some decoding one token, in one step, must equal each run alone.
-void check_batched_equals_single(const Model& m, int threads) {
+void check_batched_equals_single(const Model& m, int threads, DType kv = DType::F32) {
   const auto& c = m.config();
   std::vector<std::vector<int>> prompts;
   for (int s = 0; s < 5; ++s) {
@@ -97,7 +98,7 @@ void check_batched_equals_single(const Model& m, int threads) {
   // Alone: each sequence prefilled at once, then decoded token by token.
   std::vector<std::vector<std::vector<float>>> alone(prompts.size());
   {
-    KvCache cache = KvCache::for_model(c, 4, 512);
+    KvCache cache = KvCache::for_model(c, 4, 512, kv);
     ThreadPool pool(threads);
     Workspace ws;
     std::vector<float> logits(size_t(c.vocab_size));
@@ -116,7 +117,7 @@ void check_batched_equals_single(const Model& m, int threads) {
   }
   // Batched: sequence s joins at step s (so prefills overlap other decodes),
   // and prompts are fed in chunks of 5 tokens.
-  KvCache cache = KvCache::for_model(c, 4, 512);
+  KvCache cache = KvCache::for_model(c, 4, 512, kv);
   ThreadPool pool(threads);
   Workspace ws;
   std::vector<SequenceCache> seqs;
@@ -174,16 +175,31 @@ TEST(BatchedForward, SixteenBitWeightsBatchedEqualsOneByOne) {
   check_batched_equals_single(m, 2);
 }
 
+// A 16-bit KV cache rounds what it stores, once: every reader sees the same
+// numbers, so a sequence's logits still do not depend on its batch.
+TEST(BatchedForward, SixteenBitKvCacheBatchedEqualsOneByOne) {
+  Model gqa(synth_checkpoint(synth_preset("tiny"), 7, DType::F32), DType::F32);
+  auto stories = Model::load(test::model_path("stories260K") / "stories260K.bin", DType::F32);
+  for (DType kv : {DType::F16, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(kv));
+    check_batched_equals_single(gqa, 3, kv);
+    check_batched_equals_single(*stories, 2, kv);
+  }
+}
+
 // The CPU engine runs a step on its pool or on one thread, whichever
 // measures faster (gpu/cpu/thread_choice.h): that must not change a float.
 TEST(BatchedForward, ThreadCountDoesNotChangeLogits) {
-  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
-    SCOPED_TRACE(dtype_name(dt));
+  // (weights, KV cache) pairs.
+  for (auto [dt, kv] : {std::pair{DType::F32, DType::F32}, std::pair{DType::BF16, DType::F32},
+                        std::pair{DType::F16, DType::F32}, std::pair{DType::F32, DType::F16},
+                        std::pair{DType::BF16, DType::BF16}}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " weights, " + dtype_name(kv) + " cache");
     auto m = Model::load(test::model_path("fortune"), dt);
     const std::vector<int> prompt{1, 450, 1593, 310, 1834, 338, 5, 77, 900, 12};
     std::vector<std::vector<float>> outs;
     for (int threads : {1, 2, 5}) {
-      KvCache cache = KvCache::for_model(m->config(), 16, 32);
+      KvCache cache = KvCache::for_model(m->config(), 16, 32, kv);
       ThreadPool pool(threads);
       Workspace ws;
       SequenceCache seq = seq_at(0, 32);
@@ -216,6 +232,26 @@ TEST(SixteenBitWeights, LogitsWithinToleranceOfF32) {
     EXPECT_EQ(argmax(got), argmax(ref));
   }
   EXPECT_EQ(greedy(f16, prompt, 8), greedy(f32, prompt, 8));
+}
+
+// A 16-bit KV cache: a long prompt's last logits stay close to the f32
+// cache's (f16 keeps 11 significant bits, bf16 8), and greedy decoding of
+// the trained model continues the same way for its first tokens with f16.
+TEST(SixteenBitKvCache, LogitsWithinToleranceOfF32) {
+  auto m = Model::load(test::model_path("fortune"), DType::F32);
+  std::vector<int> prompt{1};
+  for (int i = 0; i < 120; ++i) prompt.push_back(3 + (i * 131 + 7) % (m->config().vocab_size - 3));
+  const auto ref = last_logits(*m, prompt);
+  const auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
+  const float spread = *mx - *mn;
+  for (DType kv : {DType::F16, DType::BF16}) {
+    const auto got = last_logits(*m, prompt, kv);
+    float worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
+    EXPECT_GT(worst, 0.0f) << dtype_name(kv) << ": the cache should round something";
+    EXPECT_LT(worst / spread, kv == DType::F16 ? 0.002f : 0.02f) << dtype_name(kv);
+    EXPECT_EQ(argmax(got), argmax(ref)) << dtype_name(kv);
+  }
 }
 
 TEST(StepErrors, BadIdsContextOverflowAndShortBlockTablesAreCleanErrors) {

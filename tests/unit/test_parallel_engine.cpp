@@ -61,14 +61,15 @@ Run drive(StepEngine& engine, bool logits, const ModelConfig& c) {
   return run;
 }
 
-void check_layouts(const Checkpoint& ck, DType dtype = DType::F32) {
+void check_layouts(const Checkpoint& ck, DType dtype = DType::F32, DType kv = DType::F32) {
   ParallelEngineOptions one;
   one.blocks = 256;
   one.block_tokens = 4;
+  one.kv_dtype = kv;
   ParallelEngine ref(ck, dtype, one);
   const Run want = drive(ref, true, ck.config);
   // The single-device Engine agrees bit for bit with the 1x1 layout.
-  Engine single(std::make_shared<Model>(ck, dtype), EngineOptions{1, 4, 256});
+  Engine single(std::make_shared<Model>(ck, dtype), EngineOptions{1, 4, 256, kv});
   const Run single_run = drive(single, true, ck.config);
   EXPECT_EQ(single_run.ids, want.ids);
   EXPECT_EQ(single_run.logits, want.logits);
@@ -86,8 +87,8 @@ void check_layouts(const Checkpoint& ck, DType dtype = DType::F32) {
       ASSERT_EQ(got.logits[k].size(), want.logits[k].size());
       for (size_t i = 0; i < got.logits[k].size(); ++i)
         ASSERT_EQ(got.logits[k][i], want.logits[k][i])
-            << "layout P=" << P << " T=" << T << " " << dtype_name(dtype) << ", step " << k
-            << ", logit " << i;
+            << "layout P=" << P << " T=" << T << " " << dtype_name(dtype) << ", " << dtype_name(kv)
+            << " cache, step " << k << ", logit " << i;
     }
     const auto st = pe.stats();
     EXPECT_EQ(int(st.stages.size()), P);
@@ -108,6 +109,13 @@ TEST(ParallelEngine, LayoutsMatchSingleDeviceOnGqaRandomModel) {
 
 TEST(ParallelEngine, LayoutsMatchSingleDeviceWithBf16Weights) {
   check_layouts(synth_checkpoint(synth_preset("tiny"), 4, DType::F32), DType::BF16);
+}
+
+// Each shard rounds its own heads' keys and values as one device would.
+TEST(ParallelEngine, LayoutsMatchSingleDeviceWithA16BitKvCache) {
+  check_layouts(synth_checkpoint(synth_preset("tiny"), 5, DType::F32), DType::F32, DType::F16);
+  check_layouts(load_checkpoint(test::model_path("stories260K") / "stories260K.bin"), DType::BF16,
+                DType::BF16);
 }
 
 TEST(ParallelEngine, ShardsHoldOnlyTheirSlice) {

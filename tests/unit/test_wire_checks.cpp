@@ -100,6 +100,7 @@ TEST(WireChecks, ReplicaPlansANodeCannotIndexAreRefused) {
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.stage_bounds = {0, 3, 3}; }), "increasing"));
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.blocks = 0; }), "blocks"));
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.block_tokens = -16; }), "block_tokens"));
+  EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.kv_dtype = "int4"; }), "kv_dtype 'int4'"));
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.prefill_chunk_tokens = 4096; }), "prefill"));
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.hosts = {0}; }), "hosts"));
   EXPECT_TRUE(names(with([](ReplicaPlan& p) { p.hosts = {0, 2}; }), "host 2"));
