@@ -159,7 +159,8 @@ BENCHMARK_CAPTURE(BM_AttentionPrefill, f32, DType::F32)
 BENCHMARK_CAPTURE(BM_AttentionPrefill, f16, DType::F16)->Args({512, 8})->Args({2048, 8});
 
 // One decode step's attention for range(0) sequences of range(1) positions
-// each, 12 kv heads of 64 (110m's shape) in blocks of 16: every query reads
+// each, 12 kv heads of 64 (110m's shape) in blocks of 16 laid out as
+// gpu/kv_cache.h lays them out (each head's rows together): every query reads
 // its head's keys and values once, so the cache's bytes bound it once they
 // are past the caches.
 void BM_AttentionDecode(benchmark::State& state, DType dtype) {
@@ -180,10 +181,10 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
                                 tables[size_t(s)].data(),
                                 bt,
                                 size_t(bt) * size_t(width),
-                                size_t(width),
+                                size_t(hd),
                                 kv_type(dtype)};
       for (int h = 0; h < heads; ++h)
-        kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * hd, n,
+        kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * hd * bt, n,
                              scores.data(), out.data() + size_t(h) * hd);
     }
     benchmark::DoNotOptimize(out.data());

@@ -8,13 +8,19 @@
 
 namespace troupe {
 
-KvCache::KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks, DType dtype)
-    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), num_blocks_(num_blocks) {
+KvCache::KvCache(int n_layers, int kv_heads, int head_dim, int block_tokens, int num_blocks,
+                 DType dtype)
+    : n_layers_(n_layers),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      block_tokens_(block_tokens),
+      num_blocks_(num_blocks) {
   if (block_tokens <= 0) throw std::invalid_argument("kv_cache.block_tokens must be positive");
-  if (n_layers <= 0 || kv_dim <= 0) throw std::invalid_argument("KV cache needs layers and heads");
+  if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0)
+    throw std::invalid_argument("KV cache needs layers and heads");
   if (num_blocks <= 0) throw std::invalid_argument("KV cache needs at least one block");
-  storage_ =
-      Tensor::zeros({int64_t(n_layers) * 2 * num_blocks * block_tokens, int64_t(kv_dim)}, dtype);
+  storage_ = Tensor::zeros(
+      {int64_t(n_layers) * 2 * num_blocks * block_tokens, int64_t(kv_heads) * head_dim}, dtype);
 }
 
 kernels::KvType KvCache::kernel_type() const {
@@ -31,13 +37,21 @@ kernels::KvType KvCache::kernel_type() const {
 
 void KvCache::store(int layer, const SequenceCache& seq, int pos, const float* key,
                     const float* value) {
-  convert_from_f32(key, dtype(), position(layer, 0, seq, pos), size_t(kv_dim_));
-  convert_from_f32(value, dtype(), position(layer, 1, seq, pos), size_t(kv_dim_));
+  const DType dt = dtype();
+  const size_t n = size_t(head_dim_);
+  each_head(layer, 0, seq, pos,
+            [&](size_t at, char* row) { convert_from_f32(key + at, dt, row, n); });
+  each_head(layer, 1, seq, pos,
+            [&](size_t at, char* row) { convert_from_f32(value + at, dt, row, n); });
 }
 
 void KvCache::load(int layer, const SequenceCache& seq, int pos, float* key, float* value) const {
-  convert_to_f32(position(layer, 0, seq, pos), dtype(), key, size_t(kv_dim_));
-  convert_to_f32(position(layer, 1, seq, pos), dtype(), value, size_t(kv_dim_));
+  const DType dt = dtype();
+  const size_t n = size_t(head_dim_);
+  each_head(layer, 0, seq, pos,
+            [&](size_t at, char* row) { convert_to_f32(row, dt, key + at, n); });
+  each_head(layer, 1, seq, pos,
+            [&](size_t at, char* row) { convert_to_f32(row, dt, value + at, n); });
 }
 
 std::vector<int> contiguous_blocks(int first, int count) {

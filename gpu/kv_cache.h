@@ -10,6 +10,10 @@
 // row rounded to nearest even once, when written; every reader widens it
 // exactly, so the choice changes the cached numbers, never the order of any
 // arithmetic: a sequence still gets the same values in any batch and layout.
+//
+// A block keeps each kv head's positions together ([head][position][dim]),
+// so that attention, which reads one head at a time, streams one contiguous
+// run per block rather than a slice of every position's row.
 #include <cstddef>
 #include <vector>
 
@@ -34,10 +38,11 @@ class KvCache {
  public:
   // kv_heads/head_dim describe what this cache stores (a shard may hold a
   // subset of the model's kv heads).
-  KvCache(int n_layers, int kv_dim, int block_tokens, int num_blocks, DType dtype = DType::F32);
+  KvCache(int n_layers, int kv_heads, int head_dim, int block_tokens, int num_blocks,
+          DType dtype = DType::F32);
   static KvCache for_model(const ModelConfig& c, int block_tokens, int num_blocks,
                            DType dtype = DType::F32) {
-    return KvCache(c.n_layers, c.kv_dim(), block_tokens, num_blocks, dtype);
+    return KvCache(c.n_layers, c.n_kv_heads, c.head_dim, block_tokens, num_blocks, dtype);
   }
   // Blocks that fit in `bytes` for this model.
   static int blocks_for_bytes(const ModelConfig& c, int block_tokens, size_t bytes,
@@ -45,21 +50,24 @@ class KvCache {
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
-  int kv_dim() const { return kv_dim_; }
+  int kv_dim() const { return kv_heads_ * head_dim_; }
   DType dtype() const { return storage_.dtype(); }
-  size_t bytes_per_token() const { return kv_bytes_per_token(n_layers_, kv_dim_, dtype()); }
+  size_t bytes_per_token() const { return kv_bytes_per_token(n_layers_, kv_dim(), dtype()); }
   size_t total_bytes() const { return storage_.nbytes(); }
 
   // Throws std::invalid_argument unless seq's block table holds `tokens`
   // positions with valid block ids.
   void check_covers(const SequenceCache& seq, int tokens) const;
 
-  // Layer `layer` of `seq` as the attention kernel reads it.
+  // Layer `layer` of `seq` as the attention kernel reads it; kv head h
+  // starts head_offset(h) elements into each block.
   kernels::PagedKv paged(int layer, const SequenceCache& seq) const {
-    const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
-    return kernels::PagedKv{
-        slot(layer, 0, 0, 0), slot(layer, 1, 0, 0), seq.blocks.data(), block_tokens_, per_block,
-        size_t(kv_dim_),      kernel_type()};
+    return kernels::PagedKv{row(layer, 0, 0, 0, 0), row(layer, 1, 0, 0, 0), seq.blocks.data(),
+                            block_tokens_,          block_elements(),       size_t(head_dim_),
+                            kernel_type()};
+  }
+  size_t head_offset(int kv_head) const {
+    return size_t(kv_head) * size_t(block_tokens_) * size_t(head_dim_);
   }
 
   // Writes position `pos` of `seq` in layer `layer`: kv_dim keys and values,
@@ -70,20 +78,26 @@ class KvCache {
 
  private:
   kernels::KvType kernel_type() const;
-  char* slot(int layer, int kv, int block, int offset) const {
-    const size_t per_block = size_t(block_tokens_) * size_t(kv_dim_);
-    const size_t index =
-        ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) * per_block +
-        size_t(offset) * size_t(kv_dim_);
+  size_t block_elements() const { return size_t(block_tokens_) * size_t(kv_dim()); }
+  // Keys (kv 0) or values (1) of kv head `head` at row `offset` of `block`.
+  char* row(int layer, int kv, int block, int head, int offset) const {
+    const size_t index = ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) *
+                             block_elements() +
+                         head_offset(head) + size_t(offset) * size_t(head_dim_);
     // The cache's storage is its own and writable; const readers only read.
     return static_cast<char*>(const_cast<void*>(storage_.raw())) +
            index * dtype_size(storage_.dtype());
   }
-  char* position(int layer, int kv, const SequenceCache& seq, int pos) const {
-    return slot(layer, kv, seq.blocks[size_t(pos / block_tokens_)], pos % block_tokens_);
+  // Copies position `pos` of `seq` between its rows and kv_dim contiguous
+  // values, head by head: convert(src, dst, n) for a store, or the reverse.
+  template <class F>
+  void each_head(int layer, int kv, const SequenceCache& seq, int pos, F&& f) const {
+    const int block = seq.blocks[size_t(pos / block_tokens_)];
+    for (int h = 0; h < kv_heads_; ++h)
+      f(size_t(h) * size_t(head_dim_), row(layer, kv, block, h, pos % block_tokens_));
   }
 
-  int n_layers_, kv_dim_, block_tokens_, num_blocks_;
+  int n_layers_, kv_heads_, head_dim_, block_tokens_, num_blocks_;
   Tensor storage_;
 };
 

@@ -223,7 +223,7 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
 }
 
 KvCache Model::make_cache(int block_tokens, int blocks, DType kv_dtype) const {
-  return KvCache(dims_.layers(), dims_.kv_heads * config_.head_dim, block_tokens, blocks, kv_dtype);
+  return KvCache(dims_.layers(), dims_.kv_heads, config_.head_dim, block_tokens, blocks, kv_dtype);
 }
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, DType weight_dtype) {
@@ -325,7 +325,7 @@ void Model::attention(int layer, std::span<const StepInput> inputs, KvCache& cac
       tile.out[i] = ws.att.data() + size_t(t) * size_t(qd) + size_t(h) * size_t(hd);
     }
     const SequenceCache& seq = *inputs[size_t(at.seq)].cache;
-    kernels::attend_tile(tile, hd, scale, cache.paged(layer, seq), size_t(at.kv_head) * size_t(hd),
+    kernels::attend_tile(tile, hd, scale, cache.paged(layer, seq), cache.head_offset(at.kv_head),
                          scratch + size_t(kernels::kTileQueries) * rows);
   };
   const int n_tasks = int(ws.tiles.size());

@@ -65,7 +65,7 @@ TEST(KvCacheTest, SixteenBitCachesTakeHalfTheBytesAndRoundWhatTheyStore) {
 }
 
 TEST(KvCacheTest, BlockTablesMustCoverTheStep) {
-  KvCache cache(2, 8, 16, 4);
+  KvCache cache(2, 2, 4, 16, 4);
   SequenceCache s;
   s.blocks = contiguous_blocks(1, 2);
   EXPECT_EQ(s.blocks, (std::vector<int>{1, 2}));
@@ -79,7 +79,7 @@ TEST(KvCacheTest, BlockTablesMustCoverTheStep) {
   }
   s.blocks = {0, 4};
   EXPECT_THROW(cache.check_covers(s, 1), std::invalid_argument);
-  EXPECT_THROW(KvCache(2, 8, 16, 0), std::invalid_argument);
+  EXPECT_THROW(KvCache(2, 1, 8, 16, 0), std::invalid_argument);
 }
 
 }  // namespace
