@@ -160,7 +160,7 @@ BENCHMARK_CAPTURE(BM_AttentionPrefill, f16, DType::F16)->Args({512, 8})->Args({2
 
 // One decode step's attention for range(0) sequences of range(1) positions
 // each, 12 kv heads of 64 (110m's shape) in blocks of 16 laid out as
-// gpu/kv_cache.h lays them out (each head's rows together): every query reads
+// gpu/kv_cache.h lays them out (each kv head's blocks apart): every query reads
 // its head's keys and values once, so the cache's bytes bound it once they
 // are past the caches.
 void BM_AttentionDecode(benchmark::State& state, DType dtype) {
@@ -174,17 +174,18 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
     for (int b = 0; b < per_seq; ++b) tables[size_t(s)].push_back(s * per_seq + b);
   std::vector<float> q(size_t(heads) * hd), scores(static_cast<size_t>(n)), out(q.size());
   for (auto& e : q) e = d(rng);
+  const size_t head_stride = size_t(seqs) * size_t(per_seq) * bt * hd;  // a head's blocks
   for (auto _ : state) {
     for (int s = 0; s < seqs; ++s) {
       const kernels::PagedKv kv{rows.keys.data(),
                                 rows.values.data(),
                                 tables[size_t(s)].data(),
                                 bt,
-                                size_t(bt) * size_t(width),
+                                size_t(bt) * size_t(hd),
                                 size_t(hd),
                                 kv_type(dtype)};
       for (int h = 0; h < heads; ++h)
-        kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * hd * bt, n,
+        kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * head_stride, n,
                              scores.data(), out.data() + size_t(h) * hd);
     }
     benchmark::DoNotOptimize(out.data());

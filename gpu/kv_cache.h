@@ -11,9 +11,11 @@
 // exactly, so the choice changes the cached numbers, never the order of any
 // arithmetic: a sequence still gets the same values in any batch and layout.
 //
-// A block keeps each kv head's positions together ([head][position][dim]),
-// so that attention, which reads one head at a time, streams one contiguous
-// run per block rather than a slice of every position's row.
+// Storage is [layer][key, value][kv head][block][position][dim]: attention
+// reads one kv head of one sequence at a time, and a sequence's blocks
+// (consecutive ids when allocated together, as a prompt's are) are then one
+// contiguous stream the hardware prefetches, rather than a slice of every
+// position's row.
 #include <cstddef>
 #include <vector>
 
@@ -59,15 +61,15 @@ class KvCache {
   // positions with valid block ids.
   void check_covers(const SequenceCache& seq, int tokens) const;
 
-  // Layer `layer` of `seq` as the attention kernel reads it; kv head h
-  // starts head_offset(h) elements into each block.
+  // Layer `layer` of `seq` as the attention kernel reads it; kv head h's
+  // blocks start head_offset(h) elements in.
   kernels::PagedKv paged(int layer, const SequenceCache& seq) const {
     return kernels::PagedKv{row(layer, 0, 0, 0, 0), row(layer, 1, 0, 0, 0), seq.blocks.data(),
                             block_tokens_,          block_elements(),       size_t(head_dim_),
                             kernel_type()};
   }
   size_t head_offset(int kv_head) const {
-    return size_t(kv_head) * size_t(block_tokens_) * size_t(head_dim_);
+    return size_t(kv_head) * size_t(num_blocks_) * block_elements();
   }
 
   // Writes position `pos` of `seq` in layer `layer`: kv_dim keys and values,
@@ -78,18 +80,20 @@ class KvCache {
 
  private:
   kernels::KvType kernel_type() const;
-  size_t block_elements() const { return size_t(block_tokens_) * size_t(kv_dim()); }
+  // One kv head's share of a block.
+  size_t block_elements() const { return size_t(block_tokens_) * size_t(head_dim_); }
   // Keys (kv 0) or values (1) of kv head `head` at row `offset` of `block`.
   char* row(int layer, int kv, int block, int head, int offset) const {
-    const size_t index = ((size_t(layer) * 2 + size_t(kv)) * size_t(num_blocks_) + size_t(block)) *
-                             block_elements() +
-                         head_offset(head) + size_t(offset) * size_t(head_dim_);
+    const size_t index = (size_t(layer) * 2 + size_t(kv)) * size_t(kv_heads_) *
+                             size_t(num_blocks_) * block_elements() +
+                         head_offset(head) + size_t(block) * block_elements() +
+                         size_t(offset) * size_t(head_dim_);
     // The cache's storage is its own and writable; const readers only read.
     return static_cast<char*>(const_cast<void*>(storage_.raw())) +
            index * dtype_size(storage_.dtype());
   }
-  // Copies position `pos` of `seq` between its rows and kv_dim contiguous
-  // values, head by head: convert(src, dst, n) for a store, or the reverse.
+  // f(h * head_dim, head h's row of position `pos` of `seq`) for every kv
+  // head h: where a kv_dim-long row's head lives in the block.
   template <class F>
   void each_head(int layer, int kv, const SequenceCache& seq, int pos, F&& f) const {
     const int block = seq.blocks[size_t(pos / block_tokens_)];

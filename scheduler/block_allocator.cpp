@@ -30,7 +30,11 @@ void BlockAllocator::allocate(int n, std::vector<int>& out) {
 }
 
 void BlockAllocator::release(const std::vector<int>& blocks) {
-  for (int b : blocks) {
+  // Last first, so that the next allocation takes them in their order: a
+  // sequence's blocks in ascending ids are one stream for the attention
+  // kernels (gpu/kv_cache.h).
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    const int b = *it;
     if (b < 0 || b >= total_ || !in_use_[size_t(b)])
       throw std::logic_error("KV block " + std::to_string(b) + " released but not in use");
     in_use_[size_t(b)] = 0;

@@ -19,15 +19,15 @@ struct Bf16Bits {
 };
 
 // Keys and values of one layer in a paged cache: position j of a sequence
-// lives in block blocks[j / block_tokens], row j % block_tokens; a head's
-// rows start at its offset into the block (gpu/kv_cache.h keeps each kv
-// head's rows together, so row_stride is the head size there).
+// lives in block blocks[j / block_tokens], row j % block_tokens, at
+// head_off + blocks[b] * block_stride + row * row_stride (gpu/kv_cache.h
+// keeps each kv head's blocks apart, so row_stride is the head size there).
 struct PagedKv {
   const void* keys;    // block 0 of this layer's keys
   const void* values;  // block 0 of this layer's values
   const int* blocks;
   int block_tokens;
-  size_t block_stride;  // elements per block
+  size_t block_stride;  // elements from one block to the next
   size_t row_stride;    // elements from one position's row to the next
   KvType type = KvType::F32;
 };

@@ -54,9 +54,15 @@ TEST(StepProfile, JsonRoundTripAndLayoutLookup) {
   p.put(linear_grid());  // same layout and threads: replaced, not added
   EXPECT_EQ(p.layouts.size(), 2u);
   test::TempDir dir;
+  p.kv_dtype = "f16";
   p.save(dir / "p.json");
   const StepProfile q = StepProfile::load(dir / "p.json");
   EXPECT_EQ(q.to_json(), p.to_json());
+  EXPECT_EQ(q.kv_dtype, "f16");
+  // Profiles written before the field was: measured with an f32 cache.
+  auto old_file = p.to_json();
+  old_file.erase("kv_dtype");
+  EXPECT_EQ(StepProfile::from_json(old_file, "old.json").kv_dtype, "f32");
   EXPECT_EQ(q.find(1, 1, 3).threads, 2);
   EXPECT_EQ(q.find(1, 1, 5).threads, 4);
   try {
