@@ -5,11 +5,13 @@
 # to the first, then the median ratios: compare within a round, read the
 # spread across rounds as the machine's noise.
 #
-#   benchmarks/engine_ab.sh [--rounds R] NAME=BINARY ... -- BENCH_ARGS...
+#   benchmarks/engine_ab.sh [--rounds R] NAME='BINARY [ARGS]' ... -- BENCH_ARGS...
 #
 #   benchmarks/engine_ab.sh --rounds 8 old=/tmp/old/build/troupe new=build/troupe -- \
 #       --preset 110m --dtype bf16 --threads 2 --batch 1,8 --prompt-len 512 \
 #       --decode-tokens 16 --repeats 3
+#   benchmarks/engine_ab.sh f32=build/troupe f16='build/troupe --kv-dtype f16' -- ...
+#       (a variant's own ARGS go before the shared ones)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS=$2; shift 2 ;;
     --) shift; break ;;
-    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
     *=*) VARIANTS+=("$1"); shift ;;
     *) echo "engine_ab: unknown argument $1 (bench arguments go after --)" >&2; exit 2 ;;
   esac
@@ -32,8 +34,8 @@ trap 'rm -f "$OUT"' EXIT
 for round in $(seq 1 "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     name=${v%%=*}
-    bin=${v#*=}
-    "$bin" bench "$@" 2>&1 | awk -v r="$round" -v n="$name" '
+    read -r -a cmd <<<"${v#*=}"
+    "${cmd[0]}" bench "${cmd[@]:1}" "$@" 2>&1 | awk -v r="$round" -v n="$name" '
       /^prefill/ { print r, n, "prefill", $(NF-1) }
       /^ +[0-9]+ \|/ { print r, n, "decode_b" $1, $3 }' >>"$OUT"
   done
