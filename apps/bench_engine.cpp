@@ -40,6 +40,37 @@ std::vector<int> synthetic_ids(int n, int vocab, int salt) {
   return ids;
 }
 
+// Set-up steps hold at most this many tokens (engines that size buffers by
+// their largest step are built for it).
+constexpr int kFillStepTokens = 2048;
+
+// Grows every item's sequence from its position to `context` tokens with
+// synthetic prompt chunks, several sequences a step (untimed set-up).
+void fill_contexts(StepEngine& engine, std::vector<StepItem>& items, int context, int vocab) {
+  const int chunk = 512;
+  for (bool more = true; more;) {
+    more = false;
+    std::vector<StepItem> step;
+    int tokens = 0;
+    for (size_t i = 0; i <= items.size(); ++i) {
+      const bool last = i == items.size();
+      const int n = last ? 0 : std::min(chunk, context - items[i].position);
+      if (!step.empty() && (last || tokens + n > kFillStepTokens)) {
+        engine.step(step);
+        step.clear();
+        tokens = 0;
+      }
+      if (n <= 0) continue;
+      StepItem grow = items[i];
+      grow.tokens = synthetic_ids(n, vocab, int(i) + items[i].position);
+      step.push_back(std::move(grow));
+      tokens += n;
+      items[i].position += n;
+      more = more || items[i].position < context;
+    }
+  }
+}
+
 }  // namespace
 
 size_t peak_rss_bytes() {
@@ -130,9 +161,11 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
 
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   // Decode repeats keep growing the same contexts.
-  const int steps = std::min(o.decode_tokens, c.max_seq_len - 16);
-  const int reps = std::max(1, std::min(o.repeats, (c.max_seq_len - 16) / std::max(1, steps)));
-  const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, 16 + steps * reps));
+  // The context gives way to the decode steps within the model's length.
+  const int steps = std::clamp(o.decode_tokens, 1, c.max_seq_len - 1);
+  r.context = std::clamp(o.context, 1, c.max_seq_len - steps);
+  const int reps = std::clamp(o.repeats, 1, std::max(1, (c.max_seq_len - r.context) / steps));
+  const int ctx_per_seq = std::min(c.max_seq_len, std::max(r.prompt_len, r.context + steps * reps));
   EngineSpec spec = o.engine;
   // Each sequence slot owns a fixed range of blocks (the bench is its own
   // scheduler): slot b holds blocks [b * per_seq, (b + 1) * per_seq).
@@ -141,7 +174,7 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
   // The bench's steps (a whole prompt, every sequence's first 16 tokens)
   // must fit an engine that sizes its buffers by the largest step (CUDA).
   spec.max_batch_sequences = std::max(spec.max_batch_sequences, max_batch);
-  spec.max_batch_tokens = std::max({spec.max_batch_tokens, r.prompt_len, 16 * max_batch});
+  spec.max_batch_tokens = std::max({spec.max_batch_tokens, r.prompt_len, kFillStepTokens});
   r.groups = spec.pipeline > 1 ? (o.groups > 0 ? o.groups : spec.pipeline) : 1;
   spec.microbatches = o.microbatches > 0 ? o.microbatches : (r.groups > 1 ? 1 : 0);
   if (spec.pipeline > 1) r.microbatches = spec.microbatches;
@@ -196,13 +229,11 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
     r.prefill_tokens_per_s = double(r.prompt_len) / best;
   }
 
-  // Decode: B sequences with a 16-token context each, then decode_tokens steps.
+  // Decode: B sequences with `context` tokens each, then decode_tokens steps.
   for (int batch : o.batches) {
     std::vector<StepItem> items;
-    for (int b = 0; b < batch; ++b)
-      items.push_back(item(next_seq + uint64_t(b), b, synthetic_ids(16, c.vocab_size, b + 2)));
-    engine->step(items);
-    for (auto& it : items) it.position = 16;
+    for (int b = 0; b < batch; ++b) items.push_back(item(next_seq + uint64_t(b), b, {}));
+    fill_contexts(*engine, items, r.context, c.vocab_size);
     const EngineStats before = engine->stats();
     double best = 1e30;
     const int G = std::min(batch, r.groups);
@@ -257,6 +288,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["weight_bytes_per_step"] = weight_bytes_per_step;
   j["bound_steps_per_s"] = bound_steps_per_s;
   j["prompt_len"] = prompt_len;
+  j["context"] = context;
   j["prefill_tokens_per_s"] = prefill_tokens_per_s;
   j["decode"] = nlohmann::json::array();
   for (const auto& d : decode) {
@@ -324,6 +356,7 @@ std::string EngineBenchResult::table() const {
       s << line;
     }
   }
+  s << "decode from a context of " << context << " tokens:\n";
   s << "  batch | decode tokens/s | of bandwidth bound";
   if (pipeline * tensor > 1) s << " | comm share | bubble per stage";
   s << "\n";
@@ -451,22 +484,11 @@ sim::ProfileGrid measure_step_profile(std::shared_ptr<const Checkpoint> ckpt, DT
     return stage;
   };
 
-  int filled = 0;  // tokens every decode slot holds
+  std::vector<StepItem> slots;  // every decode slot, at the context it holds
+  for (int b = 0; b < max_b; ++b) slots.push_back(item(b, {}, 0));
   for (size_t ci = 0; ci < g.context.size(); ++ci) {
     const int ctx = g.context[ci];
-    // Grow every decode slot to this context, several slots per step.
-    while (filled < ctx) {
-      const int n = std::min(chunk, ctx - filled);
-      std::vector<StepItem> grow;
-      for (int b = 0; b < max_b; ++b) {
-        grow.push_back(item(b, synthetic_ids(n, c.vocab_size, b + filled), filled));
-        if (int(grow.size()) * n >= 2048 || b + 1 == max_b) {
-          engine->step(grow);
-          grow.clear();
-        }
-      }
-      filled += n;
-    }
+    fill_contexts(*engine, slots, ctx, c.vocab_size);
     for (size_t bi = 0; bi < g.batch.size(); ++bi)
       for (size_t pi = 0; pi < g.prefill.size(); ++pi) {
         const int b = g.batch[bi], p = g.prefill[pi];

@@ -16,6 +16,9 @@ struct EngineBenchOptions {
   EngineSpec engine;
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 256;
+  // Tokens each decoding sequence holds before its timed steps (prefilled,
+  // untimed): what attention reads per step grows with it.
+  int context = 16;
   int decode_tokens = 32;
   int repeats = 3;
   int microbatches = 0;  // per step; 0: one per stage (one per step with groups)
@@ -52,6 +55,7 @@ struct EngineBenchResult {
   size_t weight_bytes_per_step = 0;
   double bound_steps_per_s = 0;  // bandwidth / bytes per step
   int prompt_len = 0;
+  int context = 0;  // decode's starting context
   double prefill_tokens_per_s = 0;
   std::vector<DecodePoint> decode;
   size_t kv_bytes_per_token = 0;

@@ -20,6 +20,7 @@ struct BenchOptions {
   std::string preset;
   std::string batches = "1,8,32";
   int prompt_len = 256;
+  int context = 16;
   int decode_tokens = 32;
   int repeats = 3;
   int microbatches = 0, groups = 0;
@@ -118,6 +119,7 @@ void run_bench(const BenchOptions& o) {
     if (opt->count() > 0)
       throw UsageError(opt->get_name() + " is a serving-mode option; it needs --url");
   if (o.prompt_len < 1) throw UsageError("--prompt-len must be at least 1");
+  if (o.context < 1) throw UsageError("--context must be at least 1");
   if (o.decode_tokens < 1) throw UsageError("--decode-tokens must be at least 1");
   if (!o.isa.empty()) {
     if (o.isa == "avx2")
@@ -151,6 +153,7 @@ void run_bench(const BenchOptions& o) {
   if (!o.profile.empty()) return write_profile(o, ckpt, dtype, name, eo.engine);
   eo.batches = parse_list(o.batches, "--batch", 1);
   eo.prompt_len = o.prompt_len;
+  eo.context = o.context;
   eo.decode_tokens = o.decode_tokens;
   eo.repeats = std::max(1, o.repeats);
   eo.microbatches = o.microbatches;
@@ -201,6 +204,10 @@ void register_bench(CLI::App& app) {
   e.push_back(cmd->add_option("--batch", o->batches, "Decode batch sizes, comma-separated")
                   ->capture_default_str());
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt length in tokens")->capture_default_str();
+  e.push_back(cmd->add_option("--context", o->context,
+                              "Tokens each decoding sequence holds before the timed steps "
+                              "(prefilled first, untimed)")
+                  ->capture_default_str());
   e.push_back(cmd->add_option("--decode-tokens", o->decode_tokens, "Decode steps per batch size")
                   ->capture_default_str());
   e.push_back(cmd->add_option("--repeats", o->repeats, "Repeats; the best is reported")

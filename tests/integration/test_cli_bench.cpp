@@ -38,17 +38,30 @@ TEST(CliBench, EngineJsonHasEveryField) {
   EXPECT_EQ(j["kv_dtype"], "f32");
 }
 
-TEST(CliBench, SixteenBitKvCacheHalvesItsBytesPerToken) {
+// A 16-bit cache, and decode from a long context (prefilled in several
+// steps first); a context past the model's length gives way to the steps.
+TEST(CliBench, SixteenBitKvCacheAndLongContexts) {
   for (const char* kv : {"f16", "bf16"}) {
-    auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--kv-dtype", kv,
-                         "--batch", "2", "--prompt-len", "16", "--decode-tokens", "4", "--repeats",
-                         "1", "--threads", "1", "--json"});
+    auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--kv-dtype",
+                         kv, "--batch", "2,5", "--context", "200", "--prompt-len", "16",
+                         "--decode-tokens", "4", "--repeats", "1", "--threads", "1", "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["kv_dtype"], kv);
     EXPECT_EQ(j["kv_bytes_per_token"], 5 * 2 * 64 * 2);
-    EXPECT_GT(j["decode"][0]["tokens_per_s"].get<double>(), 0);
+    EXPECT_EQ(j["context"], 200);
+    ASSERT_EQ(j["decode"].size(), 2u);
+    EXPECT_GT(j["decode"][1]["tokens_per_s"].get<double>(), 0);
   }
+  auto r = troupe_cmd({"bench", "--model", test::model_path("fortune").string(), "--batch", "1",
+                       "--context", "100000", "--decode-tokens", "8", "--repeats", "1",
+                       "--threads", "1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const int max_seq_len = 256;  // fortune's context
+  EXPECT_EQ(nlohmann::json::parse(r.out)["context"], max_seq_len - 8);
+  auto bad = troupe_cmd({"bench", "--preset", "tiny", "--context", "0"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--context must be at least 1"), std::string::npos) << bad.err;
 }
 
 TEST(CliBench, TableAndBadOptions) {
