@@ -18,6 +18,12 @@ namespace troupe {
 
 namespace {
 
+// "KV cache 4096 blocks x 16 tokens, f16" per device, for the log.
+std::string kv_cache_words(const ReplicaPlan& plan) {
+  return "KV cache " + std::to_string(plan.blocks) + " blocks x " +
+         std::to_string(plan.block_tokens) + " tokens, " + plan.kv_dtype;
+}
+
 // Where a spanning replica's parts meet: Gloo groups named after the
 // replica's placement (a rebuilt replica never reads an old one's keys),
 // one per stage's tensor group and per stage boundary between nodes.
@@ -359,9 +365,10 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         b.vocab_size = s.opts.vocab_size;
         h.batcher = self->spawn<caf::monitored>(batcher, std::move(router), std::move(b));
         spdlog::info(
-            "node {}: replica {} started (placement {}, {} device(s){})", s.opts.join.name,
+            "node {}: replica {} started (placement {}, {} device(s){}, {})", s.opts.join.name,
             plan.replica, plan.epoch, h.devices.size(),
-            plan.spans() ? ", leading " + std::to_string(plan.part_names.size()) + " parts" : "");
+            plan.spans() ? ", leading " + std::to_string(plan.part_names.size()) + " parts" : "",
+            kv_cache_words(plan));
         BatcherActor handle = h.batcher;
         host(s, plan.replica, std::move(h));
         return handle;
@@ -381,8 +388,9 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         // Built on its own thread, from its first message: the parts meet at
         // the rendezvous only once the leader starts too.
         self->send(h.member, build_atom::value);
-        spdlog::info("node {}: replica {} part {} started (placement {}, {} device(s))",
-                     s.opts.join.name, plan.replica, plan.part, plan.epoch, h.devices.size());
+        spdlog::info("node {}: replica {} part {} started (placement {}, {} device(s), {})",
+                     s.opts.join.name, plan.replica, plan.part, plan.epoch, h.devices.size(),
+                     kv_cache_words(plan));
         MemberActor handle = h.member;
         host(s, plan.replica, std::move(h));
         return handle;

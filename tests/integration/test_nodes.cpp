@@ -119,7 +119,9 @@ TEST(Nodes, ThreeProcessesServeTheOneProcessAnswerAndSurviveANodeKill) {
 // different thread counts), no --devices. It was refused because the
 // node's own (unused) parallel layout has one device.
 TEST(Nodes, ANodeListingTwoDevicesOffersBoth) {
-  Server s(coordinator_sets(2), /*wait_ready=*/false);
+  auto sets = coordinator_sets(2);
+  sets.push_back("kv_cache.dtype=f16");  // the plan carries it to the node
+  Server s(sets, /*wait_ready=*/false);
   ASSERT_GT(s.nodes_port(), 0) << s.process().stderr_so_far();
   ChildProcess node({test::troupe_binary(), "node", "--join",
                      "127.0.0.1:" + std::to_string(s.nodes_port()), "--name", "a", "--config",
@@ -131,9 +133,11 @@ TEST(Nodes, ANodeListingTwoDevicesOffersBoth) {
                                                           << node.stderr_so_far();
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  EXPECT_NE(node.stderr_so_far().find("tokens, f16)"), std::string::npos) << node.stderr_so_far();
   auto r = s.complete({{"prompt", kPrompts[0]}, {"max_tokens", 12}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[0], 12));
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"],
+            test::generate_text(kPrompts[0], 12, {"--temperature", "0", "--kv-dtype", "f16"}));
   // --devices that disagrees with a list of two is refused, naming the flag.
   const auto refused = test::run_command(
       {test::troupe_binary(), "node", "--join", "127.0.0.1:" + std::to_string(s.nodes_port()),
@@ -378,6 +382,9 @@ TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
     auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
     ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60))
         << s.process().stderr_so_far() << a->stderr_so_far() << b->stderr_so_far();
+    // The coordinator's cache settings reach the nodes' parts.
+    EXPECT_NE((a->stderr_so_far() + b->stderr_so_far()).find("tokens, f32)"), std::string::npos)
+        << a->stderr_so_far();
     EXPECT_EQ(s.metrics().find(node_replicas("a") + " 1") != std::string::npos, true);
     EXPECT_EQ(s.metrics().find(node_replicas("b") + " 1") != std::string::npos, true);
     for (const std::string& p : {kPrompts[0], kPrompts[1], kPrompts[4]}) {

@@ -55,6 +55,30 @@ TEST(Serve, GreedyOutputsEqualGenerateAndConcurrentRequestsComplete) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i) % kPrompts.size()]) << i;
 }
 
+// A 16-bit KV cache in a tensor layout serves what one device with that
+// cache generates (and a request's tokens do not depend on its batch), and
+// a byte budget holds twice the blocks of an f32 cache.
+TEST(Serve, ASixteenBitKvCacheInALayoutGivesTheOneDeviceText) {
+  // fortune: 5 layers x 2 x 64 values, f16: 1280 bytes a token, 20480 a block.
+  Server s({"kv_cache.dtype=f16", "kv_cache.bytes=2621440", "parallel.tensor=2",
+            "devices=[{kind: cpu, threads: 1}]"});
+  EXPECT_TRUE(s.wait_metric("troupe_kv_blocks{replica=\"0\",state=\"free\"}", "128", 10))
+      << s.metrics();
+  std::vector<std::string> want;
+  for (size_t i = 0; i < 3; ++i)
+    want.push_back(generate_text(kPrompts[i], 48, {"--temperature", "0", "--kv-dtype", "f16"}));
+  std::vector<std::string> got(6);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i)
+    clients.emplace_back([&, i] {
+      auto r =
+          s.complete({{"prompt", kPrompts[size_t(i) % 3]}, {"max_tokens", 48}, {"temperature", 0}});
+      if (r.status == 200) got[size_t(i)] = json::parse(r.body)["choices"][0]["text"];
+    });
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i) % 3]) << i;
+}
+
 TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
   Server s({});
   auto r = s.complete(
