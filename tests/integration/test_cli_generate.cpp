@@ -40,7 +40,7 @@ TEST(CliGenerate, HelpExplainsEveryOption) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* opt :
        {"--model", "--tokenizer", "--prompt", "--prompt-ids", "--max-tokens", "--temperature",
-        "--top-p", "--top-k", "--seed", "--ids", "--dtype", "--threads"})
+        "--top-p", "--top-k", "--seed", "--ids", "--dtype", "--kv-dtype", "--threads"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
