@@ -127,11 +127,21 @@ std::filesystem::path profile_path(const SimulateOptions& o, const Config& cfg) 
 
 StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
   const std::filesystem::path file = profile_path(o, cfg);
+  StepProfile profile;
   try {
-    return StepProfile::load(file);
+    profile = StepProfile::load(file);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  const auto measured = parse_dtype(profile.kv_dtype);
+  if (!measured)
+    throw UsageError(file.string() + ": kv_dtype '" + profile.kv_dtype +
+                     "' is not f32, f16 or bf16");
+  if (*measured != cfg.kv_cache.dtype)
+    std::cerr << "troupe simulate: the profile's steps were measured with a " << profile.kv_dtype
+              << " KV cache; the config's is " << dtype_name(cfg.kv_cache.dtype)
+              << " (its capacity is sized for it, its step times are the profile's)\n";
+  return profile;
 }
 
 // A parser of the sim library's, its std::invalid_argument (which names the
@@ -177,17 +187,11 @@ void check_flags(const SimulateOptions& o) {
 }
 
 // The config's KV bytes per token: the profile's, for the config's cache
-// elements (the step times stay those measured with the profile's).
+// elements (load_profile checked the profile's type; the step times stay
+// those measured with it).
 long long config_kv_bytes_per_token(const StepProfile& profile, const Config& cfg) {
-  const auto measured = parse_dtype(profile.kv_dtype);
-  if (!measured)
-    throw UsageError("the step profile's kv_dtype '" + profile.kv_dtype +
-                     "' is not f32, f16 or bf16");
-  if (*measured != cfg.kv_cache.dtype)
-    std::cerr << "troupe simulate: the profile's steps were measured with a " << profile.kv_dtype
-              << " KV cache; the config's is " << dtype_name(cfg.kv_cache.dtype)
-              << " (its capacity is sized for it, its step times are the profile's)\n";
-  return profile.model.kv_bytes_per_token / (long long)dtype_size(*measured) *
+  const DType measured = parse_dtype(profile.kv_dtype).value_or(DType::F32);
+  return profile.model.kv_bytes_per_token / (long long)dtype_size(measured) *
          (long long)dtype_size(cfg.kv_cache.dtype);
 }
 

@@ -9,6 +9,7 @@
 #include "gpu/cpu/gemm.h"
 #include "gpu/cpu/kernels.h"
 #include "gpu/dtype.h"
+#include "gpu/kv_cache.h"
 
 namespace {
 
@@ -104,12 +105,6 @@ struct KvRows {
     }
   }
 };
-
-kernels::KvType kv_type(DType d) {
-  return d == DType::F16    ? kernels::KvType::F16
-         : d == DType::BF16 ? kernels::KvType::BF16
-                            : kernels::KvType::F32;
-}
 
 // Prefill attention of one kv head over a paged cache as the model tiles it:
 // every position of a range(0)-token prompt attends to those before it,

@@ -23,8 +23,8 @@ KvCache::KvCache(int n_layers, int kv_heads, int head_dim, int block_tokens, int
       {int64_t(n_layers) * 2 * num_blocks * block_tokens, int64_t(kv_heads) * head_dim}, dtype);
 }
 
-kernels::KvType KvCache::kernel_type() const {
-  switch (storage_.dtype()) {
+kernels::KvType kv_type(DType dtype) {
+  switch (dtype) {
     case DType::F16:
       return kernels::KvType::F16;
     case DType::BF16:

@@ -32,6 +32,9 @@ struct SequenceCache {
   int length = 0;           // positions filled
 };
 
+// The attention kernels' name for a cache element type.
+kernels::KvType kv_type(DType dtype);
+
 // Block ids first, first + 1, ...: for drivers that place sequences in fixed
 // ranges themselves (one-sequence generation, benchmarks, profiling).
 std::vector<int> contiguous_blocks(int first, int count);
@@ -66,7 +69,7 @@ class KvCache {
   kernels::PagedKv paged(int layer, const SequenceCache& seq) const {
     return kernels::PagedKv{row(layer, 0, 0, 0, 0), row(layer, 1, 0, 0, 0), seq.blocks.data(),
                             block_tokens_,          block_elements(),       size_t(head_dim_),
-                            kernel_type()};
+                            kv_type(dtype())};
   }
   size_t head_offset(int kv_head) const {
     return size_t(kv_head) * size_t(num_blocks_) * block_elements();
@@ -79,7 +82,6 @@ class KvCache {
   void load(int layer, const SequenceCache& seq, int pos, float* key, float* value) const;
 
  private:
-  kernels::KvType kernel_type() const;
   // One kv head's share of a block.
   size_t block_elements() const { return size_t(block_tokens_) * size_t(head_dim_); }
   // Keys (kv 0) or values (1) of kv head `head` at row `offset` of `block`.

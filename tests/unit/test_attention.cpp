@@ -13,6 +13,7 @@
 #include "gpu/cpu/gemm.h"
 #include "gpu/cpu/kernels.h"
 #include "gpu/dtype.h"
+#include "gpu/kv_cache.h"
 #include "tests/support/isa_support.h"
 
 namespace troupe {
@@ -59,9 +60,7 @@ struct Cache {
     for (int b = 0; b < n_blocks; ++b) blocks[size_t(b)] = n_blocks - b;
   }
   PagedKv paged() const {
-    const auto type = dtype == DType::F16    ? kernels::KvType::F16
-                      : dtype == DType::BF16 ? kernels::KvType::BF16
-                                             : kernels::KvType::F32;
+    const kernels::KvType type = kv_type(dtype);
     return {key_bytes.data(),
             value_bytes.data(),
             blocks.data(),
