@@ -266,7 +266,11 @@ TEST(Runtime, RestartIntensityLimitKeepsAReplicaDownAndRequestsGet503) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_TRUE(rt.wait_live(1, 30));
   auto sink = std::make_shared<RecordingSink>();
-  rt.submit(request(1, prompt_for(1), 200), sink);
+  // Past EOS, so that it is still generating when the crash lands (ended by
+  // EOS it could finish first, and the 503 would have nothing to end).
+  auto long_one = request(1, prompt_for(1), 200);
+  long_one.ignore_eos = true;
+  rt.submit(long_one, sink);
   ASSERT_TRUE(sink->wait_tokens(2));
   rt.inject_crash(0);  // over the limit: stays down
   ASSERT_TRUE(sink->wait(30));
