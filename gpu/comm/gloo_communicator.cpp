@@ -39,6 +39,7 @@ enum class Kind : uint64_t {
   kBarrier,
   kPointToPoint,
   kNote,
+  kHello,
 };
 constexpr int kSeqBits = 24;
 constexpr int kBytesBits = 36;
@@ -205,6 +206,7 @@ struct GlooCommunicator::Impl {
   // Set-up.
   void connect(RendezvousStore& store);
   void open_control();
+  void greet_peers();
   void monitor(int peer);
   void watch();
 
@@ -382,6 +384,34 @@ void GlooCommunicator::Impl::open_control() {
     outbox_buf = ctx->createUnboundBuffer(outbox.data(), kNoteBytes);
   } catch (const std::exception& e) {
     throw CommError(prefix() + "could not connect: " + gloo_message(e));
+  }
+  greet_peers();
+}
+
+// Gloo sends into a peer's unbound buffer only once the peer's "ready to
+// receive" message has arrived; until then a send waits in a queue. A rank
+// that fails right after joining could so miss its note's flush deadline,
+// and its peers would see the connection close without the reason. Each
+// peer's hello travels after its inbox's ready message on the same
+// connection, so once every hello is in, a note leaves at once.
+void GlooCommunicator::Impl::greet_peers() {
+  char hello = 1;
+  std::vector<char> hellos(static_cast<size_t>(size));
+  try {
+    auto out = ctx->createUnboundBuffer(&hello, 1);
+    auto in = ctx->createUnboundBuffer(hellos.data(), hellos.size());
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      in->recv(j, tag(Kind::kHello, 0, 1), size_t(j), 1);
+      out->send(j, tag(Kind::kHello, 0, 1), 0, 1);
+    }
+    const auto deadline = Clock::now() + opt.timeout;
+    for (int i = 1; i < size; ++i) {
+      in->waitRecv(deadline);
+      out->waitSend(deadline);
+    }
+  } catch (const std::exception& e) {
+    throw CommError(prefix() + "could not connect: no hello from every peer: " + gloo_message(e));
   }
 }
 
