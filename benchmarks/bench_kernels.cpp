@@ -204,9 +204,17 @@ void shapes(benchmark::internal::Benchmark* b) {
   }
 }
 
+// The 1b preset's products (GQA: 32 query heads, 4 kv heads) at prefill.
+void shapes_1b(benchmark::internal::Benchmark* b) {
+  b->Args({256, 2560, 2048});   // fused q/k/v
+  b->Args({256, 11264, 2048});  // fused gate/up
+  b->Args({256, 2048, 5632});   // down
+}
+
 BENCHMARK_CAPTURE(BM_PackedGemm, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemm, bf16, DType::BF16)->Apply(shapes);
 BENCHMARK(BM_PackedGemmBf16Emulated)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_PackedGemm, bf16_1b, DType::BF16)->Apply(shapes_1b);
 // Two threads on one product: how far the split across a pool scales.
 BENCHMARK_CAPTURE(BM_PackedGemm, f32_2threads, DType::F32, 2)->Apply(shapes)->UseRealTime();
 BENCHMARK_CAPTURE(BM_PackedGemm, bf16_2threads, DType::BF16, 2)->Apply(shapes)->UseRealTime();
