@@ -177,8 +177,12 @@ void scores_group(const float* const* q, const int* n, float* const* scores, int
           for (int u = 0; u < 4; ++u) acc[g][u] = V::fma(qv, kb[u], acc[g][u]);
         }
       }
+      // Unrolled, so that acc stays in registers (an indexed acc[g] would be
+      // kept in memory for the whole loop above).
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         float* dst[P];
+#pragma GCC unroll 2
         for (int p = 0; p < P; ++p) dst[p] = scores[g * P + p] + j0 + o;
         if (chunks * 8 == hd) {
           V::store_keys4(acc[g], scale, dst);
