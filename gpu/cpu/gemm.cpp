@@ -165,13 +165,10 @@ void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix
   const int panels = w.panels();
   // Small M (decode): chunks of 4 panels, many more than threads, so fast
   // threads take over slow ones. Large M (prefill): each chunk packs its copy
-  // of x, so use one large chunk per thread (a multiple of 4 panels).
-  const int per_thread_chunks = M <= 16 ? 0 : 1;
+  // of x, so use one chunk per thread, of equal size (the kernels take what
+  // is not a multiple of their 4-panel group as one narrower group).
   int chunk = 4;
-  if (per_thread_chunks > 0) {
-    const int want = pool.size() * per_thread_chunks;
-    chunk = std::max(4, (panels + want - 1) / want + 3) / 4 * 4;
-  }
+  if (M > 16) chunk = std::max(4, (panels + pool.size() - 1) / pool.size());
   const int chunks = (panels + chunk - 1) / chunk;
   static std::atomic<uint64_t> next_tag{1};
   const uint64_t tag = next_tag.fetch_add(1, std::memory_order_relaxed);

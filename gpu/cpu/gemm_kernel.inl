@@ -457,6 +457,17 @@ float* piece_scratch(int M) {
   return buffer.get(size_t(M) * NP * kPanel);
 }
 
+// Panels [p, p1) in groups of NP, and what is left as one narrower group:
+// a task's share of a product that is not a multiple of NP panels costs one
+// pass over x, not a pass per panel.
+template <class V, DType WT, int MR, int NP, int KB>
+void panel_groups(const float* x, size_t sm, size_t sk, int M, const float* xp, const PanelsRef& w,
+                  int p, int p1, const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) gemm_panel_group<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p, o);
+  if constexpr (NP > 1)
+    if (p < p1) panel_groups<V, WT, MR, NP - 1, KB>(x, sm, sk, M, xp, w, p, p1, o);
+}
+
 template <class V, DType WT, int MR, int NP, int KB>
 void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                 int ldy, uint64_t pack_tag, size_t piece_stride) {
@@ -471,9 +482,7 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   }
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
   if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
-  int p = p0;
-  for (; p + NP <= p1; p += NP) gemm_panel_group<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p, o);
-  for (; p < p1; ++p) gemm_panel_group<V, WT, MR, 1, KB>(x, sm, sk, M, xp, w, p, o);
+  panel_groups<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p0, p1, o);
 }
 
 template <class V, int MR, int NP, int KB>

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -89,6 +90,36 @@ TEST(Gemm, RowsDoNotDependOnBatchSize) {
       for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(m) * N + n]) << dtype_name(dt);
     }
   }
+}
+
+// Prefill-sized products give each thread one chunk of panels, of whatever
+// size divides them evenly; the kernels take what is not a multiple of their
+// panel group as one narrower group (3, 2 or 1 panels). None of that may
+// change a bit.
+TEST(Gemm, EveryThreadSplitAndNarrowGroupGivesTheScalarBits) {
+  IsaGuard guard;
+  const int K = 70;
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t = 1; t <= 4; ++t) pools.push_back(std::make_unique<ThreadPool>(t));
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (int N : {16 * 3, 16 * 6, 16 * 7 + 5, 16 * 11})
+      for (int M : {1, 20, 47}) {
+        const auto x = random_vec(size_t(M) * K, 7);
+        const auto w = random_vec(size_t(N) * K, 8);
+        const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+        std::vector<float> ref(size_t(M) * N);
+        gemm_panels_scalar(x.data(), M, K, packed, 0, packed.panels(), ref.data(), N);
+        for (const auto& pool : pools)
+          for (Isa isa : supported_isas()) {
+            force_isa(isa);
+            std::vector<float> y(size_t(M) * N, -1.0f);
+            matmul(*pool, x.data(), M, K, packed, y.data(), N);
+            for (size_t i = 0; i < y.size(); ++i)
+              ASSERT_EQ(y[i], ref[i])
+                  << dtype_name(dt) << " " << isa_name(isa) << " M=" << M << " N=" << N
+                  << " threads=" << pool->size() << " element " << i;
+          }
+      }
 }
 
 TEST(Gemm, F16WeightsEqualF32OnTheRoundedWeights) {
