@@ -47,6 +47,7 @@ class Simulator::Flight : public CompletionSink {
     rec.id = id;
     rec.arrival = sim.now_;
     rec.prompt_tokens = a.prompt_tokens;
+    rec.client_leaves = a.cancel_after_s >= 0;
   }
   void on_token(int) override {
     if (rec.first_token < 0) rec.first_token = sim_.now_;

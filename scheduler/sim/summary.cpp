@@ -81,6 +81,8 @@ void RunSummary::add(const RequestRecord& r) {
   output_tokens_ += uint64_t(r.output_tokens);
   if (r.too_long == RequestRecord::TooLong::Context) ++over_context_;
   if (r.too_long == RequestRecord::TooLong::MaxTokens) ++over_max_tokens_;
+  if (r.client_leaves && (r.outcome == Outcome::Completed || r.outcome == Outcome::Cancelled))
+    ++leaving_;
   if (r.started >= 0) queue_.add(r.queue_delay());
   if (r.outcome != Outcome::Completed) return;
   ++completed_;
@@ -113,6 +115,7 @@ nlohmann::json RunSummary::to_json() const {
   nlohmann::json outcomes;
   for (int o = 0; o < 7; ++o) outcomes[outcome_name(Outcome(o))] = outcomes_[o];
   j["outcomes"] = outcomes;
+  j["clients_leaving"] = leaving_;
   j["duration_s"] = duration_s();
   j["requests_per_s"] = requests_per_s();
   j["output_tokens"] = output_tokens_;
@@ -155,6 +158,9 @@ std::string RunSummary::table() const {
                 requests_, completed_, count(Outcome::Cancelled), count(Outcome::QueueFull),
                 count(Outcome::Timeout), count(Outcome::Unavailable), count(Outcome::BadRequest));
   s << line;
+  if (leaving_ > 0)
+    s << "  " << leaving_ << " clients were to go away before their answer; "
+      << count(Outcome::Cancelled) << " did (cancelled), the others had it first\n";
   // Which limit, as the server's error says it.
   const auto limit = [](const char* what, int n) {
     return n > 0 ? std::string(" ") + what + " of " + std::to_string(n) + " tokens" : std::string();

@@ -48,6 +48,9 @@ struct RequestRecord {
   // Outcome::BadRequest: what the front end refused it for (the server's
   // 400), before the runtime saw it.
   enum class TooLong : uint8_t { No, Context, MaxTokens } too_long = TooLong::No;
+  // Its client was to go away before the answer (--cancel-fraction); it
+  // ends Cancelled only if the answer was not complete by then.
+  bool client_leaves = false;
 
   double ttft() const { return first_token - arrival; }
   // Time per output token after the first; < 0 with fewer than two.
@@ -96,6 +99,8 @@ class RunSummary {
   size_t requests() const { return requests_; }
   size_t completed() const { return completed_; }
   size_t count(Outcome o) const { return outcomes_[size_t(o)]; }
+  // Requests whose clients were to go away before their answer.
+  size_t leaving() const { return leaving_; }
   uint64_t output_tokens() const { return output_tokens_; }
   double requests_per_s() const;
   double output_tokens_per_s() const;
@@ -118,7 +123,7 @@ class RunSummary {
   size_t requests_ = 0, completed_ = 0, slo_met_ = 0;
   size_t outcomes_[7] = {0, 0, 0, 0, 0, 0, 0};
   uint64_t output_tokens_ = 0;
-  size_t over_context_ = 0, over_max_tokens_ = 0;
+  size_t over_context_ = 0, over_max_tokens_ = 0, leaving_ = 0;
   int context_length_ = 0, max_tokens_limit_ = 0;
   double first_arrival_ = 1e300, last_end_ = 0;
   LogHistogram ttft_, tpot_, latency_, queue_;

@@ -176,6 +176,25 @@ TEST(Simulator, EveryRequestEndsExactlyOnce) {
   }
 }
 
+TEST(Simulator, TheSummarySaysHowManyClientsWereToLeaveAndHowManyDid) {
+  // 100 tokens at 10 ms a step: two clients leave mid-answer, two long after
+  // theirs ended (a cancel that finds nothing), two stay.
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 6; ++i) {
+    Arrival a{0.001 * i, 10, 100};
+    a.cancel_after_s = i < 2 ? 0.05 : i < 4 ? 10.0 : -1.0;
+    arrivals.push_back(a);
+  }
+  const Records rec = run_list(options(1, 8), arrivals, constant_model(0.01));
+  EXPECT_EQ(rec.summary.leaving(), 4u);
+  EXPECT_EQ(rec.summary.count(Outcome::Cancelled), 2u);
+  EXPECT_EQ(rec.summary.count(Outcome::Completed), 4u);
+  EXPECT_NE(rec.summary.table().find("4 clients were to go away before their answer; 2 did"),
+            std::string::npos)
+      << rec.summary.table();
+  EXPECT_EQ(rec.summary.to_json()["clients_leaving"], 4);
+}
+
 TEST(Simulator, CompletedRequestsGetEveryTokenOnceAcrossResumption) {
   // Replica 0 dies mid-run; its requests finish on replica 1 with exactly
   // the tokens asked for.
