@@ -39,7 +39,7 @@ struct Avx2 {
 void gemm_avx2_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                     int ldy, uint64_t pack_tag, size_t piece_stride) {
   // 3 rows x 2 panels = 12 accumulators of 16 ymm registers.
-  gemm_dispatch<Avx2, 3, 2, 256>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
+  gemm_dispatch<Avx2, 3, 2, 256, 256>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace {
 void gemm_avx512_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                       int ldy, uint64_t pack_tag, size_t piece_stride) {
   // 6 rows x 4 panels = 24 accumulators of 32 zmm registers.
-  gemm_dispatch<Avx512, 6, 4, 128>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
+  gemm_dispatch<Avx512, 6, 4, 512, 128>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ struct Avx512Bf16 : Avx512 {
 void gemm_avx512_bf16_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
                            float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (w.dtype != DType::BF16) std::abort();  // gemm.cpp routes only bf16 here
-  gemm_typed<Avx512Bf16, DType::BF16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 128>(
+  gemm_typed<Avx512Bf16, DType::BF16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 512>(
       x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 

@@ -312,8 +312,14 @@ float* widen_buffer() {
   return block;
 }
 
-// K is processed in blocks of KB so that a panel group's block stays in L1
-// while every row block of x passes over it. With many row blocks (prefill),
+// K is processed in blocks of KB while every row block of x passes over a
+// panel group's block. Weights read as they are take large blocks (512 k
+// steps: 128 KiB of a 4-panel group, in L2): the kernel is bound by its
+// multiply-adds, so what costs is each block's round trip of the partial
+// sums through y, and the x rows of a block stay in L2 up to a few hundred
+// rows (measured with bench_kernels and troupe bench: 128 -> 512 gave 8-9%
+// on f32 and bf16 products of 256 rows, 7% on 110m's 512-token prefill).
+// Widened weights take blocks that stay in L1. With many row blocks (prefill),
 // f16 weights are widened once per block rather than once per row block:
 // widening costs two vector ops per load on the FMA ports, a quarter of the
 // kernel's throughput. With few, writing the widened block costs more than
@@ -485,7 +491,10 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   panel_groups<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p0, p1, o);
 }
 
-template <class V, int MR, int NP, int KB>
+// KB: k steps per block for weights the kernel reads as they are (f32,
+// native bf16 pairs); KBW: for those widened into a per-thread block first
+// (f16, bf16 pairs split on CPUs without the pair instruction).
+template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
   switch (w.dtype) {
@@ -493,10 +502,10 @@ void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, i
       return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
                                                    piece_stride);
     case DType::BF16:
-      return gemm_typed<V, DType::BF16, V::kPairRows, V::kPairPanels, KB>(
+      return gemm_typed<V, DType::BF16, V::kPairRows, V::kPairPanels, KBW>(
           x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
     case DType::F16:
-      return gemm_typed<V, DType::F16, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
-                                                   piece_stride);
+      return gemm_typed<V, DType::F16, MR, NP, KBW>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
+                                                    piece_stride);
   }
 }

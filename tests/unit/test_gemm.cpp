@@ -71,7 +71,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                          ::testing::Values(Shape{1, 16, 8}, Shape{1, 5, 3}, Shape{2, 33, 17},
                                            Shape{3, 64, 64}, Shape{5, 100, 31}, Shape{7, 129, 40},
                                            Shape{13, 80, 192}, Shape{64, 200, 96},
-                                           Shape{1, 2000, 192}));
+                                           Shape{1, 2000, 192},
+                                           // k past several k blocks of every ISA
+                                           Shape{20, 70, 1100}, Shape{13, 48, 1500}));
 
 TEST(Gemm, RowsDoNotDependOnBatchSize) {
   const int N = 77, K = 150, M = 30;
@@ -183,8 +185,10 @@ TEST(Gemm, Bf16WeightsTakeTheBf16PairProduct) {
   // Odd and even K and pieces; one row block, several, a partial last one;
   // k spanning several k blocks of every ISA. x spans many magnitudes, with
   // tiny values that round to bf16 denormals and flush.
-  const std::vector<std::vector<int>> cuts{{}, {}, {0, 7, 130}, {0, 33, 300, 301, 600}};
-  const std::vector<Shape> shapes{{1, 33, 301}, {9, 70, 130}, {9, 70, 130}, {40, 200, 600}};
+  const std::vector<std::vector<int>> cuts{
+      {}, {}, {0, 7, 130}, {0, 33, 300, 301, 600}, {}, {0, 1000, 1030, 2100}};
+  const std::vector<Shape> shapes{{1, 33, 301},   {9, 70, 130},   {9, 70, 130},
+                                  {40, 200, 600}, {20, 70, 2100}, {20, 70, 2100}};
   for (size_t c = 0; c < shapes.size(); ++c) {
     const int M = shapes[c].M, N = shapes[c].N, K = shapes[c].K;
     auto x = random_vec(size_t(M) * K, 5);
