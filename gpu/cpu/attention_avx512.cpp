@@ -30,33 +30,30 @@ struct Zmm {
   static vec set1(float v) { return _mm512_set1_ps(v); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
-  // a[u] = [query 0's 8 lanes | query 1's 8 lanes] against key u. Each level
-  // adds lanes (2i, 2i + 1) of two vectors, the even lanes gathered into one
-  // vector and the odd into another (reduce4's hadd, without the extracts of
-  // 8-lane halves): l0 + l1, then (l0 + l1) + (l2 + l3), then that plus
-  // (l4 + l5) + (l6 + l7).
-  static __m256 reduce_keys4(const vec* a) {
-    const __m512i even =
-        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd =
-        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    auto pairs = [&](__m512 x, __m512 y) {
-      return _mm512_add_ps(_mm512_permutex2var_ps(x, even, y), _mm512_permutex2var_ps(x, odd, y));
+  // a[u] = [query 0's 8 lanes | query 1's 8 lanes] against key u; each
+  // 128-bit quarter holds four lanes of one query. In-lane shuffles pair the
+  // lanes as reduce4's hadd does, l0 + l1, then (l0 + l1) + (l2 + l3), in
+  // every quarter at once; one cross-lane shuffle then adds a query's two
+  // quarters. Quarter 0 of the result holds query 0's four sums (key u in
+  // lane u), quarter 2 query 1's.
+  static __m512 reduce_quarters(const vec* a) {
+    auto pairs = [](__m512 x, __m512 y) {
+      return _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
     };
-    // Lane 8k + 4q + i of s01: key k, query q, lanes (2i, 2i + 1) summed.
-    const __m512 s01 = pairs(a[0], a[1]), s23 = pairs(a[2], a[3]);
-    // Lane 4u + 2q + h of t: key u, query q, half h of the lanes summed.
-    const __m512 t = pairs(s01, s23);
-    // Halves apart, in out's order (4q + u): lanes 0-7 the first half.
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
-    const __m512 r = _mm512_permutexvar_ps(order, t);
-    return _mm256_add_ps(_mm512_castps512_ps256(r), _mm512_extractf32x8_ps(r, 1));
+    // Per quarter: [k0 l01, k0 l23, k1 l01, k1 l23], then [k0..k3 l0123].
+    const __m512 t = pairs(pairs(a[0], a[1]), pairs(a[2], a[3]));
+    return _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
   }
-  static void reduce_keys4(const vec* a, float* out) { _mm256_storeu_ps(out, reduce_keys4(a)); }
+  static void reduce_keys4(const vec* a, float* out) {
+    const __m512 r = reduce_quarters(a);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(r));
+    _mm_storeu_ps(out + 4, _mm512_extractf32x4_ps(r, 2));
+  }
   static void store_keys4(const vec* a, float scale, float* const* dst) {
-    const __m256 s = _mm256_mul_ps(reduce_keys4(a), _mm256_set1_ps(scale));
-    _mm_storeu_ps(dst[0], _mm256_castps256_ps128(s));
-    _mm_storeu_ps(dst[1], _mm256_extractf128_ps(s, 1));
+    const __m512 s = _mm512_mul_ps(reduce_quarters(a), _mm512_set1_ps(scale));
+    _mm_storeu_ps(dst[0], _mm512_castps512_ps128(s));
+    _mm_storeu_ps(dst[1], _mm512_extractf32x4_ps(s, 2));
   }
 };
 
