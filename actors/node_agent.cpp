@@ -168,9 +168,11 @@ void free_devices(AgentState& s, const Hosted& h) {
 
 // Stops every replica here: the coordinator that placed them is gone or no
 // longer counts this node as a member, so whatever they produce is stale.
-void stop_all(NodeActor::pointer self, AgentState& s, const char* why) {
+// `expected`: part of an orderly shutdown, not a fault (logged as info).
+void stop_all(NodeActor::pointer self, AgentState& s, const char* why, bool expected = false) {
   if (!s.replicas.empty())
-    spdlog::warn("node {}: stopping {} replica(s): {}", s.opts.join.name, s.replicas.size(), why);
+    spdlog::log(expected ? spdlog::level::info : spdlog::level::warn,
+                "node {}: stopping {} replica(s): {}", s.opts.join.name, s.replicas.size(), why);
   for (auto& [r, h] : s.replicas) h.stop(self);
   s.replicas.clear();
   s.busy.assign(s.opts.devices.size(), false);
@@ -318,9 +320,13 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
   self->set_down_handler([=](caf::down_msg& dm) {
     AgentState& s = *st;
     if (s.coordinator && dm.source == s.coordinator.address()) {
-      spdlog::warn("node {}: lost the coordinator ({})", s.opts.join.name,
-                   self->system().render(dm.reason));
-      stop_all(self, s, "the coordinator is gone");
+      // The coordinator of this process shutting down says so; a remote
+      // one that goes away is seen as a lost connection.
+      const bool orderly = dm.reason == caf::exit_reason::user_shutdown;
+      spdlog::log(orderly ? spdlog::level::info : spdlog::level::warn,
+                  "node {}: lost the coordinator ({})", s.opts.join.name,
+                  self->system().render(dm.reason));
+      stop_all(self, s, "the coordinator is gone", orderly);
       s.joined = false;
       s.joining = false;
       ++s.join_attempt;
@@ -337,7 +343,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
   });
   // Shutdown: the replicas go down with the node.
   self->set_exit_handler([=](caf::exit_msg& em) {
-    stop_all(self, *st, "the node is shutting down");
+    stop_all(self, *st, "the node is shutting down", em.reason == caf::exit_reason::user_shutdown);
     self->quit(em.reason);
   });
   self->send(self, ntick_atom::value, st->ticks);

@@ -150,9 +150,15 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
 }
 
 ActorRuntime::~ActorRuntime() {
-  if (local_node_) caf::anon_send_exit(local_node_, caf::exit_reason::user_shutdown);
+  // The supervisor first (it takes the replicas down with it), so that it
+  // does not see this process's node go and try to place its replicas again.
   caf::anon_send_exit(injector_, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+  {
+    caf::scoped_actor self{*system_};
+    self->send_exit(supervisor_, caf::exit_reason::user_shutdown);
+    self->wait_for(supervisor_);
+  }
+  if (local_node_) caf::anon_send_exit(local_node_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
   system_->await_all_actors_done();
 }

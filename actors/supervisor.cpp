@@ -390,9 +390,12 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
     const auto parts =
         s.cluster.choose(wanted, s.opts.plan.devices(), slot.start_failures.avoid(s.now()));
     if (!parts) {
+      // Before its first placement this is start-up (the nodes, this
+      // process's own too, join after the coordinator); after, a loss.
       if (!slot.waiting_logged)
-        spdlog::warn("replica {} waits for a node ({}) with {} free device(s)", r, wanted,
-                     s.opts.plan.devices());
+        spdlog::log(slot.epoch == 0 ? spdlog::level::info : spdlog::level::warn,
+                    "replica {} waits for a node ({}) with {} free device(s)", r, wanted,
+                    s.opts.plan.devices());
       slot.waiting_logged = true;
       continue;
     }

@@ -201,6 +201,21 @@ bool wait_running(Server& s, int n) {
   return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
 }
 
+// An orderly life (start, a request, SIGTERM) is not a fault: nothing in it
+// is logged as a warning (a replica waiting for this process's own node at
+// start-up, or the node losing its coordinator at shutdown, used to be).
+TEST(Serve, AnOrderlyStartAndShutdownLogNoWarning) {
+  Server s({"logging.level=info"});
+  const HttpResponse r = s.complete({{"prompt", "A fool"}, {"max_tokens", 4}}, 60);
+  EXPECT_EQ(r.status, 200) << r.body;
+  s.process().signal(SIGTERM);
+  EXPECT_EQ(s.process().wait_exit(30), 0);
+  const std::string log = s.process().stderr_so_far();
+  EXPECT_NE(log.find("signal 15: shutting down"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[warning]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
+}
+
 TEST(Serve, SigtermEndsEveryOpenRequestWithAClearErrorThenExits) {
   for (int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
