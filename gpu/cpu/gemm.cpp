@@ -160,6 +160,11 @@ void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, 
   }
 }
 
+#ifndef TROUPE_ROW_SPLIT_ROWS
+#define TROUPE_ROW_SPLIT_ROWS 64
+#endif
+constexpr int kRowSplitRows = TROUPE_ROW_SPLIT_ROWS;
+
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
             int ldy, size_t piece_stride) {
   const int panels = w.panels();
@@ -171,6 +176,21 @@ void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix
   if (M > 16) chunk = std::max(4, (panels + pool.size() - 1) / pool.size());
   const int chunks = (panels + chunk - 1) / chunk;
   static std::atomic<uint64_t> next_tag{1};
+  const int threads = pool.size();
+  if (threads > 1 && M >= kRowSplitRows * threads) {
+    // Many rows: each thread takes a share of them and every panel, so it
+    // packs only its rows and keeps fewer of them in cache; the weights are
+    // read once per thread, which at this many rows costs little.
+    const uint64_t tag = next_tag.fetch_add(uint64_t(threads), std::memory_order_relaxed);
+    const int share = (M + threads - 1) / threads;
+    pool.parallel_for(threads, [&](int t, int) {
+      const int m0 = t * share, m1 = std::min(M, m0 + share);
+      if (m0 < m1)
+        gemm_panels(x + size_t(m0) * size_t(ldx), m1 - m0, ldx, w, 0, panels,
+                    y + size_t(m0) * size_t(ldy), ldy, tag + uint64_t(t), piece_stride);
+    });
+    return;
+  }
   const uint64_t tag = next_tag.fetch_add(1, std::memory_order_relaxed);
   pool.parallel_for(chunks, [&](int c, int) {
     const int p0 = c * chunk, p1 = std::min(panels, p0 + chunk);

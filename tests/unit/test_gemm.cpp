@@ -95,9 +95,9 @@ TEST(Gemm, RowsDoNotDependOnBatchSize) {
 }
 
 // Prefill-sized products give each thread one chunk of panels, of whatever
-// size divides them evenly; the kernels take what is not a multiple of their
-// panel group as one narrower group (3, 2 or 1 panels). None of that may
-// change a bit.
+// size divides them evenly (the kernels take what is not a multiple of their
+// panel group as one narrower group: 3, 2 or 1 panels), or with many rows a
+// share of the rows. None of that may change a bit.
 TEST(Gemm, EveryThreadSplitAndNarrowGroupGivesTheScalarBits) {
   IsaGuard guard;
   const int K = 70;
@@ -105,7 +105,7 @@ TEST(Gemm, EveryThreadSplitAndNarrowGroupGivesTheScalarBits) {
   for (int t = 1; t <= 4; ++t) pools.push_back(std::make_unique<ThreadPool>(t));
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (int N : {16 * 3, 16 * 6, 16 * 7 + 5, 16 * 11})
-      for (int M : {1, 20, 47}) {
+      for (int M : {1, 20, 47, 130, 261}) {
         const auto x = random_vec(size_t(M) * K, 7);
         const auto w = random_vec(size_t(N) * K, 8);
         const auto packed = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
@@ -245,8 +245,9 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
   const int N = 70, K = 700;
   // Odd pieces too: bf16 pairs restart at each piece.
   const std::vector<int> bounds{0, 41, 300, 311, 700};
-  // (pieces summed in registers up to 3 rows, piece by piece beyond).
-  for (int M : {1, 3, 5, 9, 40}) {
+  // (pieces summed in registers up to 3 rows, piece by piece beyond; 140
+  // rows are split by rows across the threads).
+  for (int M : {1, 3, 5, 9, 40, 140}) {
     const auto x = random_vec(size_t(M) * K, 21);
     const auto w = random_vec(size_t(N) * K, 22);
     for (DType dt : {DType::F32, DType::BF16}) {
