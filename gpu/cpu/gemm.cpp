@@ -167,20 +167,12 @@ constexpr int kRowSplitRows = TROUPE_ROW_SPLIT_ROWS;
 
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
             int ldy, size_t piece_stride) {
-  const int panels = w.panels();
-  // Small M (decode): chunks of 4 panels, many more than threads, so fast
-  // threads take over slow ones. Large M (prefill): each chunk packs its copy
-  // of x, so use one chunk per thread, of equal size (the kernels take what
-  // is not a multiple of their 4-panel group as one narrower group).
-  int chunk = 4;
-  if (M > 16) chunk = std::max(4, (panels + pool.size() - 1) / pool.size());
-  const int chunks = (panels + chunk - 1) / chunk;
+  const int panels = w.panels(), threads = pool.size();
   static std::atomic<uint64_t> next_tag{1};
-  const int threads = pool.size();
   if (threads > 1 && M >= kRowSplitRows * threads) {
-    // Many rows: each thread takes a share of them and every panel, so it
-    // packs only its rows and keeps fewer of them in cache; the weights are
-    // read once per thread, which at this many rows costs little.
+    // Many rows (prefill): each thread takes a share of them and every
+    // panel, so it packs only its rows and keeps fewer of them in cache; the
+    // weights are read once per thread, which at this many rows costs little.
     const uint64_t tag = next_tag.fetch_add(uint64_t(threads), std::memory_order_relaxed);
     const int share = (M + threads - 1) / threads;
     pool.parallel_for(threads, [&](int t, int) {
@@ -191,6 +183,12 @@ void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix
     });
     return;
   }
+  // Few rows (decode): chunks of 4 panels, many more than threads, so fast
+  // threads take over slow ones. More: each chunk packs its copy of x, so
+  // one chunk per thread, of equal size (the kernels take what is not a
+  // multiple of their 4-panel group as one narrower group).
+  const int chunk = M > 16 ? std::max(4, (panels + threads - 1) / threads) : 4;
+  const int chunks = (panels + chunk - 1) / chunk;
   const uint64_t tag = next_tag.fetch_add(1, std::memory_order_relaxed);
   pool.parallel_for(chunks, [&](int c, int) {
     const int p0 = c * chunk, p1 = std::min(panels, p0 + chunk);
