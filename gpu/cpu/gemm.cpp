@@ -160,10 +160,9 @@ void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, 
   }
 }
 
-#ifndef TROUPE_ROW_SPLIT_ROWS
-#define TROUPE_ROW_SPLIT_ROWS 64
-#endif
-constexpr int kRowSplitRows = TROUPE_ROW_SPLIT_ROWS;
+// Rows per thread from which a product splits by rows: each thread then
+// reads every weight, which 64 rows' multiply-adds per weight byte amortise.
+constexpr int kRowSplitRows = 64;
 
 void matmul(ThreadPool& pool, const float* x, int M, int ldx, const PackedMatrix& w, float* y,
             int ldy, size_t piece_stride) {
