@@ -221,9 +221,10 @@ RequestResult outcome(const HttpResponse& res, const CompletionStream& stream,
       r.detail = error_message(plain);
       return r;
     }
+    // A whole response at once tells when it ended, not when its first
+    // token was made: latency only.
     const auto usage = j.value("usage", nlohmann::json::object());
     r.output_tokens = usage.value("completion_tokens", 0);
-    if (r.output_tokens > 0) first = last = Clock::now();
   }
   r.ok = true;
   if (first) r.ttft_s = seconds(origin, *first);
@@ -265,8 +266,8 @@ std::string request_body(const ServingBenchOptions& o, const std::string& model,
   j["prompt"] = prompt_ids(o.prompt_len, vocab, o.seed, index);
   j["max_tokens"] = o.output_len;
   j["temperature"] = 0;
-  j["stream"] = true;
-  j["stream_options"] = {{"include_usage", true}};
+  j["stream"] = o.stream;
+  if (o.stream) j["stream_options"] = {{"include_usage", true}};
   // vLLM's extension so that every request produces output_len tokens; a
   // server that ignores it still gets measured on what it produced.
   j["ignore_eos"] = true;
@@ -510,6 +511,7 @@ nlohmann::json ServingBenchResult::to_json() const {
   for (const auto& [k, v] : error_examples) j["error_examples"][k] = v;
   j["prompt_len"] = options.prompt_len;
   j["output_len"] = options.output_len;
+  j["stream"] = options.stream;
   j["vocab"] = vocab;
   j["vocab_source"] = vocab_source;
   j["duration_s"] = duration_s;
@@ -536,8 +538,10 @@ std::string ServingBenchResult::table() const {
                   options.rate, options.max_inflight, delayed_arrivals);
   }
   s << line;
-  std::snprintf(line, sizeof line, "prompt %d tokens (vocab %d, from %s), output up to %d tokens\n",
-                options.prompt_len, vocab, vocab_source.c_str(), options.output_len);
+  std::snprintf(line, sizeof line,
+                "prompt %d tokens (vocab %d, from %s), output up to %d tokens%s\n",
+                options.prompt_len, vocab, vocab_source.c_str(), options.output_len,
+                options.stream ? "" : ", not streamed");
   s << line;
   std::snprintf(line, sizeof line, "requests %d: completed %d, failed %d\n", options.requests,
                 completed, options.requests - completed);

@@ -77,6 +77,8 @@ struct ServingBenchOptions {
   int max_inflight = 1024;
   int prompt_len = 256;
   int output_len = 128;
+  // false: plain JSON responses, measured by latency only (no TTFT or TPOT).
+  bool stream = true;
   int vocab = 2000;  // used when GET /v1/models does not say
   double timeout_s = 300;
   uint64_t seed = 0;

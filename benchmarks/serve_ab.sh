@@ -7,19 +7,20 @@
 #
 #   benchmarks/serve_ab.sh [--model PATH] [--threads N] [--rounds R]
 #                          [--concurrency "1 16"] [--requests N1] [--per-client N]
-#                          [--prompt-len L] [--output-len O]
+#                          [--prompt-len L] [--output-len O] [--no-stream]
 #                          NAME=BINARY[:KEY=VALUE,...] ...
 #
 #   benchmarks/serve_ab.sh old=/tmp/old/build/troupe:batching.async_scheduling=false \
 #                          new=build/troupe
 #
 # KEY=VALUE pairs are the config's (see configs/default.yaml), given to
-# `troupe serve` as --set overrides. Prints one line per variant per round.
+# `troupe serve` as --set overrides. --no-stream asks for whole JSON
+# responses instead of event streams. Prints one line per variant per round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODEL=models/fortune THREADS=2 ROUNDS=3 CONC="1 16" N1=100 PER_CLIENT=20 PROMPT=16 OUTPUT=64
-VARIANTS=()
+VARIANTS=() BENCH_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -30,7 +31,8 @@ while [ $# -gt 0 ]; do
     --per-client) PER_CLIENT=$2; shift 2 ;;
     --prompt-len) PROMPT=$2; shift 2 ;;
     --output-len) OUTPUT=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    --no-stream) BENCH_FLAGS+=(--no-stream); shift ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *=*) VARIANTS+=("$1"); shift ;;
     *) echo "serve_ab: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -65,7 +67,7 @@ for round in $(seq 1 "$ROUNDS"); do
     for c in $CONC; do
       n=$((c == 1 ? N1 : PER_CLIENT * c))
       tps=$("$BENCH" bench --url "http://127.0.0.1:$PORT" --concurrency "$c" --requests "$n" \
-        --prompt-len "$PROMPT" --output-len "$OUTPUT" 2>&1 |
+        --prompt-len "$PROMPT" --output-len "$OUTPUT" "${BENCH_FLAGS[@]}" 2>&1 |
         grep -o "[0-9.]* output tokens/s" | head -1 | cut -d' ' -f1)
       line="$line | c=$c ${tps:-?} tokens/s"
     done

@@ -64,10 +64,12 @@ class FakeServer {
       return true;
     }
     int k;
+    bool streamed;
     {
       std::lock_guard lock(m_);
       bodies_.push_back(json::parse(req.body));
       k = int(bodies_.size());
+      streamed = bodies_.back().value("stream", false);
     }
     if (cfg_.reject_every > 0 && k % cfg_.reject_every == 0) {
       c.respond(429, R"({"error":{"message":"queue full"}})", {{"Retry-After", "1"}},
@@ -77,9 +79,21 @@ class FakeServer {
     const int now = ++active_;
     for (int seen = max_active_; now > seen && !max_active_.compare_exchange_weak(seen, now);) {
     }
-    const bool keep = stream(c);
+    const bool keep = streamed ? stream(c) : whole(c, req.keep_alive);
     --active_;
     return keep;
+  }
+
+  // A non-streamed completion: one JSON body.
+  bool whole(Connection& c, bool keep_alive) {
+    if (!c.pause(cfg_.stall_s)) return false;
+    json body = {{"object", "text_completion"},
+                 {"choices", {{{"index", 0}, {"text", "x"}, {"finish_reason", "length"}}}}};
+    if (cfg_.usage)
+      body["usage"] = {{"prompt_tokens", 40},
+                       {"completion_tokens", cfg_.tokens},
+                       {"total_tokens", 40 + cfg_.tokens}};
+    return c.respond(200, body.dump(), {}, keep_alive) && keep_alive;
   }
 
   // Returns whether the connection stays open.
@@ -181,6 +195,32 @@ TEST(BenchServingEndToEnd, ClosedLoopAllComplete) {
   const std::string table = r.table();
   for (const char* k : {"closed loop, concurrency 2", "completed 6", "TTFT ms", "TPOT ms"})
     EXPECT_NE(table.find(k), std::string::npos) << k << "\n" << table;
+}
+
+// --no-stream: plain JSON answers, counted by their usage; a whole response
+// says when it ended, not when its first token came, so no TTFT or TPOT.
+TEST(BenchServingEndToEnd, NotStreamedRequestsAreMeasuredByLatencyOnly) {
+  FakeServer server({});
+  ServingBenchOptions o = closed_loop(server.url(), 2, 6);
+  o.stream = false;
+  const auto r = run_serving_bench(o);
+  EXPECT_EQ(r.completed, 6);
+  EXPECT_EQ(r.output_tokens, 30);
+  for (const auto& q : r.requests) {
+    EXPECT_TRUE(q.ok) << q.error << " " << q.detail;
+    EXPECT_EQ(q.output_tokens, 5);
+    EXPECT_LT(q.ttft_s, 0);
+    EXPECT_LT(q.tpot_s, 0);
+    EXPECT_GT(q.latency_s, 0);
+  }
+  for (const auto& b : server.bodies()) {
+    EXPECT_EQ(b["stream"], false);
+    EXPECT_FALSE(b.contains("stream_options"));
+  }
+  const auto j = r.to_json();
+  EXPECT_EQ(j["stream"], false);
+  EXPECT_EQ(j["latency_s"]["count"], 6);
+  EXPECT_NE(r.table().find("not streamed"), std::string::npos) << r.table();
 }
 
 TEST(BenchServingEndToEnd, RejectionsCountedByStatus) {
