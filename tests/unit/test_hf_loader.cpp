@@ -13,6 +13,7 @@
 
 #include "gpu/checkpoint.h"
 #include "gpu/loaders/safetensors.h"
+#include "support/error_messages.h"
 #include "support/test_support.h"
 
 namespace troupe {
@@ -23,26 +24,11 @@ using nlohmann::json;
 using test::TempDir;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// The CheckpointError message `f` throws.
 std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected CheckpointError, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected CheckpointError, nothing was thrown";
-  return "";
+  return test::message_of<CheckpointError>(f);
 }
-
-::testing::AssertionResult mentions(const std::string& msg,
-                                    std::initializer_list<std::string> parts) {
-  for (const auto& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << p << "\"";
-  return ::testing::AssertionSuccess();
-}
+using test::mentions;
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() &&

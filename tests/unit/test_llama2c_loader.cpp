@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu/checkpoint.h"
+#include "support/error_messages.h"
 #include "support/test_support.h"
 
 namespace troupe {
@@ -19,26 +20,11 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
+// The CheckpointError message `f` throws.
 std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected CheckpointError, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected CheckpointError, nothing was thrown";
-  return "";
+  return test::message_of<CheckpointError>(f);
 }
-
-::testing::AssertionResult mentions(const std::string& msg,
-                                    std::initializer_list<std::string> parts) {
-  for (const auto& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << p << "\"";
-  return ::testing::AssertionSuccess();
-}
+using test::mentions;
 
 struct Dims {
   int32_t dim, hidden, layers, heads, kv_heads, vocab, seq;

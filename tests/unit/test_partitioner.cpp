@@ -11,22 +11,15 @@
 #include <string>
 
 #include "scheduler/partitioner.h"
+#include "support/error_messages.h"
 #include "util/rng.h"
 
 namespace troupe {
 namespace {
 
-// The message of the std::invalid_argument that fn throws ("" and a failure
-// otherwise).
 template <class Fn>
 std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected std::invalid_argument";
-  return "";
+  return test::message_of<std::invalid_argument>(fn);
 }
 
 struct Brute {
