@@ -241,9 +241,10 @@ void register_bench(CLI::App& app) {
                    ->capture_default_str());
   so.push_back(cmd->add_option("--output-len", s.output_len, "Serving: max_tokens of each request")
                    ->capture_default_str());
-  so.push_back(cmd->add_flag("!--no-stream", s.stream,
-                             "Serving: ask for whole JSON responses, not event streams (then "
-                             "only latency is measured, not TTFT or TPOT)"));
+  so.push_back(cmd->add_flag_callback(
+      "--no-stream", [&s] { s.stream = false; },
+      "Serving: ask for whole JSON responses, not event streams (then "
+      "only latency is measured, not TTFT or TPOT)"));
   so.push_back(cmd->add_option("--max-inflight", s.max_inflight,
                                "Serving, open loop: cap on requests in flight")
                    ->capture_default_str());
