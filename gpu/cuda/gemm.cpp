@@ -83,8 +83,10 @@ cublasLtMatmulAlgo_t Gemm::fixed_algo(int n, int k, DType dtype) {
   const auto key = std::make_tuple(n, k, dtype);
   if (auto it = fixed_.find(key); it != fixed_.end()) return it->second;
   // Candidates for the largest step, without split-K; the first that also
-  // runs a single row serves every row count.
-  Plan big = make_plan(max_rows_, n, k, dtype), one = make_plan(1, n, k, dtype);
+  // runs the other row counts serves every one (a ragged batch has any
+  // count). The check is on the host only; counts past the largest step's
+  // are never run.
+  Plan big = make_plan(max_rows_, n, k, dtype);
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulHeuristicResult_t results[kHeuristics];
   int returned = 0;
@@ -103,29 +105,38 @@ cublasLtMatmulAlgo_t Gemm::fixed_algo(int n, int k, DType dtype) {
                "cublasLtMatmulAlgoGetHeuristic");
   } catch (...) {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    destroy(big), destroy(one);
+    destroy(big);
     throw;
   }
   cublasLtMatmulPreferenceDestroy(pref);
+  destroy(big);
+  const auto runs_every_count = [&](const cublasLtMatmulAlgo_t& algo) {
+    for (int m : {1, 2, 3, 5, 8, 17, 33, 64, 127, 256, 511}) {
+      if (m >= max_rows_) break;
+      Plan p = make_plan(m, n, k, dtype);
+      cublasLtMatmulHeuristicResult_t check{};
+      const bool ok = cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &algo, &check) ==
+                          CUBLAS_STATUS_SUCCESS &&
+                      check.workspaceSize <= workspace_bytes_;
+      destroy(p);
+      if (!ok) return false;
+    }
+    return true;
+  };
   for (int i = 0; i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     uint32_t split_k = 1;
     size_t written = 0;
     cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
                                          &split_k, sizeof split_k, &written);
-    if (split_k > 1) continue;
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(lt_, one.op, one.a, one.b, one.c, one.c, &results[i].algo,
-                                &check) != CUBLAS_STATUS_SUCCESS ||
-        check.workspaceSize > workspace_bytes_)
-      continue;
-    destroy(big), destroy(one);
+    if (split_k > 1 || !runs_every_count(results[i].algo)) continue;
     return fixed_[key] = results[i].algo;
   }
-  destroy(big), destroy(one);
-  throw std::runtime_error("cuBLASLt has no algorithm without split-K that runs both 1 and " +
-                           std::to_string(max_rows_) + " rows of " +
-                           shape_name(max_rows_, n, k, dtype) + " (deterministic mode)");
+  throw std::runtime_error(
+      "cuBLASLt has no algorithm without split-K that runs every row count "
+      "from 1 to " +
+      std::to_string(max_rows_) + " of " + shape_name(max_rows_, n, k, dtype) +
+      " (deterministic mode)");
 }
 
 Gemm::Plan& Gemm::plan(int m, int n, int k, DType dtype) {

@@ -167,6 +167,9 @@ void NcclCommunicator::check_nccl(int result, const char* what) {
 
 template <class Call>
 void NcclCommunicator::enqueue(const char* what, Call&& call) {
+  // The caller may be any thread (a shard's, or supervision's): its current
+  // GPU need not be this rank's, and the stream and buffers are on this one.
+  cu::check(cudaSetDevice(device_), "cudaSetDevice");
   int result = 0;
   {
     // Under the lock: abort() (any thread, the watchdog) frees comm_.
@@ -197,6 +200,7 @@ void NcclCommunicator::finish_call(const char* what, uint64_t bytes, Clock::time
 }
 
 float* NcclCommunicator::scratch(size_t floats) {
+  cu::check(cudaSetDevice(device_), "cudaSetDevice");  // as in enqueue()
   if (floats <= scratch_floats_) return scratch_;
   // Grows outside the serving path (the first call of a size); collectives
   // inside a decode step should pass their own buffers.

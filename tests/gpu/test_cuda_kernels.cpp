@@ -199,8 +199,11 @@ TEST_P(AttentionTest, RaggedBatchMatchesCpu) {
   int next_block = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const int need = (specs[i].position + specs[i].tokens + bt - 1) / bt;
+    // Scattered: a stride prime to the count visits every block once.
+    int stride = 7;
+    while (std::gcd(stride, need) != 1) ++stride;
     std::vector<int> blocks;
-    for (int b = 0; b < need; ++b) blocks.push_back(next_block + (b * 7) % need);  // scattered
+    for (int b = 0; b < need; ++b) blocks.push_back(next_block + (b * stride) % need);
     next_block += need;
     items.push_back(item(i, specs[i].position, specs[i].tokens, blocks));
   }
