@@ -102,7 +102,7 @@ void run_serve(const ServeOptions& so) {
         "fault injection is on: POST /admin/faults takes faults from holders of the token");
   }
   openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
-                             cfg.server.max_tokens_limit};
+                             cfg.server.max_tokens_limit, cfg.admission.priority_levels};
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
   if (runtime.nodes_port() != 0)

@@ -240,6 +240,24 @@ void reject_unsupported(const json& body) {
     if (!v->empty()) unsupported("logit_bias");
   }
   if (const json* v = field(body, "user")) get_string(*v, "user");
+  // Tools and structured output are chat features, but a client that sends
+  // them to /v1/completions expects them honoured just the same.
+  for (const char* name : {"tools", "functions"}) {
+    if (const json* v = field(body, name)) {
+      if (!v->is_array()) wrong_type(name, "an array", *v);
+      if (!v->empty()) unsupported(name);
+    }
+  }
+  if (const json* v = field(body, "tool_choice")) {
+    if (!v->is_string() || (*v != "none" && *v != "auto"))
+      unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object()) wrong_type("response_format", "an object", *v);
+    const json* type = field(*v, "type");
+    if (type && get_string(*type, "response_format.type") != "text")
+      unsupported("response_format", "only {\"type\": \"text\"} is accepted");
+  }
 }
 
 void parse_streaming(const json& body, CompletionParams& p) {
@@ -303,12 +321,18 @@ int checked_max_tokens(const json& v, const std::string& name, const ModelLimits
 
 // What both endpoints take alike: sampling, stop strings, streaming, the
 // options refused on both, and the extensions.
-void parse_generation_options(const json& j, CompletionParams& p) {
+void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
   parse_sampling(j, p);
   parse_stop(j, p);
   parse_streaming(j, p);
   reject_unsupported(j);
-  if (const json* v = field(j, "priority")) p.priority = get_int32(*v, "priority");
+  if (const json* v = field(j, "priority")) {
+    p.priority = get_int32(*v, "priority");
+    if (limits.priority_levels > 0 && (p.priority < 0 || p.priority >= limits.priority_levels))
+      fail("`priority` must be between 0 and " + std::to_string(limits.priority_levels - 1) +
+               ", got " + std::to_string(p.priority) + ".",
+           "priority");
+  }
   if (const json* v = field(j, "return_token_ids"))
     p.return_token_ids = get_bool(*v, "return_token_ids");
   if (const json* v = field(j, "ignore_eos")) p.ignore_eos = get_bool(*v, "ignore_eos");
@@ -324,7 +348,7 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
   } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
     p.max_tokens = limits.max_tokens_cap;
   }
-  parse_generation_options(j, p);
+  parse_generation_options(j, limits, p);
   if (const json* v = field(j, "logprobs")) {
     get_int(*v, "logprobs");
     unsupported("logprobs");
@@ -400,22 +424,6 @@ void reject_unsupported_chat(const json& j) {
   if (const json* v = field(j, "top_logprobs")) {
     if (get_int(*v, "top_logprobs") != 0) unsupported("top_logprobs");
   }
-  for (const char* name : {"tools", "functions"}) {
-    if (const json* v = field(j, name)) {
-      if (!v->is_array()) wrong_type(name, "an array", *v);
-      if (!v->empty()) unsupported(name);
-    }
-  }
-  if (const json* v = field(j, "tool_choice")) {
-    if (!v->is_string() || (*v != "none" && *v != "auto"))
-      unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
-  }
-  if (const json* v = field(j, "response_format")) {
-    if (!v->is_object()) wrong_type("response_format", "an object", *v);
-    const json* type = field(*v, "type");
-    if (type && get_string(*type, "response_format.type") != "text")
-      unsupported("response_format", "only {\"type\": \"text\"} is accepted");
-  }
 }
 
 CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
@@ -433,7 +441,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
     p.max_tokens = limits.max_tokens_cap > 0 ? limits.max_tokens_cap : limits.context_length;
     p.max_tokens_from_context = true;
   }
-  parse_generation_options(j, p);
+  parse_generation_options(j, limits, p);
   reject_unsupported_chat(j);
   return p;
 }

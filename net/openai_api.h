@@ -45,10 +45,11 @@ int retry_after_header_seconds(double seconds);
 
 // What the server serves and the limits it enforces.
 struct ModelLimits {
-  std::string name;        // the only accepted `model`
-  int context_length = 0;  // prompt + completion tokens
-  int vocab_size = 0;      // valid token ids: [0, vocab_size)
-  int max_tokens_cap = 0;  // largest accepted max_tokens; <= 0: only the context bounds it
+  std::string name;         // the only accepted `model`
+  int context_length = 0;   // prompt + completion tokens
+  int vocab_size = 0;       // valid token ids: [0, vocab_size)
+  int max_tokens_cap = 0;   // largest accepted max_tokens; <= 0: only the context bounds it
+  int priority_levels = 0;  // valid priorities: 0 .. priority_levels-1; <= 0: not checked here
 };
 
 // Which endpoint a request came in on, and so which shape its response has.

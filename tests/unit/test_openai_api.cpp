@@ -19,6 +19,7 @@ ModelLimits limits() {
   l.context_length = 256;
   l.vocab_size = 2000;
   l.max_tokens_cap = 200;
+  l.priority_levels = 2;
   return l;
 }
 
@@ -727,6 +728,40 @@ TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
   }
   EXPECT_EQ(chat_err("{" + m + R"(,"logprobs":3})").param, "logprobs");
+}
+
+// The same options on /v1/completions: a client that sends them expects
+// them honoured there too, so they are refused alike, not ignored.
+TEST(OpenAiParse, ToolsAndStructuredOutputAreRefusedAsOnChat) {
+  for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
+           {R"("functions":[{"name":"f"}])", "functions"},
+           {R"("tool_choice":"required")", "tool_choice"},
+           {R"("response_format":{"type":"json_object"})", "response_format"}}) {
+    ApiError e = parse_err(R"({"prompt":"x",)" + rest + "}");
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_EQ(e.param, param) << rest;
+    EXPECT_EQ(e.code, "unsupported_parameter") << rest;
+  }
+  const std::string harmless =
+      R"({"prompt":"x","tools":[],"tool_choice":"none","response_format":{"type":"text"}})";
+  EXPECT_EQ(*std::get<CompletionParams>(parse_completion_request(harmless, limits())).prompt_text,
+            "x");
+}
+
+TEST(OpenAiParse, APriorityOutsideTheServersLevelsNamesTheField) {
+  for (const char* body : {R"({"prompt":"x","priority":2})", R"({"prompt":"x","priority":-1})"}) {
+    ApiError e = parse_err(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, "priority") << body;
+    EXPECT_TRUE(contains(e.message, "between 0 and 1")) << e.message;
+  }
+  ApiError chat = chat_err(R"({"messages":[{"role":"user","content":"x"}],"priority":7})");
+  EXPECT_EQ(chat.param, "priority");
+  EXPECT_EQ(std::get<CompletionParams>(
+                parse_completion_request(R"({"prompt":"x","priority":1})", limits()))
+                .priority,
+            1);
 }
 
 ResponseMeta chat_meta() {
