@@ -313,7 +313,13 @@ bool took_effect(const FaultRecord& f) {
 }
 
 // [start, end] of a fault's effect (unclipped).
+// From the injection until its effect ended and capacity was back. A fault
+// the deployment detected (a node or replica declared dead) whose capacity
+// never came back lasts to the end of the load: what followed its
+// confirmation was still under it, not after it.
 std::pair<double, double> fault_window(const FaultRecord& f) {
+  if (f.detected_s >= 0 && f.recovered_s < 0)
+    return {f.injected_s, std::numeric_limits<double>::infinity()};
   const double end =
       std::max({f.injected_s + std::max(0.0, f.duration_s), f.confirmed_s, f.recovered_s});
   return {f.injected_s, end};

@@ -437,6 +437,28 @@ FaultRecord confirmed_fault(const char* kind, double at, double duration, double
   return f;
 }
 
+// A node killed and declared dead whose capacity never came back before
+// the load ended: the rest of the load ran under the fault, none after it.
+TEST(ChaosChecker, ADetectedFaultWithoutRecoveryLastsToTheEndOfTheLoad) {
+  RunRecords r;
+  r.baseline_tokens_per_s = 10;
+  r.load_end_s = 2.6;
+  r.duration_s = 3;
+  FaultRecord f = confirmed_fault("process_kill", 2.0, 0);
+  f.detected_s = 2.2;
+  r.faults.push_back(f);
+  r.requests.push_back(steady(0, 0, 2.6, 10));
+  r.expected.push_back({r.requests[0].tokens, ""});
+  const ChaosReport rep = check(r);
+  ASSERT_EQ(rep.faults.size(), 1u);
+  EXPECT_DOUBLE_EQ(rep.faults[0].window_end_s, 2.6);
+  EXPECT_NEAR(rep.throughput.during.window_s, 0.6, 1e-9);
+  EXPECT_FALSE(rep.throughput.after.tokens_per_s.has_value());
+  // Once capacity was back, the window ends there.
+  r.faults[0].recovered_s = 2.4;
+  EXPECT_DOUBLE_EQ(check(r).faults[0].window_end_s, 2.4);
+}
+
 TEST(ChaosChecker, WindowsAreClippedToTheLoad) {
   // quick.yaml with --requests 300: the process_stop window (8 .. 10.5 s)
   // outlasts the load (8.6 s); the idle time after it is not a slowdown.
