@@ -109,7 +109,8 @@ inline constexpr size_t kExampleIds = 8;
 // The phases of a run, the same for latency and throughput. Each fault that
 // took effect (played and confirmed) has a window: from its injection until
 // its effect ended and capacity was back (max of injected + duration,
-// confirmed, recovered), clipped to the load's span [0, load end]. Faults
+// confirmed, recovered; the load's end for a detected death whose capacity
+// never came back), clipped to the load's span [0, load end]. Faults
 // that were refused, never confirmed or never played open no window.
 //   before: before the first window starts
 //   during: within a window

@@ -145,8 +145,8 @@ std::string render_text(const ChaosReport& r) {
   out += fmt::format(
       "  phases, clipped to the load (0-{:.1f} s): before = until the first fault took effect; "
       "during = within a fault's window\n"
-      "  (from its injection until its effect ended and capacity was back); after = outside "
-      "every window from then on\n"
+      "  (from its injection until its effect ended and capacity was back, or to the end of the "
+      "load when it never came back); after = outside every window from then on\n"
       "  (between faults and after the last); a fault refused, unconfirmed or not played opens "
       "no window\n",
       r.load_s);
@@ -298,7 +298,7 @@ nlohmann::json render_json(const ChaosReport& r) {
       {"before", "until the first fault took effect"},
       {"during",
        "within a window of a fault that took effect: from its injection until its effect ended "
-       "and capacity was back"},
+       "and capacity was back, or to the end of the load when it never came back"},
       {"after",
        "outside every window once the first fault took effect (between faults and after "
        "the last)"}};
