@@ -350,9 +350,14 @@ std::string EngineBenchResult::table() const {
     }
     s << "\n";
     if (pipeline > 1) {
+      // 0 micro-batches: one per stage for whole-batch steps, one per step
+      // when several groups are in flight (--microbatches' help).
+      const std::string per_step = microbatches > 0 ? std::to_string(microbatches)
+                                   : groups > 1     ? "1"
+                                                    : std::to_string(pipeline) + " (one per stage)";
       std::snprintf(line, sizeof line,
                     "pipelining: %d sequence group(s) in flight, %s micro-batch(es) per step\n",
-                    groups, microbatches > 0 ? std::to_string(microbatches).c_str() : "P");
+                    groups, per_step.c_str());
       s << line;
     }
   }
