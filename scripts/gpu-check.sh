@@ -69,10 +69,20 @@ serving_binaries() {
   echo "$troupe $tests"
 }
 
+# Scratch folders (copies of binaries, unpacked bundles) go when the
+# script ends, however it ends.
+SCRATCH=()
+cleanup() { [ ${#SCRATCH[@]} -eq 0 ] || rm -rf "${SCRATCH[@]}"; }
+trap cleanup EXIT
+
 # A bundle asked for as a .tar.xz is made in a scratch folder, then packed.
 PACK_TO=""
 case "$BUNDLE_TO" in
-  *.tar.xz) PACK_TO=$BUNDLE_TO; BUNDLE_TO=$(mktemp -d)/gpu-bundle ;;
+  *.tar.xz)
+    PACK_TO=$BUNDLE_TO
+    SCRATCH_BUNDLE=$(mktemp -d) && SCRATCH+=("$SCRATCH_BUNDLE")
+    BUNDLE_TO=$SCRATCH_BUNDLE/gpu-bundle
+    ;;
 esac
 
 if [ -n "$BUNDLE_TO" ]; then
@@ -98,14 +108,13 @@ if [ -n "$BUNDLE_TO" ]; then
     echo "bundle in $BUNDLE_TO ($(du -sh "$BUNDLE_TO" | cut -f1)); carried libraries:"
   fi
   ls "$BUNDLE_TO/lib"
-  [ -n "$PACK_TO" ] && rm -rf "$(dirname "$BUNDLE_TO")"
   exit 0
 fi
 
 # A packed bundle is unpacked into a scratch folder (tar with xz, or
 # Python's tarfile where xz is missing).
 if [ -n "$FROM" ] && [ -f "$FROM" ]; then
-  UNPACKED=$(mktemp -d)
+  UNPACKED=$(mktemp -d) && SCRATCH+=("$UNPACKED")
   if command -v xz >/dev/null 2>&1; then
     tar -xJf "$FROM" -C "$UNPACKED"
   else
@@ -152,7 +161,8 @@ if [ -n "$FROM" ]; then
 elif [ -x "$BUILD/tests/gpu_tests" ] && [ -x "$BUILD/gpu/cuda/bench_cuda" ]; then
   # Not under OUT_DIR: whatever lands there may be fetched back (a few
   # files of limited size), and the results must not be crowded out.
-  BIN="$(mktemp -d)/bin" && mkdir -p "$BIN"
+  BIN_DIR=$(mktemp -d) && SCRATCH+=("$BIN_DIR")
+  BIN="$BIN_DIR/bin" && mkdir -p "$BIN"
   cp "$BUILD/tests/gpu_tests" "$BUILD/gpu/cuda/bench_cuda" "$BIN/"
   [ -x "$BUILD/troupe" ] && [ -x "$BUILD/tests/integration_tests" ] &&
     cp "$BUILD/troupe" "$BUILD/tests/integration_tests" "$BIN/"
@@ -210,7 +220,7 @@ case "$AVAIL" in
   *"available: yes"*) ;;
   *)
     echo
-    echo "NO GPU FOUND (${AVAIL#*: }): the GPU tests skip and nothing is measured."
+    echo "NO GPU FOUND (${AVAIL#*: no (}: the GPU tests skip and nothing is measured."
     "$BIN/gpu_tests" --gtest_output="xml:$OUT_DIR/gpu_tests.xml" >"$OUT_DIR/gpu_tests.log" 2>&1
     echo "gpu tests: $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log") lines of skipped tests (log: $OUT_DIR/gpu_tests.log)"
     exit 2
