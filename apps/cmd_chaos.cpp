@@ -184,7 +184,12 @@ void run_chaos_command(const ChaosFlags& f) {
                                       ("troupe-chaos-" + std::to_string(getpid()))
                                 : std::filesystem::path(f.run_dir);
   if (!f.quiet) o.log = [](const std::string& s) { std::cerr << "troupe chaos: " << s << "\n"; };
-  if (!f.quiet) std::cerr << "troupe chaos: logs in " << o.run_dir.string() << "\n";
+  // Attached, the harness starts no process: there are no logs of its own.
+  const std::string logs = o.attach.empty() ? "logs in " + o.run_dir.string() : "";
+  const auto with_logs = [&](const std::string& before) {
+    return logs.empty() ? before : before + "; " + logs;
+  };
+  if (!f.quiet && !logs.empty()) std::cerr << "troupe chaos: " << logs << "\n";
   const chaos::ChaosRun run = chaos::run_chaos(o);
   const chaos::ChaosReport report = chaos::check(run.records);
   std::cout << chaos::render_text(report);
@@ -211,8 +216,8 @@ void run_chaos_command(const ChaosFlags& f) {
     case chaos::Verdict::Fail: {
       std::string why;
       for (const std::string& s : report.failures()) why += (why.empty() ? "" : "; ") + s;
-      throw std::runtime_error("chaos run failed: " + why + " (logs in " + o.run_dir.string() +
-                               ")");
+      throw std::runtime_error(logs.empty() ? "chaos run failed: " + why
+                                            : "chaos run failed: " + why + " (" + logs + ")");
     }
     case chaos::Verdict::Incomplete:
       throw ExitStatus(
@@ -220,8 +225,8 @@ void run_chaos_command(const ChaosFlags& f) {
           "chaos run incomplete: " + std::to_string(report.faults.size() - report.played_faults()) +
               " of " + std::to_string(report.faults.size()) +
               " planned faults were not played, so the plan was not exercised "
-              "(exit status " +
-              std::to_string(kIncompleteStatus) + "; logs in " + o.run_dir.string() + ")");
+              "(" +
+              with_logs("exit status " + std::to_string(kIncompleteStatus)) + ")");
   }
 }
 

@@ -278,6 +278,7 @@ class Run {
   void inject(Tracked& t);
   void undo(Tracked& t);
   void check_admin_faults();
+  void check_admin_access();
   void attribute_resumes();
   // Writes a fault's record (and its admin id) under the lock the poller reads it with.
   void commit(Tracked& t, const std::function<void(FaultRecord&)>& write) {
@@ -336,6 +337,7 @@ ChaosRun Run::go() {
     replicas_ = std::max<int>(1, int(m.known.size()));
     // What the plan asks of it, before the fault-free pass.
     check_plan_replicas(plan_, int(m.known.size()), 0, "the deployment at " + o_.attach);
+    check_admin_access();
   }
   model_ = served_model(http_);
   say("fault-free pass over " + std::to_string(w.pool.size()) + " distinct requests");
@@ -756,6 +758,32 @@ void Run::undo(Tracked& t) {
       }
     });
   }
+}
+
+// Faults injected through the server's admin endpoint need it on and the
+// token right: said before the load, not after it.
+void Run::check_admin_access() {
+  const auto runtime = [](std::string_view kind) {
+    const FaultKindInfo* k = find_fault_kind(kind);
+    return k && k->family == "runtime";
+  };
+  bool needs_admin = false;
+  for (const FaultPlan& f : plan_.faults) needs_admin = needs_admin || runtime(f.kind);
+  for (const std::string& kind : plan_.random.kinds) needs_admin = needs_admin || runtime(kind);
+  if (!needs_admin) return;
+  const HttpResponse resp = http_.call("GET", "/admin/faults");
+  if (resp.status == 200) return;
+  if (resp.status == 401)
+    throw std::runtime_error("the server at " + o_.attach + " refused the admin token (" +
+                             (o_.admin_token.empty() ? "none given: pass --admin-token"
+                                                     : "--admin-token is not its admin.token") +
+                             "); the plan's runtime faults go through POST /admin/faults");
+  if (resp.status == 404)
+    throw std::runtime_error("the server at " + o_.attach +
+                             " has fault injection off (no admin.token in its config); the "
+                             "plan's runtime faults need it");
+  throw std::runtime_error("GET " + o_.attach + "/admin/faults answered " +
+                           std::to_string(resp.status) + ": " + resp.body.substr(0, 200));
 }
 
 void Run::check_admin_faults() {

@@ -400,6 +400,31 @@ TEST(AdminOverHttp, RefusedWithoutTheTokenAndTakesFaultsWithIt) {
   EXPECT_TRUE(found) << listed.body;
 }
 
+// Attached with the wrong token (or to a server with fault injection off),
+// a plan of runtime faults is refused before its load, not after it.
+TEST(AdminOverHttp, AttachingWithAWrongTokenIsRefusedBeforeTheLoad) {
+  test::Server on({"admin.faults=true", "admin.token=s3cret"});
+  test::Server off({});
+  const fs::path plan = write_plan("attach.yaml",
+                                   "workload: {requests: 2000, distinct: 10, max_tokens: 8}\n"
+                                   "faults: [{at_s: 1, kind: slow, replica: 0, factor: 2, "
+                                   "duration_s: 1}]\n");
+  const auto attach = [&](int port, const std::string& token) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ChaosResult r = run_chaos(
+        plan, {"--attach", "http://127.0.0.1:" + std::to_string(port), "--admin-token", token});
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20)
+        << "the load ran first: " << r.stderr_text;
+    EXPECT_EQ(r.exit_code, 1) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("fault-free pass"), std::string::npos) << r.stderr_text;
+    EXPECT_EQ(r.stderr_text.find("logs in"), std::string::npos)
+        << "attached, the harness has no logs of its own: " << r.stderr_text;
+    return r.stderr_text;
+  };
+  EXPECT_NE(attach(on.port(), "wrong").find("refused the admin token"), std::string::npos);
+  EXPECT_NE(attach(off.port(), "s3cret").find("fault injection off"), std::string::npos);
+}
+
 TEST(AdminOverHttp, FaultsWithoutATokenAreRefusedAtStart) {
   const test::Refusal r = test::serve_until_exit({"admin.faults=true"});
   EXPECT_NE(r.exit_code, 0);
