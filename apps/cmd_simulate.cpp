@@ -753,8 +753,18 @@ void run_calibrate(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const std::filesystem::path file = profile_path(o, cfg);
   StepProfile profile = load_profile(o, cfg);
-  sim::ProfileGrid grid =
-      profile.find(cfg.parallel.pipeline, cfg.parallel.tensor, cfg.devices.front().threads);
+  const int threads = cfg.devices.front().threads;
+  sim::ProfileGrid grid = profile.find(cfg.parallel.pipeline, cfg.parallel.tensor, threads);
+  // The server runs the config's threads; its overhead belongs to a grid of
+  // that many, not to the nearest one the profile happens to have.
+  if (grid.threads != threads)
+    throw UsageError(
+        "--calibrate: " + file.string() + " has no grid of " + std::to_string(threads) +
+        " thread(s) per device for this layout (nearest: " + grid.describe() +
+        "), and the server would run " + std::to_string(threads) +
+        ": measure one (troupe bench --threads " + std::to_string(threads) + " --profile " +
+        file.string() + ", with the same layout) or serve with " + std::to_string(grid.threads) +
+        " (--set 'devices=[{kind: cpu, threads: " + std::to_string(grid.threads) + "}]')");
   grid.overhead_s = grid.overhead_per_seq_s = grid.request_overhead_s = 0;
   const std::vector<sim::StepCostModel> models{sim::StepCostModel(grid)};
   const sim::SimOptions so = sim_options(cfg, profile, o);

@@ -140,6 +140,9 @@ TEST(Simulate, BadValuesNameTheirFlagAndRange) {
       {{"--validate", "--mtbf-s", "30"}, {"--validate", "--mtbf-s", "real server"}},
       {{"--calibrate", "--node-mtbf-s", "30"}, {"--calibrate", "--node-mtbf-s", "real server"}},
       {{"--calibrate", "--slow", "0:2"}, {"--calibrate", "--slow", "real server"}},
+      // Its overhead would be written into the 2-thread grid (the nearest).
+      {{"--calibrate", "--set", "devices=[{kind: cpu, threads: 4}]"},
+       {"--calibrate", "no grid of 4 thread(s)", "troupe bench --threads 4"}},
   };
   for (const auto& [args, expected] : cases) {
     std::vector<std::string> all{"--profile", profile()};
