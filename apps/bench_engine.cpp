@@ -18,6 +18,32 @@ namespace troupe::app {
 
 namespace {
 
+// The largest cache level's size for CPU 0, as the kernel tells it (0:
+// unknown). Not sysconf: glibc's figure from CPUID is the whole package's
+// (320 MiB on a 2-core guest whose CPUs share 32 MiB).
+size_t last_level_cache_bytes() {
+  int best_level = 0;
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_file(dir + "level"), size_file(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(level_file >> level) || !(size_file >> size) || level < best_level) continue;
+    size_t bytes = 0;
+    try {
+      bytes = std::stoull(size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    best_level = level;
+    best = bytes;
+  }
+  return best;
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
@@ -197,8 +223,10 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
     for (size_t b : st.streamed_bytes) r.weight_bytes_per_step += b;
   }
   // The host's bandwidth bounds CPU devices only (bench_cuda has the GPU's).
-  if (r.bandwidth_gbs > 0)
+  if (r.bandwidth_gbs > 0) {
     r.bound_steps_per_s = r.bandwidth_gbs * 1e9 / double(r.weight_bytes_per_step);
+    r.last_level_cache_bytes = last_level_cache_bytes();
+  }
   // A CUDA engine keeps its cache in the weights' type.
   const DType kv = spec.kind == DeviceKind::Cuda ? dtype : spec.kv_dtype;
   r.kv_dtype = dtype_name(kv);
@@ -287,6 +315,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["read_bandwidth_gbs"] = read_bandwidth_gbs;
   j["weight_bytes_per_step"] = weight_bytes_per_step;
   j["bound_steps_per_s"] = bound_steps_per_s;
+  j["last_level_cache_bytes"] = last_level_cache_bytes;
   j["prompt_len"] = prompt_len;
   j["context"] = context;
   j["prefill_tokens_per_s"] = prefill_tokens_per_s;
@@ -328,6 +357,14 @@ std::string EngineBenchResult::table() const {
                   "bound %.1f steps/s\n",
                   bandwidth_gbs, read_bandwidth_gbs, double(weight_bytes_per_step) / 1e6,
                   bound_steps_per_s);
+    s << line;
+    if (last_level_cache_bytes > 0 && weight_bytes_per_step <= last_level_cache_bytes)
+      std::snprintf(line, sizeof line,
+                    "(the weights fit in the %zu MiB last-level cache: decode can run past the "
+                    "memory bound)\n",
+                    last_level_cache_bytes >> 20);
+    else
+      line[0] = '\0';
   } else {
     s << "model " << model << ", " << dtype << " weights, " << kv_dtype << " KV cache, on "
       << device << "\n";

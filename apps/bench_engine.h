@@ -54,6 +54,9 @@ struct EngineBenchResult {
   double read_bandwidth_gbs = 0;                  // streaming read only
   size_t weight_bytes_per_step = 0;
   double bound_steps_per_s = 0;  // bandwidth / bytes per step
+  // The host's last-level cache (0: unknown). Weights that fit in it need
+  // not come from memory each step, so decode can run past the bound.
+  size_t last_level_cache_bytes = 0;
   int prompt_len = 0;
   int context = 0;  // decode's starting context
   double prefill_tokens_per_s = 0;
