@@ -780,7 +780,7 @@ void Run::check_admin_access() {
                              "); the plan's runtime faults go through POST /admin/faults");
   if (resp.status == 404)
     throw std::runtime_error("the server at " + o_.attach +
-                             " has fault injection off (no admin.token in its config); the "
+                             " has fault injection off (admin.faults is not on in its config); the "
                              "plan's runtime faults need it");
   throw std::runtime_error("GET " + o_.attach + "/admin/faults answered " +
                            std::to_string(resp.status) + ": " + resp.body.substr(0, 200));

@@ -46,6 +46,9 @@ struct Gate {
 };
 
 constexpr size_t kMaxPipelinedBytes = 64 * 1024;  // read ahead while a request runs
+// Prompt texts up to this long are tokenized on the io thread (under half a
+// millisecond); longer ones on the tokenizing thread.
+constexpr size_t kTokenizeInlineBytes = 1024;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 
 Clock::duration seconds(double s) {
@@ -128,6 +131,10 @@ struct HttpServer::Impl {
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
 
   net::io_context ioc;
+  // Long prompts' tokenization (one at a time, off the io threads). After
+  // the io_context: destroyed first, its pending jobs release their sessions
+  // while the sessions' io_context still exists.
+  net::thread_pool tokenizing{1};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
   std::optional<net::steady_timer> accept_retry;
@@ -183,6 +190,9 @@ class Session : public std::enable_shared_from_this<Session> {
       case Phase::Flushing:
         if (!inflight_.empty()) return;  // its last bytes are on the way
         return close();
+      case Phase::Tokenizing:
+        // Its tokens, when they come, find the phase moved on.
+        return reject(unavailable("The server is shutting down."));
       case Phase::ReadingRequest:
       case Phase::Rearming:
       case Phase::Draining:
@@ -212,6 +222,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // client going away (watching_).
   enum class Phase {
     ReadingRequest,  // reading a request, until its response or exchange starts
+    Tokenizing,      // its prompt is being tokenized elsewhere; nothing is read meanwhile
     Answering,       // a completion exchange runs; its bytes go out as they come
     Flushing,        // the response is complete; its last bytes are being written
     Rearming,        // written; the watch read is being stopped, then the next request
@@ -350,7 +361,44 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* e = std::get_if<openai::ApiError>(&parsed)) return reject(*e);
     auto& params = std::get<openai::CompletionParams>(parsed);
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
-    auto prompt = openai::resolve_prompt(params, tok, limits);
+    if (!tok || !params.prompt_text || params.prompt_text->size() <= kTokenizeInlineBytes)
+      return submit_completion(api, params, openai::resolve_prompt(params, tok, limits));
+    // A long text is tokenized on the server's tokenizing thread (about
+    // 1.5 s for a 1 MB body): on this one it would stall every connection
+    // and stream the io thread serves. The connection waits, reading
+    // nothing more, until its tokens come back to this strand.
+    phase_ = Phase::Tokenizing;
+    begin_flight();  // accepted: a shutdown's grace period waits for it
+    auto job = std::make_shared<openai::CompletionParams>(std::move(params));
+    net::post(server_.tokenizing, [self = shared_from_this(), job, api, tok, gate = server_.gate] {
+      auto prompt = openai::resolve_prompt(*job, tok, self->server_.model);
+      std::shared_lock lock(gate->mu);
+      if (!gate->open) return;  // the server stopped meanwhile
+      net::post(self->executor(), [self, job, api, prompt = std::move(prompt)]() mutable {
+        if (self->phase_ != Phase::Tokenizing) return;  // shut down meanwhile: answered
+        self->phase_ = Phase::ReadingRequest;
+        try {
+          self->submit_completion(api, *job, std::move(prompt));
+        } catch (const std::exception& e) {
+          spdlog::error("http: completion after tokenizing failed: {}", e.what());
+          if (self->phase_ == Phase::Answering) {
+            self->cancel_service();
+            self->apply(self->active_->fail(server_error("Internal server error.")));
+          } else if (self->phase_ == Phase::ReadingRequest) {
+            self->reply_.keep_alive = false;
+            self->respond(error_response(server_error("Internal server error.")));
+          }
+        }
+      });
+    });
+  }
+
+  // The request with its prompt's tokens (or why it has none): submitted
+  // to the service, its exchange started.
+  void submit_completion(openai::Api api, openai::CompletionParams& params,
+                         openai::Result<std::vector<int>> prompt) {
+    const openai::ModelLimits& limits = server_.model;
+    const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
     if (auto* e = std::get_if<openai::ApiError>(&prompt)) return reject(*e);
     std::vector<int>& ids = std::get<std::vector<int>>(prompt);
 
@@ -509,6 +557,7 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (phase_) {
       case Phase::Closed:
       case Phase::ReadingRequest:
+      case Phase::Tokenizing:
         return;
       case Phase::Draining:
         return drain();
@@ -809,6 +858,10 @@ void HttpServer::stop() {
     std::unique_lock gate(s.gate->mu);
     s.gate->open = false;
   }
+  // A prompt being tokenized finishes (its result is dropped at the gate);
+  // those not started are abandoned.
+  s.tokenizing.stop();
+  s.tokenizing.join();
   s.work.reset();
   s.ioc.stop();
   for (auto& t : s.threads) t.join();

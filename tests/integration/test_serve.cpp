@@ -126,6 +126,39 @@ TEST(Serve, BadInputsGetTheirStatusAndTheServerKeepsServing) {
   EXPECT_NE(metrics.body.find("troupe_kv_blocks"), std::string::npos);
 }
 
+// A prompt of a megabyte takes the tokenizer more than a second; it runs
+// off the io thread, so a short request sent after it is answered first,
+// and a long prompt that fits gives the text it would give on one device.
+TEST(Serve, ALongPromptIsTokenizedWithoutHoldingUpOtherRequests) {
+  Server s({});
+  const std::string huge = json({{"prompt", std::string(1000000, ' ')}, {"max_tokens", 1}}).dump();
+  std::atomic<bool> huge_done{false};
+  HttpResponse huge_answer;
+  std::thread t([&] {
+    huge_answer = test::http_request(s.port(), "POST", "/v1/completions", huge, 120);
+    huge_done = true;
+  });
+  // Sent once the big body is in (the server's /metrics would not say when).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const HttpResponse small =
+      s.complete({{"prompt", "The meaning of life"}, {"max_tokens", 4}, {"temperature", 0}});
+  const bool small_first = !huge_done;
+  t.join();
+  EXPECT_EQ(small.status, 200) << small.body;
+  EXPECT_TRUE(small_first) << "the short request waited for the long prompt's tokenizer";
+  EXPECT_EQ(huge_answer.status, 400) << huge_answer.body;
+  EXPECT_NE(huge_answer.body.find("context_length_exceeded"), std::string::npos)
+      << huge_answer.body;
+
+  std::string long_prompt;
+  while (long_prompt.size() < 1100) long_prompt += "wonderful ";
+  long_prompt += "The meaning of life";
+  const HttpResponse r =
+      s.complete({{"prompt", long_prompt}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], generate_text(long_prompt, 8));
+}
+
 TEST(Serve, OverloadGets429WithRetryAfter) {
   Server s({"admission.max_queue=1", "batching.max_batch_sequences=1", "batching.max_waiting=1"});
   std::vector<int> status(12);
