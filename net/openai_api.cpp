@@ -63,15 +63,17 @@ std::string show(double v) {
 
 // Integers as JSON integers or as floats with no fraction (16.0), as
 // pydantic-based servers accept them.
+// (An unsigned one first: nlohmann's is_number_integer() holds for those
+// too, and get<int64_t>() would wrap 2^63 .. 2^64-1 to negative numbers.)
 bool as_int64(const json& v, int64_t& out) {
-  if (v.is_number_integer()) {
-    out = v.get<int64_t>();
-    return true;
-  }
   if (v.is_number_unsigned()) {
     uint64_t u = v.get<uint64_t>();
     if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
     out = int64_t(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    out = v.get<int64_t>();
     return true;
   }
   if (v.is_number_float()) {
@@ -86,8 +88,10 @@ bool as_int64(const json& v, int64_t& out) {
 
 int64_t get_int(const json& v, std::string_view name) {
   int64_t out = 0;
-  if (!as_int64(v, out)) wrong_type(name, "an integer", v);
-  return out;
+  if (as_int64(v, out)) return out;
+  if (v.is_number_unsigned())
+    fail(openai::quoted(name) + " is out of range, got " + v.dump() + ".", std::string(name));
+  wrong_type(name, "an integer", v);
 }
 
 int get_int32(const json& v, std::string_view name) {
@@ -125,15 +129,16 @@ void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionPara
   for (size_t i = 0; i < ids.size(); ++i) {
     const json& e = ids[i];
     int64_t id = 0;
-    if (!e.is_number() || !as_int64(e, id))
+    const bool huge = e.is_number_unsigned() && !as_int64(e, id);  // past int64
+    if (!huge && (!e.is_number() || !as_int64(e, id)))
       fail(
           "`prompt` must be a string, an array of token ids, or an array holding one string or "
           "one array of token ids; element " +
               std::to_string(i) + " is " + e.type_name() + ".",
           "prompt");
-    if (id < 0 || id >= limits.vocab_size)
-      fail("Token id " + std::to_string(id) + " at `prompt`[" + std::to_string(i) +
-               "] is outside the vocabulary (valid ids: 0.." +
+    if (huge || id < 0 || id >= limits.vocab_size)
+      fail("Token id " + (huge ? e.dump() : std::to_string(id)) + " at `prompt`[" +
+               std::to_string(i) + "] is outside the vocabulary (valid ids: 0.." +
                std::to_string(limits.vocab_size - 1) + ").",
            "prompt");
     p.prompt_ids.push_back(int(id));
@@ -197,7 +202,8 @@ void parse_sampling(const json& body, CompletionParams& p) {
   if (const json* v = field(body, "top_p")) {
     double t = get_number(*v, "top_p");
     if (!(t > 0 && t <= 1)) fail("`top_p` must be in (0, 1], got " + show(t) + ".", "top_p");
-    p.top_p = float(t);
+    // A positive value below float's range still means "the top token".
+    p.top_p = std::max(float(t), std::numeric_limits<float>::min());
   }
   if (const json* v = field(body, "top_k")) {
     int k = get_int32(*v, "top_k");
@@ -434,7 +440,12 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
   p.prompt_text = render_chat(parse_messages(j), tmpl);
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
-  if (!max) max = field(j, "max_tokens");
+  if (!max) {
+    max = field(j, "max_tokens");
+  } else if (const json* old = field(j, "max_tokens")) {
+    // The newer name wins, but a bad value under the older is not ignored.
+    checked_max_tokens(*old, "max_tokens", limits);
+  }
   if (max) {
     p.max_tokens = checked_max_tokens(*max, name, limits);
   } else {

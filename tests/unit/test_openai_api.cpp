@@ -749,6 +749,39 @@ TEST(OpenAiParse, ToolsAndStructuredOutputAreRefusedAsOnChat) {
             "x");
 }
 
+// nlohmann holds 2^63 .. 2^64-1 as unsigned; they were read as negative
+// numbers ("must be at least 1, got -1").
+TEST(OpenAiParse, IntegersPastInt64AreOutOfRangeAsSent) {
+  ApiError e = parse_err(R"({"prompt":"x","max_tokens":18446744073709551615})");
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_TRUE(contains(e.message, "18446744073709551615")) << e.message;
+  e = parse_err(R"({"prompt":"x","top_k":9223372036854775808})");
+  EXPECT_EQ(e.param, "top_k");
+  EXPECT_TRUE(contains(e.message, "9223372036854775808")) << e.message;
+  EXPECT_FALSE(contains(e.message, "-")) << e.message;
+  e = parse_err(R"({"prompt":[18446744073709551615]})");
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_TRUE(contains(e.message, "Token id 18446744073709551615")) << e.message;
+  e = parse_err(R"({"prompt":"x","n":18446744073709551615})");
+  EXPECT_FALSE(contains(e.message, "n=-1")) << e.message;
+}
+
+// A top_p below float's smallest normal number was stored as 0, which the
+// replica refuses: every such request ended 503 "cancelled by the server".
+TEST(OpenAiParse, ATinyTopPStaysPositive) {
+  for (const char* body : {R"({"prompt":"x","top_p":1e-46})", R"({"prompt":"x","top_p":1e-300})"}) {
+    auto p = parse_completion_request(body, limits());
+    ASSERT_TRUE(std::holds_alternative<CompletionParams>(p)) << body;
+    EXPECT_GT(std::get<CompletionParams>(p).top_p, 0.0f) << body;
+  }
+}
+
+TEST(OpenAiChatParse, ABadMaxTokensIsRefusedBesideMaxCompletionTokens) {
+  ApiError e = chat_err(
+      R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0,"max_completion_tokens":3})");
+  EXPECT_EQ(e.param, "max_tokens");
+}
+
 TEST(OpenAiParse, APriorityOutsideTheServersLevelsNamesTheField) {
   for (const char* body : {R"({"prompt":"x","priority":2})", R"({"prompt":"x","priority":-1})"}) {
     ApiError e = parse_err(body);
