@@ -124,7 +124,9 @@ const std::string& get_string(const json& v, std::string_view name) {
 }
 
 // Token ids, each within the vocabulary.
-void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionParams& p) {
+// `at` names the array in messages: "`prompt`" or, in a batch of one, "`prompt`[0]".
+void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionParams& p,
+                      const std::string& at = "`prompt`") {
   p.prompt_ids.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const json& e = ids[i];
@@ -133,11 +135,11 @@ void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionPara
     if (!huge && (!e.is_number() || !as_int64(e, id)))
       fail(
           "`prompt` must be a string, an array of token ids, or an array holding one string or "
-          "one array of token ids; element " +
-              std::to_string(i) + " is " + e.type_name() + ".",
+          "one array of token ids; " +
+              at + "[" + std::to_string(i) + "] is " + e.type_name() + ".",
           "prompt");
     if (huge || id < 0 || id >= limits.vocab_size)
-      fail("Token id " + (huge ? e.dump() : std::to_string(id)) + " at `prompt`[" +
+      fail("Token id " + (huge ? e.dump() : std::to_string(id)) + " at " + at + "[" +
                std::to_string(i) + "] is outside the vocabulary (valid ids: 0.." +
                std::to_string(limits.vocab_size - 1) + ").",
            "prompt");
@@ -161,7 +163,7 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams&
   }
   if (v->size() == 1 && (*v)[0].is_array()) {
     if ((*v)[0].empty()) fail("`prompt` must not be empty.", "prompt");
-    return parse_prompt_ids((*v)[0], limits, p);
+    return parse_prompt_ids((*v)[0], limits, p, "`prompt`[0]");
   }
   bool all_strings = true, all_arrays = true;
   for (const json& e : *v) {

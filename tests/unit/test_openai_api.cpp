@@ -766,6 +766,12 @@ TEST(OpenAiParse, IntegersPastInt64AreOutOfRangeAsSent) {
   EXPECT_FALSE(contains(e.message, "n=-1")) << e.message;
 }
 
+TEST(OpenAiParse, ABatchOfOnesBadIdIsNamedWithBothIndices) {
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[5,-1]]})").message, "`prompt`[0][1]"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[5,"x"]]})").message, "`prompt`[0][1] is string"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[5,-1]})").message, "`prompt`[1]"));
+}
+
 // A top_p below float's smallest normal number was stored as 0, which the
 // replica refuses: every such request ended 503 "cancelled by the server".
 TEST(OpenAiParse, ATinyTopPStaysPositive) {
