@@ -283,17 +283,21 @@ class Session : public std::enable_shared_from_this<Session> {
     try {
       handle_request();
     } catch (const std::exception& e) {
-      // A bug, not the client's fault; the connection must still get an answer.
-      spdlog::error("http: handling {} {} failed: {}", std::string(req_.method_string()),
-                    std::string(req_.target()), e.what());
-      const openai::ApiError err = server_error("Internal server error.");
-      if (phase_ == Phase::Answering) {
-        cancel_service();
-        apply(active_->fail(err));
-      } else if (phase_ == Phase::ReadingRequest) {
-        reply_.keep_alive = false;
-        respond(error_response(err));
-      }
+      failed_internally(e);
+    }
+  }
+
+  // A bug, not the client's fault; the connection must still get an answer.
+  void failed_internally(const std::exception& e) {
+    spdlog::error("http: handling {} {} failed: {}", std::string(req_.method_string()),
+                  std::string(req_.target()), e.what());
+    const openai::ApiError err = server_error("Internal server error.");
+    if (phase_ == Phase::Answering) {
+      cancel_service();
+      apply(active_->fail(err));
+    } else if (phase_ == Phase::ReadingRequest) {
+      reply_.keep_alive = false;
+      respond(error_response(err));
     }
   }
 
@@ -380,14 +384,7 @@ class Session : public std::enable_shared_from_this<Session> {
         try {
           self->submit_completion(api, *job, std::move(prompt));
         } catch (const std::exception& e) {
-          spdlog::error("http: completion after tokenizing failed: {}", e.what());
-          if (self->phase_ == Phase::Answering) {
-            self->cancel_service();
-            self->apply(self->active_->fail(server_error("Internal server error.")));
-          } else if (self->phase_ == Phase::ReadingRequest) {
-            self->reply_.keep_alive = false;
-            self->respond(error_response(server_error("Internal server error.")));
-          }
+          self->failed_internally(e);
         }
       });
     });
