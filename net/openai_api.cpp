@@ -131,8 +131,9 @@ void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionPara
   for (size_t i = 0; i < ids.size(); ++i) {
     const json& e = ids[i];
     int64_t id = 0;
-    const bool huge = e.is_number_unsigned() && !as_int64(e, id);  // past int64
-    if (!huge && (!e.is_number() || !as_int64(e, id)))
+    const bool converted = e.is_number() && as_int64(e, id);
+    const bool huge = !converted && e.is_number_unsigned();  // past int64
+    if (!converted && !huge)
       fail(
           "`prompt` must be a string, an array of token ids, or an array holding one string or "
           "one array of token ids; " +
