@@ -84,6 +84,9 @@ ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens,
     return on_error({ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1});
   }
   if (prompt_tokens > 0) prompt_tokens_ = prompt_tokens;
+  // The service stops a sequence itself only on an end-of-sequence token
+  // (stop strings are this exchange's), which max_tokens leaves room for.
+  ended_on_eos_ = reason == FinishReason::Stop && completion_tokens_ < params_.max_tokens;
   std::string out = stop_.push(decode_tail());
   if (stop_.stopped()) {
     reason = FinishReason::Stop;
@@ -109,7 +112,7 @@ ExchangeFigures CompletionExchange::abandon() {
 
 ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::string& tail,
                                            Clock::time_point end) {
-  const openai::Usage usage{prompt_tokens_, completion_tokens_};
+  const openai::Usage usage{prompt_tokens_, generated_tokens()};
   ExchangeStep step;
   if (params_.stream) {
     std::string events = opening() + openai::sse_finish_chunks(
@@ -162,7 +165,7 @@ ExchangeFigures CompletionExchange::figures(int status,
   ExchangeFigures f;
   f.status = status;
   f.prompt_tokens = prompt_tokens_;
-  f.completion_tokens = completion_tokens_;
+  f.completion_tokens = generated_tokens();
   if (status != 200 || !end) return f;
   if (completion_tokens_ > 0) f.ttft_s = seconds(first_token_ - submitted_);
   if (completion_tokens_ > 1)

@@ -25,7 +25,7 @@ class Metrics;
 struct ExchangeFigures {
   int status = 0;  // what the client got; 499: it went away first
   int prompt_tokens = 0;
-  int completion_tokens = 0;
+  int completion_tokens = 0;  // generated: a final end-of-sequence token counts
   // For a 200 only: time to the first token (with at least one), per output
   // token after it (with at least two), and for the whole request.
   std::optional<double> ttft_s, tpot_s, latency_s;
@@ -83,6 +83,7 @@ class CompletionExchange {
   std::string decode(int token_id);
   std::string decode_tail();
   const std::vector<int>* ids_to_send() const;
+  int generated_tokens() const { return completion_tokens_ + (ended_on_eos_ ? 1 : 0); }
 
   uint64_t request_id_;
   openai::CompletionParams params_;
@@ -92,9 +93,13 @@ class CompletionExchange {
   std::optional<TextStreamer> streamer_;
   StopStringFilter stop_;
   Clock::time_point submitted_, first_token_, last_token_;
-  std::string text_;      // non-streaming: everything released so far
-  std::vector<int> ids_;  // streaming: ids not yet sent; non-streaming: all
-  int completion_tokens_ = 0;
+  std::string text_;           // non-streaming: everything released so far
+  std::vector<int> ids_;       // streaming: ids not yet sent; non-streaming: all
+  int completion_tokens_ = 0;  // delivered
+  // The service ended the sequence on the model's end-of-sequence token:
+  // generated and counted in usage (as vLLM and llama-server count it),
+  // though never delivered.
+  bool ended_on_eos_ = false;
   // Waiting: nothing sent yet, so an error still gets its own status.
   enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
   bool warned_overflow_ = false;  // logged once per request

@@ -680,7 +680,7 @@ TEST_F(HttpServerTest, ServiceEndsWithStop) {
   HttpResponse r = c.post("/v1/completions", completion("Hello", 20));
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(body_json(r)["choices"][0]["finish_reason"], "stop");
-  EXPECT_EQ(body_json(r)["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(body_json(r)["usage"]["completion_tokens"], 4) << "3 delivered and the EOS";
 }
 
 TEST_F(HttpServerTest, StopStringTruncatesAndCancelsOnce) {

@@ -137,6 +137,47 @@ openai::ResponseMeta chat_meta() {
   return {"chatcmpl-test", 1700000000, "fortune", openai::Api::Chat};
 }
 
+// The model's end-of-sequence token is generated but never delivered: usage
+// counts it (as vLLM and llama-server do), the text and ids do not hold it.
+TEST(CompletionExchange, UsageCountsTheEndOfSequenceTokenThatEndedIt) {
+  const std::vector<int> ids = ids_of(" Love is a fool");
+  for (const bool stream : {false, true}) {
+    openai::CompletionParams p = params(int(ids.size()) + 5, stream);
+    p.include_usage = true;
+    p.return_token_ids = true;
+    CompletionExchange ex = exchange(p);
+    std::string all;
+    for (const ExchangeStep& s : feed(ex, ids)) all += s.events;
+    const ExchangeStep done = ex.on_done(FinishReason::Stop, 4, t0 + milliseconds(50));
+    ASSERT_TRUE(done.finished);
+    EXPECT_EQ(done.finished->completion_tokens, int(ids.size()) + 1) << "stream " << stream;
+    EXPECT_DOUBLE_EQ(*done.finished->tpot_s, 0.001) << "per delivered token";
+    json usage;
+    std::vector<int> got;
+    if (stream) {
+      all += done.events;
+      const std::vector<std::string> evs = sse_events(all);
+      usage = json::parse(evs[evs.size() - 2])["usage"];
+      for (size_t i = 0; i + 2 < evs.size(); ++i)
+        for (int id : json::parse(evs[i])["choices"][0].value("token_ids", std::vector<int>{}))
+          got.push_back(id);
+    } else {
+      const json j = json::parse(done.response->body);
+      usage = j["usage"];
+      got = j["choices"][0]["token_ids"].get<std::vector<int>>();
+      EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    }
+    EXPECT_EQ(usage["completion_tokens"], int(ids.size()) + 1) << "stream " << stream;
+    EXPECT_EQ(usage["total_tokens"], 4 + int(ids.size()) + 1);
+    EXPECT_EQ(got, ids) << "the end-of-sequence id is not sent";
+  }
+  // Ended by length: every generated token was delivered.
+  CompletionExchange ex = exchange(params(int(ids.size()), false));
+  feed(ex, ids);
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, t0 + milliseconds(50));
+  EXPECT_EQ(json::parse(done.response->body)["usage"]["completion_tokens"], int(ids.size()));
+}
+
 TEST(CompletionExchange, ChatNonStreamingAnswersWithTheAssistantsMessage) {
   const std::vector<int> ids = ids_of(" Love is a fool");
   openai::CompletionParams p = params(int(ids.size()), false);
