@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -250,13 +251,39 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
 std::vector<sim::StepCostModel> cost_models(const Config& cfg, const StepProfile& profile) {
   const int threads = cfg.devices.front().threads;
   try {
-    return {sim::StepCostModel(profile.find(cfg.parallel.pipeline, cfg.parallel.tensor, threads))};
+    const sim::ProfileGrid& grid =
+        profile.find(cfg.parallel.pipeline, cfg.parallel.tensor, threads);
+    if (grid.threads != threads) {
+      // Steps of another thread count stand in: say so, once per grid (a
+      // sweep asks again for every point).
+      static std::set<std::string> said;
+      if (said.insert(grid.describe() + "/" + std::to_string(threads)).second)
+        std::cerr << "troupe simulate: the profile has no grid of " << threads
+                  << " thread(s) per device for layout " << cfg.parallel.pipeline << "x"
+                  << cfg.parallel.tensor << "; using the nearest (" << grid.describe()
+                  << "): measure one with troupe bench --threads " << threads
+                  << " --profile FILE\n";
+    }
+    return {sim::StepCostModel(grid)};
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
 }
 
+// A replay that kept a small part of its trace's work should say so: its
+// figures describe another workload.
+void warn_trace_cuts(const sim::TraceCuts& c) {
+  if (c.cut == 0) return;
+  std::fprintf(stderr,
+               "troupe simulate: %zu of %zu trace rows were cut to fit the model's %d-token "
+               "context: prompts %.0f -> %.0f tokens, outputs %.0f -> %.0f in all (--length-scale "
+               "%.2g fits the mean row)\n",
+               c.cut, c.rows, c.context, c.asked_prompt, c.kept_prompt, c.asked_output,
+               c.kept_output, c.scale_to_fit());
+}
+
 void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult& r) {
+  warn_trace_cuts(r.trace_cuts);
   if (o.json) {
     nlohmann::json j = r.summary.to_json();
     j["workload"] = o.workload.describe();
@@ -304,11 +331,15 @@ void run_single(const SimulateOptions& o) {
   }
   if (o.find_max_rate) {
     const double start = o.workload.rate > 0 ? o.workload.rate : 1.0;
+    // The search needs goodput only: no time series, whose windows would
+    // be most of the work at the lowest rates it tries.
+    sim::SimOptions search = so;
+    search.sample_s = 0;
     const sim::MaxRate best = sim::search_max_rate(
         [&](double rate) {
           WorkloadSpec w = o.workload;
           w.rate = rate;
-          return sim::simulate(so, models, w, o.slo).summary.goodput_share();
+          return sim::simulate(search, models, w, o.slo).summary.goodput_share();
         },
         start, 0.9);
     switch (best.bound) {

@@ -80,6 +80,35 @@ void WorkloadSpec::check() const {
   parsed("--prompt", [&] { LengthDist::parse(prompt); });
   parsed("--output", [&] { LengthDist::parse(output); });
   parsed("--arrivals", [&] { ArrivalProcess::parse(arrivals, 1.0); });
+  // A flag the chosen workload would ignore: the run would not be the one
+  // asked for. (A value left at its default counts as not given.)
+  const WorkloadSpec dflt;
+  const auto ignored = [&](bool given, const std::string& flag, const std::string& why) {
+    if (given) fail(flag + ": " + why + "; drop " + flag);
+  };
+  if (!trace.empty()) {
+    const std::string why = "a trace gives the arrivals and lengths";
+    ignored(clients > 0, "--clients", why);
+    ignored(arrivals != dflt.arrivals, "--arrivals", why);
+    ignored(prompt != dflt.prompt, "--prompt", why);
+    ignored(output != dflt.output, "--output", why);
+    ignored(cancel_fraction > 0, "--cancel-fraction", "a trace's requests are not cancelled");
+    ignored(priority_fraction > 0, "--priority-fraction", "a trace's requests have one priority");
+  } else if (clients > 0) {
+    const std::string why = "closed-loop clients send when they are answered";
+    ignored(rate > 0, "--rate", why + ", not at a rate");
+    ignored(arrivals != dflt.arrivals, "--arrivals", why + ", not by an arrival process");
+    ignored(cancel_fraction > 0, "--cancel-fraction",
+            "closed-loop clients do not cancel (open loop: --rate)");
+    ignored(priority_fraction > 0, "--priority-fraction",
+            "closed-loop clients send one priority (open loop: --rate)");
+  }
+  ignored(think_s != dflt.think_s && clients == 0, "--think-s",
+          "only closed-loop clients (--clients) pause between requests");
+  ignored(length_scale != dflt.length_scale && trace.empty(), "--length-scale",
+          "it scales a trace's lengths (--trace); synthetic lengths are --prompt and --output");
+  ignored(cancel_after_s != dflt.cancel_after_s && cancel_fraction == 0, "--cancel-after-s",
+          "no request is cancelled without --cancel-fraction");
 }
 
 Failure parse_failure(const std::string& spec) {
@@ -193,6 +222,8 @@ RunResult simulate(const SimOptions& options, const std::vector<StepCostModel>& 
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.totals = sim.totals();
   res.summary.set_replicas(sim.replica_figures());
+  if (const auto* t = dynamic_cast<const TraceWorkload*>(workload.get()))
+    res.trace_cuts = t->cuts();
   return res;
 }
 

@@ -48,7 +48,8 @@ std::pair<int, double> parse_slowdown(const std::string& spec);
 struct RunResult {
   RunSummary summary;
   SimTotals totals;
-  double wall_s = 0;  // host seconds the simulation took
+  TraceCuts trace_cuts;  // a trace's rows cut to fit the context
+  double wall_s = 0;     // host seconds the simulation took
 };
 
 // Runs one simulation; `extra` sees every request and sample too.

@@ -224,6 +224,19 @@ void Simulator::pull_arrival() {
 }
 
 void Simulator::schedule_arrival(const Arrival& a) {
+  // Every sample window is an event and a row, empty or not: a gap of
+  // millions of them is a rate or a trace's times gone wrong, and would
+  // run for hours.
+  constexpr double kMaxEmptyWindows = 1e7;
+  if (o_.sample_s > 0 && (a.time_s - now_) / o_.sample_s > kMaxEmptyWindows) {
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "the next request arrives at t=%.4g s, %.4g s after the last: with a sample "
+                  "every %.4g s that is more than %.0g empty windows of the time series (raise "
+                  "the rate, or --sample-s, or set --sample-s 0 for no time series)",
+                  a.time_s, a.time_s - now_, o_.sample_s, kMaxEmptyWindows);
+    throw std::invalid_argument(text);
+  }
   const uint64_t key = next_key_++;
   pending_.emplace(key, a);
   push(std::max(now_, a.time_s), Kind::Arrival, -1, key);
@@ -238,6 +251,11 @@ void Simulator::on_arrival(const Arrival& a) {
   // starts when work arrives.
   if (flights_.empty()) last_progress_ = now_;
   flights_.emplace(id, flight.get());
+  if (!ticking_) {
+    // On the grid the ticks kept before the cluster went idle.
+    push((std::floor(now_ / o_.tick_s) + 1) * o_.tick_s, Kind::Tick);
+    ticking_ = true;
+  }
   // What the HTTP layer refuses before the runtime sees it: max_tokens over
   // the limit as it parses the request, then prompt + output over the
   // context (net/openai_api.cpp).
@@ -346,6 +364,17 @@ void Simulator::note_busy(Replica& r, double start, double end) {
   r.busy.emplace_back(start, end);
 }
 
+// What a replica's steps in flight would compute after now is no busy time,
+// in the window or in the summary: it died, or the run ended.
+void Simulator::stop_busy(Replica& r) {
+  for (const auto& [start, end] : r.busy) {
+    if (o_.sample_s > 0)
+      r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
+    r.fig.busy_s -= std::max(0.0, end - std::max(start, now_));
+  }
+  r.busy.clear();
+}
+
 StepEvents& Simulator::next_out() {
   if (out_n_ == out_.size()) out_.emplace_back();
   return out_[out_n_++];
@@ -440,14 +469,8 @@ void Simulator::on_failure(int replica) {
   r.sched.reset();
   r.tuner.reset();
   r.flight.clear();
-  // Its devices stop computing now: what its steps in flight would have
-  // done after this is no busy time, in the window or in the summary.
-  for (const auto& [start, end] : r.busy) {
-    if (o_.sample_s > 0)
-      r.busy_window -= std::max(0.0, std::min(end, window_end_) - std::max(start, now_));
-    r.fig.busy_s -= std::max(0.0, end - std::max(start, now_));
-  }
-  r.busy.clear();
+  // Its devices stop computing now.
+  stop_busy(r);
   const bool restart = r.intensity.allow_restart(now_);
   totals_.resumed += table_->replica_down(replica, !restart, now_);
   if (restart) {
@@ -588,6 +611,7 @@ void Simulator::run() {
   for (int i = 0; i < o_.replicas; ++i) bring_up(i);
   schedule_failures();
   push(o_.tick_s, Kind::Tick);
+  ticking_ = true;
   if (o_.sample_s > 0) {
     window_end_ = o_.sample_s;
     push(window_end_, Kind::Sample);
@@ -624,7 +648,11 @@ void Simulator::run() {
       case Kind::Tick:
         table_->tick(now_);
         settle();
-        if (!flights_.empty() && now_ - last_progress_ > stall_s) throw stalled(stall_s);
+        if (flights_.empty()) {
+          ticking_ = false;
+          break;
+        }
+        if (now_ - last_progress_ > stall_s) throw stalled(stall_s);
         push(now_ + o_.tick_s, Kind::Tick);
         break;
       case Kind::Sample:
@@ -639,6 +667,9 @@ void Simulator::run() {
         break;
     }
   }
+  // Steps still computing when the last request ended (it timed out, or
+  // was cancelled) count up to the run's end: utilisation is a share of it.
+  for (auto& r : replicas_) stop_busy(*r);
   // The window the run ended in, up to its end: without it the time
   // series would miss the last requests' arrivals, completions and tokens.
   if (o_.sample_s > 0 && now_ > window_end_ - o_.sample_s) on_sample();

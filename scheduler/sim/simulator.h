@@ -155,6 +155,7 @@ class Simulator {
   void submit(uint64_t id);
   double time_step(Replica& r, const PlannedStep& step, InFlightStep& f);
   void note_busy(Replica& r, double start, double end);
+  void stop_busy(Replica& r);
   void launch(int replica);
   // The table reads the replicas' reports gathered in out_.
   void deliver();
@@ -195,6 +196,10 @@ class Simulator {
   bool workload_done_ = false;
   int sample_token_ = 3;
   double last_progress_ = 0;  // a step finished or a request ended
+  // The router's tick runs only while requests are in flight: an idle
+  // cluster has no deadline to check, and a sparse workload (a trace
+  // spanning weeks) would otherwise cost 20 events per simulated second.
+  bool ticking_ = false;
   SimTotals totals_;
   ClusterSample window_;
   double window_end_ = 0;  // when the sample window being filled closes

@@ -57,27 +57,39 @@ MaxRate max_rate_within_slo(const std::vector<std::pair<double, double>>& rate_s
 
 MaxRate search_max_rate(const std::function<double(double)>& share_at, double start, double share,
                         int refine) {
+  // How far from `start` the bracket may go: up, a finite workload may
+  // never miss; down, the rates only get cheaper to simulate.
+  constexpr double kUp = 1024, kDown = 1 << 20;
   MaxRate m;
   m.lowest = m.highest = start;
-  double lo = 0, hi = start;
-  while (share_at(hi) >= share) {
-    lo = hi;
-    m.highest = hi;
-    if (hi * 2 > start * 1024) {
-      m.rate = lo;
-      m.bound = MaxRate::Bound::MetAtHighest;
-      return m;
+  double lo = 0, hi = 0;  // met at lo, missed at hi; 0: not yet found
+  if (share_at(start) >= share) {
+    lo = start;
+    while (hi == 0) {
+      if (lo * 2 > start * kUp) {
+        m.rate = lo;
+        m.bound = MaxRate::Bound::MetAtHighest;
+        return m;
+      }
+      m.highest = lo * 2;
+      (share_at(lo * 2) >= share ? lo : hi) = lo * 2;
     }
-    hi *= 2;
+  } else {
+    hi = start;
+    while (lo == 0) {
+      if (hi / 2 < start / kDown) {
+        m.bound = MaxRate::Bound::MissedAtLowest;
+        return m;
+      }
+      m.lowest = hi / 2;
+      (share_at(hi / 2) >= share ? lo : hi) = hi / 2;
+    }
   }
-  m.highest = std::max(m.highest, hi);
   for (int i = 0; i < refine; ++i) {
     const double mid = (lo + hi) / 2;
-    m.lowest = std::min(m.lowest, mid);
     (share_at(mid) >= share ? lo : hi) = mid;
   }
   m.rate = lo;
-  if (lo == 0) m.bound = MaxRate::Bound::MissedAtLowest;
   return m;
 }
 

@@ -41,12 +41,13 @@ struct MaxRate {
 MaxRate max_rate_within_slo(const std::vector<std::pair<double, double>>& rate_share, double share,
                             int refine, const std::function<double(double)>& measure);
 
-// The same without a sweep (--find-max-rate): from `start`, doubling while
-// the SLO is met (up to 1024 times `start`: past that a finite workload may
-// never load the cluster enough to miss, and the answer is MetAtHighest),
-// then `refine` bisection steps between the last rate met and the first
-// missed (from 0 when `start` misses: MissedAtLowest when every rate tried
-// does).
+// The same without a sweep (--find-max-rate): a bracket from `start`,
+// doubling while the SLO is met (up to 1024 times `start`: past that a
+// finite workload may never load the cluster enough to miss, and the answer
+// is MetAtHighest), or halving while it is missed (down to `start` / 2^20:
+// MissedAtLowest when even that misses), then `refine` bisection steps
+// between the highest rate met and the lowest missed. So the answer does not
+// depend on whether `start` was above or below it.
 MaxRate search_max_rate(const std::function<double(double)>& share_at, double start, double share,
                         int refine = 8);
 

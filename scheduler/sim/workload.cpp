@@ -365,11 +365,17 @@ std::optional<Arrival> TraceWorkload::read_row() {
     // A row with no generated tokens still asks for one: a request always
     // produces at least its first token.
     a.output_tokens = to_tokens(output * o_.length_scale);
+    ++cuts_.rows;
+    cuts_.context = o_.max_context;
+    cuts_.asked_prompt += a.prompt_tokens;
+    cuts_.asked_output += a.output_tokens;
     if (o_.max_context > 1 && a.prompt_tokens + a.output_tokens > o_.max_context) {
-      ++clipped_;
+      ++cuts_.cut;
       a.prompt_tokens = std::min(a.prompt_tokens, o_.max_context - 1);
       a.output_tokens = std::max(1, std::min(a.output_tokens, o_.max_context - a.prompt_tokens));
     }
+    cuts_.kept_prompt += a.prompt_tokens;
+    cuts_.kept_output += a.output_tokens;
     return a;
   }
   return std::nullopt;
@@ -380,6 +386,11 @@ std::optional<Arrival> TraceWorkload::next() {
   auto a = read_row();
   if (a) ++rows_;
   return a;
+}
+
+double TraceCuts::scale_to_fit() const {
+  const double mean = rows > 0 ? (asked_prompt + asked_output) / double(rows) : 0;
+  return cut > 0 && mean > 0 ? std::min(1.0, context / mean) : 0;
 }
 
 TraceStats trace_stats(const std::filesystem::path& file, size_t limit) {

@@ -135,6 +135,18 @@ struct TraceOptions {
   size_t limit = 0;  // > 0: at most this many rows
 };
 
+// Rows cut to fit the model's context, and the tokens the rows asked for
+// (after length_scale) against those kept: a trace from a long-context
+// service replayed on a small model may keep a small part of its work.
+struct TraceCuts {
+  int context = 0;  // what rows were cut to fit
+  size_t rows = 0, cut = 0;
+  double asked_prompt = 0, asked_output = 0;
+  double kept_prompt = 0, kept_output = 0;
+  // The --length-scale that would make the mean row fit (0: none cut).
+  double scale_to_fit() const;
+};
+
 enum class TraceFormat { Azure, Mooncake };
 // By extension: .csv is Azure, .jsonl / .json Mooncake. Throws otherwise.
 TraceFormat trace_format_of(const std::filesystem::path& file);
@@ -145,8 +157,8 @@ class TraceWorkload : public Workload {
   // file, missing columns); a bad row later throws naming its line.
   TraceWorkload(const std::filesystem::path& file, TraceOptions options);
   std::optional<Arrival> next() override;
-  // Rows whose lengths max_context cut.
-  size_t clipped() const { return clipped_; }
+  // What max_context did to the rows read so far.
+  const TraceCuts& cuts() const { return cuts_; }
 
  private:
   std::optional<Arrival> read_row();
@@ -159,7 +171,7 @@ class TraceWorkload : public Workload {
   std::optional<double> t0_;
   double last_ = 0;
   size_t rows_ = 0;
-  size_t clipped_ = 0;
+  TraceCuts cuts_;
 };
 
 // Count, span and mean lengths of a trace in one pass (for --rate), over

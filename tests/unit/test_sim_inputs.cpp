@@ -111,7 +111,14 @@ TEST(Workload, AzureTraceReadsDatesAndScales) {
   a = w.next();
   EXPECT_DOUBLE_EQ(a->time_s, 1.0);
   EXPECT_FALSE(w.next());
-  EXPECT_EQ(w.clipped(), 1u);
+  const TraceCuts& c = w.cuts();
+  EXPECT_EQ(c.rows, 3u);
+  EXPECT_EQ(c.cut, 1u);
+  EXPECT_DOUBLE_EQ(c.asked_prompt, 3150);
+  EXPECT_DOUBLE_EQ(c.kept_prompt, 1173);
+  EXPECT_DOUBLE_EQ(c.asked_output, 28);  // a row of 0 asks for 1
+  EXPECT_DOUBLE_EQ(c.kept_output, 28);
+  EXPECT_NEAR(c.scale_to_fit(), 1024 / (3178 / 3.0), 1e-12);
   const TraceStats s = trace_stats(dir / "t.csv");
   EXPECT_EQ(s.rows, 3u);
   EXPECT_DOUBLE_EQ(s.span_s, 2.0);
@@ -353,6 +360,45 @@ TEST(CommandLine, WorkloadValuesNameTheirFlagAndRange) {
   trace.trace = "t.csv";
   trace.requests = 0;
   EXPECT_EQ(refusal([&] { trace.check(); }), "");
+}
+
+// A flag the chosen workload would ignore is refused, naming it.
+TEST(CommandLine, FlagsTheWorkloadWouldIgnoreAreRefused) {
+  struct Case {
+    void (*set)(WorkloadSpec&);
+    const char* flag;
+  };
+  const Case cases[] = {
+      {[](WorkloadSpec& w) { w.clients = 3; }, "--rate: "},
+      {[](WorkloadSpec& w) { w.trace = "t.csv", w.clients = 3; }, "--clients: "},
+      {[](WorkloadSpec& w) { w.trace = "t.csv", w.prompt = "64"; }, "--prompt: "},
+      {[](WorkloadSpec& w) { w.trace = "t.csv", w.arrivals = "constant"; }, "--arrivals: "},
+      {[](WorkloadSpec& w) { w.rate = 0, w.clients = 3, w.arrivals = "constant"; }, "--arrivals: "},
+      {[](WorkloadSpec& w) { w.rate = 0, w.clients = 3, w.cancel_fraction = 0.5; },
+       "--cancel-fraction: "},
+      {[](WorkloadSpec& w) { w.think_s = 2; }, "--think-s: "},
+      {[](WorkloadSpec& w) { w.length_scale = 2; }, "--length-scale: "},
+      {[](WorkloadSpec& w) { w.cancel_after_s = 0; }, "--cancel-after-s: "},
+  };
+  for (const Case& c : cases) {
+    WorkloadSpec w;
+    w.rate = 5;
+    c.set(w);
+    const std::string m = refusal([&] { w.check(); });
+    EXPECT_EQ(m.rfind(c.flag, 0), 0u) << c.flag << ": " << m;
+    EXPECT_NE(m.find("drop"), std::string::npos) << m;
+  }
+  // What each workload does use is accepted.
+  WorkloadSpec closed;
+  closed.clients = 3, closed.think_s = 2, closed.prompt = "64";
+  EXPECT_EQ(refusal([&] { closed.check(); }), "");
+  WorkloadSpec trace;
+  trace.trace = "t.csv", trace.rate = 4, trace.length_scale = 0.5;
+  EXPECT_EQ(refusal([&] { trace.check(); }), "");
+  WorkloadSpec open;
+  open.rate = 4, open.cancel_fraction = 0.2, open.cancel_after_s = 0.5;
+  open.arrivals = "constant", open.priority_fraction = 0.1;
+  EXPECT_EQ(refusal([&] { open.check(); }), "");
 }
 
 TEST(Workload, SharesAndTimesOutsideTheirRangeAreRefused) {

@@ -11,6 +11,7 @@
 #include "scheduler/sim/router_replay.h"
 #include "scheduler/sim/simulator.h"
 #include "scheduler/sim/sweep.h"
+#include "support/error_messages.h"
 #include "support/test_support.h"
 
 namespace troupe::sim {
@@ -340,6 +341,8 @@ TEST(Simulator, IdleGapsAreNotAStall) {
   ASSERT_EQ(open.by_id.size(), 3u);
   for (const auto& [id, r] : open.by_id) EXPECT_EQ(r.outcome, Outcome::Completed) << id;
   EXPECT_NEAR(totals.end_time_s, 1300.04, 1e-6);
+  // An idle cluster does not tick: 26,000 ticks of 50 ms would span the gaps.
+  EXPECT_LT(totals.events, 200u);
   // A closed loop whose client thinks for five minutes between requests.
   ClosedLoopOptions co;
   co.clients = 1;
@@ -524,6 +527,40 @@ TEST(Simulator, SampledUtilisationNeverExceedsOne) {
   }
 }
 
+// A step still computing when the last request ends (it timed out) is busy
+// only up to the run's end: utilisation is a share of the run.
+TEST(Simulator, AStepRunningPastTheEndIsBusyOnlyUntilTheEnd) {
+  SimOptions o = options(1, 4);
+  o.request_timeout_s = 5;
+  o.sample_s = 1;
+  Samples samples;
+  ListWorkload w({{0, 8, 4}});
+  Simulator sim(o, {constant_model(1000)}, w, &samples);
+  sim.run();
+  const double end = sim.totals().end_time_s;
+  EXPECT_NEAR(end, 5, 0.2);
+  EXPECT_NEAR(sim.replica_figures()[0].busy_s, end, 1e-9);
+  ASSERT_FALSE(samples.replicas.empty());
+  for (const auto& window : samples.replicas) EXPECT_LE(window[0].utilisation, 1.0 + 1e-9);
+}
+
+// A gap of millions of empty sample windows is refused, not run for hours.
+TEST(Simulator, AnArrivalMillionsOfWindowsAwayIsRefused) {
+  SimOptions o = options(1, 4);
+  o.sample_s = 1;
+  ListWorkload w({{0, 8, 4}, {1e12, 8, 4}});
+  Records rec;
+  Simulator sim(o, {constant_model(0.01)}, w, &rec);
+  const std::string m = test::message_of<std::invalid_argument>([&] { sim.run(); });
+  EXPECT_NE(m.find("--sample-s"), std::string::npos) << m;
+  o.sample_s = 0;
+  ListWorkload again({{0, 8, 4}, {1e12, 8, 4}});
+  Records done;
+  Simulator without(o, {constant_model(0.01)}, again, &done);
+  EXPECT_NO_THROW(without.run());
+  EXPECT_EQ(done.summary.completed(), 2u);
+}
+
 TEST(Simulator, ScriptedFailuresNameWhatDoesNotExist) {
   EXPECT_EQ(failure_problem({10, 3, -1}, 4, 1), "");
   EXPECT_EQ(failure_problem({10, -1, 1}, 4, 2), "");
@@ -621,8 +658,22 @@ TEST(MaxRate, SearchSaysWhenItStoppedAtItsCapOrFoundNothing) {
   m = search_max_rate(at_most(-1), 2, 0.9);
   EXPECT_EQ(m.bound, MaxRate::Bound::MissedAtLowest);
   EXPECT_EQ(m.rate, 0);
-  EXPECT_DOUBLE_EQ(m.lowest, 2.0 / 256);
-  EXPECT_DOUBLE_EQ(*std::min_element(tried.begin(), tried.end()), 2.0 / 256);
+  EXPECT_DOUBLE_EQ(m.lowest, 2.0 / (1 << 20));
+  EXPECT_DOUBLE_EQ(*std::min_element(tried.begin(), tried.end()), 2.0 / (1 << 20));
+}
+
+// A start above the answer halves down to it, then bisects as finely as a
+// start below it does: the answer does not depend on the start.
+TEST(MaxRate, SearchFromAboveFindsWhatASearchFromBelowFinds) {
+  const auto at_most = [](double limit) {
+    return [limit](double rate) { return rate <= limit ? 1.0 : 0.0; };
+  };
+  for (const double start : {0.01, 3.0, 7.0, 100.0, 10000.0}) {
+    const MaxRate m = search_max_rate(at_most(5.33), start, 0.9);
+    EXPECT_EQ(m.bound, MaxRate::Bound::Found) << start;
+    EXPECT_LE(m.rate, 5.33) << start;
+    EXPECT_GT(m.rate, 5.33 * (1 - 1.0 / 256)) << start;
+  }
 }
 
 TEST(Simulator, RejectsTooFewKvBlocks) {
