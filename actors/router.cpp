@@ -131,8 +131,8 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
   st->broken.assign(size_t(options.table.replicas), false);
   st->published_kv.assign(size_t(options.table.replicas), {-1, -1});
   st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
-                                                   options.routing_seed, *st->channel,
-                                                   router_log_from_env());
+                                                   options.routing_seed, options.latency_aware,
+                                                   *st->channel, router_log_from_env());
   st->table->on_replicas_changed([st = st.get()] { publish(*st); });
   if (st->faults)
     st->table->on_resumed([st = st.get()](double down, double next_token) {

@@ -21,6 +21,7 @@ struct RouterOptions {
   RequestTableOptions table;
   std::string routing_policy = "latency_aware";
   uint64_t routing_seed = 1;
+  LatencyAwareOptions latency_aware;  // the latency-aware policy's constants
   std::shared_ptr<FaultBook> faults;  // told when a replica serves again
   ReplicaLinkOptions link;            // probing and timeout of each replica's channel
 };

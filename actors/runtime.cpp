@@ -106,6 +106,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   ro.table.admission = admission_queue_options(config);
   ro.routing_policy = config.routing.policy;
   ro.routing_seed = config.routing.seed;
+  ro.latency_aware = config.routing.latency_aware;
   ro.faults = faults_;
   // A replica's channel is given as long as a node's heartbeats to answer.
   ro.link.timeout_s = std::max(2.0, 2 * config.nodes.heartbeat_timeout_s);

@@ -207,6 +207,7 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
   s.table.admission = admission_queue_options(cfg);
   s.policy = cfg.routing.policy;
   s.policy_seed = cfg.routing.seed;
+  s.latency_aware = cfg.routing.latency_aware;
   s.scheduler.block_tokens = cfg.kv_cache.block_tokens;
   s.scheduler.kv_blocks = cfg.kv_cache.bytes > 0
                               ? int(cfg.kv_cache.bytes / (config_kv_bytes_per_token(profile, cfg) *

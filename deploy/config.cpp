@@ -142,10 +142,26 @@ const Fields<Config>& config_fields() {
           if (blocks) s.bytes = 0;
         });
 
+    Fields<LatencyAwareOptions> latency_aware;
+    latency_aware.flow()
+        .add("ema_alpha", &LatencyAwareOptions::ema_alpha, schema::number_in(0, 1))
+        .add("prior_step_s", &LatencyAwareOptions::prior_step_s, schema::seconds(false))
+        .add("prior_prefill_tokens_per_s", &LatencyAwareOptions::prior_prefill_tokens_per_s,
+             schema::number_in(0, 1e12))
+        .add("batch_cost_per_seq", &LatencyAwareOptions::batch_cost_per_seq,
+             schema::number_in(0, 1e6))
+        .add("stale_after_s", &LatencyAwareOptions::stale_after_s,
+             schema::non_negative_seconds("fading at once"))
+        .add("forget_tau_s", &LatencyAwareOptions::forget_tau_s, schema::seconds(false))
+        .add("probe_interval_s", &LatencyAwareOptions::probe_interval_s,
+             schema::non_negative_seconds("no probes"))
+        .add("probe_every_requests", &LatencyAwareOptions::probe_every_requests,
+             schema::unsigned_int());
+
     Fields<RoutingSection> routing;
-    routing.flow()
-        .add("policy", &RoutingSection::policy, routing_policy_kind())
-        .add("seed", &RoutingSection::seed, schema::unsigned_int());
+    routing.add("policy", &RoutingSection::policy, routing_policy_kind())
+        .add("seed", &RoutingSection::seed, schema::unsigned_int())
+        .section("latency_aware", &RoutingSection::latency_aware, latency_aware);
 
     Fields<AdmissionSection> admission;
     admission.flow()
@@ -226,6 +242,10 @@ std::string layout_text(const ParallelLayout& p) {
 
 void validate(const Origin& o, const Config& c, ConfigRole role) {
   config_fields().check(o, "", c);
+  // What the key kinds leave open (a weight of 0, a probe every 0 requests);
+  // the message names the key.
+  if (const auto p = c.routing.latency_aware.problem())
+    o.fail(std::string("routing.latency_aware.") + p->field, std::string("must be ") + p->rule);
   const ParallelLayout& p = c.parallel;
   const int64_t devices = int64_t(p.replicas) * p.pipeline * p.tensor;
   if (devices > kMaxDevices)

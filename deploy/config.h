@@ -19,6 +19,7 @@
 #include "gpu/dtype.h"
 #include "gpu/model_config.h"
 #include "scheduler/admission_queue.h"
+#include "scheduler/routing_policy.h"
 #include "service/chat_template.h"
 
 namespace troupe {
@@ -99,6 +100,7 @@ struct KvCacheSection {
 struct RoutingSection {
   std::string policy = "latency_aware";  // one of routing_policy_names()
   uint64_t seed = 1;                     // for the random policies
+  LatencyAwareOptions latency_aware;     // its estimates' constants
   bool operator==(const RoutingSection&) const = default;
 };
 

@@ -31,7 +31,8 @@ void RouterLog::line(const std::string& text) {
   out_ << text << '\n' << std::flush;
 }
 
-void RouterLog::options(const RequestTableOptions& o, std::string_view policy, uint64_t seed) {
+void RouterLog::options(const RequestTableOptions& o, std::string_view policy, uint64_t seed,
+                        const LatencyAwareOptions& la) {
   const AdmissionQueueOptions& a = o.admission;
   line("{\"op\":\"options\",\"replicas\":" + std::to_string(o.replicas) +
        ",\"max_seq_len\":" + std::to_string(o.max_seq_len) +
@@ -42,7 +43,14 @@ void RouterLog::options(const RequestTableOptions& o, std::string_view policy, u
        std::to_string(a.priority_levels) + ",\"max_wait_s\":" + num(a.max_wait_s) +
        ",\"keep\":" + (a.on_timeout == TimeoutAction::Keep ? "true" : "false") +
        ",\"rate_window_s\":" + num(a.rate_window_s) + ",\"min_retry_after_s\":" +
-       num(a.min_retry_after_s) + ",\"max_retry_after_s\":" + num(a.max_retry_after_s) + "}}");
+       num(a.min_retry_after_s) + ",\"max_retry_after_s\":" + num(a.max_retry_after_s) +
+       "},\"latency_aware\":{\"ema_alpha\":" + num(la.ema_alpha) +
+       ",\"prior_step_s\":" + num(la.prior_step_s) +
+       ",\"prior_prefill_tokens_per_s\":" + num(la.prior_prefill_tokens_per_s) +
+       ",\"batch_cost_per_seq\":" + num(la.batch_cost_per_seq) +
+       ",\"stale_after_s\":" + num(la.stale_after_s) + ",\"forget_tau_s\":" + num(la.forget_tau_s) +
+       ",\"probe_interval_s\":" + num(la.probe_interval_s) +
+       ",\"probe_every_requests\":" + std::to_string(la.probe_every_requests) + "}}");
 }
 
 void RouterLog::submit(double now, const CompletionRequest& r) {
@@ -114,12 +122,12 @@ void LoggedChannel::cancel(int replica, uint64_t id) {
 }
 
 LoggedRequestTable::LoggedRequestTable(const RequestTableOptions& options, std::string_view policy,
-                                       uint64_t seed, ReplicaChannel& replicas,
-                                       std::unique_ptr<RouterLog> log)
+                                       uint64_t seed, const LatencyAwareOptions& latency_aware,
+                                       ReplicaChannel& replicas, std::unique_ptr<RouterLog> log)
     : log_(std::move(log)),
       channel_(replicas, log_.get()),
-      table_(options, make_routing_policy(policy, seed), channel_) {
-  if (log_) log_->options(options, policy, seed);
+      table_(options, make_routing_policy(policy, seed, latency_aware), channel_) {
+  if (log_) log_->options(options, policy, seed, latency_aware);
 }
 
 void LoggedRequestTable::submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink,

@@ -23,7 +23,8 @@ class RouterLog {
   // Throws std::runtime_error when the file cannot be written.
   explicit RouterLog(const std::string& path);
 
-  void options(const RequestTableOptions& o, std::string_view policy, uint64_t seed);
+  void options(const RequestTableOptions& o, std::string_view policy, uint64_t seed,
+               const LatencyAwareOptions& latency_aware);
   void submit(double now, const CompletionRequest& r);
   void cancel(double now, uint64_t id);
   void events(double now, const StepEvents& ev);
@@ -61,7 +62,8 @@ class LoggedChannel : public ReplicaChannel {
 class LoggedRequestTable {
  public:
   LoggedRequestTable(const RequestTableOptions& options, std::string_view policy, uint64_t seed,
-                     ReplicaChannel& replicas, std::unique_ptr<RouterLog> log = nullptr);
+                     const LatencyAwareOptions& latency_aware, ReplicaChannel& replicas,
+                     std::unique_ptr<RouterLog> log = nullptr);
 
   void submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink, double now);
   void cancel(uint64_t id, double now);

@@ -119,23 +119,27 @@ std::optional<size_t> PowerOfTwoPolicy::choose(const std::vector<ReplicaLoad>& r
 
 // ---- latency_aware ----
 
-void LatencyAwareOptions::validate() const {
-  auto fail = [](const char* field, const char* rule) {
-    throw std::invalid_argument(std::string("routing.latency_aware.") + field + " must be " + rule);
-  };
+std::optional<LatencyAwareOptions::Problem> LatencyAwareOptions::problem() const {
   if (!(std::isfinite(ema_alpha) && ema_alpha > 0 && ema_alpha <= 1))
-    fail("ema_alpha", "in (0, 1]");
-  if (!finite_positive(prior_step_s)) fail("prior_step_s", "> 0");
-  if (!finite_positive(prior_prefill_tokens_per_s)) fail("prior_prefill_tokens_per_s", "> 0");
-  if (!(std::isfinite(batch_cost_per_seq) && batch_cost_per_seq >= 0)) {
-    fail("batch_cost_per_seq", ">= 0");
-  }
-  if (!(std::isfinite(stale_after_s) && stale_after_s >= 0)) fail("stale_after_s", ">= 0");
-  if (!finite_positive(forget_tau_s)) fail("forget_tau_s", "> 0");
-  if (!(std::isfinite(probe_interval_s) && probe_interval_s >= 0)) {
-    fail("probe_interval_s", ">= 0");
-  }
-  if (probe_every_requests == 0) fail("probe_every_requests", ">= 1");
+    return Problem{"ema_alpha", "in (0, 1]"};
+  if (!finite_positive(prior_step_s)) return Problem{"prior_step_s", "> 0"};
+  if (!finite_positive(prior_prefill_tokens_per_s))
+    return Problem{"prior_prefill_tokens_per_s", "> 0"};
+  if (!(std::isfinite(batch_cost_per_seq) && batch_cost_per_seq >= 0))
+    return Problem{"batch_cost_per_seq", ">= 0"};
+  if (!(std::isfinite(stale_after_s) && stale_after_s >= 0))
+    return Problem{"stale_after_s", ">= 0"};
+  if (!finite_positive(forget_tau_s)) return Problem{"forget_tau_s", "> 0"};
+  if (!(std::isfinite(probe_interval_s) && probe_interval_s >= 0))
+    return Problem{"probe_interval_s", ">= 0"};
+  if (probe_every_requests == 0) return Problem{"probe_every_requests", ">= 1"};
+  return std::nullopt;
+}
+
+void LatencyAwareOptions::validate() const {
+  if (const auto p = problem())
+    throw std::invalid_argument(std::string("routing.latency_aware.") + p->field + " must be " +
+                                p->rule);
 }
 
 LatencyAwarePolicy::LatencyAwarePolicy(LatencyAwareOptions options) : opt_(options) {

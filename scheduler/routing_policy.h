@@ -116,8 +116,15 @@ struct LatencyAwareOptions {
   double probe_interval_s = 1.0;
   size_t probe_every_requests = 20;
 
+  // The first field out of its range, and the range.
+  struct Problem {
+    const char* field;
+    const char* rule;
+  };
+  std::optional<Problem> problem() const;
   // Throws std::invalid_argument naming the bad field.
   void validate() const;
+  bool operator==(const LatencyAwareOptions&) const = default;
 };
 
 // Sends a request where it is expected to finish first:

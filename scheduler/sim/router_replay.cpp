@@ -55,6 +55,24 @@ RequestTableOptions table_options(const json& j) {
   return o;
 }
 
+// A log written before the constants were configurable has none: they
+// were the defaults.
+LatencyAwareOptions latency_options(const json& j) {
+  LatencyAwareOptions o;
+  const auto it = j.find("latency_aware");
+  if (it == j.end()) return o;
+  const json& l = *it;
+  o.ema_alpha = l.at("ema_alpha").get<double>();
+  o.prior_step_s = l.at("prior_step_s").get<double>();
+  o.prior_prefill_tokens_per_s = l.at("prior_prefill_tokens_per_s").get<double>();
+  o.batch_cost_per_seq = l.at("batch_cost_per_seq").get<double>();
+  o.stale_after_s = l.at("stale_after_s").get<double>();
+  o.forget_tau_s = l.at("forget_tau_s").get<double>();
+  o.probe_interval_s = l.at("probe_interval_s").get<double>();
+  o.probe_every_requests = l.at("probe_every_requests").get<size_t>();
+  return o;
+}
+
 StepEvents step_events(const json& j) {
   StepEvents ev;
   ev.replica = j.at("replica").get<int>();
@@ -138,7 +156,8 @@ ReplayResult replay_router_log(const std::filesystem::path& file) {
       if (op == "options") {
         res.policy = j.at("policy").get<std::string>();
         table = std::make_unique<RequestTable>(
-            table_options(j), make_routing_policy(res.policy, j.at("seed").get<uint64_t>()),
+            table_options(j),
+            make_routing_policy(res.policy, j.at("seed").get<uint64_t>(), latency_options(j)),
             channel);
       } else if (op == "assign" || op == "stop") {
         expected.push_back({op == "stop", j.at("replica").get<int>(), j.at("id").get<uint64_t>()});

@@ -177,8 +177,8 @@ Simulator::Simulator(SimOptions options, std::vector<StepCostModel> models, Work
     ++sample_token_;
   o_.table.replicas = o_.replicas;
   channel_ = std::make_unique<Channel>(*this);
-  table_ = std::make_unique<LoggedRequestTable>(o_.table, o_.policy, o_.policy_seed, *channel_,
-                                                std::move(log));
+  table_ = std::make_unique<LoggedRequestTable>(o_.table, o_.policy, o_.policy_seed,
+                                                o_.latency_aware, *channel_, std::move(log));
   for (int i = 0; i < o_.replicas; ++i) {
     const StepCostModel& m = models_.size() == 1 ? models_[0] : models_[size_t(i)];
     const double slow = o_.slowdown.empty() ? 1.0 : o_.slowdown[size_t(i)];

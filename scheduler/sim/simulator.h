@@ -49,6 +49,7 @@ struct SimOptions {
   RequestTableOptions table;  // table.replicas is set from `replicas`
   std::string policy = "latency_aware";
   uint64_t policy_seed = 1;
+  LatencyAwareOptions latency_aware;  // the latency-aware policy's constants
   // Each replica's scheduler; `replica` is filled in per replica and
   // `groups` from the cost model's pipeline stages.
   ReplicaSchedulerOptions scheduler;

@@ -236,6 +236,13 @@ TEST(RuntimeConfigTest, UnknownEnumValuesListTheKnownOnes) {
   expect_error("routing: {policy: random}\n", "routing.policy",
                "expected one of round_robin, least_outstanding, power_of_two, latency_aware");
   expect_error("routing: {policy: round-robin}\n", "routing.policy", "did you mean 'round_robin'?");
+  // What the key's kind allows and the policy does not: named all the same.
+  expect_error("routing: {latency_aware: {ema_alpha: 0}}\n", "routing.latency_aware.ema_alpha",
+               "in (0, 1]");
+  expect_error("routing: {latency_aware: {probe_every_requests: 0}}\n",
+               "routing.latency_aware.probe_every_requests", ">= 1");
+  expect_error("routing: {latency_aware: {ema_alpa: 0.2}}\n", "routing.latency_aware.ema_alpa",
+               "did you mean 'ema_alpha'?");
   expect_error("devices: [{kind: gpu}]\n", "devices[0].kind",
                "expected one of cpu, cuda, auto, got 'gpu'");
   expect_error("logging: {level: verbose}\n", "logging.level",
@@ -395,6 +402,7 @@ TEST(RuntimeConfigTest, OverridesApplyOnTop) {
   apply_override(c, "model.path", "models/stories260K/stories260K.bin");
   apply_override(c, "model.tokenizer", "");
   apply_override(c, "routing.seed", "42");
+  apply_override(c, "routing.latency_aware.ema_alpha", "0.5");
   apply_override(c, "admission.queue_timeout_s", "0.25");
   EXPECT_EQ(c.batching.max_batch_tokens, 4096);
   EXPECT_EQ(c.parallel.replicas, 2);
@@ -403,6 +411,8 @@ TEST(RuntimeConfigTest, OverridesApplyOnTop) {
   EXPECT_EQ(c.logging.level, spdlog::level::debug);
   EXPECT_EQ(served_model_name(c), "stories260K");
   EXPECT_EQ(c.routing.seed, 42u);
+  EXPECT_EQ(c.routing.latency_aware.ema_alpha, 0.5);
+  EXPECT_EQ(c.routing.latency_aware.probe_every_requests, 20u) << "the others keep theirs";
   EXPECT_EQ(c.admission.queue_timeout_s, 0.25);
 }
 
@@ -483,7 +493,9 @@ Config everything_changed() {
     c.devices.push_back({i % 2 ? DeviceKind::Cuda : DeviceKind::Auto, i + 1, int64_t(i) << 30});
   c.batching = {8, 1024, 256, 7};
   c.kv_cache = {32, 0, int64_t(3) << 30};
-  c.routing = {"power_of_two", 18446744073709551615ull};
+  c.routing.policy = "power_of_two";
+  c.routing.seed = 18446744073709551615ull;
+  c.routing.latency_aware = {0.125, 0.02, 1500.5, 0.1, 2.5, 7, 0, 3};
   c.admission = {10, 5, 1e-3, TimeoutAction::Keep};
   c.supervision = {0, 0.1};
   c.logging.level = spdlog::level::off;

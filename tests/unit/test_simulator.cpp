@@ -295,12 +295,21 @@ TEST(Simulator, SlowReplicaIsSlower) {
 TEST(Simulator, DecisionsReplayIdenticallyFromTheRouterLog) {
   // The simulator drives the table as the router actor does; a fresh table
   // with a fresh policy, fed the logged calls, decides the same.
+  // The latency-aware policy's constants travel in the log too: with
+  // others than the defaults, a replay with the defaults would differ.
+  LatencyAwareOptions tuned;
+  tuned.ema_alpha = 0.9;
+  tuned.prior_step_s = 0.001;
+  tuned.probe_interval_s = 0.01;
+  tuned.probe_every_requests = 2;
   for (const std::string& policy : routing_policy_names()) {
     test::TempDir dir;
     const auto path = dir / "router.jsonl";
     {
       SyntheticWorkload w(busy_workload(4));
-      Simulator sim(busy_options(policy), {constant_model(0.004)}, w, nullptr,
+      SimOptions o = busy_options(policy);
+      o.latency_aware = tuned;
+      Simulator sim(o, {constant_model(0.004)}, w, nullptr,
                     std::make_unique<RouterLog>(path.string()));
       sim.run();
     }
