@@ -120,6 +120,9 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
     auto bound = system_->middleman().publish(caf::actor_cast<CoordinatorActor>(supervisor_), port,
                                               host.c_str(), true);
     if (!bound) {
+      // Every actor spawned so far, or the actor system's destructor waits
+      // for it forever (and the process hangs, the error unsaid).
+      caf::anon_send_exit(injector_, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
       throw std::runtime_error("nodes.listen: cannot listen on " + config.nodes.listen + ": " +

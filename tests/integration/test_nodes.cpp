@@ -198,6 +198,19 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// A coordinator whose node port is taken (the old one still running, say)
+// exits 1 naming it, at once: it used to hang, its error unsaid.
+TEST(Nodes, ACoordinatorWhoseNodePortIsTakenExitsNamingIt) {
+  Server s({"nodes.listen=127.0.0.1:0"}, /*wait_ready=*/true);
+  const auto second = test::run_command(
+      {test::troupe_binary(), "serve", "--config",
+       (test::source_dir() / "configs" / "default.yaml").string(), "--listen", "127.0.0.1:0",
+       "--set", "nodes.listen=127.0.0.1:" + std::to_string(s.nodes_port())},
+      30);
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_NE(second.err.find("nodes.listen: cannot listen on"), std::string::npos) << second.err;
+}
+
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
   for (size_t at = 0; (at = text.find(needle, at)) != std::string::npos; at += needle.size()) ++n;
