@@ -51,7 +51,8 @@ Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_
     return r;
   }
   Response r;
-  if (method == "GET") {
+  // HEAD is a GET without the body (the server drops it): never an injection.
+  if (method == "GET" || method == "HEAD") {
     nlohmann::json list = nlohmann::json::array();
     for (const FaultEntry& e : admin.faults()) list.push_back(fault_entry_json(e));
     nlohmann::json resumes = nlohmann::json::array();

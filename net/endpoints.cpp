@@ -54,7 +54,9 @@ std::variant<Endpoint, Response> route(std::string_view method, std::string_view
                                        bool admin) {
   const std::string_view path = path_of(target);
   std::string allow;
+  bool admin_off = false;
   for (const Route& r : kRoutes) {
+    if (r.matches(path) && r.admin && !admin) admin_off = true;
     if (!r.matches(path) || (r.admin && !admin)) continue;
     if (r.method == method || (method == "HEAD" && r.method == "GET")) return r.endpoint;
     if (!allow.empty()) allow += ", ";
@@ -62,7 +64,11 @@ std::variant<Endpoint, Response> route(std::string_view method, std::string_view
     if (r.method == "GET") allow += ", HEAD";
   }
   if (allow.empty()) {
-    openai::ApiError e = openai::bad_request("Not found: " + std::string(path), {}, "not_found");
+    // Said, since the path is right: only the server's config is missing.
+    const std::string why =
+        admin_off ? " (fault injection is off on this server: admin.faults and admin.token)" : "";
+    openai::ApiError e =
+        openai::bad_request("Not found: " + std::string(path) + why, {}, "not_found");
     e.status = 404;
     return error_response(e);
   }

@@ -239,6 +239,9 @@ TEST(AdminEndpoint, OnlyTheTokenOpensIt) {
   EXPECT_EQ(nlohmann::json::parse(r.body)["error"]["param"], "kind") << r.body;
   r = answer_faults(admin, "s3cret", "POST", "Bearer s3cret", R"({"kind": "kill", "when": 1})");
   EXPECT_EQ(nlohmann::json::parse(r.body)["error"]["param"], "when") << r.body;
+  // HEAD is a GET, whatever body comes with it: it never injects.
+  r = answer_faults(admin, "s3cret", "HEAD", "Bearer s3cret", R"({"kind": "kill"})");
+  EXPECT_EQ(r.status, 200);
   r = answer_faults(admin, "s3cret", "GET", "Bearer s3cret", "");
   EXPECT_EQ(r.status, 200);
   const auto list = nlohmann::json::parse(r.body).at("faults");
@@ -251,7 +254,10 @@ TEST(AdminEndpoint, AbsentUnlessTurnedOn) {
   auto off = route("GET", "/admin/faults");
   ASSERT_TRUE(std::holds_alternative<Response>(off));
   EXPECT_EQ(std::get<Response>(off).status, 404);
+  EXPECT_NE(std::get<Response>(off).body.find("fault injection is off"), std::string::npos);
   EXPECT_EQ(std::get<Response>(route("PUT", "/admin/faults")).status, 404);
+  EXPECT_EQ(std::get<Response>(route("GET", "/admin/nope")).body.find("fault injection"),
+            std::string::npos);
   EXPECT_EQ(std::get<Endpoint>(route("POST", "/admin/faults", true)), Endpoint::Faults);
   EXPECT_EQ(std::get<Response>(route("PUT", "/admin/faults", true)).status, 405);
 }
