@@ -142,6 +142,39 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
   }
 }
 
+// The router learns of this placement from one message; lost (a link that
+// drops messages), the replica would run and never be given work, so it is
+// asked until answered. A repeat is answered alike.
+void announce(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
+  constexpr auto kAnswerWithin = std::chrono::seconds(2);
+  self->request(st->router, kAnswerWithin, up_atom::value, st->sched->replica(), st->epoch,
+                caf::actor_cast<BatcherActor>(self))
+      .then(
+          [=](bool current) {
+            if (st->up) return;
+            if (!current) {
+              // Placed anew meanwhile: the supervisor stops this one.
+              spdlog::info("replica {}: placement {} was superseded before it served",
+                           st->sched->replica(), st->epoch);
+              return;
+            }
+            st->up = true;
+            // Its own load (an empty KV cache) at once, the channel's first
+            // message: what the router shows of this replica is this
+            // placement's from the start, not the last one's.
+            tell_router(self, *st, st->sched->load_report());
+            schedule(self, st);
+          },
+          [=](caf::error& err) {
+            if (err != caf::sec::request_timeout) return self->quit(err);
+            spdlog::warn(
+                "replica {}: the router did not answer its placement {} being up; "
+                "telling it again",
+                st->sched->replica(), st->epoch);
+            announce(self, st);
+          });
+}
+
 void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
   PlannedStep step = st->sched->probe_step();
   const uint64_t id = step.id;
@@ -150,14 +183,7 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
           [=](const std::vector<int>&) {
             st->sched->finish_probe(id);
             flush(self, *st);
-            st->up = true;
-            self->send(st->router, up_atom::value, st->sched->replica(), st->epoch,
-                       caf::actor_cast<BatcherActor>(self));
-            // Its own load (an empty KV cache) at once, the channel's first
-            // message: what the router shows of this replica is this
-            // placement's from the start, not the last one's.
-            tell_router(self, *st, st->sched->load_report());
-            schedule(self, st);
+            announce(self, st);
           },
           [=](caf::error& err) { self->quit(err); });
 }

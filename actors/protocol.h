@@ -102,14 +102,16 @@ using BatcherActor = caf::typed_actor<caf::reacts_to<assign_atom, Assignment>,
                                       caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
 
 // The router: requests from the front end, step events from the batchers,
-// replicas up (a batcher, after its probe step) and down (the supervisor),
-// each for one placement epoch, and its own deadline tick. (watch,
+// replicas up (a batcher, after its probe step; answered true when that
+// placement is the replica's current one, since a batcher on another node
+// asks until answered) and down (the supervisor), each for one placement
+// epoch, and its own deadline tick. (watch,
 // supervisor) names whom it tells about a replica whose channel broke (the
 // supervisor's handle, untyped here since its type names the router's).
 using RouterActor = caf::typed_actor<
     caf::reacts_to<submit_atom, CompletionRequest, std::shared_ptr<CompletionSink>>,
     caf::reacts_to<cancel_atom, uint64_t>, caf::reacts_to<events_atom, StepEvents>,
-    caf::reacts_to<up_atom, int, uint64_t, BatcherActor>,
+    caf::replies_to<up_atom, int, uint64_t, BatcherActor>::with<bool>,
     caf::reacts_to<down_atom, int, uint64_t, bool>, caf::reacts_to<rtick_atom>,
     caf::reacts_to<watch_atom, caf::actor>>;
 

@@ -191,8 +191,10 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         publish(*st);
       },
       [=](up_atom, int replica, uint64_t epoch, BatcherActor b) {
-        if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
-        if (epoch <= st->epoch[size_t(replica)]) return;  // an older placement, late
+        if (replica < 0 || size_t(replica) >= st->epoch.size()) return false;
+        // Asked again: its answer was lost, or late.
+        if (epoch == st->epoch[size_t(replica)]) return true;
+        if (epoch < st->epoch[size_t(replica)]) return false;  // an older placement, late
         st->epoch[size_t(replica)] = epoch;
         st->broken[size_t(replica)] = false;
         st->channel->set(replica, std::move(b));
@@ -200,6 +202,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         st->table->replica_up(replica, st->now());
         if (st->faults) st->faults->replica_up(replica, st->faults->now());
         publish(*st);
+        return true;
       },
       [=](down_atom, int replica, uint64_t epoch, bool permanent) {
         if (replica < 0 || size_t(replica) >= st->epoch.size()) return;
