@@ -344,6 +344,9 @@ Outcome classify(const RequestRecord& q, const Expected* expected, std::string* 
 ChaosReport check(const RunRecords& r) {
   ChaosReport rep;
   rep.duration_s = r.duration_s;
+  rep.down_at_end = r.down_at_end;
+  rep.given_up_at_end = r.given_up_at_end;
+  rep.every_node_back = r.every_node_back;
   rep.counts.requests = r.requests.size();
   rep.outcomes.reserve(r.requests.size());
 
@@ -631,6 +634,13 @@ ChaosReport check(const RunRecords& r) {
 
 // ---- verdict ----
 
+std::string capacity_text(const std::vector<int>& replicas) {
+  std::string s = replicas.size() == 1 ? "replica" : "replicas";
+  for (size_t i = 0; i < replicas.size(); ++i)
+    s += (i == 0 ? " " : ", ") + std::to_string(replicas[i]);
+  return s;
+}
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::Pass:
@@ -683,6 +693,12 @@ std::vector<std::string> ChaosReport::failures() const {
     out.push_back(plural(counts.duplicated, "request", "requests") + " duplicated (" +
                   plural(counts.duplicated_tokens, "token", "tokens") + " repeated)");
   add(counts.wrong, "wrong");
+  // Every node is back and supervision kept trying, yet a replica never
+  // served again: capacity a transient fault took for good.
+  if (!down_at_end.empty() && every_node_back)
+    out.push_back(capacity_text(down_at_end) +
+                  " still down at the end, though every node was back and supervision had not "
+                  "given up on it: capacity lost to a passing fault");
   for (const FaultReport& f : faults) {
     if (!f.played() || f.confirmed()) continue;
     const FaultRecord& r = f.record;

@@ -185,6 +185,9 @@ enum class Verdict {
 };
 const char* verdict_name(Verdict v);  // "PASS", "FAIL", "INCOMPLETE"
 
+// "replica 1", "replicas 0, 2".
+std::string capacity_text(const std::vector<int>& replicas);
+
 struct ChaosReport {
   double duration_s = 0;
   double load_s = 0;  // the load's span [0, load_s] (RunRecords::load_end_s, else the last event)
@@ -200,6 +203,8 @@ struct ChaosReport {
   std::vector<FaultReport> faults;
   std::vector<FaultKindReport> fault_kinds;  // by kind, in order of first appearance
   std::vector<ResourceDelta> resources;
+  std::vector<int> down_at_end, given_up_at_end;  // RunRecords'
+  bool every_node_back = true;
 
   size_t played_faults() const;
   // Fail when failures() has any; else Incomplete when not_played() has

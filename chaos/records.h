@@ -94,6 +94,12 @@ struct RunRecords {
   // when the fault-free pass showed the deployment can carry it.
   double baseline_tokens_per_s = 0;
   std::string baseline_basis = "closed loop";  // or "offered load"
+  // Capacity at the run's end, after a wait for it to come back: replicas
+  // not ready that supervision had not given up on, those it had, and
+  // whether every node the plan stopped was started again (else a replica
+  // may rightly have nowhere to run).
+  std::vector<int> down_at_end, given_up_at_end;
+  bool every_node_back = true;
 };
 
 }  // namespace troupe::chaos

@@ -228,6 +228,12 @@ std::string render_text(const ChaosReport& r) {
     }
   }
 
+  if (!r.given_up_at_end.empty())
+    out += "capacity at the end: " + capacity_text(r.given_up_at_end) +
+           " given up on by supervision (its restart limit)\n";
+  if (!r.down_at_end.empty() && !r.every_node_back)
+    out += "capacity at the end: " + capacity_text(r.down_at_end) +
+           " down, waiting for a node the plan stopped for good\n";
   out += "verdict: " + r.verdict_text() + "\n";
   return out;
 }
@@ -365,6 +371,9 @@ nlohmann::json render_json(const ChaosReport& r) {
   j["verdict"] = verdict_name(r.verdict());
   j["failures"] = r.failures();
   j["not_played"] = r.not_played();
+  j["capacity_at_end"] = {{"down", r.down_at_end},
+                          {"given_up", r.given_up_at_end},
+                          {"every_node_back", r.every_node_back}};
   return j;
 }
 

@@ -78,11 +78,12 @@ class RunError {
 struct MetricsView {
   bool ok = false;
   int live_replicas = 0;
-  std::vector<int> live;  // which replicas are ready
-  std::set<int> known;    // every replica the coordinator has a state for
-  double detections = 0;  // nodes declared dead
-  double restarts = 0;    // replicas restarted
-  double cancelled = 0;   // requests_total{status="499"}
+  std::vector<int> live;      // which replicas are ready
+  std::vector<int> given_up;  // which supervision gave up on
+  std::set<int> known;        // every replica the coordinator has a state for
+  double detections = 0;      // nodes declared dead
+  double restarts = 0;        // replicas restarted
+  double cancelled = 0;       // requests_total{status="499"}
   int kv_used = 0;
 };
 
@@ -108,6 +109,7 @@ MetricsView read_metrics(const ServerEndpoint& e) {
         ++m.live_replicas;
         if (r >= 0) m.live.push_back(r);
       }
+      if (v == 3 && r >= 0) m.given_up.push_back(r);
     }
     if (line.rfind("troupe_node_detections_total{", 0) == 0) m.detections += v;
     if (line.rfind("troupe_replica_restarts_total{", 0) == 0) m.restarts += v;
@@ -280,6 +282,27 @@ class Run {
   void check_admin_faults();
   void check_admin_access();
   void attribute_resumes();
+  MetricsView last_metrics() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_metrics_;
+  }
+  // Replicas not ready that supervision has not given up on.
+  std::vector<int> down_replicas(const MetricsView& m) const {
+    std::vector<int> down;
+    for (int r = 0; r < replicas_; ++r)
+      if (std::find(m.live.begin(), m.live.end(), r) == m.live.end() &&
+          std::find(m.given_up.begin(), m.given_up.end(), r) == m.given_up.end())
+        down.push_back(r);
+    return down;
+  }
+  // Every node process of the deployment is running (attached: no process
+  // faults, so they are as they were).
+  bool every_node_back() {
+    if (!deployment_) return true;
+    for (const std::string& name : deployment_->node_names())
+      if (!deployment_->node(name).process) return false;
+    return true;
+  }
   // Writes a fault's record (and its admin id) under the lock the poller reads it with.
   void commit(Tracked& t, const std::function<void(FaultRecord&)>& write) {
     std::lock_guard<std::mutex> l(mu_);
@@ -371,17 +394,23 @@ ChaosRun Run::go() {
   poller.join();
   // The run cannot be judged; the deployment goes with the exception.
   error_.rethrow();
-  // Lasting faults are over; give the last ones a moment to show their effect.
-  for (int i = 0; i < 100; ++i) {
+  // Lasting faults are over; give the last ones a moment to show their
+  // effect (10 s), and replicas that supervision is still bringing back a
+  // moment to come back (20 s: a start the coordinator must ask about
+  // again takes seconds).
+  const bool nodes_back = every_node_back();
+  for (int i = 0; i < 200; ++i) {
     poll();
     check_admin_faults();
     bool pending = false;
-    {
+    if (i < 100) {
       std::lock_guard<std::mutex> l(mu_);
       for (const Tracked& t : tracked_)
         pending =
             pending || (t.rec.confirmed_s < 0 && t.rec.error.empty() && t.rec.not_played.empty());
     }
+    const MetricsView m = last_metrics();
+    pending = pending || (nodes_back && m.ok && !down_replicas(m).empty());
     if (!pending) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -408,6 +437,11 @@ ChaosRun Run::go() {
   out_.records.deadline_s = plan_.workload.deadline_s;
   out_.records.expected = expected_;
   const MetricsView end = read_metrics(http_);
+  if (end.ok) {
+    out_.records.down_at_end = down_replicas(end);
+    out_.records.given_up_at_end = end.given_up;
+  }
+  out_.records.every_node_back = nodes_back;
   out_.records.resources_end =
       deployment_ ? deployment_->resources(end.kv_used) : std::vector<ResourceSample>{};
   out_.client_cancels = client_cancels_;

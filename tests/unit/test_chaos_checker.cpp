@@ -182,6 +182,36 @@ TEST(ChaosChecker, ExamplesAreCapped) {
   EXPECT_EQ(rep.examples.size(), kMaxExamplesPerOutcome);
 }
 
+// A replica down at the end, not given up on, with every node back: a
+// passing fault took capacity for good, and the run fails saying so. With a
+// node the plan stopped for good, or given up on, it is only reported.
+TEST(ChaosChecker, CapacityNotBackAtTheEndFailsOnlyWhenItCouldHaveComeBack) {
+  RunRecords r;
+  r.expected.push_back({{1}, "stop"});
+  r.requests.push_back(stream(0, {1}));
+  r.down_at_end = {1};
+  ChaosReport rep = check(r);
+  EXPECT_EQ(rep.verdict(), Verdict::Fail);
+  ASSERT_EQ(rep.failures().size(), 1u);
+  EXPECT_NE(rep.failures()[0].find("replica 1 still down at the end"), std::string::npos)
+      << rep.failures()[0];
+  EXPECT_EQ(render_json(rep)["capacity_at_end"]["down"], nlohmann::json::array({1}));
+  r.every_node_back = false;
+  rep = check(r);
+  EXPECT_EQ(rep.verdict(), Verdict::Pass);
+  EXPECT_NE(render_text(rep).find("capacity at the end: replica 1 down, waiting for a node"),
+            std::string::npos)
+      << render_text(rep);
+  r.every_node_back = true;
+  r.down_at_end.clear();
+  r.given_up_at_end = {0, 2};
+  rep = check(r);
+  EXPECT_EQ(rep.verdict(), Verdict::Pass);
+  EXPECT_NE(render_text(rep).find("capacity at the end: replicas 0, 2 given up on"),
+            std::string::npos)
+      << render_text(rep);
+}
+
 TEST(ChaosChecker, LatencyPhases) {
   RunRecords r;
   FaultRecord f;
