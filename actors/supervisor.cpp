@@ -325,6 +325,31 @@ void adopt(SupervisorActor::pointer self, SupervisorState& s, size_t r, uint64_t
   publish(s);
 }
 
+// A node could not build the replica (it does not fit there, or refused).
+// That is the node's shortcoming, not a crash of the replica: it does not
+// count against the restart intensity (which a node too small for it would
+// use up in a second, leaving the replica down for good however many good
+// nodes joined later). The next try waits, longer after each failure in a
+// row, and passes that node over for a while (StartFailures).
+void start_failed(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
+                  int node, const std::string& why) {
+  SupervisorState& s = *st;
+  Slot& slot = s.slots[r];
+  slot.start_failures.failed(node, s.now());
+  const NodeRecord* rec = s.cluster.node(node);
+  spdlog::warn(
+      "replica {} could not start on node {}: {}; trying again in {:.1f} s, elsewhere "
+      "if another node can hold it",
+      r, rec ? rec->name : std::to_string(node), why,
+      std::max(0.0, slot.start_failures.next_try() - s.now()));
+  {
+    std::lock_guard<std::mutex> l(s.shared->mu);
+    s.shared->last_death[r] = "could not start: " + why;
+  }
+  end_placement(self, s, r, false);
+  place_waiting(self, st);
+}
+
 // The replica's leader starts once its other parts are up (each builds its
 // engine when the leader's meets it at the rendezvous).
 void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
@@ -341,11 +366,7 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
             [=](caf::error& err) {
               Slot& sl = st->slots[r];
               if (sl.epoch != epoch || !sl.starting) return;
-              // A node that cannot build the replica (it does not fit there)
-              // counts like a crash, so that it is not retried forever; the
-              // next try waits a little and goes elsewhere if it can.
-              sl.start_failures.failed(leader_node, st->now());
-              replica_died(self, st, r, "could not start: " + self->system().render(err));
+              start_failed(self, st, r, leader_node, self->system().render(err));
             });
 }
 
@@ -445,10 +466,8 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
               [=](caf::error& err) {
                 Slot& sl = st->slots[r];
                 if (sl.epoch != epoch || !sl.starting) return;
-                sl.start_failures.failed(sl.nodes[p], st->now());
-                replica_died(self, st, r,
-                             "could not start part " + std::to_string(p) + ": " +
-                                 self->system().render(err));
+                start_failed(self, st, r, sl.nodes[p],
+                             "its part " + std::to_string(p) + ": " + self->system().render(err));
               });
     }
   }

@@ -29,6 +29,7 @@ class StartFailures {
 
   // Whether a new start may be tried at `now`.
   bool may_try(double now) const { return now >= next_try_; }
+  double next_try() const { return next_try_; }
   // Nodes to pass over at `now` (those that failed within avoid_for_s).
   std::set<int> avoid(double now) const;
   int in_a_row() const { return in_a_row_; }
