@@ -40,6 +40,10 @@ struct Slot {
   bool waiting_logged = false;
   // Faults aimed at it while it was not running: passed on once it runs.
   std::vector<std::pair<FaultOrder, FaultInjectorActor>> faults;
+  // Lasting faults in force (slow, KV refusals): a placement after a death
+  // gets them too, so that a fault lasts its duration across restarts, as
+  // the fault list says it does.
+  std::vector<std::pair<FaultOrder, FaultInjectorActor>> lasting;
 };
 
 // A join under the name of a live node, from another process: it waits
@@ -321,6 +325,10 @@ void adopt(SupervisorActor::pointer self, SupervisorState& s, size_t r, uint64_t
   sl.batcher = b;
   self->monitor(b);
   for (auto& [order, reporter] : sl.faults) self->send(b, fault_atom::value, order, reporter);
+  for (auto& [order, reporter] : sl.lasting)
+    if (std::none_of(sl.faults.begin(), sl.faults.end(),
+                     [&](const auto& f) { return f.first.id == order.id; }))
+      self->send(b, fault_atom::value, order, reporter);
   sl.faults.clear();
   publish(s);
 }
@@ -555,6 +563,10 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
           return;
         }
         Slot& slot = st->slots[size_t(o.replica)];
+        if (fault_lasts(o.kind)) {
+          std::erase_if(slot.lasting, [&](const auto& f) { return f.first.id == o.id; });
+          if (!o.end && !slot.failed) slot.lasting.emplace_back(o, reporter);
+        }
         if (slot.failed && o.end) {
           // Nothing runs there to end or withdraw it from.
         } else if (slot.failed) {

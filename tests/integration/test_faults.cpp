@@ -165,6 +165,31 @@ TEST(Faults, SlowStepsAreMeasuredAndEndAfterTheirDuration) {
   EXPECT_EQ(rt.replica_status()[0].restarts, 0);
 }
 
+// A lasting fault lasts its duration across a restart of its replica:
+// the new placement refuses KV blocks too, until the fault ends.
+TEST(Faults, ALastingFaultOutlivesARestartOfItsReplica) {
+  ActorRuntime rt(config(1), std::make_shared<EngineBuilder>(checkpoint(), DType::F32));
+  ASSERT_TRUE(rt.wait_live(1, 60));
+  constexpr double kLasts = 4;
+  FaultRequest f = fault(FaultKind::KvAllocFail);
+  f.duration_s = kLasts;
+  const auto injected = std::chrono::steady_clock::now();
+  const uint64_t id = rt.inject(f).order.id;
+  const uint64_t killed = rt.inject(kill(FaultRole::Worker)).order.id;
+  ASSERT_EQ(wait_for(rt, killed).state, FaultState::Confirmed);
+  ASSERT_TRUE(rt.wait_live(1, 30));
+  ASSERT_EQ(rt.replica_status()[0].restarts, 1);
+  auto sink = std::make_shared<RecordingSink>();
+  rt.submit(request(7, 0, 5), sink);
+  ASSERT_TRUE(sink->wait(60));
+  ASSERT_FALSE(sink->error()) << sink->error()->message;
+  EXPECT_EQ(sink->tokens(), reference(0, 5));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - injected).count();
+  EXPECT_GE(took, kLasts - 0.1) << "the restarted replica served while the fault lasted";
+  EXPECT_EQ(wait_for(rt, id, 30, true).state, FaultState::Ended);
+}
+
 TEST(Faults, RefusedKvBlocksStallRequestsWhichThenFinishExactly) {
   ActorRuntime rt(config(1), std::make_shared<EngineBuilder>(checkpoint(), DType::F32));
   ASSERT_TRUE(rt.wait_live(1, 60));
