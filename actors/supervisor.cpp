@@ -23,6 +23,8 @@ constexpr auto kStartTimeout = std::chrono::seconds(120);
 // or its answer may have been lost on the way); it has this long to answer.
 constexpr double kStartProbeS = 3;
 constexpr auto kProbeTimeout = std::chrono::seconds(2);
+// A dead node is forgotten (its /metrics series too) after this long.
+constexpr double kForgetDeadNodeS = 600;
 
 struct Slot {
   explicit Slot(RestartIntensity i) : intensity(std::move(i)) {}
@@ -531,6 +533,12 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
       [=](stick_atom) {
         SupervisorState& s = *st;
         for (int node : s.cluster.expire(s.now())) bury(self, st, node, "heartbeat");
+        const auto forgotten = s.cluster.forget_dead(s.now(), kForgetDeadNodeS);
+        for (const std::string& name : forgotten) {
+          spdlog::info("node {}: forgotten, dead for over {:.0f} s", name, kForgetDeadNodeS);
+          if (s.metrics) s.metrics->forget_node(name);
+        }
+        if (!forgotten.empty()) publish(s);
         probe_starts(self, st);
         place_waiting(self, st);
         self->delayed_send(self, kTick, stick_atom::value);

@@ -136,6 +136,10 @@ void Metrics::set_node(const std::string& name, bool live, int devices, int repl
   node_heartbeat_age_->labels({name}).set(heartbeat_age_s);
 }
 
+void Metrics::forget_node(const std::string& name) {
+  for (auto* family : {node_devices_, node_replicas_, node_heartbeat_age_}) family->remove({name});
+}
+
 void Metrics::node_dead(const std::string& cause) {
   node_deaths_->labels({cause}).inc();
 }

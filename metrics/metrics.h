@@ -44,6 +44,8 @@ class Metrics {
   // Nodes (many processes): how many are live and dead, each one's devices,
   // replicas and the age of its last heartbeat, and deaths by cause.
   void set_nodes(int live, int dead);
+  // A node the coordinator forgot (dead for long): its series go.
+  void forget_node(const std::string& name);
   void set_node(const std::string& name, bool live, int devices, int replicas,
                 double heartbeat_age_s);
   void node_dead(const std::string& cause);

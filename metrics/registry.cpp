@@ -181,6 +181,12 @@ T& Family<T>::labels(std::initializer_list<std::string_view> values) {
 }
 
 template <class T>
+void Family<T>::remove(const std::vector<std::string>& values) {
+  std::lock_guard lock(mu_);
+  children_.erase(values);
+}
+
+template <class T>
 std::string Family<T>::render() const {
   std::string out = "# HELP " + name_ + " " + prometheus_escape_help(help_) + "\n";
   out += "# TYPE " + name_ + " " + type_name(type_) + "\n";

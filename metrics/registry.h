@@ -83,6 +83,9 @@ class Family {
   // number of label names.
   T& labels(const std::vector<std::string>& values);
   T& labels(std::initializer_list<std::string_view> values);
+  // Drops one child (a series whose subject is gone for good); a later
+  // labels() makes it anew. References to it must not be held.
+  void remove(const std::vector<std::string>& values);
 
   const std::string& name() const { return name_; }
 

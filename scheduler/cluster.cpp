@@ -103,6 +103,20 @@ std::vector<int> Cluster::expire(double now) {
   return dead;
 }
 
+std::vector<std::string> Cluster::forget_dead(double now, double after_s) {
+  std::vector<std::string> names;
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    const NodeRecord& n = it->second;
+    if (n.state == NodeState::Dead && now - n.last_heard > after_s) {
+      names.push_back(n.name);
+      it = nodes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return names;
+}
+
 bool Cluster::lost(int id, const std::string& cause) {
   NodeRecord* n = find(id);
   if (!n || n->state != NodeState::Live) return false;

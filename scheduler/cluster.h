@@ -96,6 +96,12 @@ class Cluster {
   // Declares a live node dead with `cause` (e.g. "connection lost"); false
   // when it was not live.
   bool lost(int node, const std::string& cause);
+  // Forgets the dead nodes not heard from for `after_s`; returns their
+  // names. Without it every node ever
+  // declared dead stayed, in the books and in /metrics, and nodes named by
+  // host and pid (the default) add one per restart. One coming back later
+  // joins as new.
+  std::vector<std::string> forget_dead(double now, double after_s);
   // Who holds `name` now, for a join under it.
   NameClaim claim(const std::string& name, double now) const;
   // Why a join under live node `node`'s name is refused: its name, id,

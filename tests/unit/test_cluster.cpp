@@ -64,6 +64,25 @@ TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
 // holder is silent past the heartbeat timeout (it is dead); one heard from
 // lately is to be asked first (the supervisor does), and the coordinator's
 // own node is never another process's to replace.
+// A dead node is forgotten once long silent; live ones never are. One
+// coming back joins as new.
+TEST(Cluster, DeadNodesAreForgottenOnceLongSilent) {
+  Cluster c(options());
+  const int a = c.join(node("a", 1), 0).node;
+  const int b = c.join(node("b", 1), 0).node;
+  c.place(0, {{a, 1}});
+  ASSERT_TRUE(c.lost(a, "connection lost"));
+  EXPECT_TRUE(c.nodes_of(0).empty()) << "its replicas were unplaced";
+  EXPECT_TRUE(c.forget_dead(100, 600).empty());
+  EXPECT_EQ(c.forget_dead(700, 600), std::vector<std::string>{"a"});
+  EXPECT_EQ(c.node(a), nullptr);
+  ASSERT_NE(c.node(b), nullptr) << "a live node stays, however long";
+  EXPECT_EQ(c.nodes().size(), 1u);
+  const JoinReply again = c.join(node("a", 1), 800);
+  ASSERT_TRUE(again.accepted) << again.reason;
+  EXPECT_NE(again.node, a) << "a new id: the old one is not reused";
+}
+
 TEST(Cluster, ANameHeldByALiveNodeIsClaimedOnlyFromASilentOne) {
   Cluster c(options());
   EXPECT_EQ(c.claim("a", 0).holder, NameClaim::Holder::None);

@@ -39,6 +39,20 @@ TEST(MetricsRegistry, CounterAndGaugeRendering) {
   EXPECT_LT(text.find("jobs_total"), text.find("temperature"));
 }
 
+TEST(MetricsRegistry, ARemovedSeriesIsGoneUntilUsedAgain) {
+  MetricsRegistry r;
+  auto& g = r.gauge("age", "Age.", {"node"});
+  g.labels({"a"}).set(1);
+  g.labels({"b"}).set(2);
+  g.remove({"a"});
+  g.remove({"nope"});
+  std::string text = r.render();
+  EXPECT_EQ(prometheus_sample(text, "age{node=\"a\"}"), "<missing>") << text;
+  EXPECT_EQ(prometheus_sample(text, "age{node=\"b\"}"), "2") << text;
+  g.labels({"a"}).set(3);
+  EXPECT_EQ(prometheus_sample(r.render(), "age{node=\"a\"}"), "3");
+}
+
 TEST(MetricsRegistry, UnlabelledFamiliesRenderBeforeFirstUse) {
   MetricsRegistry r;
   r.counter("idle_total", "Never touched.");
