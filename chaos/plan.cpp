@@ -84,7 +84,14 @@ const Fields<ChaosPlan>& plan_fields() {
         .add("stream", &WorkloadPlan::stream, schema::number_in(0, 1))
         .add("sampled", &WorkloadPlan::sampled, schema::number_in(0, 1))
         .add("cancel", &WorkloadPlan::cancel, schema::number_in(0, 1))
-        .add("deadline_s", &WorkloadPlan::deadline_s, schema::seconds(false));
+        .add("deadline_s", &WorkloadPlan::deadline_s, schema::seconds(false))
+        // A short load without `distinct` repeats nothing rather than
+        // failing on a default it never set; one given is checked as given.
+        .after_read([](const schema::Origin&, const std::string&, WorkloadPlan& w,
+                       const std::set<std::string>& given) {
+          if (given.count("requests") && !given.count("distinct"))
+            w.distinct = std::min(w.distinct, w.requests);
+        });
 
     Fields<FaultPlan> fault;
     fault.flow()

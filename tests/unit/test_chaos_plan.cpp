@@ -99,6 +99,10 @@ TEST(ChaosPlan, ADeviceIsNamedOnlyWhereTheFaultActsOnOne) {
 TEST(ChaosPlan, RangesThatConstrainEachOther) {
   EXPECT_NE(error_of("workload: {min_tokens: 9, max_tokens: 3}").find("workload.min_tokens"),
             std::string::npos);
+  // Without `distinct`, a short load repeats nothing (the default, 200, is
+  // not held against it).
+  EXPECT_EQ(parse_chaos_plan("workload: {requests: 10, rate: 10}", "plan.yaml").workload.distinct,
+            10);
   EXPECT_NE(error_of("workload: {requests: 5, distinct: 10}").find("workload.distinct"),
             std::string::npos);
   EXPECT_NE(error_of("workload: {stream: 1.5}").find("workload.stream"), std::string::npos);
