@@ -38,6 +38,7 @@ ActorRuntime::ActorRuntime(const Config& config, std::shared_ptr<EngineBuilder> 
 ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, EngineSource engine_for,
                            Metrics* metrics, std::string model_fingerprint)
     : replicas_(config.parallel.replicas),
+      replica_devices_(config.parallel.pipeline * config.parallel.tensor),
       router_shared_(std::make_shared<RouterShared>()),
       supervisor_shared_(std::make_shared<SupervisorShared>(config.parallel.replicas)) {
   validate_config(config);
@@ -213,7 +214,7 @@ FaultEntry ActorRuntime::inject(const FaultRequest& request) {
 }
 
 std::variant<FaultEntry, std::string> ActorRuntime::inject_json(std::string_view body) {
-  auto parsed = parse_fault_request(body, replicas_);
+  auto parsed = parse_fault_request(body, replicas_, replica_devices_);
   if (auto* why = std::get_if<std::string>(&parsed)) return *why;
   return inject(std::get<FaultRequest>(parsed));
 }

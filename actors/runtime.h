@@ -90,6 +90,7 @@ class ActorRuntime : public CompletionService, public FaultAdmin {
 
  private:
   int replicas_;
+  int replica_devices_;  // pipeline x tensor
   std::vector<std::vector<std::pair<int, int>>> stage_layers_;
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> system_;

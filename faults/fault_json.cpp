@@ -53,7 +53,8 @@ double optional_time(double t) {
 
 }  // namespace
 
-std::variant<FaultRequest, std::string> parse_fault_request(std::string_view body, int replicas) {
+std::variant<FaultRequest, std::string> parse_fault_request(std::string_view body, int replicas,
+                                                            int devices) {
   const json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) return std::string("the body is not JSON");
   if (!j.is_object()) return std::string("expected a JSON object such as {\"kind\": \"kill\"}");
@@ -95,6 +96,17 @@ std::variant<FaultRequest, std::string> parse_fault_request(std::string_view bod
     if (per_device && r.order.device < 0)
       throw Refusal{"device: a kill of a " + std::string(fault_role_name(r.order.role)) +
                     " names which one"};
+    // Known here, so refused now rather than failed later where it lands. A
+    // member's number counts the replica's parts on other nodes: fewer
+    // than its devices, so this bound holds for it too.
+    if (devices > 0 && r.order.device >= devices)
+      throw Refusal{"device: a replica has " + std::to_string(devices) + " device(s), 0 to " +
+                    std::to_string(devices - 1) + "; no device " + std::to_string(r.order.device)};
+    if (devices == 1 && per_device)
+      throw Refusal{"device: a replica has one device, so no " +
+                    std::string(fault_role_name(r.order.role)) +
+                    " of its own to kill (kill its "
+                    "worker instead)"};
     if (j.contains("factor")) {
       if (*k != FaultKind::Slow) throw Refusal{"factor: only a slow fault has a factor"};
       r.order.factor = number(j, "factor", 1);

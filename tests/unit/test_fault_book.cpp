@@ -204,6 +204,24 @@ TEST(FaultJson, TimesAreBoundedAndTheirConversionIsSafe) {
     EXPECT_EQ(fault_delay(big), most) << big;
 }
 
+// A device a replica does not have is refused at once, naming the key,
+// not failed later where the fault lands.
+TEST(FaultJson, DevicesBeyondTheReplicasAreRefusedUpFront) {
+  const auto refusal = [](std::string_view body, int devices) {
+    auto r = parse_fault_request(body, 2, devices);
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+  };
+  EXPECT_NE(refusal(R"({"kind": "step_error", "device": 3})", 2).find("device: a replica has 2"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "role": "shard", "device": 2})", 2).find("no device 2"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"kind": "kill", "role": "shard", "device": 0})", 1).find("worker"),
+            std::string::npos);
+  EXPECT_EQ(refusal(R"({"kind": "kill", "role": "shard", "device": 1})", 2), "");
+  EXPECT_EQ(refusal(R"({"kind": "step_error", "device": 0})", 1), "");
+  EXPECT_EQ(refusal(R"({"kind": "step_error", "device": 9})", 0), "") << "not known: not checked";
+}
+
 class FakeAdmin : public FaultAdmin {
  public:
   std::variant<FaultEntry, std::string> inject_json(std::string_view body) override {
