@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "actors/batcher.h"
 #include "actors/member.h"
@@ -141,7 +142,13 @@ struct AgentState {
   double coordinator_timeout_s = 0;
   uint64_t ticks = 0;              // the tick chain's number: a faster pace starts a new chain
   std::map<int, Hosted> replicas;  // by replica index
-  std::vector<bool> busy;          // per device
+  // Shutting down: the replicas stopped, whose downs it waits for (bounded
+  // by quit_by) before it quits with quit_reason.
+  bool quitting = false;
+  std::set<caf::actor_addr> draining;
+  caf::error quit_reason;
+  Clock::time_point quit_by;
+  std::vector<bool> busy;  // per device
   Clock::time_point last_attempt{};
   bool warned_unreachable = false;
 };
@@ -319,6 +326,11 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
       std::chrono::milliseconds(int64_t(std::max(30.0, 5 * st->opts.heartbeat_timeout_s) * 1000));
   self->set_down_handler([=](caf::down_msg& dm) {
     AgentState& s = *st;
+    if (s.quitting) {
+      s.draining.erase(dm.source);
+      if (s.draining.empty()) self->quit(s.quit_reason);
+      return;
+    }
     if (s.coordinator && dm.source == s.coordinator.address()) {
       // The coordinator of this process shutting down says so; a remote
       // one that goes away is seen as a lost connection.
@@ -341,10 +353,24 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         return;
       }
   });
-  // Shutdown: the replicas go down with the node.
+  // Shutdown: the replicas go down with the node, and it quits once they
+  // are gone. A part of a replica spanning nodes is known to the connection
+  // to the leader's node, which it tells of its end as it goes; had the
+  // actor system begun its teardown by then (this actor gone), that message
+  // waited in a connection no longer served, holding the part, and CAF
+  // 0.17's teardown waited for the part's thread: 10 s, until the stuck-exit
+  // guard ended the process.
   self->set_exit_handler([=](caf::exit_msg& em) {
-    stop_all(self, *st, "the node is shutting down", em.reason == caf::exit_reason::user_shutdown);
-    self->quit(em.reason);
+    AgentState& s = *st;
+    if (s.quitting) return;
+    for (const auto& [r, h] : s.replicas) s.draining.insert(h.address());
+    stop_all(self, s, "the node is shutting down", em.reason == caf::exit_reason::user_shutdown);
+    if (s.draining.empty()) return self->quit(em.reason);
+    constexpr auto kDrainFor = std::chrono::seconds(2);
+    s.quitting = true;
+    s.quit_reason = em.reason;
+    s.quit_by = Clock::now() + kDrainFor;
+    self->delayed_send(self, kDrainFor, ntick_atom::value, ++s.ticks);
   });
   self->send(self, ntick_atom::value, st->ticks);
   return {
@@ -432,6 +458,10 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
       [=](ntick_atom, uint64_t chain) {
         AgentState& s = *st;
         if (chain != s.ticks) return;  // replaced by a faster one
+        if (s.quitting) {
+          if (Clock::now() >= s.quit_by) self->quit(s.quit_reason);
+          return;
+        }
         if (s.joined) {
           // The answer is traffic that keeps this end of the connection
           // alive (CAF's connection timeout is this node's heartbeat

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -123,6 +124,19 @@ void run_node(const NodeOptions& o) {
   }
   waiter.join();
   spdlog::info("node {}: shutting down", name);
+  {
+    // It stops its replicas and quits once they are gone (bounded).
+    caf::scoped_actor self{system};
+    self->wait_for(agent);
+  }
+  // Everything of this node has stopped. CAF 0.17's actor system teardown
+  // can still wait for ever on a part of a replica spanning nodes, held by
+  // a message to a connection it no longer serves (a known CAF bug, fixed
+  // in 0.18): seen in 1 exit of 14 even after the agent's drain. So the
+  // process ends here, its logs flushed.
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 }  // namespace
