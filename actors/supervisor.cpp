@@ -126,6 +126,7 @@ void end_placement(SupervisorActor::pointer self, SupervisorState& s, size_t r, 
   slot.starting = false;
   slot.nodes.clear();
   s.cluster.unplace(int(r));
+  if (s.metrics) s.metrics->set_replica_placed(int(r), false);
   const std::string prefix = rendezvous_prefix(r, slot.epoch);
   for (auto it = s.rendezvous.lower_bound(prefix);
        it != s.rendezvous.end() && it->first.starts_with(prefix);)
@@ -435,6 +436,7 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
     const uint64_t epoch = s.next_epoch++;
     slot.epoch = epoch;
     slot.starting = true;
+    if (s.metrics) s.metrics->set_replica_placed(int(r), true);
     slot.nodes.clear();
     for (const auto& [node, devices] : *parts) slot.nodes.push_back(node);
     ReplicaPlan plan = plan_for(s, r, epoch);
@@ -496,6 +498,9 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
   st->metrics = metrics;
   for (int i = 0; i < st->opts.replicas; ++i)
     st->slots.emplace_back(RestartIntensity(st->opts.max_restarts, st->opts.window_s));
+  // Down until first placed (it waits for a node meanwhile).
+  if (st->metrics)
+    for (size_t r = 0; r < st->slots.size(); ++r) st->metrics->set_replica_placed(int(r), false);
   self->set_down_handler([=](caf::down_msg& dm) {
     SupervisorState& s = *st;
     for (const auto& [id, agent] : s.nodes)

@@ -104,6 +104,30 @@ void Metrics::set_kv_blocks(int replica, size_t used, size_t free) {
 }
 
 void Metrics::set_replica_state(int replica, ReplicaState state) {
+  if (replica < 0) return;
+  std::lock_guard l(replica_mu_);
+  if (size_t(replica) >= replica_state_seen_.size()) {
+    replica_state_seen_.resize(size_t(replica) + 1, ReplicaState::Starting);
+    replica_placed_.resize(size_t(replica) + 1, true);
+  }
+  replica_state_seen_[size_t(replica)] = state;
+  show_replica_state(size_t(replica));
+}
+
+void Metrics::set_replica_placed(int replica, bool placed) {
+  if (replica < 0) return;
+  std::lock_guard l(replica_mu_);
+  if (size_t(replica) >= replica_state_seen_.size()) {
+    replica_state_seen_.resize(size_t(replica) + 1, ReplicaState::Starting);
+    replica_placed_.resize(size_t(replica) + 1, true);
+  }
+  replica_placed_[size_t(replica)] = placed;
+  show_replica_state(size_t(replica));
+}
+
+void Metrics::show_replica_state(size_t replica) {
+  ReplicaState state = replica_state_seen_[replica];
+  if (state == ReplicaState::Starting && !replica_placed_[replica]) state = ReplicaState::Down;
   replica_state_->labels({std::to_string(replica)}).set(double(int(state)));
 }
 

@@ -3,7 +3,9 @@
 // (metrics/registry.h) and rendered by GET /metrics.
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "metrics/registry.h"
 
@@ -28,7 +30,12 @@ class Metrics {
   // One engine step: how many sequences ran and how many tokens they fed.
   void observe_step(int batch_sequences, int batch_tokens);
   void set_kv_blocks(int replica, size_t used, size_t free);
+  // The router's view (Ready, FailedPermanently, or Starting for neither)
+  // and the supervisor's (whether a placement of it exists: placed and
+  // starting, or waiting for a node) make the state shown: a replica not
+  // ready and not placed is Down.
   void set_replica_state(int replica, ReplicaState state);
+  void set_replica_placed(int replica, bool placed);
   void replica_restarted(int replica);
   void observe_time_to_first_token(double seconds) { ttft_->observe(seconds); }
   void observe_time_per_output_token(double seconds) { tpot_->observe(seconds); }
@@ -57,7 +64,12 @@ class Metrics {
   std::string render() const { return registry_.render(); }
 
  private:
+  void show_replica_state(size_t replica);  // with replica_mu_ held
+
   MetricsRegistry registry_;
+  std::mutex replica_mu_;
+  std::vector<ReplicaState> replica_state_seen_;
+  std::vector<bool> replica_placed_;
   Family<Counter>* requests_;
   Gauge* queue_depth_;
   Gauge* running_sequences_;

@@ -369,6 +369,8 @@ TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
   const double age2 = sample(s, age);
   EXPECT_GT(age2, age1 + 1) << age1 << " then " << age2;
   EXPECT_EQ(sample(s, used0), 0);
+  // Pinned to the dead node: it waits for it, placed nowhere, so down.
+  EXPECT_EQ(sample(s, "troupe_replica_state{replica=\"0\"}"), 0) << s.metrics();
   // Placed again (on a new "a"), ready and idle: its own empty cache.
   a = test::start_node(s.nodes_port(), "a");
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();

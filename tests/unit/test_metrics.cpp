@@ -66,6 +66,30 @@ TEST(Metrics, TroupeMetricsAreDeclared) {
 }
 
 // Every line is a comment or `name{labels} value`; a light format check.
+// Not ready is Starting while a placement exists and Down while none does
+// (it waits for a node); ready and given up are the router's whatever the
+// supervisor says.
+TEST(Metrics, AReplicaNotReadyIsDownUnlessPlaced) {
+  Metrics m;
+  const auto state = [&](int r) {
+    return prometheus_sample(m.render(),
+                             "troupe_replica_state{replica=\"" + std::to_string(r) + "\"}");
+  };
+  m.set_replica_placed(0, false);
+  m.set_replica_state(0, ReplicaState::Starting);
+  EXPECT_EQ(state(0), "0");
+  m.set_replica_placed(0, true);
+  EXPECT_EQ(state(0), "1");
+  m.set_replica_state(0, ReplicaState::Ready);
+  m.set_replica_placed(0, false);
+  EXPECT_EQ(state(0), "2") << "the router's ready wins";
+  m.set_replica_state(0, ReplicaState::Starting);
+  EXPECT_EQ(state(0), "0");
+  m.set_replica_state(1, ReplicaState::FailedPermanently);
+  m.set_replica_placed(1, false);
+  EXPECT_EQ(state(1), "3");
+}
+
 TEST(Metrics, EveryLineIsWellFormed) {
   Metrics m;
   m.request_finished(200);
