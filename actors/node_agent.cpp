@@ -194,10 +194,16 @@ void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
     auto conn = self->system().middleman().remote_actor<CoordinatorActor>(s.opts.coordinator_host,
                                                                           s.opts.coordinator_port);
     if (!conn) {
+      // Something answered, but not a coordinator's node port: likely the
+      // HTTP port, or another service.
+      const bool not_troupe = conn.error() == caf::sec::malformed_basp_message;
       if (!s.warned_unreachable)
-        spdlog::warn("node {}: coordinator {}:{} unreachable ({}); retrying", s.opts.join.name,
+        spdlog::warn("node {}: coordinator {}:{} unreachable ({}){}; retrying", s.opts.join.name,
                      s.opts.coordinator_host, s.opts.coordinator_port,
-                     self->system().render(conn.error()));
+                     self->system().render(conn.error()),
+                     not_troupe ? ": what answers there is not a coordinator's nodes.listen port "
+                                  "(server.listen, the HTTP port, is another)"
+                                : "");
       s.warned_unreachable = true;
       return;
     }

@@ -25,6 +25,7 @@ struct NodeOptions {
   std::string name;
   std::string token;
   int devices = 0;
+  const CLI::Option* devices_given = nullptr;
 };
 
 std::string default_name() {
@@ -48,11 +49,15 @@ void run_node(const NodeOptions& o) {
     throw UsageError("--join HOST:PORT is required (the coordinator's nodes.listen)");
   const auto [host, port] = parse_listen(o.join);
   if (port == 0) throw UsageError("--join: the coordinator's port cannot be 0");
-  if (o.devices < 0) throw UsageError("--devices must be at least 1");
+  if (o.devices < 0 || (o.devices == 0 && o.devices_given && o.devices_given->count() > 0))
+    throw UsageError("--devices must be at least 1");
   std::vector<std::pair<std::string, std::string>> flags;
   if (!o.name.empty()) flags.emplace_back("nodes.name", o.name);
   if (!o.token.empty()) flags.emplace_back("nodes.token", o.token);
   const Config cfg = command_config(o.config, flags, 0, ConfigRole::Node);
+  if (const std::string problem = node_name_problem(cfg.nodes.name);
+      !cfg.nodes.name.empty() && !problem.empty())
+    throw UsageError("--name (nodes.name) '" + cfg.nodes.name + "': " + problem);
   spdlog::set_level(cfg.logging.level);
   // The signals are for sigwait below alone: blocked before any thread starts.
   sigset_t signals;
@@ -149,9 +154,10 @@ void register_node(CLI::App& app) {
       ->required();
   cmd->add_option("--name", o->name, "This node's name (default: host-pid)");
   cmd->add_option("--token", o->token, "The coordinator's nodes.token, if it has one");
-  cmd->add_option("--devices", o->devices,
-                  "Devices to offer (default: one per devices entry of the config, or as many "
-                  "as its layout has when it lists one)");
+  o->devices_given =
+      cmd->add_option("--devices", o->devices,
+                      "Devices to offer (default: one per devices entry of the config, or as many "
+                      "as its layout has when it lists one)");
   add_config_flags(cmd, o->config);
   cmd->callback([o] { run_node(*o); });
 }

@@ -1,6 +1,7 @@
 #include "scheduler/cluster.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -49,7 +50,8 @@ JoinReply Cluster::join(const JoinRequest& r, double now, bool in_process) {
     return refuse("another model: its fingerprint is " + r.model + ", the coordinator serves " +
                   options_.model);
   if (r.devices < 1) return refuse("it offers no devices");
-  if (r.name.empty()) return refuse("it has no name");
+  if (const std::string problem = node_name_problem(r.name); !problem.empty())
+    return refuse(problem);
   NodeRecord* same = nullptr;
   for (auto& [id, n] : nodes_)
     if (n.name == r.name) same = &n;
@@ -101,6 +103,16 @@ std::vector<int> Cluster::expire(double now) {
       dead.push_back(id);
     }
   return dead;
+}
+
+std::string node_name_problem(const std::string& name) {
+  if (name.empty()) return "it has no name";
+  if (name == "any") return "its name 'any' means any node in placement.replicas; give it another";
+  for (const char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
+      return "its name has a character other than letters, digits, '.', '_' and '-' (names "
+             "are written in logs, metrics and placement lists, where ',' separates them)";
+  return {};
 }
 
 std::vector<std::string> Cluster::forget_dead(double now, double after_s) {

@@ -78,6 +78,11 @@ struct NameClaim {
   int node = -1;  // the holder
 };
 
+// Why `name` cannot name a node ("" when it can): letters, digits, '.',
+// '_' and '-' only (a name is written in logs, metrics' labels and
+// placement lists, where ',' separates names and "any" means any node).
+std::string node_name_problem(const std::string& name);
+
 class Cluster {
  public:
   explicit Cluster(ClusterOptions options);

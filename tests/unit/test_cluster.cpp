@@ -40,6 +40,20 @@ TEST(Cluster, JoinsAreCheckedAndRefusedWithAReason) {
   EXPECT_THROW(Cluster({3, "abc", "", 0}), std::invalid_argument);
 }
 
+// A name is written in logs, metrics and placement lists: one that would
+// break them (a newline, a comma, "any") is refused with the reason.
+TEST(Cluster, NamesThatWouldBreakLogsOrPlacementAreRefused) {
+  Cluster c(options());
+  for (const std::string bad : {"a,b", "any", "evil\nname", " ", "a b", "x/y"}) {
+    const JoinReply r = c.join(node(bad, 1), 0);
+    EXPECT_FALSE(r.accepted) << bad;
+    EXPECT_NE(r.reason.find("name"), std::string::npos) << r.reason;
+  }
+  for (const std::string good : {"a", "vm-27572", "gpu_3.rack-2", "Node7"})
+    EXPECT_TRUE(c.join(node(good, 1), 0).accepted) << good;
+  EXPECT_EQ(node_name_problem("host-123"), "");
+}
+
 TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
   Cluster c(options());
   const JoinReply a = c.join(node("a", 1), 0), b = c.join(node("b", 1), 0);
