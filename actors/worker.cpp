@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <stdexcept>
@@ -71,8 +72,17 @@ void report(WorkerActor::pointer self, const FaultInjectorActor& to, uint64_t id
   if (to) self->send(to, fault_atom::value, FaultReport{id, outcome, std::move(text)});
 }
 
+// Three significant digits: a fast step is a fraction of a millisecond.
 std::string ms(double seconds) {
-  return std::to_string(int64_t(seconds * 1000 + 0.5)) + " ms";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g ms", seconds * 1000);
+  return text;
+}
+
+std::string factor_text(double factor) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", factor);
+  return text;
 }
 
 // Applies a fault aimed at this replica's engine, shards or remote parts.
@@ -163,7 +173,7 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
       return applied(name + ": its next step throws");
     case FaultKind::Slow:
       st.slow[o.id] = {o.factor, reporter, false};
-      return applied(name + ": every step takes " + std::to_string(o.factor) + "x as long");
+      return applied(name + ": every step takes " + factor_text(o.factor) + "x as long");
     case FaultKind::KvAllocFail:
       return refuse("KV blocks are refused by the batcher");
   }

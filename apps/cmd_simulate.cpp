@@ -700,8 +700,8 @@ void run_validate(const SimulateOptions& o) {
   // difference look real.
   const bool has_spread = o.repeats > 1;
   for (double rate : rates) {
-    std::printf("\nrate %.2f requests/s\n%-18s %-13s %10s %10s %8s %8s\n", rate, "policy", "metric",
-                "simulated", "measured", "error", "spread");
+    std::printf("\nrate %.2f requests/s (times in ms)\n%-18s %-13s %10s %10s %8s %8s\n", rate,
+                "policy", "metric", "simulated", "measured", "error", "spread");
     for (const std::string& policy : policies) {
       const Figures& s = simulated[rate][policy];
       const Figures& m = measured[rate][policy];
@@ -755,6 +755,13 @@ void run_validate(const SimulateOptions& o) {
             simulated[rate][policies[a]].latency_p50 - simulated[rate][policies[b]].latency_p50;
         if ((ds < 0) == (ma.latency_p50 < mb.latency_p50) && ds != 0) ++agree;
       }
+    if (pairs == 0) {
+      std::printf(
+          "ranking by latency p50: simulated %s; measured %s; no two policies measured apart "
+          "beyond the run-to-run spread: ties, nothing to order\n",
+          rs.c_str(), rm.c_str());
+      continue;
+    }
     std::printf(
         "ranking by latency p50: simulated %s; measured %s: %s; %d of %d pairs measured apart "
         "beyond the spread ordered the same\n",
