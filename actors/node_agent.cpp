@@ -144,6 +144,7 @@ struct AgentState {
   std::map<int, Hosted> replicas;  // by replica index
   // Shutting down: the replicas stopped, whose downs it waits for (bounded
   // by quit_by) before it quits with quit_reason.
+  bool leaving = false;  // told the coordinator; waiting for its answer
   bool quitting = false;
   std::set<caf::actor_addr> draining;
   caf::error quit_reason;
@@ -187,7 +188,9 @@ void stop_all(NodeActor::pointer self, AgentState& s, const char* why, bool expe
 
 void join(NodeActor::pointer self, std::shared_ptr<AgentState> st) {
   AgentState& s = *st;
-  if (s.joined || s.joining) return;
+  // Shutting down: told to join again (the coordinator has buried it),
+  // it does not.
+  if (s.joined || s.joining || s.leaving || s.quitting) return;
   if (!s.coordinator) {
     // A remote coordinator: connect (blocking: this actor is detached).
     s.last_attempt = Clock::now();
@@ -366,17 +369,30 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
   // waited in a connection no longer served, holding the part, and CAF
   // 0.17's teardown waited for the part's thread: 10 s, until the stuck-exit
   // guard ended the process.
-  self->set_exit_handler([=](caf::exit_msg& em) {
+  const auto drain_and_quit = [=](caf::error reason) {
     AgentState& s = *st;
-    if (s.quitting) return;
     for (const auto& [r, h] : s.replicas) s.draining.insert(h.address());
-    stop_all(self, s, "the node is shutting down", em.reason == caf::exit_reason::user_shutdown);
-    if (s.draining.empty()) return self->quit(em.reason);
+    stop_all(self, s, "the node is shutting down", reason == caf::exit_reason::user_shutdown);
+    if (s.draining.empty()) return self->quit(reason);
     constexpr auto kDrainFor = std::chrono::seconds(2);
     s.quitting = true;
-    s.quit_reason = em.reason;
+    s.quit_reason = std::move(reason);
     s.quit_by = Clock::now() + kDrainFor;
     self->delayed_send(self, kDrainFor, ntick_atom::value, ++s.ticks);
+  };
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    AgentState& s = *st;
+    if (s.quitting || s.leaving) return;
+    // A remote coordinator is told first, and answers once it has placed
+    // this node's replicas elsewhere (their requests resume there): the
+    // node reads as gone, not as crashed (bounded: a coordinator that does
+    // not answer sees the connection drop instead).
+    if (!s.joined || !s.coordinator || s.opts.coordinator_host.empty())
+      return drain_and_quit(em.reason);
+    s.leaving = true;
+    caf::error reason = em.reason;
+    self->request(s.coordinator, std::chrono::seconds(2), leave_atom::value, s.node, s.incarnation)
+        .then([=](bool) { drain_and_quit(reason); }, [=](caf::error&) { drain_and_quit(reason); });
   });
   self->send(self, ntick_atom::value, st->ticks);
   return {
@@ -455,6 +471,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         // Declared dead while it was away (a stall, a partition): what runs
         // here was placed again elsewhere.
         AgentState& s = *st;
+        if (s.leaving || s.quitting) return;  // it left: that is the answer
         spdlog::warn("node {}: the coordinator no longer counts it as a member", s.opts.join.name);
         stop_all(self, s, "declared dead by the coordinator");
         s.joined = false;

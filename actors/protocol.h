@@ -56,6 +56,7 @@ using broken_atom = caf::atom_constant<caf::atom("broken")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using placed_atom = caf::atom_constant<caf::atom("placed")>;
 using alive_atom = caf::atom_constant<caf::atom("alive")>;
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
 
 // The coordinator's fault injector: (fault, id) starts a fault the admin
 // endpoint recorded, (fault, report) is what the actor that applied one
@@ -144,6 +145,7 @@ using NodeActor = caf::typed_actor<caf::replies_to<start_atom, ReplicaPlan, Rout
 using CoordinatorActor =
     caf::typed_actor<caf::replies_to<join_atom, JoinRequest, NodeActor>::with<JoinReply>,
                      caf::replies_to<beat_atom, int, uint64_t>::with<bool>,
+                     caf::replies_to<leave_atom, int, uint64_t>::with<bool>,
                      caf::replies_to<rdvset_atom, std::string, std::string>::with<bool>,
                      caf::replies_to<rdvget_atom, std::string>::with<std::string>>;
 

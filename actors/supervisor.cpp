@@ -179,13 +179,17 @@ void bury(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, in
       end_placement(self, s, r, false);
       ++moved;
     }
-  spdlog::warn(
-      "node {} is dead ({}{}); {} replica(s) to place again",
-      rec ? rec->name : std::to_string(node), cause,
-      cause == "heartbeat"
-          ? ": silent for over " + schema::format_number(s.opts.cluster.heartbeat_timeout_s) + " s"
-          : "",
-      moved);
+  if (cause == "left")
+    spdlog::info("node {} left (it is shutting down); {} replica(s) to place again",
+                 rec ? rec->name : std::to_string(node), moved);
+  else
+    spdlog::warn("node {} is dead ({}{}); {} replica(s) to place again",
+                 rec ? rec->name : std::to_string(node), cause,
+                 cause == "heartbeat"
+                     ? ": silent for over " +
+                           schema::format_number(s.opts.cluster.heartbeat_timeout_s) + " s"
+                     : "",
+                 moved);
   if (s.metrics) s.metrics->node_dead(cause);
   publish(s);
   place_waiting(self, st);
@@ -534,6 +538,15 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         // was away): it must stop what it runs and join again.
         self->send(caf::actor_cast<NodeActor>(self->current_sender()), join_atom::value);
         return false;
+      },
+      [=](leave_atom, int node, uint64_t incarnation) {
+        // A node shutting down (SIGTERM): its replicas are placed again and
+        // their requests resumed at once, before its connection drops, and
+        // it reads as gone, not as a crash.
+        const NodeRecord* n = st->cluster.node(node);
+        if (!n || n->incarnation != incarnation || n->state != NodeState::Live) return false;
+        node_lost(self, st, node, "left");
+        return true;
       },
       [=](stick_atom) {
         SupervisorState& s = *st;

@@ -28,8 +28,10 @@ namespace troupe {
 // fault order with `end` withdraws a one-shot fault (an older node would
 // arm it), FaultOutcome::Withdrawn, and a node answers (alive). 6: a join's
 // answer carries the coordinator's heartbeat timeout, which sets the pace
-// of the node's beats, and a beat is answered.
-inline constexpr uint32_t kWireProtocol = 8;
+// of the node's beats, and a beat is answered. 9: a batcher asks the
+// router whether its placement is up, until answered; a node shutting down
+// says it leaves.
+inline constexpr uint32_t kWireProtocol = 9;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 

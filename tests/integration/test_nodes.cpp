@@ -115,6 +115,29 @@ TEST(Nodes, ThreeProcessesServeTheOneProcessAnswerAndSurviveANodeKill) {
   for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], want[i]) << "request " << i;
 }
 
+// A node stopped with SIGTERM under load says it leaves: the coordinator
+// places its replica elsewhere and resumes its requests before the
+// connection drops, logs it as gone, not dead, and the answers are the same.
+TEST(Nodes, ANodeStoppedWithSigtermLeavesAndNothingIsLost) {
+  Server s(coordinator_sets(2), /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60));
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60));
+  const auto want = run_load(s, 16);
+  int code = -1;
+  const auto got = run_load(s, 16, [&] { code = a->stop(20); });
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_EQ(code, 0) << a->stderr_so_far();
+  EXPECT_GT(resumed(s), 0) << "the stop landed after the load: nothing was resumed";
+  const std::string log = s.process().stderr_so_far();
+  EXPECT_NE(log.find("node a left (it is shutting down)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("node a is dead"), std::string::npos) << log;
+  EXPECT_TRUE(s.wait_metric("troupe_node_detections_total{cause=\"left\"}", "1", 10))
+      << s.metrics();
+  EXPECT_EQ(a->stderr_so_far().find("no longer counts it as a member"), std::string::npos)
+      << a->stderr_so_far();
+}
+
 // configs/node.yaml's way to offer more devices: one entry each (here with
 // different thread counts), no --devices. It was refused because the
 // node's own (unused) parallel layout has one device.
