@@ -195,7 +195,11 @@ void run_chaos_command(const ChaosFlags& f) {
   std::cout << chaos::render_text(report);
   std::cout << "cancellations: " << run.client_cancels
             << " by the client on purpose; the coordinator counted " << run.server_cancels
-            << " (status 499)\n";
+            << " (status 499)"
+            << (run.server_cancels < run.client_cancels
+                    ? " (a client that left as its answer was already complete is no 499)"
+                    : "")
+            << "\n";
   const auto latency = chaos::latency_series(run.records.requests, o.sample_every_s);
   if (f.soak || run.resource_series.size() > 2)
     std::cout << drift_text(run) << latency_drift_text(latency, o.sample_every_s);
