@@ -286,10 +286,12 @@ class Run {
     std::lock_guard<std::mutex> l(mu_);
     return last_metrics_;
   }
-  // Replicas not ready that supervision has not given up on.
+  // Replicas ready when the load began, not ready now, that supervision
+  // has not given up on (an attached server's replica down from the start
+  // is none of the run's doing).
   std::vector<int> down_replicas(const MetricsView& m) const {
     std::vector<int> down;
-    for (int r = 0; r < replicas_; ++r)
+    for (int r : live_at_start_)
       if (std::find(m.live.begin(), m.live.end(), r) == m.live.end() &&
           std::find(m.given_up.begin(), m.given_up.end(), r) == m.given_up.end())
         down.push_back(r);
@@ -334,6 +336,7 @@ class Run {
   std::vector<FaultPlan> unplayed_;  // due after the load ended (the fault thread's)
   std::atomic<int> client_cancels_{0};
   MetricsView last_metrics_;
+  std::vector<int> live_at_start_;  // replicas ready when the load began
   double start_cancelled_ = 0;
   double book_offset_ = 0;
   std::vector<std::pair<double, double>> resumes_;  // (death seen, next token), our clock
@@ -369,6 +372,7 @@ ChaosRun Run::go() {
       " tok/s; running the load with faults");
   t0_ = Clock::now();
   last_metrics_ = read_metrics(http_);
+  live_at_start_ = last_metrics_.live;
   start_cancelled_ = last_metrics_.cancelled;
   out_.records.resources_start =
       deployment_ ? deployment_->resources(last_metrics_.kv_used) : std::vector<ResourceSample>{};
