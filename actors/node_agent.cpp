@@ -142,9 +142,11 @@ struct AgentState {
   double coordinator_timeout_s = 0;
   uint64_t ticks = 0;              // the tick chain's number: a faster pace starts a new chain
   std::map<int, Hosted> replicas;  // by replica index
-  // Shutting down: the replicas stopped, whose downs it waits for (bounded
-  // by quit_by) before it quits with quit_reason.
-  bool leaving = false;  // told the coordinator; waiting for its answer
+  // Shutting down: first `leaving` (the coordinator told, its answer
+  // awaited), then `quitting`: the replicas stopped, whose downs it waits
+  // for in `draining` (until quit_by at most) before it quits with
+  // quit_reason.
+  bool leaving = false;
   bool quitting = false;
   std::set<caf::actor_addr> draining;
   caf::error quit_reason;

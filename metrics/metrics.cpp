@@ -103,32 +103,31 @@ void Metrics::set_kv_blocks(int replica, size_t used, size_t free) {
   kv_blocks_->labels({r, "free"}).set(double(free));
 }
 
+Metrics::ReplicaView& Metrics::replica_view(int replica) {
+  if (size_t(replica) >= replica_views_.size()) replica_views_.resize(size_t(replica) + 1);
+  return replica_views_[size_t(replica)];
+}
+
+void Metrics::show_replica_state(int replica, const ReplicaView& view) {
+  const ReplicaState state =
+      view.router == ReplicaState::Starting && !view.placed ? ReplicaState::Down : view.router;
+  replica_state_->labels({std::to_string(replica)}).set(double(int(state)));
+}
+
 void Metrics::set_replica_state(int replica, ReplicaState state) {
   if (replica < 0) return;
   std::lock_guard l(replica_mu_);
-  if (size_t(replica) >= replica_state_seen_.size()) {
-    replica_state_seen_.resize(size_t(replica) + 1, ReplicaState::Starting);
-    replica_placed_.resize(size_t(replica) + 1, true);
-  }
-  replica_state_seen_[size_t(replica)] = state;
-  show_replica_state(size_t(replica));
+  ReplicaView& v = replica_view(replica);
+  v.router = state;
+  show_replica_state(replica, v);
 }
 
 void Metrics::set_replica_placed(int replica, bool placed) {
   if (replica < 0) return;
   std::lock_guard l(replica_mu_);
-  if (size_t(replica) >= replica_state_seen_.size()) {
-    replica_state_seen_.resize(size_t(replica) + 1, ReplicaState::Starting);
-    replica_placed_.resize(size_t(replica) + 1, true);
-  }
-  replica_placed_[size_t(replica)] = placed;
-  show_replica_state(size_t(replica));
-}
-
-void Metrics::show_replica_state(size_t replica) {
-  ReplicaState state = replica_state_seen_[replica];
-  if (state == ReplicaState::Starting && !replica_placed_[replica]) state = ReplicaState::Down;
-  replica_state_->labels({std::to_string(replica)}).set(double(int(state)));
+  ReplicaView& v = replica_view(replica);
+  v.placed = placed;
+  show_replica_state(replica, v);
 }
 
 void Metrics::set_stage(int replica, int stage, double busy_s, double bubble_fraction,

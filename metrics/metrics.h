@@ -64,12 +64,19 @@ class Metrics {
   std::string render() const { return registry_.render(); }
 
  private:
-  void show_replica_state(size_t replica);  // with replica_mu_ held
+  // What the router and the supervisor said of a replica.
+  struct ReplicaView {
+    ReplicaState router = ReplicaState::Starting;
+    bool placed = true;
+  };
+  // With replica_mu_ held: the replica's view (grown to hold it), and
+  // setting its gauge from it.
+  ReplicaView& replica_view(int replica);
+  void show_replica_state(int replica, const ReplicaView& view);
 
   MetricsRegistry registry_;
   std::mutex replica_mu_;
-  std::vector<ReplicaState> replica_state_seen_;
-  std::vector<bool> replica_placed_;
+  std::vector<ReplicaView> replica_views_;
   Family<Counter>* requests_;
   Gauge* queue_depth_;
   Gauge* running_sequences_;
