@@ -119,13 +119,13 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
     const auto t0 = Clock::now();
     self->request(st->worker, caf::infinite, step_atom::value, std::move(step->items))
         .then(
-            [=](const std::vector<int>& out) {
+            [=](const StepOutput& out) {
               const auto now = Clock::now();
               const auto start = st->lookahead ? std::max(t0, st->last_answer) : t0;
               st->last_answer = now;
               const double took = std::chrono::duration<double>(now - start).count();
               ahead_while_short(*st, took);
-              StepEvents ev = st->sched->finish_step(id, out, took);
+              StepEvents ev = st->sched->finish_step(id, out.ids, took, out.logprobs);
               flush(self, *st);
               tell_router(self, *st, std::move(ev));
               schedule(self, st);
@@ -180,7 +180,7 @@ void probe(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
   const uint64_t id = step.id;
   self->request(st->worker, caf::infinite, step_atom::value, std::move(step.items))
       .then(
-          [=](const std::vector<int>&) {
+          [=](const StepOutput&) {
             st->sched->finish_probe(id);
             flush(self, *st);
             announce(self, st);

@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,19 @@ using FaultInjectorActor =
 using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>,
                                     caf::reacts_to<crash_atom, uint64_t, bool, FaultInjectorActor>>;
 
-// A replica's engine on its own thread. (step, items) -> one sampled id per
-// item; (stepdone, ticket) is its own note that a launched step is over;
-// (release, seq) drops a sequence's sampler; (fault, order, injector)
-// applies an injected fault aimed at it, its shards or its remote parts.
+// What a step gives its batcher: one sampled id per item (-1 where it does
+// not sample), and the log-probabilities the items asked for (empty when
+// none did, else one per item). The worker and its batcher share a process.
+struct StepOutput {
+  std::vector<int> ids;
+  std::vector<std::optional<TokenLogprobs>> logprobs;
+};
+
+// A replica's engine on its own thread. (step, items) -> what it sampled; (stepdone, ticket) is its
+// own note that a launched step is over; (release, seq) drops a sequence's sampler; (fault, order,
+// injector) applies an injected fault aimed at it, its shards or its remote parts.
 using WorkerActor =
-    caf::typed_actor<caf::replies_to<step_atom, std::vector<StepItem>>::with<std::vector<int>>,
+    caf::typed_actor<caf::replies_to<step_atom, std::vector<StepItem>>::with<StepOutput>,
                      caf::reacts_to<stepdone_atom, uint64_t>,
                      caf::reacts_to<release_atom, uint64_t>,
                      caf::reacts_to<fault_atom, FaultOrder, FaultInjectorActor>>;
@@ -160,4 +168,5 @@ using SupervisorActor =
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::CompletionRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::StepOutput)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::CompletionSink>)

@@ -30,8 +30,9 @@ namespace troupe {
 // answer carries the coordinator's heartbeat timeout, which sets the pace
 // of the node's beats, and a beat is answered. 9: a batcher asks the
 // router whether its placement is up, until answered; a node shutting down
-// says it leaves.
-inline constexpr uint32_t kWireProtocol = 9;
+// says it leaves. 10: log-probabilities (SamplingParams::logprobs, with the
+// tokens of StepEvents).
+inline constexpr uint32_t kWireProtocol = 10;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -69,9 +70,31 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   if constexpr (kWireBits<Inspector>) {
     FloatBits<float> temperature{x.temperature}, top_p{x.top_p};
-    return f(caf::meta::type_name("SamplingParams"), temperature, top_p, x.top_k, x.seed);
+    return f(caf::meta::type_name("SamplingParams"), temperature, top_p, x.top_k, x.seed,
+             x.logprobs);
   } else {
-    return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed);
+    return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
+             x.logprobs);
+  }
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TopLogprob& x) {
+  if constexpr (kWireBits<Inspector>) {
+    FloatBits<float> logprob{x.logprob};
+    return f(caf::meta::type_name("TopLogprob"), x.token, logprob);
+  } else {
+    return f(caf::meta::type_name("TopLogprob"), x.token, x.logprob);
+  }
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenLogprobs& x) {
+  if constexpr (kWireBits<Inspector>) {
+    FloatBits<float> logprob{x.logprob};
+    return f(caf::meta::type_name("TokenLogprobs"), logprob, x.top);
+  } else {
+    return f(caf::meta::type_name("TokenLogprobs"), x.logprob, x.top);
   }
 }
 
@@ -89,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
-  return f(caf::meta::type_name("TokenEvent"), x.id, x.index, x.token);
+  return f(caf::meta::type_name("TokenEvent"), x.id, x.index, x.token, x.has_logprobs, x.logprobs);
 }
 
 template <class Inspector>

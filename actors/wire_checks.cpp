@@ -27,6 +27,9 @@ std::string sampling_problem(const SamplingParams& s) {
   if (!(s.top_p > 0 && s.top_p <= 1))
     return "sampling.top_p " + str(double(s.top_p)) + " is outside (0, 1]";
   if (s.top_k < 0) return "sampling.top_k " + str(int64_t(s.top_k)) + " is negative";
+  if (s.logprobs < -1 || s.logprobs > kMaxLogprobs)
+    return "sampling.logprobs " + str(int64_t(s.logprobs)) + " is outside [-1, " +
+           str(int64_t(kMaxLogprobs)) + "]";
   return {};
 }
 
@@ -156,10 +159,20 @@ std::string step_events_problem(const StepEvents& ev) {
   if (ev.prefill_tokens > ev.batch_tokens)
     return "prefill_tokens " + str(int64_t(ev.prefill_tokens)) + " is more than batch_tokens " +
            str(int64_t(ev.batch_tokens));
-  for (const TokenEvent& t : ev.tokens)
+  for (const TokenEvent& t : ev.tokens) {
     if (t.index < 0 || t.token < 0)
       return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) + " at index " +
              str(int64_t(t.index));
+    // A log-probability is <= 0 or -inf; NaN is never one.
+    auto bad = [](float lp) { return std::isnan(lp) || lp > 0; };
+    if (t.logprobs.top.size() > size_t(kMaxLogprobs) || bad(t.logprobs.logprob))
+      return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) +
+             " has malformed log-probabilities";
+    for (const TopLogprob& l : t.logprobs.top)
+      if (l.token < 0 || bad(l.logprob))
+        return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) +
+               " has a malformed top log-probability";
+  }
   for (const DoneEvent& d : ev.done) {
     if (d.reason != FinishReason::Stop && d.reason != FinishReason::Length &&
         d.reason != FinishReason::Cancelled)

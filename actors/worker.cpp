@@ -34,7 +34,7 @@ struct WorkerState {
   std::vector<MemberActor> members;        // this replica's parts on other nodes
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  using Promise = caf::typed_response_promise<std::vector<int>>;
+  using Promise = caf::typed_response_promise<StepOutput>;
   struct Pending {
     uint64_t ticket = 0;
     Promise promise;
@@ -266,7 +266,11 @@ void complete_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>
     for (const auto& smp : st->engine->last_samples())
       st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
   if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
-  done.promise.deliver(std::move(out));
+  StepOutput answer{std::move(out), {}};
+  const auto& logprobs = st->engine->last_logprobs();
+  if (std::any_of(logprobs.begin(), logprobs.end(), [](const auto& l) { return l.has_value(); }))
+    answer.logprobs = logprobs;
+  done.promise.deliver(std::move(answer));
   // One loop launches the held steps, however deep the answers nest.
   if (st->launching_held) return;
   st->launching_held = true;
@@ -304,8 +308,8 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
   st->shards = *spawned;
   if (st->engine->stages() > 1) st->tuner = std::make_unique<MicrobatchTuner>(st->engine->stages());
   return {
-      [=](step_atom, std::vector<StepItem>& items) -> caf::result<std::vector<int>> {
-        auto rp = self->make_response_promise<std::vector<int>>();
+      [=](step_atom, std::vector<StepItem>& items) -> caf::result<StepOutput> {
+        auto rp = self->make_response_promise<StepOutput>();
         if (st->throw_next_step != 0)
           throw std::runtime_error("injected fault: replica " + std::to_string(replica) +
                                    "'s step failed on its device");

@@ -62,7 +62,8 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
       cache_(model_->make_cache(o.block_tokens, o.blocks, o.kv_dtype)),
       pool_(o.threads) {}
 
-std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens) {
+std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens,
+                             std::vector<std::optional<TokenLogprobs>>& logprobs) {
   std::vector<SequenceCache> caches;
   const std::vector<StepInput> inputs = step_inputs(items, caches);
   const size_t vocab = size_t(model_->config().vocab_size);
@@ -75,12 +76,13 @@ std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens) {
   choice_.observe(tokens, way,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::vector<int> out(items.size(), -1);
+  logprobs.assign(items.size(), std::nullopt);
   last_logits_.clear();
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].sample) continue;
     const std::span<const float> row{logits_.data() + i * vocab, vocab};
     if (keep_logits_) last_logits_.insert(last_logits_.end(), row.begin(), row.end());
-    out[i] = samplers_.sample(items[i], row);
+    out[i] = samplers_.sample(items[i], row, &logprobs[i]);
   }
   return out;
 }
@@ -93,7 +95,7 @@ uint64_t Engine::launch(std::vector<StepItem> items, std::function<void()> on_do
   for (const auto& it : items) tokens += it.tokens.size();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    r.ids = run(items, int(tokens));
+    r.ids = run(items, int(tokens), r.logprobs);
   } catch (...) {
     r.error = std::current_exception();
   }
@@ -109,6 +111,7 @@ std::vector<int> Engine::finish(uint64_t ticket) {
   auto node = results_.extract(ticket);
   if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
   if (node.mapped().error) std::rethrow_exception(node.mapped().error);
+  last_logprobs_ = std::move(node.mapped().logprobs);
   return std::move(node.mapped().ids);
 }
 

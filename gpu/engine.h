@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -102,9 +103,14 @@ class StepEngine {
   void keep_logits(bool on) { keep_logits_ = on; }
   const std::vector<float>& last_logits() const { return last_logits_; }
 
+  // The last finish()'s log-probabilities, one per item: set where the item
+  // sampled and its sampling asks for them (SamplingParams::logprobs).
+  const std::vector<std::optional<TokenLogprobs>>& last_logprobs() const { return last_logprobs_; }
+
  protected:
   bool keep_logits_ = false;
   std::vector<float> last_logits_;
+  std::vector<std::optional<TokenLogprobs>> last_logprobs_;
 };
 
 struct EngineOptions {
@@ -134,7 +140,8 @@ class Engine : public StepEngine {
   const Model& model() const { return *model_; }
 
  private:
-  std::vector<int> run(const std::vector<StepItem>& items, int tokens);
+  std::vector<int> run(const std::vector<StepItem>& items, int tokens,
+                       std::vector<std::optional<TokenLogprobs>>& logprobs);
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
@@ -149,6 +156,7 @@ class Engine : public StepEngine {
   // Finished steps not yet collected: their ids, or the error they threw.
   struct Result {
     std::vector<int> ids;
+    std::vector<std::optional<TokenLogprobs>> logprobs;
     std::exception_ptr error;
   };
   std::map<uint64_t, Result> results_;

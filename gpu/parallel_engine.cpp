@@ -120,7 +120,8 @@ struct ParallelEngine::Impl {
   void receive_logits(StepState& st, Device& d, int mb);
   // Greedy items take the best of each rank's local argmax (a distributed
   // argmax, ties to the lowest id); others gather the slices and sample.
-  std::vector<int> sample(const StepState& st, bool keep_logits, std::vector<float>& logits_out);
+  std::vector<int> sample(const StepState& st, bool keep_logits, std::vector<float>& logits_out,
+                          std::vector<std::optional<TokenLogprobs>>& last_logprobs);
 };
 
 ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngineOptions layout,
@@ -471,7 +472,9 @@ LogitsMessage logits_message(const std::vector<StepItem>& items, int begin, int 
   for (int i = begin; i < end; ++i) {
     const StepItem& it = items[size_t(i)];
     if (!it.sample) continue;
-    (it.sampling.temperature <= 0 && !keep_logits ? m.best : m.rows).push_back(i);
+    // Log-probabilities need the whole row, as sampling does.
+    const bool candidate = it.sampling.temperature <= 0 && it.sampling.logprobs < 0;
+    (candidate && !keep_logits ? m.best : m.rows).push_back(i);
   }
   return m;
 }
@@ -602,12 +605,14 @@ uint64_t ParallelEngine::launch_split(std::vector<StepItem> items, int microbatc
   return ticket;
 }
 
-std::vector<int> ParallelEngine::Impl::sample(const StepState& st, bool keep_logits,
-                                              std::vector<float>& logits_out) {
+std::vector<int> ParallelEngine::Impl::sample(
+    const StepState& st, bool keep_logits, std::vector<float>& logits_out,
+    std::vector<std::optional<TokenLogprobs>>& last_logprobs) {
   const int T = layout.tensor, n = int(st.items.size());
   const size_t stride = vocab_stride();
   std::vector<int> out(size_t(n), -1);
   logits_out.clear();
+  last_logprobs.assign(size_t(n), std::nullopt);
   // The full row is gathered only where it is used: sampling, or tests.
   std::vector<float> full;
   auto gather = [&](int i) {
@@ -621,8 +626,9 @@ std::vector<int> ParallelEngine::Impl::sample(const StepState& st, bool keep_log
   for (int i = 0; i < n; ++i) {
     const StepItem& it = st.items[size_t(i)];
     if (!it.sample) continue;
+    const bool wants_logprobs = it.sampling.logprobs >= 0;
+    if (keep_logits || wants_logprobs) gather(i);
     if (keep_logits) {
-      gather(i);
       logits_out.insert(logits_out.end(), full.begin(), full.end());
     }
     if (it.sampling.temperature <= 0) {
@@ -630,7 +636,8 @@ std::vector<int> ParallelEngine::Impl::sample(const StepState& st, bool keep_log
       int best_id = -1;
       for (int t = 0; t < T; ++t) {
         ArgMax c;
-        if (!st.remote_best.empty() && !keep_logits && !here(layout.pipeline - 1, t)) {
+        if (!st.remote_best.empty() && !keep_logits && !wants_logprobs &&
+            !here(layout.pipeline - 1, t)) {
           c = st.remote_best[size_t(t) * size_t(n) + size_t(i)];
         } else {
           const ShardDims& dm = last_dims[size_t(t)];
@@ -644,10 +651,12 @@ std::vector<int> ParallelEngine::Impl::sample(const StepState& st, bool keep_log
         }
       }
       out[size_t(i)] = best_id;
+      if (wants_logprobs)
+        last_logprobs[size_t(i)] = token_logprobs(full, best_id, it.sampling.logprobs);
       continue;
     }
-    if (!keep_logits) gather(i);
-    out[size_t(i)] = samplers.sample(it, full);
+    if (!keep_logits && !wants_logprobs) gather(i);
+    out[size_t(i)] = samplers.sample(it, full, &last_logprobs[size_t(i)]);
   }
   return out;
 }
@@ -673,9 +682,10 @@ std::vector<int> ParallelEngine::finish(uint64_t ticket) {
   ++m.steps;
   if (!m.sampler()) {
     last_logits_.clear();
+    last_logprobs_.assign(st.items.size(), std::nullopt);
     return std::vector<int>(st.items.size(), -1);
   }
-  return m.sample(st, st.keep_logits, last_logits_);
+  return m.sample(st, st.keep_logits, last_logits_, last_logprobs_);
 }
 
 void ParallelEngine::release(uint64_t seq) {

@@ -168,6 +168,11 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
     throw std::invalid_argument("sampler: top_k must be >= 0 (0 = off), got " +
                                 std::to_string(params.top_k));
   }
+  if (params.logprobs < -1 || params.logprobs > kMaxLogprobs) {
+    throw std::invalid_argument("sampler: logprobs must be in [-1, " +
+                                std::to_string(kMaxLogprobs) + "] (-1 = off), got " +
+                                std::to_string(params.logprobs));
+  }
 }
 
 int Sampler::sample(std::span<const float> logits) {
@@ -336,10 +341,62 @@ int Sampler::sample(std::span<const float> logits) {
   return last;  // rounding left r a hair above the final sum
 }
 
-int SequenceSamplers::sample(const StepItem& item, std::span<const float> logits) {
+int SequenceSamplers::sample(const StepItem& item, std::span<const float> logits,
+                             std::optional<TokenLogprobs>* logprobs) {
   auto& s = samplers_[item.seq];
   if (!s) s = Sampler::resumed(item.sampling, uint64_t(item.generated));
-  return s->sample(logits);
+  const int id = s->sample(logits);
+  if (logprobs && item.sampling.logprobs >= 0)
+    *logprobs = token_logprobs(logits, id, item.sampling.logprobs);
+  return id;
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top) {
+  if (logits.empty()) throw std::invalid_argument("token_logprobs: no logits");
+  if (id < 0 || size_t(id) >= logits.size())
+    throw std::invalid_argument("token_logprobs: id " + std::to_string(id) + " is outside " +
+                                std::to_string(logits.size()) + " logits");
+  if (top < 0 || top > kMaxLogprobs)
+    throw std::invalid_argument("token_logprobs: top " + std::to_string(top) + " is outside [0, " +
+                                std::to_string(kMaxLogprobs) + "]");
+  const float mx = max_value(logits);
+  auto value = [](float l) { return std::isnan(l) ? -kInf : l; };
+  // All -inf (or NaN): every id equally unlikely; report log(1/n).
+  const bool flat = mx == -kInf;
+  double sum = 0;
+  if (!flat)
+    for (float l : logits) sum += std::exp(double(value(l)) - double(mx));
+  const double log_z = flat ? std::log(double(logits.size())) : std::log(sum);
+  auto logprob = [&](int i) {
+    if (flat) return float(-log_z);
+    if (std::isinf(mx) && mx > 0)  // +inf logits share all the mass
+      return logits[size_t(i)] == mx
+                 ? float(-std::log(double(std::count(logits.begin(), logits.end(), mx))))
+                 : -kInf;
+    return float(double(value(logits[size_t(i)])) - double(mx) - log_z);
+  };
+  TokenLogprobs out;
+  out.logprob = logprob(id);
+  if (top == 0) return out;
+  // The `top` best by better(): a min-heap of them, worst at the front.
+  std::vector<Cand> best;
+  best.reserve(size_t(top) + 1);
+  auto worse_first = [](const Cand& a, const Cand& b) { return better(a, b); };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const Cand c{value(logits[i]), int(i)};
+    if (best.size() < size_t(top)) {
+      best.push_back(c);
+      std::push_heap(best.begin(), best.end(), worse_first);
+    } else if (better(c, best.front())) {
+      std::pop_heap(best.begin(), best.end(), worse_first);
+      best.back() = c;
+      std::push_heap(best.begin(), best.end(), worse_first);
+    }
+  }
+  std::sort(best.begin(), best.end(), better);
+  out.top.reserve(best.size());
+  for (const Cand& c : best) out.top.push_back({c.second, logprob(c.second)});
+  return out;
 }
 
 }  // namespace troupe

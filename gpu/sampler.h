@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -18,6 +19,14 @@ namespace troupe {
 // Index of the largest value, the lowest index on ties; NaN never wins.
 // Throws std::invalid_argument when empty or all NaN.
 int argmax(std::span<const float> logits);
+
+// The sampled token's log-probability under `logits` (log-softmax of the raw
+// values, summed in double in id order, so that the same logits give the same
+// figures in any layout), and those of the `top` likeliest ids (higher logit
+// first, then lower id). NaN logits count as -inf. Throws
+// std::invalid_argument on empty logits, an id outside them or top outside
+// [0, kMaxLogprobs].
+TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top);
 
 class Sampler {
  public:
@@ -72,8 +81,11 @@ class Sampler {
 // dropped on release.
 class SequenceSamplers {
  public:
-  // Samples the item's next token from its full-vocabulary logits.
-  int sample(const StepItem& item, std::span<const float> logits);
+  // Samples the item's next token from its full-vocabulary logits; when its
+  // sampling asks for log-probabilities (SamplingParams::logprobs), they go
+  // to *logprobs.
+  int sample(const StepItem& item, std::span<const float> logits,
+             std::optional<TokenLogprobs>* logprobs = nullptr);
   void release(uint64_t seq) { samplers_.erase(seq); }
   size_t size() const { return samplers_.size(); }
 

@@ -33,7 +33,7 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
       params_(std::move(params)),
       meta_(std::move(meta)),
       prompt_tokens_(prompt_tokens),
-      has_tokenizer_(tokenizer != nullptr),
+      tokenizer_(tokenizer),
       stop_(params_.stop),
       submitted_(submitted) {
   if (tokenizer) {
@@ -42,7 +42,8 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
   }
 }
 
-ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {
+ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* logprobs,
+                                          Clock::time_point at) {
   if (finished()) return {};
   if (completion_tokens_ >= params_.max_tokens) {
     // A service bug must not make a response longer than the client allowed.
@@ -56,6 +57,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {
   last_token_ = at;
   ++completion_tokens_;
   ids_.push_back(token_id);
+  add_logprobs(token_id, logprobs);
 
   std::string out = stop_.push(decode(token_id));
   if (stop_.stopped()) {
@@ -69,9 +71,11 @@ ExchangeStep CompletionExchange::on_token(int token_id, Clock::time_point at) {
     return {};
   }
   // Without a tokenizer every token is news (its id); with one, only text is.
-  if (out.empty() && has_tokenizer_) return {};
-  std::string chunk = opening() + openai::sse_text_chunk(meta_, out, std::nullopt,
-                                                         params_.include_usage, ids_to_send());
+  if (out.empty() && tokenizer_) return {};
+  const auto lp = take_logprobs();
+  std::string chunk =
+      opening() + openai::sse_text_chunk(meta_, out, std::nullopt, params_.include_usage,
+                                         ids_to_send(), lp ? &*lp : nullptr);
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
 }
@@ -114,17 +118,19 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
                                            Clock::time_point end) {
   const openai::Usage usage{prompt_tokens_, generated_tokens()};
   ExchangeStep step;
+  const auto lp = take_logprobs();
   if (params_.stream) {
-    std::string events = opening() + openai::sse_finish_chunks(
-                                         meta_, tail, reason, params_.include_usage, ids_to_send());
+    std::string events =
+        opening() + openai::sse_finish_chunks(meta_, tail, reason, params_.include_usage,
+                                              ids_to_send(), lp ? &*lp : nullptr);
     if (params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
     events += openai::sse_done();
     step = stream(std::move(events), /*last=*/true);
   } else {
     text_ += tail;
     step.response.emplace();
-    step.response->body =
-        openai::dump(openai::completion_response(meta_, text_, reason, usage, ids_to_send()));
+    step.response->body = openai::dump(openai::completion_response(
+        meta_, text_, reason, usage, ids_to_send(), lp ? &*lp : nullptr));
   }
   state_ = State::Finished;
   step.finished = figures(200, end);
@@ -195,7 +201,45 @@ std::string CompletionExchange::decode_tail() {
 }
 
 const std::vector<int>* CompletionExchange::ids_to_send() const {
-  return (params_.return_token_ids || !has_tokenizer_) ? &ids_ : nullptr;
+  return (params_.return_token_ids || !tokenizer_) ? &ids_ : nullptr;
+}
+
+std::string CompletionExchange::token_text(int token_id) const {
+  if (tokenizer_) {
+    try {
+      return tokenizer_->token_bytes(token_id);
+    } catch (const std::exception&) {
+      // Not in the vocabulary: shown as its id, as without a tokenizer.
+    }
+  }
+  return "token_id:" + std::to_string(token_id);
+}
+
+void CompletionExchange::add_logprobs(int token_id, const TokenLogprobs* logprobs) {
+  if (params_.logprobs < 0) return;
+  openai::TokenLogprob t{token_text(token_id), std::nullopt, {}};
+  if (logprobs) {
+    t.logprob = logprobs->logprob;
+    for (const TopLogprob& alt : logprobs->top) {
+      if (int(t.top.size()) == params_.logprobs) break;
+      t.top.emplace_back(token_text(alt.token), alt.logprob);
+    }
+  } else if (!warned_no_logprobs_) {
+    spdlog::warn("request {}: the runtime sent a token without the log-probabilities asked for",
+                 request_id_);
+    warned_no_logprobs_ = true;
+  }
+  logprobs_.push_back(std::move(t));
+}
+
+std::optional<nlohmann::json> CompletionExchange::take_logprobs() {
+  // A stream's chunk without tokens (the finish reason alone) has none, as
+  // OpenAI sends it; a whole response always has them, maybe empty.
+  if (params_.logprobs < 0 || (params_.stream && logprobs_.empty())) return std::nullopt;
+  nlohmann::json j = openai::logprobs_json(meta_.api, logprobs_, text_offset_);
+  for (const auto& t : logprobs_) text_offset_ += int64_t(t.token.size());
+  logprobs_.clear();
+  return j;
 }
 
 CompletionRequest service_request(uint64_t request_id, const openai::CompletionParams& params,
@@ -209,6 +253,7 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.top_p = params.top_p;
   r.sampling.top_k = params.top_k;
   r.sampling.seed = params.seed ? *params.seed : default_seed;
+  r.sampling.logprobs = params.logprobs;
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

@@ -61,7 +61,8 @@ class CompletionExchange {
                      Clock::time_point submitted, std::span<const int> prompt_tail = {});
 
   // The service's events; after the exchange ended they change nothing.
-  ExchangeStep on_token(int token_id, Clock::time_point at);
+  // `logprobs`: what came with the token (null when none did).
+  ExchangeStep on_token(int token_id, const TokenLogprobs* logprobs, Clock::time_point at);
   ExchangeStep on_done(FinishReason reason, int prompt_tokens, Clock::time_point at);
   ExchangeStep on_error(const ServiceError& error);
   // The server's own failure (the submission threw, a handler broke).
@@ -83,19 +84,27 @@ class CompletionExchange {
   std::string decode(int token_id);
   std::string decode_tail();
   const std::vector<int>* ids_to_send() const;
+  // The pending tokens' log-probabilities as the choice's "logprobs" (none
+  // when the request did not ask, or a stream has no pending token); the
+  // next call starts after them.
+  std::optional<nlohmann::json> take_logprobs();
+  void add_logprobs(int token_id, const TokenLogprobs* logprobs);
+  std::string token_text(int token_id) const;
   int generated_tokens() const { return completion_tokens_ + (ended_on_eos_ ? 1 : 0); }
 
   uint64_t request_id_;
   openai::CompletionParams params_;
   openai::ResponseMeta meta_;
   int prompt_tokens_;
-  bool has_tokenizer_;
+  const Tokenizer* tokenizer_;
   std::optional<TextStreamer> streamer_;
   StopStringFilter stop_;
   Clock::time_point submitted_, first_token_, last_token_;
-  std::string text_;           // non-streaming: everything released so far
-  std::vector<int> ids_;       // streaming: ids not yet sent; non-streaming: all
-  int completion_tokens_ = 0;  // delivered
+  std::string text_;                            // non-streaming: everything released so far
+  std::vector<int> ids_;                        // streaming: ids not yet sent; non-streaming: all
+  std::vector<openai::TokenLogprob> logprobs_;  // as ids_, when the request asked for them
+  int64_t text_offset_ = 0;                     // of the first of logprobs_
+  int completion_tokens_ = 0;                   // delivered
   // The service ended the sequence on the model's end-of-sequence token:
   // generated and counted in usage (as vLLM and llama-server count it),
   // though never delivered.
@@ -103,7 +112,8 @@ class CompletionExchange {
   // Waiting: nothing sent yet, so an error still gets its own status.
   enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
   bool warned_overflow_ = false;  // logged once per request
-  bool opened_ = false;           // a chat stream's role chunk went out
+  bool warned_no_logprobs_ = false;
+  bool opened_ = false;  // a chat stream's role chunk went out
 };
 
 // The service's request for validated parameters and the prompt's ids; the

@@ -203,8 +203,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- events from the sink (on the strand) ----
 
-  void on_token(uint64_t request_id, int token_id, Clock::time_point t) {
-    if (answering(request_id)) apply(active_->on_token(token_id, t));
+  void on_token(uint64_t request_id, int token_id, const TokenLogprobs* logprobs,
+                Clock::time_point t) {
+    if (answering(request_id)) apply(active_->on_token(token_id, logprobs, t));
   }
 
   void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, Clock::time_point t) {
@@ -626,9 +627,11 @@ class Session : public std::enable_shared_from_this<Session> {
     Sink(std::shared_ptr<Gate> gate, std::weak_ptr<Session> session, uint64_t request_id)
         : gate_(std::move(gate)), session_(std::move(session)), request_id_(request_id) {}
 
-    void on_token(int token_id) override {
-      deliver([id = request_id_, token_id, t = Clock::now()](Session& s) {
-        s.on_token(id, token_id, t);
+    void on_token(int token_id, const TokenLogprobs* logprobs) override {
+      std::optional<TokenLogprobs> lp;
+      if (logprobs) lp = *logprobs;
+      deliver([id = request_id_, token_id, lp = std::move(lp), t = Clock::now()](Session& s) {
+        s.on_token(id, token_id, lp ? &*lp : nullptr, t);
       });
     }
     void on_done(FinishReason reason, int prompt_tokens, int) override {

@@ -328,6 +328,16 @@ int checked_max_tokens(const json& v, const std::string& name, const ModelLimits
   return int(m);
 }
 
+// How many likeliest alternatives to report per token: 0 .. kMaxLogprobs.
+int checked_logprobs(const json& v, const char* name) {
+  const int64_t k = get_int(v, name);
+  if (k < 0 || k > kMaxLogprobs)
+    fail(openai::quoted(name) + " must be between 0 and " + std::to_string(kMaxLogprobs) +
+             ", got " + std::to_string(k) + ".",
+         name);
+  return int(k);
+}
+
 // What both endpoints take alike: sampling, stop strings, streaming, the
 // options refused on both, and the extensions.
 void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
@@ -358,10 +368,7 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
     p.max_tokens = limits.max_tokens_cap;
   }
   parse_generation_options(j, limits, p);
-  if (const json* v = field(j, "logprobs")) {
-    get_int(*v, "logprobs");
-    unsupported("logprobs");
-  }
+  if (const json* v = field(j, "logprobs")) p.logprobs = checked_logprobs(*v, "logprobs");
   return p;
 }
 
@@ -425,14 +432,15 @@ std::vector<ChatMessage> parse_messages(const json& body) {
   return messages;
 }
 
-// The chat options this server cannot honour, refused rather than ignored.
-void reject_unsupported_chat(const json& j) {
-  if (const json* v = field(j, "logprobs")) {
-    if (get_bool(*v, "logprobs")) unsupported("logprobs");
-  }
-  if (const json* v = field(j, "top_logprobs")) {
-    if (get_int(*v, "top_logprobs") != 0) unsupported("top_logprobs");
-  }
+// A chat asks for log-probabilities with `logprobs: true`, and for the
+// likeliest alternatives with `top_logprobs`, which needs it.
+void parse_chat_logprobs(const json& j, CompletionParams& p) {
+  const json* on = field(j, "logprobs");
+  const bool wanted = on && get_bool(*on, "logprobs");
+  const json* top = field(j, "top_logprobs");
+  const int k = top ? checked_logprobs(*top, "top_logprobs") : 0;
+  if (k > 0 && !wanted) fail("`top_logprobs` needs `logprobs` to be true.", "top_logprobs");
+  if (wanted) p.logprobs = k;
 }
 
 CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
@@ -456,7 +464,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
     p.max_tokens_from_context = true;
   }
   parse_generation_options(j, limits, p);
-  reject_unsupported_chat(j);
+  parse_chat_logprobs(j, p);
   return p;
 }
 
@@ -606,9 +614,9 @@ namespace {
 
 // A non-streaming response's choice: its text, or a chat's message.
 json choice_json(Api api, const std::string& text, std::optional<FinishReason> reason,
-                 const std::vector<int>* token_ids) {
+                 const std::vector<int>* token_ids, const json* logprobs) {
   json c = {{"index", 0},
-            {"logprobs", nullptr},
+            {"logprobs", logprobs ? *logprobs : json(nullptr)},
             {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
   if (api == Api::Chat) {
     c["message"] = {{"role", "assistant"}, {"content", text}};
@@ -635,12 +643,76 @@ std::string sse(const json& j) {
   return "data: " + dump(j) + "\n\n";
 }
 
+// -inf as OpenAI writes it; JSON has no infinities.
+json logprob_value(float lp) {
+  return std::isinf(lp) ? json(-9999.0) : json(lp);
+}
+
+bool valid_utf8(std::string_view s);  // below
+
+// A token's text for JSON: as it is when it is UTF-8; else (a piece of a
+// character) "bytes:\\xNN...", as OpenAI spells such tokens.
+std::string token_string(const std::string& bytes) {
+  if (valid_utf8(bytes)) return bytes;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 0xF];
+  }
+  return out;
+}
+
+json bytes_json(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
 }  // namespace
 
+json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens, int64_t text_offset) {
+  auto value = [](const std::optional<float>& lp) {
+    return lp ? logprob_value(*lp) : json(nullptr);
+  };
+  if (api == Api::Chat) {
+    json content = json::array();
+    for (const TokenLogprob& t : tokens) {
+      json top = json::array();
+      for (const auto& [tok, lp] : t.top)
+        top.push_back({{"token", token_string(tok)},
+                       {"logprob", logprob_value(lp)},
+                       {"bytes", bytes_json(tok)}});
+      content.push_back({{"token", token_string(t.token)},
+                         {"logprob", value(t.logprob)},
+                         {"bytes", bytes_json(t.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : tokens) {
+    toks.push_back(token_string(t.token));
+    lps.push_back(value(t.logprob));
+    json top = json::object();
+    for (const auto& [tok, lp] : t.top) top.emplace(token_string(tok), logprob_value(lp));
+    if (t.logprob) top.emplace(token_string(t.token), logprob_value(*t.logprob));  // kept if there
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += int64_t(t.token.size());
+  }
+  return {{"text_offset", std::move(offsets)},
+          {"token_logprobs", std::move(lps)},
+          {"tokens", std::move(toks)},
+          {"top_logprobs", std::move(tops)}};
+}
+
 json completion_response(const ResponseMeta& meta, const std::string& text, FinishReason reason,
-                         const Usage& usage, const std::vector<int>* token_ids) {
+                         const Usage& usage, const std::vector<int>* token_ids,
+                         const json* logprobs) {
   json j = envelope(meta, /*chunk=*/false);
-  j["choices"] = json::array({choice_json(meta.api, text, reason, token_ids)});
+  j["choices"] = json::array({choice_json(meta.api, text, reason, token_ids, logprobs)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -737,7 +809,7 @@ void append_json_string(std::string& out, std::string_view s) {
 // tests/unit/test_openai_api.cpp checks.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, bool include_usage,
-                           const std::vector<int>* token_ids) {
+                           const std::vector<int>* token_ids, const json* logprobs) {
   const bool chat = meta.api == Api::Chat;
   std::string out;
   out.reserve(180 + text.size() + meta.id.size() + meta.model.size() +
@@ -760,7 +832,8 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
   } else {
     out += "null";
   }
-  out += ",\"index\":0,\"logprobs\":null";
+  out += ",\"index\":0,\"logprobs\":";
+  out += logprobs ? dump(*logprobs) : "null";
   if (!chat) {
     out += ",\"text\":";
     append_json_string(out, text);
@@ -799,11 +872,11 @@ std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage) {
 
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
                               FinishReason reason, bool include_usage,
-                              const std::vector<int>* token_ids) {
+                              const std::vector<int>* token_ids, const json* logprobs) {
   if (meta.api == Api::Completions || text.empty())
-    return sse_text_chunk(meta, text, reason, include_usage, token_ids);
+    return sse_text_chunk(meta, text, reason, include_usage, token_ids, logprobs);
   static const std::vector<int> kNone;
-  return sse_text_chunk(meta, text, std::nullopt, include_usage, token_ids) +
+  return sse_text_chunk(meta, text, std::nullopt, include_usage, token_ids, logprobs) +
          sse_text_chunk(meta, "", reason, include_usage, token_ids ? &kNone : nullptr);
 }
 

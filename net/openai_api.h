@@ -79,6 +79,10 @@ struct CompletionParams {
   int priority = 0;
   bool return_token_ids = false;  // vLLM extension: ids alongside the text
   bool ignore_eos = false;        // vLLM extension: generate max_tokens whatever the model says
+  // Log-probabilities with each token: -1 none, else this many likeliest
+  // alternatives too (completions: `logprobs`; chat: `logprobs` with
+  // `top_logprobs`).
+  int logprobs = -1;
 };
 
 template <class T>
@@ -86,10 +90,10 @@ using Result = std::variant<T, ApiError>;
 
 // Parses and validates a POST /v1/completions body: JSON syntax, field types
 // (a known field of the wrong type names the field), value ranges,
-// unsupported options (n != 1, echo, logprobs, best_of, suffix, penalties,
-// logit_bias), the model name (404), token ids against the vocabulary and
-// max_tokens against the cap. Unknown fields are ignored; null means default.
-// The context-length check needs the token count: see resolve_prompt().
+// unsupported options (n != 1, echo, best_of, suffix, penalties,
+// logit_bias), `logprobs` an integer 0..kMaxLogprobs, the model name (404), token ids against the
+// vocabulary and max_tokens against the cap. Unknown fields are ignored; null means default. The
+// context-length check needs the token count: see resolve_prompt().
 Result<CompletionParams> parse_completion_request(std::string_view body, const ModelLimits& limits);
 
 // Parses and validates a POST /v1/chat/completions body by the same rules and
@@ -98,7 +102,8 @@ Result<CompletionParams> parse_completion_request(std::string_view body, const M
 // {"type": "text", "text"} parts) rendered by `tmpl` into prompt_text in
 // place of `prompt`, `max_completion_tokens` as the newer name of
 // `max_tokens` (it wins when both are given; neither: what the context
-// leaves, within the cap), `logprobs` a boolean, and tools, functions and
+// leaves, within the cap), `logprobs` a boolean with `top_logprobs`
+// 0..kMaxLogprobs (which needs it), and tools, functions and
 // response formats other than text refused as unsupported.
 Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
                                             ChatTemplate tmpl);
@@ -135,22 +140,42 @@ struct ResponseMeta {
   Api api = Api::Completions;  // the response's shape
 };
 
+// One generated token's log-probabilities as a response shows them.
+struct TokenLogprob {
+  std::string token;             // the bytes it stands for (Tokenizer::token_bytes)
+  std::optional<float> logprob;  // absent: the runtime gave none
+  std::vector<std::pair<std::string, float>> top;  // likeliest first
+};
+
+// A choice's "logprobs" for these tokens. Completions (OpenAI's legacy
+// shape, as vLLM fills it): {"tokens", "token_logprobs", "top_logprobs": one
+// {token: logprob} object per token, the sampled token included,
+// "text_offset": each token's byte offset in the completion's text, from
+// `text_offset`}. Chat: {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [{"token", "logprob", "bytes"}]}]}. An impossible token's
+// -inf is written -9999.0, as OpenAI and vLLM write it.
+nlohmann::json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens,
+                             int64_t text_offset = 0);
+
 // The non-streaming response: a "text_completion" with choices[].text, or
 // for a chat a "chat.completion" with choices[].message {role: "assistant",
 // content}. `token_ids` adds a "token_ids" field to the choice (vLLM-style
 // extension) when given.
 nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
                                    FinishReason reason, const Usage& usage,
-                                   const std::vector<int>* token_ids = nullptr);
+                                   const std::vector<int>* token_ids = nullptr,
+                                   const nlohmann::json* logprobs = nullptr);
 
 // One SSE event: "data: <json>\n\n". A text chunk has finish_reason null;
 // the last one carries it. With include_usage every chunk has "usage": null
 // and usage_chunk() (choices: []) follows the last one, as OpenAI sends it.
 // A chat's chunks are "chat.completion.chunk" with the text as
 // delta.content; one with a finish reason and no text has an empty delta.
+// `logprobs` (logprobs_json()) fills the choice's "logprobs", else null.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, bool include_usage,
-                           const std::vector<int>* token_ids = nullptr);
+                           const std::vector<int>* token_ids = nullptr,
+                           const nlohmann::json* logprobs = nullptr);
 // A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
 std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage);
 // The chunks that end a stream's choice: the last text with the finish
@@ -158,7 +183,8 @@ std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage);
 // the finish reason with an empty delta.
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
                               FinishReason reason, bool include_usage,
-                              const std::vector<int>* token_ids = nullptr);
+                              const std::vector<int>* token_ids = nullptr,
+                              const nlohmann::json* logprobs = nullptr);
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage);
 std::string sse_error(const ApiError& e);  // an error after the stream started
 std::string sse_done();                    // "data: [DONE]\n\n"

@@ -23,9 +23,14 @@ struct Assignment {
 };
 
 struct TokenEvent {
+  TokenEvent() = default;
+  TokenEvent(uint64_t id_, int index_, int token_) : id(id_), index(index_), token(token_) {}
+
   uint64_t id = 0;
   int index = 0;  // position in the completion, 0-based
   int token = 0;
+  bool has_logprobs = false;  // the request asked for them (SamplingParams::logprobs)
+  TokenLogprobs logprobs;
 };
 
 struct DoneEvent {

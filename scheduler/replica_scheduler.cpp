@@ -273,15 +273,17 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   return true;
 }
 
-StepEvents ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids,
-                                         double step_s) {
+StepEvents ReplicaScheduler::finish_step(
+    uint64_t step, const std::vector<int>& ids, double step_s,
+    const std::vector<std::optional<TokenLogprobs>>& logprobs) {
   StepEvents ev;
-  finish_step(step, ids, step_s, ev);
+  finish_step(step, ids, step_s, ev, logprobs);
   return ev;
 }
 
 void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, double step_s,
-                                   StepEvents& ev) {
+                                   StepEvents& ev,
+                                   const std::vector<std::optional<TokenLogprobs>>& logprobs) {
   auto flight = std::find_if(in_flight_.begin(), in_flight_.end(),
                              [&](const InFlight& f) { return f.step == step; });
   if (flight == in_flight_.end())
@@ -291,6 +293,10 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     throw std::logic_error("step " + std::to_string(step) + " returned " +
                            std::to_string(ids.size()) + " ids for " + std::to_string(items.size()) +
                            " items");
+  if (!logprobs.empty() && logprobs.size() != items.size())
+    throw std::logic_error("step " + std::to_string(step) + " returned " +
+                           std::to_string(logprobs.size()) + " log-probabilities for " +
+                           std::to_string(items.size()) + " items");
   {
     // A fresh report in the caller's buffers.
     std::vector<TokenEvent> tokens = std::move(ev.tokens);
@@ -336,7 +342,11 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     const auto outcome =
         options_.stop.judge(tok, q.a.generated, q.a.max_tokens, fed, q.a.ignore_eos);
     if (outcome.deliver) {
-      ev.tokens.push_back({q.a.id, q.a.generated, tok});
+      TokenEvent& t = ev.tokens.emplace_back(TokenEvent{q.a.id, q.a.generated, tok});
+      if (!logprobs.empty() && logprobs[i]) {
+        t.has_logprobs = true;
+        t.logprobs = *logprobs[i];
+      }
       ++q.a.generated;
       q.tokens.push_back(tok);
     }

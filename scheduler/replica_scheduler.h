@@ -82,9 +82,13 @@ class ReplicaScheduler {
   // tokens delivered and the requests that ended, with the load after it.
   // Throws std::logic_error for a step that is not in flight. With
   // lookahead, steps are answered in the order they were planned.
-  StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s);
+  // `logprobs`: empty, or one per item, set where the item's sampling asked
+  // for log-probabilities; they ride with the tokens delivered.
+  StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s,
+                         const std::vector<std::optional<TokenLogprobs>>& logprobs = {});
   // The same into `ev`, reusing its buffers.
-  void finish_step(uint64_t step, const std::vector<int>& ids, double step_s, StepEvents& ev);
+  void finish_step(uint64_t step, const std::vector<int>& ids, double step_s, StepEvents& ev,
+                   const std::vector<std::optional<TokenLogprobs>>& logprobs = {});
 
   // The step that proves a new replica works before it is routed to: the
   // BOS token, greedy, in one block; finish_probe() returns the block.

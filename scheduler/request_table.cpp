@@ -215,7 +215,7 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
       r.orphaned_at = -1;
     }
     r.delivered.push_back(t.token);
-    r.sink->on_token(t.token);
+    r.sink->on_token(t.token, t.has_logprobs ? &t.logprobs : nullptr);
   }
   for (const auto& d : ev.done) {
     auto it = requests_.find(d.id);

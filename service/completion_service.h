@@ -35,7 +35,9 @@ struct ServiceError {
 class CompletionSink {
  public:
   virtual ~CompletionSink() = default;
-  virtual void on_token(int token_id) = 0;
+  // `logprobs`: the token's log-probabilities when the request asked for
+  // them (SamplingParams::logprobs), else null; valid during the call.
+  virtual void on_token(int token_id, const TokenLogprobs* logprobs) = 0;
   virtual void on_done(FinishReason reason, int prompt_tokens, int completion_tokens) = 0;
   virtual void on_error(const ServiceError& error) = 0;
 };

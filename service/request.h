@@ -13,6 +13,24 @@ struct SamplingParams {
   float top_p = 1;        // in (0, 1]; 1: off
   int top_k = 0;          // 0: off
   uint64_t seed = 0;
+  // Log-probabilities to report with each sampled token: -1 none, 0 the
+  // sampled token's, k also those of the k likeliest (at most kMaxLogprobs).
+  int logprobs = -1;
+};
+
+inline constexpr int kMaxLogprobs = 20;
+
+// A token's log-probability under the model's distribution at that step:
+// log-softmax of the raw logits, before temperature, top-k or top-p (as
+// vLLM reports them), so that it is the same however the token was chosen.
+struct TopLogprob {
+  int token = 0;
+  float logprob = 0;
+};
+
+struct TokenLogprobs {
+  float logprob = 0;            // the sampled token's
+  std::vector<TopLogprob> top;  // the likeliest first (ties: the lower id first)
 };
 
 struct CompletionRequest {

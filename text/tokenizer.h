@@ -26,6 +26,10 @@ class Tokenizer {
   bool is_control(int id) const;
   // The raw piece ("▁the", "<0x0A>", "<s>"); throws std::out_of_range.
   const std::string& piece(int id) const;
+  // The bytes one token stands for, alone: its piece with "▁" as a space, a
+  // byte-fallback piece as its byte (maybe part of a UTF-8 character), a
+  // control piece as it is spelled ("</s>"). Throws std::out_of_range.
+  std::string token_bytes(int id) const;
 
   // Copies are cheap and share the loaded model, which is immutable, so they
   // may be used from several threads at once.

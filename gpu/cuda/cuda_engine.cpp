@@ -53,6 +53,7 @@ class CudaEngine final : public StepEngine {
   };
   struct Result {
     std::vector<int> ids;
+    std::vector<std::optional<TokenLogprobs>> logprobs;
     std::exception_ptr error;
   };
 
@@ -275,6 +276,7 @@ void CudaEngine::settle() {
   last_samples_ = {StageSample{0, p.tokens, double(ms) * 1e-3}};
   Result& r = results_[p.ticket];
   r.ids.assign(p.items.size(), -1);
+  r.logprobs.assign(p.items.size(), std::nullopt);
   const size_t vocab = size_t(config().vocab_size);
   const std::vector<int>& row_item = p.packed.row_item;
   if (keep_logits_) {
@@ -284,20 +286,26 @@ void CudaEngine::settle() {
           "copy logits");
   }
   std::vector<float> row;
+  auto copy_row = [&](size_t k) {
+    row.resize(vocab);
+    check(cudaMemcpy(row.data(), fwd_->logits() + k * vocab, vocab * sizeof(float),
+                     cudaMemcpyDeviceToHost),
+          "copy logits row");
+  };
   try {
     for (size_t k = 0; k < row_item.size(); ++k) {
       int id = ids_host_[k];
+      const bool wants_logprobs = p.params[k].logprobs >= 0;
+      if (flags_host_[k] || wants_logprobs) copy_row(k);
       if (flags_host_[k]) {
         // Too close to call on the device: the CPU sampler decides, from the
         // same logits and the generator as it was before this row's draw.
-        row.resize(vocab);
-        check(cudaMemcpy(row.data(), fwd_->logits() + k * vocab, vocab * sizeof(float),
-                         cudaMemcpyDeviceToHost),
-              "copy logits row");
         Sampler s(p.params[k]);
         s.set_rng(p.rng_before[k]);
         id = s.sample(row);
       }
+      if (wants_logprobs)
+        r.logprobs[size_t(row_item[k])] = token_logprobs(row, id, p.params[k].logprobs);
       r.ids[size_t(row_item[k])] = id;
     }
   } catch (const std::invalid_argument&) {
@@ -311,6 +319,7 @@ std::vector<int> CudaEngine::finish(uint64_t ticket) {
   auto node = results_.extract(ticket);
   if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
   if (node.mapped().error) std::rethrow_exception(node.mapped().error);
+  last_logprobs_ = std::move(node.mapped().logprobs);
   return std::move(node.mapped().ids);
 }
 

@@ -49,7 +49,7 @@ class Simulator::Flight : public CompletionSink {
     rec.prompt_tokens = a.prompt_tokens;
     rec.client_leaves = a.cancel_after_s >= 0;
   }
-  void on_token(int) override {
+  void on_token(int, const TokenLogprobs*) override {
     if (rec.first_token < 0) rec.first_token = sim_.now_;
     rec.last_token = sim_.now_;
     ++rec.output_tokens;

@@ -48,14 +48,14 @@ class InstantService : public CompletionService {
       case 1:
         return sink->on_error({ServiceErrorKind::QueueFull, "queue full", 2});
       case 2:
-        sink->on_token(r.prompt.front());
+        sink->on_token(r.prompt.front(), nullptr);
         return sink->on_error({ServiceErrorKind::Internal, "step failed", 0});
       case 3:
         return sink->on_error({ServiceErrorKind::Unavailable, "", 0});
       default:
         break;
     }
-    for (int i = 0; i < n; ++i) sink->on_token(r.prompt[size_t(i)]);
+    for (int i = 0; i < n; ++i) sink->on_token(r.prompt[size_t(i)], nullptr);
     sink->on_done(n == r.max_tokens ? FinishReason::Length : FinishReason::Stop,
                   int(r.prompt.size()), n);
   }

@@ -57,7 +57,7 @@ std::string run_exchange(const openai::CompletionParams& params, const std::vect
   std::string streamed;
   ExchangeStep step;
   for (int id : ids) {
-    step = ex.on_token(id, now);
+    step = ex.on_token(id, nullptr, now);
     streamed += step.events;
     if (ex.finished()) break;
   }

@@ -257,7 +257,7 @@ class NullChannel : public ReplicaChannel {
 
 class CountingSink : public CompletionSink {
  public:
-  void on_token(int) override {
+  void on_token(int, const TokenLogprobs*) override {
     if (ended) violated("a token after the request ended");
     ++tokens;
   }

@@ -107,7 +107,7 @@ inline std::vector<WireSample> wire_samples() {
   tensor.kv_dtype = "f16";
   add("tensor", M::ReplicaPlan, wire_encode(tensor));
 
-  const SamplingParams sampled{0.8f, 0.9f, 40, 7};
+  const SamplingParams sampled{0.8f, 0.9f, 40, 7, 2};  // with 2 alternatives per token
   const SamplingParams greedy{0, 1, 0, 0};
   add("new", M::Assignment, wire_encode(Assignment{7, {1, 30, 40, 7, 9}, 0, 16, sampled, false}));
   add("resumed", M::Assignment,
@@ -121,6 +121,8 @@ inline std::vector<WireSample> wire_samples() {
   ev.batch_tokens = 6;
   ev.prefill_tokens = 5;
   ev.tokens = {{7, 0, 31}, {8, 3, 2}};
+  ev.tokens[0].has_logprobs = true;
+  ev.tokens[0].logprobs = {-0.5f, {{31, -0.5f}, {12, -1.75f}}};
   ev.done = {{8, FinishReason::Stop, 3}};
   ev.running = 1;
   ev.queued_tokens = 0;

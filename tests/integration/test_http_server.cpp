@@ -259,7 +259,7 @@ class FakeService : public CompletionService {
           it = jobs_.erase(it);
           continue;
         }
-        j.sink->on_token(j.out[j.next++]);
+        j.sink->on_token(j.out[j.next++], nullptr);
         if (j.next == j.out.size()) {
           j.sink->on_done(FinishReason::Length, j.prompt_tokens, int(j.next));
           it = jobs_.erase(it);

@@ -411,6 +411,16 @@ TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
 // one device does; when one of its nodes dies, its requests wait and resume
 // once the node is back, token-exact.
 TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
+  // Log-probabilities cross from the node with the tokens; a part on
+  // another node sends its whole rows for them, greedy items' too.
+  const json ask{{"prompt", kPrompts[2]}, {"max_tokens", 16}, {"temperature", 0}, {"logprobs", 2}};
+  json want_lp;
+  {
+    Server one({"devices=[{kind: cpu, threads: 1}]"});
+    auto r = one.complete(ask);
+    ASSERT_EQ(r.status, 200) << r.body;
+    want_lp = json::parse(r.body)["choices"][0]["logprobs"];
+  }
   for (const char* layout : {"parallel.tensor=2", "parallel.pipeline=2"}) {
     SCOPED_TRACE(layout);
     auto sets = coordinator_sets(1);
@@ -429,6 +439,18 @@ TEST(Nodes, AReplicaAcrossTwoProcessesGivesTheOneDeviceAnswer) {
       auto r = s.complete({{"prompt", p}, {"max_tokens", 40}, {"temperature", 0}});
       ASSERT_EQ(r.status, 200) << r.body;
       EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(p, 40)) << p;
+    }
+    {
+      auto r = s.complete(ask);
+      ASSERT_EQ(r.status, 200) << r.body;
+      const json lp = json::parse(r.body)["choices"][0]["logprobs"];
+      ASSERT_EQ(lp["tokens"], want_lp["tokens"]);
+      for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+        EXPECT_NEAR(lp["token_logprobs"][k].get<double>(),
+                    want_lp["token_logprobs"][k].get<double>(), 1e-4);
+        for (const auto& [tok, v] : want_lp["top_logprobs"][k].items())
+          EXPECT_NEAR(lp["top_logprobs"][k].value(tok, 1.0), v.get<double>(), 1e-4) << tok;
+      }
     }
     const auto want = run_load(s, 6);
     // One of its nodes dies: the replica is down until the node is back,

@@ -81,6 +81,26 @@ TEST_P(AcrossProcesses, SameIdsSamplesAndLogitsAsOneDevice) {
       EXPECT_LT(test::max_logit_diff(got, want), 1e-4f);
     }
   }
+  // Log-probabilities need every rank's whole row, greedy items' too.
+  const test::MixedRun want = test::run_mixed(single, false, true, 2);
+  const test::MixedRun got = test::run_mixed(replica, false, true, 2);
+  EXPECT_EQ(got.ids, want.ids);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t s = 0; s < want.logprobs.size(); ++s) {
+    ASSERT_EQ(got.logprobs[s].size(), want.logprobs[s].size());
+    for (size_t k = 0; k < want.logprobs[s].size(); ++k) {
+      const auto &a = got.logprobs[s][k], &b = want.logprobs[s][k];
+      ASSERT_EQ(a.has_value(), b.has_value()) << "sequence " << s << ", token " << k;
+      ASSERT_EQ(a.has_value(), s % 3 != 2);
+      if (!a) continue;
+      EXPECT_NEAR(a->logprob, b->logprob, 1e-4f);
+      ASSERT_EQ(a->top.size(), 2u);
+      for (size_t j = 0; j < 2; ++j) {
+        EXPECT_EQ(a->top[j].token, b->top[j].token);
+        EXPECT_NEAR(a->top[j].logprob, b->top[j].logprob, 1e-4f);
+      }
+    }
+  }
   const EngineStats st = replica.stats();
   ASSERT_EQ(int(st.stages.size()), split.pipeline);
   EXPECT_GT(st.comm_bytes(), 0u);

@@ -79,6 +79,74 @@ TEST(Serve, ASixteenBitKvCacheInALayoutGivesTheOneDeviceText) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i) % 3]) << i;
 }
 
+// Log-probabilities: as the OpenAI shapes have them, greedy's the likeliest,
+// the same streamed or not, and the same floats in a tensor layout.
+TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
+  const json ask{
+      {"prompt", "The meaning of life"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 3}};
+  auto logprobs_of = [&](Server& s, bool stream) {
+    json req = ask;
+    req["stream"] = stream;
+    auto r = s.complete(req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    if (!stream) return json::parse(r.body)["choices"][0]["logprobs"];
+    json all{{"tokens", json::array()},
+             {"token_logprobs", json::array()},
+             {"top_logprobs", json::array()},
+             {"text_offset", json::array()}};
+    for (const std::string& e : sse_events(r.body)) {
+      if (e == "[DONE]") continue;
+      const json lp = json::parse(e)["choices"][0]["logprobs"];
+      if (lp.is_null()) continue;
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        for (const auto& v : lp[k]) all[k].push_back(v);
+    }
+    return all;
+  };
+  json want;
+  {
+    Server s({"devices=[{kind: cpu, threads: 1}]"});
+    auto r = s.complete(ask);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    want = j["choices"][0]["logprobs"];
+    ASSERT_EQ(want["tokens"].size(), j["usage"]["completion_tokens"].get<size_t>());
+    std::string text;
+    for (size_t k = 0; k < want["tokens"].size(); ++k) {
+      EXPECT_EQ(want["text_offset"][k].get<size_t>(), text.size());
+      text += want["tokens"][k].get<std::string>();
+      // Greedy: the sampled token is the likeliest of the three.
+      const json& top = want["top_logprobs"][k];
+      EXPECT_EQ(top.size(), 3u);
+      double best = -1e9;
+      for (const auto& [tok, lp] : top.items()) best = std::max(best, lp.get<double>());
+      EXPECT_EQ(want["token_logprobs"][k].get<double>(), best) << k;
+      EXPECT_LE(best, 0.0);
+    }
+    EXPECT_EQ(text, j["choices"][0]["text"]);
+    EXPECT_EQ(logprobs_of(s, true), want);
+    // Not asked: null; a chat's shape.
+    auto plain = s.complete({{"prompt", "A fool"}, {"max_tokens", 3}});
+    EXPECT_TRUE(json::parse(plain.body)["choices"][0]["logprobs"].is_null());
+    auto chat = test::http_request(
+        s.port(), "POST", "/v1/chat/completions",
+        json{{"messages", {{{"role", "user"}, {"content", "Tell me a fortune"}}}},
+             {"max_tokens", 4},
+             {"logprobs", true},
+             {"top_logprobs", 2}}
+            .dump());
+    ASSERT_EQ(chat.status, 200) << chat.body;
+    const json content = json::parse(chat.body)["choices"][0]["logprobs"]["content"];
+    ASSERT_FALSE(content.empty());
+    for (const json& t : content) {
+      EXPECT_EQ(t["top_logprobs"].size(), 2u);
+      EXPECT_TRUE(t["bytes"].is_array());
+    }
+  }
+  Server tp({"parallel.tensor=2", "devices=[{kind: cpu, threads: 1}]"});
+  EXPECT_EQ(logprobs_of(tp, false), want);
+}
+
 TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
   Server s({});
   auto r = s.complete(

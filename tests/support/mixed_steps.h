@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -17,12 +18,16 @@ namespace troupe::test {
 struct MixedRun {
   std::vector<std::vector<int>> ids;       // per sequence
   std::vector<std::vector<float>> logits;  // per step: its sampled items' logits (keep_logits)
+  // Per sequence, per sampled token: its log-probabilities (with `logprobs`).
+  std::vector<std::vector<std::optional<TokenLogprobs>>> logprobs;
 };
 
 // Five sequences; sequence s joins at step s with a prompt of 2 + 4s tokens
 // fed 3 at a time, then generates 6 tokens. With `sampled`, odd sequences
 // sample (temperature 0.8, top_p 0.9, seed 100 + s), even ones are greedy.
-inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled) {
+// With `logprobs` >= 0, all but every third sequence ask for that many
+// alternatives.
+inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled, int logprobs = -1) {
   const int S = 5, extra = 6, vocab = engine.config().vocab_size;
   SlotBook book(engine.kv_blocks() / S);
   engine.keep_logits(keep_logits);
@@ -33,6 +38,7 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled) {
   std::vector<size_t> fed(S, 0);
   MixedRun run;
   run.ids.resize(S);
+  run.logprobs.resize(S);
   for (int step = 0; step < 60; ++step) {
     std::vector<StepItem> items;
     std::vector<int> who;
@@ -51,13 +57,18 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled) {
           book.next(uint64_t(s), tokens, fed[size_t(s)] == prompt.size(), sampling ? 0.8f : 0.0f);
       it.sampling.top_p = sampling ? 0.9f : 1.0f;
       it.sampling.seed = uint64_t(100 + s);
+      it.sampling.logprobs = s % 3 == 2 ? -1 : logprobs;
       items.push_back(std::move(it));
       who.push_back(s);
     }
     if (items.empty()) break;
     const auto out = engine.step(items);
-    for (size_t i = 0; i < items.size(); ++i)
-      if (items[i].sample) run.ids[size_t(who[i])].push_back(out[i]);
+    const auto& lps = engine.last_logprobs();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].sample) continue;
+      run.ids[size_t(who[i])].push_back(out[i]);
+      run.logprobs[size_t(who[i])].push_back(i < lps.size() ? lps[i] : std::nullopt);
+    }
     if (keep_logits) run.logits.push_back(engine.last_logits());
   }
   for (int s = 0; s < S; ++s) engine.release(uint64_t(s));

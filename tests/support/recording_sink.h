@@ -14,10 +14,11 @@ namespace troupe::test {
 
 class RecordingSink : public CompletionSink {
  public:
-  void on_token(int id) override {
+  void on_token(int id, const TokenLogprobs* logprobs) override {
     std::lock_guard<std::mutex> l(mu_);
     if (finished_) ++violations_;
     tokens_.push_back(id);
+    logprobs_.push_back(logprobs ? std::optional<TokenLogprobs>(*logprobs) : std::nullopt);
     cv_.notify_all();
   }
   void on_done(FinishReason r, int prompt, int completion) override {
@@ -50,6 +51,11 @@ class RecordingSink : public CompletionSink {
     std::lock_guard<std::mutex> l(mu_);
     return finished_;
   }
+  // Per token: what came with it (set when the request asked for them).
+  std::vector<std::optional<TokenLogprobs>> logprobs() {
+    std::lock_guard<std::mutex> l(mu_);
+    return logprobs_;
+  }
   std::vector<int> tokens() {
     std::lock_guard<std::mutex> l(mu_);
     return tokens_;
@@ -80,6 +86,7 @@ class RecordingSink : public CompletionSink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> tokens_;
+  std::vector<std::optional<TokenLogprobs>> logprobs_;
   bool finished_ = false;
   FinishReason reason_ = FinishReason::Stop;
   int prompt_tokens_ = 0, completion_tokens_ = 0, violations_ = 0;

@@ -49,7 +49,7 @@ CompletionExchange exchange(openai::CompletionParams p, const Tokenizer* tok = &
 std::vector<ExchangeStep> feed(CompletionExchange& ex, const std::vector<int>& ids) {
   std::vector<ExchangeStep> steps;
   for (size_t i = 0; i < ids.size(); ++i)
-    steps.push_back(ex.on_token(ids[i], t0 + milliseconds(10 + int(i))));
+    steps.push_back(ex.on_token(ids[i], nullptr, t0 + milliseconds(10 + int(i))));
   return steps;
 }
 
@@ -94,7 +94,7 @@ TEST(CompletionExchange, NonStreamingAnswersOnceWithTextUsageAndFigures) {
   EXPECT_DOUBLE_EQ(*f.tpot_s, 0.001);
   EXPECT_DOUBLE_EQ(*f.latency_s, 0.100);
   EXPECT_TRUE(ex.finished());
-  EXPECT_TRUE(nothing(ex.on_token(ids[0], t0)));
+  EXPECT_TRUE(nothing(ex.on_token(ids[0], nullptr, t0)));
   EXPECT_TRUE(nothing(ex.on_done(FinishReason::Stop, 1, t0)));
   EXPECT_TRUE(nothing(ex.on_error({ServiceErrorKind::Internal, "late", 0})));
 }
@@ -398,7 +398,7 @@ TEST(CompletionExchange, ClientGoneCountsAs499) {
   EXPECT_EQ(f.completion_tokens, int(ids_of(" A fool").size()));
   EXPECT_FALSE(f.ttft_s || f.tpot_s || f.latency_s);
   EXPECT_TRUE(ex.finished());
-  EXPECT_TRUE(nothing(ex.on_token(400, t0)));
+  EXPECT_TRUE(nothing(ex.on_token(400, nullptr, t0)));
 }
 
 TEST(CompletionExchange, TokensPastMaxTokensAreIgnored) {
@@ -453,6 +453,90 @@ TEST(CompletionExchange, RecordCountsTheFigures) {
   EXPECT_NE(t.find("troupe_time_to_first_token_seconds_count 1"), std::string::npos);
   EXPECT_NE(t.find("troupe_time_per_output_token_seconds_count 1"), std::string::npos);
   EXPECT_NE(t.find("troupe_request_latency_seconds_count 1"), std::string::npos);
+}
+
+// What a runtime sends with token `id` when asked: a made-up distribution
+// whose numbers say which token they came with.
+TokenLogprobs made_up(int id) {
+  return {-0.01f * float(id), {{id + 1, -0.001f}, {id, -0.01f * float(id)}}};
+}
+
+TEST(CompletionExchange, LogprobsGoWithTheChunkThatCarriesTheirTokens) {
+  // "é" is two byte pieces: the first chunk waits for the second byte, and
+  // its log-probabilities wait with it.
+  const std::vector<int> ids = ids_of("Love \xC3\xA9 fool");
+  openai::CompletionParams p = params(int(ids.size()), true);
+  p.logprobs = 1;
+  // After a prompt, so that the first token keeps its space.
+  const std::vector<int> tail = ids_of("A");
+  CompletionExchange ex(7, p, meta(), 4, &fortune(), t0, tail);
+  std::vector<ExchangeStep> steps;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const TokenLogprobs lp = made_up(ids[i]);
+    steps.push_back(ex.on_token(ids[i], &lp, t0 + milliseconds(int(i))));
+  }
+  steps.push_back(ex.on_done(FinishReason::Length, 4, t0 + milliseconds(50)));
+  std::vector<int> seen;
+  std::string text;
+  int64_t offset = 0;
+  for (const std::string& e : events(steps)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    if (c["logprobs"].is_null()) {
+      EXPECT_EQ(c["text"], "") << "a chunk with text has its tokens' log-probabilities";
+      continue;
+    }
+    const json& lp = c["logprobs"];
+    std::string tokens_text;
+    for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+      EXPECT_EQ(lp["text_offset"][k], offset);
+      const int id = ids[seen.size()];
+      seen.push_back(id);
+      const std::string bytes = fortune().token_bytes(id);
+      offset += int64_t(bytes.size());
+      tokens_text += bytes;
+      if (bytes.size() == 1 && (bytes[0] & 0x80))
+        EXPECT_EQ(lp["tokens"][k].get<std::string>().rfind("bytes:\\x", 0), 0u);
+      else
+        EXPECT_EQ(lp["tokens"][k], bytes);
+      EXPECT_FLOAT_EQ(float(lp["token_logprobs"][k]), -0.01f * float(id));
+      EXPECT_EQ(lp["top_logprobs"][k].size(), 2u);  // the one asked for, and the sampled one
+    }
+    EXPECT_EQ(tokens_text, c["text"]);
+    text += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(seen, ids);
+  EXPECT_EQ(text, " Love \xC3\xA9 fool");
+}
+
+TEST(CompletionExchange, LogprobsOfAWholeChatResponseAndOfNoRequest) {
+  const std::vector<int> ids = ids_of(" a fool");
+  openai::CompletionParams p = params(int(ids.size()), false);
+  p.api = openai::Api::Chat;
+  p.logprobs = 0;
+  openai::ResponseMeta m = meta();
+  m.api = openai::Api::Chat;
+  CompletionExchange ex(7, p, m, 4, &fortune(), t0);
+  for (int id : ids) {
+    const TokenLogprobs lp = made_up(id);
+    EXPECT_TRUE(nothing(ex.on_token(id, &lp, t0)));
+  }
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, t0);
+  ASSERT_TRUE(done.response);
+  const json content = json::parse(done.response->body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(content[k]["token"], fortune().token_bytes(ids[k]));
+    EXPECT_TRUE(content[k]["top_logprobs"].empty()) << "top_logprobs 0";
+  }
+  // Not asked: null, whatever the runtime sends.
+  CompletionExchange quiet = exchange(params(int(ids.size()), false));
+  for (int id : ids) {
+    const TokenLogprobs lp = made_up(id);
+    quiet.on_token(id, &lp, t0);
+  }
+  const ExchangeStep plain = quiet.on_done(FinishReason::Length, 4, t0);
+  EXPECT_TRUE(json::parse(plain.response->body)["choices"][0]["logprobs"].is_null());
 }
 
 }  // namespace

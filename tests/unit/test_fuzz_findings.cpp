@@ -233,7 +233,8 @@ TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
 // outside the vocabulary (the engine throws and the worker dies, and so
 // does every replica the request is resumed on), a negative `generated`
 // (a new sampler skips 2^64 - 1 draws: the worker hangs). The batcher now
-// ends such a request as the server's cancel.
+// ends such a request as the server's cancel. (The second finding has
+// SamplingParams::logprobs = -1 inserted, as protocol 10 encodes it.)
 TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
   Assignment a;
   decode_finding("assignment-token-outside-vocabulary.bin", a);

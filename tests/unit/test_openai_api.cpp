@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -275,8 +276,8 @@ TEST(OpenAiParse, OnlyNEqualsOne) {
 }
 
 TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
-  for (const char* field : {"echo", "logprobs", "best_of", "suffix", "presence_penalty",
-                            "frequency_penalty", "logit_bias"}) {
+  for (const char* field :
+       {"echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "logit_bias"}) {
     std::string value = std::string(field) == "echo"         ? "true"
                         : std::string(field) == "suffix"     ? "\"end\""
                         : std::string(field) == "logit_bias" ? "{\"5\":1}"
@@ -286,6 +287,19 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
     EXPECT_EQ(e.param, field);
     EXPECT_TRUE(contains(e.message, "not supported")) << e.message;
     EXPECT_EQ(e.code, "unsupported_parameter");
+  }
+}
+
+TEST(OpenAiParse, LogprobsAskForThatManyAlternatives) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x"})").logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","logprobs":null})").logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","logprobs":0})").logprobs, 0);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","logprobs":20})").logprobs, 20);
+  for (const char* bad : {R"({"prompt":"x","logprobs":21})", R"({"prompt":"x","logprobs":-1})"}) {
+    const ApiError e = parse_err(bad);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "logprobs");
+    EXPECT_TRUE(contains(e.message, "between 0 and 20")) << e.message;
   }
 }
 
@@ -554,6 +568,37 @@ TEST(OpenAiResponse, SseTextChunkBytesAreTheJsonTreeDump) {
                       reference_text_chunk(m, text, reason, usage, t));
 }
 
+TEST(OpenAiResponse, LogprobsInTheLegacyAndTheChatShape) {
+  const std::vector<TokenLogprob> toks = {{" the", -0.5f, {{" the", -0.5f}, {" a", -1.25f}}},
+                                          {"\xe2", -std::numeric_limits<float>::infinity(), {}},
+                                          {"x", std::nullopt, {}}};
+  const json legacy = logprobs_json(Api::Completions, toks, 7);
+  // Half a character cannot be a JSON string: its bytes, spelled out.
+  EXPECT_EQ(legacy["tokens"], json({" the", "bytes:\\xe2", "x"}));
+  EXPECT_EQ(legacy["token_logprobs"][0], -0.5);
+  EXPECT_EQ(legacy["token_logprobs"][1], -9999.0);  // -inf, as OpenAI writes it
+  EXPECT_TRUE(legacy["token_logprobs"][2].is_null());
+  EXPECT_EQ(legacy["top_logprobs"][0], json({{" the", -0.5}, {" a", -1.25}}));
+  EXPECT_EQ(legacy["top_logprobs"][1], json({{"bytes:\\xe2", -9999.0}}));  // the sampled one
+  EXPECT_EQ(legacy["text_offset"], json({7, 11, 12}));                     // bytes of the text
+  const json chat = logprobs_json(Api::Chat, toks);
+  ASSERT_EQ(chat["content"].size(), 3u);
+  EXPECT_EQ(chat["content"][0]["token"], " the");
+  EXPECT_EQ(chat["content"][0]["bytes"], json({32, 116, 104, 101}));
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1],
+            json({{"token", " a"}, {"logprob", -1.25}, {"bytes", {32, 97}}}));
+  EXPECT_EQ(chat["content"][1]["token"], "bytes:\\xe2");
+  EXPECT_EQ(chat["content"][1]["bytes"], json({0xe2}));
+  EXPECT_NO_THROW(dump(chat));
+  // In a stream chunk and a whole response alike.
+  const std::string chunk = sse_text_chunk(meta(), " the", std::nullopt, false, nullptr, &legacy);
+  const json parsed = json::parse(chunk.substr(6));
+  EXPECT_EQ(parsed["choices"][0]["logprobs"], legacy);
+  const json whole =
+      completion_response(meta(), " the", FinishReason::Stop, {1, 1}, nullptr, &legacy);
+  EXPECT_EQ(whole["choices"][0]["logprobs"], legacy);
+}
+
 TEST(OpenAiResponse, OneModelOrA404) {
   auto found = model_response("fortune", limits(), 123);
   ASSERT_TRUE(std::holds_alternative<json>(found));
@@ -716,8 +761,6 @@ TEST(OpenAiChatParse, SharedRulesGiveTheSameErrors) {
 TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
   const std::string m = R"("messages":[{"role":"user","content":"x"}])";
   for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
-           {R"("logprobs":true)", "logprobs"},
-           {R"("top_logprobs":2)", "top_logprobs"},
            {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
            {R"("functions":[{"name":"f"}])", "functions"},
            {R"("tool_choice":"required")", "tool_choice"},
@@ -728,6 +771,21 @@ TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
   }
   EXPECT_EQ(chat_err("{" + m + R"(,"logprobs":3})").param, "logprobs");
+}
+
+TEST(OpenAiChatParse, LogprobsIsABooleanAndTopLogprobsNeedsIt) {
+  const std::string m = R"({"messages":[{"role":"user","content":"x"}])";
+  auto chat = [](const std::string& body) {
+    auto r = parse_chat_request(body, limits(), ChatTemplate::Plain);
+    return std::get_if<CompletionParams>(&r) ? std::get<CompletionParams>(r).logprobs : -2;
+  };
+  EXPECT_EQ(chat(m + "}"), -1);
+  EXPECT_EQ(chat(m + R"(,"logprobs":false,"top_logprobs":null})"), -1);
+  EXPECT_EQ(chat(m + R"(,"logprobs":false,"top_logprobs":0})"), -1);
+  EXPECT_EQ(chat(m + R"(,"logprobs":true})"), 0);
+  EXPECT_EQ(chat(m + R"(,"logprobs":true,"top_logprobs":5})"), 5);
+  EXPECT_EQ(chat_err(m + R"(,"top_logprobs":2})").param, "top_logprobs");
+  EXPECT_EQ(chat_err(m + R"(,"logprobs":true,"top_logprobs":21})").param, "top_logprobs");
 }
 
 // The same options on /v1/completions: a client that sends them expects

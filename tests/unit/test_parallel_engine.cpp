@@ -392,5 +392,91 @@ TEST(ParallelEngine, StepsOfTwoGroupsInFlightGiveTheSingleDeviceIds) {
   }
 }
 
+// Log-probabilities are the same floats in every layout, greedy or sampled,
+// and asking for them changes nothing of what is sampled.
+TEST(ParallelEngine, LogprobsAreTheSameInEveryLayout) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 12, DType::F32);
+  const int S = 4, steps = 5;
+  // Sequence s: greedy or sampled, with 3, 0 or no alternatives.
+  auto sampling = [](int s) {
+    SamplingParams p;
+    p.temperature = s % 2 ? 0.9f : 0.0f;
+    p.seed = uint64_t(s);
+    p.logprobs = s == 3 ? -1 : (s == 1 ? 0 : 3);
+    return p;
+  };
+  struct Out {
+    std::vector<std::vector<int>> ids;
+    std::vector<std::vector<std::optional<TokenLogprobs>>> logprobs;
+  };
+  auto drive_lp = [&](StepEngine& engine, bool ask) {
+    test::SlotBook book(16);
+    Out out;
+    out.ids.resize(S);
+    out.logprobs.resize(S);
+    std::vector<StepItem> items;
+    for (int s = 0; s < S; ++s) {
+      items.push_back(book.next(uint64_t(s), {1 + 7 * s, 2 + s, 3}));
+      items.back().sampling = sampling(s);
+      if (!ask) items.back().sampling.logprobs = -1;
+    }
+    for (int k = 0; k < steps; ++k) {
+      const auto ids = engine.step(items);
+      const auto& lps = engine.last_logprobs();
+      EXPECT_EQ(lps.size(), items.size());
+      for (int s = 0; s < S; ++s) {
+        out.ids[size_t(s)].push_back(ids[size_t(s)]);
+        out.logprobs[size_t(s)].push_back(lps.empty() ? std::nullopt : lps[size_t(s)]);
+        StepItem next = book.next(uint64_t(s), {ids[size_t(s)]});
+        next.sampling = items[size_t(s)].sampling;
+        next.generated = k + 1;
+        items[size_t(s)] = next;
+      }
+    }
+    for (int s = 0; s < S; ++s) engine.release(uint64_t(s));
+    return out;
+  };
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 16, 128, DType::F32});
+  const Out want = drive_lp(single, true);
+  EXPECT_EQ(drive_lp(single, false).ids, want.ids);
+  for (int s = 0; s < S; ++s)
+    for (int k = 0; k < steps; ++k) {
+      const auto& lp = want.logprobs[size_t(s)][size_t(k)];
+      ASSERT_EQ(lp.has_value(), s != 3) << s;
+      if (!lp) continue;
+      EXPECT_LE(lp->logprob, 0.0f);
+      ASSERT_EQ(lp->top.size(), s == 1 ? 0u : 3u);
+      // Greedy takes the likeliest.
+      if (s % 2 == 0) {
+        EXPECT_EQ(lp->top[0].token, want.ids[size_t(s)][size_t(k)]);
+        EXPECT_EQ(lp->top[0].logprob, lp->logprob);
+      }
+    }
+  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {2, 1}, {2, 2}}) {
+    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
+    ParallelEngineOptions l;
+    l.pipeline = P;
+    l.tensor = T;
+    l.blocks = 128;
+    l.block_tokens = 16;
+    ParallelEngine pe(ck, DType::F32, l);
+    const Out got = drive_lp(pe, true);
+    EXPECT_EQ(got.ids, want.ids);
+    for (int s = 0; s < S; ++s)
+      for (int k = 0; k < steps; ++k) {
+        const auto& a = got.logprobs[size_t(s)][size_t(k)];
+        const auto& b = want.logprobs[size_t(s)][size_t(k)];
+        ASSERT_EQ(a.has_value(), b.has_value()) << s << " " << k;
+        if (!a) continue;
+        EXPECT_EQ(a->logprob, b->logprob) << s << " " << k;
+        ASSERT_EQ(a->top.size(), b->top.size());
+        for (size_t j = 0; j < a->top.size(); ++j) {
+          EXPECT_EQ(a->top[j].token, b->top[j].token);
+          EXPECT_EQ(a->top[j].logprob, b->top[j].logprob);
+        }
+      }
+  }
+}
+
 }  // namespace
 }  // namespace troupe

@@ -107,6 +107,30 @@ TEST(ReplicaScheduler, EosEndsWithoutDeliveringUnlessIgnored) {
   EXPECT_EQ(ev.done[0].completion_tokens, 0);
 }
 
+TEST(ReplicaScheduler, LogprobsRideWithTheTokensTheyBelongTo) {
+  ReplicaScheduler r(options(16));
+  r.add(assignment(1, {1, 5}, 8));
+  auto asked = assignment(2, {1, 6}, 8);
+  asked.sampling.logprobs = 1;
+  r.add(asked);
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  EXPECT_EQ(s->items[1].sampling.logprobs, 1);  // the engine is told
+  std::vector<std::optional<TokenLogprobs>> lps(2);
+  lps[1] = TokenLogprobs{-0.25f, {{9, -0.25f}}};
+  auto ev = r.finish_step(s->id, sampled(*s, 9), 0.01, lps);
+  ASSERT_EQ(ev.tokens.size(), 2u);
+  EXPECT_FALSE(ev.tokens[0].has_logprobs);
+  ASSERT_TRUE(ev.tokens[1].has_logprobs);
+  EXPECT_EQ(ev.tokens[1].logprobs.logprob, -0.25f);
+  ASSERT_EQ(ev.tokens[1].logprobs.top.size(), 1u);
+  EXPECT_EQ(ev.tokens[1].logprobs.top[0].token, 9);
+  // One per item or none at all.
+  auto next = r.next_step();
+  lps.resize(1);
+  EXPECT_THROW(r.finish_step(next->id, sampled(*next, 9), 0.01, lps), std::logic_error);
+}
+
 TEST(ReplicaScheduler, TheContextEndsASequence) {
   ReplicaScheduler r(options(16));
   r.add(assignment(1, std::vector<int>(31, 5), 100));

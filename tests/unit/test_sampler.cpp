@@ -308,9 +308,91 @@ TEST(Sampler, BadParamsThrowNamingTheParameter) {
     EXPECT_NE(message({.top_p = p}).find("top_p"), std::string::npos) << p;
   }
   EXPECT_NE(message({.top_k = -1}).find("top_k"), std::string::npos);
+  EXPECT_NE(message({.logprobs = -2}).find("logprobs"), std::string::npos);
+  EXPECT_NE(message({.logprobs = kMaxLogprobs + 1}).find("logprobs"), std::string::npos);
   // The edges that are allowed.
   EXPECT_EQ(message({.temperature = 0.0f, .top_p = 1.0f, .top_k = 0}), "");
   EXPECT_EQ(message({.temperature = 100.0f, .top_p = 1e-9f, .top_k = 1 << 30}), "");
+}
+
+// log-softmax in double, computed the plain way.
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+  const double m = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l) - m);
+  std::vector<double> out;
+  for (float l : logits) out.push_back(double(l) - m - std::log(z));
+  return out;
+}
+
+TEST(TokenLogprobs, AreTheLogSoftmaxOfTheRawLogits) {
+  const auto logits = random_logits(3000, 5);
+  const auto ref = log_softmax(logits);
+  for (int id : {0, 17, 2999}) {
+    const TokenLogprobs lp = token_logprobs(logits, id, 5);
+    EXPECT_NEAR(lp.logprob, ref[size_t(id)], 1e-5) << id;
+    ASSERT_EQ(lp.top.size(), 5u);
+    // The five best, best first, each with its own log-probability.
+    std::vector<int> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                      [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_EQ(lp.top[k].token, order[k]) << k;
+      EXPECT_NEAR(lp.top[k].logprob, ref[size_t(order[k])], 1e-5) << k;
+    }
+  }
+  // The probabilities sum to one.
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    total += std::exp(double(token_logprobs(logits, int(i), 0).logprob));
+  EXPECT_NEAR(total, 1.0, 1e-4);
+  EXPECT_TRUE(token_logprobs(logits, 3, 0).top.empty());
+}
+
+TEST(TokenLogprobs, TiesGoToTheLowerIdAndOddValuesAreHandled) {
+  const std::vector<float> tied = {1.0f, 2.0f, 2.0f, 0.5f, 2.0f};
+  const TokenLogprobs lp = token_logprobs(tied, 0, 3);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].token, 1);
+  EXPECT_EQ(lp.top[1].token, 2);
+  EXPECT_EQ(lp.top[2].token, 4);
+  EXPECT_EQ(lp.top[0].logprob, lp.top[2].logprob);
+  // More asked than there are ids: all of them.
+  EXPECT_EQ(token_logprobs(tied, 0, kMaxLogprobs).top.size(), tied.size());
+  // NaN counts as -inf: impossible, and last.
+  const std::vector<float> with_nan = {0.0f, kNaN, 0.0f};
+  const TokenLogprobs n = token_logprobs(with_nan, 1, 3);
+  EXPECT_EQ(n.logprob, -kInf);
+  EXPECT_NEAR(token_logprobs(with_nan, 0, 0).logprob, std::log(0.5), 1e-6);
+  EXPECT_EQ(n.top.back().token, 1);
+  // +inf takes all the mass; all -inf is uniform.
+  EXPECT_EQ(token_logprobs(std::vector<float>{kInf, 1.0f}, 0, 0).logprob, 0.0f);
+  EXPECT_EQ(token_logprobs(std::vector<float>{kInf, 1.0f}, 1, 0).logprob, -kInf);
+  EXPECT_NEAR(token_logprobs(std::vector<float>{-kInf, -kInf}, 1, 0).logprob, std::log(0.5), 1e-6);
+  // Bad calls say what is wrong.
+  EXPECT_THROW(token_logprobs(std::vector<float>{}, 0, 0), std::invalid_argument);
+  EXPECT_THROW(token_logprobs(tied, 5, 0), std::invalid_argument);
+  EXPECT_THROW(token_logprobs(tied, 0, kMaxLogprobs + 1), std::invalid_argument);
+}
+
+TEST(TokenLogprobs, SequenceSamplersReportThemOnlyWhenAsked) {
+  const auto logits = random_logits(500, 9);
+  SequenceSamplers samplers;
+  StepItem item;
+  item.seq = 1;
+  item.sample = true;
+  item.sampling = {.temperature = 0.8f, .seed = 4};
+  std::optional<TokenLogprobs> lp;
+  const int quiet = samplers.sample(item, logits, &lp);
+  EXPECT_FALSE(lp.has_value());
+  // Asking changes nothing of what is sampled.
+  SequenceSamplers asked;
+  item.sampling.logprobs = 2;
+  EXPECT_EQ(asked.sample(item, logits, &lp), quiet);
+  ASSERT_TRUE(lp.has_value());
+  EXPECT_EQ(lp->logprob, token_logprobs(logits, quiet, 0).logprob);
+  EXPECT_EQ(lp->top.size(), 2u);
 }
 
 }  // namespace

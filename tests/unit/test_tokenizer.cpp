@@ -139,6 +139,18 @@ TEST(Tokenizer, NonAsciiUsesByteFallback) {
   EXPECT_EQ(tok.decode(ids), "☃");
 }
 
+TEST(Tokenizer, TokenBytesAreWhatEachTokenStandsForAlone) {
+  const Tokenizer& tok = fortune();
+  // Spaces as spaces, byte pieces as their bytes, control pieces spelled out.
+  EXPECT_EQ(tok.token_bytes(13), "\n");
+  EXPECT_EQ(tok.token_bytes(2), tok.piece(2));
+  std::string joined;
+  for (int id : tok.encode("A fool ☃ and\tthe end", false)) joined += tok.token_bytes(id);
+  // With the space SentencePiece puts before a text, which decode() drops.
+  EXPECT_EQ(joined, " A fool ☃ and\tthe end");
+  EXPECT_THROW(tok.token_bytes(2000), std::out_of_range);
+}
+
 TEST(Tokenizer, AddsBosWhenAsked) {
   const Tokenizer& tok = fortune();
   for (const auto& text : samples()) {

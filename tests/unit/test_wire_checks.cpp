@@ -83,6 +83,9 @@ TEST(WireChecks, SamplingAsTheSamplerTakesIt) {
   EXPECT_TRUE(names(sampling_problem({1, 1.5f, 0, 0}), "top_p"));
   EXPECT_TRUE(names(sampling_problem({1, nan, 0, 0}), "top_p"));
   EXPECT_TRUE(names(sampling_problem({1, 1, -1, 0}), "top_k"));
+  EXPECT_EQ(sampling_problem({1, 1, 0, 0, kMaxLogprobs}), "");
+  EXPECT_TRUE(names(sampling_problem({1, 1, 0, 0, -2}), "logprobs"));
+  EXPECT_TRUE(names(sampling_problem({1, 1, 0, 0, kMaxLogprobs + 1}), "logprobs"));
 }
 
 TEST(WireChecks, ReplicaPlansANodeCannotIndexAreRefused) {
@@ -178,6 +181,14 @@ TEST(WireChecks, StepEventsThatWouldSkewTheLoadViewAreRefused) {
   EXPECT_TRUE(names(with([](StepEvents& e) { e.prefill_tokens = 7; }), "prefill_tokens"));
   EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].index = -1; }), "index"));
   EXPECT_TRUE(names(with([](StepEvents& e) { e.done[0].reason = FinishReason(7); }), "reason"));
+  // Log-probabilities are at most 0, never NaN, and as many as may be asked.
+  EXPECT_TRUE(ok.tokens[0].has_logprobs);
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].logprobs.logprob = 0.5f; }), "log-prob"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].logprobs.logprob = NAN; }), "log-prob"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].logprobs.top[1].token = -3; }), "top"));
+  EXPECT_TRUE(names(with([](StepEvents& e) { e.tokens[0].logprobs.top.resize(kMaxLogprobs + 1); }),
+                    "log-prob"));
+  EXPECT_EQ(with([](StepEvents& e) { e.tokens[0].logprobs.logprob = -INFINITY; }), "");
   EXPECT_TRUE(
       names(with([](StepEvents& e) { e.done[0].completion_tokens = -1; }), "completion_tokens"));
 }
