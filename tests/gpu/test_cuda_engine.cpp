@@ -88,6 +88,40 @@ TEST_F(CudaTest, Random110mLogitsMatchTheCpu) {
   }
 }
 
+// Log-probabilities on the GPU are the CPU's (from a row copied to the host),
+// greedy and sampled, graphs or not; asking changes no id.
+TEST_F(CudaTest, LogprobsMatchTheCpu) {
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
+  Engine cpu(std::make_shared<const Model>(ck, DType::F32), EngineOptions{2, 16, 2048});
+  for (bool graphs : {false, true}) {
+    auto gpu = make_cuda_engine(ck, DType::F32, small_options(graphs));
+    for (float temperature : {0.0f, 0.9f}) {
+      SlotBook a(64), b(64);
+      std::vector<int> tokens{1, 300, 40};
+      const uint64_t seq = graphs * 2 + (temperature > 0);
+      for (int step = 0; step < 8; ++step) {
+        StepItem ci = a.next(seq, tokens), gi = b.next(seq, tokens);
+        ci.sampling = gi.sampling = {temperature, 1, 0, 5, 3};
+        const int want = cpu.step({ci})[0], got = gpu->step({gi})[0];
+        ASSERT_EQ(got, want) << "step " << step;
+        const auto& lc = cpu.last_logprobs();
+        const auto& lg = gpu->last_logprobs();
+        ASSERT_EQ(lg.size(), 1u);
+        ASSERT_TRUE(lc[0] && lg[0]);
+        EXPECT_NEAR(lg[0]->logprob, lc[0]->logprob, 1e-3f) << "step " << step;
+        ASSERT_EQ(lg[0]->top.size(), 3u);
+        for (size_t k = 0; k < 3; ++k) {
+          EXPECT_EQ(lg[0]->top[k].token, lc[0]->top[k].token) << "step " << step;
+          EXPECT_NEAR(lg[0]->top[k].logprob, lc[0]->top[k].logprob, 1e-3f) << "step " << step;
+        }
+        tokens = {want};
+      }
+      cpu.release(seq);
+      gpu->release(seq);
+    }
+  }
+}
+
 // Several sequences stepped together (prefill chunks and decode tokens in one
 // step) give the ids each gets on the CPU engine.
 TEST_F(CudaTest, RaggedBatchesMatchTheCpuEngine) {
