@@ -123,9 +123,12 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     std::string events =
         opening() + openai::sse_finish_chunks(meta_, tail, reason, params_.include_usage,
                                               ids_to_send(), lp ? &*lp : nullptr);
-    if (params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
-    events += openai::sse_done();
-    step = stream(std::move(events), /*last=*/true);
+    // One choice of several: the stream goes on with the others'
+    // (CompletionChoices ends it).
+    const bool last = params_.n == 1;
+    if (last && params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
+    if (last) events += openai::sse_done();
+    step = stream(std::move(events), last);
   } else {
     text_ += tail;
     step.response.emplace();
@@ -243,8 +246,8 @@ std::optional<nlohmann::json> CompletionExchange::take_logprobs() {
 }
 
 CompletionRequest service_request(uint64_t request_id, const openai::CompletionParams& params,
-                                  std::vector<int> prompt, uint64_t default_seed,
-                                  double timeout_s) {
+                                  std::vector<int> prompt, uint64_t default_seed, double timeout_s,
+                                  int choice) {
   CompletionRequest r;
   r.id = request_id;
   r.prompt = std::move(prompt);
@@ -252,7 +255,7 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.temperature = params.temperature;
   r.sampling.top_p = params.top_p;
   r.sampling.top_k = params.top_k;
-  r.sampling.seed = params.seed ? *params.seed : default_seed;
+  r.sampling.seed = params.seed ? *params.seed + uint64_t(choice) : default_seed;
   r.sampling.logprobs = params.logprobs;
   r.priority = params.priority;
   r.timeout_s = timeout_s;

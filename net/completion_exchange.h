@@ -55,7 +55,10 @@ class CompletionExchange {
   // `tokenizer` may be null: then the text is "" and every token is sent as
   // its id. `prompt_tokens` is the count the service was given; the text
   // continues the prompt whose last ids are `prompt_tail` (see
-  // TextStreamer::continue_after), so that it reads on from it.
+  // TextStreamer::continue_after), so that it reads on from it. With
+  // params.n > 1 this is one choice of several (meta.index says which): a
+  // stream's last events leave out the usage and [DONE], and do not end it;
+  // CompletionChoices puts the choices together.
   CompletionExchange(uint64_t request_id, openai::CompletionParams params,
                      openai::ResponseMeta meta, int prompt_tokens, const Tokenizer* tokenizer,
                      Clock::time_point submitted, std::span<const int> prompt_tail = {});
@@ -117,8 +120,10 @@ class CompletionExchange {
 };
 
 // The service's request for validated parameters and the prompt's ids; the
-// seed is `default_seed` unless the client chose one.
+// seed is `default_seed` unless the client chose one, which choice i (of
+// params.n) takes plus i.
 CompletionRequest service_request(uint64_t request_id, const openai::CompletionParams& params,
-                                  std::vector<int> prompt, uint64_t default_seed, double timeout_s);
+                                  std::vector<int> prompt, uint64_t default_seed, double timeout_s,
+                                  int choice = 0);
 
 }  // namespace troupe

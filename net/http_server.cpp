@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "net/admin_endpoint.h"
+#include "net/completion_choices.h"
 #include "net/completion_exchange.h"
 #include "net/endpoints.h"
 #include "net/http_framing.h"
@@ -205,15 +206,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_token(uint64_t request_id, int token_id, const TokenLogprobs* logprobs,
                 Clock::time_point t) {
-    if (answering(request_id)) apply(active_->on_token(token_id, logprobs, t));
+    if (answering(request_id)) apply(active_->on_token(request_id, token_id, logprobs, t));
   }
 
   void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, Clock::time_point t) {
-    if (answering(request_id)) apply(active_->on_done(reason, prompt_tokens, t));
+    if (answering(request_id)) apply(active_->on_done(request_id, reason, prompt_tokens, t));
   }
 
   void on_error(uint64_t request_id, const ServiceError& e) {
-    if (answering(request_id)) apply(active_->on_error(e));
+    if (answering(request_id)) apply(active_->on_error(request_id, e));
   }
 
  private:
@@ -239,7 +240,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   bool answering(uint64_t request_id) const {
-    return phase_ == Phase::Answering && active_->request_id() == request_id;
+    return phase_ == Phase::Answering && active_->has(request_id);
   }
 
   // ---- reading requests ----
@@ -398,34 +399,44 @@ class Session : public std::enable_shared_from_this<Session> {
     const openai::ModelLimits& limits = server_.model;
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
     if (auto* e = std::get_if<openai::ApiError>(&prompt)) return reject(*e);
-    std::vector<int>& ids = std::get<std::vector<int>>(prompt);
+    const std::vector<int>& ids = std::get<std::vector<int>>(prompt);
 
-    const uint64_t id = next_request_id();
+    // One request to the service per choice, each with its own seed.
+    std::vector<uint64_t> request_ids;
+    for (int i = 0; i < params.n; ++i) request_ids.push_back(next_request_id());
+    const uint64_t id = request_ids[0];
     reply_.chunked = req_.version() >= 11;
     if (params.stream && !reply_.chunked) reply_.keep_alive = false;
-    // A seed that differs per request and per process, without a lock.
-    uint64_t seed_state = server_.nonce ^ id;
-    const uint64_t seed = splitmix64(seed_state);
-    CompletionRequest request =
-        service_request(id, params, std::move(ids), seed, server_.opt.request_timeout_s);
-    const int prompt_tokens = int(request.prompt.size());
+    const int prompt_tokens = int(ids.size());
     const std::vector<int> prompt_tail(
-        request.prompt.end() -
-            std::ptrdiff_t(std::min(request.prompt.size(), TextStreamer::kContinuationIds)),
-        request.prompt.end());
+        ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
+        ids.end());
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
                               limits.name, api};
-    active_.emplace(id, std::move(params), std::move(meta), prompt_tokens, tok, Clock::now(),
-                    prompt_tail);
+    std::vector<CompletionRequest> requests;
+    for (int i = 0; i < params.n; ++i) {
+      // A seed that differs per request and per process, without a lock.
+      uint64_t seed_state = server_.nonce ^ request_ids[size_t(i)];
+      const uint64_t seed = splitmix64(seed_state);
+      requests.push_back(service_request(request_ids[size_t(i)], params, ids, seed,
+                                         server_.opt.request_timeout_s, i));
+    }
+    active_.emplace(request_ids, params, meta, prompt_tokens, tok, Clock::now(), prompt_tail);
     phase_ = Phase::Answering;
     hold_ = shared_from_this();
     begin_flight();
-    auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), id);
-    try {
-      server_.service.submit(std::move(request), std::move(sink));
-    } catch (const std::exception& e) {
-      spdlog::error("request {}: submit failed: {}", id, e.what());
-      return apply(active_->fail(server_error("The request could not be submitted.")));
+    for (CompletionRequest& request : requests) {
+      const uint64_t rid = request.id;
+      auto sink = std::make_shared<Sink>(server_.gate, weak_from_this(), rid);
+      try {
+        server_.service.submit(std::move(request), std::move(sink));
+      } catch (const std::exception& e) {
+        spdlog::error("request {}: submit failed: {}", rid, e.what());
+        cancel_service();
+        return apply(active_->fail(server_error("The request could not be submitted.")));
+      }
+      // A choice refused at once ended the exchange: the rest are not sent.
+      if (phase_ != Phase::Answering) break;
     }
     // The events may already be queued on our strand; they run after this
     // handler, so the exchange is still running here.
@@ -439,8 +450,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Does what the exchange says, in its order.
-  void apply(const ExchangeStep& step) {
-    if (step.cancel_service) cancel_service();
+  void apply(const ChoicesStep& step) {
+    for (uint64_t id : step.cancel) cancel(id);
     if (step.response)
       send(http_framing::response(*step.response, reply_.keep_alive, reply_.head_only));
     if (step.start_stream) out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive);
@@ -456,11 +467,16 @@ class Session : public std::enable_shared_from_this<Session> {
     phase_ = Phase::Flushing;
   }
 
+  // Every choice still running at the service.
   void cancel_service() {
+    for (uint64_t id : active_->running()) cancel(id);
+  }
+
+  void cancel(uint64_t id) {
     try {
-      server_.service.cancel(active_->request_id());
+      server_.service.cancel(id);
     } catch (const std::exception& e) {
-      spdlog::error("request {}: cancel failed: {}", active_->request_id(), e.what());
+      spdlog::error("request {}: cancel failed: {}", id, e.what());
     }
   }
 
@@ -667,7 +683,7 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request<http::string_body> req_;
   Phase phase_ = Phase::ReadingRequest;
   Reply reply_;
-  std::optional<CompletionExchange> active_;  // the request being answered
+  std::optional<CompletionChoices> active_;  // the request being answered
   // This session, from a completion's start to the end of its response: the
   // sink holds only a weak reference, and with kMaxPipelinedBytes read ahead
   // no read is pending either, so without it nothing would keep the

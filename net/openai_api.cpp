@@ -226,10 +226,6 @@ void parse_sampling(const json& body, CompletionParams& p) {
 }
 
 void reject_unsupported(const json& body) {
-  if (const json* v = field(body, "n")) {
-    int64_t n = get_int(*v, "n");
-    if (n != 1) fail("Only n=1 is supported, got n=" + std::to_string(n) + ".", "n");
-  }
   if (const json* v = field(body, "best_of")) {
     if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
   }
@@ -351,6 +347,14 @@ void parse_generation_options(const json& j, const ModelLimits& limits, Completi
       fail("`priority` must be between 0 and " + std::to_string(limits.priority_levels - 1) +
                ", got " + std::to_string(p.priority) + ".",
            "priority");
+  }
+  if (const json* v = field(j, "n")) {
+    const int64_t n = get_int(*v, "n");
+    if (n < 1 || n > kMaxChoices)
+      fail("`n` must be between 1 and " + std::to_string(kMaxChoices) + ", got " +
+               std::to_string(n) + ".",
+           "n");
+    p.n = int(n);
   }
   if (const json* v = field(j, "return_token_ids"))
     p.return_token_ids = get_bool(*v, "return_token_ids");
@@ -613,9 +617,9 @@ json usage_json(const Usage& u) {
 namespace {
 
 // A non-streaming response's choice: its text, or a chat's message.
-json choice_json(Api api, const std::string& text, std::optional<FinishReason> reason,
+json choice_json(Api api, int index, const std::string& text, std::optional<FinishReason> reason,
                  const std::vector<int>* token_ids, const json* logprobs) {
-  json c = {{"index", 0},
+  json c = {{"index", index},
             {"logprobs", logprobs ? *logprobs : json(nullptr)},
             {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
   if (api == Api::Chat) {
@@ -712,7 +716,8 @@ json completion_response(const ResponseMeta& meta, const std::string& text, Fini
                          const Usage& usage, const std::vector<int>* token_ids,
                          const json* logprobs) {
   json j = envelope(meta, /*chunk=*/false);
-  j["choices"] = json::array({choice_json(meta.api, text, reason, token_ids, logprobs)});
+  j["choices"] =
+      json::array({choice_json(meta.api, meta.index, text, reason, token_ids, logprobs)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -832,7 +837,9 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
   } else {
     out += "null";
   }
-  out += ",\"index\":0,\"logprobs\":";
+  out += ",\"index\":";
+  append_int(out, meta.index);
+  out += ",\"logprobs\":";
   out += logprobs ? dump(*logprobs) : "null";
   if (!chat) {
     out += ",\"text\":";
@@ -862,7 +869,7 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
 
 std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage) {
   json j = envelope(meta, /*chunk=*/true);
-  j["choices"] = json::array({json{{"index", 0},
+  j["choices"] = json::array({json{{"index", meta.index},
                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
                                    {"logprobs", nullptr},
                                    {"finish_reason", nullptr}}});

@@ -83,14 +83,18 @@ struct CompletionParams {
   // alternatives too (completions: `logprobs`; chat: `logprobs` with
   // `top_logprobs`).
   int logprobs = -1;
+  int n = 1;  // choices: generations of the one prompt, each with its own seed
 };
+
+// The most choices (`n`) one request may ask for.
+inline constexpr int kMaxChoices = 64;
 
 template <class T>
 using Result = std::variant<T, ApiError>;
 
 // Parses and validates a POST /v1/completions body: JSON syntax, field types
 // (a known field of the wrong type names the field), value ranges,
-// unsupported options (n != 1, echo, best_of, suffix, penalties,
+// unsupported options (echo, best_of, suffix, penalties,
 // logit_bias), `logprobs` an integer 0..kMaxLogprobs, the model name (404), token ids against the
 // vocabulary and max_tokens against the cap. Unknown fields are ignored; null means default. The
 // context-length check needs the token count: see resolve_prompt().
@@ -138,6 +142,7 @@ struct ResponseMeta {
   int64_t created = 0;  // unix seconds
   std::string model;
   Api api = Api::Completions;  // the response's shape
+  int index = 0;               // the choice's
 };
 
 // One generated token's log-probabilities as a response shows them.

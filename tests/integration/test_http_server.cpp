@@ -631,6 +631,43 @@ TEST_F(HttpServerTest, ChatErrorsHaveTheCompletionsStatusesAndShape) {
   EXPECT_EQ(metric(text, "troupe_requests_total{status=\"404\"}"), 1);
 }
 
+// Every choice of a request with `n` is its own request to the service: a
+// client that goes away has each cancelled once; a choice the service
+// refuses fails the request and stops the others.
+TEST_F(HttpServerTest, ChoicesAreCancelledTogether) {
+  start();
+  fake_.set_token_delay(20ms);
+  {
+    Client c(port_);
+    std::string body = completion("Disconnect us", 200, {{"stream", true}, {"n", 3}}).dump();
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::string got = c.read_until("\"index\":2");
+    ASSERT_NE(got.find("data: "), std::string::npos) << got;
+    c.close();
+  }
+  for (size_t n = 1; n <= 3; ++n) {
+    auto req = fake_.wait_submitted(n);
+    ASSERT_TRUE(req);
+    EXPECT_TRUE(fake_.wait_cancel(req->id)) << "choice " << n;
+  }
+  std::this_thread::sleep_for(200ms);
+  for (size_t n = 1; n <= 3; ++n) EXPECT_EQ(fake_.cancel_count(fake_.wait_submitted(n)->id), 1);
+  EXPECT_EQ(fake_.running(), 0u);
+  // One request in /metrics, whatever its choices.
+  Client m(port_);
+  EXPECT_EQ(m.post("/v1/completions", completion("x", 4, {{"n", 3}})).status, 200);
+  std::string t;
+  for (int i = 0; i < 50 && metric(t, "troupe_requests_total{status=\"200\"}") != 1; ++i) {
+    std::this_thread::sleep_for(20ms);
+    t = m.get("/metrics").body;
+  }
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"200\"}"), 1) << t;
+  EXPECT_EQ(metric(t, "troupe_requests_total{status=\"499\"}"), 1) << t;
+}
+
 TEST_F(HttpServerTest, ChatClientDisconnectMidStreamCancelsOnce) {
   start();
   fake_.set_token_delay(20ms);
@@ -735,8 +772,8 @@ TEST_F(HttpServerTest, BadInputGetsStatusAndMessage) {
                "`max_tokens`", "max_tokens");
   expect_error(c.post("/v1/completions", completion("x", 5, {{"temperature", "hot"}})), 400,
                "`temperature`", "temperature");
-  expect_error(c.post("/v1/completions", completion("x", 5, {{"n", 2}})), 400,
-               "Only n=1 is supported", "n");
+  expect_error(c.post("/v1/completions", completion("x", 5, {{"n", 65}})), 400,
+               "`n` must be between 1 and 64", "n");
   expect_error(c.post("/v1/completions", completion("x", 5, {{"model", "gpt-4"}})), 404,
                "The model `gpt-4` does not exist.");
   expect_error(c.post("/v1/completions", completion("x", 5000)), 400, "at most 200");
@@ -1155,7 +1192,7 @@ TEST_F(HttpServerTest, MetricsCountRequestsByStatus) {
   Client c(port_);
   EXPECT_EQ(c.post("/v1/completions", completion("one", 4)).status, 200);
   EXPECT_EQ(c.post("/v1/completions", completion("two", 4, {{"stream", true}})).status, 200);
-  EXPECT_EQ(c.post("/v1/completions", completion("x", 4, {{"n", 3}})).status, 400);
+  EXPECT_EQ(c.post("/v1/completions", completion("x", 4, {{"n", 0}})).status, 400);
   EXPECT_EQ(c.post("/v1/completions", completion("x", 4, {{"model", "m"}})).status, 404);
   fake_.fail_with(ServiceError{ServiceErrorKind::QueueFull, "full", 1});
   EXPECT_EQ(c.post("/v1/completions", completion("x", 4)).status, 429);

@@ -147,6 +147,65 @@ TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
   EXPECT_EQ(logprobs_of(tp, false), want);
 }
 
+// n choices: choice i is what one request with seed + i generates, streamed
+// or not; greedy choices are all the same; the usage counts the prompt once.
+TEST(Serve, NChoicesAreTheRequestsWithConsecutiveSeeds) {
+  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]"});
+  const json one{{"prompt", "A fool"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 40}};
+  std::vector<std::string> want;
+  int completion = 0, prompt = 0;
+  for (int i = 0; i < 3; ++i) {
+    json b = one;
+    b["seed"] = 40 + i;
+    auto r = s.complete(b);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    want.push_back(j["choices"][0]["text"]);
+    completion += j["usage"]["completion_tokens"].get<int>();
+    prompt = j["usage"]["prompt_tokens"];
+  }
+  EXPECT_FALSE(want[0] == want[1] && want[1] == want[2]) << "the seeds should differ";
+  json b = one;
+  b["n"] = 3;
+  auto whole = s.complete(b);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json j = json::parse(whole.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], want[size_t(i)]) << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion);
+  b["stream"] = true;
+  auto streamed = s.complete(b);
+  ASSERT_EQ(streamed.status, 200);
+  std::vector<std::string> got(3);
+  int dones = 0;
+  for (const std::string& e : sse_events(streamed.body)) {
+    if (e == "[DONE]") {
+      ++dones;
+      continue;
+    }
+    const json c = json::parse(e)["choices"][0];
+    got[c["index"].get<size_t>()] += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(dones, 1);
+  EXPECT_EQ(got, want);
+  // Greedy choices of a chat are all the one answer.
+  auto chat =
+      test::http_request(s.port(), "POST", "/v1/chat/completions",
+                         json{{"messages", {{{"role", "user"}, {"content", "Tell me a fortune"}}}},
+                              {"max_tokens", 8},
+                              {"temperature", 0},
+                              {"n", 2}}
+                             .dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json c = json::parse(chat.body)["choices"];
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0]["message"]["content"], c[1]["message"]["content"]);
+}
+
 TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
   Server s({});
   auto r = s.complete(
@@ -172,7 +231,7 @@ TEST(Serve, BadInputsGetTheirStatusAndTheServerKeepsServing) {
   expect(raw("{\"prompt\": \"x\", "), 400, "error");
   expect(raw(R"({"prompt": "x", "max_tokens": "many"})"), 400, "max_tokens");
   expect(raw(R"({"prompt": 42})"), 400, "prompt");
-  expect(raw(R"({"prompt": "x", "n": 2})"), 400, "n");
+  expect(raw(R"({"prompt": "x", "n": 65})"), 400, "n");
   expect(raw(R"({"prompt": "x", "max_tokens": 1000})"), 400, "100");
   expect(raw(R"({"prompt": "x", "temperature": -1})"), 400, "temperature");
   std::string long_prompt;

@@ -267,12 +267,17 @@ TEST(OpenAiParse, StopLimits) {
   EXPECT_TRUE(contains(e.message, "at most 4")) << e.message;
 }
 
-TEST(OpenAiParse, OnlyNEqualsOne) {
-  ApiError e = parse_err(R"({"prompt":"x","n":2})");
-  EXPECT_EQ(e.status, 400);
-  EXPECT_EQ(e.param, "n");
-  EXPECT_EQ(e.message, "Only n=1 is supported, got n=2.");
-  EXPECT_TRUE(contains(parse_err(R"({"prompt":"x","n":0})").message, "Only n=1"));
+TEST(OpenAiParse, NChoicesUpToTheLimit) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x"})").n, 1);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","n":null})").n, 1);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","n":3})").n, 3);
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","n":64})").n, kMaxChoices);
+  for (const char* bad : {R"({"prompt":"x","n":0})", R"({"prompt":"x","n":65})"}) {
+    ApiError e = parse_err(bad);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "n");
+    EXPECT_TRUE(contains(e.message, "`n` must be between 1 and 64")) << e.message;
+  }
 }
 
 TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
@@ -744,7 +749,7 @@ TEST(OpenAiChatParse, BadMessagesNameTheField) {
 TEST(OpenAiChatParse, SharedRulesGiveTheSameErrors) {
   const std::string m = R"("messages":[{"role":"user","content":"x"}])";
   for (const std::string rest :
-       {R"("temperature":-1)", R"("top_p":0)", R"("n":2)", R"("stop":5)", R"("seed":"x")",
+       {R"("temperature":-1)", R"("top_p":0)", R"("n":0)", R"("stop":5)", R"("seed":"x")",
         R"("stream":"yes")", R"("stream_options":{"include_usage":true})", R"("priority":1.5)",
         R"("presence_penalty":1)", R"("logit_bias":{"1":2})", R"("model":"gpt-4")"}) {
     ApiError chat = chat_err("{" + m + "," + rest + "}");

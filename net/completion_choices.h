@@ -1,0 +1,90 @@
+#pragma once
+// The choices of one request (`n`): each a request of its own to the service
+// with its own seed, answered by its own CompletionExchange, and put together
+// here into the one response the client asked for. Like the exchange, a pure
+// unit: the session feeds it the service's events and does what the steps
+// say.
+//
+// Streamed, every choice's chunks go out as they come, each with its index,
+// and the usage (summed) and [DONE] once every choice has ended. Whole, the
+// response waits for every choice and lists them by index. The prompt's
+// tokens count once in the usage, the completions' add up. A choice that
+// fails fails the request: the others are stopped, and the client gets that
+// error (an error event, once streaming). /metrics counts the request once:
+// its first token of any choice, its tokens of all, its end.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "net/completion_exchange.h"
+
+namespace troupe {
+
+// What the session does after one event, in this order: stop these
+// requests at the service, send the response or the stream's bytes, count
+// the figures (once the request has ended).
+struct ChoicesStep {
+  std::vector<uint64_t> cancel;
+  std::optional<Response> response;
+  bool start_stream = false;
+  std::string events;
+  bool end_stream = false;
+  std::optional<ExchangeFigures> finished;
+
+  bool ends_response() const { return response.has_value() || end_stream; }
+};
+
+class CompletionChoices {
+ public:
+  using Clock = CompletionExchange::Clock;
+
+  // One choice per request id, choice i answering request_ids[i];
+  // params.n is their count. The rest is as for CompletionExchange.
+  CompletionChoices(const std::vector<uint64_t>& request_ids,
+                    const openai::CompletionParams& params, const openai::ResponseMeta& meta,
+                    int prompt_tokens, const Tokenizer* tokenizer, Clock::time_point submitted,
+                    std::span<const int> prompt_tail = {});
+
+  // The service's events for one choice's request; unknown ids and events
+  // after the request ended change nothing.
+  ChoicesStep on_token(uint64_t request_id, int token_id, const TokenLogprobs* logprobs,
+                       Clock::time_point at);
+  ChoicesStep on_done(uint64_t request_id, FinishReason reason, int prompt_tokens,
+                      Clock::time_point at);
+  ChoicesStep on_error(uint64_t request_id, const ServiceError& error);
+  // The server's own failure: every choice ends with it.
+  ChoicesStep fail(const openai::ApiError& error);
+  // The client went away: the request counts as 499.
+  ExchangeFigures abandon();
+
+  bool has(uint64_t request_id) const { return index_of(request_id) >= 0; }
+  // The requests still running at the service.
+  std::vector<uint64_t> running() const;
+  bool finished() const { return finished_; }
+
+ private:
+  int index_of(uint64_t request_id) const;
+  // One choice's step as the request's.
+  ChoicesStep merge(size_t i, ExchangeStep step);
+  ChoicesStep fail_all(const openai::ApiError& error, std::optional<size_t> failed);
+  std::string merged_body() const;
+  // The request's figures from its choices' (figures_), with this status.
+  ExchangeFigures request_figures(int status) const;
+
+  std::vector<uint64_t> ids_;
+  std::vector<CompletionExchange> choices_;
+  std::vector<bool> ended_;
+  std::vector<std::string> bodies_;  // whole responses: each choice's own
+  std::vector<int> completion_tokens_;
+  std::vector<ExchangeFigures> figures_;  // of the choices that ended
+  openai::ResponseMeta meta_;
+  int n_;
+  bool stream_, include_usage_;
+  int prompt_tokens_;
+  bool streaming_ = false;  // the stream's header went out
+  bool finished_ = false;
+};
+
+}  // namespace troupe
