@@ -10,6 +10,7 @@
 #include "gpu/cpu/kernels.h"
 #include "gpu/dtype.h"
 #include "gpu/kv_cache.h"
+#include "gpu/sampler.h"
 
 namespace {
 
@@ -195,6 +196,20 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
 BENCHMARK_CAPTURE(BM_AttentionDecode, f32, DType::F32)->Args({1, 1024})->Args({8, 2048});
 BENCHMARK_CAPTURE(BM_AttentionDecode, f16, DType::F16)->Args({1, 1024})->Args({8, 2048});
 BENCHMARK_CAPTURE(BM_AttentionDecode, bf16, DType::BF16)->Args({1, 1024})->Args({8, 2048});
+
+// What a request that asks for log-probabilities costs per token: a pass of
+// exp over the vocabulary, and one to pick the likeliest. Args: vocabulary,
+// alternatives.
+void BM_TokenLogprobs(benchmark::State& state) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(size_t(state.range(0)));
+  for (float& l : logits) l = dist(rng);
+  const int top = int(state.range(1));
+  for (auto _ : state) benchmark::DoNotOptimize(token_logprobs(logits, 7, top));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_TokenLogprobs)->Args({32000, 0})->Args({32000, 5})->Args({128256, 20});
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 8, 12, 18, 24, 32, 256}) {

@@ -364,8 +364,14 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top) {
   // All -inf (or NaN): every id equally unlikely; report log(1/n).
   const bool flat = mx == -kInf;
   double sum = 0;
-  if (!flat)
-    for (float l : logits) sum += std::exp(double(value(l)) - double(mx));
+  if (!flat && std::isfinite(mx)) {
+    // e^(l - max) as the sampler weighs ids at temperature 1 (vectorized,
+    // the same on every machine), summed in id order.
+    static thread_local std::vector<float> weight;
+    weight.resize(logits.size());
+    softmax_weights(logits, mx, 1.0f / kLn2, weight.data());
+    for (float w : weight) sum += double(w);
+  }
   const double log_z = flat ? std::log(double(logits.size())) : std::log(sum);
   auto logprob = [&](int i) {
     if (flat) return float(-log_z);

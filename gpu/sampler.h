@@ -21,8 +21,10 @@ namespace troupe {
 int argmax(std::span<const float> logits);
 
 // The sampled token's log-probability under `logits` (log-softmax of the raw
-// values, summed in double in id order, so that the same logits give the same
-// figures in any layout), and those of the `top` likeliest ids (higher logit
+// values: the normalizer sums e^(l - max), computed as the sampler weighs ids
+// and to about 1e-7, in double in id order, so that the same logits give the
+// same figures in any layout and on any machine), and those of the `top`
+// likeliest ids (higher logit
 // first, then lower id). NaN logits count as -inf. Throws
 // std::invalid_argument on empty logits, an id outside them or top outside
 // [0, kMaxLogprobs].

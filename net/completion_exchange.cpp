@@ -66,6 +66,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     step.cancel_service = true;
     return step;
   }
+  released_bytes_ += int64_t(out.size());
   if (!params_.stream) {
     text_ += out;
     return {};
@@ -118,6 +119,8 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
                                            Clock::time_point end) {
   const openai::Usage usage{prompt_tokens_, generated_tokens()};
   ExchangeStep step;
+  released_bytes_ += int64_t(tail.size());
+  if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
   if (params_.stream) {
     std::string events =
@@ -233,6 +236,14 @@ void CompletionExchange::add_logprobs(int token_id, const TokenLogprobs* logprob
     warned_no_logprobs_ = true;
   }
   logprobs_.push_back(std::move(t));
+}
+
+void CompletionExchange::drop_logprobs_past_text() {
+  int64_t offset = text_offset_;
+  size_t keep = 0;
+  while (keep < logprobs_.size() && offset < released_bytes_)
+    offset += int64_t(logprobs_[keep++].token.size());
+  logprobs_.resize(keep);
 }
 
 std::optional<nlohmann::json> CompletionExchange::take_logprobs() {

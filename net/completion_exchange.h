@@ -92,6 +92,9 @@ class CompletionExchange {
   // next call starts after them.
   std::optional<nlohmann::json> take_logprobs();
   void add_logprobs(int token_id, const TokenLogprobs* logprobs);
+  // A stop string cut the text: the tokens after the cut were never shown,
+  // and their log-probabilities are not either (a token the cut splits stays).
+  void drop_logprobs_past_text();
   std::string token_text(int token_id) const;
   int generated_tokens() const { return completion_tokens_ + (ended_on_eos_ ? 1 : 0); }
 
@@ -107,6 +110,7 @@ class CompletionExchange {
   std::vector<int> ids_;                        // streaming: ids not yet sent; non-streaming: all
   std::vector<openai::TokenLogprob> logprobs_;  // as ids_, when the request asked for them
   int64_t text_offset_ = 0;                     // of the first of logprobs_
+  int64_t released_bytes_ = 0;                  // of text given to the client
   int completion_tokens_ = 0;                   // delivered
   // The service ended the sequence on the model's end-of-sequence token:
   // generated and counted in usage (as vLLM and llama-server count it),

@@ -509,6 +509,48 @@ TEST(CompletionExchange, LogprobsGoWithTheChunkThatCarriesTheirTokens) {
   EXPECT_EQ(text, " Love \xC3\xA9 fool");
 }
 
+// A stop string cuts the text: the tokens past the cut were never shown and
+// have no entry; the one the cut splits keeps its own.
+TEST(CompletionExchange, LogprobsEndWhereAStopStringCutsTheText) {
+  const std::vector<int> tail = ids_of("A");
+  const std::vector<int> ids = ids_of("fool and his money are soon parted");
+  for (bool stream : {false, true})
+    for (const auto& [stop, kept_text] : std::vector<std::pair<std::string, std::string>>{
+             {" money", " fool and his"}, {"mon", " fool and his "}, {"d his", " fool an"}}) {
+      SCOPED_TRACE(stop + (stream ? ", streamed" : ""));
+      openai::CompletionParams p = params(int(ids.size()), stream);
+      p.logprobs = 0;
+      p.stop = {stop};
+      CompletionExchange ex(7, p, meta(), 4, &fortune(), t0, tail);
+      std::vector<ExchangeStep> steps;
+      for (int id : ids) {
+        const TokenLogprobs lp = made_up(id);
+        steps.push_back(ex.on_token(id, &lp, t0));
+        if (ex.finished()) break;
+      }
+      ASSERT_TRUE(ex.finished());
+      std::string text, tokens;
+      std::vector<json> offsets;
+      auto take = [&](const json& c) {
+        text += c["text"].get<std::string>();
+        if (c["logprobs"].is_null()) return;
+        for (const auto& t : c["logprobs"]["tokens"]) tokens += t.get<std::string>();
+        for (const auto& o : c["logprobs"]["text_offset"]) offsets.push_back(o);
+      };
+      if (stream) {
+        for (const std::string& e : events(steps))
+          if (e != "[DONE]") take(json::parse(e)["choices"][0]);
+      } else {
+        take(json::parse(steps.back().response->body)["choices"][0]);
+      }
+      EXPECT_EQ(text, kept_text);
+      // Every token listed starts inside the text, and they cover it.
+      for (const json& o : offsets) EXPECT_LT(o.get<size_t>(), text.size());
+      EXPECT_EQ(tokens.substr(0, text.size()), text);
+      EXPECT_LT(tokens.size() - text.size(), fortune().token_bytes(ids.back()).size() + 8);
+    }
+}
+
 TEST(CompletionExchange, LogprobsOfAWholeChatResponseAndOfNoRequest) {
   const std::vector<int> ids = ids_of(" a fool");
   openai::CompletionParams p = params(int(ids.size()), false);
