@@ -155,7 +155,9 @@ ChoicesStep CompletionChoices::fail_all(const openai::ApiError& error,
     // Its figures, with the request's status; its bytes are not sent.
     const ExchangeStep s = choices_[j].fail(error);
     if (s.finished) figures_.push_back(*s.finished);
-    if (j != failed) out.cancel.push_back(ids_[j]);
+    // A failed choice stops the others; the server's own failure stops
+    // them all, and the session does that itself (cancel_service).
+    if (failed && j != *failed) out.cancel.push_back(ids_[j]);
   }
   out.finished = request_figures(error.status);
   if (streaming_) {

@@ -54,7 +54,8 @@ class CompletionChoices {
   ChoicesStep on_done(uint64_t request_id, FinishReason reason, int prompt_tokens,
                       Clock::time_point at);
   ChoicesStep on_error(uint64_t request_id, const ServiceError& error);
-  // The server's own failure: every choice ends with it.
+  // The server's own failure: every choice ends with it (the caller stops
+  // what still runs at the service: running()).
   ChoicesStep fail(const openai::ApiError& error);
   // The client went away: the request counts as 499.
   ExchangeFigures abandon();

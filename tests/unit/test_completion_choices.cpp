@@ -192,6 +192,18 @@ TEST(CompletionChoices, AChoiceThatFailsFailsThemAllAndStopsTheOthers) {
     EXPECT_EQ(ev[1], "[DONE]");
     EXPECT_EQ(s.cancel, std::vector<uint64_t>{100});
   }
+  // The server's own failure: the caller stops every running choice itself.
+  {
+    CompletionChoices c = choices(params(2, 8, false));
+    EXPECT_EQ(c.running().size(), 2u);
+    openai::ApiError down;
+    down.status = 503;
+    down.message = "shutting down";
+    const ChoicesStep s = c.fail(down);
+    EXPECT_TRUE(s.cancel.empty());
+    ASSERT_TRUE(s.response);
+    EXPECT_EQ(s.response->status, 503);
+  }
   // The client going away: the request counts as 499, with what was made.
   {
     CompletionChoices c = choices(params(3, 8, false));
