@@ -8,28 +8,38 @@ namespace troupe {
 
 CompletionChoices::CompletionChoices(const std::vector<uint64_t>& request_ids,
                                      const openai::CompletionParams& params,
-                                     const openai::ResponseMeta& meta, int prompt_tokens,
-                                     const Tokenizer* tokenizer, Clock::time_point submitted,
-                                     std::span<const int> prompt_tail)
+                                     const openai::ResponseMeta& meta,
+                                     const std::vector<ChoicePrompt>& prompts,
+                                     const Tokenizer* tokenizer, Clock::time_point submitted)
     : ids_(request_ids),
       ended_(request_ids.size(), false),
       bodies_(request_ids.size()),
       completion_tokens_(request_ids.size(), 0),
       meta_(meta),
       n_(params.n),
+      alone_(request_ids.size() == 1),
       stream_(params.stream),
-      include_usage_(params.include_usage),
-      prompt_tokens_(prompt_tokens) {
-  if (request_ids.empty() || int(request_ids.size()) != params.n)
+      include_usage_(params.include_usage) {
+  if (request_ids.empty() || params.n < 1 ||
+      request_ids.size() != prompts.size() * size_t(params.n))
     throw std::invalid_argument("CompletionChoices: " + std::to_string(request_ids.size()) +
-                                " request ids for n = " + std::to_string(params.n));
+                                " request ids for " + std::to_string(prompts.size()) +
+                                " prompts with n = " + std::to_string(params.n));
+  for (const ChoicePrompt& p : prompts) prompt_tokens_.push_back(p.tokens);
   choices_.reserve(ids_.size());
   for (size_t i = 0; i < ids_.size(); ++i) {
     openai::ResponseMeta m = meta;
     m.index = int(i);
-    choices_.emplace_back(ids_[i], params, std::move(m), prompt_tokens, tokenizer, submitted,
-                          prompt_tail);
+    const ChoicePrompt& p = prompts[i / size_t(n_)];
+    choices_.emplace_back(ids_[i], params, std::move(m), p.tokens, tokenizer, submitted, p.tail);
+    if (!alone_) choices_.back().make_one_of_several();
   }
+}
+
+int CompletionChoices::prompt_tokens() const {
+  int sum = 0;
+  for (int t : prompt_tokens_) sum += t;
+  return sum;
 }
 
 int CompletionChoices::index_of(uint64_t request_id) const {
@@ -57,7 +67,7 @@ ChoicesStep CompletionChoices::on_done(uint64_t request_id, FinishReason reason,
   const int i = index_of(request_id);
   if (i < 0 || finished_) return {};
   // Only this server cancels; a choice it did not end this way fails them all.
-  if (n_ > 1 && reason == FinishReason::Cancelled && !choices_[size_t(i)].finished())
+  if (!alone_ && reason == FinishReason::Cancelled && !choices_[size_t(i)].finished())
     return on_error(request_id,
                     {ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1});
   return merge(size_t(i), choices_[size_t(i)].on_done(reason, prompt_tokens, at));
@@ -66,18 +76,18 @@ ChoicesStep CompletionChoices::on_done(uint64_t request_id, FinishReason reason,
 ChoicesStep CompletionChoices::on_error(uint64_t request_id, const ServiceError& error) {
   const int i = index_of(request_id);
   if (i < 0 || finished_) return {};
-  if (n_ == 1) return merge(0, choices_[0].on_error(error));
+  if (alone_) return merge(0, choices_[0].on_error(error));
   return fail_all(openai::from_service_error(error), size_t(i));
 }
 
 ChoicesStep CompletionChoices::fail(const openai::ApiError& error) {
   if (finished_) return {};
-  if (n_ == 1) return merge(0, choices_[0].fail(error));
+  if (alone_) return merge(0, choices_[0].fail(error));
   return fail_all(error, std::nullopt);
 }
 
 ExchangeFigures CompletionChoices::abandon() {
-  if (n_ == 1) {
+  if (alone_) {
     finished_ = true;
     return choices_[0].abandon();
   }
@@ -90,7 +100,7 @@ ExchangeFigures CompletionChoices::abandon() {
 ExchangeFigures CompletionChoices::request_figures(int status) const {
   ExchangeFigures out;
   out.status = status;
-  out.prompt_tokens = prompt_tokens_;
+  out.prompt_tokens = prompt_tokens();
   double tpot_sum = 0;
   int tpot_weight = 0;
   for (const ExchangeFigures& f : figures_) {
@@ -113,7 +123,7 @@ ChoicesStep CompletionChoices::merge(size_t i, ExchangeStep s) {
   if (s.cancel_service) out.cancel.push_back(ids_[i]);
   if (s.start_stream && !streaming_) out.start_stream = streaming_ = true;
   out.events = std::move(s.events);
-  if (n_ == 1) {  // the one exchange's step as it is
+  if (alone_) {  // the one exchange's step as it is
     out.finished = s.finished;
     out.response = std::move(s.response);
     out.end_stream = s.end_stream;
@@ -124,7 +134,7 @@ ChoicesStep CompletionChoices::merge(size_t i, ExchangeStep s) {
   ended_[i] = true;
   if (s.finished) {
     completion_tokens_[i] = s.finished->completion_tokens;
-    prompt_tokens_ = s.finished->prompt_tokens;  // the service's count
+    prompt_tokens_[i / size_t(n_)] = s.finished->prompt_tokens;  // the service's count
     figures_.push_back(*s.finished);
   }
   if (s.response) bodies_[i] = std::move(s.response->body);
@@ -136,7 +146,7 @@ ChoicesStep CompletionChoices::merge(size_t i, ExchangeStep s) {
     if (include_usage_) {
       int completion = 0;
       for (int c : completion_tokens_) completion += c;
-      out.events += openai::sse_usage_chunk(meta_, {prompt_tokens_, completion});
+      out.events += openai::sse_usage_chunk(meta_, {prompt_tokens(), completion});
     }
     out.events += openai::sse_done();
     out.end_stream = true;
@@ -170,7 +180,7 @@ ChoicesStep CompletionChoices::fail_all(const openai::ApiError& error,
   return out;
 }
 
-// Every choice's own response, as one: their choices by index, the prompt
+// Every choice's own response, as one: their choices by index, each prompt
 // once and the completions summed in the usage.
 std::string CompletionChoices::merged_body() const {
   using nlohmann::json;
@@ -183,7 +193,7 @@ std::string CompletionChoices::merged_body() const {
     completion += completion_tokens_[i];
   }
   merged["choices"] = std::move(choices);
-  merged["usage"] = openai::usage_json({prompt_tokens_, completion});
+  merged["usage"] = openai::usage_json({prompt_tokens(), completion});
   return openai::dump(merged);
 }
 

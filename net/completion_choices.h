@@ -1,20 +1,19 @@
 #pragma once
-// The choices of one request (`n`): each a request of its own to the service
-// with its own seed, answered by its own CompletionExchange, and put together
-// here into the one response the client asked for. Like the exchange, a pure
-// unit: the session feeds it the service's events and does what the steps
-// say.
+// The choices of one request (`n` per prompt, for each prompt of a batch):
+// each a request of its own to the service with its own seed, answered by its
+// own CompletionExchange, and put together here into the one response the
+// client asked for. Like the exchange, a pure unit: the session feeds it the
+// service's events and does what the steps say.
 //
 // Streamed, every choice's chunks go out as they come, each with its index,
 // and the usage (summed) and [DONE] once every choice has ended. Whole, the
-// response waits for every choice and lists them by index. The prompt's
+// response waits for every choice and lists them by index. Each prompt's
 // tokens count once in the usage, the completions' add up. A choice that
 // fails fails the request: the others are stopped, and the client gets that
 // error (an error event, once streaming). /metrics counts the request once:
 // its first token of any choice, its tokens of all, its end.
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -36,16 +35,24 @@ struct ChoicesStep {
   bool ends_response() const { return response.has_value() || end_stream; }
 };
 
+// A prompt as its choices' exchanges see it (CompletionExchange's
+// prompt_tokens and prompt_tail).
+struct ChoicePrompt {
+  int tokens = 0;
+  std::vector<int> tail;
+};
+
 class CompletionChoices {
  public:
   using Clock = CompletionExchange::Clock;
 
-  // One choice per request id, choice i answering request_ids[i];
-  // params.n is their count. The rest is as for CompletionExchange.
+  // Choice i answers request_ids[i], a continuation of prompts[i / params.n]
+  // (index i in the response); there are prompts x params.n of them. The
+  // rest is as for CompletionExchange.
   CompletionChoices(const std::vector<uint64_t>& request_ids,
                     const openai::CompletionParams& params, const openai::ResponseMeta& meta,
-                    int prompt_tokens, const Tokenizer* tokenizer, Clock::time_point submitted,
-                    std::span<const int> prompt_tail = {});
+                    const std::vector<ChoicePrompt>& prompts, const Tokenizer* tokenizer,
+                    Clock::time_point submitted);
 
   // The service's events for one choice's request; unknown ids and events
   // after the request ended change nothing.
@@ -73,6 +80,7 @@ class CompletionChoices {
   std::string merged_body() const;
   // The request's figures from its choices' (figures_), with this status.
   ExchangeFigures request_figures(int status) const;
+  int prompt_tokens() const;  // all prompts'
 
   std::vector<uint64_t> ids_;
   std::vector<CompletionExchange> choices_;
@@ -81,9 +89,10 @@ class CompletionChoices {
   std::vector<int> completion_tokens_;
   std::vector<ExchangeFigures> figures_;  // of the choices that ended
   openai::ResponseMeta meta_;
-  int n_;
+  int n_;       // choices per prompt
+  bool alone_;  // one choice in all: its exchange's steps as they are
   bool stream_, include_usage_;
-  int prompt_tokens_;
+  std::vector<int> prompt_tokens_;  // per prompt: the service's count once known
   bool streaming_ = false;  // the stream's header went out
   bool finished_ = false;
 };

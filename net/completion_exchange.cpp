@@ -128,7 +128,7 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
                                               ids_to_send(), lp ? &*lp : nullptr);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
-    const bool last = params_.n == 1;
+    const bool last = !one_of_several_;
     if (last && params_.include_usage) events += openai::sse_usage_chunk(meta_, usage);
     if (last) events += openai::sse_done();
     step = stream(std::move(events), last);

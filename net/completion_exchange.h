@@ -55,13 +55,15 @@ class CompletionExchange {
   // `tokenizer` may be null: then the text is "" and every token is sent as
   // its id. `prompt_tokens` is the count the service was given; the text
   // continues the prompt whose last ids are `prompt_tail` (see
-  // TextStreamer::continue_after), so that it reads on from it. With
-  // params.n > 1 this is one choice of several (meta.index says which): a
-  // stream's last events leave out the usage and [DONE], and do not end it;
-  // CompletionChoices puts the choices together.
+  // TextStreamer::continue_after), so that it reads on from it.
   CompletionExchange(uint64_t request_id, openai::CompletionParams params,
                      openai::ResponseMeta meta, int prompt_tokens, const Tokenizer* tokenizer,
                      Clock::time_point submitted, std::span<const int> prompt_tail = {});
+
+  // This exchange is one choice of several (meta.index says which): a
+  // stream's last events leave out the usage and [DONE], and do not end it;
+  // CompletionChoices puts the choices together.
+  void make_one_of_several() { one_of_several_ = true; }
 
   // The service's events; after the exchange ended they change nothing.
   // `logprobs`: what came with the token (null when none did).
@@ -120,6 +122,7 @@ class CompletionExchange {
   enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
   bool warned_overflow_ = false;  // logged once per request
   bool warned_no_logprobs_ = false;
+  bool one_of_several_ = false;
   bool opened_ = false;  // a chat stream's role chunk went out
 };
 

@@ -367,8 +367,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* e = std::get_if<openai::ApiError>(&parsed)) return reject(*e);
     auto& params = std::get<openai::CompletionParams>(parsed);
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
-    if (!tok || !params.prompt_text || params.prompt_text->size() <= kTokenizeInlineBytes)
-      return submit_completion(api, params, openai::resolve_prompt(params, tok, limits));
+    if (!tok || openai::prompt_text_bytes(params) <= kTokenizeInlineBytes)
+      return submit_completion(api, params, openai::resolve_prompts(params, tok, limits));
     // A long text is tokenized on the server's tokenizing thread (about
     // 1.5 s for a 1 MB body): on this one it would stall every connection
     // and stream the io thread serves. The connection waits, reading
@@ -377,7 +377,7 @@ class Session : public std::enable_shared_from_this<Session> {
     begin_flight();  // accepted: a shutdown's grace period waits for it
     auto job = std::make_shared<openai::CompletionParams>(std::move(params));
     net::post(server_.tokenizing, [self = shared_from_this(), job, api, tok, gate = server_.gate] {
-      auto prompt = openai::resolve_prompt(*job, tok, self->server_.model);
+      auto prompt = openai::resolve_prompts(*job, tok, self->server_.model);
       std::shared_lock lock(gate->mu);
       if (!gate->open) return;  // the server stopped meanwhile
       net::post(self->executor(), [self, job, api, prompt = std::move(prompt)]() mutable {
@@ -395,33 +395,38 @@ class Session : public std::enable_shared_from_this<Session> {
   // The request with its prompt's tokens (or why it has none): submitted
   // to the service, its exchange started.
   void submit_completion(openai::Api api, openai::CompletionParams& params,
-                         openai::Result<std::vector<int>> prompt) {
+                         openai::Result<std::vector<std::vector<int>>> prompt) {
     const openai::ModelLimits& limits = server_.model;
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
     if (auto* e = std::get_if<openai::ApiError>(&prompt)) return reject(*e);
-    const std::vector<int>& ids = std::get<std::vector<int>>(prompt);
+    const std::vector<std::vector<int>>& prompts = std::get<std::vector<std::vector<int>>>(prompt);
 
-    // One request to the service per choice, each with its own seed.
+    // One request to the service per choice (n per prompt), each with its own seed.
+    const size_t answers = prompts.size() * size_t(params.n);
     std::vector<uint64_t> request_ids;
-    for (int i = 0; i < params.n; ++i) request_ids.push_back(next_request_id());
+    for (size_t i = 0; i < answers; ++i) request_ids.push_back(next_request_id());
     const uint64_t id = request_ids[0];
     reply_.chunked = req_.version() >= 11;
     if (params.stream && !reply_.chunked) reply_.keep_alive = false;
-    const int prompt_tokens = int(ids.size());
-    const std::vector<int> prompt_tail(
-        ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
-        ids.end());
+    std::vector<ChoicePrompt> choice_prompts;
+    for (const std::vector<int>& ids : prompts)
+      choice_prompts.push_back(
+          {int(ids.size()),
+           std::vector<int>(
+               ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
+               ids.end())});
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
                               limits.name, api};
     std::vector<CompletionRequest> requests;
-    for (int i = 0; i < params.n; ++i) {
+    for (size_t i = 0; i < answers; ++i) {
       // A seed that differs per request and per process, without a lock.
-      uint64_t seed_state = server_.nonce ^ request_ids[size_t(i)];
+      uint64_t seed_state = server_.nonce ^ request_ids[i];
       const uint64_t seed = splitmix64(seed_state);
-      requests.push_back(service_request(request_ids[size_t(i)], params, ids, seed,
-                                         server_.opt.request_timeout_s, i));
+      requests.push_back(service_request(request_ids[i], params, prompts[i / size_t(params.n)],
+                                         seed, server_.opt.request_timeout_s,
+                                         int(i % size_t(params.n))));
     }
-    active_.emplace(request_ids, params, meta, prompt_tokens, tok, Clock::now(), prompt_tail);
+    active_.emplace(request_ids, params, meta, choice_prompts, tok, Clock::now());
     phase_ = Phase::Answering;
     hold_ = shared_from_this();
     begin_flight();

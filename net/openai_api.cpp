@@ -125,9 +125,9 @@ const std::string& get_string(const json& v, std::string_view name) {
 
 // Token ids, each within the vocabulary.
 // `at` names the array in messages: "`prompt`" or, in a batch of one, "`prompt`[0]".
-void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionParams& p,
+void parse_prompt_ids(const json& ids, const ModelLimits& limits, std::vector<int>& out,
                       const std::string& at = "`prompt`") {
-  p.prompt_ids.reserve(ids.size());
+  out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const json& e = ids[i];
     int64_t id = 0;
@@ -135,8 +135,8 @@ void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionPara
     const bool huge = !converted && e.is_number_unsigned();  // past int64
     if (!converted && !huge)
       fail(
-          "`prompt` must be a string, an array of token ids, or an array holding one string or "
-          "one array of token ids; " +
+          "`prompt` must be a string, an array of token ids, or an array of strings or of "
+          "arrays of token ids; " +
               at + "[" + std::to_string(i) + "] is " + e.type_name() + ".",
           "prompt");
     if (huge || id < 0 || id >= limits.vocab_size)
@@ -144,7 +144,7 @@ void parse_prompt_ids(const json& ids, const ModelLimits& limits, CompletionPara
                std::to_string(i) + "] is outside the vocabulary (valid ids: 0.." +
                std::to_string(limits.vocab_size - 1) + ").",
            "prompt");
-    p.prompt_ids.push_back(int(id));
+    out.push_back(int(id));
   }
 }
 
@@ -164,17 +164,30 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams&
   }
   if (v->size() == 1 && (*v)[0].is_array()) {
     if ((*v)[0].empty()) fail("`prompt` must not be empty.", "prompt");
-    return parse_prompt_ids((*v)[0], limits, p, "`prompt`[0]");
+    return parse_prompt_ids((*v)[0], limits, p.prompt_ids, "`prompt`[0]");
   }
   bool all_strings = true, all_arrays = true;
   for (const json& e : *v) {
     all_strings = all_strings && e.is_string();
     all_arrays = all_arrays && e.is_array();
   }
-  if (all_strings || all_arrays)
-    fail("Only one prompt per request is supported; got " + std::to_string(v->size()) + " prompts.",
+  if (!all_strings && !all_arrays) return parse_prompt_ids(*v, limits, p.prompt_ids);
+  if (v->size() > size_t(kMaxBatchPrompts))
+    fail("A batch may hold at most " + std::to_string(kMaxBatchPrompts) + " prompts; got " +
+             std::to_string(v->size()) + ".",
          "prompt");
-  parse_prompt_ids(*v, limits, p);
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    const std::string at = "`prompt`[" + std::to_string(i) + "]";
+    CompletionParams::Prompt one;
+    if (e.is_string()) {
+      one.text = e.get<std::string>();
+    } else {
+      if (e.empty()) fail(at + " must not be empty.", "prompt");
+      parse_prompt_ids(e, limits, one.ids, at);
+    }
+    p.batch.push_back(std::move(one));
+  }
 }
 
 void parse_stop(const json& body, CompletionParams& p) {
@@ -373,6 +386,12 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
   }
   parse_generation_options(j, limits, p);
   if (const json* v = field(j, "logprobs")) p.logprobs = checked_logprobs(*v, "logprobs");
+  const size_t answers = std::max<size_t>(1, p.batch.size()) * size_t(p.n);
+  if (answers > size_t(kMaxAnswers))
+    fail(std::to_string(p.batch.size()) + " prompts with n=" + std::to_string(p.n) + " ask for " +
+             std::to_string(answers) + " answers; a request may ask for at most " +
+             std::to_string(kMaxAnswers) + ".",
+         "n");
   return p;
 }
 
@@ -594,6 +613,39 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
   if (auto e = check_context_length(int(ids.size()), p.max_tokens, limits.context_length))
     return *e;
   return ids;
+}
+
+Result<std::vector<std::vector<int>>> resolve_prompts(CompletionParams& p,
+                                                      const Tokenizer* tokenizer,
+                                                      const ModelLimits& limits) {
+  std::vector<std::vector<int>> out;
+  if (p.batch.empty()) {
+    auto one = resolve_prompt(p, tokenizer, limits);
+    if (auto* e = std::get_if<ApiError>(&one)) return *e;
+    out.push_back(std::move(std::get<std::vector<int>>(one)));
+    return out;
+  }
+  std::vector<CompletionParams::Prompt> batch = std::move(p.batch);
+  p.batch.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    CompletionParams one = p;
+    one.prompt_text = std::move(batch[i].text);
+    one.prompt_ids = std::move(batch[i].ids);
+    auto ids = resolve_prompt(one, tokenizer, limits);
+    if (auto* e = std::get_if<ApiError>(&ids)) {
+      ApiError named = *e;
+      named.message = "`prompt`[" + std::to_string(i) + "]: " + named.message;
+      return named;
+    }
+    out.push_back(std::move(std::get<std::vector<int>>(ids)));
+  }
+  return out;
+}
+
+size_t prompt_text_bytes(const CompletionParams& p) {
+  size_t bytes = p.prompt_text ? p.prompt_text->size() : 0;
+  for (const auto& one : p.batch) bytes += one.text ? one.text->size() : 0;
+  return bytes;
 }
 
 std::string completion_id(uint64_t nonce, uint64_t request_id, Api api) {

@@ -65,6 +65,14 @@ struct CompletionParams {
   std::string model;
   std::optional<std::string> prompt_text;  // set when the prompt was text
   std::vector<int> prompt_ids;             // set when the prompt was token ids
+  // A batch (`prompt` an array of several texts or of several id arrays):
+  // each prompt answered as if it came alone, its choices after the
+  // previous prompt's. prompt_text and prompt_ids are unset then.
+  struct Prompt {
+    std::optional<std::string> text;
+    std::vector<int> ids;
+  };
+  std::vector<Prompt> batch;
   int max_tokens = 16;
   // No max_tokens given to a chat: max_tokens is the cap, lowered by
   // resolve_prompt() to what the context leaves after the prompt.
@@ -86,8 +94,11 @@ struct CompletionParams {
   int n = 1;  // choices: generations of the one prompt, each with its own seed
 };
 
-// The most choices (`n`) one request may ask for.
+// The most choices (`n`) one request may ask for, the most prompts in a
+// batch, and the most answers (prompts x n) one request may ask for.
 inline constexpr int kMaxChoices = 64;
+inline constexpr int kMaxBatchPrompts = 64;
+inline constexpr int kMaxAnswers = 256;
 
 template <class T>
 using Result = std::variant<T, ApiError>;
@@ -118,6 +129,13 @@ Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLi
 // fitting max_tokens to the context when max_tokens_from_context is set.
 Result<std::vector<int>> resolve_prompt(CompletionParams& params, const Tokenizer* tokenizer,
                                         const ModelLimits& limits);
+// Every prompt of a request as token ids: the one prompt, or each of a
+// batch's by resolve_prompt()'s rules (an error names the prompt's index).
+Result<std::vector<std::vector<int>>> resolve_prompts(CompletionParams& params,
+                                                      const Tokenizer* tokenizer,
+                                                      const ModelLimits& limits);
+// Bytes of prompt text to tokenize (a batch's, all together).
+size_t prompt_text_bytes(const CompletionParams& params);
 
 // The 400 for prompt + completion over the context (vLLM's wording), or nullopt.
 std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens, int context_length);

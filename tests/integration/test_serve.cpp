@@ -206,6 +206,58 @@ TEST(Serve, NChoicesAreTheRequestsWithConsecutiveSeeds) {
   EXPECT_EQ(c[0]["message"]["content"], c[1]["message"]["content"]);
 }
 
+// A batch of prompts: each answered as if it came alone, its n choices
+// after the previous prompt's; each prompt counts once in the usage.
+TEST(Serve, ABatchOfPromptsIsEachPromptAlone) {
+  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]"});
+  const std::vector<std::string> prompts{kPrompts[0], kPrompts[1], kPrompts[3]};
+  std::vector<std::string> want;
+  int prompt_tokens = 0, completion_tokens = 0;
+  for (const std::string& p : prompts)
+    for (int j = 0; j < 2; ++j) {
+      auto r =
+          s.complete({{"prompt", p}, {"max_tokens", 16}, {"temperature", 0.8}, {"seed", 9 + j}});
+      ASSERT_EQ(r.status, 200) << r.body;
+      const json one = json::parse(r.body);
+      want.push_back(one["choices"][0]["text"]);
+      completion_tokens += one["usage"]["completion_tokens"].get<int>();
+      if (j == 0) prompt_tokens += one["usage"]["prompt_tokens"].get<int>();
+    }
+  const json batch{
+      {"prompt", prompts}, {"max_tokens", 16}, {"temperature", 0.8}, {"seed", 9}, {"n", 2}};
+  auto r = s.complete(batch);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], int(i));
+    EXPECT_EQ(j["choices"][i]["text"], want[i]) << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion_tokens);
+  json streamed_req = batch;
+  streamed_req["stream"] = true;
+  auto streamed = s.complete(streamed_req);
+  ASSERT_EQ(streamed.status, 200);
+  std::vector<std::string> got(want.size());
+  for (const std::string& e : sse_events(streamed.body)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    got[c["index"].get<size_t>()] += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(got, want);
+  // Token-id prompts too; one too long is a 400 naming it.
+  auto ids =
+      s.complete({{"prompt", {{1, 450, 30}, {1, 77}}}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  EXPECT_EQ(json::parse(ids.body)["choices"].size(), 2u);
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "word ";
+  auto over = s.complete({{"prompt", {"A fool", long_text}}, {"max_tokens", 4}});
+  EXPECT_EQ(over.status, 400);
+  EXPECT_NE(over.body.find("`prompt`[1]"), std::string::npos) << over.body;
+}
+
 TEST(Serve, StreamingEndsWithDoneAndHasTheFinishReason) {
   Server s({});
   auto r = s.complete(

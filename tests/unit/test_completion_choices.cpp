@@ -39,7 +39,7 @@ const openai::ResponseMeta kMeta{"cmpl-test", 1700000000, "fortune"};
 CompletionChoices choices(const openai::CompletionParams& p) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < p.n; ++i) ids.push_back(100 + uint64_t(i));
-  return CompletionChoices(ids, p, kMeta, 4, &fortune(), t0);
+  return CompletionChoices(ids, p, kMeta, {ChoicePrompt{4, {}}}, &fortune(), t0);
 }
 
 // Choice i's tokens, interleaved with the others' as a batch would send them.
@@ -234,8 +234,34 @@ TEST(CompletionChoices, AStopStringStopsOnlyItsChoice) {
 }
 
 TEST(CompletionChoices, IdsMustMatchN) {
-  EXPECT_THROW(CompletionChoices({1, 2}, params(3, 8, false), kMeta, 4, &fortune(), t0),
-               std::invalid_argument);
+  EXPECT_THROW(
+      CompletionChoices({1, 2}, params(3, 8, false), kMeta, {ChoicePrompt{4, {}}}, &fortune(), t0),
+      std::invalid_argument);
+  EXPECT_THROW(
+      CompletionChoices({1, 2}, params(1, 8, false), kMeta, {ChoicePrompt{4, {}}}, &fortune(), t0),
+      std::invalid_argument);
+}
+
+// A batch: prompt p's choices are p * n .. p * n + n - 1, each continuing its
+// own prompt; every prompt counts once in the usage.
+TEST(CompletionChoices, ABatchAnswersEachPromptInItsTurn) {
+  const std::vector<int> a = ids_of("A fool"), b = ids_of("Love is blind");
+  CompletionChoices c({100, 101, 102, 103}, params(2, 8, false), kMeta,
+                      {ChoicePrompt{3, a}, ChoicePrompt{5, b}}, &fortune(), t0);
+  const std::vector<int> more = ids_of("and");
+  feed(c, {more, more, more, more});
+  for (uint64_t id : {100, 101, 102})
+    EXPECT_FALSE(c.on_done(id, FinishReason::Length, 0, t0).response);
+  const ChoicesStep last = c.on_done(103, FinishReason::Length, 0, t0);
+  ASSERT_TRUE(last.response);
+  const json j = json::parse(last.response->body);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], " and") << "after a prompt, the space stays";
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3 + 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4 * int(more.size()));
 }
 
 }  // namespace

@@ -216,13 +216,28 @@ TEST(OpenAiParse, PromptShapes) {
   EXPECT_TRUE(contains(parse_err(R"({"model":"fortune"})").message, "`prompt` is required"));
   EXPECT_TRUE(contains(parse_err(R"({"prompt":null})").message, "`prompt` is required"));
   EXPECT_TRUE(contains(parse_err(R"({"prompt":[]})").message, "must not be empty"));
-  ApiError two = parse_err(R"({"prompt":["a","b"]})");
-  EXPECT_EQ(two.status, 400);
-  EXPECT_TRUE(contains(two.message, "Only one prompt")) << two.message;
-  // OpenAI takes a batch of token-id prompts; one of them is one prompt.
+  // A batch: several texts, or several arrays of ids; a batch of one is one prompt.
+  const CompletionParams two = parse_ok(R"({"prompt":["a","b c"]})");
+  ASSERT_EQ(two.batch.size(), 2u);
+  EXPECT_EQ(two.batch[1].text, "b c");
+  EXPECT_FALSE(two.prompt_text);
   EXPECT_EQ(parse_ok(R"({"prompt":[[1,2]]})").prompt_ids, (std::vector<int>{1, 2}));
-  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[1,2],[3]]})").message, "Only one prompt"));
+  EXPECT_TRUE(parse_ok(R"({"prompt":[[1,2]]})").batch.empty());
+  const CompletionParams ids = parse_ok(R"({"prompt":[[1,2],[3]]})");
+  ASSERT_EQ(ids.batch.size(), 2u);
+  EXPECT_EQ(ids.batch[1].ids, std::vector<int>{3});
   EXPECT_TRUE(contains(parse_err(R"({"prompt":[[]]})").message, "must not be empty"));
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":[[1],[]]})").message, "`prompt`[1] must not"));
+  EXPECT_EQ(parse_err(R"({"prompt":[[1],[1,5000]]})").param, "prompt");
+  // Too many prompts, or answers.
+  std::string many = R"({"prompt":[)";
+  for (int i = 0; i < 65; ++i) many += std::string(i ? "," : "") + "\"x\"";
+  EXPECT_TRUE(contains(parse_err(many + "]}").message, "at most 64 prompts"));
+  std::string some = R"({"n":5,"prompt":[)";
+  for (int i = 0; i < 52; ++i) some += std::string(i ? "," : "") + "\"x\"";
+  const ApiError answers = parse_err(some + "]}");
+  EXPECT_EQ(answers.param, "n");
+  EXPECT_TRUE(contains(answers.message, "260 answers")) << answers.message;
   EXPECT_EQ(parse_err(R"({"prompt":[[1,"a"]]})").param, "prompt");
   EXPECT_EQ(parse_err(R"({"prompt":[[1,99999]]})").param, "prompt");
   EXPECT_EQ(parse_err(R"({"prompt":[1,"a"]})").param, "prompt");
@@ -334,6 +349,26 @@ TEST(OpenAiPrompt, TextIsTokenizedWithBos) {
   auto& ids = std::get<std::vector<int>>(r);
   EXPECT_EQ(ids, fortune().encode("Hello world", true));
   EXPECT_EQ(ids.front(), fortune().bos_id());
+}
+
+TEST(OpenAiPrompt, EveryPromptOfABatchIsResolvedAndAnErrorNamesIt) {
+  CompletionParams p = parse_ok(R"({"prompt":["A fool","Love is"],"max_tokens":10})");
+  auto r = resolve_prompts(p, &fortune(), limits());
+  ASSERT_TRUE(std::holds_alternative<std::vector<std::vector<int>>>(r));
+  const auto& prompts = std::get<std::vector<std::vector<int>>>(r);
+  ASSERT_EQ(prompts.size(), 2u);
+  EXPECT_EQ(prompts[0], fortune().encode("A fool", true));
+  EXPECT_EQ(prompts[1], fortune().encode("Love is", true));
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "word ";
+  CompletionParams over = parse_ok(R"({"prompt":["A fool",")" + long_text + R"("]})");
+  auto e = resolve_prompts(over, &fortune(), limits());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(e));
+  EXPECT_TRUE(contains(std::get<ApiError>(e).message, "`prompt`[1]: "))
+      << std::get<ApiError>(e).message;
+  CompletionParams one = parse_ok(R"({"prompt":"A fool"})");
+  EXPECT_EQ(prompt_text_bytes(one), 6u);
+  EXPECT_EQ(prompt_text_bytes(p), 0u) << "resolved: the batch is gone";
 }
 
 TEST(OpenAiPrompt, TokenIdsPassThrough) {
