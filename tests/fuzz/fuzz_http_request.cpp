@@ -53,7 +53,7 @@ void handle(const http::request<http::string_body>& req) {
                     ? openai::parse_chat_request(req.body(), limits, ChatTemplate::Plain)
                     : openai::parse_completion_request(req.body(), limits);
   if (auto* params = std::get_if<openai::CompletionParams>(&parsed))
-    (void)openai::resolve_prompt(*params, &fortune_tokenizer(), limits);
+    (void)openai::resolve_prompts(*params, &fortune_tokenizer(), limits);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The OpenAI request decoder: a POST /v1/completions body through
-// parse_completion_request and resolve_prompt, with the fortune tokenizer and
+// parse_completion_request and resolve_prompts, with the fortune tokenizer and
 // without one, as the server calls them. An accepted request then runs
 // through a CompletionExchange (the stop strings and the streaming
 // detokenizer are the request's to choose), with the prompt's own ids as the
@@ -105,10 +105,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!params) return 0;
   // Without a tokenizer (a server for token-id prompts only) ...
   openai::CompletionParams without = *params;
-  (void)openai::resolve_prompt(without, nullptr, limits);
-  // ... and with the model's.
+  (void)openai::resolve_prompts(without, nullptr, limits);
+  // ... and with the model's (a batch's every prompt).
   openai::CompletionParams with = *params;
-  const auto prompt = openai::resolve_prompt(with, &fortune_tokenizer(), limits);
-  if (const auto* ids = std::get_if<std::vector<int>>(&prompt)) check_exchange(with, *ids);
+  const auto prompts = openai::resolve_prompts(with, &fortune_tokenizer(), limits);
+  if (const auto* all = std::get_if<std::vector<std::vector<int>>>(&prompts))
+    for (const std::vector<int>& ids : *all) check_exchange(with, ids);
   return 0;
 }
