@@ -171,7 +171,21 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionParams&
     all_strings = all_strings && e.is_string();
     all_arrays = all_arrays && e.is_array();
   }
-  if (!all_strings && !all_arrays) return parse_prompt_ids(*v, limits, p.prompt_ids);
+  if (!all_strings && !all_arrays) {
+    // A batch (its first element a text or an array) that changes shape
+    // names the element that does, not the first.
+    const json& first = (*v)[0];
+    if (first.is_string() || first.is_array())
+      for (size_t i = 1; i < v->size(); ++i)
+        if ((*v)[i].is_string() != first.is_string() || (*v)[i].is_array() != first.is_array())
+          fail(
+              "A batch of prompts holds only strings or only arrays of token ids; `prompt`[0] "
+              "is " +
+                  std::string(first.type_name()) + " and `prompt`[" + std::to_string(i) + "] is " +
+                  (*v)[i].type_name() + ".",
+              "prompt");
+    return parse_prompt_ids(*v, limits, p.prompt_ids);
+  }
   if (v->size() > size_t(kMaxBatchPrompts))
     fail("A batch may hold at most " + std::to_string(kMaxBatchPrompts) + " prompts; got " +
              std::to_string(v->size()) + ".",

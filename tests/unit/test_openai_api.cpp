@@ -229,6 +229,16 @@ TEST(OpenAiParse, PromptShapes) {
   EXPECT_TRUE(contains(parse_err(R"({"prompt":[[]]})").message, "must not be empty"));
   EXPECT_TRUE(contains(parse_err(R"({"prompt":[[1],[]]})").message, "`prompt`[1] must not"));
   EXPECT_EQ(parse_err(R"({"prompt":[[1],[1,5000]]})").param, "prompt");
+  // A batch that changes shape names the element that does.
+  for (const auto& [body, at] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt":["a","b",5]})", "`prompt`[2] is number"},
+           {R"({"prompt":["a",null]})", "`prompt`[1] is null"},
+           {R"({"prompt":["A fool",[1,2,3]]})", "`prompt`[1] is array"},
+           {R"({"prompt":[[1],[2],"c"]})", "`prompt`[2] is string"}}) {
+    const ApiError e = parse_err(body);
+    EXPECT_EQ(e.param, "prompt");
+    EXPECT_TRUE(contains(e.message, at)) << body << ": " << e.message;
+  }
   // Too many prompts, or answers.
   std::string many = R"({"prompt":[)";
   for (int i = 0; i < 65; ++i) many += std::string(i ? "," : "") + "\"x\"";
