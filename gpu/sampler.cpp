@@ -46,6 +46,21 @@ float max_value(std::span<const float> v) {
   return m;
 }
 
+// Offers c to `heap`, the k best candidates seen so far with the worst at
+// the front; false when c is not among them.
+bool offer_best(std::vector<Cand>& heap, size_t k, const Cand& c) {
+  if (heap.size() < k) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), better);
+    return true;
+  }
+  if (!better(c, heap.front())) return false;
+  std::pop_heap(heap.begin(), heap.end(), better);
+  heap.back() = c;
+  std::push_heap(heap.begin(), heap.end(), better);
+  return true;
+}
+
 int first_equal(std::span<const float> v, float x) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] == x) return int(i);
@@ -240,17 +255,7 @@ int Sampler::sample(std::span<const float> logits) {
     for (size_t i = 0; i < n; ++i) {
       const float v = logits[i];
       if (!(v >= worst_kept) || v == -kInf) continue;  // too low, masked or NaN
-      const Cand c(v, int(i));
-      if (cand_.size() < k) {
-        cand_.push_back(c);
-        std::push_heap(cand_.begin(), cand_.end(), better);
-      } else if (better(c, cand_.front())) {
-        std::pop_heap(cand_.begin(), cand_.end(), better);
-        cand_.back() = c;
-        std::push_heap(cand_.begin(), cand_.end(), better);
-      } else {
-        continue;
-      }
+      if (!offer_best(cand_, k, Cand(v, int(i)))) continue;
       if (cand_.size() == k) worst_kept = cand_.front().first;
     }
     std::sort(cand_.begin(), cand_.end(), better);
@@ -384,20 +389,14 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top) {
   TokenLogprobs out;
   out.logprob = logprob(id);
   if (top == 0) return out;
-  // The `top` best by better(): a min-heap of them, worst at the front.
+  // The `top` best by better(), as sampling's top-k picks them.
   std::vector<Cand> best;
-  best.reserve(size_t(top) + 1);
-  auto worse_first = [](const Cand& a, const Cand& b) { return better(a, b); };
+  best.reserve(size_t(top));
   for (size_t i = 0; i < logits.size(); ++i) {
-    const Cand c{value(logits[i]), int(i)};
-    if (best.size() < size_t(top)) {
-      best.push_back(c);
-      std::push_heap(best.begin(), best.end(), worse_first);
-    } else if (better(c, best.front())) {
-      std::pop_heap(best.begin(), best.end(), worse_first);
-      best.back() = c;
-      std::push_heap(best.begin(), best.end(), worse_first);
-    }
+    const float v = value(logits[i]);
+    // Nearly every entry fails this one test once the heap is full.
+    if (best.size() == size_t(top) && v < best.front().first) continue;
+    offer_best(best, size_t(top), Cand(v, int(i)));
   }
   std::sort(best.begin(), best.end(), better);
   out.top.reserve(best.size());

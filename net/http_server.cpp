@@ -440,8 +440,6 @@ class Session : public std::enable_shared_from_this<Session> {
         cancel_service();
         return apply(active_->fail(server_error("The request could not be submitted.")));
       }
-      // A choice refused at once ended the exchange: the rest are not sent.
-      if (phase_ != Phase::Answering) break;
     }
     // The events may already be queued on our strand; they run after this
     // handler, so the exchange is still running here.
