@@ -6,6 +6,7 @@
 // or truncated message fails CAF's deserializer and its connection is
 // closed; it never reaches an actor. One that decodes may still hold any
 // value of its types: what each receiver checks is in actors/wire_checks.h.
+#include <bit>
 #include <caf/all.hpp>
 #include <cstdint>
 #include <cstring>
@@ -31,8 +32,10 @@ namespace troupe {
 // of the node's beats, and a beat is answered. 9: a batcher asks the
 // router whether its placement is up, until answered; a node shutting down
 // says it leaves. 10: log-probabilities (SamplingParams::logprobs, with the
-// tokens of StepEvents).
-inline constexpr uint32_t kWireProtocol = 10;
+// tokens of StepEvents). 11: penalties, logit bias and prompt
+// log-probabilities (SamplingParams), the sequence's history on the step
+// items that need it.
+inline constexpr uint32_t kWireProtocol = 11;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -69,12 +72,32 @@ typename Inspector::result_type inspect(Inspector& f, FloatBits<T>& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   if constexpr (kWireBits<Inspector>) {
-    FloatBits<float> temperature{x.temperature}, top_p{x.top_p};
+    FloatBits<float> temperature{x.temperature}, top_p{x.top_p}, presence{x.presence_penalty},
+        frequency{x.frequency_penalty}, repetition{x.repetition_penalty};
+    // The bias as ids and the bits of their values, side by side.
+    std::vector<int> bias_ids;
+    std::vector<uint32_t> bias_bits;
     return f(caf::meta::type_name("SamplingParams"), temperature, top_p, x.top_k, x.seed,
-             x.logprobs);
+             x.logprobs, x.prompt_logprobs, presence, frequency, repetition,
+             caf::meta::save_callback([&]() -> caf::error {
+               for (const auto& [id, bias] : x.logit_bias) {
+                 bias_ids.push_back(id);
+                 bias_bits.push_back(std::bit_cast<uint32_t>(bias));
+               }
+               return caf::none;
+             }),
+             bias_ids, bias_bits, caf::meta::load_callback([&]() -> caf::error {
+               if (bias_ids.size() != bias_bits.size())
+                 return caf::make_error(caf::sec::invalid_argument);
+               x.logit_bias.clear();
+               for (size_t i = 0; i < bias_ids.size(); ++i)
+                 x.logit_bias.emplace_back(bias_ids[i], std::bit_cast<float>(bias_bits[i]));
+               return caf::none;
+             }));
   } else {
     return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
-             x.logprobs);
+             x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty, x.repetition_penalty,
+             x.logit_bias);
   }
 }
 
@@ -101,7 +124,7 @@ typename Inspector::result_type inspect(Inspector& f, TokenLogprobs& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("StepItem"), x.seq, x.tokens, x.position, x.blocks, x.sample,
-           x.sampling, x.generated);
+           x.sampling, x.generated, x.history);
 }
 
 template <class Inspector>

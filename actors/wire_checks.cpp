@@ -21,7 +21,7 @@ std::string str(double v) {
 
 }  // namespace
 
-std::string sampling_problem(const SamplingParams& s) {
+std::string sampling_problem(const SamplingParams& s, int vocab_size) {
   if (!(std::isfinite(s.temperature) && s.temperature >= 0))
     return "sampling.temperature " + str(double(s.temperature)) + " is not a number >= 0";
   if (!(s.top_p > 0 && s.top_p <= 1))
@@ -30,6 +30,31 @@ std::string sampling_problem(const SamplingParams& s) {
   if (s.logprobs < -1 || s.logprobs > kMaxLogprobs)
     return "sampling.logprobs " + str(int64_t(s.logprobs)) + " is outside [-1, " +
            str(int64_t(kMaxLogprobs)) + "]";
+  if (s.prompt_logprobs < -1 || s.prompt_logprobs > kMaxLogprobs)
+    return "sampling.prompt_logprobs " + str(int64_t(s.prompt_logprobs)) + " is outside [-1, " +
+           str(int64_t(kMaxLogprobs)) + "]";
+  // Written so that NaN fails each check.
+  const std::pair<const char*, float> penalties[] = {{"presence_penalty", s.presence_penalty},
+                                                     {"frequency_penalty", s.frequency_penalty}};
+  for (const auto& [name, v] : penalties)
+    if (!(v >= -2 && v <= 2))
+      return std::string("sampling.") + name + " " + str(double(v)) + " is outside [-2, 2]";
+  if (!(s.repetition_penalty > 0 && s.repetition_penalty <= 2))
+    return "sampling.repetition_penalty " + str(double(s.repetition_penalty)) +
+           " is outside (0, 2]";
+  if (s.logit_bias.size() > size_t(kMaxLogitBias))
+    return "sampling.logit_bias has " + str(int64_t(s.logit_bias.size())) + " entries, more than " +
+           str(int64_t(kMaxLogitBias));
+  for (size_t i = 0; i < s.logit_bias.size(); ++i) {
+    const auto [id, bias] = s.logit_bias[i];
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+      return "sampling.logit_bias id " + str(int64_t(id)) + " is outside the vocabulary";
+    if (i > 0 && id <= s.logit_bias[i - 1].first)
+      return "sampling.logit_bias ids are not ascending at id " + str(int64_t(id));
+    if (!(bias >= -100 && bias <= 100))
+      return "sampling.logit_bias of id " + str(int64_t(id)) + " is " + str(double(bias)) +
+             ", outside [-100, 100]";
+  }
   return {};
 }
 
@@ -97,7 +122,7 @@ std::string assignment_problem(const Assignment& a, int vocab_size, int context_
   if (a.max_tokens < 1)
     return "request " + std::to_string(a.id) + ": max_tokens " + str(int64_t(a.max_tokens)) +
            " is below 1";
-  if (auto p = sampling_problem(a.sampling); !p.empty())
+  if (auto p = sampling_problem(a.sampling, vocab_size); !p.empty())
     return "request " + std::to_string(a.id) + ": " + p;
   return {};
 }
@@ -138,7 +163,24 @@ std::string step_problem(const std::vector<StepItem>& items, int microbatches,
     // sequence may carry more than it ends at, but never past the context).
     if (it.generated < 0 || (limits.context_length > 0 && it.generated > limits.context_length))
       return item + ": generated " + str(int64_t(it.generated)) + " is not in [0, context]";
-    if (auto p = sampling_problem(it.sampling); !p.empty()) return item + ": " + p;
+    if (auto p = sampling_problem(it.sampling, limits.vocab_size); !p.empty())
+      return item + ": " + p;
+    // The sequence as far as known: through this item's tokens, and ending
+    // with them where the item samples (its output is the history's end).
+    if (!it.history.empty()) {
+      const int64_t h = int64_t(it.history.size());
+      if (it.sample ? h != end : h < end)
+        return item + "'s history has " + str(h) + " tokens, " +
+               (it.sample ? "not the " : "fewer than the ") + str(end) + " it ends at";
+      if (limits.context_length > 0 && h > limits.context_length)
+        return item + "'s history has " + str(h) + " tokens, more than the context length " +
+               str(int64_t(limits.context_length));
+      if (int64_t(it.generated) > h)
+        return item + ": generated " + str(int64_t(it.generated)) + " is more than its history";
+      for (int t : it.history)
+        if (t < 0 || (limits.vocab_size > 0 && t >= limits.vocab_size))
+          return item + ": history token id " + str(int64_t(t)) + " is outside the vocabulary";
+    }
   }
   if (limits.max_tokens > 0 && total > limits.max_tokens)
     return "a step of " + str(total) + " tokens, more than " + str(int64_t(limits.max_tokens));

@@ -32,8 +32,9 @@ struct StepLimits {
   int max_tokens = 0;     // tokens of all items in one step
 };
 
-// As the sampler takes them (its constructor throws otherwise).
-std::string sampling_problem(const SamplingParams& s);
+// As the sampler and its penalties take them (their constructors throw
+// otherwise); the bias's ids inside the vocabulary when vocab_size > 0.
+std::string sampling_problem(const SamplingParams& s, int vocab_size = 0);
 
 // (start, plan, ...) and (part, plan) at a node.
 std::string replica_plan_problem(const ReplicaPlan& p);

@@ -29,6 +29,7 @@ struct GenerateOptions {
   float top_p = 1.0f;
   int top_k = 0;
   std::optional<uint64_t> seed;
+  float presence_penalty = 0, frequency_penalty = 0, repetition_penalty = 1;
   bool print_ids = false;
   bool echo = false;
   bool ignore_eos = false;
@@ -119,12 +120,19 @@ void run_generate(const GenerateOptions& o) {
   req.sampling.top_p = o.top_p;
   req.sampling.top_k = o.top_k;
   req.sampling.seed = o.seed ? *o.seed : std::random_device{}();
+  req.sampling.presence_penalty = o.presence_penalty;
+  req.sampling.frequency_penalty = o.frequency_penalty;
+  req.sampling.repetition_penalty = o.repetition_penalty;
   try {
     validate_request(cfg, req);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string(o.prompt.empty() ? "--prompt-ids: " : "--prompt: ") + e.what());
   }
-  { Sampler check(req.sampling); }  // rejects bad sampling parameters before any work
+  // Bad sampling parameters are refused before any work.
+  {
+    Sampler check(req.sampling);
+    LogitPenalties penalties(req.sampling);
+  }
   if (!o.print_ids && !tokenizer) load_tokenizer();
 
   std::optional<TextStreamer> streamer;
@@ -182,6 +190,16 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed,
                   "Random seed; the same seed gives the same text (default: random, printed)");
+  cmd->add_option("--presence-penalty", opts->presence_penalty,
+                  "Subtracted from the logit of every token already generated, in [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", opts->frequency_penalty,
+                  "Subtracted once per time a token was generated, in [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", opts->repetition_penalty,
+                  "Divides the positive logits (multiplies the negative) of every token in the "
+                  "prompt or generated, in (0, 2]; 1: off")
+      ->capture_default_str();
   cmd->add_flag("--ids", opts->print_ids,
                 "Print the generated ids as one comma-separated line instead of text");
   cmd->add_flag("--echo", opts->echo, "Print the prompt text before the generated text");

@@ -51,7 +51,7 @@ std::vector<StepInput> step_inputs(std::span<const StepItem> items,
     SequenceCache& c = caches[i];
     c.blocks = items[i].blocks;
     c.length = items[i].position;
-    inputs.push_back({&c, items[i].tokens, items[i].sample});
+    inputs.push_back({&c, items[i].tokens, items[i].sample, items[i].wants_prompt_logprobs()});
   }
   return inputs;
 }
@@ -62,27 +62,37 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
       cache_(model_->make_cache(o.block_tokens, o.blocks, o.kv_dtype)),
       pool_(o.threads) {}
 
-std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens,
-                             std::vector<std::optional<TokenLogprobs>>& logprobs) {
+std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens, Result& r) {
   std::vector<SequenceCache> caches;
   const std::vector<StepInput> inputs = step_inputs(items, caches);
   const size_t vocab = size_t(model_->config().vocab_size);
   if (logits_.size() < items.size() * vocab) logits_.resize(items.size() * vocab);
+  size_t rows = 0;
+  for (const auto& in : inputs) rows += in.all_logits ? in.tokens.size() : 0;
+  if (row_logits_.size() < rows * vocab) row_logits_.resize(rows * vocab);
   const auto way = pool_.size() > 1 ? choice_.choose(tokens) : ThreadChoice::Way::Pool;
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(inputs, cache_, way == ThreadChoice::Way::Pool ? pool_ : serial_, ws_,
-                  logits_.data());
+                  logits_.data(), rows > 0 ? row_logits_.data() : nullptr);
   pool_.rest();
   choice_.observe(tokens, way,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::vector<int> out(items.size(), -1);
-  logprobs.assign(items.size(), std::nullopt);
+  r.logprobs.assign(items.size(), std::nullopt);
+  r.prompt_logprobs.assign(items.size(), {});
   last_logits_.clear();
+  size_t first_row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
+    if (inputs[i].all_logits) {
+      r.prompt_logprobs[i] = prompt_token_logprobs(items[i], [&](int j) {
+        return std::span<const float>(row_logits_.data() + (first_row + size_t(j)) * vocab, vocab);
+      });
+      first_row += items[i].tokens.size();
+    }
     if (!items[i].sample) continue;
     const std::span<const float> row{logits_.data() + i * vocab, vocab};
     if (keep_logits_) last_logits_.insert(last_logits_.end(), row.begin(), row.end());
-    out[i] = samplers_.sample(items[i], row, &logprobs[i]);
+    out[i] = samplers_.sample(items[i], row, &r.logprobs[i]);
   }
   return out;
 }
@@ -95,7 +105,7 @@ uint64_t Engine::launch(std::vector<StepItem> items, std::function<void()> on_do
   for (const auto& it : items) tokens += it.tokens.size();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    r.ids = run(items, int(tokens), r.logprobs);
+    r.ids = run(items, int(tokens), r);
   } catch (...) {
     r.error = std::current_exception();
   }
@@ -112,6 +122,7 @@ std::vector<int> Engine::finish(uint64_t ticket) {
   if (node.empty()) throw std::invalid_argument("finish: no step in flight with that ticket");
   if (node.mapped().error) std::rethrow_exception(node.mapped().error);
   last_logprobs_ = std::move(node.mapped().logprobs);
+  last_prompt_logprobs_ = std::move(node.mapped().prompt_logprobs);
   return std::move(node.mapped().ids);
 }
 

@@ -106,11 +106,18 @@ class StepEngine {
   // The last finish()'s log-probabilities, one per item: set where the item
   // sampled and its sampling asks for them (SamplingParams::logprobs).
   const std::vector<std::optional<TokenLogprobs>>& last_logprobs() const { return last_logprobs_; }
+  // The last finish()'s prompt log-probabilities, one list per item: those
+  // of the prompt tokens its rows predict where it wants them
+  // (StepItem::wants_prompt_logprobs), else empty.
+  const std::vector<std::vector<TokenLogprobs>>& last_prompt_logprobs() const {
+    return last_prompt_logprobs_;
+  }
 
  protected:
   bool keep_logits_ = false;
   std::vector<float> last_logits_;
   std::vector<std::optional<TokenLogprobs>> last_logprobs_;
+  std::vector<std::vector<TokenLogprobs>> last_prompt_logprobs_;
 };
 
 struct EngineOptions {
@@ -140,8 +147,8 @@ class Engine : public StepEngine {
   const Model& model() const { return *model_; }
 
  private:
-  std::vector<int> run(const std::vector<StepItem>& items, int tokens,
-                       std::vector<std::optional<TokenLogprobs>>& logprobs);
+  struct Result;
+  std::vector<int> run(const std::vector<StepItem>& items, int tokens, Result& r);
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
@@ -151,12 +158,13 @@ class Engine : public StepEngine {
   ThreadChoice choice_;
   Workspace ws_;
   SequenceSamplers samplers_;
-  std::vector<float> logits_;
+  std::vector<float> logits_, row_logits_;
   std::vector<StageSample> last_samples_;
   // Finished steps not yet collected: their ids, or the error they threw.
   struct Result {
     std::vector<int> ids;
     std::vector<std::optional<TokenLogprobs>> logprobs;
+    std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
     std::exception_ptr error;
   };
   std::map<uint64_t, Result> results_;

@@ -56,8 +56,10 @@ GenerateResult generate(StepEngine& engine, const ModelConfig& c, const Generate
       it.tokens.assign(req.prompt.begin() + long(off), req.prompt.begin() + long(off + n));
       it.position = int(off);
       it.sample = off + n == req.prompt.size();
+      if (it.sample && it.sampling.penalizes()) it.history = req.prompt;
       next = engine.step({it})[0];
     }
+    it.history.clear();
     res.prefill_s = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
     int fed = int(req.prompt.size());

@@ -337,11 +337,12 @@ void Model::attention(int layer, std::span<const StepInput> inputs, KvCache& cac
 }
 
 void Model::forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,
-                    Workspace& ws, float* logits) const {
+                    Workspace& ws, float* logits, float* row_logits) const {
   if (!dims_.first || !dims_.last || dims_.vocab != config_.vocab_size)
     throw std::logic_error("Model::forward needs the whole model; use forward_shard");
   ShardIo io;
   io.logits = logits;
+  io.row_logits = row_logits;
   forward_shard(inputs, cache, pool, ws, io);
 }
 
@@ -470,6 +471,33 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     return;
   }
 
+  const size_t stride = size_t(d.vocab_stride);
+  // Every row of the inputs that want all their logits: the final residual
+  // (x plus the last layer's pending down projection, as below) normed into
+  // row_in, then classified in one product. x is left as it is.
+  if (io.row_logits) {
+    int rows = 0;
+    for (const auto& in : inputs) rows += in.all_logits ? int(in.tokens.size()) : 0;
+    if (rows > 0) {
+      if (ws.row_in.size() < size_t(rows) * size_t(dim))
+        ws.row_in.resize(size_t(rows) * size_t(dim));
+      std::vector<float> row(static_cast<size_t>(dim));
+      int t = 0, r = 0;
+      for (const auto& in : inputs) {
+        const int n = int(in.tokens.size());
+        for (int j = 0; in.all_logits && j < n; ++j, ++r) {
+          const size_t at = size_t(t + j) * size_t(dim);
+          std::copy(x + at, x + at + size_t(dim), row.begin());
+          if (pending) add_row(row.data(), tmp + at);
+          kernels::rmsnorm(row.data(), final_norm_.data(),
+                           ws.row_in.data() + size_t(r) * size_t(dim), dim, c.norm_eps);
+        }
+        t += n;
+      }
+      matmul(pool, ws.row_in.data(), rows, dim, classifier_, io.row_logits, int(stride));
+    }
+  }
+
   // Classifier (this shard's vocabulary slice) for the last token of inputs
   // that want logits, written compactly, then moved to each input's row.
   std::vector<int> out_rows;
@@ -487,7 +515,6 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     }
   }
   if (outputs == 0) return;
-  const size_t stride = size_t(d.vocab_stride);
   if (outputs == int(inputs.size())) {
     matmul(pool, ws.final_in.data(), outputs, dim, classifier_, io.logits, int(stride));
   } else {

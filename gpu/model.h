@@ -72,6 +72,7 @@ struct StepInput {
   SequenceCache* cache = nullptr;
   std::span<const int> tokens;  // appended at positions cache->length, ...
   bool want_logits = true;      // logits of the last token of this input
+  bool all_logits = false;      // every token's logits too (ShardIo::row_logits)
 };
 
 // Query heads of one step that attend together (kernels::attend_tile): all
@@ -89,6 +90,7 @@ class Workspace {
   void ensure(const ModelConfig& c, const ShardDims& d, int tokens, int outputs, int threads);
 
   std::vector<float> x, xb, qkv, att, hb, tmp, final_in, logits;
+  std::vector<float> row_in;  // normed rows of inputs that want all their logits
   std::vector<float> pieces;  // a tensor rank's row-parallel pieces, apart
   // Per thread: a tile's scores (kTileQueries rows of max_seq_len), then
   // the kernel's scratch.
@@ -113,6 +115,8 @@ struct ShardIo {
   float* x_out = nullptr;           // not last stage: [tokens, dim] for the next stage
   float* logits = nullptr;          // last stage: one row of vocab_stride per input (this
                                     // shard's vocabulary slice at its start)
+  float* row_logits = nullptr;      // last stage: one row of vocab_stride per token of the
+                                    // inputs with all_logits, in input order
   double* layer_seconds = nullptr;  // when set: wall time added per layer of this shard
                                     // (the classifier counts on the last one)
 };
@@ -145,7 +149,7 @@ class Model {
   // want logits are left untouched.
   // Whole model only (one shard holding everything).
   void forward(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool, Workspace& ws,
-               float* logits) const;
+               float* logits, float* row_logits = nullptr) const;
   // This shard's part of a step; every shard of a tensor-parallel group calls
   // it at the same time with the same inputs.
   void forward_shard(std::span<const StepInput> inputs, KvCache& cache, ThreadPool& pool,

@@ -122,6 +122,9 @@ struct ParallelEngine::Impl {
   // argmax, ties to the lowest id); others gather the slices and sample.
   std::vector<int> sample(const StepState& st, bool keep_logits, std::vector<float>& logits_out,
                           std::vector<std::optional<TokenLogprobs>>& last_logprobs);
+  // Items that want their prompt's log-probabilities: from every row,
+  // gathered from the ranks' slices.
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs(const StepState& st) const;
 };
 
 ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngineOptions layout,
@@ -326,6 +329,11 @@ struct ParallelEngine::StepState {
   std::vector<size_t> tokens;  // per micro-batch
   std::vector<std::vector<std::vector<float>>> act;  // [stage boundary][mb] activations
   std::vector<std::vector<float>> logits;            // per last-stage rank
+  // Items that want every row's logits (StepItem::wants_prompt_logprobs):
+  // item i's rows start at row_first[i] (n + 1 entries), in row_logits of
+  // each last-stage rank, when any item wants them.
+  std::vector<size_t> row_first;
+  std::vector<std::vector<float>> row_logits;
   // Last stage spanning processes, in the sampling process: the greedy
   // candidate of each rank outside it, [rank * items + item].
   std::vector<ArgMax> remote_best;
@@ -397,6 +405,9 @@ void ParallelEngine::Impl::run_device(StepState& st, int s, int t) {
         }
       } else {
         io.logits = st.logits[size_t(t)].data() + size_t(st.first[size_t(mb)]) * stride;
+        if (!st.row_logits.empty())
+          io.row_logits =
+              st.row_logits[size_t(t)].data() + st.row_first[size_t(st.first[size_t(mb)])] * stride;
       }
       d.shard->forward(items, io);
       if (size_t(s) < layout.stage_delay_s.size() && layout.stage_delay_s[size_t(s)] > 0)
@@ -459,21 +470,31 @@ namespace {
 
 // Which of a micro-batch's items a rank outside the sampling process
 // reports to rank 0, and how: its greedy candidate (value, then the id's
-// bits) or its whole slice of the row. Every rank derives the same from the
-// items, so the message sizes agree.
+// bits) or its whole slice of the row; then its slices of every row of the
+// items that want them (prompt log-probabilities). Every rank derives the
+// same from the items, so the message sizes agree.
 struct LogitsMessage {
   std::vector<int> best, rows;  // item indices
-  size_t floats(size_t stride) const { return 2 * best.size() + rows.size() * stride; }
+  size_t first_prompt_row = 0, prompt_rows = 0;
+  size_t floats(size_t stride) const {
+    return 2 * best.size() + (rows.size() + prompt_rows) * stride;
+  }
 };
 
-LogitsMessage logits_message(const std::vector<StepItem>& items, int begin, int end,
+LogitsMessage logits_message(const std::vector<StepItem>& items,
+                             const std::vector<size_t>& row_first, int begin, int end,
                              bool keep_logits) {
   LogitsMessage m;
+  if (!row_first.empty()) {
+    m.first_prompt_row = row_first[size_t(begin)];
+    m.prompt_rows = row_first[size_t(end)] - m.first_prompt_row;
+  }
   for (int i = begin; i < end; ++i) {
     const StepItem& it = items[size_t(i)];
     if (!it.sample) continue;
-    // Log-probabilities need the whole row, as sampling does.
-    const bool candidate = it.sampling.temperature <= 0 && it.sampling.logprobs < 0;
+    // Log-probabilities need the whole row, as sampling and penalties do.
+    const bool candidate =
+        it.sampling.temperature <= 0 && it.sampling.logprobs < 0 && !it.sampling.adjusts_logits();
     (candidate && !keep_logits ? m.best : m.rows).push_back(i);
   }
   return m;
@@ -482,8 +503,8 @@ LogitsMessage logits_message(const std::vector<StepItem>& items, int begin, int 
 }  // namespace
 
 void ParallelEngine::Impl::send_logits(StepState& st, Device& d, int mb) {
-  const auto msg =
-      logits_message(st.items, st.first[size_t(mb)], st.first[size_t(mb) + 1], st.keep_logits);
+  const auto msg = logits_message(st.items, st.row_first, st.first[size_t(mb)],
+                                  st.first[size_t(mb) + 1], st.keep_logits);
   const size_t stride = vocab_stride();
   if (msg.floats(stride) == 0) return;
   const ShardDims& dims = last_dims[size_t(d.rank)];
@@ -499,12 +520,15 @@ void ParallelEngine::Impl::send_logits(StepState& st, Device& d, int mb) {
     out += 2;
   }
   for (int i : msg.rows) out = std::copy_n(logits + size_t(i) * stride, stride, out);
+  if (msg.prompt_rows > 0)
+    std::copy_n(st.row_logits[size_t(d.rank)].data() + msg.first_prompt_row * stride,
+                msg.prompt_rows * stride, out);
   d.comm->send(d.scratch.data(), d.scratch.size(), 0);
 }
 
 void ParallelEngine::Impl::receive_logits(StepState& st, Device& d, int mb) {
-  const auto msg =
-      logits_message(st.items, st.first[size_t(mb)], st.first[size_t(mb) + 1], st.keep_logits);
+  const auto msg = logits_message(st.items, st.row_first, st.first[size_t(mb)],
+                                  st.first[size_t(mb) + 1], st.keep_logits);
   const size_t stride = vocab_stride(), n = st.items.size();
   if (msg.floats(stride) == 0) return;
   const int P = layout.pipeline;
@@ -523,6 +547,9 @@ void ParallelEngine::Impl::receive_logits(StepState& st, Device& d, int mb) {
       std::copy_n(in, stride, st.logits[size_t(r)].data() + size_t(i) * stride);
       in += stride;
     }
+    if (msg.prompt_rows > 0)
+      std::copy_n(in, msg.prompt_rows * stride,
+                  st.row_logits[size_t(r)].data() + msg.first_prompt_row * stride);
   }
 }
 
@@ -574,6 +601,16 @@ uint64_t ParallelEngine::launch_split(std::vector<StepItem> items, int microbatc
   }
   if (m.lead[size_t(P - 1)] >= 0)
     st.logits.assign(size_t(T), std::vector<float>(size_t(n) * m.vocab_stride()));
+  size_t rows = 0;
+  for (const StepItem& it : st.items) rows += it.wants_prompt_logprobs() ? it.tokens.size() : 0;
+  if (rows > 0) {
+    st.row_first.assign(1, 0);
+    for (const StepItem& it : st.items)
+      st.row_first.push_back(st.row_first.back() +
+                             (it.wants_prompt_logprobs() ? it.tokens.size() : 0));
+    if (m.lead[size_t(P - 1)] >= 0)
+      st.row_logits.assign(size_t(T), std::vector<float>(rows * m.vocab_stride()));
+  }
   if (m.spans[size_t(P - 1)] && m.sampler()) st.remote_best.resize(size_t(T * n));
   st.done.resize(size_t(P));
   int jobs = 0;
@@ -631,7 +668,9 @@ std::vector<int> ParallelEngine::Impl::sample(
     if (keep_logits) {
       logits_out.insert(logits_out.end(), full.begin(), full.end());
     }
-    if (it.sampling.temperature <= 0) {
+    // Greedy takes the best of the ranks' argmaxes; over logits a bias or
+    // penalty changes, the sampler picks from the adjusted row.
+    if (it.sampling.temperature <= 0 && !it.sampling.adjusts_logits()) {
       float best = -std::numeric_limits<float>::infinity();
       int best_id = -1;
       for (int t = 0; t < T; ++t) {
@@ -661,6 +700,26 @@ std::vector<int> ParallelEngine::Impl::sample(
   return out;
 }
 
+std::vector<std::vector<TokenLogprobs>> ParallelEngine::Impl::prompt_logprobs(
+    const StepState& st) const {
+  std::vector<std::vector<TokenLogprobs>> out(st.items.size());
+  if (st.row_logits.empty()) return out;
+  const size_t stride = vocab_stride();
+  std::vector<float> full(size_t(config.vocab_size));
+  for (size_t i = 0; i < st.items.size(); ++i) {
+    if (!st.items[i].wants_prompt_logprobs()) continue;
+    out[i] = prompt_token_logprobs(st.items[i], [&](int j) {
+      const size_t row = (st.row_first[i] + size_t(j)) * stride;
+      for (int t = 0; t < layout.tensor; ++t) {
+        const ShardDims& dm = last_dims[size_t(t)];
+        std::copy_n(st.row_logits[size_t(t)].data() + row, dm.vocab, full.data() + dm.vocab_begin);
+      }
+      return std::span<const float>(full);
+    });
+  }
+  return out;
+}
+
 std::vector<int> ParallelEngine::finish(uint64_t ticket) {
   Impl& m = *impl_;
   auto node = m.launched.extract(ticket);
@@ -683,8 +742,10 @@ std::vector<int> ParallelEngine::finish(uint64_t ticket) {
   if (!m.sampler()) {
     last_logits_.clear();
     last_logprobs_.assign(st.items.size(), std::nullopt);
+    last_prompt_logprobs_.assign(st.items.size(), {});
     return std::vector<int>(st.items.size(), -1);
   }
+  last_prompt_logprobs_ = m.prompt_logprobs(st);
   return m.sample(st, st.keep_logits, last_logits_, last_logprobs_);
 }
 

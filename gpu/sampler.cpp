@@ -350,10 +350,22 @@ int SequenceSamplers::sample(const StepItem& item, std::span<const float> logits
                              std::optional<TokenLogprobs>* logprobs) {
   auto& s = samplers_[item.seq];
   if (!s) s = Sampler::resumed(item.sampling, uint64_t(item.generated));
-  const int id = s->sample(logits);
+  const int id = s->sample(penalties_.adjust(item, logits));
+  penalties_.record(item.seq, id);
   if (logprobs && item.sampling.logprobs >= 0)
     *logprobs = token_logprobs(logits, id, item.sampling.logprobs);
   return id;
+}
+
+std::vector<TokenLogprobs> prompt_token_logprobs(
+    const StepItem& item, const std::function<std::span<const float>(int)>& row) {
+  std::vector<TokenLogprobs> out;
+  const int n = item.prompt_rows_predicting();
+  out.reserve(size_t(n));
+  for (int j = 0; j < n; ++j)
+    out.push_back(token_logprobs(row(j), item.history[size_t(item.position + j + 1)],
+                                 item.sampling.prompt_logprobs));
+  return out;
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top) {

@@ -3,6 +3,7 @@
 // top-k + top-p (nucleus) sampling driven by a seeded, portable RNG.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/logit_penalties.h"
 #include "service/request.h"
 #include "service/step_item.h"
 #include "util/rng.h"
@@ -29,6 +31,13 @@ int argmax(std::span<const float> logits);
 // std::invalid_argument on empty logits, an id outside them or top outside
 // [0, kMaxLogprobs].
 TokenLogprobs token_logprobs(std::span<const float> logits, int id, int top);
+
+// The log-probabilities of the prompt tokens an item's rows predict
+// (StepItem::prompt_rows_predicting), in position order, each with
+// item.sampling.prompt_logprobs alternatives; row(j) is row j's
+// full-vocabulary logits.
+std::vector<TokenLogprobs> prompt_token_logprobs(
+    const StepItem& item, const std::function<std::span<const float>(int)>& row);
 
 class Sampler {
  public:
@@ -80,19 +89,24 @@ class Sampler {
 // An engine's per-sequence samplers: made at a sequence's first sampled
 // step, resumed past the draws its earlier tokens used (so a sequence resumed
 // on another replica draws exactly what it would have drawn here), and
-// dropped on release.
+// dropped on release; with the penalties of those whose sampling has them.
 class SequenceSamplers {
  public:
-  // Samples the item's next token from its full-vocabulary logits; when its
-  // sampling asks for log-probabilities (SamplingParams::logprobs), they go
-  // to *logprobs.
+  // Samples the item's next token from its full-vocabulary logits, adjusted
+  // first by its penalties and bias; when its sampling asks for
+  // log-probabilities (SamplingParams::logprobs), those of the logits as
+  // given go to *logprobs.
   int sample(const StepItem& item, std::span<const float> logits,
              std::optional<TokenLogprobs>* logprobs = nullptr);
-  void release(uint64_t seq) { samplers_.erase(seq); }
+  void release(uint64_t seq) {
+    samplers_.erase(seq);
+    penalties_.release(seq);
+  }
   size_t size() const { return samplers_.size(); }
 
  private:
   std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers_;
+  SequencePenalties penalties_;
 };
 
 }  // namespace troupe

@@ -268,6 +268,10 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.top_k = params.top_k;
   r.sampling.seed = params.seed ? *params.seed + uint64_t(choice) : default_seed;
   r.sampling.logprobs = params.logprobs;
+  r.sampling.presence_penalty = params.presence_penalty;
+  r.sampling.frequency_penalty = params.frequency_penalty;
+  r.sampling.repetition_penalty = params.repetition_penalty;
+  r.sampling.logit_bias = params.logit_bias;
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

@@ -252,6 +252,58 @@ void parse_sampling(const json& body, CompletionParams& p) {
   }
 }
 
+// OpenAI's penalties and logit bias, and vLLM's repetition penalty.
+void parse_penalties(const json& body, const ModelLimits& limits, CompletionParams& p) {
+  for (auto [name, dst] : {std::pair{"presence_penalty", &p.presence_penalty},
+                           std::pair{"frequency_penalty", &p.frequency_penalty}}) {
+    if (const json* v = field(body, name)) {
+      const double x = get_number(*v, name);
+      if (!(x >= -2 && x <= 2))
+        fail(openai::quoted(name) + " must be between -2 and 2, got " + show(x) + ".", name);
+      *dst = float(x);
+    }
+  }
+  if (const json* v = field(body, "repetition_penalty")) {
+    const double x = get_number(*v, "repetition_penalty");
+    if (!(x > 0 && x <= 2))
+      fail("`repetition_penalty` must be in (0, 2] (1: off), got " + show(x) + ".",
+           "repetition_penalty");
+    p.repetition_penalty = float(x);
+  }
+  const json* v = field(body, "logit_bias");
+  if (!v) return;
+  if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
+  if (v->size() > size_t(kMaxLogitBias))
+    fail("`logit_bias` may hold at most " + std::to_string(kMaxLogitBias) + " entries, got " +
+             std::to_string(v->size()) + ".",
+         "logit_bias");
+  for (const auto& [key, value] : v->items()) {
+    const std::string at = "`logit_bias`[\"" + key + "\"]";
+    // Keys are token ids written as decimal strings, as OpenAI's are.
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      id = std::stoll(key);
+    if (id < 0 || (limits.vocab_size > 0 && id >= limits.vocab_size))
+      fail(at + ": the key must be a token id in the vocabulary" +
+               (limits.vocab_size > 0
+                    ? " (valid ids: 0.." + std::to_string(limits.vocab_size - 1) + ")"
+                    : std::string()) +
+               ".",
+           "logit_bias");
+    if (!value.is_number()) wrong_type("logit_bias", "an object of numbers", value);
+    const double b = value.get<double>();
+    if (!(b >= -100 && b <= 100))
+      fail(at + " must be between -100 and 100, got " + show(b) + ".", "logit_bias");
+    p.logit_bias.emplace_back(int(id), float(b));
+  }
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());
+  for (size_t i = 1; i < p.logit_bias.size(); ++i)
+    if (p.logit_bias[i].first == p.logit_bias[i - 1].first)
+      fail("`logit_bias` names token id " + std::to_string(p.logit_bias[i].first) + " twice.",
+           "logit_bias");
+}
+
 void reject_unsupported(const json& body) {
   if (const json* v = field(body, "best_of")) {
     if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
@@ -261,15 +313,6 @@ void reject_unsupported(const json& body) {
   }
   if (const json* v = field(body, "suffix")) {
     if (!get_string(*v, "suffix").empty()) unsupported("suffix");
-  }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = field(body, name)) {
-      if (get_number(*v, name) != 0) unsupported(name, "only 0 is accepted");
-    }
-  }
-  if (const json* v = field(body, "logit_bias")) {
-    if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
-    if (!v->empty()) unsupported("logit_bias");
   }
   if (const json* v = field(body, "user")) get_string(*v, "user");
   // Tools and structured output are chat features, but a client that sends
@@ -365,6 +408,7 @@ int checked_logprobs(const json& v, const char* name) {
 // options refused on both, and the extensions.
 void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
   parse_sampling(j, p);
+  parse_penalties(j, limits, p);
   parse_stop(j, p);
   parse_streaming(j, p);
   reject_unsupported(j);

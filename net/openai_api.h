@@ -81,6 +81,10 @@ struct CompletionParams {
   float top_p = 1;
   int top_k = 0;                 // 0: off
   std::optional<uint64_t> seed;  // absent: the server picks one
+  float presence_penalty = 0;    // see SamplingParams
+  float frequency_penalty = 0;
+  float repetition_penalty = 1;                   // vLLM extension
+  std::vector<std::pair<int, float>> logit_bias;  // ids ascending
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

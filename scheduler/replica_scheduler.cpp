@@ -256,6 +256,7 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     it.position = fed;
     it.blocks.assign(q.blocks.begin(), q.blocks.end());
     it.sampling = q.a.sampling;
+    it.history.clear();  // the item may be a reused one
     if (fed == known) {
       // Planned ahead of the step that samples the token it feeds.
       it.tokens.assign(1, kSampledToken);
@@ -265,6 +266,9 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
       it.tokens.assign(q.tokens.begin() + fed, q.tokens.begin() + fed + e.tokens);
       it.sample = fed + e.tokens == known;
       it.generated = q.a.generated;
+      // The engine's penalties for the sequence start here, on this replica
+      // or again after a preemption.
+      if (it.sample && fed < q.prefill_end && it.sampling.penalizes()) it.history = q.tokens;
     }
     (q.step == 0 ? q.step : q.ahead) = step.id;
     q.in_flight += e.tokens;

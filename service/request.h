@@ -4,6 +4,7 @@
 // dependencies, shared by net/, the actors, the scheduler and the engines.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe {
@@ -16,9 +17,29 @@ struct SamplingParams {
   // Log-probabilities to report with each sampled token: -1 none, 0 the
   // sampled token's, k also those of the k likeliest (at most kMaxLogprobs).
   int logprobs = -1;
+  // Log-probabilities of the prompt's tokens, each given those before it: -1
+  // none, k with the k likeliest alternatives at each position (an echo of
+  // the prompt with `logprobs`, as lm-eval's loglikelihood tasks ask).
+  int prompt_logprobs = -1;
+  // What is done to the logits before the draw (gpu/logit_penalties.h), in
+  // vLLM's order: the bias, then the repetition penalty (every token seen,
+  // prompt and output), then frequency and presence (output tokens only).
+  // Log-probabilities are reported from the logits before any of it.
+  float presence_penalty = 0;    // [-2, 2]: subtracted once per id in the output
+  float frequency_penalty = 0;   // [-2, 2]: subtracted per occurrence in the output
+  float repetition_penalty = 1;  // (0, 2]: a seen id's positive logit / it, negative * it
+  std::vector<std::pair<int, float>> logit_bias{};  // (id, [-100, 100]), ids ascending, unique
+
+  // Whether the logits are changed before the draw at all.
+  bool adjusts_logits() const { return !logit_bias.empty() || penalizes(); }
+  // Whether the change depends on the tokens the sequence holds.
+  bool penalizes() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1;
+  }
 };
 
 inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxLogitBias = 1024;  // entries of SamplingParams::logit_bias
 
 // A token's log-probability under the model's distribution at that step:
 // log-softmax of the raw logits, before temperature, top-k or top-p (as

@@ -37,7 +37,10 @@ class CudaEngine final : public StepEngine {
   int block_tokens() const override { return options_.block_tokens; }
   uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) override;
   std::vector<int> finish(uint64_t ticket) override;
-  void release(uint64_t seq) override { samplers_.erase(seq); }
+  void release(uint64_t seq) override {
+    samplers_.erase(seq);
+    penalties_.release(seq);
+  }
   std::vector<StageSample> last_samples() const override { return last_samples_; }
   EngineStats stats() const override;
 
@@ -76,6 +79,7 @@ class CudaEngine final : public StepEngine {
   std::vector<int> graph_sizes_;
   std::unordered_map<int, cudaGraphExec_t> graphs_;
   std::unordered_map<uint64_t, std::unique_ptr<Sampler>> samplers_;
+  SequencePenalties penalties_;  // rows they adjust are sampled on the host
   std::optional<Pending> pending_;
   std::map<uint64_t, Result> results_;
   uint64_t next_ticket_ = 1;
@@ -295,14 +299,20 @@ void CudaEngine::settle() {
   try {
     for (size_t k = 0; k < row_item.size(); ++k) {
       int id = ids_host_[k];
+      const StepItem& item = p.items[size_t(row_item[k])];
       const bool wants_logprobs = p.params[k].logprobs >= 0;
-      if (flags_host_[k] || wants_logprobs) copy_row(k);
-      if (flags_host_[k]) {
-        // Too close to call on the device: the CPU sampler decides, from the
-        // same logits and the generator as it was before this row's draw.
+      // Penalties and bias change the row on the host, where the sequence's
+      // tokens are counted.
+      const bool on_host = flags_host_[k] || item.sampling.adjusts_logits();
+      if (on_host || wants_logprobs) copy_row(k);
+      if (on_host) {
+        // Too close to call on the device, or adjusted: the CPU sampler
+        // decides, from the same logits and the generator as it was before
+        // this row's draw.
         Sampler s(p.params[k]);
         s.set_rng(p.rng_before[k]);
-        id = s.sample(row);
+        id = s.sample(penalties_.adjust(item, row));
+        penalties_.record(item.seq, id);
       }
       if (wants_logprobs)
         r.logprobs[size_t(row_item[k])] = token_logprobs(row, id, p.params[k].logprobs);

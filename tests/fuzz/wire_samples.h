@@ -112,6 +112,13 @@ inline std::vector<WireSample> wire_samples() {
   add("new", M::Assignment, wire_encode(Assignment{7, {1, 30, 40, 7, 9}, 0, 16, sampled, false}));
   add("resumed", M::Assignment,
       wire_encode(Assignment{8, {1, 30, 40, 12, 13, 14}, 3, 8, greedy, true}));
+  SamplingParams penalized = sampled;
+  penalized.presence_penalty = 0.5f;
+  penalized.frequency_penalty = -0.25f;
+  penalized.repetition_penalty = 1.1f;
+  penalized.logit_bias = {{9, -2.5f}, {31, 100.0f}};
+  add("penalized", M::Assignment,
+      wire_encode(Assignment{10, {1, 9, 31, 31}, 1, 8, penalized, false}));
 
   StepEvents ev;
   ev.replica = 0;
@@ -141,6 +148,9 @@ inline std::vector<WireSample> wire_samples() {
   const StepItem chunk{9, {5, 6, 7, 8}, 8, {3, 4}, false, greedy, 0};
   add("prefill", M::Step, wire_encode(std::vector<StepItem>{prefill}, 1));
   add("mixed", M::Step, wire_encode(std::vector<StepItem>{prefill, decode, chunk}, 2));
+  // The item that starts a sequence's penalties carries the sequence.
+  const StepItem penalties{10, {9, 31, 31}, 1, {5}, true, penalized, 1, {1, 9, 31, 31}};
+  add("penalized", M::Step, wire_encode(std::vector<StepItem>{penalties}, 1));
 
   add("slow", M::FaultOrder,
       wire_encode(FaultOrder{1, FaultKind::Slow, FaultRole::Worker, 0, -1, 2.5, false}));

@@ -122,6 +122,37 @@ TEST_F(CudaTest, LogprobsMatchTheCpu) {
   }
 }
 
+// Penalties and bias: rows they adjust are sampled on the host from the
+// device's logits, with the sequence's counts, as the CPU engine samples.
+TEST_F(CudaTest, PenaltiesMatchTheCpu) {
+  const Checkpoint ck = load_checkpoint(repo_file("models/stories260K/stories260K.bin"));
+  Engine cpu(std::make_shared<const Model>(ck, DType::F32), EngineOptions{2, 16, 2048});
+  for (bool graphs : {false, true}) {
+    auto gpu = make_cuda_engine(ck, DType::F32, small_options(graphs));
+    for (float temperature : {0.0f, 0.9f}) {
+      SlotBook a(64), b(64);
+      std::vector<int> tokens{1, 300, 40, 300};
+      const uint64_t seq = 20 + graphs * 2 + (temperature > 0);
+      SamplingParams p{temperature, 1, 0, 5};
+      p.frequency_penalty = 1.2f;
+      p.presence_penalty = 0.3f;
+      p.repetition_penalty = 1.4f;
+      p.logit_bias = {{40, 2.0f}};
+      for (int step = 0; step < 16; ++step) {
+        StepItem ci = a.next(seq, tokens), gi = b.next(seq, tokens);
+        ci.sampling = gi.sampling = p;
+        ci.generated = gi.generated = step;
+        if (step == 0) ci.history = gi.history = tokens;
+        const int want = cpu.step({ci})[0], got = gpu->step({gi})[0];
+        ASSERT_EQ(got, want) << "step " << step;
+        tokens = {want};
+      }
+      cpu.release(seq);
+      gpu->release(seq);
+    }
+  }
+}
+
 // Several sequences stepped together (prefill chunks and decode tokens in one
 // step) give the ids each gets on the CPU engine.
 TEST_F(CudaTest, RaggedBatchesMatchTheCpuEngine) {

@@ -393,6 +393,59 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
   EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
 }
 
+// Penalties and bias: they change what greedy picks, a layout gives the same
+// text, and requests resumed on another replica after a crash (their
+// penalties rebuilt from the tokens so far) give the text they would have.
+TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
+  auto ask = [](size_t i) {
+    json r{{"prompt", kPrompts[i]}, {"max_tokens", 80}, {"seed", 5 + i}, {"stream", true}};
+    r["temperature"] = i % 2 ? 0.8 : 0.0;
+    r["frequency_penalty"] = 0.3 * double(i % 3);
+    r["presence_penalty"] = i % 3 == 1 ? 0.7 : -0.2;
+    r["repetition_penalty"] = i % 2 ? 1.3 : 1.0;
+    if (i == 4) r["logit_bias"] = {{"100", -100}, {"13", 3}};
+    return r;
+  };
+  auto text_of = [](Server& s, const json& req) {
+    const auto r = s.complete(req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return sse_text(r.body);
+  };
+  std::vector<std::string> want;
+  {
+    Server one({"devices=[{kind: cpu, threads: 1}]"});
+    for (size_t i = 0; i < kPrompts.size(); ++i) want.push_back(text_of(one, ask(i)));
+    // Greedy leaves its path under a strong frequency penalty.
+    json plain{{"prompt", kPrompts[0]}, {"max_tokens", 80}, {"temperature", 0}, {"stream", true}};
+    json penalized = plain;
+    penalized["frequency_penalty"] = 2;
+    EXPECT_NE(text_of(one, plain), text_of(one, penalized));
+    // +100 makes one id the only choice, whatever the model says.
+    const auto forced = one.complete({{"prompt", kPrompts[1]},
+                                      {"max_tokens", 6},
+                                      {"temperature", 0},
+                                      {"return_token_ids", true},
+                                      {"logit_bias", {{"100", 100}}}});
+    ASSERT_EQ(forced.status, 200) << forced.body;
+    EXPECT_EQ(json::parse(forced.body)["choices"][0]["token_ids"], json(std::vector<int>(6, 100)));
+  }
+  {
+    Server tp({"parallel.tensor=2", "devices=[{kind: cpu, threads: 1}]"});
+    for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(text_of(tp, ask(i)), want[i]) << i;
+  }
+  Server s(
+      {"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
+  std::vector<std::string> got(kPrompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < kPrompts.size(); ++i)
+    clients.emplace_back([&, i] { got[i] = text_of(s, ask(i)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  s.process().signal(SIGUSR1);  // crash replica 0 mid-generation
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
+}
+
 // ---- SIGTERM / SIGINT: nothing accepted ends in silence ----
 
 const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};

@@ -234,7 +234,9 @@ TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
 // does every replica the request is resumed on), a negative `generated`
 // (a new sampler skips 2^64 - 1 draws: the worker hangs). The batcher now
 // ends such a request as the server's cancel. (The second finding has
-// SamplingParams::logprobs = -1 inserted, as protocol 10 encodes it.)
+// SamplingParams::logprobs = -1 inserted, as protocol 10 encodes it, and
+// both have no prompt log-probabilities, penalties nor bias inserted after
+// it, as protocol 11 encodes them.)
 TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
   Assignment a;
   decode_finding("assignment-token-outside-vocabulary.bin", a);

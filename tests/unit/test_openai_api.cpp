@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "net/completion_exchange.h"
 #include "net/openai_api.h"
 #include "net/sse_parser.h"
 #include "support/test_support.h"
@@ -306,17 +307,57 @@ TEST(OpenAiParse, NChoicesUpToTheLimit) {
 }
 
 TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
-  for (const char* field :
-       {"echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "logit_bias"}) {
-    std::string value = std::string(field) == "echo"         ? "true"
-                        : std::string(field) == "suffix"     ? "\"end\""
-                        : std::string(field) == "logit_bias" ? "{\"5\":1}"
-                                                             : "2";
+  for (const char* field : {"echo", "best_of", "suffix"}) {
+    std::string value = std::string(field) == "echo"     ? "true"
+                        : std::string(field) == "suffix" ? "\"end\""
+                                                         : "2";
     ApiError e = parse_err(std::string(R"({"prompt":"x",")") + field + "\":" + value + "}");
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_EQ(e.param, field);
     EXPECT_TRUE(contains(e.message, "not supported")) << e.message;
     EXPECT_EQ(e.code, "unsupported_parameter");
+  }
+}
+
+TEST(OpenAiParse, PenaltiesAndLogitBias) {
+  const CompletionParams d = parse_ok(R"({"prompt":"x"})");
+  EXPECT_EQ(d.presence_penalty, 0.0f);
+  EXPECT_EQ(d.frequency_penalty, 0.0f);
+  EXPECT_EQ(d.repetition_penalty, 1.0f);
+  EXPECT_TRUE(d.logit_bias.empty());
+  const CompletionParams p = parse_ok(
+      R"({"prompt":"x","presence_penalty":-2,"frequency_penalty":1.5,"repetition_penalty":1.2,
+          "logit_bias":{"1999":-100,"5":2.5,"0":100}})");
+  EXPECT_EQ(p.presence_penalty, -2.0f);
+  EXPECT_EQ(p.frequency_penalty, 1.5f);
+  EXPECT_EQ(p.repetition_penalty, 1.2f);
+  // Ascending ids, as the sampler and the wire want them.
+  EXPECT_EQ(p.logit_bias,
+            (std::vector<std::pair<int, float>>{{0, 100.0f}, {5, 2.5f}, {1999, -100.0f}}));
+  EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.logit_bias, p.logit_bias);
+  EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.repetition_penalty, 1.2f);
+  struct Bad {
+    const char* rest;
+    const char* param;
+    const char* says;
+  };
+  for (const Bad& b : {
+           Bad{R"("presence_penalty":2.01)", "presence_penalty", "between -2 and 2"},
+           Bad{R"("frequency_penalty":-3)", "frequency_penalty", "between -2 and 2"},
+           Bad{R"("frequency_penalty":"1")", "frequency_penalty", "number"},
+           Bad{R"("repetition_penalty":0)", "repetition_penalty", "(0, 2]"},
+           Bad{R"("repetition_penalty":2.5)", "repetition_penalty", "(0, 2]"},
+           Bad{R"("logit_bias":{"2000":1})", "logit_bias", "valid ids: 0..1999"},
+           Bad{R"("logit_bias":{"-1":1})", "logit_bias", "token id"},
+           Bad{R"("logit_bias":{"a":1})", "logit_bias", "token id"},
+           Bad{R"("logit_bias":{"5":101})", "logit_bias", "between -100 and 100"},
+           Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "number"},
+           Bad{R"("logit_bias":{"5":1,"05":2})", "logit_bias", "twice"},
+       }) {
+    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
+    EXPECT_EQ(e.status, 400) << b.rest;
+    EXPECT_EQ(e.param, b.param) << b.rest;
+    EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
   }
 }
 
@@ -796,7 +837,7 @@ TEST(OpenAiChatParse, SharedRulesGiveTheSameErrors) {
   for (const std::string rest :
        {R"("temperature":-1)", R"("top_p":0)", R"("n":0)", R"("stop":5)", R"("seed":"x")",
         R"("stream":"yes")", R"("stream_options":{"include_usage":true})", R"("priority":1.5)",
-        R"("presence_penalty":1)", R"("logit_bias":{"1":2})", R"("model":"gpt-4")"}) {
+        R"("presence_penalty":3)", R"("logit_bias":{"1":200})", R"("model":"gpt-4")"}) {
     ApiError chat = chat_err("{" + m + "," + rest + "}");
     ApiError completion = parse_err(R"({"prompt":"x",)" + rest + "}");
     EXPECT_EQ(chat.status, completion.status) << rest;

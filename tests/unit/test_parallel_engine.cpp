@@ -478,5 +478,159 @@ TEST(ParallelEngine, LogprobsAreTheSameInEveryLayout) {
   }
 }
 
+// Penalties and bias give the same ids in every layout, and a sequence
+// prefilled again with its history (resumed elsewhere, or recomputed)
+// continues them exactly.
+TEST(ParallelEngine, PenaltiesAreTheSameInEveryLayoutAndResumeExactly) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 12, DType::F32);
+  const int S = 3, steps = 10;
+  auto sampling = [](int s, bool penalties) {
+    SamplingParams p;
+    p.temperature = s == 1 ? 0.9f : 0.0f;
+    p.seed = uint64_t(s);
+    p.logprobs = s == 0 ? 2 : -1;
+    if (!penalties) return p;
+    p.frequency_penalty = s == 0 ? -2.0f : 0.0f;  // negative: repeats are favoured
+    p.presence_penalty = s == 1 ? 1.0f : 0.0f;
+    p.repetition_penalty = s == 2 ? 1.8f : 1.0f;
+    if (s == 2) p.logit_bias = {{7, 100.0f}};
+    return p;
+  };
+  // Each sequence's prompt, then its first `resume` ids of `from` as if
+  // generated before, in one prefill; then decode to `steps` ids.
+  using Ids = std::vector<std::vector<int>>;
+  auto drive_pen = [&](StepEngine& engine, bool penalties, const Ids& from = {}, int resume = 0) {
+    test::SlotBook book(16);
+    Ids out(S);
+    std::vector<StepItem> items;
+    for (int s = 0; s < S; ++s) {
+      std::vector<int> tokens = {1 + 7 * s, 2 + s, 3, 2 + s, 1 + 7 * s};
+      if (resume > 0)
+        out[size_t(s)].assign(from[size_t(s)].begin(), from[size_t(s)].begin() + resume);
+      tokens.insert(tokens.end(), out[size_t(s)].begin(), out[size_t(s)].end());
+      items.push_back(book.next(uint64_t(s), tokens));
+      items.back().sampling = sampling(s, penalties);
+      items.back().generated = resume;
+      if (items.back().sampling.penalizes()) items.back().history = tokens;
+    }
+    while (out[0].size() < size_t(steps)) {
+      const auto ids = engine.step(items);
+      for (int s = 0; s < S; ++s) {
+        out[size_t(s)].push_back(ids[size_t(s)]);
+        StepItem next = book.next(uint64_t(s), {ids[size_t(s)]});
+        next.sampling = items[size_t(s)].sampling;
+        next.generated = int(out[size_t(s)].size());
+        items[size_t(s)] = next;
+      }
+    }
+    for (int s = 0; s < S; ++s) engine.release(uint64_t(s));
+    return out;
+  };
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 16, 128, DType::F32});
+  const Ids want = drive_pen(single, true);
+  const Ids plain = drive_pen(single, false);
+  EXPECT_NE(want[0], plain[0]);                    // the penalty moved greedy off its path
+  EXPECT_EQ(want[2], std::vector<int>(steps, 7));  // +100 outweighs any repetition penalty
+  EXPECT_EQ(drive_pen(single, true, want, 4), want);
+  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}}) {
+    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
+    ParallelEngineOptions l;
+    l.pipeline = P;
+    l.tensor = T;
+    l.blocks = 128;
+    l.block_tokens = 16;
+    ParallelEngine pe(ck, DType::F32, l);
+    EXPECT_EQ(drive_pen(pe, true), want);
+    EXPECT_EQ(drive_pen(pe, true, want, 3), want);
+    EXPECT_EQ(drive_pen(pe, false), plain);
+  }
+}
+
+// Prompt log-probabilities (every row of a prefill classified) are what the
+// rows give token by token, bit for bit, in one chunk or several, beside
+// other sequences, and in every layout.
+TEST(ParallelEngine, PromptLogprobsAreTheTokenByTokenOnesInEveryLayout) {
+  const auto ck = synth_checkpoint(synth_preset("tiny"), 12, DType::F32);
+  const int V = ck.config.vocab_size, k = 3;
+  const std::vector<std::vector<int>> prompts = {
+      {1, 17, 5, 99 % V, 42, 7, 7, 8, 21, 3}, {1, 4}, {1, 9, 9, 2, 30, 11, 6}};
+  using Lps = std::vector<std::vector<TokenLogprobs>>;
+  // Token by token: each position's row, kept, scored against the next token.
+  Engine single(std::make_shared<Model>(ck, DType::F32), EngineOptions{1, 16, 128, DType::F32});
+  Lps want(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    test::SlotBook book(16);
+    single.keep_logits(true);
+    for (size_t p = 0; p + 1 < prompts[s].size(); ++p) {
+      single.step({book.next(s, {prompts[s][p]})});
+      want[s].push_back(token_logprobs(single.last_logits(), prompts[s][p + 1], k));
+    }
+    single.keep_logits(false);
+    single.release(s);
+  }
+  // Prefills in chunks of `chunk`, the sequences side by side, with a plain
+  // one (no prompt log-probabilities) among them.
+  auto prefill = [&](StepEngine& engine, size_t chunk) {
+    test::SlotBook book(16);
+    Lps got(prompts.size());
+    std::vector<size_t> fed(prompts.size(), 0);
+    for (bool left = true; left;) {
+      left = false;
+      std::vector<StepItem> items;
+      std::vector<size_t> who;
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        if (fed[s] == prompts[s].size()) continue;
+        const size_t n = std::min(chunk, prompts[s].size() - fed[s]);
+        std::vector<int> tokens(prompts[s].begin() + long(fed[s]),
+                                prompts[s].begin() + long(fed[s] + n));
+        fed[s] += n;
+        items.push_back(book.next(s, tokens, fed[s] == prompts[s].size()));
+        items.back().sampling.prompt_logprobs = k;
+        items.back().history = prompts[s];
+        who.push_back(s);
+        left = left || fed[s] < prompts[s].size();
+      }
+      items.push_back(book.next(7, {5, 6}, true));  // plain, fed twice
+      engine.step(items);
+      const auto& lps = engine.last_prompt_logprobs();
+      EXPECT_EQ(lps.size(), items.size());
+      EXPECT_TRUE(lps.back().empty());
+      for (size_t i = 0; i < who.size(); ++i)
+        got[who[i]].insert(got[who[i]].end(), lps[i].begin(), lps[i].end());
+    }
+    for (size_t s = 0; s < prompts.size(); ++s) engine.release(s);
+    engine.release(7);
+    return got;
+  };
+  auto expect_same = [&](const Lps& got) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s) {
+      ASSERT_EQ(got[s].size(), want[s].size()) << "sequence " << s;
+      for (size_t p = 0; p < want[s].size(); ++p) {
+        EXPECT_EQ(got[s][p].logprob, want[s][p].logprob) << s << " " << p;
+        ASSERT_EQ(got[s][p].top.size(), size_t(k));
+        for (int j = 0; j < k; ++j) {
+          EXPECT_EQ(got[s][p].top[size_t(j)].token, want[s][p].top[size_t(j)].token);
+          EXPECT_EQ(got[s][p].top[size_t(j)].logprob, want[s][p].top[size_t(j)].logprob);
+        }
+      }
+    }
+  };
+  for (size_t chunk : {size_t(16), size_t(3)}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    expect_same(prefill(single, chunk));
+    for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}}) {
+      SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
+      ParallelEngineOptions l;
+      l.pipeline = P;
+      l.tensor = T;
+      l.blocks = 128;
+      l.block_tokens = 16;
+      ParallelEngine pe(ck, DType::F32, l);
+      expect_same(prefill(pe, chunk));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe

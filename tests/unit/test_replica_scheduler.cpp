@@ -162,6 +162,38 @@ TEST(ReplicaScheduler, AResumedRequestRegeneratesFromItsNextToken) {
   EXPECT_EQ(ev.tokens[0].index, 2);
 }
 
+// The item that ends a prefill of a sequence with penalties carries the
+// whole sequence, so the engine can count what it holds; others carry none.
+TEST(ReplicaScheduler, TheItemThatEndsAPenalizedPrefillCarriesTheSequence) {
+  ReplicaScheduler r(options(16));
+  // Resumed: prompt of 9 plus 2 delivered elsewhere, in two chunks.
+  Assignment a = assignment(7, {1, 5, 9, 5, 9, 5, 9, 5, 9, 20, 21}, 6, 2);
+  a.sampling.frequency_penalty = 0.5f;
+  r.add(a);
+  r.add(assignment(8, {1, 4}, 6));  // no penalties
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  EXPECT_FALSE(s->items[0].sample);  // the first chunk of 8
+  EXPECT_TRUE(s->items[0].history.empty());
+  EXPECT_TRUE(s->items[1].sample);
+  EXPECT_TRUE(s->items[1].history.empty());
+  r.finish_step(s->id, sampled(*s, 30), 0.01);
+  s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  for (const auto& it : s->items) {
+    if (it.seq != 7) {
+      EXPECT_TRUE(it.history.empty());  // 8 decodes
+      continue;
+    }
+    EXPECT_TRUE(it.sample);
+    EXPECT_EQ(it.generated, 2);
+    EXPECT_EQ(it.history, a.tokens);
+  }
+  r.finish_step(s->id, sampled(*s, 31), 0.01);
+  s = r.next_step();  // decoding: the engine keeps count itself
+  for (const auto& it : s->items) EXPECT_TRUE(it.history.empty());
+}
+
 TEST(ReplicaScheduler, CancelledRequestsEndBeforeTheNextStepOrWhenTheirStepReturns) {
   ReplicaScheduler r(options(16));
   r.add(assignment(1, {1, 5}, 8));

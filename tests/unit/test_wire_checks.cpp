@@ -6,7 +6,9 @@
 // types write today.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -86,6 +88,107 @@ TEST(WireChecks, SamplingAsTheSamplerTakesIt) {
   EXPECT_EQ(sampling_problem({1, 1, 0, 0, kMaxLogprobs}), "");
   EXPECT_TRUE(names(sampling_problem({1, 1, 0, 0, -2}), "logprobs"));
   EXPECT_TRUE(names(sampling_problem({1, 1, 0, 0, kMaxLogprobs + 1}), "logprobs"));
+}
+
+TEST(WireChecks, PenaltiesAndBiasAsTheSamplerTakesThem) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto with = [](auto change) {
+    SamplingParams p;
+    change(p);
+    return p;
+  };
+  EXPECT_EQ(sampling_problem(with([](auto& p) {
+                               p.presence_penalty = -2;
+                               p.frequency_penalty = 2;
+                               p.repetition_penalty = 2;
+                               p.logit_bias = {{0, -100.0f}, {299, 100.0f}};
+                             }),
+                             300),
+            "");
+  EXPECT_TRUE(names(sampling_problem(with([&](auto& p) { p.presence_penalty = nan; })),
+                    "presence_penalty"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.frequency_penalty = -2.5f; })),
+                    "frequency_penalty"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.repetition_penalty = 0; })),
+                    "repetition_penalty"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                                       p.logit_bias = {{300, 1.0f}};
+                                     }),
+                                     300),
+                    "outside the vocabulary"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.logit_bias = {{-1, 1.0f}};
+                    })),
+                    "outside the vocabulary"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.logit_bias = {{5, 1.0f}, {5, 2.0f}};
+                    })),
+                    "not ascending"));
+  EXPECT_TRUE(names(sampling_problem(with([&](auto& p) {
+                      p.logit_bias = {{5, nan}};
+                    })),
+                    "outside [-100"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.logit_bias.resize(size_t(kMaxLogitBias) + 1);
+                      for (int i = 0; i <= kMaxLogitBias; ++i) p.logit_bias[size_t(i)] = {i, 0.0f};
+                    })),
+                    "entries"));
+}
+
+TEST(WireChecks, AStepItemsHistoryIsTheWholeSequence) {
+  StepItem it;
+  it.seq = 1;
+  it.tokens = {7, 8};
+  it.position = 3;
+  it.blocks = {0};
+  it.sample = true;
+  it.generated = 1;
+  it.sampling.frequency_penalty = 1;
+  it.history = {1, 2, 3, 7, 8};
+  const StepLimits limits{300, 128, 48, 16, 4, 64};
+  EXPECT_EQ(step_problem({it}, 1, limits), "");
+  StepItem short_history = it;
+  short_history.history.pop_back();
+  EXPECT_TRUE(names(step_problem({short_history}, 1, limits), "history has 4 tokens"));
+  StepItem bad_id = it;
+  bad_id.history[0] = 300;
+  EXPECT_TRUE(names(step_problem({bad_id}, 1, limits), "history token id 300"));
+  // A prefill chunk that does not sample may know more of its sequence.
+  StepItem chunk = it;
+  chunk.sample = false;
+  chunk.history.push_back(9);
+  EXPECT_EQ(step_problem({chunk}, 1, limits), "");
+  chunk.history.resize(4);
+  EXPECT_TRUE(names(step_problem({chunk}, 1, limits), "fewer than the 5"));
+  chunk.history.assign(129, 1);
+  EXPECT_TRUE(names(step_problem({chunk}, 1, limits), "more than the context length"));
+  StepItem too_many = it;
+  too_many.generated = 6;
+  EXPECT_TRUE(names(step_problem({too_many}, 1, limits), "more than its history"));
+}
+
+// Penalties and bias cross as they are: the bias's values bit for bit.
+TEST(WireChecks, PenaltiesCrossTheWireExactly) {
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = -1e-40f;  // a subnormal, which CAF's own float encoding mangles
+  p.repetition_penalty = 1.25f;
+  p.logit_bias = {{3, -0.0f}, {17, 99.5f}, {40, -1e-39f}};
+  const auto bytes = fuzz::wire_encode(p);
+  SamplingParams q;
+  size_t rest = 0;
+  ASSERT_FALSE(fuzz::wire_decode(bytes.data(), bytes.size(), rest, q));
+  EXPECT_EQ(rest, 0u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(q.frequency_penalty),
+            std::bit_cast<uint32_t>(p.frequency_penalty));
+  EXPECT_EQ(q.presence_penalty, p.presence_penalty);
+  EXPECT_EQ(q.repetition_penalty, p.repetition_penalty);
+  ASSERT_EQ(q.logit_bias.size(), p.logit_bias.size());
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    EXPECT_EQ(q.logit_bias[i].first, p.logit_bias[i].first);
+    EXPECT_EQ(std::bit_cast<uint32_t>(q.logit_bias[i].second),
+              std::bit_cast<uint32_t>(p.logit_bias[i].second));
+  }
 }
 
 TEST(WireChecks, ReplicaPlansANodeCannotIndexAreRefused) {

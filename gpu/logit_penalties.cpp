@@ -1,0 +1,91 @@
+#include "gpu/logit_penalties.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+LogitPenalties::LogitPenalties(const SamplingParams& params) : params_(params) {
+  // Written so that NaN fails each check.
+  auto check = [](bool ok, const char* name, float v, const char* range) {
+    if (!ok)
+      throw std::invalid_argument(std::string("sampler: ") + name + " must be in " + range +
+                                  ", got " + std::to_string(v));
+  };
+  const SamplingParams& p = params;
+  check(p.presence_penalty >= -2 && p.presence_penalty <= 2, "presence_penalty", p.presence_penalty,
+        "[-2, 2]");
+  check(p.frequency_penalty >= -2 && p.frequency_penalty <= 2, "frequency_penalty",
+        p.frequency_penalty, "[-2, 2]");
+  check(p.repetition_penalty > 0 && p.repetition_penalty <= 2, "repetition_penalty",
+        p.repetition_penalty, "(0, 2]");
+  for (const auto& [id, bias] : p.logit_bias)
+    check(bias >= -100 && bias <= 100, "a logit_bias value", bias, "[-100, 100]");
+}
+
+void LogitPenalties::reset(std::span<const int> tokens, int generated) {
+  if (generated < 0 || size_t(generated) > tokens.size())
+    throw std::invalid_argument("penalties: " + std::to_string(generated) +
+                                " generated tokens in a history of " +
+                                std::to_string(tokens.size()));
+  output_.clear();
+  for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i) ++output_[tokens[i]];
+  seen_.clear();
+  if (params_.repetition_penalty == 1) return;  // only the repetition penalty reads the prompt
+  seen_.assign(tokens.begin(), tokens.end());
+  std::sort(seen_.begin(), seen_.end());
+  seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+}
+
+void LogitPenalties::record(int id) {
+  ++output_[id];
+  if (params_.repetition_penalty == 1) return;
+  const auto at = std::lower_bound(seen_.begin(), seen_.end(), id);
+  if (at == seen_.end() || *at != id) seen_.insert(at, id);
+}
+
+int LogitPenalties::output_count(int id) const {
+  const auto it = output_.find(id);
+  return it == output_.end() ? 0 : it->second;
+}
+
+void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& out) const {
+  out.assign(logits.begin(), logits.end());
+  const size_t n = out.size();
+  auto inside = [n](int id) { return id >= 0 && size_t(id) < n; };
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (inside(id)) out[size_t(id)] += bias;
+  const float r = params_.repetition_penalty;
+  if (r != 1)
+    for (int id : seen_)
+      if (inside(id)) {
+        float& l = out[size_t(id)];
+        l = l > 0 ? l / r : l * r;
+      }
+  const float freq = params_.frequency_penalty, presence = params_.presence_penalty;
+  if (freq != 0 || presence != 0)
+    for (const auto& [id, count] : output_)
+      if (inside(id)) {
+        float& l = out[size_t(id)];
+        l -= freq * float(count);
+        l -= presence;
+      }
+}
+
+std::span<const float> SequencePenalties::adjust(const StepItem& item,
+                                                 std::span<const float> logits) {
+  if (!item.sampling.adjusts_logits()) return logits;
+  auto it = seqs_.find(item.seq);
+  if (it == seqs_.end()) it = seqs_.emplace(item.seq, LogitPenalties(item.sampling)).first;
+  if (!item.history.empty()) it->second.reset(item.history, item.generated);
+  it->second.apply(logits, row_);
+  return row_;
+}
+
+void SequencePenalties::record(uint64_t seq, int id) {
+  const auto it = seqs_.find(seq);
+  if (it != seqs_.end()) it->second.record(id);
+}
+
+}  // namespace troupe

@@ -1,0 +1,178 @@
+// Penalties and logit bias: the arithmetic on the ids they touch, that the
+// draw from an adjusted row is the draw a plain sampler makes from the same
+// numbers, and that a sequence rebuilt from its history continues exactly.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu/logit_penalties.h"
+#include "gpu/sampler.h"
+#include "util/rng.h"
+
+namespace troupe {
+namespace {
+
+std::vector<float> random_logits(size_t n, uint64_t seed) {
+  Xoshiro256 rng(seed ^ 0x5eedull);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float((rng.next_double() * 2 - 1) * 3);
+  return v;
+}
+
+SamplingParams penalized(float temperature, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
+  p.presence_penalty = 0.25f;
+  p.frequency_penalty = 0.5f;
+  p.repetition_penalty = 2;
+  p.logit_bias = {{3, 1.0f}, {5, -100.0f}};
+  return p;
+}
+
+TEST(LogitPenalties, TouchOnlyTheIdsTheyNameInVllmsOrder) {
+  LogitPenalties pen(penalized(1, 0));
+  // Prompt {0, 3}, output {2, 2, 1}.
+  pen.reset(std::vector<int>{0, 3, 2, 2, 1}, 3);
+  EXPECT_EQ(pen.output_count(2), 2);
+  EXPECT_EQ(pen.output_count(0), 0);
+  const std::vector<float> logits = {1, -1, 2, 0.5f, 7, 4, -3};
+  std::vector<float> out;
+  pen.apply(logits, out);
+  ASSERT_EQ(out.size(), logits.size());
+  EXPECT_FLOAT_EQ(out[0], 0.5f);    // prompt only: repetition, 1 / 2
+  EXPECT_FLOAT_EQ(out[1], -2.75f);  // -1 * 2, - 0.5 * 1, - 0.25
+  EXPECT_FLOAT_EQ(out[2], -0.25f);  // 2 / 2, - 0.5 * 2, - 0.25
+  EXPECT_FLOAT_EQ(out[3], 0.75f);   // + 1 bias, then / 2
+  EXPECT_FLOAT_EQ(out[4], 7.0f);    // untouched
+  EXPECT_FLOAT_EQ(out[5], -96.0f);  // bias only
+  EXPECT_FLOAT_EQ(out[6], -3.0f);
+  // A new output token joins both the counts and the seen set.
+  pen.record(6);
+  pen.apply(logits, out);
+  EXPECT_FLOAT_EQ(out[6], -3.0f * 2 - 0.5f - 0.25f);
+  EXPECT_THROW(pen.reset(std::vector<int>{1, 2}, 3), std::invalid_argument);
+}
+
+TEST(LogitPenalties, BadParametersThrowNamingThem) {
+  auto throws_naming = [](SamplingParams p, const std::string& name) {
+    try {
+      LogitPenalties pen(p);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what()).find(name) != std::string::npos;
+    }
+    return false;
+  };
+  SamplingParams p;
+  p.presence_penalty = 2.5f;
+  EXPECT_TRUE(throws_naming(p, "presence_penalty"));
+  p = {};
+  p.frequency_penalty = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(throws_naming(p, "frequency_penalty"));
+  p = {};
+  p.repetition_penalty = 0;
+  EXPECT_TRUE(throws_naming(p, "repetition_penalty"));
+  p = {};
+  p.logit_bias = {{1, 101.0f}};
+  EXPECT_TRUE(throws_naming(p, "logit_bias"));
+}
+
+// The adjusted draw is a plain sampler's draw from the adjusted numbers,
+// step after step, with each sampled id counted.
+TEST(LogitPenalties, SequenceSamplersDrawFromTheAdjustedRow) {
+  for (float temperature : {0.0f, 0.8f}) {
+    SequenceSamplers samplers;
+    StepItem item;
+    item.seq = 7;
+    item.sample = true;
+    item.sampling = penalized(temperature, 42);
+    item.history = {4, 0, 3};  // the prompt; nothing generated yet
+    Sampler plain(SamplingParams{temperature, 1, 0, 42});
+    LogitPenalties mirror(item.sampling);
+    mirror.reset(item.history, 0);
+    std::vector<int> seen;
+    for (int step = 0; step < 40; ++step) {
+      const auto logits = random_logits(16, uint64_t(step % 3));  // repeats, so ids repeat
+      std::vector<float> adjusted;
+      mirror.apply(logits, adjusted);
+      const int want = plain.sample(adjusted);
+      mirror.record(want);
+      std::optional<TokenLogprobs> lp;
+      item.sampling.logprobs = 2;
+      const int got = samplers.sample(item, logits, &lp);
+      ASSERT_EQ(got, want) << "step " << step << " temperature " << temperature;
+      // Log-probabilities are of the logits as given, before any penalty.
+      ASSERT_TRUE(lp.has_value());
+      EXPECT_EQ(lp->logprob, token_logprobs(logits, got, 0).logprob);
+      EXPECT_NE(got, 5);  // biased -100
+      seen.push_back(got);
+      item.history.clear();
+      item.generated = step + 1;
+    }
+    // The penalties made the greedy run leave its first choice.
+    if (temperature == 0) {
+      EXPECT_GT(std::set<int>(seen.begin(), seen.end()).size(), 3u);
+    }
+    samplers.release(7);
+  }
+}
+
+// A sequence stopped after k tokens and started again elsewhere, from its
+// history, draws what it would have drawn.
+TEST(LogitPenalties, ASequenceResumedFromItsHistoryContinuesExactly) {
+  for (float temperature : {0.0f, 1.0f}) {
+    const std::vector<int> prompt = {1, 2, 3, 2};
+    auto run = [&](SequenceSamplers& samplers, std::vector<int> tokens, int generated, int steps) {
+      StepItem item;
+      item.seq = 1;
+      item.sample = true;
+      item.sampling = penalized(temperature, 9);
+      item.history = tokens;
+      item.generated = generated;
+      std::vector<int> out;
+      for (int k = 0; k < steps; ++k) {
+        const int pos = int(tokens.size());
+        const int id = samplers.sample(item, random_logits(12, uint64_t(pos % 4)));
+        out.push_back(id);
+        tokens.push_back(id);
+        item.history.clear();
+        item.generated = ++generated;
+      }
+      return out;
+    };
+    SequenceSamplers whole;
+    const std::vector<int> want = run(whole, prompt, 0, 12);
+    for (int k : {1, 5, 11}) {
+      std::vector<int> tokens = prompt;
+      tokens.insert(tokens.end(), want.begin(), want.begin() + k);
+      SequenceSamplers elsewhere;
+      const std::vector<int> rest = run(elsewhere, tokens, k, 12 - k);
+      EXPECT_EQ(rest, std::vector<int>(want.begin() + k, want.end()))
+          << "resumed after " << k << ", temperature " << temperature;
+    }
+  }
+}
+
+TEST(LogitPenalties, SamplingWithoutThemIsUntouched) {
+  SequencePenalties pens;
+  StepItem item;
+  item.seq = 3;
+  item.history = {1, 2};
+  const std::vector<float> logits = {1, 2, 3};
+  const auto row = pens.adjust(item, logits);
+  EXPECT_EQ(row.data(), logits.data());  // no copy
+  EXPECT_EQ(pens.size(), 0u);
+  item.sampling.logit_bias = {{0, 5.0f}};
+  EXPECT_EQ(pens.adjust(item, logits)[0], 6.0f);
+  EXPECT_EQ(pens.size(), 1u);
+  pens.release(3);
+  EXPECT_EQ(pens.size(), 0u);
+}
+
+}  // namespace
+}  // namespace troupe
