@@ -393,6 +393,26 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
   EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
 }
 
+// ---- SIGTERM / SIGINT: nothing accepted ends in silence ----
+
+const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
+
+// Slows every step of replica 0 `factor`-fold for a minute, so that
+// requests stay in flight while the test signals the server.
+void slow_down(Server& s, double factor) {
+  const HttpResponse r = test::http_request(
+      s.port(), "POST", "/admin/faults",
+      json({{"kind", "slow"}, {"replica", 0}, {"factor", factor}, {"duration_s", 60}}).dump(), 10,
+      kAdmin);
+  ASSERT_EQ(r.status, 201) << r.body;
+}
+
+// Waits until `n` sequences run (the requests were accepted and are in
+// their steps).
+bool wait_running(Server& s, int n) {
+  return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
+}
+
 // Penalties and bias: they change what greedy picks, a layout gives the same
 // text, and requests resumed on another replica after a crash (their
 // penalties rebuilt from the tokens so far) give the text they would have.
@@ -433,37 +453,21 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
     Server tp({"parallel.tensor=2", "devices=[{kind: cpu, threads: 1}]"});
     for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(text_of(tp, ask(i)), want[i]) << i;
   }
-  Server s(
-      {"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]", "routing.policy=round_robin"});
+  Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]",
+            "routing.policy=round_robin", "admin.faults=true", "admin.token=T"});
+  slow_down(s, 20);  // so that replica 0's requests are surely mid-generation
   std::vector<std::string> got(kPrompts.size());
   std::vector<std::thread> clients;
   for (size_t i = 0; i < kPrompts.size(); ++i)
     clients.emplace_back([&, i] { got[i] = text_of(s, ask(i)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  s.process().signal(SIGUSR1);  // crash replica 0 mid-generation
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s.process().signal(SIGUSR1);  // crash replica 0
   for (auto& c : clients) c.join();
   for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
-  EXPECT_NE(s.process().wait_for_line("restarting", 5), "");
-}
-
-// ---- SIGTERM / SIGINT: nothing accepted ends in silence ----
-
-const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
-
-// Slows every step of replica 0 `factor`-fold for a minute, so that
-// requests stay in flight while the test signals the server.
-void slow_down(Server& s, double factor) {
-  const HttpResponse r = test::http_request(
-      s.port(), "POST", "/admin/faults",
-      json({{"kind", "slow"}, {"replica", 0}, {"factor", factor}, {"duration_s", 60}}).dump(), 10,
-      kAdmin);
-  ASSERT_EQ(r.status, 201) << r.body;
-}
-
-// Waits until `n` sequences run (the requests were accepted and are in
-// their steps).
-bool wait_running(Server& s, int n) {
-  return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
+  // The crash caught requests mid-generation ("N requests to resume", N > 0).
+  const std::string down = s.process().wait_for_line("requests to resume", 5);
+  EXPECT_NE(down, "");
+  EXPECT_EQ(down.find(" 0 requests to resume"), std::string::npos) << down;
 }
 
 // An orderly life (start, a request, SIGTERM) is not a fault: nothing in it
