@@ -125,7 +125,8 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
               st->last_answer = now;
               const double took = std::chrono::duration<double>(now - start).count();
               ahead_while_short(*st, took);
-              StepEvents ev = st->sched->finish_step(id, out.ids, took, out.logprobs);
+              StepEvents ev =
+                  st->sched->finish_step(id, out.ids, took, out.logprobs, out.prompt_logprobs);
               flush(self, *st);
               tell_router(self, *st, std::move(ev));
               schedule(self, st);

@@ -75,11 +75,13 @@ using ShardActor = caf::typed_actor<caf::reacts_to<run_atom>,
                                     caf::reacts_to<crash_atom, uint64_t, bool, FaultInjectorActor>>;
 
 // What a step gives its batcher: one sampled id per item (-1 where it does
-// not sample), and the log-probabilities the items asked for (empty when
-// none did, else one per item). The worker and its batcher share a process.
+// not sample), and the log-probabilities and prompt log-probabilities the
+// items asked for (each empty when none did, else one per item). The worker
+// and its batcher share a process.
 struct StepOutput {
   std::vector<int> ids;
   std::vector<std::optional<TokenLogprobs>> logprobs;
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs;  // empty, or one list per item
 };
 
 // A replica's engine on its own thread. (step, items) -> what it sampled; (stepdone, ticket) is its

@@ -96,8 +96,8 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
              }));
   } else {
     return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
-             x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty, x.repetition_penalty,
-             x.logit_bias);
+             x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty,
+             x.repetition_penalty, x.logit_bias);
   }
 }
 
@@ -139,6 +139,11 @@ typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PromptLogprobsEvent& x) {
+  return f(caf::meta::type_name("PromptLogprobsEvent"), x.id, x.entries);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
   return f(caf::meta::type_name("DoneEvent"), x.id, x.reason, x.completion_tokens);
 }
@@ -148,12 +153,12 @@ typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
   if constexpr (kWireBits<Inspector>) {
     FloatBits<double> step_s{x.step_s};
     return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, step_s, x.batch_sequences,
-             x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
-             x.blocks_used, x.blocks_free, x.seq, x.acked);
+             x.batch_tokens, x.prefill_tokens, x.prompts, x.tokens, x.done, x.running,
+             x.queued_tokens, x.blocks_used, x.blocks_free, x.seq, x.acked);
   } else {
     return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
-             x.batch_tokens, x.prefill_tokens, x.tokens, x.done, x.running, x.queued_tokens,
-             x.blocks_used, x.blocks_free, x.seq, x.acked);
+             x.batch_tokens, x.prefill_tokens, x.prompts, x.tokens, x.done, x.running,
+             x.queued_tokens, x.blocks_used, x.blocks_free, x.seq, x.acked);
   }
 }
 

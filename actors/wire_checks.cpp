@@ -201,19 +201,25 @@ std::string step_events_problem(const StepEvents& ev) {
   if (ev.prefill_tokens > ev.batch_tokens)
     return "prefill_tokens " + str(int64_t(ev.prefill_tokens)) + " is more than batch_tokens " +
            str(int64_t(ev.batch_tokens));
+  // A log-probability is <= 0 or -inf; NaN is never one.
+  auto malformed = [](const TokenLogprobs& lps) -> std::string {
+    auto bad = [](float lp) { return std::isnan(lp) || lp > 0; };
+    if (lps.top.size() > size_t(kMaxLogprobs) || bad(lps.logprob))
+      return " has malformed log-probabilities";
+    for (const TopLogprob& l : lps.top)
+      if (l.token < 0 || bad(l.logprob)) return " has a malformed top log-probability";
+    return {};
+  };
+  for (const PromptLogprobsEvent& p : ev.prompts)
+    for (size_t i = 0; i < p.entries.size(); ++i)
+      if (auto why = malformed(p.entries[i]); !why.empty())
+        return "request " + std::to_string(p.id) + ": prompt token " + str(int64_t(i + 1)) + why;
   for (const TokenEvent& t : ev.tokens) {
     if (t.index < 0 || t.token < 0)
       return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) + " at index " +
              str(int64_t(t.index));
-    // A log-probability is <= 0 or -inf; NaN is never one.
-    auto bad = [](float lp) { return std::isnan(lp) || lp > 0; };
-    if (t.logprobs.top.size() > size_t(kMaxLogprobs) || bad(t.logprobs.logprob))
-      return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) +
-             " has malformed log-probabilities";
-    for (const TopLogprob& l : t.logprobs.top)
-      if (l.token < 0 || bad(l.logprob))
-        return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) +
-               " has a malformed top log-probability";
+    if (auto why = malformed(t.logprobs); !why.empty())
+      return "request " + std::to_string(t.id) + ": token " + str(int64_t(t.token)) + why;
   }
   for (const DoneEvent& d : ev.done) {
     if (d.reason != FinishReason::Stop && d.reason != FinishReason::Length &&

@@ -266,10 +266,13 @@ void complete_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>
     for (const auto& smp : st->engine->last_samples())
       st->tuner->observe(smp.stage, smp.tokens, smp.seconds);
   if (metrics && !st->shards.empty()) publish_stages(*st->engine, replica, *metrics);
-  StepOutput answer{std::move(out), {}};
+  StepOutput answer{std::move(out), {}, {}};
   const auto& logprobs = st->engine->last_logprobs();
   if (std::any_of(logprobs.begin(), logprobs.end(), [](const auto& l) { return l.has_value(); }))
     answer.logprobs = logprobs;
+  const auto& prompt = st->engine->last_prompt_logprobs();
+  if (std::any_of(prompt.begin(), prompt.end(), [](const auto& l) { return !l.empty(); }))
+    answer.prompt_logprobs = prompt;
   done.promise.deliver(std::move(answer));
   // One loop launches the held steps, however deep the answers nest.
   if (st->launching_held) return;

@@ -33,6 +33,7 @@ CompletionChoices::CompletionChoices(const std::vector<uint64_t>& request_ids,
     const ChoicePrompt& p = prompts[i / size_t(n_)];
     choices_.emplace_back(ids_[i], params, std::move(m), p.tokens, tokenizer, submitted, p.tail);
     if (!alone_) choices_.back().make_one_of_several();
+    if (params.echo) choices_.back().set_echo(p.echo_text, p.echo_ids);
   }
 }
 
@@ -53,6 +54,12 @@ std::vector<uint64_t> CompletionChoices::running() const {
   for (size_t i = 0; i < ids_.size(); ++i)
     if (!choices_[i].finished()) out.push_back(ids_[i]);
   return out;
+}
+
+void CompletionChoices::on_prompt_logprobs(uint64_t request_id,
+                                           const std::vector<TokenLogprobs>& entries) {
+  const int i = index_of(request_id);
+  if (i >= 0) choices_[size_t(i)].on_prompt_logprobs(entries);
 }
 
 ChoicesStep CompletionChoices::on_token(uint64_t request_id, int token_id,

@@ -40,6 +40,9 @@ struct ChoicesStep {
 struct ChoicePrompt {
   int tokens = 0;
   std::vector<int> tail;
+  // With echo (CompletionParams::echo): the prompt's text and all its ids.
+  std::string echo_text{};
+  std::vector<int> echo_ids{};
 };
 
 class CompletionChoices {
@@ -58,6 +61,7 @@ class CompletionChoices {
   // after the request ended change nothing.
   ChoicesStep on_token(uint64_t request_id, int token_id, const TokenLogprobs* logprobs,
                        Clock::time_point at);
+  void on_prompt_logprobs(uint64_t request_id, const std::vector<TokenLogprobs>& entries);
   ChoicesStep on_done(uint64_t request_id, FinishReason reason, int prompt_tokens,
                       Clock::time_point at);
   ChoicesStep on_error(uint64_t request_id, const ServiceError& error);
@@ -93,7 +97,7 @@ class CompletionChoices {
   bool alone_;  // one choice in all: its exchange's steps as they are
   bool stream_, include_usage_;
   std::vector<int> prompt_tokens_;  // per prompt: the service's count once known
-  bool streaming_ = false;  // the stream's header went out
+  bool streaming_ = false;          // the stream's header went out
   bool finished_ = false;
 };
 

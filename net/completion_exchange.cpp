@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "metrics/metrics.h"
@@ -42,9 +43,51 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
   }
 }
 
+void CompletionExchange::set_echo(std::string prompt_text, std::vector<int> prompt_ids) {
+  echo_ = true;
+  echo_text_ = std::move(prompt_text);
+  echo_ids_ = std::move(prompt_ids);
+  echo_bytes_ = 0;
+  for (int id : echo_ids_) echo_bytes_ += int64_t(token_text(id).size());
+}
+
+void CompletionExchange::on_prompt_logprobs(const std::vector<TokenLogprobs>& entries) {
+  if (echo_ && !finished()) prompt_logprobs_ = entries;
+}
+
+std::string CompletionExchange::take_echo_text() {
+  if (!echo_ || echo_text_sent_) return {};
+  echo_text_sent_ = true;
+  return echo_text_;
+}
+
+void CompletionExchange::prepend_echo_logprobs(nlohmann::json& generated) {
+  if (!echo_ || echo_logprobs_sent_) return;
+  echo_logprobs_sent_ = true;
+  // The first token has nothing before it; the others have what the
+  // service computed (all of them, unless its engine cannot).
+  std::vector<openai::TokenLogprob> prompt;
+  for (size_t i = 0; i < echo_ids_.size(); ++i) {
+    const bool have = i > 0 && i - 1 < prompt_logprobs_.size();
+    prompt.push_back(token_logprob(echo_ids_[i], have ? &prompt_logprobs_[i - 1] : nullptr));
+  }
+  if (echo_ids_.size() > 1 + prompt_logprobs_.size())
+    spdlog::warn(
+        "request {}: log-probabilities for {} of the prompt's {} tokens came; the rest "
+        "are null",
+        request_id_, prompt_logprobs_.size(), echo_ids_.size() - 1);
+  nlohmann::json j = openai::logprobs_json(meta_.api, prompt, 0);
+  for (auto& [key, values] : j.items())
+    values.insert(values.end(), generated[key].begin(), generated[key].end());
+  generated = std::move(j);
+}
+
 ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* logprobs,
                                           Clock::time_point at) {
   if (finished()) return {};
+  // An echo of the prompt alone: the one token the service samples is not
+  // the client's.
+  if (params_.max_tokens == 0) return {};
   if (completion_tokens_ >= params_.max_tokens) {
     // A service bug must not make a response longer than the client allowed.
     if (!warned_overflow_)
@@ -71,12 +114,13 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     text_ += out;
     return {};
   }
-  // Without a tokenizer every token is news (its id); with one, only text is.
-  if (out.empty() && tokenizer_) return {};
+  // Without a tokenizer every token is news (its id); with one, only text
+  // is, and the echoed prompt.
+  if (out.empty() && tokenizer_ && (!echo_ || echo_text_sent_)) return {};
   const auto lp = take_logprobs();
   std::string chunk =
-      opening() + openai::sse_text_chunk(meta_, out, std::nullopt, params_.include_usage,
-                                         ids_to_send(), lp ? &*lp : nullptr);
+      opening() + openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
+                                         params_.include_usage, ids_to_send(), lp ? &*lp : nullptr);
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
 }
@@ -92,6 +136,7 @@ ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens,
   // The service stops a sequence itself only on an end-of-sequence token
   // (stop strings are this exchange's), which max_tokens leaves room for.
   ended_on_eos_ = reason == FinishReason::Stop && completion_tokens_ < params_.max_tokens;
+  if (params_.max_tokens == 0) reason = FinishReason::Length;  // the prompt alone was asked for
   std::string out = stop_.push(decode_tail());
   if (stop_.stopped()) {
     reason = FinishReason::Stop;
@@ -123,9 +168,9 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
   if (params_.stream) {
-    std::string events =
-        opening() + openai::sse_finish_chunks(meta_, tail, reason, params_.include_usage,
-                                              ids_to_send(), lp ? &*lp : nullptr);
+    std::string events = opening() + openai::sse_finish_chunks(meta_, take_echo_text() + tail,
+                                                               reason, params_.include_usage,
+                                                               ids_to_send(), lp ? &*lp : nullptr);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
     const bool last = !one_of_several_;
@@ -136,7 +181,7 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     text_ += tail;
     step.response.emplace();
     step.response->body = openai::dump(openai::completion_response(
-        meta_, text_, reason, usage, ids_to_send(), lp ? &*lp : nullptr));
+        meta_, take_echo_text() + text_, reason, usage, ids_to_send(), lp ? &*lp : nullptr));
   }
   state_ = State::Finished;
   step.finished = figures(200, end);
@@ -221,21 +266,26 @@ std::string CompletionExchange::token_text(int token_id) const {
   return "token_id:" + std::to_string(token_id);
 }
 
+openai::TokenLogprob CompletionExchange::token_logprob(int token_id,
+                                                       const TokenLogprobs* logprobs) const {
+  openai::TokenLogprob t{token_text(token_id), std::nullopt, {}};
+  if (!logprobs) return t;
+  t.logprob = logprobs->logprob;
+  for (const TopLogprob& alt : logprobs->top) {
+    if (int(t.top.size()) == params_.logprobs) break;
+    t.top.emplace_back(token_text(alt.token), alt.logprob);
+  }
+  return t;
+}
+
 void CompletionExchange::add_logprobs(int token_id, const TokenLogprobs* logprobs) {
   if (params_.logprobs < 0) return;
-  openai::TokenLogprob t{token_text(token_id), std::nullopt, {}};
-  if (logprobs) {
-    t.logprob = logprobs->logprob;
-    for (const TopLogprob& alt : logprobs->top) {
-      if (int(t.top.size()) == params_.logprobs) break;
-      t.top.emplace_back(token_text(alt.token), alt.logprob);
-    }
-  } else if (!warned_no_logprobs_) {
+  if (!logprobs && !warned_no_logprobs_) {
     spdlog::warn("request {}: the runtime sent a token without the log-probabilities asked for",
                  request_id_);
     warned_no_logprobs_ = true;
   }
-  logprobs_.push_back(std::move(t));
+  logprobs_.push_back(token_logprob(token_id, logprobs));
 }
 
 void CompletionExchange::drop_logprobs_past_text() {
@@ -249,8 +299,13 @@ void CompletionExchange::drop_logprobs_past_text() {
 std::optional<nlohmann::json> CompletionExchange::take_logprobs() {
   // A stream's chunk without tokens (the finish reason alone) has none, as
   // OpenAI sends it; a whole response always has them, maybe empty.
-  if (params_.logprobs < 0 || (params_.stream && logprobs_.empty())) return std::nullopt;
-  nlohmann::json j = openai::logprobs_json(meta_.api, logprobs_, text_offset_);
+  // An echo's prompt tokens come first, once; the completion's offsets
+  // start after them.
+  const bool echo_pending = echo_ && !echo_logprobs_sent_;
+  if (params_.logprobs < 0 || (params_.stream && logprobs_.empty() && !echo_pending))
+    return std::nullopt;
+  nlohmann::json j = openai::logprobs_json(meta_.api, logprobs_, echo_bytes_ + text_offset_);
+  prepend_echo_logprobs(j);
   for (const auto& t : logprobs_) text_offset_ += int64_t(t.token.size());
   logprobs_.clear();
   return j;
@@ -262,12 +317,14 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   CompletionRequest r;
   r.id = request_id;
   r.prompt = std::move(prompt);
-  r.max_tokens = params.max_tokens;
+  // An echo of the prompt alone still samples one token, which is dropped.
+  r.max_tokens = std::max(1, params.max_tokens);
   r.sampling.temperature = params.temperature;
   r.sampling.top_p = params.top_p;
   r.sampling.top_k = params.top_k;
   r.sampling.seed = params.seed ? *params.seed + uint64_t(choice) : default_seed;
   r.sampling.logprobs = params.logprobs;
+  if (params.echo && params.logprobs >= 0) r.sampling.prompt_logprobs = params.logprobs;
   r.sampling.presence_penalty = params.presence_penalty;
   r.sampling.frequency_penalty = params.frequency_penalty;
   r.sampling.repetition_penalty = params.repetition_penalty;

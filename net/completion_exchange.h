@@ -64,10 +64,15 @@ class CompletionExchange {
   // stream's last events leave out the usage and [DONE], and do not end it;
   // CompletionChoices puts the choices together.
   void make_one_of_several() { one_of_several_ = true; }
+  // The response starts with the prompt (CompletionParams::echo): its text,
+  // and with `logprobs` its tokens' log-probabilities (on_prompt_logprobs).
+  void set_echo(std::string prompt_text, std::vector<int> prompt_ids);
 
   // The service's events; after the exchange ended they change nothing.
   // `logprobs`: what came with the token (null when none did).
   ExchangeStep on_token(int token_id, const TokenLogprobs* logprobs, Clock::time_point at);
+  // Those of prompt tokens 1.., before the first token; kept for the echo.
+  void on_prompt_logprobs(const std::vector<TokenLogprobs>& entries);
   ExchangeStep on_done(FinishReason reason, int prompt_tokens, Clock::time_point at);
   ExchangeStep on_error(const ServiceError& error);
   // The server's own failure (the submission threw, a handler broke).
@@ -98,6 +103,11 @@ class CompletionExchange {
   // and their log-probabilities are not either (a token the cut splits stays).
   void drop_logprobs_past_text();
   std::string token_text(int token_id) const;
+  openai::TokenLogprob token_logprob(int token_id, const TokenLogprobs* logprobs) const;
+  // The echoed prompt's text, once (then "").
+  std::string take_echo_text();
+  // The echoed prompt's log-probabilities in front of `generated`'s, once.
+  void prepend_echo_logprobs(nlohmann::json& generated);
   int generated_tokens() const { return completion_tokens_ + (ended_on_eos_ ? 1 : 0); }
 
   uint64_t request_id_;
@@ -124,6 +134,14 @@ class CompletionExchange {
   bool warned_no_logprobs_ = false;
   bool one_of_several_ = false;
   bool opened_ = false;  // a chat stream's role chunk went out
+  // Echo: the prompt's text and ids, what came for its tokens, whether its
+  // text and log-probabilities went out, and its tokens' bytes (where the
+  // completion's text offsets start).
+  bool echo_ = false, echo_text_sent_ = false, echo_logprobs_sent_ = false;
+  std::string echo_text_;
+  std::vector<int> echo_ids_;
+  std::vector<TokenLogprobs> prompt_logprobs_;
+  int64_t echo_bytes_ = 0;
 };
 
 // The service's request for validated parameters and the prompt's ids; the

@@ -209,6 +209,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (answering(request_id)) apply(active_->on_token(request_id, token_id, logprobs, t));
   }
 
+  void on_prompt_logprobs(uint64_t request_id, const std::vector<TokenLogprobs>& entries) {
+    if (answering(request_id)) active_->on_prompt_logprobs(request_id, entries);
+  }
+
   void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, Clock::time_point t) {
     if (answering(request_id)) apply(active_->on_done(request_id, reason, prompt_tokens, t));
   }
@@ -409,12 +413,20 @@ class Session : public std::enable_shared_from_this<Session> {
     reply_.chunked = req_.version() >= 11;
     if (params.stream && !reply_.chunked) reply_.keep_alive = false;
     std::vector<ChoicePrompt> choice_prompts;
-    for (const std::vector<int>& ids : prompts)
-      choice_prompts.push_back(
-          {int(ids.size()),
-           std::vector<int>(
-               ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
-               ids.end())});
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const std::vector<int>& ids = prompts[p];
+      ChoicePrompt& c = choice_prompts.emplace_back();
+      c.tokens = int(ids.size());
+      c.tail.assign(
+          ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
+          ids.end());
+      if (!params.echo) continue;
+      // The prompt as the client wrote it, or its ids' text.
+      const std::optional<std::string>& text =
+          params.batch.empty() ? params.prompt_text : params.batch[p].text;
+      c.echo_text = text ? *text : (tok ? tok->decode(ids) : std::string());
+      c.echo_ids = ids;
+    }
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
                               limits.name, api};
     std::vector<CompletionRequest> requests;
@@ -652,6 +664,9 @@ class Session : public std::enable_shared_from_this<Session> {
       deliver([id = request_id_, token_id, lp = std::move(lp), t = Clock::now()](Session& s) {
         s.on_token(id, token_id, lp ? &*lp : nullptr, t);
       });
+    }
+    void on_prompt_logprobs(const std::vector<TokenLogprobs>& entries) override {
+      deliver([id = request_id_, entries](Session& s) { s.on_prompt_logprobs(id, entries); });
     }
     void on_done(FinishReason reason, int prompt_tokens, int) override {
       deliver([id = request_id_, reason, prompt_tokens, t = Clock::now()](Session& s) {

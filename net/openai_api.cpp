@@ -308,9 +308,6 @@ void reject_unsupported(const json& body) {
   if (const json* v = field(body, "best_of")) {
     if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
   }
-  if (const json* v = field(body, "echo")) {
-    if (get_bool(*v, "echo")) unsupported("echo");
-  }
   if (const json* v = field(body, "suffix")) {
     if (!get_string(*v, "suffix").empty()) unsupported("suffix");
   }
@@ -437,8 +434,11 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
   CompletionParams p;
   parse_model(j, limits, p);
   parse_prompt(j, limits, p);
+  if (const json* v = field(j, "echo")) p.echo = get_bool(*v, "echo");
   if (const json* v = field(j, "max_tokens")) {
-    p.max_tokens = checked_max_tokens(*v, "max_tokens", limits);
+    // With echo, 0 asks for the prompt alone (its log-probabilities, say).
+    const bool prompt_only = p.echo && v->is_number_integer() && v->get<int64_t>() == 0;
+    p.max_tokens = prompt_only ? 0 : checked_max_tokens(*v, "max_tokens", limits);
   } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
     p.max_tokens = limits.max_tokens_cap;
   }
@@ -546,6 +546,9 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
   }
   parse_generation_options(j, limits, p);
   parse_chat_logprobs(j, p);
+  // vLLM's chat echo repeats the last message; not honoured here.
+  if (const json* v = field(j, "echo"))
+    if (get_bool(*v, "echo")) unsupported("echo", "only /v1/completions echoes its prompt");
   return p;
 }
 
@@ -668,7 +671,10 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
     const int64_t room = int64_t(limits.context_length) - int64_t(ids.size());
     p.max_tokens = int(std::max<int64_t>(1, std::min<int64_t>(p.max_tokens, room)));
   }
-  if (auto e = check_context_length(int(ids.size()), p.max_tokens, limits.context_length))
+  // An echo without a completion (max_tokens 0) still has the service
+  // sample one token, which it drops.
+  if (auto e =
+          check_context_length(int(ids.size()), std::max(1, p.max_tokens), limits.context_length))
     return *e;
   return ids;
 }
@@ -812,7 +818,9 @@ json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens, int64_t tex
     json top = json::object();
     for (const auto& [tok, lp] : t.top) top.emplace(token_string(tok), logprob_value(lp));
     if (t.logprob) top.emplace(token_string(t.token), logprob_value(*t.logprob));  // kept if there
-    tops.push_back(std::move(top));
+    // No log-probability (an echoed prompt's first token): null, as OpenAI
+    // and vLLM write it.
+    tops.push_back(t.logprob ? std::move(top) : json(nullptr));
     offsets.push_back(text_offset);
     text_offset += int64_t(t.token.size());
   }

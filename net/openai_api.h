@@ -96,6 +96,9 @@ struct CompletionParams {
   // `top_logprobs`).
   int logprobs = -1;
   int n = 1;  // choices: generations of the one prompt, each with its own seed
+  // Completions: the text starts with the prompt, and with `logprobs` so do
+  // the log-probabilities (the first token's null); max_tokens may be 0.
+  bool echo = false;
 };
 
 // The most choices (`n`) one request may ask for, the most prompts in a

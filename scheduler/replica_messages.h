@@ -33,6 +33,14 @@ struct TokenEvent {
   TokenLogprobs logprobs;
 };
 
+// A new sequence's prompt log-probabilities (SamplingParams::
+// prompt_logprobs): those of its tokens 1.., each given the ones before it;
+// reported with its first sampled token.
+struct PromptLogprobsEvent {
+  uint64_t id = 0;
+  std::vector<TokenLogprobs> entries;
+};
+
 struct DoneEvent {
   uint64_t id = 0;
   FinishReason reason = FinishReason::Stop;
@@ -47,7 +55,8 @@ struct StepEvents {
   double step_s = 0;
   int batch_sequences = 0;  // 0: no step (only ended requests)
   int batch_tokens = 0;
-  int prefill_tokens = 0;  // of batch_tokens, prompt (or resumed) tokens
+  int prefill_tokens = 0;                    // of batch_tokens, prompt (or resumed) tokens
+  std::vector<PromptLogprobsEvent> prompts;  // before the tokens
   std::vector<TokenEvent> tokens;
   std::vector<DoneEvent> done;
   int running = 0;

@@ -51,6 +51,7 @@ void ReplicaScheduler::add(Assignment a) {
   q.cancelled = false;
   q.draining = false;
   q.used = true;
+  q.prompt_logprobs.clear();
   queued_ += queued_of(q);
   index_.emplace(id, slot);
   waiting_.push_back(slot);
@@ -149,6 +150,7 @@ void ReplicaScheduler::preempt(Slot slot) {
   q.blocks.clear();
   queued_ -= queued_of(q);
   q.cached = 0;
+  q.prompt_logprobs.clear();  // the prefill runs again
   q.prefill_end = int(q.tokens.size());
   queued_ += queued_of(q);
   std::erase(running_, slot);
@@ -267,8 +269,12 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
       it.sample = fed + e.tokens == known;
       it.generated = q.a.generated;
       // The engine's penalties for the sequence start here, on this replica
-      // or again after a preemption.
-      if (it.sample && fed < q.prefill_end && it.sampling.penalizes()) it.history = q.tokens;
+      // or again after a preemption; a new sequence's prompt log-probabilities
+      // need each row's next token.
+      const bool prefill = fed < q.prefill_end;
+      if (prefill && ((it.sample && it.sampling.penalizes()) ||
+                      (it.sampling.prompt_logprobs >= 0 && q.a.generated == 0)))
+        it.history = q.tokens;
     }
     (q.step == 0 ? q.step : q.ahead) = step.id;
     q.in_flight += e.tokens;
@@ -279,15 +285,17 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
 
 StepEvents ReplicaScheduler::finish_step(
     uint64_t step, const std::vector<int>& ids, double step_s,
-    const std::vector<std::optional<TokenLogprobs>>& logprobs) {
+    const std::vector<std::optional<TokenLogprobs>>& logprobs,
+    const std::vector<std::vector<TokenLogprobs>>& prompt_logprobs) {
   StepEvents ev;
-  finish_step(step, ids, step_s, ev, logprobs);
+  finish_step(step, ids, step_s, ev, logprobs, prompt_logprobs);
   return ev;
 }
 
 void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, double step_s,
                                    StepEvents& ev,
-                                   const std::vector<std::optional<TokenLogprobs>>& logprobs) {
+                                   const std::vector<std::optional<TokenLogprobs>>& logprobs,
+                                   const std::vector<std::vector<TokenLogprobs>>& prompt_logprobs) {
   auto flight = std::find_if(in_flight_.begin(), in_flight_.end(),
                              [&](const InFlight& f) { return f.step == step; });
   if (flight == in_flight_.end())
@@ -301,6 +309,10 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     throw std::logic_error("step " + std::to_string(step) + " returned " +
                            std::to_string(logprobs.size()) + " log-probabilities for " +
                            std::to_string(items.size()) + " items");
+  if (!prompt_logprobs.empty() && prompt_logprobs.size() != items.size())
+    throw std::logic_error(
+        "step " + std::to_string(step) + " returned " + std::to_string(prompt_logprobs.size()) +
+        " lists of prompt log-probabilities for " + std::to_string(items.size()) + " items");
   {
     // A fresh report in the caller's buffers.
     std::vector<TokenEvent> tokens = std::move(ev.tokens);
@@ -340,7 +352,13 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     queued_ -= queued_of(q);
     q.cached += n;
     queued_ += queued_of(q);
+    const bool prompt_lp = q.a.sampling.prompt_logprobs >= 0 && q.a.generated == 0;
+    if (prompt_lp && !prompt_logprobs.empty())
+      q.prompt_logprobs.insert(q.prompt_logprobs.end(), prompt_logprobs[i].begin(),
+                               prompt_logprobs[i].end());
     if (!item.sample || q.cancelled) continue;
+    // The first token's step: the prompt's log-probabilities go first.
+    if (prompt_lp) ev.prompts.push_back({q.a.id, std::move(q.prompt_logprobs)});
     const int tok = ids[i];
     const int fed = int(q.tokens.size());
     const auto outcome =

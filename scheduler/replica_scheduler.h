@@ -84,11 +84,17 @@ class ReplicaScheduler {
   // lookahead, steps are answered in the order they were planned.
   // `logprobs`: empty, or one per item, set where the item's sampling asked
   // for log-probabilities; they ride with the tokens delivered.
+  // `prompt_logprobs`: empty, or one list per item (StepEngine::
+  // last_prompt_logprobs); a sequence's lists are gathered over its prefill
+  // and reported whole (StepEvents::prompts) by the step that samples its
+  // first token.
   StepEvents finish_step(uint64_t step, const std::vector<int>& ids, double step_s,
-                         const std::vector<std::optional<TokenLogprobs>>& logprobs = {});
+                         const std::vector<std::optional<TokenLogprobs>>& logprobs = {},
+                         const std::vector<std::vector<TokenLogprobs>>& prompt_logprobs = {});
   // The same into `ev`, reusing its buffers.
   void finish_step(uint64_t step, const std::vector<int>& ids, double step_s, StepEvents& ev,
-                   const std::vector<std::optional<TokenLogprobs>>& logprobs = {});
+                   const std::vector<std::optional<TokenLogprobs>>& logprobs = {},
+                   const std::vector<std::vector<TokenLogprobs>>& prompt_logprobs = {});
 
   // The step that proves a new replica works before it is routed to: the
   // BOS token, greedy, in one block; finish_probe() returns the block.
@@ -132,8 +138,9 @@ class ReplicaScheduler {
     uint64_t step = 0;        // the step in flight that holds it (0: none)
     uint64_t ahead = 0;       // lookahead: the step after `step` that holds it too (0: none)
     bool cancelled = false;
-    bool draining = false;  // ended while a step still holds its blocks
-    bool used = false;      // the slot holds a sequence
+    bool draining = false;                       // ended while a step still holds its blocks
+    bool used = false;                           // the slot holds a sequence
+    std::vector<TokenLogprobs> prompt_logprobs;  // gathered over the prefill, when asked
   };
   // Sequences live in slots, found by id only for what comes from outside
   // (add, cancel, holds): a step plans and finishes by slot. The batch

@@ -202,6 +202,16 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
     else
       policy_->on_step(size_t(ev.replica), ev.step_s, size_t(ev.batch_sequences), now);
   }
+  // Once per request, before its first token: a replica that took over a
+  // request after a crash computes them again.
+  for (const auto& p : ev.prompts) {
+    auto it = requests_.find(p.id);
+    if (it == requests_.end()) continue;
+    Request& r = it->second;
+    if (r.prompt_logprobs_sent || !r.delivered.empty()) continue;
+    r.prompt_logprobs_sent = true;
+    r.sink->on_prompt_logprobs(p.entries);
+  }
   for (const auto& t : ev.tokens) {
     auto it = requests_.find(t.id);
     if (it == requests_.end()) continue;

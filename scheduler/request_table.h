@@ -110,8 +110,9 @@ class RequestTable {
     int replica = -1;     // where it runs now; -1 while queued or resuming
     double deadline = 0;  // absolute, on the table's clock; 0: none
     bool resuming = false;
-    bool cancelled = false;   // asked its replica to stop; ends instead of resuming
-    double orphaned_at = -1;  // its replica died then; reset by its next token
+    bool cancelled = false;             // asked its replica to stop; ends instead of resuming
+    bool prompt_logprobs_sent = false;  // once, before its first token
+    double orphaned_at = -1;            // its replica died then; reset by its next token
   };
 
   RequestInfo info(const Request& r) const;

@@ -38,6 +38,10 @@ class CompletionSink {
   // `logprobs`: the token's log-probabilities when the request asked for
   // them (SamplingParams::logprobs), else null; valid during the call.
   virtual void on_token(int token_id, const TokenLogprobs* logprobs) = 0;
+  // When the request asked for them (SamplingParams::prompt_logprobs), once,
+  // before the first on_token: those of prompt tokens 1.., each given the
+  // tokens before it.
+  virtual void on_prompt_logprobs(const std::vector<TokenLogprobs>& /*entries*/) {}
   virtual void on_done(FinishReason reason, int prompt_tokens, int completion_tokens) = 0;
   virtual void on_error(const ServiceError& error) = 0;
 };

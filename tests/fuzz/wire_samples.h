@@ -130,6 +130,12 @@ inline std::vector<WireSample> wire_samples() {
   ev.tokens = {{7, 0, 31}, {8, 3, 2}};
   ev.tokens[0].has_logprobs = true;
   ev.tokens[0].logprobs = {-0.5f, {{31, -0.5f}, {12, -1.75f}}};
+  // Request 7's prompt (1, 30, 40, 7, 9): tokens 1.. given those before.
+  ev.prompts = {{7,
+                 {{-3.5f, {{30, -3.5f}}},
+                  {-0.75f, {{40, -0.75f}}},
+                  {-6.0f, {{2, -1.0f}}},
+                  {-2.25f, {{9, -2.25f}}}}}};
   ev.done = {{8, FinishReason::Stop, 3}};
   ev.running = 1;
   ev.queued_tokens = 0;

@@ -101,6 +101,18 @@ TEST_P(AcrossProcesses, SameIdsSamplesAndLogitsAsOneDevice) {
       }
     }
   }
+  // The prompts' too, from every row of their prefill chunks.
+  ASSERT_EQ(got.prompt_logprobs.size(), want.prompt_logprobs.size());
+  for (size_t s = 0; s < want.prompt_logprobs.size(); ++s) {
+    const auto &a = got.prompt_logprobs[s], &b = want.prompt_logprobs[s];
+    ASSERT_EQ(a.size(), s % 3 == 2 ? 0u : 1 + 4 * s) << "sequence " << s;  // all but the first
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < b.size(); ++k) {
+      EXPECT_NEAR(a[k].logprob, b[k].logprob, 1e-4f) << "sequence " << s << ", position " << k;
+      ASSERT_EQ(a[k].top.size(), 2u);
+      EXPECT_EQ(a[k].top[0].token, b[k].top[0].token);
+    }
+  }
   const EngineStats st = replica.stats();
   ASSERT_EQ(int(st.stages.size()), split.pipeline);
   EXPECT_GT(st.comm_bytes(), 0u);

@@ -147,6 +147,89 @@ TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
   EXPECT_EQ(logprobs_of(tp, false), want);
 }
 
+// Echo with log-probabilities (what lm-eval's loglikelihood tasks send):
+// a prompt token's log-probability is what the server reported for that
+// token when it generated it, the same floats, in a layout too; the first
+// prompt token has none; max_tokens 0 gives the prompt alone.
+TEST(Serve, EchoedPromptLogprobsAreThoseOfTheSameTokensGenerated) {
+  const std::vector<int> prompt{1, 300, 40, 500, 77};
+  auto post = [](Server& s, const json& req) {
+    const auto r = s.complete(req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body);
+  };
+  auto echo_of = [&](Server& s, const std::vector<int>& ids, bool stream) {
+    json req{
+        {"prompt", ids}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 2}, {"stream", stream}};
+    if (!stream) return post(s, req)["choices"][0]["logprobs"];
+    const auto r = s.complete(req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    json all{{"tokens", json::array()},
+             {"token_logprobs", json::array()},
+             {"top_logprobs", json::array()},
+             {"text_offset", json::array()}};
+    for (const std::string& e : sse_events(r.body)) {
+      if (e == "[DONE]") continue;
+      const json lp = json::parse(e)["choices"][0]["logprobs"];
+      if (lp.is_null()) continue;
+      for (auto& [k, v] : all.items())
+        for (const auto& x : lp[k]) v.push_back(x);
+    }
+    return all;
+  };
+  json want;
+  std::vector<int> all_ids;
+  {
+    Server one({"devices=[{kind: cpu, threads: 1}]"});
+    const json gen = post(one, {{"prompt", prompt},
+                                {"max_tokens", 12},
+                                {"temperature", 0},
+                                {"logprobs", 2},
+                                {"ignore_eos", true},
+                                {"return_token_ids", true}})["choices"][0];
+    const std::vector<int> generated = gen["token_ids"];
+    ASSERT_EQ(generated.size(), 12u);
+    std::vector<int>& all = all_ids;
+    all = prompt;
+    all.insert(all.end(), generated.begin(), generated.end());
+    const json whole =
+        post(one, {{"prompt", all}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 2}});
+    EXPECT_EQ(whole["usage"]["completion_tokens"], 0);
+    EXPECT_EQ(whole["usage"]["prompt_tokens"], all.size());
+    EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+    want = whole["choices"][0]["logprobs"];
+    ASSERT_EQ(want["tokens"].size(), all.size());
+    EXPECT_TRUE(want["token_logprobs"][0].is_null());
+    EXPECT_TRUE(want["top_logprobs"][0].is_null());
+    for (size_t j = 0; j < generated.size(); ++j) {
+      const size_t k = prompt.size() + j;
+      EXPECT_EQ(want["tokens"][k], gen["logprobs"]["tokens"][j]) << j;
+      EXPECT_EQ(want["token_logprobs"][k], gen["logprobs"]["token_logprobs"][j]) << j;
+      EXPECT_EQ(want["top_logprobs"][k], gen["logprobs"]["top_logprobs"][j]) << j;
+    }
+    for (size_t k = 1; k < prompt.size(); ++k)
+      EXPECT_LE(want["token_logprobs"][k].get<double>(), 0);
+    EXPECT_EQ(echo_of(one, all, true), want);
+    // With a completion after it: the echo, then the generated tokens.
+    const json more = post(one, {{"prompt", "A fool"},
+                                 {"echo", true},
+                                 {"max_tokens", 3},
+                                 {"temperature", 0},
+                                 {"logprobs", 0}})["choices"][0];
+    EXPECT_EQ(more["text"].get<std::string>().rfind("A fool", 0), 0u);
+    EXPECT_EQ(more["logprobs"]["tokens"][0], "<s>");
+    // A chat does not echo.
+    EXPECT_EQ(test::http_request(
+                  one.port(), "POST", "/v1/chat/completions",
+                  json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"echo", true}}.dump())
+                  .status,
+              400);
+  }
+  // A tensor-parallel layout gives the same floats.
+  Server tp({"parallel.tensor=2", "devices=[{kind: cpu, threads: 1}]"});
+  EXPECT_EQ(echo_of(tp, all_ids, false), want);
+}
+
 // n choices: choice i is what one request with seed + i generates, streamed
 // or not; greedy choices are all the same; the usage counts the prompt once.
 TEST(Serve, NChoicesAreTheRequestsWithConsecutiveSeeds) {

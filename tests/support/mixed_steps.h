@@ -20,13 +20,15 @@ struct MixedRun {
   std::vector<std::vector<float>> logits;  // per step: its sampled items' logits (keep_logits)
   // Per sequence, per sampled token: its log-probabilities (with `logprobs`).
   std::vector<std::vector<std::optional<TokenLogprobs>>> logprobs;
+  // Per sequence: its prompt's (with `logprobs`), gathered over its chunks.
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
 };
 
 // Five sequences; sequence s joins at step s with a prompt of 2 + 4s tokens
 // fed 3 at a time, then generates 6 tokens. With `sampled`, odd sequences
 // sample (temperature 0.8, top_p 0.9, seed 100 + s), even ones are greedy.
 // With `logprobs` >= 0, all but every third sequence ask for that many
-// alternatives.
+// alternatives, for their prompts' tokens too.
 inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled, int logprobs = -1) {
   const int S = 5, extra = 6, vocab = engine.config().vocab_size;
   SlotBook book(engine.kv_blocks() / S);
@@ -39,6 +41,7 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled, in
   MixedRun run;
   run.ids.resize(S);
   run.logprobs.resize(S);
+  run.prompt_logprobs.resize(S);
   for (int step = 0; step < 60; ++step) {
     std::vector<StepItem> items;
     std::vector<int> who;
@@ -47,7 +50,8 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled, in
       if (s > step || int(run.ids[size_t(s)].size()) >= extra) continue;
       const bool sampling = sampled && s % 2 == 1;
       std::vector<int> tokens = {run.ids[size_t(s)].empty() ? 0 : run.ids[size_t(s)].back()};
-      if (fed[size_t(s)] < prompt.size()) {
+      const bool prefill = fed[size_t(s)] < prompt.size();
+      if (prefill) {
         const size_t n = std::min<size_t>(3, prompt.size() - fed[size_t(s)]);
         tokens.assign(prompt.begin() + long(fed[size_t(s)]),
                       prompt.begin() + long(fed[size_t(s)] + n));
@@ -58,13 +62,19 @@ inline MixedRun run_mixed(StepEngine& engine, bool keep_logits, bool sampled, in
       it.sampling.top_p = sampling ? 0.9f : 1.0f;
       it.sampling.seed = uint64_t(100 + s);
       it.sampling.logprobs = s % 3 == 2 ? -1 : logprobs;
+      it.sampling.prompt_logprobs = it.sampling.logprobs;
+      if (prefill && it.sampling.prompt_logprobs >= 0) it.history = prompt;
       items.push_back(std::move(it));
       who.push_back(s);
     }
     if (items.empty()) break;
     const auto out = engine.step(items);
     const auto& lps = engine.last_logprobs();
+    const auto& prompt_lps = engine.last_prompt_logprobs();
     for (size_t i = 0; i < items.size(); ++i) {
+      if (i < prompt_lps.size())
+        run.prompt_logprobs[size_t(who[i])].insert(run.prompt_logprobs[size_t(who[i])].end(),
+                                                   prompt_lps[i].begin(), prompt_lps[i].end());
       if (!items[i].sample) continue;
       run.ids[size_t(who[i])].push_back(out[i]);
       run.logprobs[size_t(who[i])].push_back(i < lps.size() ? lps[i] : std::nullopt);

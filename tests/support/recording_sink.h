@@ -21,6 +21,12 @@ class RecordingSink : public CompletionSink {
     logprobs_.push_back(logprobs ? std::optional<TokenLogprobs>(*logprobs) : std::nullopt);
     cv_.notify_all();
   }
+  void on_prompt_logprobs(const std::vector<TokenLogprobs>& entries) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_ || !tokens_.empty()) ++violations_;  // once, before the first token
+    prompt_logprobs_.push_back(entries);
+    cv_.notify_all();
+  }
   void on_done(FinishReason r, int prompt, int completion) override {
     std::lock_guard<std::mutex> l(mu_);
     if (finished_) ++violations_;
@@ -50,6 +56,11 @@ class RecordingSink : public CompletionSink {
   bool finished() {
     std::lock_guard<std::mutex> l(mu_);
     return finished_;
+  }
+  // Every on_prompt_logprobs call's entries.
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs() {
+    std::lock_guard<std::mutex> l(mu_);
+    return prompt_logprobs_;
   }
   // Per token: what came with it (set when the request asked for them).
   std::vector<std::optional<TokenLogprobs>> logprobs() {
@@ -86,6 +97,7 @@ class RecordingSink : public CompletionSink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> tokens_;
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs_;
   std::vector<std::optional<TokenLogprobs>> logprobs_;
   bool finished_ = false;
   FinishReason reason_ = FinishReason::Stop;

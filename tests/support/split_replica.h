@@ -150,6 +150,7 @@ class SplitReplica : public StepEngine {
           ids = std::move(got);
           last_logits_ = part(h).last_logits();
           last_logprobs_ = part(h).last_logprobs();
+          last_prompt_logprobs_ = part(h).last_prompt_logprobs();
         } else {
           for (int id : got)
             if (id != -1) throw std::logic_error(host_name(h) + " sampled, but it does not sample");

@@ -509,6 +509,110 @@ TEST(CompletionExchange, LogprobsGoWithTheChunkThatCarriesTheirTokens) {
   EXPECT_EQ(text, " Love \xC3\xA9 fool");
 }
 
+// Echo: the text starts with the prompt as written, and with logprobs so do
+// the log-probabilities (its first token's null, the others' as the service
+// computed them); streamed, the prompt goes with the first chunk.
+TEST(CompletionExchange, EchoPutsThePromptFirstInTextAndLogprobs) {
+  const std::string prompt_text = "A fool";
+  std::vector<int> prompt = fortune().encode(prompt_text, /*add_bos=*/true);
+  const std::vector<int> ids = ids_of("and his money");  // " and ..." after the prompt
+  std::vector<TokenLogprobs> prompt_lps;
+  for (size_t i = 1; i < prompt.size(); ++i) prompt_lps.push_back(made_up(prompt[i]));
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    openai::CompletionParams p = params(int(ids.size()), stream);
+    p.logprobs = 1;
+    p.echo = true;
+    CompletionExchange ex(7, p, meta(), int(prompt.size()), &fortune(), t0, prompt);
+    ex.set_echo(prompt_text, prompt);
+    ex.on_prompt_logprobs(prompt_lps);
+    std::vector<ExchangeStep> steps;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const TokenLogprobs lp = made_up(ids[i]);
+      steps.push_back(ex.on_token(ids[i], &lp, t0 + milliseconds(int(i))));
+    }
+    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), t0 + milliseconds(50)));
+    std::string text;
+    json all{{"tokens", json::array()},
+             {"token_logprobs", json::array()},
+             {"top_logprobs", json::array()},
+             {"text_offset", json::array()}};
+    auto add = [&](const json& c) {
+      text += c["text"].get<std::string>();
+      if (c["logprobs"].is_null()) return;
+      for (auto& [k, v] : all.items())
+        for (const auto& e : c["logprobs"][k]) v.push_back(e);
+    };
+    if (stream) {
+      const auto evs = events(steps);
+      ASSERT_FALSE(evs.empty());
+      // The first chunk holds the prompt.
+      EXPECT_EQ(json::parse(evs[0])["choices"][0]["text"].get<std::string>().rfind(prompt_text, 0),
+                0u);
+      for (const std::string& e : evs)
+        if (e != "[DONE]") add(json::parse(e)["choices"][0]);
+    } else {
+      add(json::parse(steps.back().response->body)["choices"][0]);
+    }
+    EXPECT_EQ(text, prompt_text + " and his money");
+    const size_t P = prompt.size();
+    ASSERT_EQ(all["tokens"].size(), P + ids.size());
+    EXPECT_EQ(all["tokens"][0], "<s>");
+    EXPECT_TRUE(all["token_logprobs"][0].is_null());
+    EXPECT_TRUE(all["top_logprobs"][0].is_null());
+    int64_t offset = 0;
+    for (size_t k = 0; k < P + ids.size(); ++k) {
+      const int id = k < P ? prompt[k] : ids[k - P];
+      EXPECT_EQ(all["text_offset"][k], offset) << k;
+      offset += int64_t(fortune().token_bytes(id).size());
+      if (k == 0) continue;
+      EXPECT_FLOAT_EQ(float(all["token_logprobs"][k]), -0.01f * float(id)) << k;
+      EXPECT_EQ(all["top_logprobs"][k].size(), 2u) << k;
+    }
+  }
+}
+
+// max_tokens 0 with echo: the prompt alone; the token the service samples
+// is dropped, and the usage counts none.
+TEST(CompletionExchange, EchoOfThePromptAloneDropsTheSampledToken) {
+  const std::vector<int> prompt = fortune().encode("Love is", /*add_bos=*/true);
+  for (bool stream : {false, true}) {
+    openai::CompletionParams p = params(0, stream);
+    p.echo = true;
+    p.include_usage = true;
+    CompletionExchange ex(7, p, meta(), int(prompt.size()), &fortune(), t0, prompt);
+    ex.set_echo("Love is", prompt);
+    std::vector<ExchangeStep> steps;
+    steps.push_back(ex.on_token(ids_of(" a")[0], nullptr, t0 + milliseconds(1)));
+    EXPECT_TRUE(nothing(steps.back()));
+    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), t0 + milliseconds(2)));
+    json usage, choice;
+    if (stream) {
+      std::string text;
+      for (const std::string& e : events(steps)) {
+        if (e == "[DONE]") continue;
+        const json j = json::parse(e);
+        if (!j["usage"].is_null()) usage = j["usage"];
+        if (!j["choices"].empty()) {
+          text += j["choices"][0]["text"].get<std::string>();
+          if (!j["choices"][0]["finish_reason"].is_null()) choice = j["choices"][0];
+        }
+      }
+      EXPECT_EQ(text, "Love is");
+    } else {
+      const json j = json::parse(steps.back().response->body);
+      usage = j["usage"];
+      choice = j["choices"][0];
+      EXPECT_EQ(choice["text"], "Love is");
+    }
+    EXPECT_EQ(choice["finish_reason"], "length");
+    EXPECT_EQ(usage["completion_tokens"], 0);
+    EXPECT_EQ(usage["prompt_tokens"], int(prompt.size()));
+    ASSERT_TRUE(steps.back().finished);
+    EXPECT_EQ(steps.back().finished->completion_tokens, 0);
+  }
+}
+
 // A stop string cuts the text: the tokens past the cut were never shown and
 // have no entry; the one the cut splits keeps its own.
 TEST(CompletionExchange, LogprobsEndWhereAStopStringCutsTheText) {

@@ -278,7 +278,8 @@ TEST(FuzzFindings, WireFaultReportThatIsNotUtf8IsDropped) {
 
 // Step events saying -1 running and -1 queued tokens: the request table
 // stored them as size_t, 2^64 - 1 in the load view every policy routes by.
-// The router now drops such events.
+// The router now drops such events. (With no prompt log-probabilities
+// inserted before the tokens, as protocol 11 encodes them.)
 TEST(FuzzFindings, WireStepEventsWithNegativeCountsAreDropped) {
   StepEvents ev;
   decode_finding("step-events-negative-running.bin", ev);

@@ -307,10 +307,8 @@ TEST(OpenAiParse, NChoicesUpToTheLimit) {
 }
 
 TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
-  for (const char* field : {"echo", "best_of", "suffix"}) {
-    std::string value = std::string(field) == "echo"     ? "true"
-                        : std::string(field) == "suffix" ? "\"end\""
-                                                         : "2";
+  for (const char* field : {"best_of", "suffix"}) {
+    std::string value = std::string(field) == "suffix" ? "\"end\"" : "2";
     ApiError e = parse_err(std::string(R"({"prompt":"x",")") + field + "\":" + value + "}");
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_EQ(e.param, field);
@@ -359,6 +357,23 @@ TEST(OpenAiParse, PenaltiesAndLogitBias) {
     EXPECT_EQ(e.param, b.param) << b.rest;
     EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
   }
+}
+
+TEST(OpenAiParse, EchoAndAPromptAlone) {
+  EXPECT_FALSE(parse_ok(R"({"prompt":"x"})").echo);
+  const CompletionParams p = parse_ok(R"({"prompt":"x","echo":true,"max_tokens":0,"logprobs":1})");
+  EXPECT_TRUE(p.echo);
+  EXPECT_EQ(p.max_tokens, 0);
+  // The service samples one token and asks for the prompt's log-probabilities.
+  const CompletionRequest r = troupe::service_request(1, p, {1, 5}, 0, 0, 0);
+  EXPECT_EQ(r.max_tokens, 1);
+  EXPECT_EQ(r.sampling.prompt_logprobs, 1);
+  EXPECT_EQ(troupe::service_request(1, parse_ok(R"({"prompt":"x","echo":true})"), {1}, 0, 0, 0)
+                .sampling.prompt_logprobs,
+            -1);
+  // max_tokens 0 only with echo.
+  EXPECT_EQ(parse_err(R"({"prompt":"x","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","echo":"yes"})").param, "echo");
 }
 
 TEST(OpenAiParse, LogprobsAskForThatManyAlternatives) {
@@ -830,6 +845,12 @@ TEST(OpenAiChatParse, BadMessagesNameTheField) {
             "messages[0].content[0].text");
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[]}]})").param,
             "messages[0].tool_calls");
+}
+
+TEST(OpenAiChatParse, EchoIsACompletionsOption) {
+  const ApiError e = chat_err(R"({"messages":[{"role":"user","content":"x"}],"echo":true})");
+  EXPECT_EQ(e.param, "echo");
+  EXPECT_EQ(e.code, "unsupported_parameter");
 }
 
 TEST(OpenAiChatParse, SharedRulesGiveTheSameErrors) {

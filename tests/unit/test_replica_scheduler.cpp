@@ -194,6 +194,47 @@ TEST(ReplicaScheduler, TheItemThatEndsAPenalizedPrefillCarriesTheSequence) {
   for (const auto& it : s->items) EXPECT_TRUE(it.history.empty());
 }
 
+// A new sequence that asks for its prompt's log-probabilities carries its
+// prompt on every prefill chunk; the engine's lists are gathered and
+// reported whole with its first token. A resumed one asks nothing of it.
+TEST(ReplicaScheduler, PromptLogprobsAreGatheredOverThePrefill) {
+  ReplicaScheduler r(options(16));
+  Assignment a = assignment(7, {1, 5, 9, 5, 9, 5, 9, 5, 9, 20, 21}, 4);
+  a.sampling.prompt_logprobs = 1;
+  r.add(a);
+  Assignment resumed = assignment(8, {1, 4, 30}, 4, 1);
+  resumed.sampling.prompt_logprobs = 1;
+  r.add(resumed);
+  auto lps = [](int from, int n) {
+    std::vector<TokenLogprobs> out;
+    for (int i = 0; i < n; ++i) out.push_back({-float(from + i), {}});
+    return out;
+  };
+  auto s = r.next_step();
+  ASSERT_EQ(s->items.size(), 2u);
+  EXPECT_EQ(s->items[0].history, a.tokens);  // the first chunk of 8
+  EXPECT_TRUE(s->items[0].wants_prompt_logprobs());
+  EXPECT_EQ(s->items[0].prompt_rows_predicting(), 8);
+  EXPECT_TRUE(s->items[1].history.empty());  // 8 was resumed
+  auto ev = r.finish_step(s->id, sampled(*s, 30), 0.01, {}, {lps(1, 8), {}});
+  EXPECT_TRUE(ev.prompts.empty());
+  s = r.next_step();
+  const auto seven = std::find_if(s->items.begin(), s->items.end(),
+                                  [](const StepItem& it) { return it.seq == 7; });
+  ASSERT_NE(seven, s->items.end());
+  EXPECT_EQ(seven->history, a.tokens);
+  EXPECT_EQ(seven->prompt_rows_predicting(), 2);  // positions 9 and 10; 11 is sampled
+  std::vector<std::vector<TokenLogprobs>> lists(s->items.size());
+  lists[size_t(seven - s->items.begin())] = lps(9, 2);
+  ev = r.finish_step(s->id, sampled(*s, 31), 0.01, {}, lists);
+  ASSERT_EQ(ev.prompts.size(), 1u);
+  EXPECT_EQ(ev.prompts[0].id, 7u);
+  ASSERT_EQ(ev.prompts[0].entries.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(ev.prompts[0].entries[size_t(i)].logprob, -float(1 + i));
+  s = r.next_step();  // decoding
+  for (const auto& it : s->items) EXPECT_TRUE(it.history.empty());
+}
+
 TEST(ReplicaScheduler, CancelledRequestsEndBeforeTheNextStepOrWhenTheirStepReturns) {
   ReplicaScheduler r(options(16));
   r.add(assignment(1, {1, 5}, 8));

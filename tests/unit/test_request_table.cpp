@@ -149,6 +149,32 @@ TEST(RequestTable, TokensAreDeliveredOnceAndInOrder) {
   EXPECT_EQ(s->violations(), 0);
 }
 
+// A request's prompt log-probabilities reach its client once, before its
+// first token, though a replica that resumed it sends them again.
+TEST(RequestTable, PromptLogprobsArriveOnceBeforeTheFirstToken) {
+  Table t(2);
+  t.table->replica_up(0, 0);
+  t.table->replica_up(1, 0);
+  auto s = t.submit(request(1));
+  const std::vector<TokenLogprobs> lps = {{-1.5f, {}}, {-0.25f, {}}};
+  StepEvents ev;
+  ev.replica = 0;
+  ev.prompts = {{1, lps}, {99, lps}};  // 99: no such request
+  ev.tokens = {{1, 0, 10}};
+  t.table->on_events(ev, 0);
+  ASSERT_EQ(s->prompt_logprobs().size(), 1u);
+  EXPECT_EQ(s->prompt_logprobs()[0][1].logprob, -0.25f);
+  EXPECT_EQ(s->tokens(), std::vector<int>{10});
+  t.table->replica_down(0, false, 1);
+  ev.replica = 1;  // where it resumed: the same again, and the next token
+  ev.prompts = {{1, lps}};
+  ev.tokens = {{1, 1, 11}};
+  t.table->on_events(ev, 1);
+  EXPECT_EQ(s->prompt_logprobs().size(), 1u);
+  EXPECT_EQ(s->tokens(), (std::vector<int>{10, 11}));
+  EXPECT_EQ(s->violations(), 0);
+}
+
 TEST(RequestTable, AReplicaThatDiesHasItsRequestsResumedFromWhatWasDelivered) {
   Table t(2, 4);
   t.table->replica_up(0, 0);
