@@ -211,6 +211,32 @@ void BM_TokenLogprobs(benchmark::State& state) {
 }
 BENCHMARK(BM_TokenLogprobs)->Args({32000, 0})->Args({32000, 5})->Args({128256, 20});
 
+// What penalties and a bias cost per sampled token: a copy of the row, then
+// the ids they touch. Args: vocabulary, tokens the sequence holds (prompt
+// and output alike, all of them distinct ids).
+void BM_LogitPenalties(benchmark::State& state) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const int vocab = int(state.range(0)), held = int(state.range(1));
+  std::vector<float> logits(static_cast<size_t>(vocab)), out;
+  for (float& l : logits) l = dist(rng);
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.5f;
+  p.repetition_penalty = 1.2f;
+  p.logit_bias = {{11, 2.0f}, {13, -100.0f}};
+  LogitPenalties pen(p);
+  std::vector<int> tokens(static_cast<size_t>(held));
+  for (int i = 0; i < held; ++i) tokens[size_t(i)] = (i * 7919) % vocab;
+  pen.reset(tokens, held / 2);
+  for (auto _ : state) {
+    pen.apply(logits, out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LogitPenalties)->Args({32000, 256})->Args({32000, 4096})->Args({128256, 4096});
+
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 8, 12, 18, 24, 32, 256}) {
     b->Args({M, 2304, 768});  // fused q/k/v
