@@ -19,7 +19,10 @@ double seconds(CompletionExchange::Clock::duration d) {
 
 void record(const ExchangeFigures& f, Metrics& m) {
   m.request_finished(f.status);
-  m.add_prompt_tokens(f.prompt_tokens);
+  // A prompt counts once the model has read it: the request was answered,
+  // or generated something before it ended otherwise (refused, queued and
+  // timed out, or left by its client before its first token: not read).
+  if (f.status == 200 || f.completion_tokens > 0) m.add_prompt_tokens(f.prompt_tokens);
   m.add_generation_tokens(f.completion_tokens);
   if (f.ttft_s) m.observe_time_to_first_token(*f.ttft_s);
   if (f.tpot_s) m.observe_time_per_output_token(*f.tpot_s);

@@ -445,9 +445,13 @@ TEST(CompletionExchange, RecordCountsTheFigures) {
   Metrics m;
   record({200, 5, 3, 0.01, 0.002, 0.05}, m);
   record({499, 2, 1, std::nullopt, std::nullopt, std::nullopt}, m);
+  // Never read: refused, or left before its first token.
+  record({429, 40, 0, std::nullopt, std::nullopt, std::nullopt}, m);
+  record({499, 30, 0, std::nullopt, std::nullopt, std::nullopt}, m);
   const std::string t = m.render();
   EXPECT_NE(t.find("troupe_requests_total{status=\"200\"} 1"), std::string::npos) << t;
-  EXPECT_NE(t.find("troupe_requests_total{status=\"499\"} 1"), std::string::npos);
+  EXPECT_NE(t.find("troupe_requests_total{status=\"499\"} 2"), std::string::npos);
+  EXPECT_NE(t.find("troupe_requests_total{status=\"429\"} 1"), std::string::npos);
   EXPECT_NE(t.find("troupe_prompt_tokens_total 7"), std::string::npos);
   EXPECT_NE(t.find("troupe_generation_tokens_total 4"), std::string::npos);
   EXPECT_NE(t.find("troupe_time_to_first_token_seconds_count 1"), std::string::npos);
