@@ -55,10 +55,12 @@ const json* field(const json& body, std::string_view name) {
   return &*it;
 }
 
+// The shortest text that reads back as v, so that a refused 2.0000000001
+// is not shown as the valid 2.
 std::string show(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::string("?");
 }
 
 // Integers as JSON integers or as floats with no fraction (16.0), as
@@ -265,7 +267,8 @@ void parse_penalties(const json& body, const ModelLimits& limits, CompletionPara
   }
   if (const json* v = field(body, "repetition_penalty")) {
     const double x = get_number(*v, "repetition_penalty");
-    if (!(x > 0 && x <= 2))
+    // Checked as the float the sampler gets: 1e-46 is 0 there.
+    if (!(x > 0 && x <= 2 && float(x) > 0))
       fail("`repetition_penalty` must be in (0, 2] (1: off), got " + show(x) + ".",
            "repetition_penalty");
     p.repetition_penalty = float(x);
@@ -281,9 +284,12 @@ void parse_penalties(const json& body, const ModelLimits& limits, CompletionPara
     const std::string at = "`logit_bias`[\"" + key + "\"]";
     // Keys are token ids written as decimal strings, as OpenAI's are.
     int64_t id = -1;
-    if (!key.empty() && key.size() <= 10 &&
+    const size_t digits = key.find_first_not_of('0');  // leading zeros aside
+    if (!key.empty() &&
         std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      id = std::stoll(key);
+      id = digits == std::string::npos ? 0
+           : key.size() - digits <= 10 ? std::stoll(key.substr(digits))
+                                       : std::numeric_limits<int64_t>::max();
     if (id < 0 || (limits.vocab_size > 0 && id >= limits.vocab_size))
       fail(at + ": the key must be a token id in the vocabulary" +
                (limits.vocab_size > 0
@@ -291,7 +297,8 @@ void parse_penalties(const json& body, const ModelLimits& limits, CompletionPara
                     : std::string()) +
                ".",
            "logit_bias");
-    if (!value.is_number()) wrong_type("logit_bias", "an object of numbers", value);
+    if (!value.is_number())
+      fail(at + " must be a number, got " + std::string(value.type_name()) + ".", "logit_bias");
     const double b = value.get<double>();
     if (!(b >= -100 && b <= 100))
       fail(at + " must be between -100 and 100, got " + show(b) + ".", "logit_bias");
@@ -437,8 +444,11 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
   if (const json* v = field(j, "echo")) p.echo = get_bool(*v, "echo");
   if (const json* v = field(j, "max_tokens")) {
     // With echo, 0 asks for the prompt alone (its log-probabilities, say).
-    const bool prompt_only = p.echo && v->is_number_integer() && v->get<int64_t>() == 0;
-    p.max_tokens = prompt_only ? 0 : checked_max_tokens(*v, "max_tokens", limits);
+    const bool zero = v->is_number() && v->get<double>() == 0;
+    if (zero && !p.echo)
+      fail("`max_tokens` must be at least 1 (0 only with `echo`, for the prompt alone), got 0.",
+           "max_tokens");
+    p.max_tokens = zero ? 0 : checked_max_tokens(*v, "max_tokens", limits);
   } else if (limits.max_tokens_cap > 0 && p.max_tokens > limits.max_tokens_cap) {
     p.max_tokens = limits.max_tokens_cap;
   }
@@ -672,9 +682,15 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
     p.max_tokens = int(std::max<int64_t>(1, std::min<int64_t>(p.max_tokens, room)));
   }
   // An echo without a completion (max_tokens 0) still has the service
-  // sample one token, which it drops.
-  if (auto e =
-          check_context_length(int(ids.size()), std::max(1, p.max_tokens), limits.context_length))
+  // sample one token, which it drops: the prompt must leave room for it.
+  if (p.echo && p.max_tokens == 0 && int64_t(ids.size()) >= limits.context_length)
+    return bad_request(
+        "This model's maximum context length is " + std::to_string(limits.context_length) +
+            " tokens, and an echo of a prompt needs room for one token after it, "
+            "even with max_tokens 0. However, the prompt has " +
+            std::to_string(ids.size()) + " tokens. Please reduce the length of the prompt.",
+        "prompt", "context_length_exceeded");
+  if (auto e = check_context_length(int(ids.size()), p.max_tokens, limits.context_length))
     return *e;
   return ids;
 }

@@ -267,7 +267,9 @@ TEST(OpenAiParse, TokenIdsOutsideVocabulary) {
 
 TEST(OpenAiParse, MaxTokensRange) {
   ApiError zero = parse_err(R"({"prompt":"x","max_tokens":0})");
-  EXPECT_EQ(zero.message, "`max_tokens` must be at least 1, got 0.");
+  EXPECT_EQ(zero.message,
+            "`max_tokens` must be at least 1 (0 only with `echo`, for the prompt alone), got 0.");
+  EXPECT_EQ(parse_err(R"({"prompt":"x","max_tokens":0.0})").param, "max_tokens");
   ApiError cap = parse_err(R"({"prompt":"x","max_tokens":201})");
   EXPECT_EQ(cap.status, 400);
   EXPECT_EQ(cap.param, "max_tokens");
@@ -332,6 +334,9 @@ TEST(OpenAiParse, PenaltiesAndLogitBias) {
   // Ascending ids, as the sampler and the wire want them.
   EXPECT_EQ(p.logit_bias,
             (std::vector<std::pair<int, float>>{{0, 100.0f}, {5, 2.5f}, {1999, -100.0f}}));
+  // Leading zeros name the same id, however many.
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","logit_bias":{"000000000007":1}})").logit_bias,
+            (std::vector<std::pair<int, float>>{{7, 1.0f}}));
   EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.logit_bias, p.logit_bias);
   EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.repetition_penalty, 1.2f);
   struct Bad {
@@ -345,11 +350,16 @@ TEST(OpenAiParse, PenaltiesAndLogitBias) {
            Bad{R"("frequency_penalty":"1")", "frequency_penalty", "number"},
            Bad{R"("repetition_penalty":0)", "repetition_penalty", "(0, 2]"},
            Bad{R"("repetition_penalty":2.5)", "repetition_penalty", "(0, 2]"},
+           // 0 as the float the sampler gets.
+           Bad{R"("repetition_penalty":1e-46)", "repetition_penalty", "got 1e-46"},
+           // The refused value as sent, not rounded to a valid one.
+           Bad{R"("presence_penalty":2.0000000001)", "presence_penalty", "got 2.0000000001"},
            Bad{R"("logit_bias":{"2000":1})", "logit_bias", "valid ids: 0..1999"},
            Bad{R"("logit_bias":{"-1":1})", "logit_bias", "token id"},
            Bad{R"("logit_bias":{"a":1})", "logit_bias", "token id"},
            Bad{R"("logit_bias":{"5":101})", "logit_bias", "between -100 and 100"},
-           Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "number"},
+           Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "`logit_bias`[\"5\"] must be a number"},
+           Bad{R"("logit_bias":{"00000000002000":1})", "logit_bias", "valid ids"},
            Bad{R"("logit_bias":{"5":1,"05":2})", "logit_bias", "twice"},
        }) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
@@ -371,8 +381,18 @@ TEST(OpenAiParse, EchoAndAPromptAlone) {
   EXPECT_EQ(troupe::service_request(1, parse_ok(R"({"prompt":"x","echo":true})"), {1}, 0, 0, 0)
                 .sampling.prompt_logprobs,
             -1);
-  // max_tokens 0 only with echo.
+  // max_tokens 0 only with echo; 0.0 is 0.
   EXPECT_EQ(parse_err(R"({"prompt":"x","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","echo":true,"max_tokens":0.0})").max_tokens, 0);
+  // The prompt alone still needs room for the one token the service samples.
+  CompletionParams full = parse_ok(R"({"prompt":"x","echo":true,"max_tokens":0})");
+  full.prompt_text.reset();
+  full.prompt_ids.assign(256, 5);
+  const auto refused = resolve_prompt(full, nullptr, limits());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_TRUE(contains(std::get<ApiError>(refused).message, "room for one token"));
+  full.prompt_ids.pop_back();
+  EXPECT_TRUE(std::holds_alternative<std::vector<int>>(resolve_prompt(full, nullptr, limits())));
   EXPECT_EQ(parse_err(R"({"prompt":"x","echo":"yes"})").param, "echo");
 }
 
