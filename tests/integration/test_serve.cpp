@@ -81,6 +81,22 @@ TEST(Serve, ASixteenBitKvCacheInALayoutGivesTheOneDeviceText) {
 
 // Log-probabilities: as the OpenAI shapes have them, greedy's the likeliest,
 // the same streamed or not, and the same floats in a tensor layout.
+// A completion stream's log-probabilities, its chunks' put together.
+json streamed_logprobs(const std::string& body) {
+  json all{{"tokens", json::array()},
+           {"token_logprobs", json::array()},
+           {"top_logprobs", json::array()},
+           {"text_offset", json::array()}};
+  for (const std::string& e : sse_events(body)) {
+    if (e == "[DONE]") continue;
+    const json lp = json::parse(e)["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (auto& [k, v] : all.items())
+      for (const auto& x : lp[k]) v.push_back(x);
+  }
+  return all;
+}
+
 TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
   const json ask{
       {"prompt", "The meaning of life"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 3}};
@@ -90,18 +106,7 @@ TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
     auto r = s.complete(req);
     EXPECT_EQ(r.status, 200) << r.body;
     if (!stream) return json::parse(r.body)["choices"][0]["logprobs"];
-    json all{{"tokens", json::array()},
-             {"token_logprobs", json::array()},
-             {"top_logprobs", json::array()},
-             {"text_offset", json::array()}};
-    for (const std::string& e : sse_events(r.body)) {
-      if (e == "[DONE]") continue;
-      const json lp = json::parse(e)["choices"][0]["logprobs"];
-      if (lp.is_null()) continue;
-      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
-        for (const auto& v : lp[k]) all[k].push_back(v);
-    }
-    return all;
+    return streamed_logprobs(r.body);
   };
   json want;
   {
@@ -164,18 +169,7 @@ TEST(Serve, EchoedPromptLogprobsAreThoseOfTheSameTokensGenerated) {
     if (!stream) return post(s, req)["choices"][0]["logprobs"];
     const auto r = s.complete(req);
     EXPECT_EQ(r.status, 200) << r.body;
-    json all{{"tokens", json::array()},
-             {"token_logprobs", json::array()},
-             {"top_logprobs", json::array()},
-             {"text_offset", json::array()}};
-    for (const std::string& e : sse_events(r.body)) {
-      if (e == "[DONE]") continue;
-      const json lp = json::parse(e)["choices"][0]["logprobs"];
-      if (lp.is_null()) continue;
-      for (auto& [k, v] : all.items())
-        for (const auto& x : lp[k]) v.push_back(x);
-    }
-    return all;
+    return streamed_logprobs(r.body);
   };
   json want;
   std::vector<int> all_ids;

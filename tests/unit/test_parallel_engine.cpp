@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -392,6 +393,21 @@ TEST(ParallelEngine, StepsOfTwoGroupsInFlightGiveTheSingleDeviceIds) {
   }
 }
 
+// Runs `check` on a ParallelEngine of each layout (P, T), 128 blocks of 16.
+void for_each_layout(const Checkpoint& ck, const std::vector<std::pair<int, int>>& layouts,
+                     const std::function<void(ParallelEngine&)>& check) {
+  for (auto [P, T] : layouts) {
+    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
+    ParallelEngineOptions l;
+    l.pipeline = P;
+    l.tensor = T;
+    l.blocks = 128;
+    l.block_tokens = 16;
+    ParallelEngine pe(ck, DType::F32, l);
+    check(pe);
+  }
+}
+
 // Log-probabilities are the same floats in every layout, greedy or sampled,
 // and asking for them changes nothing of what is sampled.
 TEST(ParallelEngine, LogprobsAreTheSameInEveryLayout) {
@@ -452,14 +468,7 @@ TEST(ParallelEngine, LogprobsAreTheSameInEveryLayout) {
         EXPECT_EQ(lp->top[0].logprob, lp->logprob);
       }
     }
-  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {2, 1}, {2, 2}}) {
-    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
-    ParallelEngineOptions l;
-    l.pipeline = P;
-    l.tensor = T;
-    l.blocks = 128;
-    l.block_tokens = 16;
-    ParallelEngine pe(ck, DType::F32, l);
+  for_each_layout(ck, {{1, 1}, {1, 2}, {2, 1}, {2, 2}}, [&](ParallelEngine& pe) {
     const Out got = drive_lp(pe, true);
     EXPECT_EQ(got.ids, want.ids);
     for (int s = 0; s < S; ++s)
@@ -475,7 +484,7 @@ TEST(ParallelEngine, LogprobsAreTheSameInEveryLayout) {
           EXPECT_EQ(a->top[j].logprob, b->top[j].logprob);
         }
       }
-  }
+  });
 }
 
 // Penalties and bias give the same ids in every layout, and a sequence
@@ -532,18 +541,11 @@ TEST(ParallelEngine, PenaltiesAreTheSameInEveryLayoutAndResumeExactly) {
   EXPECT_NE(want[0], plain[0]);                    // the penalty moved greedy off its path
   EXPECT_EQ(want[2], std::vector<int>(steps, 7));  // +100 outweighs any repetition penalty
   EXPECT_EQ(drive_pen(single, true, want, 4), want);
-  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}}) {
-    SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
-    ParallelEngineOptions l;
-    l.pipeline = P;
-    l.tensor = T;
-    l.blocks = 128;
-    l.block_tokens = 16;
-    ParallelEngine pe(ck, DType::F32, l);
+  for_each_layout(ck, {{1, 2}, {2, 1}, {2, 2}}, [&](ParallelEngine& pe) {
     EXPECT_EQ(drive_pen(pe, true), want);
     EXPECT_EQ(drive_pen(pe, true, want, 3), want);
     EXPECT_EQ(drive_pen(pe, false), plain);
-  }
+  });
 }
 
 // Prompt log-probabilities (every row of a prefill classified) are what the
@@ -619,16 +621,8 @@ TEST(ParallelEngine, PromptLogprobsAreTheTokenByTokenOnesInEveryLayout) {
   for (size_t chunk : {size_t(16), size_t(3)}) {
     SCOPED_TRACE("chunk " + std::to_string(chunk));
     expect_same(prefill(single, chunk));
-    for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}}) {
-      SCOPED_TRACE("P=" + std::to_string(P) + " T=" + std::to_string(T));
-      ParallelEngineOptions l;
-      l.pipeline = P;
-      l.tensor = T;
-      l.blocks = 128;
-      l.block_tokens = 16;
-      ParallelEngine pe(ck, DType::F32, l);
-      expect_same(prefill(pe, chunk));
-    }
+    for_each_layout(ck, {{1, 2}, {2, 1}, {2, 2}},
+                    [&](ParallelEngine& pe) { expect_same(prefill(pe, chunk)); });
   }
 }
 
