@@ -319,6 +319,38 @@ void reject_unsupported(const json& body) {
     if (!get_string(*v, "suffix").empty()) unsupported("suffix");
   }
   if (const json* v = field(body, "user")) get_string(*v, "user");
+  // vLLM's own sampling options: a client that sets them expects them
+  // honoured, so they are refused rather than ignored as unknown fields
+  // are. Their neutral values pass.
+  auto is_neutral = [](const json& v, const json& neutral) {
+    return v.is_number() && neutral.is_number() ? v.get<double>() == neutral.get<double>()
+                                                : v == neutral;
+  };
+  struct VllmOption {
+    const char* name;
+    json neutral;
+    const char* instead;
+  };
+  static const VllmOption options[] = {
+      {"min_p", 0, nullptr},
+      {"min_tokens", 0, nullptr},
+      {"stop_token_ids", json::array(), "`stop` strings"},
+      {"bad_words", json::array(), "`logit_bias` -100"},
+      {"allowed_token_ids", json::array(), nullptr},
+      {"use_beam_search", false, nullptr},
+      {"length_penalty", 1, nullptr},
+      {"prompt_logprobs", nullptr, "`echo` with `logprobs` on /v1/completions"},
+      {"guided_json", nullptr, nullptr},
+      {"guided_regex", nullptr, nullptr},
+      {"guided_choice", nullptr, nullptr},
+      {"guided_grammar", nullptr, nullptr},
+  };
+  for (const VllmOption& o : options) {
+    const json* v = field(body, o.name);
+    if (!v || is_neutral(*v, o.neutral)) continue;
+    unsupported(o.name, std::string("a vLLM option this server does not implement") +
+                            (o.instead ? std::string("; use ") + o.instead + " instead" : ""));
+  }
   // Tools and structured output are chat features, but a client that sends
   // them to /v1/completions expects them honoured just the same.
   for (const char* name : {"tools", "functions"}) {

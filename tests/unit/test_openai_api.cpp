@@ -319,6 +319,25 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
   }
 }
 
+// vLLM's sampling options that this server does not implement are refused,
+// not ignored as unknown fields are; their neutral values pass.
+TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
+  for (const char* rest :
+       {R"("min_p":0.05)", R"("min_tokens":5)", R"("stop_token_ids":[2])", R"("bad_words":["x"])",
+        R"("allowed_token_ids":[1,2])", R"("use_beam_search":true)", R"("length_penalty":0.8)",
+        R"("prompt_logprobs":1)", R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
+        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")"}) {
+    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_EQ(e.code, "unsupported_parameter") << rest;
+    EXPECT_TRUE(contains(rest, e.param)) << rest << ": " << e.param;
+  }
+  EXPECT_TRUE(contains(parse_err(R"({"prompt":"x","prompt_logprobs":0})").message, "`echo`"));
+  parse_ok(R"({"prompt":"x","min_p":0,"min_tokens":0.0,"stop_token_ids":[],"bad_words":[],
+               "allowed_token_ids":[],"use_beam_search":false,"length_penalty":1,
+               "prompt_logprobs":null,"guided_json":null,"skip_special_tokens":true})");
+}
+
 TEST(OpenAiParse, PenaltiesAndLogitBias) {
   const CompletionParams d = parse_ok(R"({"prompt":"x"})");
   EXPECT_EQ(d.presence_penalty, 0.0f);
