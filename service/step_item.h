@@ -39,7 +39,11 @@ struct StepItem {
   bool feeds_sampled_token() const { return tokens.size() == 1 && tokens[0] == kSampledToken; }
   // The engine computes every row's logits for it, and the log-probability
   // of each prompt token its rows predict (StepEngine::last_prompt_logprobs).
-  bool wants_prompt_logprobs() const { return sampling.prompt_logprobs >= 0 && !history.empty(); }
+  // Not for a resumed sequence (generated > 0), whose were reported already
+  // (its history may be there for its penalties).
+  bool wants_prompt_logprobs() const {
+    return sampling.prompt_logprobs >= 0 && generated == 0 && !history.empty();
+  }
   // Prompt tokens its rows predict: positions position + 1 .. of history.
   int prompt_rows_predicting() const {
     if (!wants_prompt_logprobs()) return 0;

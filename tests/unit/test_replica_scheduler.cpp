@@ -204,6 +204,7 @@ TEST(ReplicaScheduler, PromptLogprobsAreGatheredOverThePrefill) {
   r.add(a);
   Assignment resumed = assignment(8, {1, 4, 30}, 4, 1);
   resumed.sampling.prompt_logprobs = 1;
+  resumed.sampling.presence_penalty = 0.5f;  // so it carries its history
   r.add(resumed);
   auto lps = [](int from, int n) {
     std::vector<TokenLogprobs> out;
@@ -215,7 +216,11 @@ TEST(ReplicaScheduler, PromptLogprobsAreGatheredOverThePrefill) {
   EXPECT_EQ(s->items[0].history, a.tokens);  // the first chunk of 8
   EXPECT_TRUE(s->items[0].wants_prompt_logprobs());
   EXPECT_EQ(s->items[0].prompt_rows_predicting(), 8);
-  EXPECT_TRUE(s->items[1].history.empty());  // 8 was resumed
+  // 8 was resumed: its history is for its penalties, its prompt's were
+  // reported before.
+  EXPECT_EQ(s->items[1].history, resumed.tokens);
+  EXPECT_FALSE(s->items[1].wants_prompt_logprobs());
+  EXPECT_EQ(s->items[1].prompt_rows_predicting(), 0);
   auto ev = r.finish_step(s->id, sampled(*s, 30), 0.01, {}, {lps(1, 8), {}});
   EXPECT_TRUE(ev.prompts.empty());
   s = r.next_step();
