@@ -125,6 +125,10 @@ struct ParallelEngine::Impl {
   // Items that want their prompt's log-probabilities: from every row,
   // gathered from the ranks' slices.
   std::vector<std::vector<TokenLogprobs>> prompt_logprobs(const StepState& st) const;
+  // Row `row` of the last-stage ranks' buffers (one per rank, vocab_stride
+  // a row), their vocabulary slices put together into `full`.
+  void gather_row(const std::vector<std::vector<float>>& per_rank, size_t row,
+                  std::vector<float>& full) const;
 };
 
 ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngineOptions layout,
@@ -652,14 +656,7 @@ std::vector<int> ParallelEngine::Impl::sample(
   last_logprobs.assign(size_t(n), std::nullopt);
   // The full row is gathered only where it is used: sampling, or tests.
   std::vector<float> full;
-  auto gather = [&](int i) {
-    full.resize(size_t(config.vocab_size));
-    for (int t = 0; t < T; ++t) {
-      const ShardDims& dm = last_dims[size_t(t)];
-      std::copy_n(st.logits[size_t(t)].data() + size_t(i) * stride, dm.vocab,
-                  full.data() + dm.vocab_begin);
-    }
-  };
+  auto gather = [&](int i) { gather_row(st.logits, size_t(i), full); };
   for (int i = 0; i < n; ++i) {
     const StepItem& it = st.items[size_t(i)];
     if (!it.sample) continue;
@@ -700,20 +697,25 @@ std::vector<int> ParallelEngine::Impl::sample(
   return out;
 }
 
+void ParallelEngine::Impl::gather_row(const std::vector<std::vector<float>>& per_rank, size_t row,
+                                      std::vector<float>& full) const {
+  full.resize(size_t(config.vocab_size));
+  for (int t = 0; t < layout.tensor; ++t) {
+    const ShardDims& dm = last_dims[size_t(t)];
+    std::copy_n(per_rank[size_t(t)].data() + row * vocab_stride(), dm.vocab,
+                full.data() + dm.vocab_begin);
+  }
+}
+
 std::vector<std::vector<TokenLogprobs>> ParallelEngine::Impl::prompt_logprobs(
     const StepState& st) const {
   std::vector<std::vector<TokenLogprobs>> out(st.items.size());
   if (st.row_logits.empty()) return out;
-  const size_t stride = vocab_stride();
-  std::vector<float> full(size_t(config.vocab_size));
+  std::vector<float> full;
   for (size_t i = 0; i < st.items.size(); ++i) {
     if (!st.items[i].wants_prompt_logprobs()) continue;
     out[i] = prompt_token_logprobs(st.items[i], [&](int j) {
-      const size_t row = (st.row_first[i] + size_t(j)) * stride;
-      for (int t = 0; t < layout.tensor; ++t) {
-        const ShardDims& dm = last_dims[size_t(t)];
-        std::copy_n(st.row_logits[size_t(t)].data() + row, dm.vocab, full.data() + dm.vocab_begin);
-      }
+      gather_row(st.row_logits, st.row_first[i] + size_t(j), full);
       return std::span<const float>(full);
     });
   }
