@@ -58,7 +58,8 @@ inline typename V::vec step(typename V::vec acc, typename V::vec x, typename V::
 // added to what y holds (the next piece of a sum over pieces). `cuts` (n_cuts
 // positions inside (k0, k1)) start new pieces within the call: each piece's
 // chain starts from zero and is added to the sum of those before it in
-// registers, as a call per piece adding into y would.
+// registers (with `add`, starting from y's), as a call per piece adding into
+// y would.
 template <class V, DType WT, int R, int NP>
 void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int K, int k0, int k1,
                   const float* from, int ldf, float* y, int ldy, int valid_cols, bool add,
@@ -93,11 +94,18 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
     load_tile(from, ldf, acc);
   }
   const size_t panel_stride = size_t(K) * kPanel;
-  typename V::vec sum[R][NV];  // the pieces before the current one
+  // The pieces before the current one: with `add` and cuts, y's sum first
+  // (without cuts, y is added at the end, which keeps these registers free).
+  const bool sum_from_y = add && n_cuts > 0;
+  typename V::vec sum[R][NV];
+  if (sum_from_y) {
+    load_tile(y, ldy, sum);
+  } else {
 #pragma GCC unroll 16
-  for (int m = 0; m < R; ++m)
+    for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) sum[m][j] = V::zero();
+      for (int j = 0; j < NV; ++j) sum[m][j] = V::zero();
+  }
   for (int seg = 0; seg <= n_cuts; ++seg) {
     const int kb = seg == 0 ? k0 : cuts[seg - 1], ke = seg == n_cuts ? k1 : cuts[seg];
     if (seg > 0) {
@@ -105,7 +113,7 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
       for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
         for (int j = 0; j < NV; ++j) {
-          sum[m][j] = seg == 1 ? acc[m][j] : V::add(sum[m][j], acc[m][j]);
+          sum[m][j] = seg == 1 && !sum_from_y ? acc[m][j] : V::add(sum[m][j], acc[m][j]);
           acc[m][j] = V::zero();
         }
     }
@@ -144,7 +152,7 @@ void micro_kernel(const float* x, size_t sm, size_t sk, const void* panels, int 
     for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[m][j] = V::add(sum[m][j], acc[m][j]);
-  if (add) {
+  if (add && !sum_from_y) {
     typename V::vec prev[R][NV];
     load_tile(y, ldy, prev);
 #pragma GCC unroll 16
@@ -377,6 +385,45 @@ void piece_block(int rows, const float* xb, size_t sm, size_t sk, const void* pa
                              prefetch);
 }
 
+// Pieces of at most this many k steps on average (a head's 64 columns) are
+// summed in registers when there are many rows: a call per piece costs its
+// start and end, a quarter of 32 steps' work (measured with bench_kernels:
+// 768 x 768 in 12 pieces, +10-18% for bf16, +5% for f32), while for longer
+// pieces the 3-row kernel's lower reuse costs more than that saves (768 x
+// 2048 in 12 pieces, -4% bf16 and -9% f32).
+constexpr int kShortPieceSteps = 64;
+
+// A sum over pieces (y = p0 + p1 + ..., in order) of many rows, packed (xp:
+// pack_pairs rows, or pack_rows blocks), each piece's chain in registers
+// beside the running sum: groups of kPiecesInRegisters rows, over runs of
+// whole pieces of up to KB k steps (a longer piece is a run of its own); a
+// run after the first starts from the sum in y. Small pieces (a head's
+// columns) would otherwise cost a round trip of the tile through y each.
+template <class V, DType WT, int MR, int NP, int KB>
+void pieces_in_registers(int M, const float* xp, const PanelsRef& w, const void* panels, int valid,
+                         const PieceOut& o) {
+  constexpr int RR = kPiecesInRegisters;
+  const int K = w.cols;
+  for (int pa = 0, pb; pa < w.pieces; pa = pb) {
+    pb = pa + 1;
+    while (pb < w.pieces && piece_end(w, pb) - piece_begin(w, pa) <= KB) ++pb;
+    const int k0 = piece_begin(w, pa), k1 = piece_end(w, pb - 1);
+    for (int m0 = 0; m0 < M; m0 += RR) {
+      const int rows = M - m0 < RR ? M - m0 : RR;
+      // bf16: rows of pairs; otherwise the MR-row block holding m0 (m0 is a
+      // multiple of RR, which divides MR), k-major.
+      const int block = m0 / MR * MR, in_block = M - block < MR ? M - block : MR;
+      const float* xr = WT == DType::BF16 ? xp + size_t(m0) * size_t(K)
+                                          : xp + size_t(block) * size_t(K) + size_t(m0 - block);
+      const size_t sm = WT == DType::BF16 ? size_t(K) : 1;
+      const size_t sk = WT == DType::BF16 ? 1 : size_t(in_block);
+      rows_kernel<V, WT, RR, NP>(rows, xr, sm, sk, panels, K, k0, k1, nullptr, 0,
+                                 o.y + size_t(m0) * size_t(o.ldy), o.ldy, valid, pa > 0, m0 == 0,
+                                 w.piece_k + pa + 1, pb - pa - 1);
+    }
+  }
+}
+
 // One row block (M <= MR) reads x at (sm, sk) strides; more read xp, x packed
 // (pack_rows, pack_pairs, split_pairs_x).
 template <class V, DType WT, int MR, int NP, int KB>
@@ -441,6 +488,10 @@ void gemm_panel_group(const float* x, size_t sm, size_t sk, int M, const float* 
         }
       return;
     }
+  }
+  if (pieces > 1 && o.stride == 0 && K <= kShortPieceSteps * pieces) {
+    pieces_in_registers<V, WT, MR, NP, KB>(M, xp, w, panels, valid, o);
+    return;
   }
   for (int p = 0; p < pieces; ++p)
     for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KB) {

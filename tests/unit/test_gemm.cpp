@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -243,59 +244,75 @@ TEST(Gemm, PiecesSumInOrderAndShardsOfPiecesAddUpToTheWhole) {
   // Pieces shorter and longer than every ISA's k block; one row block (read
   // directly), several, and enough for 16-bit weights to be widened.
   const int N = 70, K = 700;
-  // Odd pieces too: bf16 pairs restart at each piece.
-  const std::vector<int> bounds{0, 41, 300, 311, 700};
-  // (pieces summed in registers up to 3 rows, piece by piece beyond; 140
-  // rows are split by rows across the threads).
-  for (int M : {1, 3, 5, 9, 40, 140}) {
-    const auto x = random_vec(size_t(M) * K, 21);
-    const auto w = random_vec(size_t(N) * K, 22);
-    for (DType dt : {DType::F32, DType::BF16}) {
-      auto whole = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
-      whole.set_pieces(bounds);
-      std::vector<float> ref(size_t(M) * N), ref_pieces(4 * size_t(M) * N);
-      gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref.data(), N);
-      gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref_pieces.data(), N,
-                         size_t(M) * N);
-      // The scalar reference is what it says: piece by piece, then in order.
-      for (size_t i = 0; i < ref.size(); ++i) {
-        float sum = ref_pieces[i];
-        for (size_t p = 1; p < 4; ++p) sum += ref_pieces[p * ref.size() + i];
-        ASSERT_EQ(sum, ref[i]);
-      }
-      // Two shards: pieces {0, 1} and {2, 3}, each a matrix of its columns.
-      std::vector<float> left(size_t(N) * 300), right(size_t(N) * 400);
-      for (int n = 0; n < N; ++n)
-        for (int k = 0; k < K; ++k)
-          (k < 300 ? left[size_t(n) * 300 + size_t(k)] : right[size_t(n) * 400 + size_t(k - 300)]) =
-              w[size_t(n) * K + size_t(k)];
-      auto a = PackedMatrix::pack({Tensor::view(left.data(), {N, 300}, DType::F32)}, dt);
-      auto b = PackedMatrix::pack({Tensor::view(right.data(), {N, 400}, DType::F32)}, dt);
-      a.set_pieces({0, 41, 300});
-      b.set_pieces({0, 11, 400});
-      std::vector<float> xa(size_t(M) * 300), xb(size_t(M) * 400);
-      for (int m = 0; m < M; ++m)
-        for (int k = 0; k < K; ++k)
-          (k < 300 ? xa[size_t(m) * 300 + size_t(k)] : xb[size_t(m) * 400 + size_t(k - 300)]) =
-              x[size_t(m) * K + size_t(k)];
-      for (Isa isa : supported_isas()) {
-        force_isa(isa);
-        std::vector<float> y(size_t(M) * N, -1.0f), pieces(4 * size_t(M) * N, -1.0f);
-        matmul(pool, x.data(), M, K, whole, y.data(), N);
-        matmul(pool, x.data(), M, K, whole, pieces.data(), N, size_t(M) * N);
-        std::vector<float> sa(size_t(M) * N), sb(2 * size_t(M) * N);
-        matmul(pool, xa.data(), M, 300, a, sa.data(), N);
-        matmul(pool, xb.data(), M, 400, b, sb.data(), N, size_t(M) * N);
-        for (size_t i = 0; i < y.size(); ++i) {
-          ASSERT_EQ(y[i], ref[i]) << isa_name(isa) << " " << dtype_name(dt) << " M=" << M;
-          for (size_t p = 0; p < 4; ++p)
-            ASSERT_EQ(pieces[p * y.size() + i], ref_pieces[p * y.size() + i]) << isa_name(isa);
-          const float shards = (sa[i] + sb[i]) + sb[y.size() + i];
-          ASSERT_EQ(shards, y[i]) << isa_name(isa) << " " << dtype_name(dt) << " M=" << M;
+  // Odd pieces too: bf16 pairs restart at each piece. The second set's are
+  // short, as a head's columns are: summed in registers however many rows
+  // (groups of 3 rows over runs of whole pieces, a run after the first
+  // starting from the sum in y); the first's one call per piece beyond 3
+  // rows. Both cut at 300, where the two shards below meet.
+  const std::vector<std::vector<int>> cuts{
+      {0, 41, 300, 311, 700}, {0, 41, 100, 160, 230, 300, 311, 380, 450, 520, 600, 650, 700}};
+  // (140 rows are split by rows across the threads.)
+  for (const auto& bounds : cuts)
+    for (int M : {1, 3, 5, 9, 40, 140}) {
+      const size_t P = bounds.size() - 1;
+      const size_t left_pieces =
+          size_t(std::find(bounds.begin(), bounds.end(), 300) - bounds.begin());
+      const auto x = random_vec(size_t(M) * K, 21);
+      const auto w = random_vec(size_t(N) * K, 22);
+      for (DType dt : {DType::F32, DType::BF16}) {
+        auto whole = PackedMatrix::pack({Tensor::view(w.data(), {N, K}, DType::F32)}, dt);
+        whole.set_pieces(bounds);
+        std::vector<float> ref(size_t(M) * N), ref_pieces(P * size_t(M) * N);
+        gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref.data(), N);
+        gemm_panels_scalar(x.data(), M, K, whole, 0, whole.panels(), ref_pieces.data(), N,
+                           size_t(M) * N);
+        // The scalar reference is what it says: piece by piece, then in order.
+        for (size_t i = 0; i < ref.size(); ++i) {
+          float sum = ref_pieces[i];
+          for (size_t p = 1; p < P; ++p) sum += ref_pieces[p * ref.size() + i];
+          ASSERT_EQ(sum, ref[i]);
+        }
+        // Two shards: the pieces before column 300 and those after, each a
+        // matrix of its columns.
+        std::vector<float> left(size_t(N) * 300), right(size_t(N) * 400);
+        for (int n = 0; n < N; ++n)
+          for (int k = 0; k < K; ++k)
+            (k < 300 ? left[size_t(n) * 300 + size_t(k)]
+                     : right[size_t(n) * 400 + size_t(k - 300)]) = w[size_t(n) * K + size_t(k)];
+        auto a = PackedMatrix::pack({Tensor::view(left.data(), {N, 300}, DType::F32)}, dt);
+        auto b = PackedMatrix::pack({Tensor::view(right.data(), {N, 400}, DType::F32)}, dt);
+        std::vector<int> a_bounds(bounds.begin(), bounds.begin() + std::ptrdiff_t(left_pieces) + 1);
+        std::vector<int> b_bounds;
+        for (size_t p = left_pieces; p <= P; ++p) b_bounds.push_back(bounds[p] - 300);
+        a.set_pieces(a_bounds);
+        b.set_pieces(b_bounds);
+        const size_t right_pieces = P - left_pieces;
+        std::vector<float> xa(size_t(M) * 300), xb(size_t(M) * 400);
+        for (int m = 0; m < M; ++m)
+          for (int k = 0; k < K; ++k)
+            (k < 300 ? xa[size_t(m) * 300 + size_t(k)] : xb[size_t(m) * 400 + size_t(k - 300)]) =
+                x[size_t(m) * K + size_t(k)];
+        for (Isa isa : supported_isas()) {
+          force_isa(isa);
+          std::vector<float> y(size_t(M) * N, -1.0f), pieces(P * size_t(M) * N, -1.0f);
+          matmul(pool, x.data(), M, K, whole, y.data(), N);
+          matmul(pool, x.data(), M, K, whole, pieces.data(), N, size_t(M) * N);
+          std::vector<float> sa(size_t(M) * N), sb(right_pieces * size_t(M) * N);
+          matmul(pool, xa.data(), M, 300, a, sa.data(), N);
+          matmul(pool, xb.data(), M, 400, b, sb.data(), N, size_t(M) * N);
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_EQ(y[i], ref[i])
+                << isa_name(isa) << " " << dtype_name(dt) << " M=" << M << " pieces=" << P;
+            for (size_t p = 0; p < P; ++p)
+              ASSERT_EQ(pieces[p * y.size() + i], ref_pieces[p * y.size() + i]) << isa_name(isa);
+            float shards = sa[i];
+            for (size_t p = 0; p < right_pieces; ++p) shards += sb[p * y.size() + i];
+            ASSERT_EQ(shards, y[i])
+                << isa_name(isa) << " " << dtype_name(dt) << " M=" << M << " pieces=" << P;
+          }
         }
       }
     }
-  }
   PackedMatrix m = PackedMatrix::pack(
       {Tensor::view(std::vector<float>(8).data(), {2, 4}, DType::F32)}, DType::F32);
   EXPECT_THROW(m.set_pieces({0, 2}), std::invalid_argument);
