@@ -34,8 +34,9 @@ namespace troupe {
 // says it leaves. 10: log-probabilities (SamplingParams::logprobs, with the
 // tokens of StepEvents). 11: penalties, logit bias and prompt
 // log-probabilities (SamplingParams), the sequence's history on the step
-// items that need it.
-inline constexpr uint32_t kWireProtocol = 11;
+// items that need it. 12: min_p, min_tokens and stop_token_ids
+// (SamplingParams).
+inline constexpr uint32_t kWireProtocol = 12;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -73,7 +74,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   if constexpr (kWireBits<Inspector>) {
     FloatBits<float> temperature{x.temperature}, top_p{x.top_p}, presence{x.presence_penalty},
-        frequency{x.frequency_penalty}, repetition{x.repetition_penalty};
+        frequency{x.frequency_penalty}, repetition{x.repetition_penalty}, min_p{x.min_p};
     // The bias as ids and the bits of their values, side by side.
     std::vector<int> bias_ids;
     std::vector<uint32_t> bias_bits;
@@ -93,11 +94,12 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
                for (size_t i = 0; i < bias_ids.size(); ++i)
                  x.logit_bias.emplace_back(bias_ids[i], std::bit_cast<float>(bias_bits[i]));
                return caf::none;
-             }));
+             }),
+             min_p, x.min_tokens, x.stop_token_ids);
   } else {
     return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
              x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty,
-             x.repetition_penalty, x.logit_bias);
+             x.repetition_penalty, x.logit_bias, x.min_p, x.min_tokens, x.stop_token_ids);
   }
 }
 

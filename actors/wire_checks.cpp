@@ -55,6 +55,19 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size) {
       return "sampling.logit_bias of id " + str(int64_t(id)) + " is " + str(double(bias)) +
              ", outside [-100, 100]";
   }
+  if (!(s.min_p >= 0 && s.min_p <= 1))
+    return "sampling.min_p " + str(double(s.min_p)) + " is outside [0, 1]";
+  if (s.min_tokens < 0) return "sampling.min_tokens " + str(int64_t(s.min_tokens)) + " is negative";
+  if (s.stop_token_ids.size() > size_t(kMaxStopTokenIds))
+    return "sampling.stop_token_ids has " + str(int64_t(s.stop_token_ids.size())) +
+           " entries, more than " + str(int64_t(kMaxStopTokenIds));
+  for (size_t i = 0; i < s.stop_token_ids.size(); ++i) {
+    const int id = s.stop_token_ids[i];
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+      return "sampling.stop_token_ids id " + str(int64_t(id)) + " is outside the vocabulary";
+    if (i > 0 && id <= s.stop_token_ids[i - 1])
+      return "sampling.stop_token_ids are not ascending at id " + str(int64_t(id));
+  }
   return {};
 }
 

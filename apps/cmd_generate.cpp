@@ -30,6 +30,8 @@ struct GenerateOptions {
   int top_k = 0;
   std::optional<uint64_t> seed;
   float presence_penalty = 0, frequency_penalty = 0, repetition_penalty = 1;
+  float min_p = 0;
+  int min_tokens = 0;
   bool print_ids = false;
   bool echo = false;
   bool ignore_eos = false;
@@ -123,6 +125,8 @@ void run_generate(const GenerateOptions& o) {
   req.sampling.presence_penalty = o.presence_penalty;
   req.sampling.frequency_penalty = o.frequency_penalty;
   req.sampling.repetition_penalty = o.repetition_penalty;
+  req.sampling.min_p = o.min_p;
+  req.sampling.min_tokens = o.min_tokens;
   try {
     validate_request(cfg, req);
   } catch (const std::invalid_argument& e) {
@@ -199,6 +203,13 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--repetition-penalty", opts->repetition_penalty,
                   "Divides the positive logits (multiplies the negative) of every token in the "
                   "prompt or generated, in (0, 2]; 1: off")
+      ->capture_default_str();
+  cmd->add_option("--min-p", opts->min_p,
+                  "Tokens less likely than this times the likeliest are not drawn, in [0, 1]; "
+                  "0: off")
+      ->capture_default_str();
+  cmd->add_option("--min-tokens", opts->min_tokens,
+                  "Tokens generated before an end-of-sequence token may end the text")
       ->capture_default_str();
   cmd->add_flag("--ids", opts->print_ids,
                 "Print the generated ids as one comma-separated line instead of text");

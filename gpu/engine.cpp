@@ -60,7 +60,9 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions o)
     : model_(std::move(model)),
       options_(o),
       cache_(model_->make_cache(o.block_tokens, o.blocks, o.kv_dtype)),
-      pool_(o.threads) {}
+      pool_(o.threads) {
+  samplers_.set_eos_ids(model_->config().eos_ids);
+}
 
 std::vector<int> Engine::run(const std::vector<StepItem>& items, int tokens, Result& r) {
   std::vector<SequenceCache> caches;

@@ -65,7 +65,7 @@ GenerateResult generate(StepEngine& engine, const ModelConfig& c, const Generate
     int fed = int(req.prompt.size());
     for (;;) {
       const auto outcome =
-          rule.judge(next, int(res.ids.size()), req.max_tokens, fed, req.ignore_eos);
+          rule.judge(next, int(res.ids.size()), req.max_tokens, fed, req.ignore_eos, req.sampling);
       if (!outcome.deliver) {
         res.finish_reason = *outcome.finish;
         break;

@@ -1,12 +1,15 @@
 #include "gpu/logit_penalties.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 namespace troupe {
 
-LogitPenalties::LogitPenalties(const SamplingParams& params) : params_(params) {
+LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int> eos_ids,
+                               int generated)
+    : params_(params), generated_(generated) {
   // Written so that NaN fails each check.
   auto check = [](bool ok, const char* name, float v, const char* range) {
     if (!ok)
@@ -22,6 +25,13 @@ LogitPenalties::LogitPenalties(const SamplingParams& params) : params_(params) {
         p.repetition_penalty, "(0, 2]");
   for (const auto& [id, bias] : p.logit_bias)
     check(bias >= -100 && bias <= 100, "a logit_bias value", bias, "[-100, 100]");
+  if (p.min_tokens < 0)
+    throw std::invalid_argument("sampler: min_tokens must be >= 0, got " +
+                                std::to_string(p.min_tokens));
+  if (p.min_tokens > 0) {
+    ends_.assign(eos_ids.begin(), eos_ids.end());
+    ends_.insert(ends_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  }
 }
 
 void LogitPenalties::reset(std::span<const int> tokens, int generated) {
@@ -29,6 +39,7 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
     throw std::invalid_argument("penalties: " + std::to_string(generated) +
                                 " generated tokens in a history of " +
                                 std::to_string(tokens.size()));
+  generated_ = generated;
   output_.clear();
   for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i) ++output_[tokens[i]];
   seen_.clear();
@@ -39,6 +50,7 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
 }
 
 void LogitPenalties::record(int id) {
+  ++generated_;
   ++output_[id];
   if (params_.repetition_penalty == 1) return;
   const auto at = std::lower_bound(seen_.begin(), seen_.end(), id);
@@ -71,13 +83,18 @@ void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& ou
         l -= freq * float(count);
         l -= presence;
       }
+  // Last, so that no bias or penalty brings them back (vLLM's order).
+  if (generated_ < params_.min_tokens)
+    for (int id : ends_)
+      if (inside(id)) out[size_t(id)] = -std::numeric_limits<float>::infinity();
 }
 
 std::span<const float> SequencePenalties::adjust(const StepItem& item,
                                                  std::span<const float> logits) {
   if (!item.sampling.adjusts_logits()) return logits;
   auto it = seqs_.find(item.seq);
-  if (it == seqs_.end()) it = seqs_.emplace(item.seq, LogitPenalties(item.sampling)).first;
+  if (it == seqs_.end())
+    it = seqs_.emplace(item.seq, LogitPenalties(item.sampling, eos_ids_, item.generated)).first;
   if (!item.history.empty()) it->second.reset(item.history, item.generated);
   it->second.apply(logits, row_);
   return row_;

@@ -19,7 +19,11 @@ namespace troupe {
 
 class LogitPenalties {
  public:
-  explicit LogitPenalties(const SamplingParams& params);
+  // eos_ids: the model's end-of-sequence ids, which with the request's
+  // stop_token_ids are not drawn while fewer than min_tokens tokens have
+  // been generated (`generated` so far: a sequence resumed elsewhere).
+  explicit LogitPenalties(const SamplingParams& params, std::span<const int> eos_ids = {},
+                          int generated = 0);
 
   // The sequence so far replaces what was recorded: `tokens` is the prompt
   // followed by `generated` output tokens. Throws std::invalid_argument when
@@ -35,6 +39,8 @@ class LogitPenalties {
 
  private:
   SamplingParams params_;
+  std::vector<int> ends_;  // ids that end the sequence: -inf before min_tokens
+  int generated_ = 0;
   std::unordered_map<int, int> output_;  // id -> occurrences in the output
   std::vector<int> seen_;                // ids in the prompt or the output, ascending
 };
@@ -44,6 +50,8 @@ class LogitPenalties {
 // release.
 class SequencePenalties {
  public:
+  // The model's end-of-sequence ids (min_tokens keeps them from being drawn).
+  void set_eos_ids(std::vector<int> ids) { eos_ids_ = std::move(ids); }
   // The row the item's sequence draws from: `logits` adjusted by its
   // penalties, or `logits` itself when its sampling adjusts nothing. The
   // adjusted row lives until the next call.
@@ -57,6 +65,7 @@ class SequencePenalties {
  private:
   std::unordered_map<uint64_t, LogitPenalties> seqs_;
   std::vector<float> row_;
+  std::vector<int> eos_ids_;
 };
 
 }  // namespace troupe

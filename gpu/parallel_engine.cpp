@@ -137,6 +137,7 @@ ParallelEngine::ParallelEngine(const Checkpoint& ckpt, DType dtype, ParallelEngi
   if (!launcher) launcher = launch_device_thread;
   Impl& m = *impl_;
   m.config = ckpt.config;
+  m.samplers.set_eos_ids(ckpt.config.eos_ids);
   const int P = layout.pipeline, T = layout.tensor, L = ckpt.config.n_layers;
   if (P < 1 || T < 1)
     throw std::invalid_argument("parallel.pipeline and parallel.tensor must be >= 1");

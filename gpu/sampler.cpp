@@ -183,6 +183,10 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
     throw std::invalid_argument("sampler: top_k must be >= 0 (0 = off), got " +
                                 std::to_string(params.top_k));
   }
+  if (!(params.min_p >= 0 && params.min_p <= 1)) {
+    throw std::invalid_argument("sampler: min_p must be in [0, 1], got " +
+                                std::to_string(params.min_p));
+  }
   if (params.logprobs < -1 || params.logprobs > kMaxLogprobs) {
     throw std::invalid_argument("sampler: logprobs must be in [-1, " +
                                 std::to_string(kMaxLogprobs) + "] (-1 = off), got " +
@@ -212,6 +216,17 @@ int Sampler::sample(std::span<const float> logits) {
   if (!std::isfinite(scale)) return argmax(logits);
   weight_.resize(n);
   softmax_weights(logits, m, scale, weight_.data());
+  if (params_.min_p > 0) {
+    // The likeliest id weighs 1, so an id's weight is its probability over
+    // the likeliest's: those below min_p are masked, as -inf logits are.
+    masked_.assign(logits.begin(), logits.end());
+    for (size_t i = 0; i < n; ++i)
+      if (!(weight_[i] >= params_.min_p)) {
+        weight_[i] = 0;
+        masked_[i] = -kInf;
+      }
+    logits = masked_;
+  }
 
   const size_t k = size_t(params_.top_k);
   const bool use_k = k > 0 && k < n;

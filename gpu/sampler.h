@@ -42,12 +42,13 @@ std::vector<TokenLogprobs> prompt_token_logprobs(
 class Sampler {
  public:
   // Throws std::invalid_argument naming the parameter: temperature < 0 (or
-  // NaN), top_p outside (0, 1], top_k < 0.
+  // NaN), top_p outside (0, 1], top_k < 0, min_p outside [0, 1].
   explicit Sampler(const SamplingParams& params = {});
 
   // Greedy (temperature <= 0) is argmax. Otherwise, fully specified so that
   // a seed replays anywhere: draw u = next_double(); weigh each id by
-  // exp((logit - max) / temperature); keep the top_k best (higher logit, then
+  // exp((logit - max) / temperature); drop those weighing less than min_p
+  // (the likeliest weighs 1); keep the top_k best (higher logit, then
   // lower id), then the smallest best-first prefix holding top_p of the kept
   // mass; return the first kept id, in ascending id order, at which the
   // running weight exceeds u * (kept weight).
@@ -84,6 +85,7 @@ class Sampler {
   // Reused between calls so sampling a 32k vocabulary allocates nothing.
   std::vector<float> weight_;                // per id, unnormalized
   std::vector<std::pair<float, int>> cand_;  // (logit, id), for top-k / top-p
+  std::vector<float> masked_;                // logits less those min_p drops
 };
 
 // An engine's per-sequence samplers: made at a sequence's first sampled
@@ -98,6 +100,8 @@ class SequenceSamplers {
   // given go to *logprobs.
   int sample(const StepItem& item, std::span<const float> logits,
              std::optional<TokenLogprobs>* logprobs = nullptr);
+  // The model's end-of-sequence ids (min_tokens keeps them from being drawn).
+  void set_eos_ids(std::vector<int> ids) { penalties_.set_eos_ids(std::move(ids)); }
   void release(uint64_t seq) {
     samplers_.erase(seq);
     penalties_.release(seq);

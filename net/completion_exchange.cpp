@@ -105,7 +105,10 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
   ids_.push_back(token_id);
   add_logprobs(token_id, logprobs);
 
-  std::string out = stop_.push(decode(token_id));
+  // Stop strings are looked for only after min_tokens tokens (vLLM's rule);
+  // nothing is held back before, so the text of those goes out as it is.
+  std::string out =
+      completion_tokens_ <= params_.min_tokens ? decode(token_id) : stop_.push(decode(token_id));
   if (stop_.stopped()) {
     // Our stop string, not the service's: end now and stop the generation.
     ExchangeStep step = finish_ok(FinishReason::Stop, out, at);
@@ -332,6 +335,9 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.frequency_penalty = params.frequency_penalty;
   r.sampling.repetition_penalty = params.repetition_penalty;
   r.sampling.logit_bias = params.logit_bias;
+  r.sampling.min_p = params.min_p;
+  r.sampling.min_tokens = params.min_tokens;
+  r.sampling.stop_token_ids = params.stop_token_ids;
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

@@ -311,6 +311,47 @@ void parse_penalties(const json& body, const ModelLimits& limits, CompletionPara
            "logit_bias");
 }
 
+// vLLM's min_p, min_tokens and stop_token_ids (after max_tokens is known).
+void parse_vllm_sampling(const json& body, const ModelLimits& limits, CompletionParams& p) {
+  if (const json* v = field(body, "min_p")) {
+    const double x = get_number(*v, "min_p");
+    if (!(x >= 0 && x <= 1))
+      fail("`min_p` must be in [0, 1] (0: off), got " + show(x) + ".", "min_p");
+    p.min_p = float(x);
+  }
+  if (const json* v = field(body, "min_tokens")) {
+    const int64_t m = get_int(*v, "min_tokens");
+    if (m < 0) fail("`min_tokens` must be >= 0, got " + std::to_string(m) + ".", "min_tokens");
+    if (!p.max_tokens_from_context && m > p.max_tokens)
+      fail("`min_tokens` (" + std::to_string(m) + ") must be at most `max_tokens` (" +
+               std::to_string(p.max_tokens) + ").",
+           "min_tokens");
+    p.min_tokens = int(std::min<int64_t>(m, std::numeric_limits<int>::max()));
+  }
+  const json* v = field(body, "stop_token_ids");
+  if (!v || v->is_null()) return;
+  if (!v->is_array()) wrong_type("stop_token_ids", "an array of token ids", *v);
+  if (v->size() > size_t(kMaxStopTokenIds))
+    fail("`stop_token_ids` may hold at most " + std::to_string(kMaxStopTokenIds) + " ids, got " +
+             std::to_string(v->size()) + ".",
+         "stop_token_ids");
+  for (const json& e : *v) {
+    const int64_t id = get_int(e, "stop_token_ids");
+    if (id < 0 || (limits.vocab_size > 0 && id >= limits.vocab_size))
+      fail("`stop_token_ids`: " + std::to_string(id) + " is not a token id in the vocabulary" +
+               (limits.vocab_size > 0
+                    ? " (valid ids: 0.." + std::to_string(limits.vocab_size - 1) + ")"
+                    : std::string()) +
+               ".",
+           "stop_token_ids");
+    p.stop_token_ids.push_back(int(id));
+  }
+  // A set: repeats say nothing more.
+  std::sort(p.stop_token_ids.begin(), p.stop_token_ids.end());
+  p.stop_token_ids.erase(std::unique(p.stop_token_ids.begin(), p.stop_token_ids.end()),
+                         p.stop_token_ids.end());
+}
+
 void reject_unsupported(const json& body) {
   if (const json* v = field(body, "best_of")) {
     if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
@@ -332,9 +373,6 @@ void reject_unsupported(const json& body) {
     const char* instead;
   };
   static const VllmOption options[] = {
-      {"min_p", 0, nullptr},
-      {"min_tokens", 0, nullptr},
-      {"stop_token_ids", json::array(), "`stop` strings"},
       {"bad_words", json::array(), "`logit_bias` -100"},
       {"allowed_token_ids", json::array(), nullptr},
       {"use_beam_search", false, nullptr},
@@ -445,6 +483,7 @@ int checked_logprobs(const json& v, const char* name) {
 void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
   parse_sampling(j, p);
   parse_penalties(j, limits, p);
+  parse_vllm_sampling(j, limits, p);
   parse_stop(j, p);
   parse_streaming(j, p);
   reject_unsupported(j);

@@ -85,6 +85,9 @@ struct CompletionParams {
   float frequency_penalty = 0;
   float repetition_penalty = 1;                   // vLLM extension
   std::vector<std::pair<int, float>> logit_bias;  // ids ascending
+  float min_p = 0;                                // vLLM extensions, see SamplingParams
+  int min_tokens = 0;
+  std::vector<int> stop_token_ids;  // ascending, unique
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

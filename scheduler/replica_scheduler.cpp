@@ -362,7 +362,7 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     const int tok = ids[i];
     const int fed = int(q.tokens.size());
     const auto outcome =
-        options_.stop.judge(tok, q.a.generated, q.a.max_tokens, fed, q.a.ignore_eos);
+        options_.stop.judge(tok, q.a.generated, q.a.max_tokens, fed, q.a.ignore_eos, q.a.sampling);
     if (outcome.deliver) {
       TokenEvent& t = ev.tokens.emplace_back(TokenEvent{q.a.id, q.a.generated, tok});
       if (!logprobs.empty() && logprobs[i]) {

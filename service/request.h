@@ -29,9 +29,19 @@ struct SamplingParams {
   float frequency_penalty = 0;   // [-2, 2]: subtracted per occurrence in the output
   float repetition_penalty = 1;  // (0, 2]: a seen id's positive logit / it, negative * it
   std::vector<std::pair<int, float>> logit_bias{};  // (id, [-100, 100]), ids ascending, unique
+  // vLLM's: ids whose probability (after temperature) is below min_p times
+  // the likeliest's are not drawn; [0, 1], 0: off. Greedy is unaffected.
+  float min_p = 0;
+  // vLLM's: the first min_tokens tokens cannot end the sequence: the model's
+  // end-of-sequence ids and stop_token_ids are not drawn for them, and stop
+  // strings are looked for only in the text after them.
+  int min_tokens = 0;
+  // More ids that end the sequence as its end-of-sequence id does (not
+  // delivered; finish reason "stop"), ignore_eos or not. Ascending, unique.
+  std::vector<int> stop_token_ids{};
 
   // Whether the logits are changed before the draw at all.
-  bool adjusts_logits() const { return !logit_bias.empty() || penalizes(); }
+  bool adjusts_logits() const { return !logit_bias.empty() || min_tokens > 0 || penalizes(); }
   // Whether the change depends on the tokens the sequence holds.
   bool penalizes() const {
     return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1;
@@ -39,7 +49,8 @@ struct SamplingParams {
 };
 
 inline constexpr int kMaxLogprobs = 20;
-inline constexpr int kMaxLogitBias = 1024;  // entries of SamplingParams::logit_bias
+inline constexpr int kMaxLogitBias = 1024;     // entries of SamplingParams::logit_bias
+inline constexpr int kMaxStopTokenIds = 1024;  // entries of SamplingParams::stop_token_ids
 
 // A token's log-probability under the model's distribution at that step:
 // log-softmax of the raw logits, before temperature, top-k or top-p (as

@@ -25,8 +25,21 @@ struct StopRule {
   // token is delivered, and the sequence ends when it reaches max_tokens or
   // the context has no room to feed the token back.
   Outcome judge(int token, int generated, int max_tokens, int fed, bool ignore_eos) const {
-    if (!ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end())
-      return {false, FinishReason::Stop};
+    return judge(token, generated, max_tokens, fed, ignore_eos, SamplingParams{});
+  }
+  // With the request's own stop ids (SamplingParams::stop_token_ids), which
+  // end it as EOS does, ignore_eos or not; neither ends one of the first
+  // min_tokens tokens (the sampler does not draw them there: this only
+  // matters if nothing else could be drawn).
+  Outcome judge(int token, int generated, int max_tokens, int fed, bool ignore_eos,
+                const SamplingParams& sampling) const {
+    if (generated >= sampling.min_tokens) {
+      if (!ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end())
+        return {false, FinishReason::Stop};
+      const auto& stops = sampling.stop_token_ids;
+      if (std::find(stops.begin(), stops.end(), token) != stops.end())
+        return {false, FinishReason::Stop};
+    }
     if (generated + 1 >= max_tokens || fed >= context_length) return {true, FinishReason::Length};
     return {true, std::nullopt};
   }

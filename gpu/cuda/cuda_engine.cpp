@@ -92,6 +92,7 @@ CudaEngine::CudaEngine(const Checkpoint& ckpt, DType dtype, CudaEngineOptions o)
     : options_(o),
       fwd_(std::make_unique<DeviceForward>(ckpt, dtype, shard_dims(ckpt.config, ShardSpec{}), o)),
       stream_(fwd_->stream()) {
+  penalties_.set_eos_ids(ckpt.config.eos_ids);
   const StepLayout& layout = fwd_->layout();
   try {
     check(cudaEventCreate(&start_), "cudaEventCreate");
@@ -301,9 +302,10 @@ void CudaEngine::settle() {
       int id = ids_host_[k];
       const StepItem& item = p.items[size_t(row_item[k])];
       const bool wants_logprobs = p.params[k].logprobs >= 0;
-      // Penalties and bias change the row on the host, where the sequence's
-      // tokens are counted.
-      const bool on_host = flags_host_[k] || item.sampling.adjusts_logits();
+      // Penalties, bias and min_tokens change the row on the host, where the
+      // sequence's tokens are counted; min_p is drawn there too.
+      const bool on_host =
+          flags_host_[k] || item.sampling.adjusts_logits() || item.sampling.min_p > 0;
       if (on_host || wants_logprobs) copy_row(k);
       if (on_host) {
         // Too close to call on the device, or adjusted: the CPU sampler

@@ -117,6 +117,9 @@ inline std::vector<WireSample> wire_samples() {
   penalized.frequency_penalty = -0.25f;
   penalized.repetition_penalty = 1.1f;
   penalized.logit_bias = {{9, -2.5f}, {31, 100.0f}};
+  penalized.min_p = 0.05f;
+  penalized.min_tokens = 2;
+  penalized.stop_token_ids = {7, 40};
   add("penalized", M::Assignment,
       wire_encode(Assignment{10, {1, 9, 31, 31}, 1, 8, penalized, false}));
 

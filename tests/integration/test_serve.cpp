@@ -547,6 +547,57 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   EXPECT_EQ(down.find(" 0 requests to resume"), std::string::npos) << down;
 }
 
+// vLLM's min_tokens, stop_token_ids and min_p, as a client of vLLM uses
+// them: min_tokens carries greedy text past the end-of-sequence it would
+// stop at (stop strings too are looked for only after it), the same in a
+// tensor layout; a stop id ends the text before it; min_p 1 leaves only
+// the likeliest token, so sampling gives the greedy text.
+TEST(Serve, MinTokensStopTokenIdsAndMinPAsVllmHasThem) {
+  auto ask = [](Server& s, json req) {
+    req["prompt"] = "A fool";
+    req["return_token_ids"] = true;
+    const auto r = s.complete(req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body)["choices"][0];
+  };
+  Server one({"devices=[{kind: cpu, threads: 1}]"});
+  const json plain = ask(one, {{"max_tokens", 100}, {"temperature", 0}});
+  ASSERT_EQ(plain["finish_reason"], "stop");  // this prompt ends on EOS, well before 100
+  const auto ids = plain["token_ids"].get<std::vector<int>>();
+  ASSERT_GT(ids.size(), 4u);
+  const int at_least = int(ids.size()) + 10;
+  const json longer = ask(one, {{"max_tokens", 100}, {"temperature", 0}, {"min_tokens", at_least}});
+  const auto more = longer["token_ids"].get<std::vector<int>>();
+  ASSERT_GE(int(more.size()), at_least);
+  EXPECT_TRUE(std::equal(ids.begin(), ids.end(), more.begin()));  // the same path up to EOS
+  {
+    Server tp({"parallel.tensor=2", "devices=[{kind: cpu, threads: 1}]"});
+    EXPECT_EQ(ask(tp, {{"max_tokens", 100}, {"temperature", 0}, {"min_tokens", at_least}}), longer);
+  }
+  // A stop string inside the first min_tokens tokens' text does not end it.
+  const std::string text = plain["text"];
+  const std::string early = text.substr(0, 4);
+  const json unstopped = ask(
+      one, {{"max_tokens", 100}, {"temperature", 0}, {"min_tokens", at_least}, {"stop", {early}}});
+  EXPECT_EQ(unstopped["text"], longer["text"]);
+  EXPECT_EQ(ask(one, {{"max_tokens", 100}, {"temperature", 0}, {"stop", {early}}})["text"], "");
+  // The third token as a stop id: two tokens, finish "stop".
+  size_t third = 2;
+  while (std::find(ids.begin(), ids.begin() + long(third), ids[third]) != ids.begin() + long(third))
+    ++third;
+  const json stopped =
+      ask(one, {{"max_tokens", 100}, {"temperature", 0}, {"stop_token_ids", {ids[third], 1}}});
+  EXPECT_EQ(stopped["finish_reason"], "stop");
+  EXPECT_EQ(stopped["token_ids"], json(std::vector<int>(ids.begin(), ids.begin() + long(third))));
+  // min_p 1: whatever the temperature and seed, the greedy text.
+  for (int seed : {1, 2})
+    EXPECT_EQ(
+        ask(one,
+            {{"max_tokens", 30}, {"temperature", 1.5}, {"seed", seed}, {"min_p", 1}})["token_ids"],
+        json(std::vector<int>(ids.begin(), ids.begin() + long(std::min<size_t>(30, ids.size())))));
+  EXPECT_EQ(one.complete({{"prompt", "A fool"}, {"max_tokens", 5}, {"min_tokens", 6}}).status, 400);
+}
+
 // An orderly life (start, a request, SIGTERM) is not a fault: nothing in it
 // is logged as a warning (a replica waiting for this process's own node at
 // start-up, or the node losing its coordinator at shutdown, used to be).

@@ -122,6 +122,49 @@ TEST(LogitPenalties, SequenceSamplersDrawFromTheAdjustedRow) {
   }
 }
 
+// vLLM's min_tokens: the model's EOS ids and the request's stop_token_ids
+// are not drawn for the first min_tokens tokens, counted from where a
+// resumed sequence is; logprobs still see the row as the model gave it.
+TEST(LogitPenalties, MinTokensKeepsTheEndIdsFromBeingDrawn) {
+  std::vector<float> logits(12, 0.0f);
+  logits[2] = 9;  // EOS, by far the likeliest
+  logits[5] = 8;  // a stop id, next
+  logits[7] = 7;
+  for (float temperature : {0.0f, 1.0f}) {
+    for (int resumed_at : {0, 2}) {
+      SequenceSamplers samplers;
+      samplers.set_eos_ids({2});
+      StepItem item;
+      item.seq = 3;
+      item.sample = true;
+      item.sampling.temperature = temperature;
+      item.sampling.seed = 5;
+      item.sampling.min_tokens = 4;
+      item.sampling.stop_token_ids = {5};
+      item.sampling.logprobs = 0;
+      item.generated = resumed_at;
+      for (int n = resumed_at; n < 4; ++n) {
+        std::optional<TokenLogprobs> lp;
+        const int id = samplers.sample(item, logits, &lp);
+        ASSERT_NE(id, 2) << n;
+        ASSERT_NE(id, 5) << n;
+        if (temperature == 0) {
+          EXPECT_EQ(id, 7);
+        }
+        ASSERT_TRUE(lp);
+        EXPECT_EQ(lp->logprob, token_logprobs(logits, id, 0).logprob);
+      }
+      // The fifth token may end it.
+      if (temperature == 0) {
+        EXPECT_EQ(samplers.sample(item, logits), 2);
+      }
+    }
+  }
+  SamplingParams bad;
+  bad.min_tokens = -1;
+  EXPECT_THROW(LogitPenalties{bad}, std::invalid_argument);
+}
+
 // A sequence stopped after k tokens and started again elsewhere, from its
 // history, draws what it would have drawn.
 TEST(LogitPenalties, ASequenceResumedFromItsHistoryContinuesExactly) {

@@ -323,10 +323,10 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
 // not ignored as unknown fields are; their neutral values pass.
 TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
-       {R"("min_p":0.05)", R"("min_tokens":5)", R"("stop_token_ids":[2])", R"("bad_words":["x"])",
-        R"("allowed_token_ids":[1,2])", R"("use_beam_search":true)", R"("length_penalty":0.8)",
-        R"("prompt_logprobs":1)", R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
-        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")"}) {
+       {R"("bad_words":["x"])", R"("allowed_token_ids":[1,2])", R"("use_beam_search":true)",
+        R"("length_penalty":0.8)", R"("prompt_logprobs":1)", R"("guided_json":{"type":"object"})",
+        R"("guided_regex":"a+")", R"("guided_choice":["a","b"])",
+        R"("guided_grammar":"root ::= x")"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
@@ -380,6 +380,51 @@ TEST(OpenAiParse, PenaltiesAndLogitBias) {
            Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "`logit_bias`[\"5\"] must be a number"},
            Bad{R"("logit_bias":{"00000000002000":1})", "logit_bias", "valid ids"},
            Bad{R"("logit_bias":{"5":1,"05":2})", "logit_bias", "twice"},
+       }) {
+    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
+    EXPECT_EQ(e.status, 400) << b.rest;
+    EXPECT_EQ(e.param, b.param) << b.rest;
+    EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
+  }
+}
+
+// vLLM's min_p, min_tokens and stop_token_ids, on both endpoints.
+TEST(OpenAiParse, MinPMinTokensAndStopTokenIds) {
+  const CompletionParams d = parse_ok(R"({"prompt":"x"})");
+  EXPECT_EQ(d.min_p, 0.0f);
+  EXPECT_EQ(d.min_tokens, 0);
+  EXPECT_TRUE(d.stop_token_ids.empty());
+  const CompletionParams p = parse_ok(
+      R"({"prompt":"x","max_tokens":20,"min_p":0.05,"min_tokens":20,"stop_token_ids":[9,3,9]})");
+  EXPECT_EQ(p.min_p, 0.05f);
+  EXPECT_EQ(p.min_tokens, 20);
+  EXPECT_EQ(p.stop_token_ids, (std::vector<int>{3, 9}));  // a set, ascending
+  const CompletionRequest r = troupe::service_request(1, p, {1}, 0, 0, 0);
+  EXPECT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_EQ(r.sampling.min_tokens, 20);
+  EXPECT_EQ(r.sampling.stop_token_ids, p.stop_token_ids);
+  EXPECT_TRUE(parse_ok(R"({"prompt":"x","stop_token_ids":null})").stop_token_ids.empty());
+  // A chat without max_tokens has the context as its cap.
+  const auto chat =
+      parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}],"min_tokens":50})",
+                         limits(), ChatTemplate::Plain);
+  ASSERT_TRUE(std::holds_alternative<CompletionParams>(chat));
+  EXPECT_EQ(std::get<CompletionParams>(chat).min_tokens, 50);
+  struct Bad {
+    const char* rest;
+    const char* param;
+    const char* says;
+  };
+  for (const Bad& b : {
+           Bad{R"("min_p":1.5)", "min_p", "[0, 1]"},
+           Bad{R"("min_p":-0.1)", "min_p", "[0, 1]"},
+           Bad{R"("min_p":"0.1")", "min_p", "number"},
+           Bad{R"("min_tokens":-1)", "min_tokens", ">= 0"},
+           Bad{R"("min_tokens":17)", "min_tokens", "at most `max_tokens` (16)"},
+           Bad{R"("stop_token_ids":2)", "stop_token_ids", "array"},
+           Bad{R"("stop_token_ids":[2000])", "stop_token_ids", "valid ids: 0..1999"},
+           Bad{R"("stop_token_ids":[-1])", "stop_token_ids", "not a token id"},
+           Bad{R"("stop_token_ids":["2"])", "stop_token_ids", "integer"},
        }) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
     EXPECT_EQ(e.status, 400) << b.rest;

@@ -197,6 +197,50 @@ TEST(Sampler, TopPKeepsSmallestPrefixReachingP) {
   for (int i = 0; i < 200; ++i) ASSERT_EQ(exact.sample(logits), 1);
 }
 
+// vLLM's min_p: ids less likely (after temperature) than min_p times the
+// likeliest are not drawn; the rest keep their odds.
+TEST(Sampler, MinPDropsTheUnlikelyAndKeepsTheOthersOdds) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.25 keeps ids with p >= 0.125.
+  const std::vector<float> logits = {std::log(0.15f), std::log(0.5f), std::log(0.05f),
+                                     std::log(0.3f)};
+  Sampler s({.temperature = 1.0f, .seed = 3, .min_p = 0.25f});
+  const auto freq = histogram(s, logits, 20000);
+  EXPECT_EQ(freq[2], 0.0);
+  EXPECT_NEAR(freq[1], 0.5 / 0.95, 0.015);
+  EXPECT_NEAR(freq[3], 0.3 / 0.95, 0.015);
+  EXPECT_NEAR(freq[0], 0.15 / 0.95, 0.015);
+  // After temperature: at t = 0.5 the odds are squared, so 0.15 / 0.5
+  // becomes 0.09 < 0.25 and id 0 goes too.
+  Sampler hot({.temperature = 0.5f, .seed = 3, .min_p = 0.25f});
+  const auto sharp = histogram(hot, logits, 5000);
+  EXPECT_EQ(sharp[0] + sharp[2], 0.0);
+  // min_p 1 keeps the likeliest alone; with top-k and top-p it filters first.
+  Sampler one({.temperature = 1.0f, .seed = 3, .min_p = 1.0f});
+  Sampler mixed({.temperature = 1.0f, .top_p = 0.9f, .top_k = 3, .seed = 3, .min_p = 0.5f});
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_EQ(one.sample(logits), 1);
+    const int id = mixed.sample(logits);  // 0.5 and 0.3 survive min_p 0.5 (0.3 >= 0.25)
+    ASSERT_TRUE(id == 1 || id == 3) << id;
+  }
+  // Large vocabularies take the other top-k and top-p paths.
+  const auto big = random_logits(5000, 4);
+  const float m = *std::max_element(big.begin(), big.end());
+  for (int top_k : {0, 50, 2000}) {
+    Sampler wide({.temperature = 1.0f, .top_p = 0.99f, .top_k = top_k, .seed = 9, .min_p = 0.3f});
+    for (int i = 0; i < 300; ++i) {
+      const int id = wide.sample(big);
+      ASSERT_GE(std::exp(double(big[size_t(id)]) - double(m)), 0.3 * 0.999) << top_k;
+    }
+  }
+  EXPECT_THROW(Sampler({.min_p = 1.5f}), std::invalid_argument);
+  EXPECT_THROW(Sampler({.min_p = -0.1f}), std::invalid_argument);
+  EXPECT_THROW(Sampler({.min_p = kNaN}), std::invalid_argument);
+  // min_p 0 is the plain sampler, draw for draw.
+  Sampler off({.temperature = 0.7f, .seed = 12, .min_p = 0.0f}),
+      plain({.temperature = 0.7f, .seed = 12});
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(off.sample(big), plain.sample(big));
+}
+
 TEST(Sampler, LargeVocabNucleusStaysInsideTheNucleus) {
   // A 32k vocabulary where the nucleus is a few hundred entries deep, so the
   // chunked partial sort has to grow several times.

@@ -168,6 +168,50 @@ TEST(WireChecks, AStepItemsHistoryIsTheWholeSequence) {
 }
 
 // Penalties and bias cross as they are: the bias's values bit for bit.
+TEST(WireChecks, MinPMinTokensAndStopIdsAsTheSamplerTakesThem) {
+  auto with = [](auto change) {
+    SamplingParams p;
+    change(p);
+    return p;
+  };
+  EXPECT_EQ(sampling_problem(with([](auto& p) {
+                               p.min_p = 1;
+                               p.min_tokens = 7;
+                               p.stop_token_ids = {0, 4, 299};
+                             }),
+                             300),
+            "");
+  EXPECT_TRUE(names(
+      sampling_problem(with([](auto& p) { p.min_p = std::numeric_limits<float>::quiet_NaN(); })),
+      "min_p"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.min_p = 1.01f; })), "min_p"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.min_tokens = -3; })), "min_tokens"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.stop_token_ids = {300}; }), 300),
+                    "outside the vocabulary"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.stop_token_ids = {4, 4};
+                    })),
+                    "not ascending"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.stop_token_ids.resize(size_t(kMaxStopTokenIds) + 1);
+                      for (int i = 0; i <= kMaxStopTokenIds; ++i) p.stop_token_ids[size_t(i)] = i;
+                    })),
+                    "entries"));
+  // And they cross exactly.
+  SamplingParams p;
+  p.min_p = 1e-40f;
+  p.min_tokens = 12;
+  p.stop_token_ids = {3, 8};
+  const auto bytes = fuzz::wire_encode(p);
+  SamplingParams q;
+  size_t rest = 0;
+  ASSERT_FALSE(fuzz::wire_decode(bytes.data(), bytes.size(), rest, q));
+  EXPECT_EQ(rest, 0u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(q.min_p), std::bit_cast<uint32_t>(p.min_p));
+  EXPECT_EQ(q.min_tokens, 12);
+  EXPECT_EQ(q.stop_token_ids, p.stop_token_ids);
+}
+
 TEST(WireChecks, PenaltiesCrossTheWireExactly) {
   SamplingParams p;
   p.presence_penalty = 0.5f;
