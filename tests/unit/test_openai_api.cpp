@@ -338,6 +338,22 @@ TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
                "prompt_logprobs":null,"guided_json":null,"skip_special_tokens":true})");
 }
 
+// Each body `{"prompt":"x", rest}` is a 400 naming `param`, its message
+// saying `says`.
+struct Bad {
+  const char* rest;
+  const char* param;
+  const char* says;
+};
+void expect_refused(std::initializer_list<Bad> bads) {
+  for (const Bad& b : bads) {
+    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
+    EXPECT_EQ(e.status, 400) << b.rest;
+    EXPECT_EQ(e.param, b.param) << b.rest;
+    EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
+  }
+}
+
 TEST(OpenAiParse, PenaltiesAndLogitBias) {
   const CompletionParams d = parse_ok(R"({"prompt":"x"})");
   EXPECT_EQ(d.presence_penalty, 0.0f);
@@ -358,34 +374,24 @@ TEST(OpenAiParse, PenaltiesAndLogitBias) {
             (std::vector<std::pair<int, float>>{{7, 1.0f}}));
   EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.logit_bias, p.logit_bias);
   EXPECT_EQ(troupe::service_request(1, p, {1}, 0, 0, 0).sampling.repetition_penalty, 1.2f);
-  struct Bad {
-    const char* rest;
-    const char* param;
-    const char* says;
-  };
-  for (const Bad& b : {
-           Bad{R"("presence_penalty":2.01)", "presence_penalty", "between -2 and 2"},
-           Bad{R"("frequency_penalty":-3)", "frequency_penalty", "between -2 and 2"},
-           Bad{R"("frequency_penalty":"1")", "frequency_penalty", "number"},
-           Bad{R"("repetition_penalty":0)", "repetition_penalty", "(0, 2]"},
-           Bad{R"("repetition_penalty":2.5)", "repetition_penalty", "(0, 2]"},
-           // 0 as the float the sampler gets.
-           Bad{R"("repetition_penalty":1e-46)", "repetition_penalty", "got 1e-46"},
-           // The refused value as sent, not rounded to a valid one.
-           Bad{R"("presence_penalty":2.0000000001)", "presence_penalty", "got 2.0000000001"},
-           Bad{R"("logit_bias":{"2000":1})", "logit_bias", "valid ids: 0..1999"},
-           Bad{R"("logit_bias":{"-1":1})", "logit_bias", "token id"},
-           Bad{R"("logit_bias":{"a":1})", "logit_bias", "token id"},
-           Bad{R"("logit_bias":{"5":101})", "logit_bias", "between -100 and 100"},
-           Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "`logit_bias`[\"5\"] must be a number"},
-           Bad{R"("logit_bias":{"00000000002000":1})", "logit_bias", "valid ids"},
-           Bad{R"("logit_bias":{"5":1,"05":2})", "logit_bias", "twice"},
-       }) {
-    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
-    EXPECT_EQ(e.status, 400) << b.rest;
-    EXPECT_EQ(e.param, b.param) << b.rest;
-    EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
-  }
+  expect_refused({
+      Bad{R"("presence_penalty":2.01)", "presence_penalty", "between -2 and 2"},
+      Bad{R"("frequency_penalty":-3)", "frequency_penalty", "between -2 and 2"},
+      Bad{R"("frequency_penalty":"1")", "frequency_penalty", "number"},
+      Bad{R"("repetition_penalty":0)", "repetition_penalty", "(0, 2]"},
+      Bad{R"("repetition_penalty":2.5)", "repetition_penalty", "(0, 2]"},
+      // 0 as the float the sampler gets.
+      Bad{R"("repetition_penalty":1e-46)", "repetition_penalty", "got 1e-46"},
+      // The refused value as sent, not rounded to a valid one.
+      Bad{R"("presence_penalty":2.0000000001)", "presence_penalty", "got 2.0000000001"},
+      Bad{R"("logit_bias":{"2000":1})", "logit_bias", "valid ids: 0..1999"},
+      Bad{R"("logit_bias":{"-1":1})", "logit_bias", "token id"},
+      Bad{R"("logit_bias":{"a":1})", "logit_bias", "token id"},
+      Bad{R"("logit_bias":{"5":101})", "logit_bias", "between -100 and 100"},
+      Bad{R"("logit_bias":{"5":"1"})", "logit_bias", "`logit_bias`[\"5\"] must be a number"},
+      Bad{R"("logit_bias":{"00000000002000":1})", "logit_bias", "valid ids"},
+      Bad{R"("logit_bias":{"5":1,"05":2})", "logit_bias", "twice"},
+  });
 }
 
 // vLLM's min_p, min_tokens and stop_token_ids, on both endpoints.
@@ -410,27 +416,17 @@ TEST(OpenAiParse, MinPMinTokensAndStopTokenIds) {
                          limits(), ChatTemplate::Plain);
   ASSERT_TRUE(std::holds_alternative<CompletionParams>(chat));
   EXPECT_EQ(std::get<CompletionParams>(chat).min_tokens, 50);
-  struct Bad {
-    const char* rest;
-    const char* param;
-    const char* says;
-  };
-  for (const Bad& b : {
-           Bad{R"("min_p":1.5)", "min_p", "[0, 1]"},
-           Bad{R"("min_p":-0.1)", "min_p", "[0, 1]"},
-           Bad{R"("min_p":"0.1")", "min_p", "number"},
-           Bad{R"("min_tokens":-1)", "min_tokens", ">= 0"},
-           Bad{R"("min_tokens":17)", "min_tokens", "at most `max_tokens` (16)"},
-           Bad{R"("stop_token_ids":2)", "stop_token_ids", "array"},
-           Bad{R"("stop_token_ids":[2000])", "stop_token_ids", "valid ids: 0..1999"},
-           Bad{R"("stop_token_ids":[-1])", "stop_token_ids", "not a token id"},
-           Bad{R"("stop_token_ids":["2"])", "stop_token_ids", "integer"},
-       }) {
-    const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + b.rest + "}");
-    EXPECT_EQ(e.status, 400) << b.rest;
-    EXPECT_EQ(e.param, b.param) << b.rest;
-    EXPECT_TRUE(contains(e.message, b.says)) << b.rest << ": " << e.message;
-  }
+  expect_refused({
+      Bad{R"("min_p":1.5)", "min_p", "[0, 1]"},
+      Bad{R"("min_p":-0.1)", "min_p", "[0, 1]"},
+      Bad{R"("min_p":"0.1")", "min_p", "number"},
+      Bad{R"("min_tokens":-1)", "min_tokens", ">= 0"},
+      Bad{R"("min_tokens":17)", "min_tokens", "at most `max_tokens` (16)"},
+      Bad{R"("stop_token_ids":2)", "stop_token_ids", "array"},
+      Bad{R"("stop_token_ids":[2000])", "stop_token_ids", "valid ids: 0..1999"},
+      Bad{R"("stop_token_ids":[-1])", "stop_token_ids", "not a token id"},
+      Bad{R"("stop_token_ids":["2"])", "stop_token_ids", "integer"},
+  });
 }
 
 TEST(OpenAiParse, EchoAndAPromptAlone) {
