@@ -38,7 +38,7 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
       meta_(std::move(meta)),
       prompt_tokens_(prompt_tokens),
       tokenizer_(tokenizer),
-      stop_(params_.stop),
+      stop_(params_.stop, params_.include_stop_str_in_output),
       submitted_(submitted) {
   if (tokenizer) {
     streamer_.emplace(*tokenizer);

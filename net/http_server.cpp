@@ -421,10 +421,13 @@ class Session : public std::enable_shared_from_this<Session> {
           ids.end() - std::ptrdiff_t(std::min(ids.size(), TextStreamer::kContinuationIds)),
           ids.end());
       if (!params.echo) continue;
-      // The prompt as the client wrote it, or its ids' text.
+      // The prompt as the client wrote it, or its ids' text (and the kept
+      // tokens' text when it may have been truncated).
       const std::optional<std::string>& text =
           params.batch.empty() ? params.prompt_text : params.batch[p].text;
-      c.echo_text = text ? *text : (tok ? tok->decode(ids) : std::string());
+      c.echo_text = text && params.truncate_prompt_tokens == 0
+                        ? *text
+                        : (tok ? tok->decode(ids) : std::string());
       c.echo_ids = ids;
     }
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),

@@ -224,6 +224,20 @@ void parse_stop(const json& body, CompletionParams& p) {
   }
 }
 
+// vLLM's options on the prompt's and the stop string's place in the text.
+void parse_vllm_text_options(const json& body, CompletionParams& p) {
+  if (const json* v = field(body, "include_stop_str_in_output"))
+    p.include_stop_str_in_output = get_bool(*v, "include_stop_str_in_output");
+  if (const json* v = field(body, "truncate_prompt_tokens")) {
+    const int64_t k = get_int(*v, "truncate_prompt_tokens");
+    if (k < 1)
+      fail(
+          "`truncate_prompt_tokens` must be at least 1 (null: off), got " + std::to_string(k) + ".",
+          "truncate_prompt_tokens");
+    p.truncate_prompt_tokens = int(std::min<int64_t>(k, std::numeric_limits<int>::max()));
+  }
+}
+
 void parse_sampling(const json& body, CompletionParams& p) {
   if (const json* v = field(body, "temperature")) {
     double t = get_number(*v, "temperature");
@@ -485,6 +499,7 @@ void parse_generation_options(const json& j, const ModelLimits& limits, Completi
   parse_penalties(j, limits, p);
   parse_vllm_sampling(j, limits, p);
   parse_stop(j, p);
+  parse_vllm_text_options(j, p);
   parse_streaming(j, p);
   reject_unsupported(j);
   if (const json* v = field(j, "priority")) {
@@ -744,6 +759,9 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
   } else {
     ids = p.prompt_ids;
   }
+  // vLLM's truncation: the prompt's last tokens, BOS or not.
+  if (p.truncate_prompt_tokens > 0 && ids.size() > size_t(p.truncate_prompt_tokens))
+    ids.erase(ids.begin(), ids.end() - p.truncate_prompt_tokens);
   if (!p.stop.empty() && !tokenizer)
     return bad_request("This server has no tokenizer, so `stop` strings cannot be applied.",
                        "stop");

@@ -89,6 +89,8 @@ struct CompletionParams {
   int min_tokens = 0;
   std::vector<int> stop_token_ids;  // ascending, unique
   std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;  // vLLM extension: the text ends with the stop string
+  int truncate_prompt_tokens = 0;           // vLLM extension: > 0 keeps the prompt's last this many
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int priority = 0;

@@ -4,7 +4,8 @@
 
 namespace troupe {
 
-StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
+StopStringFilter::StopStringFilter(std::vector<std::string> stops, bool include_stop)
+    : include_stop_(include_stop) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
 }
@@ -27,11 +28,15 @@ std::string StopStringFilter::push(std::string_view text) {
   pending_ += text;
   // Only the held tail (shorter than every stop string) precedes the new text,
   // so a match found here cannot start in text already released.
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  // The earliest match; of two at one place, the one listed first.
+  size_t first = std::string::npos, length = 0;
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) first = at, length = s.size();
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, first);
+    std::string out = pending_.substr(0, first + (include_stop_ ? length : 0));
     pending_.clear();
     return out;
   }

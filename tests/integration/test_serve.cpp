@@ -12,6 +12,7 @@
 #include "support/process_support.h"
 #include "support/serving_support.h"
 #include "support/test_support.h"
+#include "text/tokenizer.h"
 
 namespace troupe {
 namespace {
@@ -547,12 +548,14 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   EXPECT_EQ(down.find(" 0 requests to resume"), std::string::npos) << down;
 }
 
-// vLLM's min_tokens, stop_token_ids and min_p, as a client of vLLM uses
-// them: min_tokens carries greedy text past the end-of-sequence it would
-// stop at (stop strings too are looked for only after it), the same in a
-// tensor layout; a stop id ends the text before it; min_p 1 leaves only
-// the likeliest token, so sampling gives the greedy text.
-TEST(Serve, MinTokensStopTokenIdsAndMinPAsVllmHasThem) {
+// vLLM's min_tokens, stop_token_ids, min_p, include_stop_str_in_output and
+// truncate_prompt_tokens, as a client of vLLM uses them: min_tokens carries
+// greedy text past the end-of-sequence it would stop at (stop strings too
+// are looked for only after it), the same in a tensor layout; a stop id ends
+// the text before it; min_p 1 leaves only the likeliest token, so sampling
+// gives the greedy text; the stop string can end the text; a truncated
+// prompt answers as its last tokens sent alone.
+TEST(Serve, VllmSamplingAndTextOptions) {
   auto ask = [](Server& s, json req) {
     req["prompt"] = "A fool";
     req["return_token_ids"] = true;
@@ -596,6 +599,29 @@ TEST(Serve, MinTokensStopTokenIdsAndMinPAsVllmHasThem) {
             {{"max_tokens", 30}, {"temperature", 1.5}, {"seed", seed}, {"min_p", 1}})["token_ids"],
         json(std::vector<int>(ids.begin(), ids.begin() + long(std::min<size_t>(30, ids.size())))));
   EXPECT_EQ(one.complete({{"prompt", "A fool"}, {"max_tokens", 5}, {"min_tokens", 6}}).status, 400);
+  // include_stop_str_in_output: the text ends with the stop string.
+  EXPECT_EQ(ask(one, {{"max_tokens", 100},
+                      {"temperature", 0},
+                      {"stop", {early}},
+                      {"include_stop_str_in_output", true}})["text"],
+            early);
+  // truncate_prompt_tokens: the prompt's last 2 tokens, as if sent alone.
+  const auto kept = one.complete({{"prompt", "The meaning of life"},
+                                  {"max_tokens", 8},
+                                  {"temperature", 0},
+                                  {"truncate_prompt_tokens", 2},
+                                  {"echo", true}});
+  ASSERT_EQ(kept.status, 200) << kept.body;
+  const json k = json::parse(kept.body);
+  EXPECT_EQ(k["usage"]["prompt_tokens"], 2);
+  const auto last_two = Tokenizer::load(test::model_path("fortune") / "tokenizer.model")
+                            .encode("The meaning of life", true);
+  const auto alone = one.complete({{"prompt", std::vector<int>(last_two.end() - 2, last_two.end())},
+                                   {"max_tokens", 8},
+                                   {"temperature", 0},
+                                   {"echo", true}});
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  EXPECT_EQ(k["choices"][0]["text"], json::parse(alone.body)["choices"][0]["text"]);
 }
 
 // An orderly life (start, a request, SIGTERM) is not a fault: nothing in it

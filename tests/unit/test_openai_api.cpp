@@ -429,6 +429,36 @@ TEST(OpenAiParse, MinPMinTokensAndStopTokenIds) {
   });
 }
 
+// vLLM's include_stop_str_in_output and truncate_prompt_tokens.
+TEST(OpenAiParse, IncludeStopStringAndTruncatePromptTokens) {
+  const CompletionParams d = parse_ok(R"({"prompt":"x"})");
+  EXPECT_FALSE(d.include_stop_str_in_output);
+  EXPECT_EQ(d.truncate_prompt_tokens, 0);
+  CompletionParams p = parse_ok(
+      R"({"prompt":[5,6,7,8,9],"include_stop_str_in_output":true,"truncate_prompt_tokens":3})");
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_EQ(p.truncate_prompt_tokens, 3);
+  // The prompt's last 3 tokens; a shorter prompt as it is.
+  auto ids = resolve_prompt(p, nullptr, limits());
+  ASSERT_TRUE(std::holds_alternative<std::vector<int>>(ids));
+  EXPECT_EQ(std::get<std::vector<int>>(ids), (std::vector<int>{7, 8, 9}));
+  CompletionParams short_one = parse_ok(R"({"prompt":[5,6],"truncate_prompt_tokens":3})");
+  EXPECT_EQ(std::get<std::vector<int>>(resolve_prompt(short_one, nullptr, limits())),
+            (std::vector<int>{5, 6}));
+  // A text prompt is truncated after tokenization (BOS goes first).
+  CompletionParams text =
+      parse_ok(R"({"prompt":"The meaning of life","truncate_prompt_tokens":2})");
+  auto text_ids = resolve_prompt(text, &fortune(), limits());
+  ASSERT_TRUE(std::holds_alternative<std::vector<int>>(text_ids));
+  const auto whole = fortune().encode("The meaning of life", true);
+  EXPECT_EQ(std::get<std::vector<int>>(text_ids), std::vector<int>(whole.end() - 2, whole.end()));
+  expect_refused({
+      Bad{R"("truncate_prompt_tokens":0)", "truncate_prompt_tokens", "at least 1"},
+      Bad{R"("truncate_prompt_tokens":-1)", "truncate_prompt_tokens", "at least 1"},
+      Bad{R"("include_stop_str_in_output":1)", "include_stop_str_in_output", "boolean"},
+  });
+}
+
 TEST(OpenAiParse, EchoAndAPromptAlone) {
   EXPECT_FALSE(parse_ok(R"({"prompt":"x"})").echo);
   const CompletionParams p = parse_ok(R"({"prompt":"x","echo":true,"max_tokens":0,"logprobs":1})");

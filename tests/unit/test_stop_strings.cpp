@@ -61,6 +61,20 @@ TEST(StopStrings, EarliestOfSeveralStopsWins) {
   EXPECT_TRUE(f.stopped());
 }
 
+// vLLM's include_stop_str_in_output: the text ends with the stop string
+// that ended it (the earliest; of two at one place, the one listed first).
+TEST(StopStrings, IncludedStopEndsTheText) {
+  StopStringFilter f({"world", "lo w"}, true);
+  EXPECT_EQ(feed(f, {"hel", "lo", " wor", "ld"}), "hello w");
+  EXPECT_TRUE(f.stopped());
+  StopStringFilter split({"\n\n"}, true);
+  EXPECT_EQ(feed(split, {"one", "\n", "\ntwo"}), "one\n\n");
+  StopStringFilter same_place({"ab", "abc"}, true);
+  EXPECT_EQ(feed(same_place, {"xabcd"}), "xab");
+  StopStringFilter longer_first({"abc", "ab"}, true);
+  EXPECT_EQ(feed(longer_first, {"xabcd"}), "xabc");
+}
+
 TEST(StopStrings, OverlappingPrefixes) {
   StopStringFilter f({"aab"});
   EXPECT_EQ(feed(f, {"a", "a", "a", "b", "c"}), "a");
