@@ -19,6 +19,21 @@ std::string str(double v) {
   return std::to_string(v);
 }
 
+// Ids of the vocabulary, ascending, at most `most` of them.
+std::string id_set_problem(const char* name, const std::vector<int>& ids, int most,
+                           int vocab_size) {
+  const std::string field = std::string("sampling.") + name;
+  if (ids.size() > size_t(most))
+    return field + " has " + str(int64_t(ids.size())) + " entries, more than " + str(int64_t(most));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || (vocab_size > 0 && ids[i] >= vocab_size))
+      return field + " id " + str(int64_t(ids[i])) + " is outside the vocabulary";
+    if (i > 0 && ids[i] <= ids[i - 1])
+      return field + " are not ascending at id " + str(int64_t(ids[i]));
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string sampling_problem(const SamplingParams& s, int vocab_size) {
@@ -58,15 +73,23 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size) {
   if (!(s.min_p >= 0 && s.min_p <= 1))
     return "sampling.min_p " + str(double(s.min_p)) + " is outside [0, 1]";
   if (s.min_tokens < 0) return "sampling.min_tokens " + str(int64_t(s.min_tokens)) + " is negative";
-  if (s.stop_token_ids.size() > size_t(kMaxStopTokenIds))
-    return "sampling.stop_token_ids has " + str(int64_t(s.stop_token_ids.size())) +
-           " entries, more than " + str(int64_t(kMaxStopTokenIds));
-  for (size_t i = 0; i < s.stop_token_ids.size(); ++i) {
-    const int id = s.stop_token_ids[i];
-    if (id < 0 || (vocab_size > 0 && id >= vocab_size))
-      return "sampling.stop_token_ids id " + str(int64_t(id)) + " is outside the vocabulary";
-    if (i > 0 && id <= s.stop_token_ids[i - 1])
-      return "sampling.stop_token_ids are not ascending at id " + str(int64_t(id));
+  if (auto e = id_set_problem("stop_token_ids", s.stop_token_ids, kMaxStopTokenIds, vocab_size);
+      !e.empty())
+    return e;
+  if (auto e =
+          id_set_problem("allowed_token_ids", s.allowed_token_ids, kMaxAllowedTokenIds, vocab_size);
+      !e.empty())
+    return e;
+  if (s.bad_words.size() > size_t(kMaxBadWords))
+    return "sampling.bad_words has " + str(int64_t(s.bad_words.size())) + " words, more than " +
+           str(int64_t(kMaxBadWords));
+  for (const auto& word : s.bad_words) {
+    if (word.empty() || word.size() > size_t(kMaxBadWordTokens))
+      return "sampling.bad_words has a word of " + str(int64_t(word.size())) +
+             " tokens, outside [1, " + str(int64_t(kMaxBadWordTokens)) + "]";
+    for (int id : word)
+      if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+        return "sampling.bad_words id " + str(int64_t(id)) + " is outside the vocabulary";
   }
   return {};
 }

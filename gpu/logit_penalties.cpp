@@ -28,6 +28,10 @@ LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int
   if (p.min_tokens < 0)
     throw std::invalid_argument("sampler: min_tokens must be >= 0, got " +
                                 std::to_string(p.min_tokens));
+  for (const auto& word : p.bad_words) {
+    if (word.empty()) throw std::invalid_argument("sampler: a bad word has no tokens");
+    recent_kept_ = std::max(recent_kept_, word.size() - 1);
+  }
   if (p.min_tokens > 0) {
     ends_.assign(eos_ids.begin(), eos_ids.end());
     ends_.insert(ends_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
@@ -42,6 +46,8 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
   generated_ = generated;
   output_.clear();
   for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i) ++output_[tokens[i]];
+  const size_t recent = std::min(recent_kept_, size_t(generated));
+  recent_.assign(tokens.end() - std::ptrdiff_t(recent), tokens.end());
   seen_.clear();
   if (params_.repetition_penalty == 1) return;  // only the repetition penalty reads the prompt
   seen_.assign(tokens.begin(), tokens.end());
@@ -52,6 +58,10 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
 void LogitPenalties::record(int id) {
   ++generated_;
   ++output_[id];
+  if (recent_kept_ > 0) {
+    recent_.push_back(id);
+    if (recent_.size() > recent_kept_) recent_.erase(recent_.begin());
+  }
   if (params_.repetition_penalty == 1) return;
   const auto at = std::lower_bound(seen_.begin(), seen_.end(), id);
   if (at == seen_.end() || *at != id) seen_.insert(at, id);
@@ -84,9 +94,24 @@ void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& ou
         l -= presence;
       }
   // Last, so that no bias or penalty brings them back (vLLM's order).
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
   if (generated_ < params_.min_tokens)
     for (int id : ends_)
-      if (inside(id)) out[size_t(id)] = -std::numeric_limits<float>::infinity();
+      if (inside(id)) out[size_t(id)] = kMasked;
+  for (const auto& word : params_.bad_words) {
+    const size_t before = word.size() - 1;
+    if (before > recent_.size() ||
+        !std::equal(word.begin(), word.end() - 1, recent_.end() - std::ptrdiff_t(before)))
+      continue;
+    if (inside(word.back())) out[size_t(word.back())] = kMasked;
+  }
+  if (!params_.allowed_token_ids.empty()) {
+    auto allowed = params_.allowed_token_ids.begin();
+    for (size_t id = 0; id < n; ++id) {
+      while (allowed != params_.allowed_token_ids.end() && size_t(*allowed) < id) ++allowed;
+      if (allowed == params_.allowed_token_ids.end() || size_t(*allowed) != id) out[id] = kMasked;
+    }
+  }
 }
 
 std::span<const float> SequencePenalties::adjust(const StepItem& item,

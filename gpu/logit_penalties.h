@@ -41,6 +41,10 @@ class LogitPenalties {
   SamplingParams params_;
   std::vector<int> ends_;  // ids that end the sequence: -inf before min_tokens
   int generated_ = 0;
+  // The output's last ids, as many as the longest bad word has before its
+  // last (oldest first).
+  std::vector<int> recent_;
+  size_t recent_kept_ = 0;
   std::unordered_map<int, int> output_;  // id -> occurrences in the output
   std::vector<int> seen_;                // ids in the prompt or the output, ascending
 };

@@ -338,6 +338,8 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.min_p = params.min_p;
   r.sampling.min_tokens = params.min_tokens;
   r.sampling.stop_token_ids = params.stop_token_ids;
+  r.sampling.allowed_token_ids = params.allowed_token_ids;
+  r.sampling.bad_words = params.bad_words;
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

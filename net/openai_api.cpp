@@ -325,7 +325,35 @@ void parse_penalties(const json& body, const ModelLimits& limits, CompletionPara
            "logit_bias");
 }
 
-// vLLM's min_p, min_tokens and stop_token_ids (after max_tokens is known).
+// A set of token ids (`name`: an array of them, null or absent: none),
+// ascending: repeats say nothing more.
+void parse_id_set(const json& body, const char* name, int most, const ModelLimits& limits,
+                  std::vector<int>& out) {
+  const json* v = field(body, name);
+  if (!v || v->is_null()) return;
+  if (!v->is_array()) wrong_type(name, "an array of token ids", *v);
+  if (v->size() > size_t(most))
+    fail(openai::quoted(name) + " may hold at most " + std::to_string(most) + " ids, got " +
+             std::to_string(v->size()) + ".",
+         name);
+  for (const json& e : *v) {
+    const int64_t id = get_int(e, name);
+    if (id < 0 || (limits.vocab_size > 0 && id >= limits.vocab_size))
+      fail(openai::quoted(name) + ": " + std::to_string(id) +
+               " is not a token id in the vocabulary" +
+               (limits.vocab_size > 0
+                    ? " (valid ids: 0.." + std::to_string(limits.vocab_size - 1) + ")"
+                    : std::string()) +
+               ".",
+           name);
+    out.push_back(int(id));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+// vLLM's min_p, min_tokens, stop_token_ids, allowed_token_ids and bad_words
+// (after max_tokens is known).
 void parse_vllm_sampling(const json& body, const ModelLimits& limits, CompletionParams& p) {
   if (const json* v = field(body, "min_p")) {
     const double x = get_number(*v, "min_p");
@@ -342,28 +370,19 @@ void parse_vllm_sampling(const json& body, const ModelLimits& limits, Completion
            "min_tokens");
     p.min_tokens = int(std::min<int64_t>(m, std::numeric_limits<int>::max()));
   }
-  const json* v = field(body, "stop_token_ids");
+  parse_id_set(body, "stop_token_ids", kMaxStopTokenIds, limits, p.stop_token_ids);
+  parse_id_set(body, "allowed_token_ids", kMaxAllowedTokenIds, limits, p.allowed_token_ids);
+  const json* v = field(body, "bad_words");
   if (!v || v->is_null()) return;
-  if (!v->is_array()) wrong_type("stop_token_ids", "an array of token ids", *v);
-  if (v->size() > size_t(kMaxStopTokenIds))
-    fail("`stop_token_ids` may hold at most " + std::to_string(kMaxStopTokenIds) + " ids, got " +
+  if (!v->is_array()) wrong_type("bad_words", "an array of strings", *v);
+  if (v->size() > size_t(kMaxBadWords))
+    fail("`bad_words` may hold at most " + std::to_string(kMaxBadWords) + " words, got " +
              std::to_string(v->size()) + ".",
-         "stop_token_ids");
+         "bad_words");
   for (const json& e : *v) {
-    const int64_t id = get_int(e, "stop_token_ids");
-    if (id < 0 || (limits.vocab_size > 0 && id >= limits.vocab_size))
-      fail("`stop_token_ids`: " + std::to_string(id) + " is not a token id in the vocabulary" +
-               (limits.vocab_size > 0
-                    ? " (valid ids: 0.." + std::to_string(limits.vocab_size - 1) + ")"
-                    : std::string()) +
-               ".",
-           "stop_token_ids");
-    p.stop_token_ids.push_back(int(id));
+    if (!e.is_string()) wrong_type("bad_words", "an array of strings", e);
+    p.bad_words_text.push_back(e.get<std::string>());
   }
-  // A set: repeats say nothing more.
-  std::sort(p.stop_token_ids.begin(), p.stop_token_ids.end());
-  p.stop_token_ids.erase(std::unique(p.stop_token_ids.begin(), p.stop_token_ids.end()),
-                         p.stop_token_ids.end());
 }
 
 void reject_unsupported(const json& body) {
@@ -387,8 +406,6 @@ void reject_unsupported(const json& body) {
     const char* instead;
   };
   static const VllmOption options[] = {
-      {"bad_words", json::array(), "`logit_bias` -100"},
-      {"allowed_token_ids", json::array(), nullptr},
       {"use_beam_search", false, nullptr},
       {"length_penalty", 1, nullptr},
       {"prompt_logprobs", nullptr, "`echo` with `logprobs` on /v1/completions"},
@@ -784,10 +801,47 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
   return ids;
 }
 
+// vLLM's tokenization of bad_words: each word with its leading spaces
+// stripped, and with one space before it where that gives another first
+// token and as many tokens (a word at the start of the text and inside it).
+std::optional<ApiError> tokenize_bad_words(CompletionParams& p, const Tokenizer* tokenizer) {
+  p.bad_words.clear();
+  if (p.bad_words_text.empty()) return std::nullopt;
+  if (!tokenizer)
+    return bad_request("This server has no tokenizer, so `bad_words` cannot be applied.",
+                       "bad_words");
+  for (const std::string& word : p.bad_words_text) {
+    const std::string bare = word.substr(std::min(word.find_first_not_of(' '), word.size()));
+    if (bare.empty()) continue;
+    std::vector<int> plain, spaced;
+    try {
+      plain = tokenizer->encode(bare, false);
+      spaced = tokenizer->encode(" " + bare, false);
+    } catch (const std::exception& e) {
+      return bad_request(std::string("A bad word could not be tokenized: ") + e.what(),
+                         "bad_words");
+    }
+    for (const auto* ids : {&plain, &spaced}) {
+      if (ids->empty() || ids->size() > size_t(kMaxBadWordTokens)) {
+        if (ids->empty()) continue;
+        return bad_request("`bad_words`: \"" + word + "\" is " + std::to_string(ids->size()) +
+                               " tokens, more than " + std::to_string(kMaxBadWordTokens) + ".",
+                           "bad_words");
+      }
+      if (ids == &spaced && !plain.empty() &&
+          (spaced.front() == plain.front() || spaced.size() != plain.size()))
+        continue;
+      p.bad_words.push_back(*ids);
+    }
+  }
+  return std::nullopt;
+}
+
 Result<std::vector<std::vector<int>>> resolve_prompts(CompletionParams& p,
                                                       const Tokenizer* tokenizer,
                                                       const ModelLimits& limits) {
   std::vector<std::vector<int>> out;
+  if (auto e = tokenize_bad_words(p, tokenizer)) return *e;
   if (p.batch.empty()) {
     auto one = resolve_prompt(p, tokenizer, limits);
     if (auto* e = std::get_if<ApiError>(&one)) return *e;

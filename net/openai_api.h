@@ -87,7 +87,10 @@ struct CompletionParams {
   std::vector<std::pair<int, float>> logit_bias;  // ids ascending
   float min_p = 0;                                // vLLM extensions, see SamplingParams
   int min_tokens = 0;
-  std::vector<int> stop_token_ids;  // ascending, unique
+  std::vector<int> stop_token_ids;          // ascending, unique
+  std::vector<int> allowed_token_ids;       // ascending, unique; empty: every id
+  std::vector<std::string> bad_words_text;  // as sent; resolve_prompts() tokenizes them
+  std::vector<std::vector<int>> bad_words;  // their token ids
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;  // vLLM extension: the text ends with the stop string
   int truncate_prompt_tokens = 0;           // vLLM extension: > 0 keeps the prompt's last this many

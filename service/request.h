@@ -39,18 +39,29 @@ struct SamplingParams {
   // More ids that end the sequence as its end-of-sequence id does (not
   // delivered; finish reason "stop"), ignore_eos or not. Ascending, unique.
   std::vector<int> stop_token_ids{};
+  // vLLM's: when not empty, the only ids that may be drawn. Ascending, unique.
+  std::vector<int> allowed_token_ids{};
+  // vLLM's bad_words as token ids: a word's last id is not drawn where the
+  // output so far ends with the ids before it (a one-id word: never).
+  std::vector<std::vector<int>> bad_words{};
 
   // Whether the logits are changed before the draw at all.
-  bool adjusts_logits() const { return !logit_bias.empty() || min_tokens > 0 || penalizes(); }
+  bool adjusts_logits() const {
+    return !logit_bias.empty() || min_tokens > 0 || !allowed_token_ids.empty() || penalizes();
+  }
   // Whether the change depends on the tokens the sequence holds.
   bool penalizes() const {
-    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1;
+    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 ||
+           !bad_words.empty();
   }
 };
 
 inline constexpr int kMaxLogprobs = 20;
-inline constexpr int kMaxLogitBias = 1024;     // entries of SamplingParams::logit_bias
-inline constexpr int kMaxStopTokenIds = 1024;  // entries of SamplingParams::stop_token_ids
+inline constexpr int kMaxLogitBias = 1024;           // entries of SamplingParams::logit_bias
+inline constexpr int kMaxStopTokenIds = 1024;        // entries of SamplingParams::stop_token_ids
+inline constexpr int kMaxAllowedTokenIds = 1 << 18;  // entries of allowed_token_ids
+inline constexpr int kMaxBadWords = 256;             // entries of SamplingParams::bad_words
+inline constexpr int kMaxBadWordTokens = 64;         // ids of one of them
 
 // A token's log-probability under the model's distribution at that step:
 // log-softmax of the raw logits, before temperature, top-k or top-p (as

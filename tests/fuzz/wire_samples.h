@@ -120,6 +120,8 @@ inline std::vector<WireSample> wire_samples() {
   penalized.min_p = 0.05f;
   penalized.min_tokens = 2;
   penalized.stop_token_ids = {7, 40};
+  penalized.allowed_token_ids = {1, 7, 9, 31, 40};
+  penalized.bad_words = {{9, 31}, {1}};
   add("penalized", M::Assignment,
       wire_encode(Assignment{10, {1, 9, 31, 31}, 1, 8, penalized, false}));
 

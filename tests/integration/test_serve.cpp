@@ -491,9 +491,10 @@ bool wait_running(Server& s, int n) {
   return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
 }
 
-// Penalties and bias: they change what greedy picks, a layout gives the same
-// text, and requests resumed on another replica after a crash (their
-// penalties rebuilt from the tokens so far) give the text they would have.
+// Penalties and bias (and vLLM's bad_words and min_tokens): they change what
+// greedy picks, a layout gives the same text, and requests resumed on
+// another replica after a crash (their penalties rebuilt from the tokens so
+// far) give the text they would have.
 TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   auto ask = [](size_t i) {
     json r{{"prompt", kPrompts[i]}, {"max_tokens", 80}, {"seed", 5 + i}, {"stream", true}};
@@ -502,6 +503,9 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
     r["presence_penalty"] = i % 3 == 1 ? 0.7 : -0.2;
     r["repetition_penalty"] = i % 2 ? 1.3 : 1.0;
     if (i == 4) r["logit_bias"] = {{"100", -100}, {"13", 3}};
+    // vLLM's options that count the output: rebuilt from it after a crash.
+    if (i == 2) r["bad_words"] = {"is", "the"};
+    if (i == 3) r["min_tokens"] = 70;
     return r;
   };
   auto text_of = [](Server& s, const json& req) {
@@ -548,8 +552,9 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   EXPECT_EQ(down.find(" 0 requests to resume"), std::string::npos) << down;
 }
 
-// vLLM's min_tokens, stop_token_ids, min_p, include_stop_str_in_output and
-// truncate_prompt_tokens, as a client of vLLM uses them: min_tokens carries
+// vLLM's min_tokens, stop_token_ids, min_p, allowed_token_ids, bad_words,
+// include_stop_str_in_output and truncate_prompt_tokens, as a client of
+// vLLM uses them: min_tokens carries
 // greedy text past the end-of-sequence it would stop at (stop strings too
 // are looked for only after it), the same in a tensor layout; a stop id ends
 // the text before it; min_p 1 leaves only the likeliest token, so sampling
@@ -599,6 +604,21 @@ TEST(Serve, VllmSamplingAndTextOptions) {
             {{"max_tokens", 30}, {"temperature", 1.5}, {"seed", seed}, {"min_p", 1}})["token_ids"],
         json(std::vector<int>(ids.begin(), ids.begin() + long(std::min<size_t>(30, ids.size())))));
   EXPECT_EQ(one.complete({{"prompt", "A fool"}, {"max_tokens", 5}, {"min_tokens", 6}}).status, 400);
+  // allowed_token_ids: every id drawn is one of them.
+  const std::vector<int> allowed(ids.begin(), ids.begin() + 4);
+  const json only = ask(
+      one, {{"max_tokens", 20}, {"temperature", 0.9}, {"seed", 4}, {"allowed_token_ids", allowed}});
+  for (const json& id : only["token_ids"])
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), id.get<int>()), allowed.end()) << id;
+  // bad_words: the word's token is never drawn, where greedy drew it.
+  const Tokenizer tok = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  const std::vector<int> man = tok.encode("man", false);
+  ASSERT_EQ(man.size(), 1u);
+  ASSERT_NE(std::find(ids.begin(), ids.end(), man[0]), ids.end());  // greedy says "man"
+  const json clean = ask(one, {{"max_tokens", 100}, {"temperature", 0}, {"bad_words", {"man"}}});
+  const auto clean_ids = clean["token_ids"].get<std::vector<int>>();
+  EXPECT_EQ(std::find(clean_ids.begin(), clean_ids.end(), man[0]), clean_ids.end());
+  EXPECT_NE(clean_ids, ids);
   // include_stop_str_in_output: the text ends with the stop string.
   EXPECT_EQ(ask(one, {{"max_tokens", 100},
                       {"temperature", 0},
@@ -614,8 +634,7 @@ TEST(Serve, VllmSamplingAndTextOptions) {
   ASSERT_EQ(kept.status, 200) << kept.body;
   const json k = json::parse(kept.body);
   EXPECT_EQ(k["usage"]["prompt_tokens"], 2);
-  const auto last_two = Tokenizer::load(test::model_path("fortune") / "tokenizer.model")
-                            .encode("The meaning of life", true);
+  const auto last_two = tok.encode("The meaning of life", true);
   const auto alone = one.complete({{"prompt", std::vector<int>(last_two.end() - 2, last_two.end())},
                                    {"max_tokens", 8},
                                    {"temperature", 0},

@@ -165,6 +165,51 @@ TEST(LogitPenalties, MinTokensKeepsTheEndIdsFromBeingDrawn) {
   EXPECT_THROW(LogitPenalties{bad}, std::invalid_argument);
 }
 
+// vLLM's allowed_token_ids and bad_words: only the allowed ids remain; a
+// bad word's last id goes where the output ends with the ids before it, and
+// a sequence rebuilt from its history knows how its output ends.
+TEST(LogitPenalties, AllowedIdsAndBadWords) {
+  const std::vector<float> logits = random_logits(10, 4);
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  SamplingParams p;
+  p.allowed_token_ids = {1, 4, 9};
+  std::vector<float> out;
+  LogitPenalties allowed(p);
+  allowed.apply(logits, out);
+  for (size_t id = 0; id < 10; ++id)
+    EXPECT_EQ(out[id], id == 1 || id == 4 || id == 9 ? logits[id] : kMasked) << id;
+
+  SamplingParams b;
+  b.bad_words = {{7}, {2, 3}, {5, 6, 8}};
+  LogitPenalties bad(b);
+  bad.reset(std::vector<int>{1, 1}, 0);  // a prompt that ends in 2 3 counts for nothing
+  auto masked = [&](LogitPenalties& lp) {
+    lp.apply(logits, out);
+    std::vector<int> ids;
+    for (size_t id = 0; id < out.size(); ++id)
+      if (out[id] == kMasked) ids.push_back(int(id));
+    return ids;
+  };
+  EXPECT_EQ(masked(bad), (std::vector<int>{7}));
+  bad.record(2);
+  EXPECT_EQ(masked(bad), (std::vector<int>{3, 7}));
+  bad.record(5);
+  EXPECT_EQ(masked(bad), (std::vector<int>{7}));
+  bad.record(6);
+  EXPECT_EQ(masked(bad), (std::vector<int>{7, 8}));
+  // Rebuilt from the sequence (prompt 2, then output 9 5 6): the output ends
+  // with 5 6, so 8 goes; the prompt's 2 is not output.
+  LogitPenalties resumed(b);
+  resumed.reset(std::vector<int>{2, 9, 5, 6}, 3);
+  EXPECT_EQ(masked(resumed), (std::vector<int>{7, 8}));
+  resumed.reset(std::vector<int>{2, 3, 1}, 1);
+  EXPECT_EQ(masked(resumed), (std::vector<int>{7}));
+  // Bad words depend on the tokens: the scheduler sends the history for them.
+  EXPECT_TRUE(b.penalizes());
+  EXPECT_TRUE(p.adjusts_logits());
+  EXPECT_FALSE(p.penalizes());
+}
+
 // A sequence stopped after k tokens and started again elsewhere, from its
 // history, draws what it would have drawn.
 TEST(LogitPenalties, ASequenceResumedFromItsHistoryContinuesExactly) {

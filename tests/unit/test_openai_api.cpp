@@ -323,10 +323,9 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
 // not ignored as unknown fields are; their neutral values pass.
 TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
-       {R"("bad_words":["x"])", R"("allowed_token_ids":[1,2])", R"("use_beam_search":true)",
-        R"("length_penalty":0.8)", R"("prompt_logprobs":1)", R"("guided_json":{"type":"object"})",
-        R"("guided_regex":"a+")", R"("guided_choice":["a","b"])",
-        R"("guided_grammar":"root ::= x")"}) {
+       {R"("use_beam_search":true)", R"("length_penalty":0.8)", R"("prompt_logprobs":1)",
+        R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
+        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
@@ -426,6 +425,39 @@ TEST(OpenAiParse, MinPMinTokensAndStopTokenIds) {
       Bad{R"("stop_token_ids":[2000])", "stop_token_ids", "valid ids: 0..1999"},
       Bad{R"("stop_token_ids":[-1])", "stop_token_ids", "not a token id"},
       Bad{R"("stop_token_ids":["2"])", "stop_token_ids", "integer"},
+  });
+}
+
+// vLLM's allowed_token_ids (a set of ids) and bad_words (strings, tokenized
+// as vLLM does, with the prompt).
+TEST(OpenAiParse, AllowedTokenIdsAndBadWords) {
+  CompletionParams p =
+      parse_ok(R"({"prompt":"x","allowed_token_ids":[9,4,9],"bad_words":["  money","his"]})");
+  EXPECT_EQ(p.allowed_token_ids, (std::vector<int>{4, 9}));
+  EXPECT_EQ(p.bad_words_text, (std::vector<std::string>{"  money", "his"}));
+  ASSERT_FALSE(std::holds_alternative<ApiError>(resolve_prompts(p, &fortune(), limits())));
+  // Each word, spaces stripped, as the tokenizer encodes it; with a space
+  // before it only where that is another first token in as many tokens.
+  std::vector<std::vector<int>> want;
+  for (const std::string w : {"money", "his"}) {
+    const auto plain = fortune().encode(w, false), spaced = fortune().encode(" " + w, false);
+    want.push_back(plain);
+    if (spaced.front() != plain.front() && spaced.size() == plain.size()) want.push_back(spaced);
+  }
+  EXPECT_EQ(p.bad_words, want);
+  const CompletionRequest r = troupe::service_request(1, p, {1}, 0, 0, 0);
+  EXPECT_EQ(r.sampling.allowed_token_ids, p.allowed_token_ids);
+  EXPECT_EQ(r.sampling.bad_words, want);
+  // Without a tokenizer, words cannot be applied.
+  CompletionParams ids = parse_ok(R"({"prompt":[5],"bad_words":["a"]})");
+  const auto no_tok = resolve_prompts(ids, nullptr, limits());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(no_tok));
+  EXPECT_EQ(std::get<ApiError>(no_tok).param, "bad_words");
+  expect_refused({
+      Bad{R"("allowed_token_ids":[2000])", "allowed_token_ids", "valid ids: 0..1999"},
+      Bad{R"("allowed_token_ids":{"1":1})", "allowed_token_ids", "array"},
+      Bad{R"("bad_words":"money")", "bad_words", "array of strings"},
+      Bad{R"("bad_words":[1])", "bad_words", "array of strings"},
   });
 }
 

@@ -168,7 +168,7 @@ TEST(WireChecks, AStepItemsHistoryIsTheWholeSequence) {
 }
 
 // Penalties and bias cross as they are: the bias's values bit for bit.
-TEST(WireChecks, MinPMinTokensAndStopIdsAsTheSamplerTakesThem) {
+TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   auto with = [](auto change) {
     SamplingParams p;
     change(p);
@@ -197,8 +197,29 @@ TEST(WireChecks, MinPMinTokensAndStopIdsAsTheSamplerTakesThem) {
                       for (int i = 0; i <= kMaxStopTokenIds; ++i) p.stop_token_ids[size_t(i)] = i;
                     })),
                     "entries"));
+  EXPECT_EQ(sampling_problem(with([](auto& p) {
+                               p.allowed_token_ids = {1, 2, 299};
+                               p.bad_words = {{5}, {6, 7}};
+                             }),
+                             300),
+            "");
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                      p.allowed_token_ids = {2, 1};
+                    })),
+                    "allowed_token_ids are not ascending"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.bad_words = {{}}; })), "bad_words"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) {
+                                       p.bad_words = {{4, 300}};
+                                     }),
+                                     300),
+                    "bad_words id"));
+  EXPECT_TRUE(names(
+      sampling_problem(with([](auto& p) { p.bad_words.assign(size_t(kMaxBadWords) + 1, {1}); })),
+      "bad_words has"));
   // And they cross exactly.
   SamplingParams p;
+  p.allowed_token_ids = {0, 9};
+  p.bad_words = {{1, 2}, {3}};
   p.min_p = 1e-40f;
   p.min_tokens = 12;
   p.stop_token_ids = {3, 8};
@@ -210,6 +231,8 @@ TEST(WireChecks, MinPMinTokensAndStopIdsAsTheSamplerTakesThem) {
   EXPECT_EQ(std::bit_cast<uint32_t>(q.min_p), std::bit_cast<uint32_t>(p.min_p));
   EXPECT_EQ(q.min_tokens, 12);
   EXPECT_EQ(q.stop_token_ids, p.stop_token_ids);
+  EXPECT_EQ(q.allowed_token_ids, p.allowed_token_ids);
+  EXPECT_EQ(q.bad_words, p.bad_words);
 }
 
 TEST(WireChecks, PenaltiesCrossTheWireExactly) {
