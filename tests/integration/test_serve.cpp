@@ -475,13 +475,13 @@ TEST(Serve, ReplicaKilledMidGenerationLosesNothingAndStreamsNoDuplicates) {
 
 const HttpHeaders kAdmin{{"Authorization", "Bearer T"}};
 
-// Slows every step of replica 0 `factor`-fold for a minute, so that
+// Slows every step of a replica `factor`-fold for a minute, so that
 // requests stay in flight while the test signals the server.
-void slow_down(Server& s, double factor) {
+void slow_down(Server& s, double factor, int replica = 0) {
   const HttpResponse r = test::http_request(
       s.port(), "POST", "/admin/faults",
-      json({{"kind", "slow"}, {"replica", 0}, {"factor", factor}, {"duration_s", 60}}).dump(), 10,
-      kAdmin);
+      json({{"kind", "slow"}, {"replica", replica}, {"factor", factor}, {"duration_s", 60}}).dump(),
+      10, kAdmin);
   ASSERT_EQ(r.status, 201) << r.body;
 }
 
@@ -489,6 +489,16 @@ void slow_down(Server& s, double factor) {
 // their steps).
 bool wait_running(Server& s, int n) {
   return s.wait_metric("troupe_running_sequences", std::to_string(n), 60);
+}
+
+// Waits until at least `n` sequences run.
+bool wait_running_at_least(Server& s, int n) {
+  for (int i = 0; i < 1200; ++i) {
+    const std::string v = test::prometheus_sample(s.metrics(), "troupe_running_sequences");
+    if (!v.empty() && std::stod(v) >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }
 
 // Penalties and bias (and vLLM's bad_words and min_tokens): they change what
@@ -537,12 +547,17 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   }
   Server s({"parallel.replicas=2", "devices=[{kind: cpu, threads: 1}]",
             "routing.policy=round_robin", "admin.faults=true", "admin.token=T"});
-  slow_down(s, 20);  // so that replica 0's requests are surely mid-generation
+  // Both up and slowed, so that replica 0 surely has requests mid-generation
+  // when it crashes, however loaded the machine is.
+  ASSERT_TRUE(s.wait_replicas_ready(2));
+  slow_down(s, 20, 0);
+  slow_down(s, 20, 1);
   std::vector<std::string> got(kPrompts.size());
   std::vector<std::thread> clients;
   for (size_t i = 0; i < kPrompts.size(); ++i)
     clients.emplace_back([&, i] { got[i] = text_of(s, ask(i)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // More than replica 1's half: replica 0 runs some.
+  EXPECT_TRUE(wait_running_at_least(s, int(kPrompts.size()) / 2 + 1));
   s.process().signal(SIGUSR1);  // crash replica 0
   for (auto& c : clients) c.join();
   for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;

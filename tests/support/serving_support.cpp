@@ -76,6 +76,19 @@ Server::Server(std::vector<std::string> sets, bool wait_ready) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
+bool Server::wait_replicas_ready(int n, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    const std::string err = proc_->stderr_so_far();
+    int ready = 0;
+    for (int r = 0; r < n; ++r)
+      ready += err.find("replica " + std::to_string(r) + " ready") != std::string::npos;
+    if (ready == n) return true;
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 HttpResponse Server::complete(const json& body, double timeout_s) {
   return http_request(port_, "POST", "/v1/completions", body.dump(), timeout_s);
 }

@@ -29,6 +29,10 @@ class Server {
   std::string metrics();
   // Polls /metrics until `series` has `value`; false on timeout.
   bool wait_metric(const std::string& series, const std::string& value, double timeout_s);
+  // Waits until replicas 0..n-1 have each been ready once (the server
+  // answers when one is: the router sends nothing to the others before
+  // theirs, which a loaded machine can delay by seconds); false on timeout.
+  bool wait_replicas_ready(int n, double timeout_s = 60);
 
  private:
   std::unique_ptr<ChildProcess> proc_;
