@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "service/version.h"
 
 int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("troupe");
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
 
   CLI::App app{"troupe: serve transformer models split across devices, built as actors"};
+  app.set_version_flag("--version", std::string(troupe::kVersion));
   app.require_subcommand(1);
   std::string log_level = "warn";
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error | off")

@@ -16,14 +16,14 @@ const char* plain_label(ChatRole role) {
   return "";
 }
 
-std::string render_plain(const std::vector<ChatMessage>& messages) {
+std::string render_plain(const std::vector<ChatMessage>& messages, bool generation_prompt) {
   std::string out;
   for (const ChatMessage& m : messages) {
     out += plain_label(m.role);
     out += m.content;
     out += '\n';
   }
-  out += "Assistant:";
+  if (generation_prompt) out += "Assistant:";
   return out;
 }
 
@@ -58,14 +58,15 @@ std::string render_llama2(const std::vector<ChatMessage>& messages) {
 
 }  // namespace
 
-std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl) {
+std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+                        bool generation_prompt) {
   switch (tmpl) {
     case ChatTemplate::Plain:
-      return render_plain(messages);
+      return render_plain(messages, generation_prompt);
     case ChatTemplate::Llama2:
       return render_llama2(messages);
   }
-  return render_plain(messages);
+  return render_plain(messages, generation_prompt);
 }
 
 }  // namespace troupe::openai

@@ -25,6 +25,9 @@ struct ChatMessage {
 //   an assistant turn follows as " ...". The tokenizer adds the BOS at the start;
 //   the EOS/BOS pairs Meta puts between turns are not text, so they are left
 //   out rather than spelled as the characters "</s><s>".
-std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl);
+// Without `generation_prompt` the text ends after the last message (plain
+// leaves out the closing "Assistant:"; llama2's turns have no such marker).
+std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+                        bool generation_prompt = true);
 
 }  // namespace troupe::openai

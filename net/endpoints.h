@@ -10,7 +10,19 @@
 namespace troupe {
 
 // Model: GET /v1/models/{id}, one model (its id is what follows the prefix).
-enum class Endpoint { Completions, ChatCompletions, Models, Model, Health, Ready, Metrics, Faults };
+enum class Endpoint {
+  Completions,
+  ChatCompletions,
+  Models,
+  Model,
+  Tokenize,
+  Detokenize,
+  Health,
+  Ready,
+  Version,
+  Metrics,
+  Faults
+};
 
 inline constexpr std::string_view kCompletionsPath = "/v1/completions";
 inline constexpr std::string_view kChatCompletionsPath = "/v1/chat/completions";

@@ -24,6 +24,7 @@
 #include "net/completion_exchange.h"
 #include "net/endpoints.h"
 #include "net/http_framing.h"
+#include "service/version.h"
 #include "util/rng.h"
 
 namespace troupe {
@@ -54,6 +55,14 @@ constexpr auto kLingerTime = std::chrono::seconds(2);
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// A JSON answer, or the error instead.
+Response json_answer(const openai::Result<nlohmann::json>& r) {
+  if (auto* e = std::get_if<openai::ApiError>(&r)) return error_response(*e);
+  Response out;
+  out.body = openai::dump(std::get<nlohmann::json>(r));
+  return out;
 }
 
 int64_t unix_now() {
@@ -191,9 +200,12 @@ class Session : public std::enable_shared_from_this<Session> {
       case Phase::Flushing:
         if (!inflight_.empty()) return;  // its last bytes are on the way
         return close();
-      case Phase::Tokenizing:
+      case Phase::Tokenizing: {
         // Its tokens, when they come, find the phase moved on.
-        return reject(unavailable("The server is shutting down."));
+        const openai::ApiError e = unavailable("The server is shutting down.");
+        if (generates_path(path_of(sv(req_.target())))) return reject(e);
+        return respond(error_response(e));
+      }
       case Phase::ReadingRequest:
       case Phase::Rearming:
       case Phase::Draining:
@@ -356,6 +368,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (endpoint == Endpoint::Faults)
       return respond(answer_faults(*o.faults, o.admin_token, sv(req_.method_string()),
                                    sv(req_[http::field::authorization]), req_.body()));
+    if (endpoint == Endpoint::Tokenize || endpoint == Endpoint::Detokenize)
+      return start_tokenizer_call(endpoint);
     if (endpoint == Endpoint::Model)
       return respond(
           server_.answer_model(path_of(sv(req_.target())).substr(kModelPathPrefix.size())));
@@ -373,27 +387,64 @@ class Session : public std::enable_shared_from_this<Session> {
     const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
     if (!tok || openai::prompt_text_bytes(params) <= kTokenizeInlineBytes)
       return submit_completion(api, params, openai::resolve_prompts(params, tok, limits));
-    // A long text is tokenized on the server's tokenizing thread (about
-    // 1.5 s for a 1 MB body): on this one it would stall every connection
-    // and stream the io thread serves. The connection waits, reading
-    // nothing more, until its tokens come back to this strand.
+    auto job = std::make_shared<openai::CompletionParams>(std::move(params));
+    off_io_thread([this, job, tok] { return openai::resolve_prompts(*job, tok, server_.model); },
+                  [this, job, api](openai::Result<std::vector<std::vector<int>>> prompt) {
+                    submit_completion(api, *job, std::move(prompt));
+                  });
+  }
+
+  // A long text is tokenized (or a long list of ids decoded) on the server's
+  // tokenizing thread, about 1.5 s for a 1 MB body: on this one it would
+  // stall every connection and stream the io thread serves. Runs `work`
+  // there, then `then(its result)` back on this strand; meanwhile the
+  // connection reads nothing, and a shutdown answers it (the phase moves on).
+  template <class Work, class Then>
+  void off_io_thread(Work work, Then then) {
     phase_ = Phase::Tokenizing;
     begin_flight();  // accepted: a shutdown's grace period waits for it
-    auto job = std::make_shared<openai::CompletionParams>(std::move(params));
-    net::post(server_.tokenizing, [self = shared_from_this(), job, api, tok, gate = server_.gate] {
-      auto prompt = openai::resolve_prompts(*job, tok, self->server_.model);
+    net::post(server_.tokenizing, [self = shared_from_this(), work = std::move(work),
+                                   then = std::move(then), gate = server_.gate]() mutable {
+      auto result = work();
       std::shared_lock lock(gate->mu);
       if (!gate->open) return;  // the server stopped meanwhile
-      net::post(self->executor(), [self, job, api, prompt = std::move(prompt)]() mutable {
-        if (self->phase_ != Phase::Tokenizing) return;  // shut down meanwhile: answered
-        self->phase_ = Phase::ReadingRequest;
-        try {
-          self->submit_completion(api, *job, std::move(prompt));
-        } catch (const std::exception& e) {
-          self->failed_internally(e);
-        }
-      });
+      net::post(self->executor(),
+                [self, then = std::move(then), result = std::move(result)]() mutable {
+                  if (self->phase_ != Phase::Tokenizing) return;  // shut down meanwhile: answered
+                  self->phase_ = Phase::ReadingRequest;
+                  try {
+                    then(std::move(result));
+                  } catch (const std::exception& e) {
+                    self->failed_internally(e);
+                  }
+                });
     });
+  }
+
+  // vLLM's /tokenize and /detokenize.
+  void start_tokenizer_call(Endpoint endpoint) {
+    const openai::ModelLimits& limits = server_.model;
+    const Tokenizer* tok = server_.tokenizer ? &*server_.tokenizer : nullptr;
+    const auto answer = [this](const openai::Result<nlohmann::json>& r) {
+      respond(json_answer(r));
+    };
+    if (endpoint == Endpoint::Detokenize) {
+      auto ids = openai::parse_detokenize_request(req_.body(), limits);
+      if (auto* e = std::get_if<openai::ApiError>(&ids)) return respond(error_response(*e));
+      auto job = std::make_shared<std::vector<int>>(std::move(std::get<std::vector<int>>(ids)));
+      // A piece is a few bytes of text: about as many ids as bytes of text.
+      if (!tok || job->size() <= kTokenizeInlineBytes)
+        return answer(openai::detokenize_response(*job, tok));
+      return off_io_thread([job, tok] { return openai::detokenize_response(*job, tok); }, answer);
+    }
+    auto parsed = openai::parse_tokenize_request(req_.body(), limits, server_.opt.chat_template);
+    if (auto* e = std::get_if<openai::ApiError>(&parsed)) return respond(error_response(*e));
+    auto job = std::make_shared<openai::TokenizeParams>(
+        std::move(std::get<openai::TokenizeParams>(parsed)));
+    if (!tok || job->text.size() <= kTokenizeInlineBytes)
+      return answer(openai::tokenize_response(*job, tok, limits));
+    off_io_thread([this, job, tok] { return openai::tokenize_response(*job, tok, server_.model); },
+                  answer);
   }
 
   // The request with its prompt's tokens (or why it has none): submitted
@@ -740,6 +791,9 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
       if (!service.ready()) return error_response(unavailable("No replica is ready to serve."));
       r.body = R"({"status":"ready"})";
       break;
+    case Endpoint::Version:
+      r.body = openai::dump({{"version", kVersion}});
+      break;
     case Endpoint::Metrics:
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
       r.body = metrics.render();
@@ -747,6 +801,8 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
     case Endpoint::Completions:
     case Endpoint::ChatCompletions:
     case Endpoint::Model:
+    case Endpoint::Tokenize:
+    case Endpoint::Detokenize:
     case Endpoint::Faults:
       throw std::logic_error("answered elsewhere");
   }
@@ -754,11 +810,7 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
 }
 
 Response HttpServer::Impl::answer_model(std::string_view id) {
-  auto found = openai::model_response(id, model, created);
-  if (auto* e = std::get_if<openai::ApiError>(&found)) return error_response(*e);
-  Response r;
-  r.body = openai::dump(std::get<nlohmann::json>(found));
-  return r;
+  return json_answer(openai::model_response(id, model, created));
 }
 
 void HttpServer::Impl::run_io() {

@@ -665,6 +665,63 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
   return p;
 }
 
+TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
+  const json j = parse_body(body);
+  CompletionParams model;
+  parse_model(j, limits, model);
+  TokenizeParams p;
+  const json* prompt = field(j, "prompt");
+  const bool chat = j.contains("messages");
+  if (prompt && chat) fail("Give either `prompt` or `messages`, not both.", "prompt");
+  if (chat) {
+    bool generation_prompt = true;
+    if (const json* v = field(j, "add_generation_prompt"))
+      generation_prompt = get_bool(*v, "add_generation_prompt");
+    p.text = render_chat(parse_messages(j), tmpl, generation_prompt);
+  } else if (prompt) {
+    p.text = get_string(*prompt, "prompt");
+  } else {
+    fail("`prompt` (a text) or `messages` is required.", "prompt");
+  }
+  if (const json* v = field(j, "add_special_tokens"))
+    p.add_special_tokens = get_bool(*v, "add_special_tokens");
+  if (const json* v = field(j, "return_token_strs"))
+    p.return_token_strs = get_bool(*v, "return_token_strs");
+  return p;
+}
+
+std::vector<int> parse_detokenize(std::string_view body, const ModelLimits& limits) {
+  const json j = parse_body(body);
+  CompletionParams model;
+  parse_model(j, limits, model);
+  const json* v = field(j, "tokens");
+  if (!v) fail("`tokens` is required.", "tokens");
+  if (!v->is_array()) wrong_type("tokens", "an array of token ids", *v);
+  std::vector<int> ids;
+  ids.reserve(v->size());
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    const std::string at = "tokens[" + std::to_string(i) + "]";
+    int64_t id = 0;
+    if (!e.is_number() || !as_int64(e, id)) {
+      if (!e.is_number_unsigned()) wrong_type(at, "a token id", e);
+      id = -1;  // past int64: outside the vocabulary all the same
+    }
+    if (id < 0 || id >= limits.vocab_size)
+      fail("Token id " + (id < 0 && e.is_number_unsigned() ? e.dump() : std::to_string(id)) +
+               " at `" + at + "` is outside the vocabulary (valid ids: 0.." +
+               std::to_string(limits.vocab_size - 1) + ").",
+           "tokens");
+    ids.push_back(int(id));
+  }
+  return ids;
+}
+
+ApiError no_tokenizer(std::string_view endpoint) {
+  return bad_request("This server has no tokenizer, so " + std::string(endpoint) +
+                     " cannot answer.");
+}
+
 }  // namespace
 
 ApiError bad_request(std::string message, std::string param, std::string code) {
@@ -753,6 +810,53 @@ Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLi
     return parse_chat(body, limits, tmpl);
   } catch (const Invalid& e) {
     return e.error;
+  }
+}
+
+Result<TokenizeParams> parse_tokenize_request(std::string_view body, const ModelLimits& limits,
+                                              ChatTemplate tmpl) {
+  try {
+    return parse_tokenize(body, limits, tmpl);
+  } catch (const Invalid& e) {
+    return e.error;
+  }
+}
+
+Result<json> tokenize_response(const TokenizeParams& p, const Tokenizer* tokenizer,
+                               const ModelLimits& limits) {
+  if (!tokenizer) return no_tokenizer("/tokenize");
+  std::vector<int> ids;
+  try {
+    ids = tokenizer->encode(p.text, p.add_special_tokens && tokenizer->bos_id() >= 0);
+  } catch (const std::exception& e) {
+    return bad_request(std::string("The text could not be tokenized: ") + e.what(), "prompt");
+  }
+  json strs = nullptr;
+  if (p.return_token_strs) {
+    strs = json::array();
+    for (int id : ids) strs.push_back(tokenizer->piece(id));
+  }
+  return json{{"count", ids.size()},
+              {"max_model_len", limits.context_length},
+              {"tokens", ids},
+              {"token_strs", std::move(strs)}};
+}
+
+Result<std::vector<int>> parse_detokenize_request(std::string_view body,
+                                                  const ModelLimits& limits) {
+  try {
+    return parse_detokenize(body, limits);
+  } catch (const Invalid& e) {
+    return e.error;
+  }
+}
+
+Result<json> detokenize_response(const std::vector<int>& ids, const Tokenizer* tokenizer) {
+  if (!tokenizer) return no_tokenizer("/detokenize");
+  try {
+    return json{{"prompt", tokenizer->decode(ids)}};
+  } catch (const std::exception& e) {
+    return bad_request(std::string("The tokens could not be decoded: ") + e.what(), "tokens");
   }
 }
 

@@ -234,6 +234,33 @@ nlohmann::json models_response(const ModelLimits& limits, int64_t created);
 Result<nlohmann::json> model_response(std::string_view id, const ModelLimits& limits,
                                       int64_t created);
 
+// ---- vLLM's tokenizer endpoints ----
+
+// A POST /tokenize body: `prompt` (a text) or a chat's `messages`, rendered
+// by the server's template as /v1/chat/completions renders them
+// (`add_generation_prompt`, default true: ending where the assistant's turn
+// begins). `add_special_tokens` (default true) adds the BOS the completion
+// endpoints add, so that `count` is the usage's prompt_tokens for the same
+// text; `return_token_strs` adds each id's piece. `model`, when given, must
+// be the served one (404).
+struct TokenizeParams {
+  std::string text;
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+Result<TokenizeParams> parse_tokenize_request(std::string_view body, const ModelLimits& limits,
+                                              ChatTemplate tmpl);
+// {"count", "max_model_len", "tokens", "token_strs" (null unless asked)};
+// a 400 when the server has no tokenizer.
+Result<nlohmann::json> tokenize_response(const TokenizeParams& params, const Tokenizer* tokenizer,
+                                         const ModelLimits& limits);
+// A POST /detokenize body: `tokens`, ids within the vocabulary (a 400 names
+// the first that is not), and `model` as for /tokenize.
+Result<std::vector<int>> parse_detokenize_request(std::string_view body, const ModelLimits& limits);
+// {"prompt": the ids' text}, as the completions would write it; a 400 when
+// the server has no tokenizer.
+Result<nlohmann::json> detokenize_response(const std::vector<int>& ids, const Tokenizer* tokenizer);
+
 // `s` as a JSON string literal, appended to `out`: the bytes dump() writes
 // for it (invalid UTF-8 replaced by U+FFFD).
 void append_json_string(std::string& out, std::string_view s);

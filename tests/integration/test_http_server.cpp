@@ -20,6 +20,7 @@
 #include "net/http_client.h"
 #include "net/http_server.h"
 #include "net/sse_parser.h"
+#include "service/version.h"
 #include "support/process_support.h"
 #include "support/test_support.h"
 #include "text/tokenizer.h"
@@ -696,6 +697,60 @@ TEST_F(HttpServerTest, OneModelByItsId) {
   EXPECT_EQ(body_json(missing)["error"]["code"], "model_not_found");
 }
 
+// A JSON error of `status` whose message holds `fragment` (and names `param`).
+void expect_error(const HttpResponse& r, int status, const std::string& fragment,
+                  const std::string& param = "") {
+  EXPECT_EQ(r.status, status) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.body;
+  ASSERT_TRUE(j.contains("error")) << r.body;
+  std::string msg = j["error"]["message"];
+  EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+  if (!param.empty()) {
+    EXPECT_EQ(j["error"]["param"], param);
+  }
+  EXPECT_EQ(r.header("content-type"), "application/json");
+}
+
+// vLLM's tokenizer endpoints count what the completions count, and a long
+// text (tokenized off the io thread) gives the tokenizer's own ids.
+TEST_F(HttpServerTest, TokenizeAndDetokenizeAsVllm) {
+  start();
+  Client c(port_);
+  const std::string text = "A fool and his money are soon parted.";
+  HttpResponse t = c.post("/tokenize", {{"prompt", text}});
+  ASSERT_EQ(t.status, 200) << t.body;
+  HttpResponse done = c.post("/v1/completions", completion(text, 2));
+  ASSERT_EQ(done.status, 200) << done.body;
+  EXPECT_EQ(body_json(t)["count"], body_json(done)["usage"]["prompt_tokens"]);
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  HttpResponse tc = c.post("/tokenize", {{"messages", messages}});
+  HttpResponse chat = c.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 2}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(body_json(tc)["count"], body_json(chat)["usage"]["prompt_tokens"]);
+  HttpResponse d = c.post("/detokenize", {{"tokens", body_json(t)["tokens"]}});
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(body_json(d)["prompt"], text);
+
+  std::string long_text;
+  while (long_text.size() < 16 * 1024)
+    long_text += "Time flies like an arrow; fruit flies like a banana. ";
+  HttpResponse lt = c.post("/tokenize", {{"prompt", long_text}, {"add_special_tokens", false}});
+  ASSERT_EQ(lt.status, 200);
+  const std::vector<int> ids = fortune().encode(long_text, false);
+  EXPECT_EQ(body_json(lt)["tokens"], json(ids));
+  HttpResponse ld = c.post("/detokenize", {{"tokens", ids}});
+  ASSERT_EQ(ld.status, 200);
+  EXPECT_EQ(body_json(ld)["prompt"], long_text);
+
+  expect_error(c.post("/detokenize", {{"tokens", {1, 2000}}}), 400, "outside the vocabulary");
+  expect_error(c.post("/tokenize", {{"prompt", "x"}, {"model", "gpt-4"}}), 404, "does not exist");
+  expect_error(c.get("/tokenize"), 405, "not allowed");
+  HttpResponse v = c.get("/version");
+  ASSERT_EQ(v.status, 200);
+  EXPECT_EQ(body_json(v)["version"], std::string(kVersion));
+}
+
 TEST_F(HttpServerTest, TokenIdPromptAndReturnTokenIds) {
   start();
   Client c(port_);
@@ -753,19 +808,6 @@ TEST_F(HttpServerTest, StopStringTruncatesAndCancelsOnce) {
 TEST_F(HttpServerTest, BadInputGetsStatusAndMessage) {
   start();
   Client c(port_);
-  auto expect_error = [&](const HttpResponse& r, int status, const std::string& fragment,
-                          const std::string& param = "") {
-    EXPECT_EQ(r.status, status) << r.body;
-    json j = json::parse(r.body, nullptr, false);
-    ASSERT_FALSE(j.is_discarded()) << r.body;
-    ASSERT_TRUE(j.contains("error")) << r.body;
-    std::string msg = j["error"]["message"];
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
-    if (!param.empty()) {
-      EXPECT_EQ(j["error"]["param"], param);
-    }
-    EXPECT_EQ(r.header("content-type"), "application/json");
-  };
   expect_error(c.request("POST", "/v1/completions", "{\"prompt\": \"x\",,}"), 400,
                "Malformed JSON");
   expect_error(c.post("/v1/completions", completion("x", 5, {{"max_tokens", "many"}})), 400,

@@ -20,6 +20,13 @@ TEST(ChatTemplate, PlainIsOneLinePerMessageThenTheAssistantsTurn) {
             "User: A fool\nAssistant:");
 }
 
+TEST(ChatTemplate, WithoutTheGenerationPromptTheTextEndsAfterTheLastMessage) {
+  EXPECT_EQ(render_chat(kConversation, ChatTemplate::Plain, false),
+            "System: Be brief.\nUser: Hello\nAssistant: Hi.\nUser: Tell me a fortune\n");
+  EXPECT_EQ(render_chat(kConversation, ChatTemplate::Llama2, false),
+            render_chat(kConversation, ChatTemplate::Llama2));
+}
+
 TEST(ChatTemplate, PlainKeepsMultiLineContentAsItIs) {
   EXPECT_EQ(render_chat({{ChatRole::User, "one\ntwo"}}, ChatTemplate::Plain),
             "User: one\ntwo\nAssistant:");

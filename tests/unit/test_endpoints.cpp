@@ -32,6 +32,9 @@ TEST(Endpoints, EveryEndpointWithItsMethod) {
   EXPECT_EQ(endpoint("GET", "/v1/models/org/name?x=1"), Endpoint::Model) << "ids may hold '/'";
   EXPECT_EQ(endpoint("GET", "/health"), Endpoint::Health);
   EXPECT_EQ(endpoint("GET", "/ready"), Endpoint::Ready);
+  EXPECT_EQ(endpoint("POST", "/tokenize"), Endpoint::Tokenize);
+  EXPECT_EQ(endpoint("POST", "/detokenize"), Endpoint::Detokenize);
+  EXPECT_EQ(endpoint("GET", "/version"), Endpoint::Version);
   EXPECT_EQ(endpoint("GET", "/metrics"), Endpoint::Metrics);
   EXPECT_EQ(endpoint("GET", "/metrics?name=x"), Endpoint::Metrics) << "the query is no part";
 }
