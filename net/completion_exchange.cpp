@@ -126,7 +126,8 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
   const auto lp = take_logprobs();
   std::string chunk =
       opening() + openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
-                                         params_.include_usage, ids_to_send(), lp ? &*lp : nullptr);
+                                         chunk_usage(generated_tokens()), ids_to_send(),
+                                         lp ? &*lp : nullptr);
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
 }
@@ -174,9 +175,10 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
   if (params_.stream) {
-    std::string events = opening() + openai::sse_finish_chunks(meta_, take_echo_text() + tail,
-                                                               reason, params_.include_usage,
-                                                               ids_to_send(), lp ? &*lp : nullptr);
+    std::string events =
+        opening() + openai::sse_finish_chunks(meta_, take_echo_text() + tail, reason,
+                                              chunk_usage(usage.completion_tokens), ids_to_send(),
+                                              lp ? &*lp : nullptr);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
     const bool last = !one_of_several_;
@@ -206,10 +208,15 @@ ExchangeStep CompletionExchange::finish_error(const openai::ApiError& error) {
   return step;
 }
 
+openai::ChunkUsage CompletionExchange::chunk_usage(int completion_tokens) const {
+  if (!params_.continuous_usage) return params_.include_usage;
+  return openai::Usage{prompt_tokens_, completion_tokens};
+}
+
 std::string CompletionExchange::opening() {
   if (meta_.api != openai::Api::Chat || opened_) return {};
   opened_ = true;
-  return openai::sse_role_chunk(meta_, params_.include_usage);
+  return openai::sse_role_chunk(meta_, chunk_usage(0));
 }
 
 // The stream's header goes out with its first events, not at submission, so

@@ -108,6 +108,9 @@ class CompletionExchange {
   std::string take_echo_text();
   // The echoed prompt's log-probabilities in front of `generated`'s, once.
   void prepend_echo_logprobs(nlohmann::json& generated);
+  // What a chunk says of usage: with continuous usage the counts so far, the
+  // chunk's own tokens included.
+  openai::ChunkUsage chunk_usage(int completion_tokens) const;
   int generated_tokens() const { return completion_tokens_ + (ended_on_eos_ ? 1 : 0); }
 
   uint64_t request_id_;

@@ -448,6 +448,9 @@ void parse_streaming(const json& body, CompletionParams& p) {
       fail("`stream_options` is only allowed when `stream` is true.", "stream_options");
     if (const json* u = field(*v, "include_usage"))
       p.include_usage = get_bool(*u, "stream_options.include_usage");
+    // As vLLM: without include_usage it is ignored.
+    if (const json* u = field(*v, "continuous_usage_stats"))
+      p.continuous_usage = get_bool(*u, "stream_options.continuous_usage_stats") && p.include_usage;
   }
 }
 
@@ -1194,7 +1197,7 @@ void append_json_string(std::string& out, std::string_view s) {
 // once per token. The bytes are dump()'s, keys in its (sorted) order, which
 // tests/unit/test_openai_api.cpp checks.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
-                           std::optional<FinishReason> reason, bool include_usage,
+                           std::optional<FinishReason> reason, const ChunkUsage& usage,
                            const std::vector<int>* token_ids, const json* logprobs) {
   const bool chat = meta.api == Api::Chat;
   std::string out;
@@ -1243,29 +1246,30 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
   out += ",\"object\":\"";
   out += object_name(meta.api, /*chunk=*/true);
   out += '"';
-  if (include_usage) out += ",\"usage\":null";
+  if (usage.include)
+    out += ",\"usage\":" + (usage.so_far ? dump(usage_json(*usage.so_far)) : "null");
   out += "}\n\n";
   return out;
 }
 
-std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage) {
+std::string sse_role_chunk(const ResponseMeta& meta, const ChunkUsage& usage) {
   json j = envelope(meta, /*chunk=*/true);
   j["choices"] = json::array({json{{"index", meta.index},
                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
                                    {"logprobs", nullptr},
                                    {"finish_reason", nullptr}}});
-  if (include_usage) j["usage"] = nullptr;
+  if (usage.include) j["usage"] = usage.so_far ? usage_json(*usage.so_far) : json(nullptr);
   return sse(j);
 }
 
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
-                              FinishReason reason, bool include_usage,
+                              FinishReason reason, const ChunkUsage& usage,
                               const std::vector<int>* token_ids, const json* logprobs) {
   if (meta.api == Api::Completions || text.empty())
-    return sse_text_chunk(meta, text, reason, include_usage, token_ids, logprobs);
+    return sse_text_chunk(meta, text, reason, usage, token_ids, logprobs);
   static const std::vector<int> kNone;
-  return sse_text_chunk(meta, text, std::nullopt, include_usage, token_ids, logprobs) +
-         sse_text_chunk(meta, "", reason, include_usage, token_ids ? &kNone : nullptr);
+  return sse_text_chunk(meta, text, std::nullopt, usage, token_ids, logprobs) +
+         sse_text_chunk(meta, "", reason, usage, token_ids ? &kNone : nullptr);
 }
 
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage) {

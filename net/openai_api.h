@@ -96,6 +96,9 @@ struct CompletionParams {
   int truncate_prompt_tokens = 0;           // vLLM extension: > 0 keeps the prompt's last this many
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every
+  // chunk's "usage" holds the counts so far instead of null.
+  bool continuous_usage = false;
   int priority = 0;
   bool return_token_ids = false;  // vLLM extension: ids alongside the text
   bool ignore_eos = false;        // vLLM extension: generate max_tokens whatever the model says
@@ -170,6 +173,16 @@ struct Usage {
 };
 nlohmann::json usage_json(const Usage& u);
 
+// What a stream's chunk says of usage: no "usage" field (include_usage off),
+// null (the totals come in a last chunk of their own), or the counts so far
+// (vLLM's continuous_usage_stats).
+struct ChunkUsage {
+  ChunkUsage(bool include = false) : include(include) {}  // NOLINT: a bool reads as "null or none"
+  ChunkUsage(const Usage& so_far) : include(true), so_far(so_far) {}  // NOLINT
+  bool include;
+  std::optional<Usage> so_far;
+};
+
 struct ResponseMeta {
   std::string id;       // completion_id()
   int64_t created = 0;  // unix seconds
@@ -211,16 +224,16 @@ nlohmann::json completion_response(const ResponseMeta& meta, const std::string& 
 // delta.content; one with a finish reason and no text has an empty delta.
 // `logprobs` (logprobs_json()) fills the choice's "logprobs", else null.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
-                           std::optional<FinishReason> reason, bool include_usage,
+                           std::optional<FinishReason> reason, const ChunkUsage& usage,
                            const std::vector<int>* token_ids = nullptr,
                            const nlohmann::json* logprobs = nullptr);
 // A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
-std::string sse_role_chunk(const ResponseMeta& meta, bool include_usage);
+std::string sse_role_chunk(const ResponseMeta& meta, const ChunkUsage& usage);
 // The chunks that end a stream's choice: the last text with the finish
 // reason in one chunk, or for a chat the text (when there is any) and then
 // the finish reason with an empty delta.
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
-                              FinishReason reason, bool include_usage,
+                              FinishReason reason, const ChunkUsage& usage,
                               const std::vector<int>* token_ids = nullptr,
                               const nlohmann::json* logprobs = nullptr);
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage);

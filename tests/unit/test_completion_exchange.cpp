@@ -137,6 +137,39 @@ openai::ResponseMeta chat_meta() {
   return {"chatcmpl-test", 1700000000, "fortune", openai::Api::Chat};
 }
 
+// vLLM's continuous_usage_stats: each chunk's usage counts the tokens so far
+// (a chat's role chunk none), the end-of-sequence token on the last; the
+// totals still follow in a chunk of their own.
+TEST(CompletionExchange, ContinuousUsageCountsEveryChunkSoFar) {
+  const std::vector<int> ids = ids_of(" Love is a fool");
+  for (const openai::ResponseMeta& m : {meta(), chat_meta()}) {
+    openai::CompletionParams p = params(int(ids.size()) + 5, true);
+    p.api = m.api;
+    p.include_usage = true;
+    p.continuous_usage = true;
+    CompletionExchange ex(7, p, m, /*prompt_tokens=*/4, &fortune(), t0);
+    std::vector<ExchangeStep> steps = feed(ex, ids);
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    const auto evs = events(steps);
+    ASSERT_GE(evs.size(), 3u);
+    int last = -1;
+    for (size_t i = 0; i + 2 < evs.size(); ++i) {
+      const json c = json::parse(evs[i]);
+      ASSERT_TRUE(c["usage"].is_object()) << evs[i];
+      const int done = c["usage"]["completion_tokens"];
+      EXPECT_EQ(c["usage"]["prompt_tokens"], 4);
+      EXPECT_EQ(c["usage"]["total_tokens"], 4 + done);
+      EXPECT_GE(done, last) << "never counts down";
+      if (i == 0 && m.api == openai::Api::Chat) {
+        EXPECT_EQ(done, 0) << "the role chunk";
+      }
+      last = done;
+    }
+    EXPECT_EQ(last, int(ids.size()) + 1) << "the last chunk counts the end-of-sequence token";
+    EXPECT_EQ(json::parse(evs[evs.size() - 2])["usage"]["completion_tokens"], int(ids.size()) + 1);
+  }
+}
+
 // The model's end-of-sequence token is generated but never delivered: usage
 // counts it (as vLLM and llama-server do), the text and ids do not hold it.
 TEST(CompletionExchange, UsageCountsTheEndOfSequenceTokenThatEndedIt) {

@@ -94,6 +94,19 @@ TEST(OpenAiParse, AllFieldsAccepted) {
   EXPECT_TRUE(p.return_token_ids);
 }
 
+TEST(OpenAiParse, ContinuousUsageNeedsIncludeUsageAsInVllm) {
+  EXPECT_TRUE(parse_ok(R"({"prompt":"x","stream":true,
+      "stream_options":{"include_usage":true,"continuous_usage_stats":true}})")
+                  .continuous_usage);
+  EXPECT_FALSE(parse_ok(R"({"prompt":"x","stream":true,
+      "stream_options":{"continuous_usage_stats":true}})")
+                   .continuous_usage);
+  EXPECT_EQ(parse_err(R"({"prompt":"x","stream":true,
+      "stream_options":{"include_usage":true,"continuous_usage_stats":1}})")
+                .param,
+            "stream_options.continuous_usage_stats");
+}
+
 TEST(OpenAiParse, NullMeansDefault) {
   CompletionParams p = parse_ok(
       R"({"prompt":"x","max_tokens":null,"temperature":null,"stop":null,"n":null,"seed":null})");
