@@ -57,6 +57,19 @@ void shut_down(HttpServer& server, ActorRuntime& runtime, double grace_s, int si
   exit_if_stuck(std::chrono::seconds(10), 0, "serve");
 }
 
+// Whether this process's engines may run on CUDA (kind cuda, or auto where
+// a GPU answers), which classify only the sampled rows: prompt
+// log-probabilities are then refused at the door rather than answered with
+// nulls. (Replicas on nodes are not known here; a node's CUDA replica
+// leaves them null.)
+bool devices_may_be_cuda(const Config& cfg) {
+  for (const DeviceSpec& d : cfg.devices) {
+    if (d.kind == DeviceKind::Cuda) return true;
+    if (d.kind == DeviceKind::Auto && EngineBuilder::cuda_available(nullptr)) return true;
+  }
+  return false;
+}
+
 void run_serve(const ServeOptions& so) {
   std::vector<std::pair<std::string, std::string>> flags;
   if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
@@ -103,6 +116,7 @@ void run_serve(const ServeOptions& so) {
   }
   openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
                              cfg.server.max_tokens_limit, cfg.admission.priority_levels};
+  limits.prompt_logprobs = !devices_may_be_cuda(cfg);
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
   if (runtime.nodes_port() != 0)

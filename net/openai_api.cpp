@@ -560,6 +560,10 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
   }
   parse_generation_options(j, limits, p);
   if (const json* v = field(j, "logprobs")) p.logprobs = checked_logprobs(*v, "logprobs");
+  if (p.echo && p.logprobs >= 0 && !limits.prompt_logprobs)
+    unsupported("echo",
+                "with `logprobs` it asks for the prompt's log-probabilities, which this "
+                "server's CUDA devices do not compute yet");
   const size_t answers = std::max<size_t>(1, p.batch.size()) * size_t(p.n);
   if (answers > size_t(kMaxAnswers))
     fail(std::to_string(p.batch.size()) + " prompts with n=" + std::to_string(p.n) + " ask for " +

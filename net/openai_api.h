@@ -50,6 +50,9 @@ struct ModelLimits {
   int vocab_size = 0;       // valid token ids: [0, vocab_size)
   int max_tokens_cap = 0;   // largest accepted max_tokens; <= 0: only the context bounds it
   int priority_levels = 0;  // valid priorities: 0 .. priority_levels-1; <= 0: not checked here
+  // Whether the engines compute prompt log-probabilities (`echo` with
+  // `logprobs`); the CUDA engines do not yet, and such requests get a 400.
+  bool prompt_logprobs = true;
 };
 
 // Which endpoint a request came in on, and so which shape its response has.

@@ -124,13 +124,16 @@ void CudaShard::all_reduce(Communicator& tp, float* data, size_t n) {
 
 // NCCL ranks of one group join together: each constructor waits for the
 // others.
-std::vector<std::unique_ptr<Communicator>> nccl_group(const std::vector<int>& gpus) {
+std::vector<std::unique_ptr<Communicator>> nccl_group(const std::vector<int>& gpus,
+                                                      size_t reserve_floats) {
   const NcclUniqueId id = make_nccl_unique_id();
+  NcclOptions options;
+  options.reserve_floats = reserve_floats;
   const int n = int(gpus.size());
   std::vector<int> ranks(gpus.size());
   for (int r = 0; r < n; ++r) ranks[size_t(r)] = r;
   return join_at_once(ranks, [&](int r) -> std::unique_ptr<Communicator> {
-    return std::make_unique<NcclCommunicator>(id, r, n, gpus[size_t(r)]);
+    return std::make_unique<NcclCommunicator>(id, r, n, gpus[size_t(r)], options);
   });
 }
 
@@ -152,13 +155,15 @@ bool nccl_fits(const std::vector<int>& cuda_devices, int tensor, int stage) {
   return true;
 }
 
-LocalGroupFactory cuda_local_groups(std::vector<int> cuda_devices, int tensor) {
-  return [cuda_devices = std::move(cuda_devices), tensor](int stage, int ranks) {
+// reserve_floats: the largest all-reduce of a step (tokens x model width).
+LocalGroupFactory cuda_local_groups(std::vector<int> cuda_devices, int tensor,
+                                    size_t reserve_floats) {
+  return [cuda_devices = std::move(cuda_devices), tensor, reserve_floats](int stage, int ranks) {
     std::vector<int> gpus;
     for (int t = 0; t < ranks; ++t) gpus.push_back(cuda_devices.at(size_t(stage * tensor + t)));
     if (ranks == tensor && nccl_fits(cuda_devices, tensor, stage)) {
       try {
-        return nccl_group(gpus);
+        return nccl_group(gpus, reserve_floats);
       } catch (const std::exception& e) {
         spdlog::warn(
             "stage {}: no NCCL group over its GPUs ({}); its all-reduces go through host "
@@ -192,7 +197,9 @@ std::unique_ptr<StepEngine> make_cuda_parallel_engine(const Checkpoint& ckpt, DT
     o.device = cuda_devices.at(size_t(device));
     return std::unique_ptr<Shard>(std::make_unique<CudaShard>(ckpt, dtype, spec, o));
   };
-  layout.local_group = cuda_local_groups(cuda_devices, layout.tensor);
+  layout.local_group =
+      cuda_local_groups(cuda_devices, layout.tensor,
+                        size_t(std::max(1, options.max_batch_tokens)) * size_t(ckpt.config.dim));
   return std::make_unique<ParallelEngine>(ckpt, dtype, std::move(layout), std::move(launcher));
 }
 

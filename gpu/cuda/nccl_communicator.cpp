@@ -63,6 +63,8 @@ NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int rank, int size, i
   config.blocking = 0;
   try {
     check_nccl(ncclCommInitRankConfig(&comm_, size, nid, rank, &config), "ncclCommInitRankConfig");
+    // The rank-ordered sums' gather buffer, before any step.
+    if (options_.reserve_floats > 0) scratch(options_.reserve_floats * size_t(size_));
   } catch (...) {
     shutdown();
     throw;
@@ -202,8 +204,9 @@ void NcclCommunicator::finish_call(const char* what, uint64_t bytes, Clock::time
 float* NcclCommunicator::scratch(size_t floats) {
   cu::check(cudaSetDevice(device_), "cudaSetDevice");  // as in enqueue()
   if (floats <= scratch_floats_) return scratch_;
-  // Grows outside the serving path (the first call of a size); collectives
-  // inside a decode step should pass their own buffers.
+  // Sized at construction (NcclOptions::reserve_floats) for the largest
+  // step; a larger call still works, at the cost of a device-wide
+  // synchronisation and an allocation.
   cu::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   if (scratch_) cudaFree(scratch_);
   scratch_ = nullptr;
@@ -252,14 +255,21 @@ void NcclCommunicator::reduce_scatter_sum(const float* send, size_t n, float* re
                             cudaMemcpyDeviceToDevice, stream_),
             "copy own block");
   check_nccl(ncclGroupStart(), "ncclGroupStart");
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    enqueue("ncclSend", [&](ncclComm* c) {
-      return ncclSend(send + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
-    });
-    enqueue("ncclRecv", [&](ncclComm* c) {
-      return ncclRecv(blocks + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
-    });
+  try {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      enqueue("ncclSend", [&](ncclComm* c) {
+        return ncclSend(send + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
+      });
+      enqueue("ncclRecv", [&](ncclComm* c) {
+        return ncclRecv(blocks + size_t(peer) * n, n, ncclFloat, peer, c, stream_);
+      });
+    }
+  } catch (...) {
+    // Aborted meanwhile: the group still ends, or every later NCCL call of
+    // this thread (a rebuilt communicator's too) would wait for its end.
+    ncclGroupEnd();
+    throw;
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd");
   cu::sum_ranks(blocks, size_, n, recv, stream_);

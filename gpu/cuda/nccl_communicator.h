@@ -46,6 +46,10 @@ struct NcclOptions {
   // communicators). false: NCCL's own reductions, faster for large vectors,
   // identical on every rank but summed in NCCL's order.
   bool rank_ordered_sums = true;
+  // Floats per rank of the largest sum a step makes (tokens x model width):
+  // the rank-ordered sums' scratch is allocated for it at construction, so
+  // that no step allocates (cudaFree would synchronise the whole device).
+  size_t reserve_floats = 0;
 };
 
 class NcclCommunicator : public Communicator {

@@ -157,7 +157,7 @@ TEST_F(CudaTest, RopeWritesQueriesAndTheKvCache) {
                       kc.get(), vc.get(), DType::F32, nullptr);
     const auto gq = q.download(), gk = kc.download(), gv = vc.download();
     const int positions[] = {14, 15, 16, 40};
-    const int slots[] = {6 * bt + 14, 6 * bt + 15, 2 * bt + 0, 1 * bt + 8};
+    const int slots[] = {6 * bt + 14, 6 * bt + 15, 2 * bt + 0, 3 * bt + 8};  // 40: blocks[2]
     for (int t = 0; t < T; ++t) {
       std::vector<float> row(qkv.begin() + long(t) * cols, qkv.begin() + long(t + 1) * cols);
       kernels::rope(row.data(), heads, hd, positions[t], table, layout);

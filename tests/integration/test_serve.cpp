@@ -158,6 +158,14 @@ TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
 // token when it generated it, the same floats, in a layout too; the first
 // prompt token has none; max_tokens 0 gives the prompt alone.
 TEST(Serve, EchoedPromptLogprobsAreThoseOfTheSameTokensGenerated) {
+  if (test::serving_on_cuda()) {
+    Server s({});
+    const auto r =
+        s.complete({{"prompt", "A fool"}, {"echo", true}, {"max_tokens", 1}, {"logprobs", 1}});
+    EXPECT_EQ(r.status, 400) << r.body;
+    GTEST_SKIP() << "the CUDA engines do not compute prompt log-probabilities yet (refused with "
+                    "a 400, as checked)";
+  }
   const std::vector<int> prompt{1, 300, 40, 500, 77};
   auto post = [](Server& s, const json& req) {
     const auto r = s.complete(req);

@@ -195,4 +195,9 @@ void send_raw(int port, const std::string& bytes) {
   close(fd);
 }
 
+bool serving_on_cuda() {
+  const char* extra = std::getenv("TROUPE_TEST_SERVE_SET");
+  return extra && std::string(extra).find("cuda") != std::string::npos;
+}
+
 }  // namespace troupe::test

@@ -53,6 +53,9 @@ Refusal serve_until_exit(std::vector<std::string> sets, double timeout_s = 60);
 std::unique_ptr<ChildProcess> start_node(int join_port, const std::string& name,
                                          std::vector<std::string> sets = {});
 
+// Whether $TROUPE_TEST_SERVE_SET puts the test servers on CUDA devices.
+bool serving_on_cuda();
+
 // `troupe generate`'s text of the bundled model: greedy, or as `sampling`
 // (its flags, e.g. {"--temperature", "0.8", "--seed", "15"}) says; on the
 // device that $TROUPE_TEST_SERVE_SET gives the test servers, if it does.

@@ -107,6 +107,18 @@ TEST(OpenAiParse, ContinuousUsageNeedsIncludeUsageAsInVllm) {
             "stream_options.continuous_usage_stats");
 }
 
+TEST(OpenAiParse, PromptLogprobsAreRefusedWhereTheEnginesLackThem) {
+  ModelLimits l = limits();
+  l.prompt_logprobs = false;
+  auto refused = parse_completion_request(R"({"prompt":"x","echo":true,"logprobs":0})", l);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "echo");
+  EXPECT_TRUE(contains(std::get<ApiError>(refused).message, "CUDA"));
+  for (const char* fine : {R"({"prompt":"x","echo":true})", R"({"prompt":"x","logprobs":3})"})
+    EXPECT_TRUE(std::holds_alternative<CompletionParams>(parse_completion_request(fine, l)))
+        << fine;
+}
+
 TEST(OpenAiParse, NullMeansDefault) {
   CompletionParams p = parse_ok(
       R"({"prompt":"x","max_tokens":null,"temperature":null,"stop":null,"n":null,"seed":null})");
