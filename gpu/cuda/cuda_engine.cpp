@@ -152,11 +152,18 @@ void CudaEngine::release_host() {
 }
 
 std::vector<RowSampling> CudaEngine::draw_coins(Pending& p) {
-  std::vector<RowSampling> rows;
+  // Every sampler first (one may refuse its parameters): a step that fails
+  // must not have moved the others' generators, or a retry would draw other
+  // coins than the CPU engine.
   for (const StepItem& it : p.items) {
     if (!it.sample) continue;
     auto& s = samplers_[it.seq];
     if (!s) s = Sampler::resumed(it.sampling, uint64_t(it.generated));
+  }
+  std::vector<RowSampling> rows;
+  for (const StepItem& it : p.items) {
+    if (!it.sample) continue;
+    auto& s = samplers_[it.seq];
     const SamplingParams& sp = s->params();
     RowSampling r{sp.temperature, sp.top_p, sp.top_k, 0.0};
     p.rng_before.push_back(s->rng());
