@@ -729,6 +729,16 @@ ApiError no_tokenizer(std::string_view endpoint) {
                      " cannot answer.");
 }
 
+// The parser's value, or the error it threw.
+template <class T, class Parse>
+Result<T> parsed(Parse parse) {
+  try {
+    return parse();
+  } catch (const Invalid& e) {
+    return e.error;
+  }
+}
+
 }  // namespace
 
 ApiError bad_request(std::string message, std::string param, std::string code) {
@@ -804,29 +814,17 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens,
 
 Result<CompletionParams> parse_completion_request(std::string_view body,
                                                   const ModelLimits& limits) {
-  try {
-    return parse_completion(body, limits);
-  } catch (const Invalid& e) {
-    return e.error;
-  }
+  return parsed<CompletionParams>([&] { return parse_completion(body, limits); });
 }
 
 Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
                                             ChatTemplate tmpl) {
-  try {
-    return parse_chat(body, limits, tmpl);
-  } catch (const Invalid& e) {
-    return e.error;
-  }
+  return parsed<CompletionParams>([&] { return parse_chat(body, limits, tmpl); });
 }
 
 Result<TokenizeParams> parse_tokenize_request(std::string_view body, const ModelLimits& limits,
                                               ChatTemplate tmpl) {
-  try {
-    return parse_tokenize(body, limits, tmpl);
-  } catch (const Invalid& e) {
-    return e.error;
-  }
+  return parsed<TokenizeParams>([&] { return parse_tokenize(body, limits, tmpl); });
 }
 
 Result<json> tokenize_response(const TokenizeParams& p, const Tokenizer* tokenizer,
@@ -851,11 +849,7 @@ Result<json> tokenize_response(const TokenizeParams& p, const Tokenizer* tokeniz
 
 Result<std::vector<int>> parse_detokenize_request(std::string_view body,
                                                   const ModelLimits& limits) {
-  try {
-    return parse_detokenize(body, limits);
-  } catch (const Invalid& e) {
-    return e.error;
-  }
+  return parsed<std::vector<int>>([&] { return parse_detokenize(body, limits); });
 }
 
 Result<json> detokenize_response(const std::vector<int>& ids, const Tokenizer* tokenizer) {
