@@ -6,6 +6,9 @@
 // "generated" tokens, streamed and not. Oracles: no exception escapes; the
 // streamed text equals the whole response's text; that text is a prefix of
 // decode(ids), equal to it without stop strings, and holds no stop string.
+// The same bytes as vLLM's /tokenize and /detokenize bodies: no exception
+// escapes; an accepted body's tokens are within the vocabulary, counted, and
+// what /detokenize takes back.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
@@ -93,6 +96,27 @@ void check_exchange(const openai::CompletionParams& params, const std::vector<in
       violated("response text '" + b + "' holds the stop string '" + s + "'");
 }
 
+void check_tokenizer_calls(std::string_view body, const openai::ModelLimits& limits) {
+  const Tokenizer& tok = fortune_tokenizer();
+  const auto parsed = openai::parse_tokenize_request(body, limits, ChatTemplate::Plain);
+  if (const auto* p = std::get_if<openai::TokenizeParams>(&parsed)) {
+    const auto answer = openai::tokenize_response(*p, &tok, limits);
+    if (const auto* j = std::get_if<json>(&answer)) {
+      const std::vector<int> ids = j->at("tokens").get<std::vector<int>>();
+      if (j->at("count").get<size_t>() != ids.size()) violated("/tokenize miscounted its tokens");
+      for (int id : ids)
+        if (id < 0 || id >= limits.vocab_size)
+          violated("/tokenize gave an id outside the vocabulary");
+      if (!std::holds_alternative<json>(openai::detokenize_response(ids, &tok)))
+        violated("/detokenize refused what /tokenize gave");
+    }
+  }
+  const auto ids = openai::parse_detokenize_request(body, limits);
+  if (const auto* v = std::get_if<std::vector<int>>(&ids))
+    if (!std::holds_alternative<json>(openai::detokenize_response(*v, &tok)))
+      violated("/detokenize refused ids it accepted");
+}
+
 }  // namespace
 }  // namespace troupe::fuzz
 
@@ -100,6 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace troupe;
   using namespace troupe::fuzz;
   static const openai::ModelLimits limits = fortune_limits();
+  check_tokenizer_calls(as_text(data, size), limits);
   const auto parsed = openai::parse_completion_request(as_text(data, size), limits);
   const auto* params = std::get_if<openai::CompletionParams>(&parsed);
   if (!params) return 0;
