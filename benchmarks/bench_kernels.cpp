@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <random>
 
 #include "gpu/cpu/gemm.h"
@@ -11,6 +12,7 @@
 #include "gpu/dtype.h"
 #include "gpu/kv_cache.h"
 #include "gpu/sampler.h"
+#include "gpu/tensor.h"
 
 namespace {
 
@@ -93,16 +95,18 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 }
 
 // Keys and values of `rows` positions of `width` elements, random, stored as
-// `dtype` (the bytes a KvCache of that type holds).
+// `dtype` (the bytes a KvCache of that type holds), allocated as its storage
+// is (Tensor::zeros: 64-byte aligned, so that rows start on cache lines as
+// there; a std::vector's 16-byte alignment cost decode a fifth more lines).
 struct KvRows {
-  std::vector<char> keys, values;
+  Tensor keys, values;
   KvRows(size_t rows, int width, DType dtype, std::mt19937& rng) {
     std::uniform_real_distribution<float> d(-1, 1);
     std::vector<float> f(rows * size_t(width));
-    for (auto* bytes : {&keys, &values}) {
+    for (auto* t : {&keys, &values}) {
       for (auto& e : f) e = d(rng);
-      bytes->resize(f.size() * dtype_size(dtype));
-      convert_from_f32(f.data(), dtype, bytes->data(), f.size());
+      *t = Tensor::zeros({int64_t(f.size())}, dtype);
+      convert_from_f32(f.data(), dtype, t->raw_mut(), f.size());
     }
   }
 };
@@ -121,8 +125,8 @@ void BM_AttentionPrefill(benchmark::State& state, DType dtype) {
   for (auto& e : q) e = d(rng);
   std::vector<int> table(static_cast<size_t>(blocks));
   for (int b = 0; b < blocks; ++b) table[size_t(b)] = blocks - 1 - b;  // not in order
-  const kernels::PagedKv kv{rows.keys.data(), rows.values.data(), table.data(),  bt,
-                            size_t(bt) * hd,  size_t(hd),         kv_type(dtype)};
+  const kernels::PagedKv kv{rows.keys.raw(), rows.values.raw(), table.data(),  bt,
+                            size_t(bt) * hd, size_t(hd),        kv_type(dtype)};
   std::vector<float> scores(size_t(kernels::kTileQueries) * size_t(n)),
       scratch(kernels::tile_scratch_floats(hd)), out(size_t(n) * hd);
   double pairs = 0;
@@ -158,7 +162,9 @@ BENCHMARK_CAPTURE(BM_AttentionPrefill, f16, DType::F16)->Args({512, 8})->Args({2
 // each, 12 kv heads of 64 (110m's shape) in blocks of 16 laid out as
 // gpu/kv_cache.h lays them out (each kv head's blocks apart): every query reads
 // its head's keys and values once, so the cache's bytes bound it once they
-// are past the caches.
+// are past the caches. range(2) = 1 scatters the blocks (a shuffled pool, as
+// a server's cache is after requests come and go) instead of giving each
+// sequence consecutive ones.
 void BM_AttentionDecode(benchmark::State& state, DType dtype) {
   const int seqs = int(state.range(0)), n = int(state.range(1)), heads = 12, hd = 64, bt = 16;
   const int width = heads * hd, per_seq = (n + bt - 1) / bt;
@@ -166,20 +172,19 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
   std::uniform_real_distribution<float> d(-1, 1);
   const KvRows rows(size_t(seqs) * size_t(per_seq) * bt, width, dtype, rng);
   std::vector<std::vector<int>> tables(static_cast<size_t>(seqs));
+  std::vector<int> ids(size_t(seqs) * size_t(per_seq));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
+  if (state.range(2)) std::shuffle(ids.begin(), ids.end(), rng);
   for (int s = 0; s < seqs; ++s)
-    for (int b = 0; b < per_seq; ++b) tables[size_t(s)].push_back(s * per_seq + b);
+    for (int b = 0; b < per_seq; ++b) tables[size_t(s)].push_back(ids[size_t(s * per_seq + b)]);
   std::vector<float> q(size_t(heads) * hd), scores(static_cast<size_t>(n)), out(q.size());
   for (auto& e : q) e = d(rng);
   const size_t head_stride = size_t(seqs) * size_t(per_seq) * bt * hd;  // a head's blocks
   for (auto _ : state) {
     for (int s = 0; s < seqs; ++s) {
-      const kernels::PagedKv kv{rows.keys.data(),
-                                rows.values.data(),
-                                tables[size_t(s)].data(),
-                                bt,
-                                size_t(bt) * size_t(hd),
-                                size_t(hd),
-                                kv_type(dtype)};
+      const kernels::PagedKv kv{
+          rows.keys.raw(), rows.values.raw(), tables[size_t(s)].data(), bt, size_t(bt) * size_t(hd),
+          size_t(hd),      kv_type(dtype)};
       for (int h = 0; h < heads; ++h)
         kernels::attend_head(q.data() + size_t(h) * hd, hd, 0.125f, kv, size_t(h) * head_stride, n,
                              scores.data(), out.data() + size_t(h) * hd);
@@ -193,9 +198,16 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
       benchmark::Counter(double(seqs) * n * heads * double(state.iterations()),
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK_CAPTURE(BM_AttentionDecode, f32, DType::F32)->Args({1, 1024})->Args({8, 2048});
-BENCHMARK_CAPTURE(BM_AttentionDecode, f16, DType::F16)->Args({1, 1024})->Args({8, 2048});
-BENCHMARK_CAPTURE(BM_AttentionDecode, bf16, DType::BF16)->Args({1, 1024})->Args({8, 2048});
+BENCHMARK_CAPTURE(BM_AttentionDecode, f32, DType::F32)
+    ->Args({1, 1024, 0})
+    ->Args({8, 2048, 0})
+    ->Args({32, 256, 0})
+    ->Args({32, 256, 1});
+BENCHMARK_CAPTURE(BM_AttentionDecode, f16, DType::F16)->Args({1, 1024, 0})->Args({8, 2048, 0});
+BENCHMARK_CAPTURE(BM_AttentionDecode, bf16, DType::BF16)
+    ->Args({1, 1024, 0})
+    ->Args({8, 2048, 0})
+    ->Args({32, 256, 1});
 
 // What a request that asks for log-probabilities costs per token: a pass of
 // exp over the vocabulary, and one to pick the likeliest. Args: vocabulary,
