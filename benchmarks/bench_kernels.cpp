@@ -162,9 +162,10 @@ BENCHMARK_CAPTURE(BM_AttentionPrefill, f16, DType::F16)->Args({512, 8})->Args({2
 // each, 12 kv heads of 64 (110m's shape) in blocks of 16 laid out as
 // gpu/kv_cache.h lays them out (each kv head's blocks apart): every query reads
 // its head's keys and values once, so the cache's bytes bound it once they
-// are past the caches. range(2) = 1 scatters the blocks (a shuffled pool, as
-// a server's cache is after requests come and go) instead of giving each
-// sequence consecutive ones.
+// are past the caches. range(2) lays the blocks out: 0 each sequence's
+// consecutive, 1 scattered (a shuffled pool, as a server's cache is after
+// requests come and go), 2 interleaved (block b of sequence s is
+// b * seqs + s, as sequences that grow together take them one by one).
 void BM_AttentionDecode(benchmark::State& state, DType dtype) {
   const int seqs = int(state.range(0)), n = int(state.range(1)), heads = 12, hd = 64, bt = 16;
   const int width = heads * hd, per_seq = (n + bt - 1) / bt;
@@ -176,7 +177,9 @@ void BM_AttentionDecode(benchmark::State& state, DType dtype) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
   if (state.range(2)) std::shuffle(ids.begin(), ids.end(), rng);
   for (int s = 0; s < seqs; ++s)
-    for (int b = 0; b < per_seq; ++b) tables[size_t(s)].push_back(ids[size_t(s * per_seq + b)]);
+    for (int b = 0; b < per_seq; ++b)
+      tables[size_t(s)].push_back(state.range(2) == 2 ? b * seqs + s
+                                                      : ids[size_t(s * per_seq + b)]);
   std::vector<float> q(size_t(heads) * hd), scores(static_cast<size_t>(n)), out(q.size());
   for (auto& e : q) e = d(rng);
   const size_t head_stride = size_t(seqs) * size_t(per_seq) * bt * hd;  // a head's blocks
@@ -202,7 +205,8 @@ BENCHMARK_CAPTURE(BM_AttentionDecode, f32, DType::F32)
     ->Args({1, 1024, 0})
     ->Args({8, 2048, 0})
     ->Args({32, 256, 0})
-    ->Args({32, 256, 1});
+    ->Args({32, 256, 1})
+    ->Args({32, 256, 2});
 BENCHMARK_CAPTURE(BM_AttentionDecode, f16, DType::F16)->Args({1, 1024, 0})->Args({8, 2048, 0});
 BENCHMARK_CAPTURE(BM_AttentionDecode, bf16, DType::BF16)
     ->Args({1, 1024, 0})
