@@ -10,35 +10,45 @@ KvCacheFull::KvCacheFull(int wanted, int free_blocks, int total)
       wanted_(wanted),
       free_(free_blocks) {}
 
-BlockAllocator::BlockAllocator(int num_blocks) : total_(num_blocks) {
+BlockAllocator::BlockAllocator(int num_blocks) : total_(num_blocks), free_(num_blocks) {
   if (num_blocks <= 0) throw std::invalid_argument("KV cache needs at least one block");
-  free_.reserve(size_t(num_blocks));
-  // Lowest ids come out first, which keeps a fresh cache's accesses local.
-  for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
   in_use_.assign(size_t(num_blocks), 0);
+}
+
+int BlockAllocator::fresh_start() const {
+  int best = -1, best_len = 0;
+  for (int b = 0; b < total_;) {
+    if (in_use_[size_t(b)]) {
+      ++b;
+      continue;
+    }
+    int e = b;
+    while (e < total_ && !in_use_[size_t(e)]) ++e;
+    if (e - b > best_len) best = b, best_len = e - b;
+    b = e;
+  }
+  if (best < 0) throw std::logic_error("fresh_start: no free KV block");
+  return best == 0 ? 0 : best + best_len / 2;
 }
 
 void BlockAllocator::allocate(int n, std::vector<int>& out) {
   if (n < 0) throw std::invalid_argument("negative block count");
-  if (n > free_count()) throw KvCacheFull(n, free_count(), total_);
+  if (n > free_) throw KvCacheFull(n, free_, total_);
   for (int i = 0; i < n; ++i) {
-    const int b = free_.back();
-    free_.pop_back();
+    int b = out.empty() ? -1 : out.back() + 1;
+    if (b < 0 || b >= total_ || in_use_[size_t(b)]) b = fresh_start();
     in_use_[size_t(b)] = 1;
+    --free_;
     out.push_back(b);
   }
 }
 
 void BlockAllocator::release(const std::vector<int>& blocks) {
-  // Last first, so that the next allocation takes them in their order: a
-  // sequence's blocks in ascending ids are one stream for the attention
-  // kernels (gpu/kv_cache.h).
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    const int b = *it;
+  for (int b : blocks) {
     if (b < 0 || b >= total_ || !in_use_[size_t(b)])
       throw std::logic_error("KV block " + std::to_string(b) + " released but not in use");
     in_use_[size_t(b)] = 0;
-    free_.push_back(b);
+    ++free_;
   }
 }
 

@@ -37,6 +37,42 @@ TEST(BlockAllocator, AllocatesReleasesAndRefusesWhenFull) {
   EXPECT_EQ(std::unique(all.begin(), all.end()), all.end());
 }
 
+// Sequences that grow together, a block at a time, each keep consecutive
+// ids (the attention kernels stream them), while the pool has room.
+TEST(BlockAllocator, SequencesGrowingTogetherKeepTheirBlocksAdjacent) {
+  BlockAllocator a(256);
+  std::vector<std::vector<int>> seqs(8);
+  for (auto& s : seqs) a.allocate(2, s);  // the prompts
+  for (int round = 0; round < 10; ++round)
+    for (auto& s : seqs) a.allocate(1, s);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (size_t j = 1; j < seqs[i].size(); ++j)
+      EXPECT_EQ(seqs[i][j], seqs[i][j - 1] + 1) << "sequence " << i << " block " << j;
+  // A sequence that ends frees a stretch the next one starts in.
+  a.release(seqs[3]);
+  std::vector<int> next;
+  a.allocate(3, next);
+  EXPECT_EQ(next[1], next[0] + 1);
+  EXPECT_EQ(next[2], next[1] + 1);
+}
+
+// However fragmented, every free block can be had.
+TEST(BlockAllocator, AFragmentedPoolHandsOutEveryFreeBlock) {
+  BlockAllocator a(64);
+  std::vector<int> all;
+  a.allocate(64, all);
+  std::vector<int> odd;
+  for (int b : all)
+    if (b % 2) odd.push_back(b);
+  a.release(odd);
+  std::vector<int> again;
+  a.allocate(32, again);
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, odd);
+  EXPECT_EQ(a.free_count(), 0);
+  EXPECT_THROW(a.allocate(1, again), KvCacheFull);
+}
+
 TEST(BlockAllocator, NoLeakAfterManySequences) {
   BlockAllocator a(64);
   std::mt19937 rng(9);
