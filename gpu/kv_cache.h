@@ -13,9 +13,9 @@
 //
 // Storage is [layer][key, value][kv head][block][position][dim]: attention
 // reads one kv head of one sequence at a time, and a sequence's blocks
-// (consecutive ids when allocated together, as a prompt's are) are then one
-// contiguous stream the hardware prefetches, rather than a slice of every
-// position's row.
+// (consecutive ids, which the block allocator keeps where the pool allows)
+// are then one contiguous stream the hardware prefetches, rather than a
+// slice of every position's row.
 #include <cstddef>
 #include <vector>
 
