@@ -40,9 +40,8 @@ class BlockAllocator {
  private:
   // Where a new run of blocks starts: the middle of the longest free stretch
   // (its start when nothing precedes it, since only the blocks before a
-  // stretch grow into it). Needs a free block. A scan of the pool's flags,
-  // once per new sequence or blocked growth: about a microsecond a few
-  // thousand blocks.
+  // stretch grow into it). Needs a free block. A scan of the pool's flags
+  // (a byte a block), once per new sequence or blocked growth.
   int fresh_start() const;
 
   int total_;
