@@ -678,7 +678,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, 
   parse_model(j, limits, model);
   TokenizeParams p;
   const json* prompt = field(j, "prompt");
-  const bool chat = j.contains("messages");
+  const bool chat = field(j, "messages") != nullptr;  // null: not given, as elsewhere
   if (prompt && chat) fail("Give either `prompt` or `messages`, not both.", "prompt");
   if (chat) {
     bool generation_prompt = true;

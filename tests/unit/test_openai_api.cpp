@@ -1263,6 +1263,10 @@ TEST(Tokenize, ATextGivesTheIdsACompletionPromptHas) {
   EXPECT_EQ(j["tokens"][0], fortune().bos_id());
 }
 
+TEST(Tokenize, NullMessagesAreNotGiven) {
+  EXPECT_EQ(tokenize_ok(R"({"prompt":"Hi","messages":null})").text, "Hi");
+}
+
 TEST(Tokenize, WithoutSpecialTokensAndWithPieces) {
   const json j =
       tokenize(R"({"prompt":"Hello world","add_special_tokens":false,"return_token_strs":true})");
@@ -1299,6 +1303,7 @@ TEST(Tokenize, BadRequestsNameTheProblem) {
   for (const Bad& b : {
            Bad{R"({})", 400, "prompt", "`prompt` (a text) or `messages` is required"},
            Bad{R"({"prompt":"x","messages":[]})", 400, "prompt", "not both"},
+           Bad{R"({"prompt":null,"messages":null})", 400, "prompt", "or `messages` is required"},
            Bad{R"({"prompt":[1,2]})", 400, "prompt", "must be a string"},
            Bad{R"({"prompt":"x","add_special_tokens":1})", 400, "add_special_tokens", "boolean"},
            Bad{R"({"prompt":"x","return_token_strs":"yes"})", 400, "return_token_strs", "boolean"},
