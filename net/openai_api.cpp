@@ -480,12 +480,12 @@ json parse_body(std::string_view body) {
 }
 
 // Absent: the served model. Another name is a 404, as OpenAI answers it.
-void parse_model(const json& body, const ModelLimits& limits, CompletionParams& p) {
-  p.model = limits.name;
+std::string parse_model(const json& body, const ModelLimits& limits) {
   const json* v = field(body, "model");
-  if (!v) return;
-  p.model = get_string(*v, "model");
-  if (p.model != limits.name) throw Invalid{model_not_found(p.model)};
+  if (!v) return limits.name;
+  const std::string& model = get_string(*v, "model");
+  if (model != limits.name) throw Invalid{model_not_found(model)};
+  return model;
 }
 
 // `max_tokens` (or a chat's `max_completion_tokens`, `name`) against the cap.
@@ -545,7 +545,7 @@ void parse_generation_options(const json& j, const ModelLimits& limits, Completi
 CompletionParams parse_completion(std::string_view body, const ModelLimits& limits) {
   const json j = parse_body(body);
   CompletionParams p;
-  parse_model(j, limits, p);
+  p.model = parse_model(j, limits);
   parse_prompt(j, limits, p);
   if (const json* v = field(j, "echo")) p.echo = get_bool(*v, "echo");
   if (const json* v = field(j, "max_tokens")) {
@@ -648,7 +648,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
   const json j = parse_body(body);
   CompletionParams p;
   p.api = Api::Chat;
-  parse_model(j, limits, p);
+  p.model = parse_model(j, limits);
   p.prompt_text = render_chat(parse_messages(j), tmpl);
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
@@ -674,8 +674,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
 
 TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
   const json j = parse_body(body);
-  CompletionParams model;
-  parse_model(j, limits, model);
+  parse_model(j, limits);  // only checked
   TokenizeParams p;
   const json* prompt = field(j, "prompt");
   const bool chat = field(j, "messages") != nullptr;  // null: not given, as elsewhere
@@ -699,8 +698,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, 
 
 std::vector<int> parse_detokenize(std::string_view body, const ModelLimits& limits) {
   const json j = parse_body(body);
-  CompletionParams model;
-  parse_model(j, limits, model);
+  parse_model(j, limits);  // only checked
   const json* v = field(j, "tokens");
   if (!v) fail("`tokens` is required.", "tokens");
   if (!v->is_array()) wrong_type("tokens", "an array of token ids", *v);

@@ -34,9 +34,22 @@ int BlockAllocator::fresh_start() const {
 void BlockAllocator::allocate(int n, std::vector<int>& out) {
   if (n < 0) throw std::invalid_argument("negative block count");
   if (n > free_) throw KvCacheFull(n, free_, total_);
+  // One scan for a fresh start a call at most; past it the next free ids
+  // after the last block, so that a long prompt in a fragmented pool costs
+  // one more pass over the flags, not one per block.
+  bool started = false;
   for (int i = 0; i < n; ++i) {
     int b = out.empty() ? -1 : out.back() + 1;
-    if (b < 0 || b >= total_ || in_use_[size_t(b)]) b = fresh_start();
+    if (b < 0 || b >= total_ || in_use_[size_t(b)]) {
+      if (!started) {
+        b = fresh_start();
+        started = true;
+      } else {
+        b = out.back();
+        do b = (b + 1) % total_;
+        while (in_use_[size_t(b)]);
+      }
+    }
     in_use_[size_t(b)] = 1;
     --free_;
     out.push_back(b);

@@ -41,7 +41,7 @@ class BlockAllocator {
   // Where a new run of blocks starts: the middle of the longest free stretch
   // (its start when nothing precedes it, since only the blocks before a
   // stretch grow into it). Needs a free block. A scan of the pool's flags
-  // (a byte a block), once per new sequence or blocked growth.
+  // (a byte a block), at most once per allocate().
   int fresh_start() const;
 
   int total_;
