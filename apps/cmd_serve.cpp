@@ -108,6 +108,7 @@ void run_serve(const ServeOptions& so) {
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
   ho.chat_template = cfg.server.chat_template;
+  ho.allowed_origins = cfg.server.allowed_origins;
   if (cfg.admin.faults) {
     ho.faults = &runtime;
     ho.admin_token = cfg.admin.token;

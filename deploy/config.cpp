@@ -10,6 +10,7 @@
 #include "deploy/yaml_schema.h"
 #include "gpu/model.h"
 #include "scheduler/routing_policy.h"
+#include "service/allowed_origin.h"
 
 namespace troupe {
 
@@ -65,6 +66,16 @@ Kind<std::string> listen_or_empty_kind() {
   return k;
 }
 
+Kind<std::vector<std::string>> origin_list_kind() {
+  Kind<std::vector<std::string>> k = schema::text_list();
+  k.problem = [](const std::vector<std::string>& v) {
+    for (const std::string& o : v)
+      if (auto why = invalid_origin(o)) return *why;
+    return std::string();
+  };
+  return k;
+}
+
 Kind<std::string> routing_policy_kind() {
   Kind<std::string> k = schema::text();
   k.problem = [](const std::string& v) {
@@ -96,7 +107,8 @@ const Fields<Config>& config_fields() {
         .add("io_threads", &ServerSection::io_threads, schema::positive_int())
         .add("shutdown_grace_s", &ServerSection::shutdown_grace_s, schema::number_in(0, 3600))
         .add("chat_template", &ServerSection::chat_template,
-             schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}));
+             schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}))
+        .add("allowed_origins", &ServerSection::allowed_origins, origin_list_kind());
 
     Fields<ParallelLayout> parallel;
     parallel.flow()

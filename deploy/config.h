@@ -47,6 +47,9 @@ struct ServerSection {
   double shutdown_grace_s = 5;
   // How /v1/chat/completions renders messages into a prompt (plain, llama2).
   ChatTemplate chat_template = ChatTemplate::Plain;
+  // Web pages whose scripts may call the API from a browser (CORS): "*" for
+  // any, as vLLM and llama-server; [] for none.
+  std::vector<std::string> allowed_origins = {"*"};
   bool operator==(const ServerSection&) const = default;
 };
 

@@ -53,19 +53,33 @@ std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
 }
 
+bool is_admin_path(std::string_view path) {
+  for (const Route& r : kRoutes)
+    if (r.admin && r.matches(path)) return true;
+  return false;
+}
+
+std::string allowed_methods(std::string_view path, bool admin) {
+  std::string allow;
+  for (const Route& r : kRoutes) {
+    if (!r.matches(path) || (r.admin && !admin)) continue;
+    if (!allow.empty()) allow += ", ";
+    allow += r.method;
+    if (r.method == "GET") allow += ", HEAD";
+  }
+  return allow;
+}
+
 std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
                                        bool admin) {
   const std::string_view path = path_of(target);
-  std::string allow;
   bool admin_off = false;
   for (const Route& r : kRoutes) {
     if (r.matches(path) && r.admin && !admin) admin_off = true;
     if (!r.matches(path) || (r.admin && !admin)) continue;
     if (r.method == method || (method == "HEAD" && r.method == "GET")) return r.endpoint;
-    if (!allow.empty()) allow += ", ";
-    allow += r.method;
-    if (r.method == "GET") allow += ", HEAD";
   }
+  const std::string allow = allowed_methods(path, admin);
   if (allow.empty()) {
     // Said, since the path is right: only the server's config is missing.
     const std::string why =
@@ -75,6 +89,7 @@ std::variant<Endpoint, Response> route(std::string_view method, std::string_view
     e.status = 404;
     return error_response(e);
   }
+  if (method == "OPTIONS") return Endpoint::Options;
   openai::ApiError e = openai::bad_request("Method " + std::string(method) + " is not allowed on " +
                                            std::string(path) + "; use " + allow + ".");
   e.status = 405;

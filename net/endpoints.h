@@ -2,6 +2,7 @@
 // Which endpoint a request names: path and method to an endpoint, or the 404
 // or 405 (with Allow) for a request that names none. Apart from the
 // connection code, so that the table is the one place an endpoint is added.
+#include <string>
 #include <string_view>
 #include <variant>
 
@@ -21,7 +22,8 @@ enum class Endpoint {
   Ready,
   Version,
   Metrics,
-  Faults
+  Faults,
+  Options  // OPTIONS on any known path: a CORS preflight (net/cors.h), or what Allow says
 };
 
 inline constexpr std::string_view kCompletionsPath = "/v1/completions";
@@ -42,11 +44,18 @@ inline bool generates_path(std::string_view path) {
 // the scheme and authority.
 std::string_view path_of(std::string_view target);
 
+// The methods `path` takes, as Allow lists them ("POST", "GET, HEAD"); empty
+// for a path that names no endpoint.
+std::string allowed_methods(std::string_view path, bool admin = false);
+
+// Is `path` one of the admin endpoints' (whatever the configuration)?
+bool is_admin_path(std::string_view path);
+
 // The endpoint for `method` on `target`, or the error response to send: 404
 // for an unknown path (paths match exactly, but for kModelPathPrefix and an id), 405 with Allow
 // (the methods the path takes) for a known path asked with another method. HEAD is taken wherever
 // GET is, as GET without the body. The admin paths exist only with `admin` (the configuration
-// turned them on).
+// turned them on). OPTIONS is taken on every known path (Endpoint::Options).
 std::variant<Endpoint, Response> route(std::string_view method, std::string_view target,
                                        bool admin = false);
 

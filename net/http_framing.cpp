@@ -39,15 +39,18 @@ void set_common_fields(http::response<Body>& msg, bool keep_alive) {
 
 }  // namespace
 
-std::string response(const Response& r, bool keep_alive, bool head_only) {
+std::string response(const Response& r, bool keep_alive, bool head_only, const HeaderList& extra) {
   http::response<http::string_body> msg;
   msg.version(11);
   msg.result(unsigned(r.status));
   set_common_fields(msg, keep_alive);
-  msg.set(http::field::content_type, r.content_type);
+  if (!r.content_type.empty()) msg.set(http::field::content_type, r.content_type);
   for (const auto& [name, value] : r.headers) msg.set(name, value);
+  for (const auto& [name, value] : extra) msg.set(name, value);
   msg.body() = r.body;
   msg.prepare_payload();
+  // A 204 has no body, and says no length either (RFC 9110 8.6).
+  if (r.status == 204) msg.erase(http::field::content_length);
   return serialize(msg, head_only);
 }
 
@@ -56,7 +59,7 @@ std::string interim_continue() {
   return serialize(msg, /*header_only=*/true);
 }
 
-std::string stream_head(bool chunked, bool keep_alive) {
+std::string stream_head(bool chunked, bool keep_alive, const HeaderList& extra) {
   if (!chunked && keep_alive)
     throw std::logic_error("a body that ends with the connection cannot keep it alive");
   http::response<http::empty_body> msg{http::status::ok, 11};
@@ -64,6 +67,7 @@ std::string stream_head(bool chunked, bool keep_alive) {
   msg.set(http::field::content_type, "text/event-stream; charset=utf-8");
   msg.set(http::field::cache_control, "no-cache");
   msg.set("X-Accel-Buffering", "no");  // nginx: pass events on at once
+  for (const auto& [name, value] : extra) msg.set(name, value);
   if (chunked) msg.chunked(true);
   return serialize(msg, /*header_only=*/true);
 }

@@ -22,6 +22,7 @@
 #include "net/admin_endpoint.h"
 #include "net/completion_choices.h"
 #include "net/completion_exchange.h"
+#include "net/cors.h"
 #include "net/endpoints.h"
 #include "net/http_framing.h"
 #include "service/version.h"
@@ -112,6 +113,7 @@ struct HttpServer::Impl {
         tokenizer(std::move(t)),
         model(std::move(m)),
         metrics(mx),
+        cors(opt.allowed_origins),
         nonce(std::random_device{}() * 0x100000000ull ^ std::random_device{}()),
         created(unix_now()) {}
 
@@ -130,6 +132,7 @@ struct HttpServer::Impl {
   std::optional<Tokenizer> tokenizer;
   openai::ModelLimits model;
   Metrics& metrics;
+  CorsPolicy cors;
   uint64_t nonce;
   int64_t created;
 
@@ -253,6 +256,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool keep_alive = true;
     bool chunked = true;     // a streamed body; HTTP/1.0 streams until close instead
     bool head_only = false;  // HEAD: the header a GET would have, no body
+    HeaderList cors;         // what the request's Origin is allowed (net/cors.h)
   };
 
   bool answering(uint64_t request_id) const {
@@ -354,9 +358,21 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_request() {
     const HttpServer::Options& o = server_.opt;
     const bool admin = o.faults && !o.admin_token.empty();
+    const std::string_view path = path_of(sv(req_.target()));
+    const std::string_view origin = sv(req_[http::field::origin]);
+    // Browsers may read every answer but the admin endpoints' (not for pages).
+    if (!is_admin_path(path)) reply_.cors = server_.cors.response_headers(origin);
     auto routed = route(sv(req_.method_string()), sv(req_.target()), admin);
     if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
     const Endpoint endpoint = std::get<Endpoint>(routed);
+    if (endpoint == Endpoint::Options) {
+      reply_.cors.clear();  // the preflight's answer says it all
+      const std::string methods = allowed_methods(path, admin);
+      if (is_admin_path(path)) return respond(server_.cors.preflight(path, methods, {}, {}, {}));
+      return respond(server_.cors.preflight(path, methods, origin,
+                                            sv(req_[http::field::access_control_request_method]),
+                                            sv(req_[http::field::access_control_request_headers])));
+    }
     if (server_.draining) {
       // Shutting down: no new work, and the connection does not stay.
       reply_.keep_alive = false;
@@ -522,8 +538,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void apply(const ChoicesStep& step) {
     for (uint64_t id : step.cancel) cancel(id);
     if (step.response)
-      send(http_framing::response(*step.response, reply_.keep_alive, reply_.head_only));
-    if (step.start_stream) out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive);
+      send(
+          http_framing::response(*step.response, reply_.keep_alive, reply_.head_only, reply_.cors));
+    if (step.start_stream)
+      out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive, reply_.cors);
     http_framing::append_stream_data(out_, step.events, reply_.chunked);
     if (step.end_stream) out_ += http_framing::stream_end(reply_.chunked);
     kick_writer();
@@ -532,7 +550,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void respond(const Response& r) {
-    send(http_framing::response(r, reply_.keep_alive, reply_.head_only));
+    send(http_framing::response(r, reply_.keep_alive, reply_.head_only, reply_.cors));
     phase_ = Phase::Flushing;
   }
 
@@ -804,6 +822,7 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
     case Endpoint::Tokenize:
     case Endpoint::Detokenize:
     case Endpoint::Faults:
+    case Endpoint::Options:
       throw std::logic_error("answered elsewhere");
   }
   return r;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "metrics/metrics.h"
 #include "net/fault_admin.h"
@@ -42,6 +43,9 @@ class HttpServer {
     // How /v1/chat/completions renders messages into a prompt.
     ChatTemplate chat_template = ChatTemplate::Plain;
     size_t max_connections = 1024;  // beyond: 503 and close
+    // Web pages (origins) whose scripts may read the answers: "*" for any,
+    // as vLLM and llama-server; empty for none (net/cors.h).
+    std::vector<std::string> allowed_origins = {"*"};
     // POST/GET /admin/faults: served only with both set, and only to
     // requests that carry "Authorization: Bearer <admin_token>".
     FaultAdmin* faults = nullptr;

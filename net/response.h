@@ -10,12 +10,13 @@
 
 namespace troupe {
 
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
 struct Response {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
-  std::vector<std::pair<std::string, std::string>>
-      headers;  // beyond the defaults: Allow, Retry-After
+  HeaderList headers;  // beyond the defaults: Allow, Retry-After
 };
 
 // OpenAI's error object with the error's status, and Retry-After in whole

@@ -373,8 +373,28 @@ TEST(AdminOverHttp, AbsentByDefault) {
 }
 
 TEST(AdminOverHttp, RefusedWithoutTheTokenAndTakesFaultsWithIt) {
-  test::Server s({"admin.faults=true", "admin.token=s3cret"});
+  test::Server s({"admin.faults=true", "admin.token=s3cret",
+                  R"(server.allowed_origins=["http://ui.example"])"});
   const std::string body = R"({"kind":"slow","replica":0,"factor":3,"duration_s":1})";
+  // Pages may call the API (the configured origin is echoed) but never the
+  // admin endpoints: their answers carry no CORS header, preflight included.
+  const HttpHeaders page{{"Origin", "http://ui.example"},
+                         {"Access-Control-Request-Method", "POST"}};
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/v1/models", "", 10, page)
+                .header("Access-Control-Allow-Origin"),
+            "http://ui.example");
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/v1/models", "", 10,
+                               {{"Origin", "http://other.example"}})
+                .header("Access-Control-Allow-Origin"),
+            "");
+  const HttpResponse admin_preflight =
+      test::http_request(s.port(), "OPTIONS", "/admin/faults", "", 10, page);
+  EXPECT_EQ(admin_preflight.status, 204);
+  EXPECT_EQ(admin_preflight.header("Allow"), "GET, HEAD, POST");
+  EXPECT_EQ(admin_preflight.header("Access-Control-Allow-Origin"), "");
+  EXPECT_EQ(test::http_request(s.port(), "GET", "/admin/faults", "", 10, page)
+                .header("Access-Control-Allow-Origin"),
+            "");
   EXPECT_EQ(test::http_request(s.port(), "GET", "/admin/faults").status, 401);
   EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults", body).status, 401);
   EXPECT_EQ(test::http_request(s.port(), "POST", "/admin/faults", body, 10,

@@ -1121,6 +1121,60 @@ TEST_F(HttpServerTest, HeadAndAbsoluteFormTargets) {
   EXPECT_EQ(body_json(absolute)["choices"][0]["text"], expected_text("absolute", 3));
 }
 
+// A web page's requests (CORS): the preflight a browser sends before a JSON
+// POST, then the answer, whole or streamed, carries the origin's permission;
+// with a list of origins only those are allowed, and a refused preflight
+// says why. The connection goes on after each answer.
+TEST_F(HttpServerTest, BrowserPagesArePreflightedAndAllowedByOrigin) {
+  start();
+  Client c(port_);
+  const HttpHeaders page{{"Origin", "http://localhost:3000"}};
+  const HttpResponse pre =
+      c.request("OPTIONS", "/v1/chat/completions", "",
+                {{"Origin", "http://localhost:3000"},
+                 {"Access-Control-Request-Method", "POST"},
+                 {"Access-Control-Request-Headers", "authorization,content-type"}});
+  EXPECT_EQ(pre.status, 204);
+  EXPECT_TRUE(pre.body.empty());
+  EXPECT_EQ(pre.header("Access-Control-Allow-Origin"), "*");
+  EXPECT_EQ(pre.header("Access-Control-Allow-Methods"), "POST");
+  EXPECT_EQ(pre.header("Access-Control-Allow-Headers"), "authorization,content-type");
+  const HttpResponse whole =
+      c.request("POST", "/v1/completions", completion("cors", 3).dump(), page);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(whole.header("Access-Control-Allow-Origin"), "*");
+  EXPECT_EQ(body_json(whole)["choices"][0]["text"], expected_text("cors", 3));
+  const HttpResponse streamed =
+      c.request("POST", "/v1/completions", completion("cors", 3, {{"stream", true}}).dump(), page);
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.header("Access-Control-Allow-Origin"), "*");
+  EXPECT_NE(streamed.body.find("data: [DONE]"), std::string::npos) << streamed.body;
+  const HttpResponse refused = c.request("GET", "/v1/completions", "", page);
+  EXPECT_EQ(refused.status, 405);
+  EXPECT_EQ(refused.header("Access-Control-Allow-Origin"), "*") << "pages may read errors too";
+  EXPECT_EQ(c.get("/health").header("Access-Control-Allow-Origin"), "") << "no Origin, no CORS";
+  server_.reset();
+
+  HttpServer::Options o = default_options();
+  o.allowed_origins = {"http://localhost:3000"};
+  start(o);
+  Client d(port_);
+  EXPECT_EQ(d.request("GET", "/v1/models", "", page).header("Access-Control-Allow-Origin"),
+            "http://localhost:3000");
+  const HttpResponse other =
+      d.request("GET", "/v1/models", "", {{"Origin", "http://localhost:4000"}});
+  EXPECT_EQ(other.status, 200) << "a browser hides it; the server still answers";
+  EXPECT_EQ(other.header("Access-Control-Allow-Origin"), "");
+  EXPECT_EQ(other.header("Vary"), "Origin");
+  const HttpResponse no =
+      d.request("OPTIONS", "/v1/completions", "",
+                {{"Origin", "http://localhost:4000"}, {"Access-Control-Request-Method", "POST"}});
+  EXPECT_EQ(no.status, 403);
+  EXPECT_NE(body_json(no)["error"]["message"].get<std::string>().find("http://localhost:4000"),
+            std::string::npos);
+  EXPECT_EQ(d.get("/health").status, 200);
+}
+
 // More pipelined bytes than the server reads ahead while it answers (64 KiB):
 // the watch for a disconnect stops, and nothing else may hold the connection
 // up, yet every request is answered, in order. (The session used to be

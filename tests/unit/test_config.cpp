@@ -205,6 +205,14 @@ TEST(RuntimeConfigTest, NegativeAndZeroWherePositiveRequired) {
   expect_error("server: {chat_template: llama3}\n", "server.chat_template",
                "expected one of plain, llama2, got 'llama3'");
   EXPECT_EQ(parse("server: {chat_template: llama2}\n").server.chat_template, ChatTemplate::Llama2);
+  expect_error("server: {allowed_origins: [\"http://localhost:3000/app\"]}\n",
+               "server.allowed_origins", "'http://localhost:3000/app' has a path");
+  expect_error("server: {allowed_origins: [localhost]}\n", "server.allowed_origins",
+               "'localhost' is not an origin");
+  expect_error("server: {allowed_origins: \"*\"}\n", "server.allowed_origins", "a list");
+  EXPECT_EQ(parse("server: {allowed_origins: [\"http://a:1\", \"*\"]}\n").server.allowed_origins,
+            (std::vector<std::string>{"http://a:1", "*"}));
+  EXPECT_TRUE(parse("server: {allowed_origins: []}\n").server.allowed_origins.empty());
   expect_error("supervision: {max_restarts: -2}\n", "supervision.max_restarts",
                "expected a non-negative integer, got -2");
   expect_error("supervision: {within_s: 0}\n", "supervision.within_s",

@@ -74,6 +74,21 @@ TEST(Endpoints, HeadIsGetWithoutTheBodyAndOnlyThere) {
   EXPECT_EQ(refusal("HEAD", "/nope").status, 404);
 }
 
+TEST(Endpoints, OptionsIsTakenOnEveryKnownPath) {
+  EXPECT_EQ(endpoint("OPTIONS", "/v1/chat/completions"), Endpoint::Options);
+  EXPECT_EQ(endpoint("OPTIONS", "/v1/models/fortune?x=1"), Endpoint::Options);
+  EXPECT_EQ(refusal("OPTIONS", "/nope").status, 404);
+  EXPECT_EQ(refusal("OPTIONS", "/admin/faults").status, 404) << "admin off";
+  EXPECT_EQ(std::get<Endpoint>(route("OPTIONS", "/admin/faults", true)), Endpoint::Options);
+  EXPECT_EQ(allowed_methods("/v1/completions"), "POST");
+  EXPECT_EQ(allowed_methods("/v1/models/a"), "GET, HEAD");
+  EXPECT_EQ(allowed_methods("/admin/faults"), "");
+  EXPECT_EQ(allowed_methods("/admin/faults", true), "GET, HEAD, POST");
+  EXPECT_EQ(allowed_methods("/nope"), "");
+  EXPECT_TRUE(is_admin_path("/admin/faults"));
+  EXPECT_FALSE(is_admin_path("/v1/completions"));
+}
+
 TEST(Endpoints, AbsoluteFormTargetsRouteByTheirPath) {
   EXPECT_EQ(endpoint("POST", "http://127.0.0.1:8080/v1/completions"), Endpoint::Completions);
   EXPECT_EQ(endpoint("GET", "HTTP://example.com/v1/models/a/b?x=1"), Endpoint::Model);

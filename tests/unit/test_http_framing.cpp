@@ -54,6 +54,27 @@ TEST(HttpFraming, WholeResponseHasLengthTypeAndExtraHeaders) {
   EXPECT_EQ(field(parse(response(r, false)), "Content-Type"), "text/plain");
 }
 
+// Headers every response on a request carries (CORS) come after the
+// response's own; a 204 says no length (RFC 9110 8.6) and no type when it has none.
+TEST(HttpFraming, ExtraHeadersAndNoContent) {
+  Response r;
+  r.status = 204;
+  r.content_type.clear();
+  r.headers = {{"Allow", "POST"}};
+  const std::string wire =
+      response(r, /*keep_alive=*/true, false, {{"Access-Control-Allow-Origin", "*"}});
+  EXPECT_EQ(wire.rfind("HTTP/1.1 204 No Content\r\n", 0), 0u) << wire;
+  EXPECT_EQ(wire.find("Content-Length"), std::string::npos) << wire;
+  EXPECT_EQ(wire.find("Content-Type"), std::string::npos) << wire;
+  EXPECT_LT(wire.find("Allow: POST"), wire.find("Access-Control-Allow-Origin: *")) << wire;
+  EXPECT_EQ(wire.substr(wire.size() - 4), "\r\n\r\n");
+  const std::string head = stream_head(true, true, {{"Access-Control-Allow-Origin", "*"}});
+  EXPECT_NE(head.find("\r\nAccess-Control-Allow-Origin: *\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("\r\nContent-Type: text/event-stream; charset=utf-8\r\n"),
+            std::string::npos)
+      << head;
+}
+
 TEST(HttpFraming, InterimContinue) {
   EXPECT_EQ(interim_continue(), "HTTP/1.1 100 Continue\r\n\r\n");
 }
