@@ -174,11 +174,13 @@ bool is_event_stream(const HttpResponse& res) {
   return starts_with_nocase(res.header("Content-Type"), "text/event-stream");
 }
 
-HttpClient::Options client_options(const HttpUrl& url, double timeout_s) {
+HttpClient::Options client_options(const HttpUrl& url, const ServingBenchOptions& bench) {
+  const double timeout_s = bench.timeout_s;
   HttpClient::Options o;
   o.host = url.host;
   o.port = url.port;
   o.user_agent = "troupe-bench";
+  if (!bench.api_key.empty()) o.headers = {{"Authorization", "Bearer " + bench.api_key}};
   // Each request's deadline is what bounds it; no single wait ends it sooner.
   o.connect_timeout_s = timeout_s;
   o.io_timeout_s = timeout_s;
@@ -281,7 +283,7 @@ void probe_server(const HttpUrl& url, const ServingBenchOptions& o, ServingBench
   res.model = o.model;
   res.vocab = o.vocab;
   res.vocab_source = "option";
-  HttpClient c(client_options(url, o.timeout_s));
+  HttpClient c(client_options(url, o));
   HttpRequest models;
   models.target = api_root(url) + "/models";
   const HttpResponse answer =
@@ -328,7 +330,7 @@ void run_closed_loop(const HttpUrl& url, const ServingBenchOptions& o, const std
   threads.reserve(size_t(workers));
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
-      HttpClient c(client_options(url, o.timeout_s));
+      HttpClient c(client_options(url, o));
       c.connect(Clock::now() + to_duration(std::min(o.timeout_s, 30.0)));
       connected.arrive_and_wait();
       for (int i = next++; i < o.requests; i = next++) {
@@ -358,7 +360,7 @@ void run_open_loop(const HttpUrl& url, const ServingBenchOptions& o, const std::
   std::vector<std::thread> workers;
 
   const auto worker = [&] {
-    HttpClient c(client_options(url, o.timeout_s));
+    HttpClient c(client_options(url, o));
     std::unique_lock lock(m);
     for (;;) {
       ++idle;

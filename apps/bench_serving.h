@@ -82,7 +82,8 @@ struct ServingBenchOptions {
   int vocab = 2000;  // used when GET /v1/models does not say
   double timeout_s = 300;
   uint64_t seed = 0;
-  std::string model;  // the request's "model"; default: the first of /v1/models
+  std::string model;    // the request's "model"; default: the first of /v1/models
+  std::string api_key;  // sent as "Authorization: Bearer <api_key>" when not empty
 };
 
 // Throws std::invalid_argument naming the offending option.

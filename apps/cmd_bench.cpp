@@ -1,5 +1,6 @@
 // `troupe bench`: engine mode measures the forward pass on this machine;
 // serving mode (--url) loads a running server over HTTP.
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -41,6 +42,7 @@ void run_serving(const BenchOptions& o) {
                        " is an engine-mode option; serving mode (--url) does not use it");
   auto so = o.serving;
   so.prompt_len = o.prompt_len;
+  if (const char* env = std::getenv("TROUPE_API_KEY"); so.api_key.empty() && env) so.api_key = env;
   serving_bench::ServingBenchResult r;
   try {
     r = serving_bench::run_serving_bench(so);
@@ -259,6 +261,9 @@ void register_bench(CLI::App& app) {
   so.push_back(
       cmd->add_option("--served-model", s.model,
                       "Serving: the request's \"model\" (default: the first of GET /v1/models)"));
+  so.push_back(cmd->add_option("--api-key", s.api_key,
+                               "Serving: sent as \"Authorization: Bearer KEY\" (default: the "
+                               "TROUPE_API_KEY environment variable)"));
   cmd->callback([o] { run_bench(*o); });
 }
 

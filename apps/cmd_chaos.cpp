@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -33,6 +34,7 @@ struct ChaosFlags {
   std::string json;
   std::string attach;
   std::string admin_token;
+  std::string api_key;
   std::string run_dir;
   double sample_every_s = 0;
   bool quiet = false;
@@ -55,6 +57,8 @@ void check_flags(const ChaosFlags& f) {
     throw UsageError(
         "--admin-token is for --attach (a deployment troupe chaos starts gets a "
         "fresh token)");
+  if (f.attach.empty() && !f.api_key.empty())
+    throw UsageError("--api-key is for --attach (a deployment troupe chaos starts needs none)");
 }
 
 std::filesystem::path own_executable() {
@@ -167,6 +171,9 @@ void run_chaos_command(const ChaosFlags& f) {
   o.sample_every_s = f.given_sample_every ? f.sample_every_s : (f.soak ? 60 : 10);
   o.attach = f.attach;
   o.admin_token = f.admin_token;
+  o.api_key = f.api_key;
+  // A deployment started here inherits it too, so its clients need it then.
+  if (const char* env = std::getenv("TROUPE_API_KEY"); o.api_key.empty() && env) o.api_key = env;
   if (!o.attach.empty() && o.admin_token.empty())
     throw UsageError("--attach needs --admin-token (the deployment's admin.token)");
   // Everything the plan asks that can be checked is checked before
@@ -267,6 +274,9 @@ void register_chaos(CLI::App& app) {
                   "Use a running deployment (http://HOST:PORT, admin.faults on) instead of "
                   "starting one: only runtime and HTTP faults");
   cmd->add_option("--admin-token", f->admin_token, "--attach: the deployment's admin.token");
+  cmd->add_option("--api-key", f->api_key,
+                  "--attach: the deployment's server.api_key, if it has one (default: the "
+                  "TROUPE_API_KEY environment variable)");
   cmd->add_option("--run-dir", f->run_dir, "Where the processes' logs go (default: a temp dir)");
   cmd->add_option("--sample-every", f->sample_every_s,
                   "Seconds between resource samples (default 10; 60 with --soak)");

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "actors/runtime.h"
@@ -109,6 +110,10 @@ void run_serve(const ServeOptions& so) {
   ho.io_threads = cfg.server.io_threads;
   ho.chat_template = cfg.server.chat_template;
   ho.allowed_origins = cfg.server.allowed_origins;
+  ho.api_key = cfg.server.api_key;
+  if (const char* env = std::getenv("TROUPE_API_KEY"); ho.api_key.empty() && env) ho.api_key = env;
+  if (!ho.api_key.empty())
+    spdlog::info("the model's endpoints need \"Authorization: Bearer <the API key>\"");
   if (cfg.admin.faults) {
     ho.faults = &runtime;
     ho.admin_token = cfg.admin.token;

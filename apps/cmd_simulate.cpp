@@ -432,6 +432,8 @@ class ServerProcess {
     if (!admin_token.empty())
       args.insert(args.end(),
                   {"--set", "admin.faults=true", "--set", "admin.token=" + admin_token});
+    // Its own API key, whatever the config or the environment would give it.
+    args.insert(args.end(), {"--set", "server.api_key=" + api_key_});
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
     posix_spawn_file_actions_t actions;
@@ -477,6 +479,7 @@ class ServerProcess {
     close(fd_);
   }
   const std::string& url() const { return url_; }
+  const std::string& api_key() const { return api_key_; }
 
  private:
   // Reads stderr until `count` lines contain `needle`; returns the last.
@@ -507,6 +510,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int fd_ = -1;
   std::string url_, log_;
+  std::string api_key_ = fresh_admin_token();
   std::thread drain_;
 };
 
@@ -517,7 +521,7 @@ class ServerProcess {
 void slow_real_replicas(const ServerProcess& server, const std::string& token,
                         const std::vector<double>& slowdown) {
   const serving_bench::HttpUrl url = serving_bench::parse_http_url(server.url());
-  const ServerEndpoint admin{url.host, url.port, token};
+  const ServerEndpoint admin{url.host, url.port, token, server.api_key()};
   for (size_t r = 0; r < slowdown.size(); ++r) {
     if (slowdown[r] == 1) continue;
     const nlohmann::json body{
@@ -672,6 +676,7 @@ void run_validate(const SimulateOptions& o) {
     ServerProcess server(o, policy, pc.parallel.replicas, token);
     if (!so.slowdown.empty()) slow_real_replicas(server, token, so.slowdown);
     bo.url = server.url();
+    bo.api_key = server.api_key();
     for (double rate : rates) {
       bo.rate = rate;
       simulated[rate][policy] = simulate_bench(so, models, bo);
@@ -818,6 +823,7 @@ void run_calibrate(const SimulateOptions& o) {
   for (int i = 0; i < 2; ++i) {
     serving_bench::ServingBenchOptions bo;
     bo.url = server.url();
+    bo.api_key = server.api_key();
     bo.concurrency = clients[i];
     bo.requests = int(loop_of(clients[i]).requests);
     bo.prompt_len = o.prompt_len;
@@ -844,6 +850,7 @@ void run_calibrate(const SimulateOptions& o) {
   // which a closed loop's waiting client never does.
   const std::vector<sim::StepCostModel> with_steps{sim::StepCostModel(grid)};
   serving_bench::ServingBenchOptions bo = open_loop(o, server.url());
+  bo.api_key = server.api_key();
   bo.requests = std::clamp(bo.requests, 60, 200);
   bo.seed = o.workload.seed + 1;  // not the validation's arrivals
   bo.rate = 0.5 * simulated_capacity(so, with_steps, o.prompt_len, o.output_len);

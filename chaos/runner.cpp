@@ -312,6 +312,11 @@ class Run {
   }
   std::string pick_node(const FaultPlan& p, uint64_t pick);
   ClientFaults claim_client_fault(bool stream, Tracked** who);
+  // What the workload's requests carry when the server needs an API key.
+  HttpHeaders api_key_header() const {
+    if (http_.api_key.empty()) return {};
+    return {{"Authorization", "Bearer " + http_.api_key}};
+  }
 
   const ChaosOptions& o_;
   ChaosPlan plan_;
@@ -349,6 +354,7 @@ ChaosRun Run::go() {
     deployment_ = std::make_unique<Deployment>(plan_, o_.exe, o_.run_dir);
     http_.port = std::to_string(deployment_->http_port());
     http_.token = deployment_->admin_token();
+    http_.api_key = o_.api_key;
     replicas_ = deployment_->replicas();
   } else {
     const std::string a = o_.attach.substr(
@@ -357,6 +363,7 @@ ChaosRun Run::go() {
     http_.host = a.substr(0, colon);
     http_.port = a.substr(colon + 1, a.find('/', colon) - colon - 1);
     http_.token = o_.admin_token;
+    http_.api_key = o_.api_key;
     const MetricsView m = read_metrics(http_);
     if (!m.ok)
       throw std::runtime_error("GET " + o_.attach + "/metrics failed: is it a troupe serve?");
@@ -471,6 +478,7 @@ void Run::baseline(const Workload& w) {
           HttpClient::Options opt;
           opt.host = http_.host;
           opt.port = http_.port;
+          opt.headers = api_key_header();
           return opt;
         }());
         for (size_t i; (i = next++) < first.size();) {
@@ -552,6 +560,7 @@ void Run::load(const Workload& w) {
         HttpClient::Options opt;
         opt.host = http_.host;
         opt.port = http_.port;
+        opt.headers = api_key_header();
         opt.io_timeout_s = wp.deadline_s;
         HttpClient client(opt);
         HttpClient::Options slow_opt = opt;

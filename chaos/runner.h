@@ -26,6 +26,7 @@ struct ChaosOptions {
   // then only runtime and HTTP faults can be injected.
   std::string attach;
   std::string admin_token;     // attach: its admin.token
+  std::string api_key;         // the server's API key, if it needs one
   double duration_s = 0;       // > 0: load for this long (requests repeat), not a request count
   double sample_every_s = 30;  // resources of every process, this often
   std::function<void(const std::string&)> log;  // progress lines

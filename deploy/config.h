@@ -47,6 +47,10 @@ struct ServerSection {
   double shutdown_grace_s = 5;
   // How /v1/chat/completions renders messages into a prompt (plain, llama2).
   ChatTemplate chat_template = ChatTemplate::Plain;
+  // Not empty: the model's endpoints (/v1/*, /tokenize, /detokenize) need
+  // `Authorization: Bearer <api_key>` (vLLM's --api-key). Empty: the
+  // TROUPE_API_KEY environment variable, if set, when troupe serve starts.
+  std::string api_key;
   // Web pages whose scripts may call the API from a browser (CORS): "*" for
   // any, as vLLM and llama-server; [] for none.
   std::vector<std::string> allowed_origins = {"*"};

@@ -17,7 +17,8 @@ HttpResponse ServerEndpoint::call(const std::string& method, const std::string& 
   r.target = target;
   r.body = body;
   r.keep_alive = false;
-  if (!token.empty()) r.headers.emplace_back("Authorization", "Bearer " + token);
+  const std::string& secret = target.starts_with("/admin/") ? token : api_key;
+  if (!secret.empty()) r.headers.emplace_back("Authorization", "Bearer " + secret);
   return c.request(r);
 }
 

@@ -11,7 +11,8 @@ namespace troupe {
 struct ServerEndpoint {
   std::string host = "127.0.0.1";
   std::string port;
-  std::string token;  // sent as `Authorization: Bearer TOKEN` when not empty
+  std::string token;    // /admin/ paths: sent as `Authorization: Bearer TOKEN` when not empty
+  std::string api_key;  // every other path: the same with the server's API key
 
   HttpResponse call(const std::string& method, const std::string& target,
                     const std::string& body = "", double timeout_s = 10) const;

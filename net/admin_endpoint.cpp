@@ -3,19 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include "faults/fault_json.h"
+#include "net/bearer_auth.h"
 
 namespace troupe {
 
 namespace {
-
-// Compares without stopping at the first difference, so that the time taken
-// does not tell how much of a guess was right.
-bool same_secret(std::string_view given, std::string_view token) {
-  if (token.empty() || given.size() != token.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ token[i]);
-  return diff == 0;
-}
 
 // The key a refusal is about, for the error's `param`: refusals start with
 // it ("factor: must be above 1"), or name an unknown one ("unknown key 'x'").
@@ -37,19 +29,10 @@ std::string refused_key(const std::string& why) {
 
 Response answer_faults(FaultAdmin& admin, const std::string& token, std::string_view method,
                        std::string_view authorization, std::string_view body) {
-  constexpr std::string_view kBearer = "Bearer ";
-  const bool bearer = authorization.substr(0, kBearer.size()) == kBearer;
-  if (!bearer || !same_secret(authorization.substr(kBearer.size()), token)) {
-    openai::ApiError e = openai::bad_request(
-        bearer ? "The admin token is wrong."
-               : "The admin endpoints need \"Authorization: Bearer <admin.token>\".",
-        {}, "unauthorized");
-    e.status = 401;
-    e.type = "authentication_error";
-    Response r = error_response(e);
-    r.headers.emplace_back("WWW-Authenticate", "Bearer");
-    return r;
-  }
+  static const BearerRefusal kRefusal{
+      "The admin endpoints need \"Authorization: Bearer <admin.token>\".",
+      "The admin token is wrong.", "unauthorized"};
+  if (auto refused = refuse_bearer(authorization, token, kRefusal)) return *refused;
   Response r;
   // HEAD is a GET without the body (the server drops it): never an injection.
   if (method == "GET" || method == "HEAD") {

@@ -35,6 +35,13 @@ inline constexpr std::string_view kModelPathPrefix = "/v1/models/";
 inline bool generates(Endpoint e) {
   return e == Endpoint::Completions || e == Endpoint::ChatCompletions;
 }
+// The endpoints server.api_key guards: the model's (as OpenAI's /v1/*, and
+// vLLM's tokenizer). Probes, metrics and the version stay open, and the
+// admin endpoints have their own token.
+inline bool needs_api_key(Endpoint e) {
+  return generates(e) || e == Endpoint::Models || e == Endpoint::Model || e == Endpoint::Tokenize ||
+         e == Endpoint::Detokenize;
+}
 inline bool generates_path(std::string_view path) {
   return path == kCompletionsPath || path == kChatCompletionsPath;
 }

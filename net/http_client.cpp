@@ -158,6 +158,7 @@ struct HttpClient::Impl {
       req.body() = r.body;
       req.prepare_payload();
     }
+    for (const auto& [name, value] : opt.headers) req.set(name, value);
     for (const auto& [name, value] : r.headers) req.set(name, value);
     return req;
   }

@@ -69,6 +69,9 @@ class HttpClient {
     std::string port = "80";
     std::string host_header;  // "": http_authority(host, port)
     std::string user_agent = "troupe";
+    // Sent with every request (an API key's Authorization); a request's own
+    // header of the same name replaces one.
+    HttpHeaders headers;
     double connect_timeout_s = 10;
     // The longest wait for any one read or write: a silent server fails the
     // request after this, however long its deadline.

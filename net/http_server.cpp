@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "net/admin_endpoint.h"
+#include "net/bearer_auth.h"
 #include "net/completion_choices.h"
 #include "net/completion_exchange.h"
 #include "net/cors.h"
@@ -372,6 +373,16 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond(server_.cors.preflight(path, methods, origin,
                                             sv(req_[http::field::access_control_request_method]),
                                             sv(req_[http::field::access_control_request_headers])));
+    }
+    if (!o.api_key.empty() && needs_api_key(endpoint)) {
+      static const BearerRefusal kRefusal{
+          "You didn't provide an API key. You need to provide your API key in an Authorization "
+          "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+          "Incorrect API key provided.", "invalid_api_key"};
+      if (auto refused = refuse_bearer(sv(req_[http::field::authorization]), o.api_key, kRefusal)) {
+        if (generates(endpoint)) server_.metrics.request_finished(refused->status);
+        return respond(*refused);
+      }
     }
     if (server_.draining) {
       // Shutting down: no new work, and the connection does not stay.

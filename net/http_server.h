@@ -46,6 +46,10 @@ class HttpServer {
     // Web pages (origins) whose scripts may read the answers: "*" for any,
     // as vLLM and llama-server; empty for none (net/cors.h).
     std::vector<std::string> allowed_origins = {"*"};
+    // Not empty: the model's endpoints (needs_api_key in net/endpoints.h)
+    // answer only requests that carry "Authorization: Bearer <api_key>",
+    // others get 401 (OpenAI's invalid_api_key).
+    std::string api_key;
     // POST/GET /admin/faults: served only with both set, and only to
     // requests that carry "Authorization: Bearer <admin_token>".
     FaultAdmin* faults = nullptr;

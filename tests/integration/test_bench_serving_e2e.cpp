@@ -30,6 +30,7 @@ struct FakeConfig {
   bool models_404 = false;  // no /v1/models at all
   double stall_s = 0;       // before the first byte of a completion
   int max_model_len = 0;    // in /v1/models; 0 = not advertised
+  std::string api_key;      // not empty: requests without "Bearer <api_key>" get 401
 };
 
 // Answers /v1/completions with a fixed SSE stream written in small uneven
@@ -52,6 +53,10 @@ class FakeServer {
   using Connection = test::ScriptedServer::Connection;
 
   bool answer(const Request& req, Connection& c) {
+    if (!cfg_.api_key.empty() && req.header("Authorization") != "Bearer " + cfg_.api_key) {
+      c.respond(401, R"({"error":{"message":"Incorrect API key provided."}})", {}, req.keep_alive);
+      return true;
+    }
     if (req.target == "/v1/models") {
       json models = {{"object", "list"}, {"data", {{{"id", "fake-model"}, {"object", "model"}}}}};
       if (cfg_.vocab > 0) models["data"][0]["vocab_size"] = cfg_.vocab;
@@ -287,6 +292,22 @@ TEST(BenchServingEndToEnd, NoModelsEndpointFallsBackToOptions) {
   EXPECT_EQ(r.vocab, 10);
   EXPECT_EQ(r.vocab_source, "option");
   for (const auto& b : server.bodies()) EXPECT_EQ(b["model"], "chosen");
+}
+
+// A server that needs an API key: without it every request is a 401 (and
+// /v1/models says nothing), with it the run completes against the server's model.
+TEST(BenchServingEndToEnd, ApiKeyIsSentAsABearerToken) {
+  FakeConfig cfg;
+  cfg.api_key = "k-123";
+  FakeServer server(cfg);
+  auto o = closed_loop(server.url(), 2, 4);
+  const auto refused = run_serving_bench(o);
+  EXPECT_EQ(refused.completed, 0);
+  EXPECT_EQ(refused.model, "");
+  o.api_key = "k-123";
+  const auto r = run_serving_bench(o);
+  EXPECT_EQ(r.completed, 4);
+  EXPECT_EQ(r.model, "fake-model");
 }
 
 TEST(BenchServingEndToEnd, PromptOverTheAdvertisedContextIsRefusedUpFront) {

@@ -445,6 +445,26 @@ TEST(AdminOverHttp, AttachingWithAWrongTokenIsRefusedBeforeTheLoad) {
   EXPECT_NE(attach(off.port(), "s3cret").find("fault injection off"), std::string::npos);
 }
 
+// A running deployment that needs an API key: attached with it (and the
+// admin token), the fault-free pass, the load and the fault all go through.
+TEST(AdminOverHttp, AttachingToADeploymentWithAnApiKey) {
+  test::Server s({"admin.faults=true", "admin.token=s3cret", "server.api_key=k-42"});
+  const fs::path plan = write_plan("attach-key.yaml",
+                                   "workload: {requests: 24, distinct: 6, max_tokens: 8}\n"
+                                   "faults: [{at_s: 0.2, kind: slow, replica: 0, factor: 2, "
+                                   "duration_s: 1}]\n");
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.port());
+  const ChaosResult r =
+      run_chaos(plan, {"--attach", url, "--admin-token", "s3cret", "--api-key", "k-42",
+                       "--duration", "2"});
+  ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
+  EXPECT_EQ(r.exit_code, 0) << r.report["failures"].dump() << "\n" << r.stderr_text;
+  EXPECT_GT(r.report["counts"]["requests"].get<int>(), 0);
+  const ChaosResult refused = run_chaos(plan, {"--attach", url, "--admin-token", "s3cret"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.stderr_text.find("401"), std::string::npos) << refused.stderr_text;
+}
+
 TEST(AdminOverHttp, FaultsWithoutATokenAreRefusedAtStart) {
   const test::Refusal r = test::serve_until_exit({"admin.faults=true"});
   EXPECT_NE(r.exit_code, 0);

@@ -1175,6 +1175,48 @@ TEST_F(HttpServerTest, BrowserPagesArePreflightedAndAllowedByOrigin) {
   EXPECT_EQ(d.get("/health").status, 200);
 }
 
+// server.api_key: the model's endpoints answer only requests that carry the
+// key (OpenAI's 401 invalid_api_key otherwise, counted like any refusal);
+// probes, metrics and a browser's preflight need none.
+TEST_F(HttpServerTest, TheApiKeyGuardsTheModelsEndpoints) {
+  HttpServer::Options o = default_options();
+  o.api_key = "sk-local-1";
+  start(o);
+  Client c(port_);
+  const HttpHeaders key{{"Authorization", "Bearer sk-local-1"}};
+  const HttpResponse none = c.post("/v1/completions", completion("key", 3));
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(none.header("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(body_json(none)["error"]["code"], "invalid_api_key");
+  const HttpResponse wrong = c.request("POST", "/v1/completions", completion("key", 3).dump(),
+                                       {{"Authorization", "Bearer sk-local-2"}});
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_EQ(body_json(wrong)["error"]["message"], "Incorrect API key provided.");
+  EXPECT_EQ(fake_.submitted_count(), 0u) << "nothing reaches the service without the key";
+  const HttpResponse ok = c.request("POST", "/v1/completions", completion("key", 3).dump(), key);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(body_json(ok)["choices"][0]["text"], expected_text("key", 3));
+  const HttpResponse chat = c.request(
+      "POST", "/v1/chat/completions",
+      json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}}.dump(), key);
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  for (const char* path : {"/v1/models", "/v1/models/fortune"}) {
+    EXPECT_EQ(c.get(path).status, 401) << path;
+    EXPECT_EQ(c.request("GET", path, "", key).status, 200) << path;
+  }
+  EXPECT_EQ(c.request("POST", "/tokenize", R"({"prompt":"a"})").status, 401);
+  EXPECT_EQ(c.request("POST", "/tokenize", R"({"prompt":"a"})", key).status, 200);
+  EXPECT_EQ(c.request("POST", "/detokenize", R"({"tokens":[1]})").status, 401);
+  for (const char* open : {"/health", "/ready", "/version", "/metrics"})
+    EXPECT_EQ(c.get(open).status, 200) << open;
+  EXPECT_EQ(c.request("OPTIONS", "/v1/completions", "",
+                      {{"Origin", "http://x"}, {"Access-Control-Request-Method", "POST"}})
+                .status,
+            204);
+  const std::string text = c.get("/metrics").body;
+  EXPECT_EQ(metric(text, "troupe_requests_total{status=\"401\"}"), 2) << text;
+}
+
 // More pipelined bytes than the server reads ahead while it answers (64 KiB):
 // the watch for a disconnect stops, and nothing else may hold the connection
 // up, yet every request is answered, in order. (The session used to be

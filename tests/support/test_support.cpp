@@ -17,6 +17,12 @@
 
 namespace troupe::test {
 
+namespace {
+// The servers the tests start (and their clients) use no API key: one in the
+// developer's environment (TROUPE_API_KEY) must not turn every request into a 401.
+[[maybe_unused]] const bool kNoApiKeyFromTheEnvironment = unsetenv("TROUPE_API_KEY") == 0;
+}  // namespace
+
 // The environment wins over the build's paths, so that test binaries built
 // on one machine can run from another checkout (the GPU check does).
 std::filesystem::path source_dir() {

@@ -213,6 +213,8 @@ TEST(RuntimeConfigTest, NegativeAndZeroWherePositiveRequired) {
   EXPECT_EQ(parse("server: {allowed_origins: [\"http://a:1\", \"*\"]}\n").server.allowed_origins,
             (std::vector<std::string>{"http://a:1", "*"}));
   EXPECT_TRUE(parse("server: {allowed_origins: []}\n").server.allowed_origins.empty());
+  EXPECT_EQ(parse("server: {api_key: sk-1}\n").server.api_key, "sk-1");
+  EXPECT_EQ(default_config().server.api_key, "") << "no key unless asked for";
   expect_error("supervision: {max_restarts: -2}\n", "supervision.max_restarts",
                "expected a non-negative integer, got -2");
   expect_error("supervision: {within_s: 0}\n", "supervision.within_s",
@@ -494,7 +496,8 @@ TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
 Config everything_changed() {
   Config c;
   c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, "true"};
-  c.server = {"[::1]:0", 4096, 0.5, 100, 4};
+  c.server = {"[::1]:0", 4096, 0.5, 100, 4, 7, ChatTemplate::Llama2, "sk-x: y",
+              {"http://localhost:3000", "https://a.example"}};
   c.parallel = {2, 3, 1};
   c.devices.clear();
   for (int i = 0; i < 6; ++i)

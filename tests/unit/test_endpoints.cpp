@@ -89,6 +89,15 @@ TEST(Endpoints, OptionsIsTakenOnEveryKnownPath) {
   EXPECT_FALSE(is_admin_path("/v1/completions"));
 }
 
+TEST(Endpoints, TheApiKeyGuardsTheModelsEndpointsOnly) {
+  for (Endpoint e : {Endpoint::Completions, Endpoint::ChatCompletions, Endpoint::Models,
+                     Endpoint::Model, Endpoint::Tokenize, Endpoint::Detokenize})
+    EXPECT_TRUE(needs_api_key(e)) << int(e);
+  for (Endpoint e : {Endpoint::Health, Endpoint::Ready, Endpoint::Version, Endpoint::Metrics,
+                     Endpoint::Faults, Endpoint::Options})
+    EXPECT_FALSE(needs_api_key(e)) << int(e);
+}
+
 TEST(Endpoints, AbsoluteFormTargetsRouteByTheirPath) {
   EXPECT_EQ(endpoint("POST", "http://127.0.0.1:8080/v1/completions"), Endpoint::Completions);
   EXPECT_EQ(endpoint("GET", "HTTP://example.com/v1/models/a/b?x=1"), Endpoint::Model);
