@@ -110,6 +110,7 @@ void run_serve(const ServeOptions& so) {
   ho.io_threads = cfg.server.io_threads;
   ho.chat_template = cfg.server.chat_template;
   ho.allowed_origins = cfg.server.allowed_origins;
+  ho.access_log = cfg.server.access_log;
   ho.api_key = cfg.server.api_key;
   if (const char* env = std::getenv("TROUPE_API_KEY"); ho.api_key.empty() && env) ho.api_key = env;
   if (!ho.api_key.empty())

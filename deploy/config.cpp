@@ -109,7 +109,8 @@ const Fields<Config>& config_fields() {
         .add("chat_template", &ServerSection::chat_template,
              schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}))
         .add("api_key", &ServerSection::api_key, schema::optional_text())
-        .add("allowed_origins", &ServerSection::allowed_origins, origin_list_kind());
+        .add("allowed_origins", &ServerSection::allowed_origins, origin_list_kind())
+        .add("access_log", &ServerSection::access_log, schema::boolean());
 
     Fields<ParallelLayout> parallel;
     parallel.flow()

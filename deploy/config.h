@@ -54,6 +54,9 @@ struct ServerSection {
   // Web pages whose scripts may call the API from a browser (CORS): "*" for
   // any, as vLLM and llama-server; [] for none.
   std::vector<std::string> allowed_origins = {"*"};
+  // One info line per answered request: client, request, status, time, and
+  // a completion's token counts and time to its first token.
+  bool access_log = false;
   bool operator==(const ServerSection&) const = default;
 };
 

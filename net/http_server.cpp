@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "net/access_log.h"
 #include "net/admin_endpoint.h"
 #include "net/bearer_auth.h"
 #include "net/completion_choices.h"
@@ -54,6 +55,15 @@ constexpr size_t kMaxPipelinedBytes = 64 * 1024;  // read ahead while a request 
 // millisecond); longer ones on the tokenizing thread.
 constexpr size_t kTokenizeInlineBytes = 1024;
 constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr size_t kLoggedTargetBytes = 256;  // of a request's target, in the access log
+
+std::string peer_of(const tcp::socket& socket) {
+  beast::error_code ec;
+  const tcp::endpoint e = socket.remote_endpoint(ec);
+  if (ec) return "-";
+  const std::string ip = e.address().to_string();
+  return (e.address().is_v6() ? "[" + ip + "]" : ip) + ":" + std::to_string(e.port());
+}
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -168,7 +178,10 @@ namespace {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl& server)
-      : server_(server), stream_(std::move(socket)), write_timer_(stream_.get_executor()) {}
+      : server_(server),
+        peer_(peer_of(socket)),
+        stream_(std::move(socket)),
+        write_timer_(stream_.get_executor()) {}
 
   ~Session() {
     end_flight();
@@ -255,9 +268,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // How the current response goes on the wire.
   struct Reply {
     bool keep_alive = true;
-    bool chunked = true;     // a streamed body; HTTP/1.0 streams until close instead
-    bool head_only = false;  // HEAD: the header a GET would have, no body
-    HeaderList cors;         // what the request's Origin is allowed (net/cors.h)
+    bool chunked = true;           // a streamed body; HTTP/1.0 streams until close instead
+    bool head_only = false;        // HEAD: the header a GET would have, no body
+    HeaderList cors;               // what the request's Origin is allowed (net/cors.h)
+    std::string request_line;      // "POST /v1/completions", for the access log
+    Clock::time_point received{};  // when its header was read
   };
 
   bool answering(uint64_t request_id) const {
@@ -284,6 +299,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (phase_ == Phase::Closed) return;
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
+    reply_.received = Clock::now();
+    if (server_.opt.access_log)
+      reply_.request_line = std::string(sv(req.method_string())) + " " +
+                            std::string(sv(req.target()).substr(0, kLoggedTargetBytes));
     if (auto len = parser_->content_length(); len && *len > server_.opt.max_body_bytes)
       return on_read_error(http::error::body_limit);
     // An HTTP/1.0 client knows no interim responses: its expectation is
@@ -557,12 +576,27 @@ class Session : public std::enable_shared_from_this<Session> {
     if (step.end_stream) out_ += http_framing::stream_end(reply_.chunked);
     kick_writer();
     if (step.ends_response()) phase_ = Phase::Flushing;
-    if (step.finished) record(*step.finished, server_.metrics);
+    if (step.finished) finished(*step.finished);
   }
 
   void respond(const Response& r) {
     send(http_framing::response(r, reply_.keep_alive, reply_.head_only, reply_.cors));
     phase_ = Phase::Flushing;
+    log_access(r.status, nullptr);
+  }
+
+  // A completion ended (answered, failed, or left by its client).
+  void finished(const ExchangeFigures& f) {
+    record(f, server_.metrics);
+    log_access(f.status, &f);
+  }
+
+  void log_access(int status, const ExchangeFigures* f) {
+    if (!server_.opt.access_log) return;
+    const double s = reply_.received == Clock::time_point{}
+                         ? 0
+                         : std::chrono::duration<double>(Clock::now() - reply_.received).count();
+    spdlog::info("access: {}", access_line({peer_, reply_.request_line, status, s, f}));
   }
 
   // Every choice still running at the service.
@@ -582,7 +616,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void client_gone() {
     if (phase_ == Phase::Answering) {
       cancel_service();
-      record(active_->abandon(), server_.metrics);
+      finished(active_->abandon());
     }
     close();
   }
@@ -778,6 +812,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   HttpServer::Impl& server_;
+  const std::string peer_;  // "ip:port", for the access log
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

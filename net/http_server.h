@@ -50,6 +50,8 @@ class HttpServer {
     // answer only requests that carry "Authorization: Bearer <api_key>",
     // others get 401 (OpenAI's invalid_api_key).
     std::string api_key;
+    // One info line per answered request (net/access_log.h).
+    bool access_log = false;
     // POST/GET /admin/faults: served only with both set, and only to
     // requests that carry "Authorization: Bearer <admin_token>".
     FaultAdmin* faults = nullptr;

@@ -2,6 +2,8 @@
 // real fortune tokenizer, driven by the shared HTTP client. Every client
 // operation has a timeout, so a hung server fails a test instead of hanging it.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1215,6 +1217,44 @@ TEST_F(HttpServerTest, TheApiKeyGuardsTheModelsEndpoints) {
             204);
   const std::string text = c.get("/metrics").body;
   EXPECT_EQ(metric(text, "troupe_requests_total{status=\"401\"}"), 2) << text;
+}
+
+// server.access_log: one line per answered request, completions with their
+// figures, errors too; none without it.
+TEST_F(HttpServerTest, AccessLogHasALinePerRequest) {
+  std::ostringstream out;
+  const auto previous = spdlog::default_logger();
+  auto logger = std::make_shared<spdlog::logger>(
+      "access-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
+  spdlog::set_default_logger(logger);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+  HttpServer::Options o = default_options();
+  o.access_log = true;
+  start(o);
+  Client c(port_);
+  ASSERT_EQ(c.post("/v1/completions", completion("logged", 4)).status, 200);
+  ASSERT_EQ(c.post("/v1/completions", completion("logged", 3, {{"stream", true}})).status, 200);
+  ASSERT_EQ(c.get("/nope").status, 404);
+  server_.reset();
+  const std::string log = out.str();
+  const int prompt = int(fortune().encode("logged", true).size());
+  EXPECT_NE(log.find("\"POST /v1/completions\" 200 "), std::string::npos) << log;
+  EXPECT_NE(log.find("prompt " + std::to_string(prompt) + ", completion 4 tokens, first token "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("completion 3 tokens"), std::string::npos) << log;
+  EXPECT_NE(log.find("\"GET /nope\" 404 "), std::string::npos) << log;
+  EXPECT_NE(log.find("access: 127.0.0.1:"), std::string::npos) << log;
+
+  out.str("");
+  start();  // the default: no access log
+  Client d(port_);
+  ASSERT_EQ(d.post("/v1/completions", completion("quiet", 2)).status, 200);
+  server_.reset();
+  EXPECT_EQ(out.str().find("access:"), std::string::npos) << out.str();
 }
 
 // More pipelined bytes than the server reads ahead while it answers (64 KiB):

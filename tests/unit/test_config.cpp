@@ -496,8 +496,16 @@ TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
 Config everything_changed() {
   Config c;
   c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, "true"};
-  c.server = {"[::1]:0", 4096, 0.5, 100, 4, 7, ChatTemplate::Llama2, "sk-x: y",
-              {"http://localhost:3000", "https://a.example"}};
+  c.server = {"[::1]:0",
+              4096,
+              0.5,
+              100,
+              4,
+              7,
+              ChatTemplate::Llama2,
+              "sk-x: y",
+              {"http://localhost:3000", "https://a.example"},
+              true};
   c.parallel = {2, 3, 1};
   c.devices.clear();
   for (int i = 0; i < 6; ++i)
