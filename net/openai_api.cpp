@@ -587,9 +587,12 @@ ChatRole parse_role(const json& message, const std::string& where) {
 }
 
 // A string, or an array of {"type": "text", "text": "..."} parts joined by "\n".
-std::string parse_content(const json& message, const std::string& where) {
+// An assistant's may be null or absent (OpenAI's own answers carry null
+// beside tool calls; vLLM takes it as empty): then "".
+std::string parse_content(const json& message, const std::string& where, bool optional) {
   const std::string name = where + ".content";
   const json* v = field(message, "content");
+  if (!v && optional) return {};
   if (!v) fail(openai::quoted(name) + " is required.", name);
   if (v->is_string()) return v->get<std::string>();
   if (!v->is_array()) wrong_type(name, "a string or an array of text parts", *v);
@@ -627,7 +630,7 @@ std::vector<ChatMessage> parse_messages(const json& body) {
       if (field(m, calls)) unsupported(where + "." + calls);
     ChatMessage message;
     message.role = parse_role(m, where);
-    message.content = parse_content(m, where);
+    message.content = parse_content(m, where, message.role == ChatRole::Assistant);
     messages.push_back(std::move(message));
   }
   return messages;

@@ -988,6 +988,19 @@ TEST(OpenAiChatParse, WithoutATokenizerTheMessagesAreRefused) {
   EXPECT_EQ(e.param, "messages");
 }
 
+// An assistant turn's content may be null or absent (as OpenAI's own
+// answers beside tool calls, and vLLM takes it): an empty turn. Tool calls
+// themselves are still refused.
+TEST(OpenAiChatParse, AnAssistantsContentMayBeNull) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"hi"},
+      {"role":"assistant","content":null},{"role":"assistant"},{"role":"user","content":"again"}]})");
+  EXPECT_EQ(*p.prompt_text, "User: hi\nAssistant: \nAssistant: \nUser: again\nAssistant:");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[]}]})").param,
+            "messages[0].tool_calls");
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":5}]})").param,
+            "messages[0].content");
+}
+
 TEST(OpenAiChatParse, BadMessagesNameTheField) {
   EXPECT_EQ(chat_err(R"({})").param, "messages");
   EXPECT_EQ(chat_err(R"({"messages":"hi"})").param, "messages");
