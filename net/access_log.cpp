@@ -13,6 +13,7 @@ std::string access_line(const AccessRecord& r) {
         fmt::format(", prompt {}, completion {} tokens", f->prompt_tokens, f->completion_tokens);
     if (f->ttft_s) line += fmt::format(", first token {:.1f} ms", *f->ttft_s * 1e3);
   }
+  if (!r.request_id.empty()) line.append(", id ").append(r.request_id);
   return line;
 }
 

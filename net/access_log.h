@@ -16,10 +16,11 @@ struct AccessRecord {
   int status = 0;
   double seconds = 0;                        // from the request's header to its answer
   const ExchangeFigures* figures = nullptr;  // a completion's, when it ran
+  std::string_view request_id;               // its X-Request-Id ("" when none)
 };
 
 // 127.0.0.1:53422 "POST /v1/completions" 200 210.5 ms, prompt 12, completion
-// 32 tokens, first token 12.3 ms
+// 32 tokens, first token 12.3 ms, id cmpl-...
 std::string access_line(const AccessRecord& r);
 
 }  // namespace troupe

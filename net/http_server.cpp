@@ -57,6 +57,17 @@ constexpr size_t kTokenizeInlineBytes = 1024;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr size_t kLoggedTargetBytes = 256;  // of a request's target, in the access log
 
+// A client's X-Request-Id as we repeat it (in the response, its id, the
+// log): up to 128 of [A-Za-z0-9._:-], else not used at all.
+std::string request_tag(std::string_view given) {
+  if (given.empty() || given.size() > 128) return {};
+  for (char c : given)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+          c == '-'))
+      return {};
+  return std::string(given);
+}
+
 std::string peer_of(const tcp::socket& socket) {
   beast::error_code ec;
   const tcp::endpoint e = socket.remote_endpoint(ec);
@@ -270,7 +281,8 @@ class Session : public std::enable_shared_from_this<Session> {
     bool keep_alive = true;
     bool chunked = true;           // a streamed body; HTTP/1.0 streams until close instead
     bool head_only = false;        // HEAD: the header a GET would have, no body
-    HeaderList cors;               // what the request's Origin is allowed (net/cors.h)
+    HeaderList extra;              // on every response to it: CORS (net/cors.h), X-Request-Id
+    std::string request_tag;       // the client's X-Request-Id, when it sent a usable one
     std::string request_line;      // "POST /v1/completions", for the access log
     Clock::time_point received{};  // when its header was read
   };
@@ -381,12 +393,14 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view path = path_of(sv(req_.target()));
     const std::string_view origin = sv(req_[http::field::origin]);
     // Browsers may read every answer but the admin endpoints' (not for pages).
-    if (!is_admin_path(path)) reply_.cors = server_.cors.response_headers(origin);
+    if (!is_admin_path(path)) reply_.extra = server_.cors.response_headers(origin);
+    reply_.request_tag = request_tag(sv(req_["X-Request-Id"]));
+    if (!reply_.request_tag.empty()) reply_.extra.emplace_back("X-Request-Id", reply_.request_tag);
     auto routed = route(sv(req_.method_string()), sv(req_.target()), admin);
     if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
     const Endpoint endpoint = std::get<Endpoint>(routed);
     if (endpoint == Endpoint::Options) {
-      reply_.cors.clear();  // the preflight's answer says it all
+      reply_.extra.clear();  // the preflight's answer says it all
       const std::string methods = allowed_methods(path, admin);
       if (is_admin_path(path)) return respond(server_.cors.preflight(path, methods, {}, {}, {}));
       return respond(server_.cors.preflight(path, methods, origin,
@@ -527,8 +541,11 @@ class Session : public std::enable_shared_from_this<Session> {
                         : (tok ? tok->decode(ids) : std::string());
       c.echo_ids = ids;
     }
-    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api), unix_now(),
-                              limits.name, api};
+    // A client's X-Request-Id names the response, as vLLM does ("cmpl-<id>"),
+    // so that its logs and ours meet; otherwise the id says it.
+    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api, reply_.request_tag),
+                              unix_now(), limits.name, api};
+    if (reply_.request_tag.empty()) reply_.extra.emplace_back("X-Request-Id", meta.id);
     std::vector<CompletionRequest> requests;
     for (size_t i = 0; i < answers; ++i) {
       // A seed that differs per request and per process, without a lock.
@@ -568,10 +585,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void apply(const ChoicesStep& step) {
     for (uint64_t id : step.cancel) cancel(id);
     if (step.response)
-      send(
-          http_framing::response(*step.response, reply_.keep_alive, reply_.head_only, reply_.cors));
+      send(http_framing::response(*step.response, reply_.keep_alive, reply_.head_only,
+                                  reply_.extra));
     if (step.start_stream)
-      out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive, reply_.cors);
+      out_ += http_framing::stream_head(reply_.chunked, reply_.keep_alive, reply_.extra);
     http_framing::append_stream_data(out_, step.events, reply_.chunked);
     if (step.end_stream) out_ += http_framing::stream_end(reply_.chunked);
     kick_writer();
@@ -580,7 +597,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void respond(const Response& r) {
-    send(http_framing::response(r, reply_.keep_alive, reply_.head_only, reply_.cors));
+    send(http_framing::response(r, reply_.keep_alive, reply_.head_only, reply_.extra));
     phase_ = Phase::Flushing;
     log_access(r.status, nullptr);
   }
@@ -596,7 +613,11 @@ class Session : public std::enable_shared_from_this<Session> {
     const double s = reply_.received == Clock::time_point{}
                          ? 0
                          : std::chrono::duration<double>(Clock::now() - reply_.received).count();
-    spdlog::info("access: {}", access_line({peer_, reply_.request_line, status, s, f}));
+    const std::string* id = nullptr;
+    for (const auto& [name, value] : reply_.extra)
+      if (name == "X-Request-Id") id = &value;
+    spdlog::info("access: {}",
+                 access_line({peer_, reply_.request_line, status, s, f, id ? *id : ""}));
   }
 
   // Every choice still running at the service.

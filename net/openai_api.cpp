@@ -977,7 +977,8 @@ size_t prompt_text_bytes(const CompletionParams& p) {
   return bytes;
 }
 
-std::string completion_id(uint64_t nonce, uint64_t request_id, Api api) {
+std::string completion_id(uint64_t nonce, uint64_t request_id, Api api, std::string_view tag) {
+  if (!tag.empty()) return std::string(api == Api::Chat ? "chatcmpl-" : "cmpl-").append(tag);
   char buf[48];
   std::snprintf(buf, sizeof buf, "%s-%016llx%016llx", api == Api::Chat ? "chatcmpl" : "cmpl",
                 static_cast<unsigned long long>(nonce),

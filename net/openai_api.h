@@ -165,7 +165,9 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens, 
 
 // "cmpl-" (a chat: "chatcmpl-") + 32 hex digits: a per-process random nonce
 // and the request id, so ids are unique across restarts without coordination.
-std::string completion_id(uint64_t nonce, uint64_t request_id, Api api = Api::Completions);
+// With a `tag` (the client's X-Request-Id): "cmpl-<tag>" (chat: "chatcmpl-<tag>").
+std::string completion_id(uint64_t nonce, uint64_t request_id, Api api = Api::Completions,
+                          std::string_view tag = {});
 
 // "stop" or "length"; Cancelled has no OpenAI name and is never reported.
 const char* finish_reason_name(FinishReason r);

@@ -1219,6 +1219,39 @@ TEST_F(HttpServerTest, TheApiKeyGuardsTheModelsEndpoints) {
   EXPECT_EQ(metric(text, "troupe_requests_total{status=\"401\"}"), 2) << text;
 }
 
+// X-Request-Id, as vLLM and OpenAI: a client's id names the response
+// ("cmpl-<id>") and comes back in the header; without one (or with one that
+// is not a plain token) the header carries the response's own id.
+TEST_F(HttpServerTest, RequestIdsComeBackAndNameTheResponse) {
+  start();
+  Client c(port_);
+  const HttpResponse tagged = c.request("POST", "/v1/completions", completion("id", 2).dump(),
+                                        {{"X-Request-Id", "trace-42.a_b:c"}});
+  ASSERT_EQ(tagged.status, 200);
+  EXPECT_EQ(tagged.header("X-Request-Id"), "trace-42.a_b:c");
+  EXPECT_EQ(body_json(tagged)["id"], "cmpl-trace-42.a_b:c");
+  const HttpResponse chat = c.request("POST", "/v1/chat/completions",
+                                      json{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                           {"max_tokens", 2},
+                                           {"stream", true}}
+                                          .dump(),
+                                      {{"X-Request-Id", "t1"}});
+  ASSERT_EQ(chat.status, 200);
+  EXPECT_EQ(chat.header("X-Request-Id"), "t1");
+  EXPECT_NE(chat.body.find("\"id\":\"chatcmpl-t1\""), std::string::npos) << chat.body;
+  const HttpResponse plain = c.post("/v1/completions", completion("id", 2));
+  EXPECT_EQ(plain.header("X-Request-Id"), body_json(plain)["id"]);
+  for (const std::string& bad : {std::string("has space"), std::string(129, 'x')}) {
+    const HttpResponse r =
+        c.request("POST", "/v1/completions", completion("id", 2).dump(), {{"X-Request-Id", bad}});
+    EXPECT_EQ(r.header("X-Request-Id"), body_json(r)["id"]) << bad;
+    EXPECT_EQ(body_json(r)["id"].get<std::string>().find(bad), std::string::npos) << bad;
+  }
+  EXPECT_EQ(c.request("GET", "/health", "", {{"X-Request-Id", "probe-1"}}).header("X-Request-Id"),
+            "probe-1");
+  EXPECT_EQ(c.get("/health").header("X-Request-Id"), "");
+}
+
 // server.access_log: one line per answered request, completions with their
 // figures, errors too; none without it.
 TEST_F(HttpServerTest, AccessLogHasALinePerRequest) {
@@ -1248,6 +1281,7 @@ TEST_F(HttpServerTest, AccessLogHasALinePerRequest) {
   EXPECT_NE(log.find("completion 3 tokens"), std::string::npos) << log;
   EXPECT_NE(log.find("\"GET /nope\" 404 "), std::string::npos) << log;
   EXPECT_NE(log.find("access: 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find(", id cmpl-"), std::string::npos) << log;
 
   out.str("");
   start();  // the default: no access log
