@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -115,6 +116,12 @@ class ConfigReader {
 // Refuses features this runtime's Llama does not implement, rather than
 // silently computing something else.
 void check_supported(const ConfigReader& c) {
+  // Other architectures share Llama's key names (Qwen2's bias terms, Qwen3's
+  // and OLMo2's extra norms, Gemma's scaled embeddings) and would load as
+  // Llama, wrongly.
+  if (const json* v = c.get("model_type");
+      v && !(v->is_string() && (*v == "llama" || *v == "mistral")))
+    c.unsupported("model_type", *v, "only the Llama architecture (llama, mistral) is implemented");
   if (const json* v = c.get("rope_scaling"))
     c.unsupported("rope_scaling", *v, "only plain RoPE is implemented; it must be null");
   if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
@@ -146,6 +153,21 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
+  // Mistral's sliding window: attention sees only the last `window`
+  // positions, which the full attention here computes alike only while the
+  // context fits in it; so the context is cut to the window.
+  if (const json* w = c.get("sliding_window"); w && c.boolean("use_sliding_window", true)) {
+    const int window = c.integer("sliding_window");
+    if (window <= 0)
+      fail(path, "\"sliding_window\" must be positive or null, got " + std::to_string(window));
+    if (window < cfg.max_seq_len) {
+      spdlog::warn(
+          "{}: sliding_window {} is below max_position_embeddings {}; serving a context "
+          "of {} (sliding-window attention is not implemented)",
+          path.string(), window, cfg.max_seq_len, window);
+      cfg.max_seq_len = window;
+    }
+  }
   try {
     cfg.validate(path.string());
   } catch (const std::invalid_argument& e) {
@@ -171,7 +193,8 @@ class WeightSource {
   }
 
   // The tensor `name`, after checking that its shape is `expected`.
-  Tensor get(const std::string& name, const std::vector<int64_t>& expected) const {
+  Tensor get(const std::string& name, const std::vector<int64_t>& expected) {
+    read_.insert(name);
     const SafetensorsFile& file = file_for(name);
     const Tensor* t = file.find(name);
     if (!t) {
@@ -183,6 +206,21 @@ class WeightSource {
       fail(file.path, "tensor '" + name + "' has shape " + t->shape_str() + ", expected " +
                           shape_text(expected) + " from config.json");
     return *t;
+  }
+
+  // Every tensor of the checkpoint was read but those that change nothing
+  // (`ignorable`): one that is not would hold a part of the model (a bias, a
+  // norm) this runtime does not compute, and its answers would be wrong.
+  template <class Ignorable>
+  void check_all_read(Ignorable ignorable) const {
+    for (const auto& [rel, file] : files_)
+      for (const auto& [name, tensor] : file.tensors) {
+        if (read_.count(name) || ignorable(name)) continue;
+        fail(file.path, "tensor '" + name +
+                            "' is no part of the Llama model this runtime computes (a bias, an "
+                            "extra norm or another architecture's weight), so its answers would "
+                            "be wrong");
+      }
   }
 
  private:
@@ -226,9 +264,10 @@ class WeightSource {
   fs::path index_path_;  // empty for a single-file checkpoint
   std::map<std::string, std::string> weight_map_;
   std::map<std::string, SafetensorsFile> files_;  // by name relative to the directory
+  std::set<std::string> read_;                    // the tensors get() was asked for
 };
 
-LayerTensors load_layer(const WeightSource& w, const ModelConfig& c, int i) {
+LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
   const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
   LayerTensors l;
@@ -256,12 +295,18 @@ Checkpoint load_hf_dir(const fs::path& dir) {
   ck.source = dir;
   ck.config = parse_config(config_path);
   const ModelConfig& c = ck.config;
-  const WeightSource weights(dir);
+  WeightSource weights(dir);
   ck.tok_embedding = weights.get("model.embed_tokens.weight", {c.vocab_size, c.dim});
   for (int i = 0; i < c.n_layers; ++i) ck.layers.push_back(load_layer(weights, c, i));
   ck.final_norm = weights.get("model.norm.weight", {c.dim});
   ck.classifier =
       c.tied_classifier ? ck.tok_embedding : weights.get("lm_head.weight", {c.vocab_size, c.dim});
+  // Older exports saved RoPE's frequencies (recomputed here); a tied model
+  // may still carry its classifier's copy of the embedding.
+  weights.check_all_read([&](const std::string& name) {
+    return name.ends_with(".rotary_emb.inv_freq") ||
+           (c.tied_classifier && name == "lm_head.weight");
+  });
   if (fs::is_regular_file(dir / "tokenizer.model")) ck.tokenizer_path = dir / "tokenizer.model";
   spdlog::debug("{}: loaded Hugging Face checkpoint ({} layers)", dir.string(), c.n_layers);
   return ck;

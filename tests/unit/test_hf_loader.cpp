@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -260,6 +261,38 @@ TEST(HfLoader, TiedClassifierIsTheEmbedding) {
   EXPECT_EQ(ck.classifier.shape(), (std::vector<int64_t>{16, 8}));
 }
 
+// What changes nothing loads: RoPE's saved frequencies, a tied model's copy
+// of its classifier.
+TEST(HfLoader, TensorsThatChangeNothingAreIgnored) {
+  TempDir dir;
+  json cfg = tiny_config();
+  cfg["tie_word_embeddings"] = true;
+  cfg["model_type"] = "llama";
+  NamedTensors ts = tiny_tensors(cfg);  // lm_head.weight kept
+  ts.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", filled({2}, DType::F32, 99));
+  write_model(dir.path(), cfg, ts);
+  const Checkpoint ck = load_hf_dir(dir.path());
+  EXPECT_EQ(ck.classifier.raw(), ck.tok_embedding.raw());
+}
+
+// Mistral's sliding window: the context is cut to it (full attention is the
+// same only within it); null, off, or no smaller than the context: unchanged.
+TEST(HfLoader, ASlidingWindowBoundsTheContext) {
+  TempDir dir;
+  const auto context = [&](const json& window, std::optional<bool> use = std::nullopt) {
+    json cfg = tiny_config();
+    cfg["model_type"] = "mistral";
+    cfg["sliding_window"] = window;
+    if (use) cfg["use_sliding_window"] = *use;
+    write_model(dir.path(), cfg, tiny_tensors(cfg));
+    return load_hf_dir(dir.path()).config.max_seq_len;
+  };
+  EXPECT_EQ(context(16), 16);
+  EXPECT_EQ(context(nullptr), 32);
+  EXPECT_EQ(context(4096), 32);
+  EXPECT_EQ(context(16, false), 32);
+}
+
 TEST(HfLoader, HalfPrecisionWeightsKeepTheirDtype) {
   for (DType dtype : {DType::F16, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -372,6 +405,26 @@ TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
       mentions(with("hidden_act", "gelu"), {config_file(), "hidden_act", "gelu", "not supported"}));
   EXPECT_TRUE(
       mentions(with("attention_bias", true), {config_file(), "attention_bias", "not supported"}));
+}
+
+// Other architectures name their tensors as Llama does: refused by their
+// model_type, or by a tensor Llama has not (it would be silently ignored).
+TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
+  for (const char* type : {"qwen2", "gemma", "qwen3"})
+    EXPECT_TRUE(mentions(with("model_type", type),
+                         {config_file(), "model_type", type, "not supported", "llama, mistral"}))
+        << type;
+  NamedTensors ts = tiny_tensors(tiny_config());
+  ts.emplace_back("model.layers.1.self_attn.q_proj.bias", filled({8}, DType::F32, 77));
+  write_model(dir_.path(), tiny_config(), ts);
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {weights_file(), "model.layers.1.self_attn.q_proj.bias", "wrong"}));
+  ts = tiny_tensors(tiny_config());
+  ts.emplace_back("model.layers.0.self_attn.q_norm.weight", filled({4}, DType::F32, 78));
+  write_model(dir_.path(), tiny_config(), ts);
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {"model.layers.0.self_attn.q_norm.weight"}));
+  EXPECT_TRUE(mentions(with("sliding_window", 0), {config_file(), "sliding_window"}));
 }
 
 TEST_F(HfLoaderBadInput, InconsistentDimensions) {
