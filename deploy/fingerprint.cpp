@@ -44,6 +44,11 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
                 c.max_seq_len, c.bos_id, int(c.rope), int(c.tied_classifier)})
     f.value(v);
   f.value(c.rope_theta);
+  f.value(int(c.rope_scaling.kind));
+  for (float v :
+       {c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor})
+    f.value(v);
+  f.value(c.rope_scaling.original_max_position);
   f.value(c.norm_eps);
   for (int e : c.eos_ids) f.value(e);
   f.value(int(weight_dtype));

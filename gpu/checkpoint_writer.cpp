@@ -23,7 +23,17 @@ nlohmann::json hf_config(const ModelConfig& c, DType dtype) {
   j["max_position_embeddings"] = c.max_seq_len;
   j["rms_norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = nullptr;
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.kind == RopeScaling::Kind::None)
+    j["rope_scaling"] = nullptr;
+  else if (rs.kind == RopeScaling::Kind::Linear)
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rs.factor}};
+  else
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rs.factor},
+                         {"low_freq_factor", rs.low_freq_factor},
+                         {"high_freq_factor", rs.high_freq_factor},
+                         {"original_max_position_embeddings", rs.original_max_position}};
   j["tie_word_embeddings"] = c.tied_classifier;
   j["hidden_act"] = "silu";
   j["bos_token_id"] = c.bos_id;

@@ -174,7 +174,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
       weight_dtype_(weight_dtype),
       tokenizer_path_(ckpt.tokenizer_path),
       source_(ckpt.source),
-      rope_(ckpt.config.max_seq_len, ckpt.config.head_dim, ckpt.config.rope_theta) {
+      rope_(ckpt.config.max_seq_len, ckpt.config.head_dim, ckpt.config.rope_theta,
+            ckpt.config.rope_scaling) {
   config_.validate(ckpt.source.string());
   dims_ = shard_dims(config_, shard);
   const ShardDims& d = dims_;

@@ -1,10 +1,34 @@
 #include "gpu/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
 namespace troupe {
+
+std::vector<float> rope_frequencies(int head_dim, float theta, const RopeScaling& s) {
+  std::vector<float> freq(size_t(head_dim / 2));
+  // In float, the order transformers uses, so the rotations are its own.
+  constexpr float kTwoPi = 6.283185307179586f;
+  for (size_t i = 0; i < freq.size(); ++i) {
+    float f = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
+    if (s.kind == RopeScaling::Kind::Linear) f /= s.factor;
+    if (s.kind == RopeScaling::Kind::Llama3) {
+      const float old_len = float(s.original_max_position);
+      const float wavelen = kTwoPi / f;
+      if (wavelen > old_len / s.low_freq_factor) {
+        f /= s.factor;
+      } else if (!(wavelen < old_len / s.high_freq_factor)) {
+        const float smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+    freq[i] = f;
+  }
+  return freq;
+}
 
 void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& what) { throw std::invalid_argument(source + ": " + what); };
@@ -27,6 +51,15 @@ void ModelConfig::validate(const std::string& source) const {
          " does not divide the number of heads " + std::to_string(n_heads));
   if (head_dim % 2 != 0) fail("head_dim " + std::to_string(head_dim) + " must be even for RoPE");
   if (!(rope_theta > 0)) fail("rope_theta must be positive");
+  if (rope_scaling.kind != RopeScaling::Kind::None && !(rope_scaling.factor >= 1))
+    fail("rope_scaling.factor must be at least 1");
+  if (rope_scaling.kind == RopeScaling::Kind::Llama3 &&
+      !(rope_scaling.low_freq_factor > 0 &&
+        rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+        rope_scaling.original_max_position > 0))
+    fail(
+        "rope_scaling (llama3) needs 0 < low_freq_factor < high_freq_factor and a positive "
+        "original_max_position_embeddings");
   if (!(norm_eps > 0)) fail("rms_norm_eps must be positive");
   // Guard against absurd sizes that would overflow index arithmetic. In
   // double: q_dim() is an int product that absurd head counts overflow, and

@@ -19,6 +19,23 @@ inline size_t kv_bytes_per_token(int layers, int kv_dim, DType kv = DType::F32) 
   return size_t(layers) * 2 * size_t(kv_dim) * dtype_size(kv);
 }
 
+// RoPE stretched for a longer context than the model was trained on
+// (config.json's rope_scaling), as transformers computes it.
+struct RopeScaling {
+  enum class Kind { None, Linear, Llama3 };
+  Kind kind = Kind::None;
+  float factor = 1;  // Linear: positions / factor; Llama3: low frequencies / factor
+  // Llama3: wavelengths over original_max_position / low_freq_factor are
+  // scaled, under original_max_position / high_freq_factor kept, and those
+  // between blended.
+  float low_freq_factor = 1, high_freq_factor = 4;
+  int original_max_position = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// RoPE's head_dim / 2 rotation frequencies: theta^(-2i / head_dim), scaled.
+std::vector<float> rope_frequencies(int head_dim, float theta, const RopeScaling& scaling = {});
+
 struct ModelConfig {
   int dim = 0;         // hidden size
   int hidden_dim = 0;  // FFN intermediate size
@@ -29,6 +46,7 @@ struct ModelConfig {
   int vocab_size = 0;
   int max_seq_len = 0;  // context length
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
   float norm_eps = 1e-5f;
   bool tied_classifier = true;
   RopeLayout rope = RopeLayout::Interleaved;

@@ -88,13 +88,14 @@ void attend_head(const float* q, int hd, float scale, const PagedKv& kv, size_t 
   attend_tile(tile, hd, scale, kv, head_off, nullptr);
 }
 
-RopeTable::RopeTable(int max_pos, int head_dim, float theta) : half_(head_dim / 2) {
+RopeTable::RopeTable(int max_pos, int head_dim, float theta, const RopeScaling& scaling)
+    : half_(head_dim / 2) {
   cos_.resize(size_t(max_pos) * size_t(half_));
   sin_.resize(cos_.size());
+  const std::vector<float> freq = rope_frequencies(head_dim, theta, scaling);
   for (int pos = 0; pos < max_pos; ++pos) {
     for (int i = 0; i < half_; ++i) {
-      const float freq = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
-      const float val = float(pos) * freq;
+      const float val = float(pos) * freq[size_t(i)];
       cos_[size_t(pos) * size_t(half_) + size_t(i)] = std::cos(val);
       sin_[size_t(pos) * size_t(half_) + size_t(i)] = std::sin(val);
     }

@@ -44,7 +44,7 @@ void attend_tile(const HeadTile& tile, int head_dim, float scale, const PagedKv&
 class RopeTable {
  public:
   RopeTable() = default;
-  RopeTable(int max_pos, int head_dim, float theta);
+  RopeTable(int max_pos, int head_dim, float theta, const RopeScaling& scaling = {});
   const float* cos(int pos) const { return cos_.data() + size_t(pos) * size_t(half_); }
   const float* sin(int pos) const { return sin_.data() + size_t(pos) * size_t(half_); }
   int half() const { return half_; }

@@ -92,7 +92,8 @@ DeviceForward::DeviceForward(const Checkpoint& ckpt, DType dtype, const ShardDim
   }
   try {
     weights_ = weight_plan.upload(ckpt, pool_);
-    const kernels::RopeTable rope(model_.max_seq_len, model_.head_dim, model_.rope_theta);
+    const kernels::RopeTable rope(model_.max_seq_len, model_.head_dim, model_.rope_theta,
+                                  model_.rope_scaling);
     const size_t half = size_t(model_.max_seq_len) * size_t(rope.half());
     check(
         cudaMemcpy(at<float>(buf_.rope), rope.cos(0), half * sizeof(float), cudaMemcpyHostToDevice),

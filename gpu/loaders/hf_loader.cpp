@@ -122,12 +122,36 @@ void check_supported(const ConfigReader& c) {
   if (const json* v = c.get("model_type");
       v && !(v->is_string() && (*v == "llama" || *v == "mistral")))
     c.unsupported("model_type", *v, "only the Llama architecture (llama, mistral) is implemented");
-  if (const json* v = c.get("rope_scaling"))
-    c.unsupported("rope_scaling", *v, "only plain RoPE is implemented; it must be null");
   if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
     c.unsupported("hidden_act", *v, "only silu is implemented");
   for (const char* key : {"attention_bias", "mlp_bias"})
     if (c.boolean(key, false)) c.unsupported(key, true, "bias terms are not implemented");
+}
+
+// rope_scaling: null, linear (positions / factor) or llama3 (Llama 3.1's
+// frequency-dependent stretch); others (dynamic, yarn, longrope) are refused.
+RopeScaling parse_rope_scaling(const fs::path& path, const ConfigReader& c) {
+  const json* v = c.get("rope_scaling");
+  if (!v) return {};
+  if (!v->is_object()) c.unsupported("rope_scaling", *v, "it must be an object or null");
+  const ConfigReader r(path, *v);
+  const json* type = r.get("rope_type");
+  if (!type) type = r.get("type");  // the older key
+  const std::string kind = type && type->is_string() ? type->get<std::string>() : "";
+  RopeScaling s;
+  if (kind == "default") return s;
+  if (kind == "linear") {
+    s.kind = RopeScaling::Kind::Linear;
+  } else if (kind == "llama3") {
+    s.kind = RopeScaling::Kind::Llama3;
+    s.low_freq_factor = r.number("low_freq_factor", s.low_freq_factor);
+    s.high_freq_factor = r.number("high_freq_factor", s.high_freq_factor);
+    s.original_max_position = r.integer("original_max_position_embeddings");
+  } else {
+    c.unsupported("rope_scaling", *v, "only linear and llama3 scaling are implemented");
+  }
+  s.factor = r.number("factor", 0);
+  return s;
 }
 
 ModelConfig parse_config(const fs::path& path) {
@@ -149,6 +173,7 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.max_seq_len = c.integer("max_position_embeddings", 2048);
   cfg.norm_eps = c.number("rms_norm_eps", 1e-6f);
   cfg.rope_theta = c.number("rope_theta", 10000.0f);
+  cfg.rope_scaling = parse_rope_scaling(path, c);
   cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});

@@ -293,6 +293,30 @@ TEST(HfLoader, ASlidingWindowBoundsTheContext) {
   EXPECT_EQ(context(16, false), 32);
 }
 
+// rope_scaling: linear and llama3 (under either key), "default" as null.
+TEST(HfLoader, ReadsRopeScaling) {
+  TempDir dir;
+  const auto scaling = [&](const json& rs) {
+    json cfg = tiny_config();
+    cfg["rope_scaling"] = rs;
+    write_model(dir.path(), cfg, tiny_tensors(cfg));
+    return load_hf_dir(dir.path()).config.rope_scaling;
+  };
+  const RopeScaling linear = scaling({{"type", "linear"}, {"factor", 4.0}});
+  EXPECT_EQ(linear.kind, RopeScaling::Kind::Linear);
+  EXPECT_EQ(linear.factor, 4.0f);
+  const RopeScaling llama3 = scaling({{"rope_type", "llama3"},
+                                      {"factor", 32.0},
+                                      {"low_freq_factor", 1.0},
+                                      {"high_freq_factor", 4.0},
+                                      {"original_max_position_embeddings", 8192}});
+  EXPECT_EQ(llama3.kind, RopeScaling::Kind::Llama3);
+  EXPECT_EQ(llama3.factor, 32.0f);
+  EXPECT_EQ(llama3.high_freq_factor, 4.0f);
+  EXPECT_EQ(llama3.original_max_position, 8192);
+  EXPECT_EQ(scaling({{"rope_type", "default"}}).kind, RopeScaling::Kind::None);
+}
+
 TEST(HfLoader, HalfPrecisionWeightsKeepTheirDtype) {
   for (DType dtype : {DType::F16, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -399,8 +423,13 @@ TEST_F(HfLoaderBadInput, MissingRequiredKey) {
 }
 
 TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
-  EXPECT_TRUE(mentions(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}),
-                       {config_file(), "rope_scaling", "not supported"}));
+  for (const char* kind : {"dynamic", "yarn", "longrope"})
+    EXPECT_TRUE(mentions(with("rope_scaling", {{"rope_type", kind}, {"factor", 2.0}}),
+                         {config_file(), "rope_scaling", kind, "not supported"}))
+        << kind;
+  EXPECT_TRUE(mentions(with("rope_scaling", {{"rope_type", "linear"}}), {"factor"}));
+  EXPECT_TRUE(mentions(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}),
+                       {"original_max_position_embeddings"}));
   EXPECT_TRUE(
       mentions(with("hidden_act", "gelu"), {config_file(), "hidden_act", "gelu", "not supported"}));
   EXPECT_TRUE(

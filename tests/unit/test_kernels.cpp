@@ -138,6 +138,39 @@ TEST(Kernels, RopeLayoutsRotateTheirPairs) {
   EXPECT_EQ(z, v);
 }
 
+// RoPE scaling as transformers computes it. Llama 3.1's (factor 8, low 1,
+// high 4, original context 8192, theta 500000, head 128): high frequencies
+// kept, low ones / 8, those between blended; the expected values are
+// transformers' formula in double.
+TEST(Kernels, RopeScalingStretchesTheFrequencies) {
+  const std::vector<float> plain = rope_frequencies(128, 500000.0f);
+  ASSERT_EQ(plain.size(), 64u);
+  RopeScaling llama3;
+  llama3.kind = RopeScaling::Kind::Llama3;
+  llama3.factor = 8;
+  llama3.low_freq_factor = 1;
+  llama3.high_freq_factor = 4;
+  llama3.original_max_position = 8192;
+  const std::vector<float> scaled = rope_frequencies(128, 500000.0f, llama3);
+  const std::pair<int, double> expected[] = {{0, 1.0},
+                                             {20, 0.016560440080994446},
+                                             {30, 0.0013718935677611381},
+                                             {40, 3.428102195952591e-05},
+                                             {63, 3.068925988914511e-07}};
+  for (const auto& [i, want] : expected) EXPECT_NEAR(scaled[size_t(i)], want, want * 2e-6) << i;
+  EXPECT_EQ(scaled[20], plain[20]) << "high frequencies are kept exactly";
+  // Linear: position p of the scaled table is position p / factor of the plain one.
+  RopeScaling linear;
+  linear.kind = RopeScaling::Kind::Linear;
+  linear.factor = 2;
+  const kernels::RopeTable stretched(64, 16, 10000.0f, linear), table(64, 16, 10000.0f);
+  for (int pos : {0, 2, 10, 62})
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(stretched.cos(pos)[i], table.cos(pos / 2)[i]) << pos << " " << i;
+      EXPECT_EQ(stretched.sin(pos)[i], table.sin(pos / 2)[i]) << pos << " " << i;
+    }
+}
+
 TEST(DTypes, ConversionsRoundTrip) {
   for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.1035e-05f, 5.96e-08f, 3.14159f}) {
     EXPECT_NEAR(f16_to_f32(f32_to_f16(f)), f, std::fabs(f) * 1e-3 + 6e-8) << f;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/checkpoint_writer.h"
 #include "gpu/generate.h"
 #include "gpu/kv_cache.h"
 #include "gpu/synth_model.h"
@@ -63,6 +64,29 @@ TEST(Fortune, HfAndLlama2cCheckpointsGiveTheSameLogitsAndIds) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
   EXPECT_EQ(greedy(*hf, {1, 450}, 48), greedy(*l2c, {1, 450}, 48));
+}
+
+// RoPE scaling reaches the model through config.json (a checkpoint written
+// and read back) and changes a prompt's logits, but not those of a lone
+// token at position 0, which no scaling rotates. (That the rotations are
+// the stretched ones: Kernels.RopeScalingStretchesTheFrequencies.)
+TEST(RopeScaling, ScaledModelRotatesByTheStretchedPositions) {
+  ModelConfig c = synth_preset("tiny");
+  c.rope = RopeLayout::RotateHalf;
+  const Checkpoint plain = synth_checkpoint(c, 3, DType::F32);
+  Checkpoint scaled = plain;
+  scaled.config.rope_scaling.kind = RopeScaling::Kind::Linear;
+  scaled.config.rope_scaling.factor = 2;
+  test::TempDir dir;
+  write_hf_checkpoint(scaled, dir.path());
+  const Checkpoint back = load_checkpoint(dir.path());
+  EXPECT_EQ(back.config.rope_scaling, scaled.config.rope_scaling);
+  const Model a(plain, DType::F32), b(back, DType::F32);
+  const std::vector<int> prompt{1, 5, 9, 13, 7, 3};
+  const std::vector<float> la = last_logits(a, prompt), lb = last_logits(b, prompt);
+  EXPECT_NE(la, lb) << "the scaling must change the rotations";
+  // One token: position 0 rotates by nothing either way.
+  EXPECT_EQ(last_logits(a, {1}), last_logits(b, {1}));
 }
 
 TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
