@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "metrics/process_metrics.h"
+
 namespace troupe {
 
 namespace {
@@ -173,6 +175,10 @@ void Metrics::add_prompt_tokens(int64_t n) {
 
 void Metrics::add_generation_tokens(int64_t n) {
   if (n > 0) generation_tokens_->inc(double(n));
+}
+
+std::string Metrics::render() const {
+  return registry_.render() + render_process_figures(read_process_figures());
 }
 
 }  // namespace troupe

@@ -61,7 +61,8 @@ class Metrics {
 
   // For metrics a component wants beyond the pre-declared ones.
   MetricsRegistry& registry() { return registry_; }
-  std::string render() const { return registry_.render(); }
+  // The registry, then the process's own figures (metrics/process_metrics.h).
+  std::string render() const;
 
  private:
   // What the router and the supervisor said of a replica.
