@@ -54,9 +54,11 @@ double open_fds() {
 }  // namespace
 
 ProcessFigures read_process_figures() {
-  std::ifstream in("/proc/self/stat");
   std::string stat;
-  std::getline(in, stat);
+  {
+    std::ifstream in("/proc/self/stat");  // closed before the descriptors are counted
+    std::getline(in, stat);
+  }
   static const double boot = boot_time_s();
   ProcessFigures f =
       parse_proc_stat(stat, double(sysconf(_SC_CLK_TCK)), double(sysconf(_SC_PAGESIZE)), boot)
