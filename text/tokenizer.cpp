@@ -10,6 +10,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace troupe {
 
@@ -17,6 +18,20 @@ struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
   std::string name;  // the file, for error messages
   int vocab = 0;
+  // The special tokens' spellings ("<s>", "</s>", "<unk>") and ids: in a
+  // text they stand for those tokens, as Hugging Face's tokenizers and
+  // llama.cpp read them.
+  std::vector<std::pair<std::string, int>> specials;
+
+  // ids += the plain text's tokens (SentencePiece's own encoding).
+  void encode_plain(std::string_view text, std::vector<int>& ids) const {
+    if (text.empty()) return;
+    std::vector<int> part;
+    const auto status = sp.Encode(text, &part);
+    if (!status.ok())
+      throw std::runtime_error("tokenizer: encoding failed (" + name + "): " + status.ToString());
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
 };
 
 namespace {
@@ -155,15 +170,37 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   if (impl->vocab <= 0) {
     throw std::runtime_error("tokenizer: '" + impl->name + "' has an empty vocabulary");
   }
+  for (int id = 0; id < impl->vocab; ++id)
+    if (impl->sp.IsControl(id) || impl->sp.IsUnknown(id))
+      impl->specials.emplace_back(impl->sp.IdToPiece(id), id);
   return Tokenizer(std::move(impl));
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
   std::vector<int> ids;
-  const auto status = impl_->sp.Encode(text, &ids);
-  if (!status.ok()) {
-    throw std::runtime_error("tokenizer: encoding failed (" + impl_->name +
-                             "): " + status.ToString());
+  // Split at the special tokens' spellings (the earliest, then the longest
+  // there); each piece of text between is encoded on its own, so it starts
+  // with SentencePiece's space prefix, as Hugging Face's Llama tokenizers and
+  // llama.cpp encode it.
+  while (!text.empty()) {
+    size_t at = std::string_view::npos, len = 0;
+    int special = -1;
+    for (const auto& [spelling, id] : impl_->specials) {
+      const size_t p = text.find(spelling);
+      if (p == std::string_view::npos || spelling.empty()) continue;
+      if (p < at || (p == at && spelling.size() > len)) {
+        at = p;
+        len = spelling.size();
+        special = id;
+      }
+    }
+    if (special < 0) {
+      impl_->encode_plain(text, ids);
+      break;
+    }
+    impl_->encode_plain(text.substr(0, at), ids);
+    ids.push_back(special);
+    text.remove_prefix(at + len);
   }
   if (add_bos) {
     const int bos = bos_id();

@@ -14,7 +14,10 @@ class Tokenizer {
   // when the file is missing, unreadable or not a valid model.
   static Tokenizer load(const std::filesystem::path& path);
 
-  // Throws std::runtime_error if add_bos is asked of a model without BOS.
+  // The spellings of the special tokens ("<s>", "</s>", "<unk>") in `text`
+  // are those tokens, as Hugging Face's tokenizers and llama.cpp read a
+  // prompt; the text between them is encoded piece by piece. Throws
+  // std::runtime_error if add_bos is asked of a model without BOS.
   std::vector<int> encode(std::string_view text, bool add_bos) const;
   // Control ids (BOS, EOS) decode to nothing. Throws std::out_of_range naming
   // the id and the vocabulary size for an id outside [0, vocab_size()).

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -165,6 +166,36 @@ TEST(Tokenizer, AddsBosWhenAsked) {
   EXPECT_TRUE(tok.encode("", false).empty());
   EXPECT_EQ(tok.encode("", true), std::vector<int>{1});
   EXPECT_EQ(tok.decode({}), "");
+}
+
+// A prompt that spells the special tokens means them, as Hugging Face's
+// tokenizers and llama.cpp read it (a pre-rendered chat: "...</s>\n<|user|>"):
+// the text between is encoded piece by piece, each with SentencePiece's
+// space prefix (Hugging Face's legacy Llama tokenizers, llama.cpp).
+TEST(Tokenizer, SpelledSpecialTokensAreThoseTokens) {
+  const Tokenizer& tok = fortune();
+  const auto cat = [](std::initializer_list<std::vector<int>> parts) {
+    std::vector<int> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  EXPECT_EQ(tok.encode("A fool</s> and<s>his money", false), cat({tok.encode("A fool", false),
+                                                                  {2},
+                                                                  tok.encode(" and", false),
+                                                                  {1},
+                                                                  tok.encode("his money", false)}));
+  EXPECT_EQ(tok.encode("</s>", true), (std::vector<int>{1, 2}));
+  EXPECT_EQ(tok.encode("<unk><s></s>", false), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(tok.encode("a<</s>>b", false),
+            cat({tok.encode("a<", false), {2}, tok.encode(">b", false)}));
+  const std::vector<int> partial = tok.encode("<s </s", false);
+  EXPECT_EQ(
+      std::count(partial.begin(), partial.end(), 1) + std::count(partial.begin(), partial.end(), 2),
+      0)
+      << "only whole spellings";
+  // Decoding drops them (they are control tokens); the text after one kept
+  // its own space prefix.
+  EXPECT_EQ(tok.decode(tok.encode("A fool</s>and", false)), "A fool and");
 }
 
 TEST(Tokenizer, DecodeRejectsOutOfRangeIds) {
