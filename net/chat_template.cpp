@@ -29,14 +29,19 @@ std::string render_plain(const std::vector<ChatMessage>& messages, bool generati
 
 std::string render_llama2(const std::vector<ChatMessage>& messages) {
   std::string out;
-  std::string system;  // waits for the next user turn
+  std::string system;     // waits for the next user turn
+  bool answered = false;  // an assistant turn ended the text: its EOS, BOS come next
   const auto instruction = [&](const std::string& text) {
-    if (!out.empty()) out += ' ';
+    if (answered)
+      out += " </s><s>";  // Meta's turn boundary; the tokenizer reads them as EOS, BOS
+    else if (!out.empty())
+      out += ' ';
     out += "[INST] ";
     out += system;
     out += text;
     out += " [/INST]";
     system.clear();
+    answered = false;
   };
   for (const ChatMessage& m : messages) {
     switch (m.role) {
@@ -49,6 +54,7 @@ std::string render_llama2(const std::vector<ChatMessage>& messages) {
       case ChatRole::Assistant:
         if (!out.empty()) out += ' ';
         out += m.content;
+        answered = true;
         break;
     }
   }

@@ -22,9 +22,10 @@ struct ChatMessage {
 //   "Assistant:".
 // - llama2: Meta's Llama 2 chat format. Each user turn is "[INST] ... [/INST]",
 //   a system message goes first into the next one as "<<SYS>>\n...\n<</SYS>>\n\n",
-//   an assistant turn follows as " ...". The tokenizer adds the BOS at the start;
-//   the EOS/BOS pairs Meta puts between turns are not text, so they are left
-//   out rather than spelled as the characters "</s><s>".
+//   an assistant turn follows as " ...", and one followed by another turn ends
+//   with Meta's " </s><s>" (which the tokenizer reads as EOS, BOS: each turn
+//   encoded as Meta's reference code does). The tokenizer adds the first BOS;
+//   a last assistant turn stays open, to be continued.
 // Without `generation_prompt` the text ends after the last message (plain
 // leaves out the closing "Assistant:"; llama2's turns have no such marker).
 std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,

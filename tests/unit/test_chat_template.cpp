@@ -34,8 +34,8 @@ TEST(ChatTemplate, PlainKeepsMultiLineContentAsItIs) {
 
 TEST(ChatTemplate, Llama2PutsTheSystemPromptInTheFirstInstruction) {
   EXPECT_EQ(render_chat(kConversation, ChatTemplate::Llama2),
-            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello [/INST] Hi. [INST] Tell me a fortune "
-            "[/INST]");
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello [/INST] Hi. </s><s>[INST] Tell me a "
+            "fortune [/INST]");
   EXPECT_EQ(render_chat({{ChatRole::User, "A fool"}}, ChatTemplate::Llama2),
             "[INST] A fool [/INST]");
 }
@@ -48,7 +48,11 @@ TEST(ChatTemplate, Llama2SystemWithoutAUserTurnStillGetsAnInstruction) {
 TEST(ChatTemplate, Llama2AssistantFirstHasNoLeadingSpace) {
   EXPECT_EQ(
       render_chat({{ChatRole::Assistant, "Hi."}, {ChatRole::User, "Go on"}}, ChatTemplate::Llama2),
-      "Hi. [INST] Go on [/INST]");
+      "Hi. </s><s>[INST] Go on [/INST]");
+  EXPECT_EQ(
+      render_chat({{ChatRole::User, "Go"}, {ChatRole::Assistant, "Gone"}}, ChatTemplate::Llama2),
+      "[INST] Go [/INST] Gone")
+      << "a last assistant turn stays open";
 }
 
 TEST(ChatTemplate, EveryConfiguredNameRenders) {

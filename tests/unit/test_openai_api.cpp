@@ -1001,6 +1001,22 @@ TEST(OpenAiChatParse, AnAssistantsContentMayBeNull) {
             "messages[0].content");
 }
 
+// A Llama 2 chat of several turns becomes the ids Meta's reference code
+// makes: each finished exchange BOS + "[INST] ... [/INST] answer " + EOS,
+// then BOS + the open instruction.
+TEST(OpenAiChatParse, Llama2TurnsAreMetasIds) {
+  CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"A fool"},
+      {"role":"assistant","content":"and his money"},{"role":"user","content":"Go on"}]})",
+                               ChatTemplate::Llama2);
+  const auto prompts = resolve_prompts(p, &fortune(), limits());
+  ASSERT_FALSE(std::holds_alternative<ApiError>(prompts));
+  std::vector<int> want{1};
+  for (int id : fortune().encode("[INST] A fool [/INST] and his money ", false)) want.push_back(id);
+  want.insert(want.end(), {2, 1});
+  for (int id : fortune().encode("[INST] Go on [/INST]", false)) want.push_back(id);
+  EXPECT_EQ(std::get<std::vector<std::vector<int>>>(prompts).at(0), want);
+}
+
 TEST(OpenAiChatParse, BadMessagesNameTheField) {
   EXPECT_EQ(chat_err(R"({})").param, "messages");
   EXPECT_EQ(chat_err(R"({"messages":"hi"})").param, "messages");
