@@ -171,7 +171,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     throw std::runtime_error("tokenizer: '" + impl->name + "' has an empty vocabulary");
   }
   for (int id = 0; id < impl->vocab; ++id)
-    if (impl->sp.IsControl(id) || impl->sp.IsUnknown(id))
+    if ((impl->sp.IsControl(id) || impl->sp.IsUnknown(id)) && !impl->sp.IdToPiece(id).empty())
       impl->specials.emplace_back(impl->sp.IdToPiece(id), id);
   return Tokenizer(std::move(impl));
 }
@@ -181,26 +181,33 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
   // Split at the special tokens' spellings (the earliest, then the longest
   // there); each piece of text between is encoded on its own, so it starts
   // with SentencePiece's space prefix, as Hugging Face's Llama tokenizers and
-  // llama.cpp encode it.
-  while (!text.empty()) {
+  // llama.cpp encode it. Each spelling's next place is searched for only once
+  // the cursor passes it, so the text is scanned once per spelling.
+  const auto& specials = impl_->specials;
+  std::vector<size_t> next(specials.size(), 0);
+  for (size_t i = 0; i < specials.size(); ++i) next[i] = text.find(specials[i].first);
+  size_t cursor = 0;
+  for (;;) {
     size_t at = std::string_view::npos, len = 0;
     int special = -1;
-    for (const auto& [spelling, id] : impl_->specials) {
-      const size_t p = text.find(spelling);
-      if (p == std::string_view::npos || spelling.empty()) continue;
-      if (p < at || (p == at && spelling.size() > len)) {
+    for (size_t i = 0; i < specials.size(); ++i) {
+      if (next[i] != std::string_view::npos && next[i] < cursor)
+        next[i] = text.find(specials[i].first, cursor);
+      const size_t p = next[i];
+      if (p == std::string_view::npos) continue;
+      if (p < at || (p == at && specials[i].first.size() > len)) {
         at = p;
-        len = spelling.size();
-        special = id;
+        len = specials[i].first.size();
+        special = specials[i].second;
       }
     }
     if (special < 0) {
-      impl_->encode_plain(text, ids);
+      impl_->encode_plain(text.substr(cursor), ids);
       break;
     }
-    impl_->encode_plain(text.substr(0, at), ids);
+    impl_->encode_plain(text.substr(cursor, at - cursor), ids);
     ids.push_back(special);
-    text.remove_prefix(at + len);
+    cursor = at + len;
   }
   if (add_bos) {
     const int bos = bos_id();
