@@ -5,11 +5,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
 #include "apps/commands.h"
 #include "deploy/config.h"
+#include "net/chat_template.h"
 #include "net/http_server.h"
 #include "text/tokenizer.h"
 
@@ -63,6 +67,36 @@ void shut_down(HttpServer& server, ActorRuntime& runtime, double grace_s, int si
 // log-probabilities are then refused at the door rather than answered with
 // nulls. (Replicas on nodes are not known here; a node's CUDA replica
 // leaves them null.)
+// server.chat_template: auto: the model's own template (tokenizer_config.json
+// beside a Hugging Face checkpoint) when it is one this server renders,
+// else plain; said in the log either way.
+ChatTemplate resolve_chat_template(ChatTemplate configured, const std::string& model_path) {
+  if (configured != ChatTemplate::Auto) return configured;
+  const std::filesystem::path file = std::filesystem::path(model_path) / "tokenizer_config.json";
+  std::string jinja;
+  if (std::ifstream in(file); in) {
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    const auto t = j.is_object() ? j.find("chat_template") : j.end();
+    if (t != j.end() && t->is_string()) jinja = t->get<std::string>();
+    if (t != j.end() && t->is_array())  // named templates: the "default" one
+      for (const nlohmann::json& e : *t)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string())
+          jinja = e["template"].get<std::string>();
+  }
+  if (const auto known = openai::recognize_chat_template(jinja)) {
+    for (const auto& [name, tmpl] : kChatTemplates)
+      if (tmpl == *known)
+        spdlog::info("chat template: {} (the model's, from {})", name, file.string());
+    return *known;
+  }
+  spdlog::info("chat template: plain ({})", jinja.empty()
+                                                ? "the model has none"
+                                                : "the model's own is not one this server "
+                                                  "renders; set server.chat_template");
+  return ChatTemplate::Plain;
+}
+
 bool devices_may_be_cuda(const Config& cfg) {
   for (const DeviceSpec& d : cfg.devices) {
     if (d.kind == DeviceKind::Cuda) return true;
@@ -108,7 +142,7 @@ void run_serve(const ServeOptions& so) {
   ho.max_body_bytes = size_t(cfg.server.max_body_bytes);
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
-  ho.chat_template = cfg.server.chat_template;
+  ho.chat_template = resolve_chat_template(cfg.server.chat_template, cfg.model.path);
   ho.allowed_origins = cfg.server.allowed_origins;
   ho.access_log = cfg.server.access_log;
   ho.api_key = cfg.server.api_key;

@@ -45,8 +45,9 @@ struct ServerSection {
   // this long to finish, then end with 503 (a stream: an error event and
   // [DONE]). 0: end them at once.
   double shutdown_grace_s = 5;
-  // How /v1/chat/completions renders messages into a prompt (plain, llama2).
-  ChatTemplate chat_template = ChatTemplate::Plain;
+  // How /v1/chat/completions renders messages into a prompt (plain, llama2,
+  // zephyr; auto: the model's own when it is one of those, else plain).
+  ChatTemplate chat_template = ChatTemplate::Auto;
   // Not empty: the model's endpoints (/v1/*, /tokenize, /detokenize) need
   // `Authorization: Bearer <api_key>` (vLLM's --api-key). Empty: the
   // TROUPE_API_KEY environment variable, if set, when troupe serve starts.

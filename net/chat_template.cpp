@@ -62,7 +62,29 @@ std::string render_llama2(const std::vector<ChatMessage>& messages) {
   return out;
 }
 
+std::string render_zephyr(const std::vector<ChatMessage>& messages, bool generation_prompt) {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    out += m.role == ChatRole::System ? "<|system|>\n"
+           : m.role == ChatRole::User ? "<|user|>\n"
+                                      : "<|assistant|>\n";
+    out += m.content;
+    out += "</s>\n";
+  }
+  if (generation_prompt) out += "<|assistant|>\n";
+  return out;
+}
+
 }  // namespace
+
+std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja) {
+  const auto has = [&](std::string_view marker) {
+    return jinja.find(marker) != std::string_view::npos;
+  };
+  if (has("<|user|>") && has("<|assistant|>")) return ChatTemplate::Zephyr;
+  if (has("[INST]") && has("<<SYS>>")) return ChatTemplate::Llama2;
+  return std::nullopt;
+}
 
 std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
                         bool generation_prompt) {
@@ -71,6 +93,10 @@ std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate t
       return render_plain(messages, generation_prompt);
     case ChatTemplate::Llama2:
       return render_llama2(messages);
+    case ChatTemplate::Zephyr:
+      return render_zephyr(messages, generation_prompt);
+    case ChatTemplate::Auto:
+      break;
   }
   return render_plain(messages, generation_prompt);
 }

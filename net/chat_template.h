@@ -1,7 +1,9 @@
 #pragma once
 // A chat's messages rendered as one prompt, by the template the server was
 // configured with (service/chat_template.h). Pure functions, unit-tested.
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "service/chat_template.h"
@@ -26,9 +28,18 @@ struct ChatMessage {
 //   with Meta's " </s><s>" (which the tokenizer reads as EOS, BOS: each turn
 //   encoded as Meta's reference code does). The tokenizer adds the first BOS;
 //   a last assistant turn stays open, to be continued.
+// - zephyr: "<|system|>\n", "<|user|>\n" or "<|assistant|>\n", the content,
+//   "</s>\n" (read as EOS) per message, then "<|assistant|>\n": TinyLlama-Chat's
+//   and Zephyr's template as transformers renders it.
 // Without `generation_prompt` the text ends after the last message (plain
-// leaves out the closing "Assistant:"; llama2's turns have no such marker).
+// leaves out the closing "Assistant:", zephyr the "<|assistant|>\n"; llama2's
+// turns have no such marker). Auto (unresolved) renders as plain.
 std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
                         bool generation_prompt = true);
+
+// Which of the templates above a model's own chat template (the Jinja text of
+// tokenizer_config.json's "chat_template") is, by its markers; nothing when it
+// is none of them.
+std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja);
 
 }  // namespace troupe::openai

@@ -870,6 +870,31 @@ TEST(Serve, ChatTemplateIsTheConfiguredOne) {
   EXPECT_NE(r.stderr_text.find("server.chat_template"), std::string::npos) << r.stderr_text;
 }
 
+// chat_template: auto (the default) takes the model's own template from its
+// tokenizer_config.json when it is one the server renders (here TinyLlama-
+// Chat's, as published), and plain for a model without one.
+TEST(Serve, AutoChatTemplateIsTheModelsOwn) {
+  test::TempDir tmp;
+  const std::filesystem::path dir = tmp / "fortune";
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"})
+    std::filesystem::create_symlink(test::model_path("fortune") / f, dir / f);
+  const json config = {
+      {"chat_template",
+       "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+       "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ "
+       "'<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == "
+       "'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif "
+       "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif "
+       "%}\n{% endfor %}"},
+      {"eos_token", "</s>"}};
+  test::write_file(dir / "tokenizer_config.json", config.dump());
+  Server s({"model.path=" + dir.string()});
+  expect_chat_equals_completion(
+      s, "<|system|>\nYou are wise.</s>\n<|user|>\nTell me a fortune</s>\n<|assistant|>\n",
+      {{"temperature", 0}});
+}
+
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
   test::TempDir tmp;
   test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");

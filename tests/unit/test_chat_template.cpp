@@ -55,6 +55,30 @@ TEST(ChatTemplate, Llama2AssistantFirstHasNoLeadingSpace) {
       << "a last assistant turn stays open";
 }
 
+TEST(ChatTemplate, ZephyrEndsEachMessageWithEosAndOpensTheAssistantsTurn) {
+  EXPECT_EQ(render_chat(kConversation, ChatTemplate::Zephyr),
+            "<|system|>\nBe brief.</s>\n<|user|>\nHello</s>\n<|assistant|>\nHi.</s>\n<|user|>\n"
+            "Tell me a fortune</s>\n<|assistant|>\n");
+  EXPECT_EQ(render_chat({{ChatRole::User, "A fool"}}, ChatTemplate::Zephyr, false),
+            "<|user|>\nA fool</s>\n");
+}
+
+// What `auto` reads in a model's tokenizer_config.json: the templates'
+// markers, as their published Jinja writes them.
+TEST(ChatTemplate, ModelTemplatesAreRecognizedByTheirMarkers) {
+  EXPECT_EQ(recognize_chat_template(
+                "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ "
+                "'<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == "
+                "'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}"),
+            ChatTemplate::Zephyr);
+  EXPECT_EQ(recognize_chat_template("{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }} "
+                                    "{% set content = '<<SYS>>\n' + system + '\n<</SYS>>' %}"),
+            ChatTemplate::Llama2);
+  EXPECT_FALSE(recognize_chat_template("{{'<|im_start|>' + message['role'] + '\n'}}"))
+      << "ChatML is not one of ours";
+  EXPECT_FALSE(recognize_chat_template(""));
+}
+
 TEST(ChatTemplate, EveryConfiguredNameRenders) {
   for (const auto& [name, tmpl] : kChatTemplates)
     EXPECT_FALSE(render_chat(kConversation, tmpl).empty()) << name;

@@ -68,7 +68,7 @@ TEST(RuntimeConfigTest, DefaultsMatchTheSchema) {
   EXPECT_EQ(c.server.max_tokens_limit, 4096);
   EXPECT_EQ(c.server.io_threads, 1);
   EXPECT_EQ(c.server.shutdown_grace_s, 5);
-  EXPECT_EQ(c.server.chat_template, ChatTemplate::Plain);
+  EXPECT_EQ(c.server.chat_template, ChatTemplate::Auto);
   EXPECT_EQ(c.parallel.device_count(), 1);
   ASSERT_EQ(c.devices.size(), 1u);
   EXPECT_EQ(c.devices[0].kind, DeviceKind::Cpu);
@@ -203,7 +203,7 @@ TEST(RuntimeConfigTest, NegativeAndZeroWherePositiveRequired) {
                "expected a number in [0, 3600], got -1");
   expect_error("server: {shutdown_grace_s: 1e9}\n", "server.shutdown_grace_s", "[0, 3600]");
   expect_error("server: {chat_template: llama3}\n", "server.chat_template",
-               "expected one of plain, llama2, got 'llama3'");
+               "expected one of plain, llama2, zephyr, auto, got 'llama3'");
   EXPECT_EQ(parse("server: {chat_template: llama2}\n").server.chat_template, ChatTemplate::Llama2);
   expect_error("server: {allowed_origins: [\"http://localhost:3000/app\"]}\n",
                "server.allowed_origins", "'http://localhost:3000/app' has a path");
