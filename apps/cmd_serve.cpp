@@ -23,6 +23,8 @@ namespace {
 
 struct ServeOptions {
   ConfigFlags config;
+  std::string model;  // model.path
+  std::string name;   // model.name
   std::string listen;
   bool print_config = false;
 };
@@ -107,6 +109,8 @@ bool devices_may_be_cuda(const Config& cfg) {
 
 void run_serve(const ServeOptions& so) {
   std::vector<std::pair<std::string, std::string>> flags;
+  if (!so.model.empty()) flags.emplace_back("model.path", so.model);
+  if (!so.name.empty()) flags.emplace_back("model.name", so.name);
   if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
   const Config cfg = command_config(so.config, flags);
   if (so.print_config) {
@@ -200,6 +204,10 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "serve", "Serve the OpenAI-compatible HTTP API (POST /v1/completions, ...)");
   add_config_flags(cmd, o->config);
+  cmd->add_option("--model,-m", o->model,
+                  "Override model.path: a llama2.c .bin file or a Hugging Face directory");
+  cmd->add_option("--served-model-name", o->name,
+                  "Override model.name: the name clients ask for (default: from the path)");
   cmd->add_option("--listen", o->listen,
                   "Override server.listen (host:port; port 0 = any free port)");
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");

@@ -895,6 +895,17 @@ TEST(Serve, AutoChatTemplateIsTheModelsOwn) {
       {{"temperature", 0}});
 }
 
+// The flags users type first, as vLLM's and llama-server's: --model and
+// --served-model-name override model.path and model.name.
+TEST(Serve, ModelFlagsOverrideTheConfig) {
+  const std::string stories = (test::model_path("stories260K") / "stories260K.bin").string();
+  const auto r = test::run_command({test::troupe_binary(), "serve", "-m", stories,
+                                    "--served-model-name", "tiny-stories", "--print-config"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("path: " + stories), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("name: tiny-stories"), std::string::npos) << r.out;
+}
+
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {
   test::TempDir tmp;
   test::write_file(tmp / "bad.yaml", "batching:\n  max_batch_tokens: lots\n");
