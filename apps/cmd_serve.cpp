@@ -26,6 +26,8 @@ struct ServeOptions {
   std::string model;  // model.path
   std::string name;   // model.name
   std::string listen;
+  std::string host;  // with `port`: server.listen in parts, as vLLM's --host and --port
+  int port = -1;
   bool print_config = false;
 };
 
@@ -112,7 +114,18 @@ void run_serve(const ServeOptions& so) {
   if (!so.model.empty()) flags.emplace_back("model.path", so.model);
   if (!so.name.empty()) flags.emplace_back("model.name", so.name);
   if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
-  const Config cfg = command_config(so.config, flags);
+  Config cfg = command_config(so.config, flags);
+  if (!so.host.empty() || so.port >= 0) {
+    if (!so.listen.empty())
+      throw UsageError("--host and --port replace --listen: give one or the other");
+    auto [host, port] = parse_listen(cfg.server.listen);
+    if (!so.host.empty()) host = so.host;
+    if (so.port >= 0) port = uint16_t(so.port);
+    const bool v6 = host.find(':') != std::string::npos;
+    apply_overrides(
+        cfg, {{"server.listen", (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port)}},
+        "--host/--port");
+  }
   if (so.print_config) {
     std::cout << to_yaml(cfg);
     return;
@@ -210,6 +223,9 @@ void register_serve(CLI::App& app) {
                   "Override model.name: the name clients ask for (default: from the path)");
   cmd->add_option("--listen", o->listen,
                   "Override server.listen (host:port; port 0 = any free port)");
+  cmd->add_option("--host", o->host, "Override server.listen's host (e.g. 0.0.0.0)");
+  cmd->add_option("--port", o->port, "Override server.listen's port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");
   cmd->callback([o] { run_serve(*o); });
 }

@@ -462,10 +462,26 @@ void guarded(const std::string& source, const std::function<void()>& body) {
   }
 }
 
+// "[host]:port", an IPv6 listen address, which would read as a flow list.
+bool is_bracketed_host_port(const std::string& v) {
+  const size_t close = v.find("]:");
+  if (v.empty() || v.front() != '[' || close == std::string::npos || close + 2 == v.size())
+    return false;
+  for (size_t i = 1; i < close; ++i)
+    if (!(std::isxdigit(static_cast<unsigned char>(v[i])) || v[i] == ':' || v[i] == '.'))
+      return false;
+  for (size_t i = close + 2; i < v.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(v[i]))) return false;
+  return true;
+}
+
 // Flow syntax for sections and lists; anything else is taken verbatim, so a
-// value such as "a #1" is not cut at a YAML comment.
+// value such as "a #1" is not cut at a YAML comment (nor "[::1]:8080" read as
+// a list).
 Node override_value(const Origin& o, const std::string& key, const std::string& value) {
-  if (value.empty() || (value.front() != '{' && value.front() != '[')) return Node(value);
+  if (value.empty() || (value.front() != '{' && value.front() != '[') ||
+      is_bracketed_host_port(value))
+    return Node(value);
   try {
     check_single_document(value);
     return YAML::Load(value);

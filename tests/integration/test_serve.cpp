@@ -896,7 +896,8 @@ TEST(Serve, AutoChatTemplateIsTheModelsOwn) {
 }
 
 // The flags users type first, as vLLM's and llama-server's: --model and
-// --served-model-name override model.path and model.name.
+// --served-model-name override model.path and model.name; --host and
+// --port, server.listen's parts.
 TEST(Serve, ModelFlagsOverrideTheConfig) {
   const std::string stories = (test::model_path("stories260K") / "stories260K.bin").string();
   const auto r = test::run_command({test::troupe_binary(), "serve", "-m", stories,
@@ -904,6 +905,20 @@ TEST(Serve, ModelFlagsOverrideTheConfig) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("path: " + stories), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("name: tiny-stories"), std::string::npos) << r.out;
+  const auto hp = test::run_command(
+      {test::troupe_binary(), "serve", "--host", "0.0.0.0", "--port", "9000", "--print-config"});
+  ASSERT_EQ(hp.exit_code, 0) << hp.err;
+  EXPECT_NE(hp.out.find("listen: 0.0.0.0:9000"), std::string::npos) << hp.out;
+  const auto port =
+      test::run_command({test::troupe_binary(), "serve", "--port", "0", "--print-config"});
+  EXPECT_NE(port.out.find("listen: 127.0.0.1:0"), std::string::npos) << port.out;
+  const auto v6 =
+      test::run_command({test::troupe_binary(), "serve", "--host", "::1", "--print-config"});
+  EXPECT_NE(v6.out.find("listen: \"[::1]:8080\""), std::string::npos) << v6.out;
+  const auto both = test::run_command(
+      {test::troupe_binary(), "serve", "--port", "1", "--listen", "a:2", "--print-config"});
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("--listen"), std::string::npos) << both.err;
 }
 
 TEST(Serve, BadConfigStopsStartUpNamingTheKey) {

@@ -423,6 +423,11 @@ TEST(RuntimeConfigTest, OverridesApplyOnTop) {
   EXPECT_EQ(c.routing.seed, 42u);
   EXPECT_EQ(c.routing.latency_aware.ema_alpha, 0.5);
   EXPECT_EQ(c.routing.latency_aware.probe_every_requests, 20u) << "the others keep theirs";
+  // An IPv6 listen address is a value, not a flow list.
+  apply_override(c, "server.listen", "[::1]:8081");
+  EXPECT_EQ(parse_listen(c.server.listen), (std::pair<std::string, uint16_t>{"::1", 8081}));
+  EXPECT_THROW(apply_override(c, "server.allowed_origins", "[a b"), ConfigError)
+      << "a list with a syntax error is still one";
   EXPECT_EQ(c.admission.queue_timeout_s, 0.25);
 }
 
