@@ -151,6 +151,7 @@ void run_serve(const ServeOptions& so) {
     spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
 
   Metrics metrics;
+  metrics.export_vllm_names(served_model_name(cfg));
   ActorRuntime runtime(cfg, std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype), &metrics);
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;

@@ -103,6 +103,79 @@ void Metrics::set_kv_blocks(int replica, size_t used, size_t free) {
   std::string r = std::to_string(replica);
   kv_blocks_->labels({r, "used"}).set(double(used));
   kv_blocks_->labels({r, "free"}).set(double(free));
+  if (!vllm_.kv_usage || replica < 0) return;
+  std::lock_guard l(kv_mu_);
+  if (size_t(replica) >= kv_.size()) kv_.resize(size_t(replica) + 1);
+  kv_[size_t(replica)] = {used, free};
+  double all_used = 0, all = 0;
+  for (const auto& [u, f] : kv_) {
+    all_used += double(u);
+    all += double(u + f);
+  }
+  vllm_.kv_usage->set(all > 0 ? all_used / all : 0);
+}
+
+void Metrics::export_vllm_names(const std::string& model) {
+  const std::vector<std::string> label{"model_name"};
+  const std::vector<std::string> value{model};
+  vllm_.running = &registry_
+                       .gauge("vllm:num_requests_running",
+                              "Number of requests in model execution batches.", label)
+                       .labels(value);
+  vllm_.waiting =
+      &registry_
+           .gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", label)
+           .labels(value);
+  vllm_.kv_usage =
+      &registry_
+           .gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", label)
+           .labels(value);
+  vllm_.prompt_tokens =
+      &registry_.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", label)
+           .labels(value);
+  vllm_.generation_tokens =
+      &registry_
+           .counter("vllm:generation_tokens_total", "Number of generation tokens processed.", label)
+           .labels(value);
+  vllm_.ttft = &registry_
+                    .histogram("vllm:time_to_first_token_seconds",
+                               "Histogram of time to first token in seconds.", kTtftBuckets, label)
+                    .labels(value);
+  vllm_.tpot =
+      &registry_
+           .histogram("vllm:time_per_output_token_seconds",
+                      "Histogram of time per output token in seconds.", kTpotBuckets, label)
+           .labels(value);
+  vllm_.e2e =
+      &registry_
+           .histogram("vllm:e2e_request_latency_seconds",
+                      "Histogram of end to end request latency in seconds.", kLatencyBuckets, label)
+           .labels(value);
+}
+
+void Metrics::set_queue_depth(size_t n) {
+  queue_depth_->set(double(n));
+  if (vllm_.waiting) vllm_.waiting->set(double(n));
+}
+
+void Metrics::set_running_sequences(size_t n) {
+  running_sequences_->set(double(n));
+  if (vllm_.running) vllm_.running->set(double(n));
+}
+
+void Metrics::observe_time_to_first_token(double seconds) {
+  ttft_->observe(seconds);
+  if (vllm_.ttft) vllm_.ttft->observe(seconds);
+}
+
+void Metrics::observe_time_per_output_token(double seconds) {
+  tpot_->observe(seconds);
+  if (vllm_.tpot) vllm_.tpot->observe(seconds);
+}
+
+void Metrics::observe_request_latency(double seconds) {
+  latency_->observe(seconds);
+  if (vllm_.e2e) vllm_.e2e->observe(seconds);
 }
 
 Metrics::ReplicaView& Metrics::replica_view(int replica) {
@@ -170,11 +243,15 @@ void Metrics::node_dead(const std::string& cause) {
 }
 
 void Metrics::add_prompt_tokens(int64_t n) {
-  if (n > 0) prompt_tokens_->inc(double(n));
+  if (n <= 0) return;
+  prompt_tokens_->inc(double(n));
+  if (vllm_.prompt_tokens) vllm_.prompt_tokens->inc(double(n));
 }
 
 void Metrics::add_generation_tokens(int64_t n) {
-  if (n > 0) generation_tokens_->inc(double(n));
+  if (n <= 0) return;
+  generation_tokens_->inc(double(n));
+  if (vllm_.generation_tokens) vllm_.generation_tokens->inc(double(n));
 }
 
 std::string Metrics::render() const {

@@ -25,8 +25,14 @@ class Metrics {
   // A completion request ended; `http_status` is what the client got (499:
   // the client went away first, as nginx counts it).
   void request_finished(int http_status);
-  void set_queue_depth(size_t n) { queue_depth_->set(double(n)); }
-  void set_running_sequences(size_t n) { running_sequences_->set(double(n)); }
+  // Also exports vLLM's names of the figures vLLM has (vllm:num_requests_running,
+  // vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:prompt_tokens_total,
+  // vllm:generation_tokens_total and the TTFT, TPOT and end-to-end latency
+  // histograms), labelled model_name=`model`, so that dashboards and
+  // autoscalers written for vLLM read this server. Once, before any other call.
+  void export_vllm_names(const std::string& model);
+  void set_queue_depth(size_t n);
+  void set_running_sequences(size_t n);
   // One engine step: how many sequences ran and how many tokens they fed.
   void observe_step(int batch_sequences, int batch_tokens);
   void set_kv_blocks(int replica, size_t used, size_t free);
@@ -37,9 +43,9 @@ class Metrics {
   void set_replica_state(int replica, ReplicaState state);
   void set_replica_placed(int replica, bool placed);
   void replica_restarted(int replica);
-  void observe_time_to_first_token(double seconds) { ttft_->observe(seconds); }
-  void observe_time_per_output_token(double seconds) { tpot_->observe(seconds); }
-  void observe_request_latency(double seconds) { latency_->observe(seconds); }
+  void observe_time_to_first_token(double seconds);
+  void observe_time_per_output_token(double seconds);
+  void observe_request_latency(double seconds);
   // Pipeline and tensor parallelism, per replica and stage, since the
   // replica's worker started: idle share of the step time (bubble), share of
   // busy time spent in collectives, and bytes the collectives moved.
@@ -101,6 +107,19 @@ class Metrics {
   Family<Counter>* node_deaths_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
+  // vLLM's names (export_vllm_names), or all null.
+  struct Vllm {
+    Gauge* running = nullptr;
+    Gauge* waiting = nullptr;
+    Gauge* kv_usage = nullptr;
+    Counter* prompt_tokens = nullptr;
+    Counter* generation_tokens = nullptr;
+    Histogram* ttft = nullptr;
+    Histogram* tpot = nullptr;
+    Histogram* e2e = nullptr;
+  } vllm_;
+  std::mutex kv_mu_;
+  std::vector<std::pair<size_t, size_t>> kv_;  // used, free per replica (for kv_usage)
 };
 
 }  // namespace troupe

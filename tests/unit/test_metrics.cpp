@@ -69,6 +69,36 @@ TEST(Metrics, TroupeMetricsAreDeclared) {
 // Not ready is Starting while a placement exists and Down while none does
 // (it waits for a node); ready and given up are the router's whatever the
 // supervisor says.
+// vLLM's names for the figures vLLM has, labelled with the model, so that
+// its dashboards and autoscalers read this server; only once asked for.
+TEST(Metrics, VllmNamesMirrorTheirFigures) {
+  EXPECT_FALSE(contains(Metrics().render(), "vllm:"));
+  Metrics m;
+  m.export_vllm_names("fortune");
+  m.set_queue_depth(3);
+  m.set_running_sequences(5);
+  m.set_kv_blocks(0, 30, 70);
+  m.set_kv_blocks(1, 10, 90);
+  m.observe_time_to_first_token(0.05);
+  m.observe_time_per_output_token(0.02);
+  m.observe_request_latency(1.2);
+  m.add_prompt_tokens(12);
+  m.add_generation_tokens(7);
+  const std::string text = m.render();
+  const std::string model = "{model_name=\"fortune\"}";
+  EXPECT_EQ(prometheus_sample(text, "vllm:num_requests_waiting" + model), "3");
+  EXPECT_EQ(prometheus_sample(text, "vllm:num_requests_running" + model), "5");
+  EXPECT_EQ(prometheus_sample(text, "vllm:kv_cache_usage_perc" + model), "0.2");
+  EXPECT_EQ(prometheus_sample(text, "vllm:prompt_tokens_total" + model), "12");
+  EXPECT_EQ(prometheus_sample(text, "vllm:generation_tokens_total" + model), "7");
+  EXPECT_EQ(prometheus_sample(text, "vllm:time_to_first_token_seconds_count" + model), "1");
+  EXPECT_EQ(prometheus_sample(text, "vllm:time_per_output_token_seconds_sum" + model), "0.02");
+  EXPECT_EQ(prometheus_sample(text, "vllm:e2e_request_latency_seconds_count" + model), "1");
+  EXPECT_EQ(prometheus_sample(text, "troupe_queue_depth"), "3") << "troupe's own stay";
+  m.set_kv_blocks(0, 0, 0);  // a replica down
+  EXPECT_EQ(prometheus_sample(m.render(), "vllm:kv_cache_usage_perc" + model), "0.1");
+}
+
 TEST(Metrics, AReplicaNotReadyIsDownUnlessPlaced) {
   Metrics m;
   const auto state = [&](int r) {
