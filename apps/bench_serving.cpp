@@ -180,7 +180,7 @@ HttpClient::Options client_options(const HttpUrl& url, const ServingBenchOptions
   o.host = url.host;
   o.port = url.port;
   o.user_agent = "troupe-bench";
-  if (!bench.api_key.empty()) o.headers = {{"Authorization", "Bearer " + bench.api_key}};
+  o.headers = bearer_headers(bench.api_key);
   // Each request's deadline is what bounds it; no single wait ends it sooner.
   o.connect_timeout_s = timeout_s;
   o.io_timeout_s = timeout_s;

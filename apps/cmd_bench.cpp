@@ -1,6 +1,5 @@
 // `troupe bench`: engine mode measures the forward pass on this machine;
 // serving mode (--url) loads a running server over HTTP.
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -42,7 +41,7 @@ void run_serving(const BenchOptions& o) {
                        " is an engine-mode option; serving mode (--url) does not use it");
   auto so = o.serving;
   so.prompt_len = o.prompt_len;
-  if (const char* env = std::getenv("TROUPE_API_KEY"); so.api_key.empty() && env) so.api_key = env;
+  so.api_key = api_key_or_env(so.api_key);
   serving_bench::ServingBenchResult r;
   try {
     r = serving_bench::run_serving_bench(so);

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <csignal>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -173,7 +172,7 @@ void run_chaos_command(const ChaosFlags& f) {
   o.admin_token = f.admin_token;
   o.api_key = f.api_key;
   // A deployment started here inherits it too, so its clients need it then.
-  if (const char* env = std::getenv("TROUPE_API_KEY"); o.api_key.empty() && env) o.api_key = env;
+  o.api_key = api_key_or_env(o.api_key);
   if (!o.attach.empty() && o.admin_token.empty())
     throw UsageError("--attach needs --admin-token (the deployment's admin.token)");
   // Everything the plan asks that can be checked is checked before

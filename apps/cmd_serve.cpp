@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -164,7 +163,7 @@ void run_serve(const ServeOptions& so) {
   ho.allowed_origins = cfg.server.allowed_origins;
   ho.access_log = cfg.server.access_log;
   ho.api_key = cfg.server.api_key;
-  if (const char* env = std::getenv("TROUPE_API_KEY"); ho.api_key.empty() && env) ho.api_key = env;
+  ho.api_key = api_key_or_env(ho.api_key);
   if (!ho.api_key.empty())
     spdlog::info("the model's endpoints need \"Authorization: Bearer <the API key>\"");
   if (cfg.admin.faults) {

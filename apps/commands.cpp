@@ -28,6 +28,12 @@ void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string&
   }).detach();
 }
 
+std::string api_key_or_env(const std::string& given) {
+  if (!given.empty()) return given;
+  const char* env = std::getenv("TROUPE_API_KEY");
+  return env ? env : "";
+}
+
 std::filesystem::path bundle_root() {
   if (is_bundle(".")) return ".";
   std::error_code ec;

@@ -50,6 +50,9 @@ void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string&
 // executable that does.
 std::filesystem::path bundle_root();
 
+// `given`, or when it is empty the TROUPE_API_KEY environment variable (or "").
+std::string api_key_or_env(const std::string& given);
+
 // --config and --set, the same in every command that runs a model.
 struct ConfigFlags {
   std::string file;

@@ -312,11 +312,6 @@ class Run {
   }
   std::string pick_node(const FaultPlan& p, uint64_t pick);
   ClientFaults claim_client_fault(bool stream, Tracked** who);
-  // What the workload's requests carry when the server needs an API key.
-  HttpHeaders api_key_header() const {
-    if (http_.api_key.empty()) return {};
-    return {{"Authorization", "Bearer " + http_.api_key}};
-  }
 
   const ChaosOptions& o_;
   ChaosPlan plan_;
@@ -478,7 +473,7 @@ void Run::baseline(const Workload& w) {
           HttpClient::Options opt;
           opt.host = http_.host;
           opt.port = http_.port;
-          opt.headers = api_key_header();
+          opt.headers = bearer_headers(http_.api_key);
           return opt;
         }());
         for (size_t i; (i = next++) < first.size();) {
@@ -560,7 +555,7 @@ void Run::load(const Workload& w) {
         HttpClient::Options opt;
         opt.host = http_.host;
         opt.port = http_.port;
-        opt.headers = api_key_header();
+        opt.headers = bearer_headers(http_.api_key);
         opt.io_timeout_s = wp.deadline_s;
         HttpClient client(opt);
         HttpClient::Options slow_opt = opt;

@@ -18,7 +18,7 @@ HttpResponse ServerEndpoint::call(const std::string& method, const std::string& 
   r.body = body;
   r.keep_alive = false;
   const std::string& secret = target.starts_with("/admin/") ? token : api_key;
-  if (!secret.empty()) r.headers.emplace_back("Authorization", "Bearer " + secret);
+  r.headers = bearer_headers(secret);
   return c.request(r);
 }
 

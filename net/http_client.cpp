@@ -42,6 +42,11 @@ std::string http_authority(const std::string& host, const std::string& port) {
   return port == "80" ? h : h + ":" + port;
 }
 
+HttpHeaders bearer_headers(const std::string& secret) {
+  if (secret.empty()) return {};
+  return {{"Authorization", "Bearer " + secret}};
+}
+
 const char* to_string(HttpFailure f) {
   switch (f) {
     case HttpFailure::None:

@@ -22,6 +22,10 @@ using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 // port when it is 80.
 std::string http_authority(const std::string& host, const std::string& port);
 
+// {"Authorization", "Bearer <secret>"}, or nothing for an empty secret (an
+// API key, the admin token).
+HttpHeaders bearer_headers(const std::string& secret);
+
 struct HttpRequest {
   std::string method = "GET";
   std::string target = "/";

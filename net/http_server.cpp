@@ -279,10 +279,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // How the current response goes on the wire.
   struct Reply {
     bool keep_alive = true;
-    bool chunked = true;           // a streamed body; HTTP/1.0 streams until close instead
-    bool head_only = false;        // HEAD: the header a GET would have, no body
-    HeaderList extra;              // on every response to it: CORS (net/cors.h), X-Request-Id
-    std::string request_tag;       // the client's X-Request-Id, when it sent a usable one
+    bool chunked = true;     // a streamed body; HTTP/1.0 streams until close instead
+    bool head_only = false;  // HEAD: the header a GET would have, no body
+    HeaderList extra;        // on every response to it: CORS (net/cors.h), X-Request-Id
+    // Its X-Request-Id: the client's, when usable, else a completion's own id
+    // once it has one; "" when none (then no header).
+    std::string request_id;
     std::string request_line;      // "POST /v1/completions", for the access log
     Clock::time_point received{};  // when its header was read
   };
@@ -393,16 +395,17 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view path = path_of(sv(req_.target()));
     const std::string_view origin = sv(req_[http::field::origin]);
     // Browsers may read every answer but the admin endpoints' (not for pages).
-    if (!is_admin_path(path)) reply_.extra = server_.cors.response_headers(origin);
-    reply_.request_tag = request_tag(sv(req_["X-Request-Id"]));
-    if (!reply_.request_tag.empty()) reply_.extra.emplace_back("X-Request-Id", reply_.request_tag);
+    const bool admin_path = is_admin_path(path);
+    if (!admin_path) reply_.extra = server_.cors.response_headers(origin);
+    reply_.request_id = request_tag(sv(req_["X-Request-Id"]));
+    if (!reply_.request_id.empty()) reply_.extra.emplace_back("X-Request-Id", reply_.request_id);
     auto routed = route(sv(req_.method_string()), sv(req_.target()), admin);
     if (auto* refusal = std::get_if<Response>(&routed)) return respond(*refusal);
     const Endpoint endpoint = std::get<Endpoint>(routed);
     if (endpoint == Endpoint::Options) {
       reply_.extra.clear();  // the preflight's answer says it all
       const std::string methods = allowed_methods(path, admin);
-      if (is_admin_path(path)) return respond(server_.cors.preflight(path, methods, {}, {}, {}));
+      if (admin_path) return respond(server_.cors.preflight(path, methods, {}, {}, {}));
       return respond(server_.cors.preflight(path, methods, origin,
                                             sv(req_[http::field::access_control_request_method]),
                                             sv(req_[http::field::access_control_request_headers])));
@@ -543,9 +546,12 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // A client's X-Request-Id names the response, as vLLM does ("cmpl-<id>"),
     // so that its logs and ours meet; otherwise the id says it.
-    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api, reply_.request_tag),
+    openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api, reply_.request_id),
                               unix_now(), limits.name, api};
-    if (reply_.request_tag.empty()) reply_.extra.emplace_back("X-Request-Id", meta.id);
+    if (reply_.request_id.empty()) {
+      reply_.request_id = meta.id;
+      reply_.extra.emplace_back("X-Request-Id", meta.id);
+    }
     std::vector<CompletionRequest> requests;
     for (size_t i = 0; i < answers; ++i) {
       // A seed that differs per request and per process, without a lock.
@@ -613,11 +619,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const double s = reply_.received == Clock::time_point{}
                          ? 0
                          : std::chrono::duration<double>(Clock::now() - reply_.received).count();
-    const std::string* id = nullptr;
-    for (const auto& [name, value] : reply_.extra)
-      if (name == "X-Request-Id") id = &value;
     spdlog::info("access: {}",
-                 access_line({peer_, reply_.request_line, status, s, f, id ? *id : ""}));
+                 access_line({peer_, reply_.request_line, status, s, f, reply_.request_id}));
   }
 
   // Every choice still running at the service.
