@@ -95,18 +95,15 @@ void run_generate(const GenerateOptions& o) {
 
   std::optional<Tokenizer> tokenizer;
   const auto tok_path = tokenizer_path(config, ckpt->tokenizer_path);
-  auto load_tokenizer = [&] {
+  auto open_tokenizer = [&] {
     if (tok_path.empty())
-      throw UsageError("model " + model_path.string() +
-                       " has no tokenizer.model beside it: pass --tokenizer PATH, or use "
-                       "--prompt-ids and --ids");
-    tokenizer = Tokenizer::load(tok_path);
-    if (tokenizer->vocab_size() != cfg.vocab_size)
-      throw UsageError("tokenizer " + tok_path.string() + " has " +
-                       std::to_string(tokenizer->vocab_size()) + " pieces but the model has " +
-                       std::to_string(cfg.vocab_size));
+      throw UsageError(
+          "model " + model_path.string() +
+          " has no tokenizer.model or tokenizer.json beside it: pass --tokenizer PATH, or use "
+          "--prompt-ids and --ids");
+    tokenizer = load_tokenizer(tok_path, cfg.vocab_size);
   };
-  if (!o.prompt.empty()) load_tokenizer();
+  if (!o.prompt.empty()) open_tokenizer();
 
   GenerateRequest req;
   req.prompt = o.prompt.empty() ? parse_ids(o.prompt_ids, "--prompt-ids")
@@ -137,7 +134,7 @@ void run_generate(const GenerateOptions& o) {
     Sampler check(req.sampling);
     LogitPenalties penalties(req.sampling);
   }
-  if (!o.print_ids && !tokenizer) load_tokenizer();
+  if (!o.print_ids && !tokenizer) open_tokenizer();
 
   std::optional<TextStreamer> streamer;
   if (!o.print_ids) {
@@ -179,7 +176,8 @@ void register_generate(CLI::App& app) {
       "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: the config's "
       "model.path, models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
-                  "SentencePiece tokenizer.model (default: the one beside the model)");
+                  "SentencePiece tokenizer.model or Hugging Face tokenizer.json (default: the one "
+                  "beside the model)");
   cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (BOS is prepended)");
   cmd->add_option(
       "--prompt-ids", opts->prompt_ids,

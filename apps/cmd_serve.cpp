@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
@@ -65,19 +67,22 @@ void shut_down(HttpServer& server, ActorRuntime& runtime, double grace_s, int si
   exit_if_stuck(std::chrono::seconds(10), 0, "serve");
 }
 
-// Whether this process's engines may run on CUDA (kind cuda, or auto where
-// a GPU answers), which classify only the sampled rows: prompt
-// log-probabilities are then refused at the door rather than answered with
-// nulls. (Replicas on nodes are not known here; a node's CUDA replica
-// leaves them null.)
-// server.chat_template: auto: the model's own template (tokenizer_config.json
-// beside a Hugging Face checkpoint) when it is one this server renders,
-// else plain; said in the log either way.
-ChatTemplate resolve_chat_template(ChatTemplate configured, const std::string& model_path) {
-  if (configured != ChatTemplate::Auto) return configured;
-  const std::filesystem::path file = std::filesystem::path(model_path) / "tokenizer_config.json";
+// Today as Llama 3.2's template writes it (strftime "%d %b %Y").
+std::string today_for_templates() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return buf;
+}
+
+// The Jinja chat template of the model at `model_path`: tokenizer_config.json's
+// "chat_template" (a text, or the one named "default"), else
+// chat_template.jinja, where newer transformers save it; "" for none.
+std::string model_chat_template(const std::filesystem::path& dir) {
   std::string jinja;
-  if (std::ifstream in(file); in) {
+  if (std::ifstream in(dir / "tokenizer_config.json"); in) {
     const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     const auto t = j.is_object() ? j.find("chat_template") : j.end();
     if (t != j.end() && t->is_string()) jinja = t->get<std::string>();
@@ -87,10 +92,25 @@ ChatTemplate resolve_chat_template(ChatTemplate configured, const std::string& m
             e["template"].is_string())
           jinja = e["template"].get<std::string>();
   }
-  if (const auto known = openai::recognize_chat_template(jinja)) {
+  if (jinja.empty())
+    if (std::ifstream in(dir / "chat_template.jinja"); in)
+      jinja.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return jinja;
+}
+
+// server.chat_template: auto: the model's own template (beside a Hugging Face
+// checkpoint) when it is one this server renders, else plain; said in the log
+// either way.
+ChatFormat resolve_chat_template(ChatTemplate configured, const std::string& model_path) {
+  if (configured != ChatTemplate::Auto) return configured;
+  const std::filesystem::path dir(model_path);
+  const std::string jinja = model_chat_template(dir);
+  if (const auto known = openai::recognize_chat_template(jinja, today_for_templates())) {
     for (const auto& [name, tmpl] : kChatTemplates)
-      if (tmpl == *known)
-        spdlog::info("chat template: {} (the model's, from {})", name, file.string());
+      if (tmpl == known->kind)
+        spdlog::info("chat template: {} (the model's, from {}){}{}", name, dir.string(),
+                     known->default_system.empty() ? "" : "; default system message: ",
+                     known->default_system);
     return *known;
   }
   spdlog::info("chat template: plain ({})", jinja.empty()
@@ -100,6 +120,11 @@ ChatTemplate resolve_chat_template(ChatTemplate configured, const std::string& m
   return ChatTemplate::Plain;
 }
 
+// Whether this process's engines may run on CUDA (kind cuda, or auto where
+// a GPU answers), which classify only the sampled rows: prompt
+// log-probabilities are then refused at the door rather than answered with
+// nulls. (Replicas on nodes are not known here; a node's CUDA replica
+// leaves them null.)
 bool devices_may_be_cuda(const Config& cfg) {
   for (const DeviceSpec& d : cfg.devices) {
     if (d.kind == DeviceKind::Cuda) return true;
@@ -145,7 +170,7 @@ void run_serve(const ServeOptions& so) {
   std::optional<Tokenizer> tokenizer;
   const std::filesystem::path tok_path = tokenizer_path(cfg, ckpt->tokenizer_path);
   if (!tok_path.empty())
-    tokenizer = Tokenizer::load(tok_path);
+    tokenizer = load_tokenizer(tok_path, mc.vocab_size);
   else
     spdlog::warn("no tokenizer for {}: only token-id prompts are accepted", cfg.model.path);
 

@@ -28,6 +28,15 @@ void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string&
   }).detach();
 }
 
+Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab) {
+  Tokenizer tokenizer = Tokenizer::load(path);
+  if (tokenizer.vocab_size() > model_vocab)
+    throw UsageError("tokenizer " + path.string() + " has " +
+                     std::to_string(tokenizer.vocab_size()) + " tokens but the model only " +
+                     std::to_string(model_vocab) + ": they do not belong together");
+  return tokenizer;
+}
+
 std::string api_key_or_env(const std::string& given) {
   if (!given.empty()) return given;
   const char* env = std::getenv("TROUPE_API_KEY");

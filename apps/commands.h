@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deploy/config.h"
+#include "text/tokenizer.h"
 
 namespace troupe::app {
 
@@ -49,6 +50,11 @@ void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string&
 // directory when it has them, else the nearest directory above the
 // executable that does.
 std::filesystem::path bundle_root();
+
+// The tokenizer at `path` for a model with `model_vocab` rows: it may have
+// fewer tokens than the model (Qwen's embeddings are padded) but not more.
+// Throws UsageError naming both sizes.
+Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab);
 
 // `given`, or when it is empty the TROUPE_API_KEY environment variable (or "").
 std::string api_key_or_env(const std::string& given);

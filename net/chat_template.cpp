@@ -75,20 +75,123 @@ std::string render_zephyr(const std::vector<ChatMessage>& messages, bool generat
   return out;
 }
 
+const char* role_name(ChatRole role) {
+  switch (role) {
+    case ChatRole::System:
+      return "system";
+    case ChatRole::User:
+      return "user";
+    case ChatRole::Assistant:
+      return "assistant";
+  }
+  return "user";
+}
+
+std::string render_chatml(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                          bool generation_prompt) {
+  std::string out;
+  const auto turn = [&](const char* role, const std::string& content) {
+    out += "<|im_start|>";
+    out += role;
+    out += '\n';
+    out += content;
+    out += "<|im_end|>\n";
+  };
+  if (!format.default_system.empty() && (messages.empty() || messages[0].role != ChatRole::System))
+    turn("system", format.default_system);
+  for (const ChatMessage& m : messages) turn(role_name(m.role), m.content);
+  if (generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Jinja's `trim`: white space off both ends.
+std::string trimmed(const std::string& s) {
+  constexpr const char* kSpace = " \t\n\r\f\v";
+  const size_t first = s.find_first_not_of(kSpace);
+  if (first == std::string::npos) return {};
+  return s.substr(first, s.find_last_not_of(kSpace) - first + 1);
+}
+
+std::string render_llama3(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                          bool generation_prompt) {
+  std::string out = "<|begin_of_text|>";
+  const auto turn = [&](const char* role, const std::string& content) {
+    out += "<|start_header_id|>";
+    out += role;
+    out += "<|end_header_id|>\n\n";
+    out += content;
+    out += "<|eot_id|>";
+  };
+  size_t first = 0;
+  if (!format.system_preamble.empty()) {
+    std::string system = format.system_preamble;
+    if (!messages.empty() && messages[0].role == ChatRole::System) {
+      system += trimmed(messages[0].content);
+      first = 1;
+    }
+    turn("system", system);
+  }
+  for (size_t i = first; i < messages.size(); ++i)
+    turn(role_name(messages[i].role), trimmed(messages[i].content));
+  if (generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+// The literal system message a ChatML template writes for a chat without one:
+// '<|im_start|>system\n' TEXT '<|im_end|>' inside one string literal.
+std::string chatml_default_system(std::string_view jinja) {
+  constexpr std::string_view kOpen = "<|im_start|>system";
+  for (size_t at = jinja.find(kOpen); at != std::string_view::npos;
+       at = jinja.find(kOpen, at + 1)) {
+    size_t from = at + kOpen.size();
+    if (jinja.substr(from, 2) == "\\n")
+      from += 2;  // \n written in the Jinja string
+    else if (jinja.substr(from, 1) == "\n")
+      from += 1;  // a newline itself
+    else
+      continue;
+    const size_t end = jinja.find("<|im_end|>", from);
+    if (end == std::string_view::npos) break;
+    const std::string_view text = jinja.substr(from, end - from);
+    if (text.empty() || text.find_first_of("'\"{}+\\") != std::string_view::npos) continue;
+    return std::string(text);
+  }
+  return {};
+}
+
 }  // namespace
 
-std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja) {
+std::optional<ChatFormat> recognize_chat_template(std::string_view jinja,
+                                                  const std::string& today) {
   const auto has = [&](std::string_view marker) {
     return jinja.find(marker) != std::string_view::npos;
   };
-  if (has("<|user|>") && has("<|assistant|>")) return ChatTemplate::Zephyr;
-  if (has("[INST]") && has("<<SYS>>")) return ChatTemplate::Llama2;
+  if (has("<|start_header_id|>") && has("<|eot_id|>")) {
+    ChatFormat f(ChatTemplate::Llama3);
+    // Llama 3.1 and later: a system turn with the knowledge cut-off and the
+    // date (the day's where the template asks strftime_now for it).
+    if (has("Cutting Knowledge Date"))
+      f.system_preamble = "Cutting Knowledge Date: December 2023\nToday Date: " +
+                          (has("strftime_now") ? today : std::string("26 Jul 2024")) + "\n\n";
+    return f;
+  }
+  if (has("<|im_start|>") && has("<|im_end|>")) {
+    ChatFormat f(ChatTemplate::ChatML);
+    f.default_system = chatml_default_system(jinja);
+    return f;
+  }
+  if (has("<|user|>") && has("<|assistant|>")) return ChatFormat(ChatTemplate::Zephyr);
+  if (has("[INST]") && has("<<SYS>>")) return ChatFormat(ChatTemplate::Llama2);
   return std::nullopt;
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
                         bool generation_prompt) {
-  switch (tmpl) {
+  switch (format.kind) {
+    case ChatTemplate::ChatML:
+      return render_chatml(messages, format, generation_prompt);
+    case ChatTemplate::Llama3:
+      return render_llama3(messages, format, generation_prompt);
     case ChatTemplate::Plain:
       return render_plain(messages, generation_prompt);
     case ChatTemplate::Llama2:

@@ -31,15 +31,25 @@ struct ChatMessage {
 // - zephyr: "<|system|>\n", "<|user|>\n" or "<|assistant|>\n", the content,
 //   "</s>\n" (read as EOS) per message, then "<|assistant|>\n": TinyLlama-Chat's
 //   and Zephyr's template as transformers renders it.
+// - chatml: "<|im_start|>" role "\n" content "<|im_end|>\n" per message, then
+//   "<|im_start|>assistant\n"; a chat without a system message starts with the
+//   format's default_system, when it has one.
+// - llama3: "<|begin_of_text|>", then "<|start_header_id|>" role
+//   "<|end_header_id|>\n\n" content (trimmed) "<|eot_id|>" per message, then
+//   the assistant's header; with a system_preamble, a system turn always comes
+//   first: the preamble and the chat's first system message (trimmed).
 // Without `generation_prompt` the text ends after the last message (plain
 // leaves out the closing "Assistant:", zephyr the "<|assistant|>\n"; llama2's
 // turns have no such marker). Auto (unresolved) renders as plain.
-std::string render_chat(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
                         bool generation_prompt = true);
 
 // Which of the templates above a model's own chat template (the Jinja text of
-// tokenizer_config.json's "chat_template") is, by its markers; nothing when it
-// is none of them.
-std::optional<ChatTemplate> recognize_chat_template(std::string_view jinja);
+// tokenizer_config.json's "chat_template") is, by its markers, with the
+// default system message or preamble it writes; nothing when it is none of
+// them. `today` is the date a template that asks for the day's
+// (strftime_now, Llama 3.2) gets, as "06 Dec 2026".
+std::optional<ChatFormat> recognize_chat_template(std::string_view jinja,
+                                                  const std::string& today = "26 Jul 2024");
 
 }  // namespace troupe::openai

@@ -41,7 +41,7 @@ class HttpServer {
     double write_timeout_s = 30;
     int io_threads = 1;
     // How /v1/chat/completions renders messages into a prompt.
-    ChatTemplate chat_template = ChatTemplate::Plain;
+    ChatFormat chat_template;
     size_t max_connections = 1024;  // beyond: 503 and close
     // Web pages (origins) whose scripts may read the answers: "*" for any,
     // as vLLM and llama-server; empty for none (net/cors.h).

@@ -647,7 +647,8 @@ void parse_chat_logprobs(const json& j, CompletionParams& p) {
   if (wanted) p.logprobs = k;
 }
 
-CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
+CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
+                            const ChatFormat& tmpl) {
   const json j = parse_body(body);
   CompletionParams p;
   p.api = Api::Chat;
@@ -675,7 +676,8 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits, Ch
   return p;
 }
 
-TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, ChatTemplate tmpl) {
+TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits,
+                              const ChatFormat& tmpl) {
   const json j = parse_body(body);
   parse_model(j, limits);  // only checked
   TokenizeParams p;
@@ -687,6 +689,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits, 
     if (const json* v = field(j, "add_generation_prompt"))
       generation_prompt = get_bool(*v, "add_generation_prompt");
     p.text = render_chat(parse_messages(j), tmpl, generation_prompt);
+    p.chat = true;
   } else if (prompt) {
     p.text = get_string(*prompt, "prompt");
   } else {
@@ -819,21 +822,33 @@ Result<CompletionParams> parse_completion_request(std::string_view body,
 }
 
 Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
-                                            ChatTemplate tmpl) {
+                                            const ChatFormat& tmpl) {
   return parsed<CompletionParams>([&] { return parse_chat(body, limits, tmpl); });
 }
 
 Result<TokenizeParams> parse_tokenize_request(std::string_view body, const ModelLimits& limits,
-                                              ChatTemplate tmpl) {
+                                              const ChatFormat& tmpl) {
   return parsed<TokenizeParams>([&] { return parse_tokenize(body, limits, tmpl); });
 }
+
+namespace {
+
+// Whether the tokenizer adds its BOS to a prompt: yes when it has one, but not
+// to a chat whose template wrote it already (Llama 3's "<|begin_of_text|>"),
+// as vLLM encodes a rendered chat without special tokens.
+bool adds_bos(const Tokenizer& tokenizer, std::string_view text, bool chat) {
+  const int bos = tokenizer.bos_id();
+  return bos >= 0 && !(chat && text.starts_with(tokenizer.piece(bos)));
+}
+
+}  // namespace
 
 Result<json> tokenize_response(const TokenizeParams& p, const Tokenizer* tokenizer,
                                const ModelLimits& limits) {
   if (!tokenizer) return no_tokenizer("/tokenize");
   std::vector<int> ids;
   try {
-    ids = tokenizer->encode(p.text, p.add_special_tokens && tokenizer->bos_id() >= 0);
+    ids = tokenizer->encode(p.text, p.add_special_tokens && adds_bos(*tokenizer, p.text, p.chat));
   } catch (const std::exception& e) {
     return bad_request(std::string("The text could not be tokenized: ") + e.what(), "prompt");
   }
@@ -875,7 +890,8 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
       return bad_request("This server has no tokenizer: send `prompt` as an array of token ids.",
                          "prompt");
     try {
-      ids = tokenizer->encode(*p.prompt_text, tokenizer->bos_id() >= 0);
+      ids = tokenizer->encode(*p.prompt_text,
+                              adds_bos(*tokenizer, *p.prompt_text, p.api == Api::Chat));
     } catch (const std::exception& e) {
       return bad_request(std::string("The prompt could not be tokenized: ") + e.what(), "prompt");
     }

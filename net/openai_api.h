@@ -142,7 +142,7 @@ Result<CompletionParams> parse_completion_request(std::string_view body, const M
 // 0..kMaxLogprobs (which needs it), and tools, functions and
 // response formats other than text refused as unsupported.
 Result<CompletionParams> parse_chat_request(std::string_view body, const ModelLimits& limits,
-                                            ChatTemplate tmpl);
+                                            const ChatFormat& tmpl);
 
 // The prompt as token ids: text is encoded (with BOS when the tokenizer has
 // one); `tokenizer` may be null, and then only token-id prompts are accepted.
@@ -263,11 +263,12 @@ Result<nlohmann::json> model_response(std::string_view id, const ModelLimits& li
 // be the served one (404).
 struct TokenizeParams {
   std::string text;
+  bool chat = false;  // text is rendered `messages`
   bool add_special_tokens = true;
   bool return_token_strs = false;
 };
 Result<TokenizeParams> parse_tokenize_request(std::string_view body, const ModelLimits& limits,
-                                              ChatTemplate tmpl);
+                                              const ChatFormat& tmpl);
 // {"count", "max_model_len", "tokens", "token_strs" (null unless asked)};
 // a 400 when the server has no tokenizer.
 Result<nlohmann::json> tokenize_response(const TokenizeParams& params, const Tokenizer* tokenizer,

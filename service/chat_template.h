@@ -4,6 +4,7 @@
 // rendering, and what `auto` picks from a model's tokenizer_config.json, is
 // net/chat_template.h.
 #include <array>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -13,14 +14,33 @@ enum class ChatTemplate {
   Plain,   // "System: ...\nUser: ...\nAssistant:"
   Llama2,  // "[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST]"
   Zephyr,  // "<|user|>\n...</s>\n<|assistant|>\n" (TinyLlama-Chat, Zephyr)
+  ChatML,  // "<|im_start|>user\n...<|im_end|>\n" (Qwen2, SmolLM2, ...)
+  Llama3,  // "<|start_header_id|>user<|end_header_id|>\n\n...<|eot_id|>"
   Auto,    // the model's own, when it is one of these; else plain
 };
 
-inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 4> kChatTemplates{{
+inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 6> kChatTemplates{{
     {"plain", ChatTemplate::Plain},
     {"llama2", ChatTemplate::Llama2},
     {"zephyr", ChatTemplate::Zephyr},
+    {"chatml", ChatTemplate::ChatML},
+    {"llama3", ChatTemplate::Llama3},
     {"auto", ChatTemplate::Auto},
 }};
+
+// A template and what a model's own version of it adds to every chat.
+struct ChatFormat {
+  ChatTemplate kind = ChatTemplate::Plain;
+  // The system message a chat without one gets (Qwen2.5's "You are Qwen,
+  // ...", SmolLM2's), empty for none.
+  std::string default_system;
+  // llama3: a system turn always opens the chat, with this before the chat's
+  // own system message (Llama 3.1's "Cutting Knowledge Date: ..."); empty for
+  // Llama 3's template, which has a system turn only when the chat has one.
+  std::string system_preamble;
+
+  ChatFormat(ChatTemplate k = ChatTemplate::Plain) : kind(k) {}  // NOLINT: a template is a format
+  bool operator==(const ChatFormat&) const = default;
+};
 
 }  // namespace troupe

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "text/unicode.h"
+
 namespace troupe {
 
 namespace {
@@ -31,6 +33,8 @@ void TextStreamer::reset() {
 void TextStreamer::continue_after(std::span<const int> prompt) {
   for (int id : prompt) tok_.check_id(id);
   reset();
+  // A byte-level token's text does not depend on what precedes it.
+  if (tok_.is_byte_level()) return;
   // The window starts at the prompt's last ordinary piece or its last
   // character's lead byte: decoding it with what follows gives the spacing
   // and bytes the whole text has, and its own text counts as out already.
@@ -77,8 +81,20 @@ size_t TextStreamer::last_char_start() const {
   return std::string::npos;
 }
 
+std::string TextStreamer::put_bytes(int id) {
+  if (tok_.is_control(id)) return {};
+  text_ += tok_.token_bytes(id);
+  // What ends in the start of a character still to come waits for it; the
+  // rest is final: decode() cuts its invalid bytes the same way.
+  const size_t keep = unicode::incomplete_utf8_tail(text_);
+  std::string out = unicode::utf8_lossy(std::string_view(text_).substr(0, text_.size() - keep));
+  text_.erase(0, text_.size() - keep);
+  return out;
+}
+
 std::string TextStreamer::put(int id) {
   tok_.check_id(id);
+  if (tok_.is_byte_level()) return put_bytes(id);
   window_.push_back(id);
   const bool is_byte = tok_.byte_value(id) >= 0;
   if (is_byte && tail_is_incomplete_utf8()) return {};
@@ -121,6 +137,11 @@ std::string TextStreamer::put(int id) {
 }
 
 std::string TextStreamer::finish() {
+  if (tok_.is_byte_level()) {
+    std::string out = unicode::utf8_lossy(text_);
+    reset();
+    return out;
+  }
   std::string out;
   if (!window_.empty()) {
     std::string text = tok_.decode_checked(window_);

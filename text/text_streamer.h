@@ -39,12 +39,14 @@ class TextStreamer {
   static constexpr size_t kContinuationIds = 5;  // an ordinary piece + a character's bytes
 
  private:
+  std::string put_bytes(int id);  // a byte-level tokenizer's put()
   bool tail_is_incomplete_utf8() const;
   size_t last_char_start() const;
 
   Tokenizer tok_;
   std::vector<int> window_;  // ids since the last anchor (or the start)
-  std::string text_;         // the part of decode(window_) already returned
+  std::string text_;         // the part of decode(window_) already returned;
+                             // byte-level: the bytes of a character still to come
 };
 
 }  // namespace troupe

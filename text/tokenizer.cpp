@@ -12,16 +12,23 @@
 #include <utility>
 #include <vector>
 
+#include "text/bpe_tokenizer.h"
+#include "text/special_tokens.h"
+#include "text/unicode.h"
+
 namespace troupe {
 
+// One of two readers: SentencePiece (sp) or, when bpe is set, a
+// tokenizer.json's byte-level BPE.
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
+  std::unique_ptr<BpeTokenizer> bpe;
   std::string name;  // the file, for error messages
   int vocab = 0;
   // The special tokens' spellings ("<s>", "</s>", "<unk>") and ids: in a
   // text they stand for those tokens, as Hugging Face's tokenizers and
   // llama.cpp read them.
-  std::vector<std::pair<std::string, int>> specials;
+  SpecialTokens specials;
 
   // ids += the plain text's tokens (SentencePiece's own encoding).
   void encode_plain(std::string_view text, std::vector<int>& ids) const {
@@ -40,7 +47,7 @@ namespace {
 // tokenizer at a 10 GB checkpoint" into an error instead of a huge read.
 constexpr std::uintmax_t kMaxModelBytes = 256u << 20;
 
-std::string read_model_file(const std::filesystem::path& path) {
+std::string read_model_file(const std::filesystem::path& path, const char* kind) {
   const std::string name = path.string();
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -58,7 +65,7 @@ std::string read_model_file(const std::filesystem::path& path) {
   }
   if (size > kMaxModelBytes) {
     throw std::runtime_error("tokenizer: '" + name + "' is " + std::to_string(size) +
-                             " bytes, too large for a SentencePiece model");
+                             " bytes, too large for a " + std::string(kind));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("tokenizer: cannot open '" + name + "' for reading");
@@ -155,9 +162,19 @@ Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) 
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
-  const std::string bytes = read_model_file(path);
   auto impl = std::make_shared<Impl>();
   impl->name = path.string();
+  if (path.extension() == ".json") {
+    const std::string json = read_model_file(path, "tokenizer.json");
+    std::string config;
+    if (const auto beside = path.parent_path() / "tokenizer_config.json";
+        std::filesystem::is_regular_file(beside))
+      config = read_model_file(beside, "tokenizer_config.json");
+    impl->bpe = BpeTokenizer::parse(json, impl->name, config);
+    impl->vocab = impl->bpe->vocab_size();
+    return Tokenizer(std::move(impl));
+  }
+  const std::string bytes = read_model_file(path, "SentencePiece model");
   if (const std::string problem = pieces_problem(bytes); !problem.empty())
     throw std::runtime_error("tokenizer: '" + impl->name +
                              "' is not a valid SentencePiece model: " + problem);
@@ -172,51 +189,24 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   }
   for (int id = 0; id < impl->vocab; ++id)
     if ((impl->sp.IsControl(id) || impl->sp.IsUnknown(id)) && !impl->sp.IdToPiece(id).empty())
-      impl->specials.emplace_back(impl->sp.IdToPiece(id), id);
+      impl->specials.add({impl->sp.IdToPiece(id), id});
   return Tokenizer(std::move(impl));
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
+  if (add_bos && bos_id() < 0) {
+    throw std::runtime_error("tokenizer: BOS requested but '" + impl_->name +
+                             "' defines no BOS token");
+  }
+  if (impl_->bpe) return impl_->bpe->encode(text, add_bos);
+  // Each piece of text between special tokens is encoded on its own, so it
+  // starts with SentencePiece's space prefix, as Hugging Face's Llama
+  // tokenizers and llama.cpp encode it.
   std::vector<int> ids;
-  // Split at the special tokens' spellings (the earliest, then the longest
-  // there); each piece of text between is encoded on its own, so it starts
-  // with SentencePiece's space prefix, as Hugging Face's Llama tokenizers and
-  // llama.cpp encode it. Each spelling's next place is searched for only once
-  // the cursor passes it, so the text is scanned once per spelling.
-  const auto& specials = impl_->specials;
-  std::vector<size_t> next(specials.size(), 0);
-  for (size_t i = 0; i < specials.size(); ++i) next[i] = text.find(specials[i].first);
-  size_t cursor = 0;
-  for (;;) {
-    size_t at = std::string_view::npos, len = 0;
-    int special = -1;
-    for (size_t i = 0; i < specials.size(); ++i) {
-      if (next[i] != std::string_view::npos && next[i] < cursor)
-        next[i] = text.find(specials[i].first, cursor);
-      const size_t p = next[i];
-      if (p == std::string_view::npos) continue;
-      if (p < at || (p == at && specials[i].first.size() > len)) {
-        at = p;
-        len = specials[i].first.size();
-        special = specials[i].second;
-      }
-    }
-    if (special < 0) {
-      impl_->encode_plain(text.substr(cursor), ids);
-      break;
-    }
-    impl_->encode_plain(text.substr(cursor, at - cursor), ids);
-    ids.push_back(special);
-    cursor = at + len;
-  }
-  if (add_bos) {
-    const int bos = bos_id();
-    if (bos < 0) {
-      throw std::runtime_error("tokenizer: BOS requested but '" + impl_->name +
-                               "' defines no BOS token");
-    }
-    ids.insert(ids.begin(), bos);
-  }
+  if (add_bos) ids.push_back(bos_id());
+  impl_->specials.split(
+      text, [&](std::string_view plain) { impl_->encode_plain(plain, ids); },
+      [&](int id) { ids.push_back(id); });
   return ids;
 }
 
@@ -228,6 +218,12 @@ void Tokenizer::check_id(int id) const {
 }
 
 std::string Tokenizer::decode_checked(const std::vector<int>& ids) const {
+  if (impl_->bpe) {
+    std::string bytes;
+    for (int id : ids)
+      if (!impl_->bpe->is_special(id)) bytes += impl_->bpe->bytes(id);
+    return unicode::utf8_lossy(bytes);
+  }
   std::string text;
   const auto status = impl_->sp.Decode(ids, &text);
   if (!status.ok()) {
@@ -248,24 +244,29 @@ int Tokenizer::vocab_size() const {
   return impl_->vocab;
 }
 int Tokenizer::bos_id() const {
-  return impl_->sp.bos_id();
+  return impl_->bpe ? impl_->bpe->bos_id() : impl_->sp.bos_id();
 }
 int Tokenizer::eos_id() const {
-  return impl_->sp.eos_id();
+  return impl_->bpe ? impl_->bpe->eos_id() : impl_->sp.eos_id();
 }
 
 bool Tokenizer::is_control(int id) const {
   check_id(id);
-  return impl_->sp.IsControl(id);
+  return impl_->bpe ? impl_->bpe->is_special(id) : impl_->sp.IsControl(id);
 }
 
 const std::string& Tokenizer::piece(int id) const {
   check_id(id);
-  return impl_->sp.IdToPiece(id);
+  return impl_->bpe ? impl_->bpe->piece(id) : impl_->sp.IdToPiece(id);
+}
+
+bool Tokenizer::is_byte_level() const {
+  return impl_->bpe != nullptr;
 }
 
 std::string Tokenizer::token_bytes(int id) const {
   const std::string& p = piece(id);
+  if (impl_->bpe) return impl_->bpe->bytes(id);
   if (const int b = byte_value(id); b >= 0) return std::string(1, char(b));
   if (impl_->sp.IsControl(id)) return p;
   static constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
@@ -283,7 +284,7 @@ std::string Tokenizer::token_bytes(int id) const {
 }
 
 int Tokenizer::byte_value(int id) const {
-  if (!impl_->sp.IsByte(id)) return -1;
+  if (impl_->bpe || !impl_->sp.IsByte(id)) return -1;
   // Byte-fallback pieces are spelled "<0xNN>" by SentencePiece's trainer.
   const std::string& p = impl_->sp.IdToPiece(id);
   int value = -1;
@@ -303,6 +304,7 @@ int Tokenizer::byte_value(int id) const {
 // it. Control, unknown and unused pieces are left out to stay clear of the
 // special cases SentencePiece has for them.
 bool Tokenizer::is_anchor(int id) const {
+  if (impl_->bpe) return true;
   const auto& sp = impl_->sp;
   return !sp.IsByte(id) && !sp.IsControl(id) && !sp.IsUnknown(id) && !sp.IsUnused(id);
 }

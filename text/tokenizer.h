@@ -1,5 +1,6 @@
 #pragma once
-// Text <-> token ids through a SentencePiece model (tokenizer.model).
+// Text <-> token ids through a SentencePiece model (tokenizer.model) or a
+// Hugging Face byte-level BPE (tokenizer.json: Llama 3, SmolLM, GPT-2, ...).
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -10,13 +11,18 @@ namespace troupe {
 
 class Tokenizer {
  public:
-  // Throws std::runtime_error naming `path` (and SentencePiece's own message)
-  // when the file is missing, unreadable or not a valid model.
+  // A `.json` path is read as a Hugging Face tokenizer.json (with the
+  // tokenizer_config.json beside it, for the EOS token), anything else as a
+  // SentencePiece model. Throws std::runtime_error naming `path` (and the
+  // reader's own message) when the file is missing, unreadable or not a
+  // model this runtime computes.
   static Tokenizer load(const std::filesystem::path& path);
 
-  // The spellings of the special tokens ("<s>", "</s>", "<unk>") in `text`
-  // are those tokens, as Hugging Face's tokenizers and llama.cpp read a
-  // prompt; the text between them is encoded piece by piece. Throws
+  // The spellings of the special tokens ("<s>", "</s>", "<unk>"; a
+  // tokenizer.json's added tokens) in `text` are those tokens, as Hugging
+  // Face's tokenizers and llama.cpp read a prompt; the text between them is
+  // encoded piece by piece. `add_bos` adds the tokens the model's tokenizer
+  // adds (BOS; a tokenizer.json's post-processor's). Throws
   // std::runtime_error if add_bos is asked of a model without BOS.
   std::vector<int> encode(std::string_view text, bool add_bos) const;
   // Control ids (BOS, EOS) decode to nothing. Throws std::out_of_range naming
@@ -27,11 +33,13 @@ class Tokenizer {
   int bos_id() const;  // -1 when the model has none
   int eos_id() const;  // -1 when the model has none
   bool is_control(int id) const;
-  // The raw piece ("▁the", "<0x0A>", "<s>"); throws std::out_of_range.
+  // The raw piece ("▁the", "<0x0A>", "<s>"; "Ġthe" in a byte-level BPE);
+  // throws std::out_of_range.
   const std::string& piece(int id) const;
   // The bytes one token stands for, alone: its piece with "▁" as a space, a
   // byte-fallback piece as its byte (maybe part of a UTF-8 character), a
-  // control piece as it is spelled ("</s>"). Throws std::out_of_range.
+  // control piece as it is spelled ("</s>"); a byte-level BPE token's bytes.
+  // Throws std::out_of_range.
   std::string token_bytes(int id) const;
 
   // Copies are cheap and share the loaded model, which is immutable, so they
@@ -49,6 +57,9 @@ class Tokenizer {
   void check_id(int id) const;
   int byte_value(int id) const;  // 0..255 for a byte-fallback piece, else -1
   bool is_anchor(int id) const;
+  // Each token's bytes stand alone (a byte-level BPE): decode() is their
+  // concatenation as UTF-8, control tokens left out.
+  bool is_byte_level() const;
   std::string decode_checked(const std::vector<int>& ids) const;
 
   std::shared_ptr<const Impl> impl_;

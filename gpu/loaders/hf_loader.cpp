@@ -332,7 +332,11 @@ Checkpoint load_hf_dir(const fs::path& dir) {
     return name.ends_with(".rotary_emb.inv_freq") ||
            (c.tied_classifier && name == "lm_head.weight");
   });
-  if (fs::is_regular_file(dir / "tokenizer.model")) ck.tokenizer_path = dir / "tokenizer.model";
+  // SentencePiece's own file when there is one (Llama 2, Mistral ship both),
+  // else the tokenizers library's (Llama 3, Qwen2, SmolLM ship only that).
+  for (const char* file : {"tokenizer.model", "tokenizer.json"})
+    if (ck.tokenizer_path.empty() && fs::is_regular_file(dir / file))
+      ck.tokenizer_path = dir / file;
   spdlog::debug("{}: loaded Hugging Face checkpoint ({} layers)", dir.string(), c.n_layers);
   return ck;
 }

@@ -74,9 +74,76 @@ TEST(ChatTemplate, ModelTemplatesAreRecognizedByTheirMarkers) {
   EXPECT_EQ(recognize_chat_template("{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }} "
                                     "{% set content = '<<SYS>>\n' + system + '\n<</SYS>>' %}"),
             ChatTemplate::Llama2);
-  EXPECT_FALSE(recognize_chat_template("{{'<|im_start|>' + message['role'] + '\n'}}"))
-      << "ChatML is not one of ours";
+  EXPECT_EQ(recognize_chat_template("{{'<|im_start|>' + message['role'] + '\n' + "
+                                    "message['content'] + '<|im_end|>' + '\n'}}"),
+            ChatTemplate::ChatML);
+  EXPECT_FALSE(recognize_chat_template("{{ message['content'] }}"));
   EXPECT_FALSE(recognize_chat_template(""));
+}
+
+TEST(ChatTemplate, ChatMLWithTheModelsDefaultSystemMessage) {
+  EXPECT_EQ(render_chat(kConversation, ChatTemplate::ChatML),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+            "<|im_start|>assistant\nHi.<|im_end|>\n<|im_start|>user\nTell me a "
+            "fortune<|im_end|>\n<|im_start|>assistant\n");
+  // Qwen2.5's template, as published: its literal system message is the
+  // default; the one built from messages[0] is not.
+  const std::string qwen25 =
+      "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == "
+      "'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are "
+      "Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n"
+      "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
+      "'<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else "
+      "%}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+      "helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{{- "
+      "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}";
+  const auto format = recognize_chat_template(qwen25);
+  ASSERT_TRUE(format);
+  EXPECT_EQ(format->kind, ChatTemplate::ChatML);
+  EXPECT_EQ(format->default_system,
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(render_chat({{ChatRole::User, "Hi"}}, *format),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat({{ChatRole::System, "S"}, {ChatRole::User, "Hi"}}, *format, false),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, Llama3TrimsEachMessageAndOpensTheAssistantsHeader) {
+  EXPECT_EQ(render_chat({{ChatRole::System, " Be brief. "}, {ChatRole::User, "Hello\n"}},
+                        ChatTemplate::Llama3),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe "
+            "brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render_chat({{ChatRole::User, "Hi"}}, ChatTemplate::Llama3, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+}
+
+TEST(ChatTemplate, Llama31AlwaysOpensWithItsDatedSystemTurn) {
+  const std::string llama31 =
+      "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 "
+      "Jul 2024\" %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" "
+      "}}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + "
+      "date_string + \"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}";
+  const auto format = recognize_chat_template(llama31, "06 Dec 2026");
+  ASSERT_TRUE(format);
+  EXPECT_EQ(format->kind, ChatTemplate::Llama3);
+  EXPECT_EQ(render_chat({{ChatRole::User, "Hi"}}, *format, false),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+            "Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user"
+            "<|end_header_id|>\n\nHi<|eot_id|>");
+  EXPECT_EQ(render_chat({{ChatRole::System, "Rules "}, {ChatRole::User, "Hi"}}, *format, false),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+            "Date: December 2023\nToday Date: 26 Jul 2024\n\nRules<|eot_id|><|start_header_id|>"
+            "user<|end_header_id|>\n\nHi<|eot_id|>");
+  // Llama 3.2 asks for the day's date.
+  const auto dated = recognize_chat_template(
+      llama31 +
+          "{%- if strftime_now is defined %}{%- set date_string = strftime_now(\"%d %b "
+          "%Y\") %}{%- endif %}",
+      "06 Dec 2026");
+  ASSERT_TRUE(dated);
+  EXPECT_NE(dated->system_preamble.find("Today Date: 06 Dec 2026\n\n"), std::string::npos);
 }
 
 TEST(ChatTemplate, EveryConfiguredNameRenders) {

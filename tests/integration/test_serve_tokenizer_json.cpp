@@ -1,0 +1,120 @@
+// `troupe serve` on a Hugging Face checkpoint whose tokenizer is only a
+// tokenizer.json (as Llama 3, Qwen2 and SmolLM ship it): text prompts,
+// /tokenize, streaming, and chats in the model's own Llama 3 template.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/serving_support.h"
+#include "support/test_support.h"
+#include "text/tokenizer.h"
+
+namespace troupe {
+namespace {
+
+using test::json;
+
+// Llama 3's chat template as Meta publishes it in tokenizer_config.json.
+constexpr const char* kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
+    "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+// A random tiny Llama with 1600 rows of vocabulary (more than the
+// tokenizer's 1506, as padded embeddings have), Llama 3.1's tokenizer cut to
+// 1500 tokens, its template and its EOS tokens.
+std::filesystem::path write_model(const test::TempDir& tmp) {
+  const auto dir = tmp / "llama3-tiny";
+  const auto r = test::run_command({test::troupe_binary(), "synth-model", "--preset", "tiny",
+                                    "--vocab", "1600", "--context", "256", "--out", dir.string()},
+                                   300);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  json config = json::parse(test::read_file(dir / "config.json"));
+  config["eos_token_id"] = {1501, 1505};
+  test::write_file(dir / "config.json", config.dump());
+  test::write_file(dir / "tokenizer.json",
+                   test::read_file(test::data_path("tokenizers/llama3_1-small.tokenizer.json")));
+  test::write_file(dir / "tokenizer_config.json", json{{"chat_template", kLlama3Template},
+                                                       {"bos_token", "<|begin_of_text|>"},
+                                                       {"eos_token", "<|eot_id|>"}}
+                                                      .dump());
+  return dir;
+}
+
+json post(test::Server& s, const std::string& path, const json& body) {
+  auto r = test::http_request(s.port(), "POST", path, body.dump());
+  EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+  return r.status == 200 ? json::parse(r.body) : json();
+}
+
+TEST(ServeTokenizerJson, TextPromptsChatsAndStreamsThroughTheTokenizersFile) {
+  test::TempDir tmp;
+  const auto dir = write_model(tmp);
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::Server s({"model.path=" + dir.string()});
+
+  // A text prompt is the tokenizer's ids after its BOS, as Hugging Face's
+  // tokenizer(text) gives them.
+  const std::string text = "The year 1984: don't PANIC, naïve café 😀!";
+  const json counted = post(s, "/tokenize", {{"prompt", text}, {"return_token_strs", true}});
+  EXPECT_EQ(counted["tokens"].get<std::vector<int>>(), tok.encode(text, true));
+  EXPECT_EQ(counted["tokens"][0], 1500);
+  EXPECT_EQ(counted["token_strs"][2], tok.piece(tok.encode(text, false)[1]));
+  const json back = post(s, "/detokenize", {{"tokens", counted["tokens"]}});
+  EXPECT_EQ(back["prompt"], text);
+
+  // The completion's usage counts the same prompt; its streamed text, byte
+  // tokens of split characters included, is the whole text.
+  json body = {{"prompt", text},
+               {"max_tokens", 40},
+               {"temperature", 1.0},
+               {"seed", 11},
+               {"ignore_eos", true}};
+  const json done = post(s, "/v1/completions", body);
+  EXPECT_EQ(done["usage"]["prompt_tokens"], counted["count"]);
+  body["stream"] = true;
+  auto st = test::http_request(s.port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(test::sse_text(st.body), done["choices"][0]["text"]);
+
+  // A chat is the model's Llama 3 template with one BOS (the template
+  // writes it; the tokenizer does not add another), and answers as the
+  // completion of those ids does.
+  const json messages = json::array(
+      {{{"role", "system"}, {"content", "Be brief. "}}, {{"role", "user"}, {"content", "Hello"}}});
+  const json rendered = post(s, "/tokenize", {{"messages", messages}});
+  const std::string want =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(rendered["tokens"].get<std::vector<int>>(), tok.encode(want, false));
+  EXPECT_EQ(rendered["tokens"][0], 1500);
+  EXPECT_NE(rendered["tokens"][1], 1500);
+  const json chat = post(s, "/v1/chat/completions",
+                         {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+  const json same = post(s, "/v1/completions",
+                         {{"prompt", rendered["tokens"]}, {"max_tokens", 16}, {"temperature", 0}});
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], same["choices"][0]["text"]);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], rendered["count"]);
+}
+
+TEST(ServeTokenizerJson, ATokenizerLargerThanTheModelIsRefused) {
+  test::TempDir tmp;
+  const auto dir = tmp / "small-vocab";
+  const auto r = test::run_command(
+      {test::troupe_binary(), "synth-model", "--preset", "tiny", "--out", dir.string()}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::write_file(dir / "tokenizer.json",
+                   test::read_file(test::data_path("tokenizers/gpt2-small.tokenizer.json")));
+  const auto refused = test::serve_until_exit({"model.path=" + dir.string()});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.stderr_text.find("1501 tokens but the model only 300"), std::string::npos)
+      << refused.stderr_text;
+}
+
+}  // namespace
+}  // namespace troupe
