@@ -18,6 +18,7 @@ struct SynthOptions {
   std::string out;
   int dim = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
   bool tied = false;
+  bool qkv_bias = false;
 };
 
 void run_synth(const SynthOptions& o) {
@@ -36,6 +37,7 @@ void run_synth(const SynthOptions& o) {
   set(c.vocab_size, o.vocab);
   set(c.max_seq_len, o.context);
   if (o.tied) c.tied_classifier = true;
+  if (o.qkv_bias) c.qkv_bias = true;
   if (o.heads && c.dim % c.n_heads != 0)
     throw UsageError("--dim " + std::to_string(c.dim) + " is not divisible by --heads " +
                      std::to_string(c.n_heads));
@@ -72,6 +74,8 @@ void register_synth_model(CLI::App& app) {
   cmd->add_option("--vocab", o->vocab, "Override: vocabulary size");
   cmd->add_option("--context", o->context, "Override: context length");
   cmd->add_flag("--tied", o->tied, "Tie the classifier to the embedding");
+  cmd->add_flag("--qkv-bias", o->qkv_bias,
+                "Biases on the q, k and v projections: a Qwen2 checkpoint (model_type qwen2)");
   cmd->callback([o] { run_synth(*o); });
 }
 

@@ -41,7 +41,7 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   Fnv f;
   const ModelConfig& c = ck.config;
   for (int v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
-                c.max_seq_len, c.bos_id, int(c.rope), int(c.tied_classifier)})
+                c.max_seq_len, c.bos_id, int(c.rope), int(c.tied_classifier), int(c.qkv_bias)})
     f.value(v);
   f.value(c.rope_theta);
   f.value(int(c.rope_scaling.kind));
@@ -54,8 +54,8 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   f.value(int(weight_dtype));
   tensor(f, ck.tok_embedding);
   for (const LayerTensors& l : ck.layers)
-    for (const Tensor* t :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
+                            &l.w_up, &l.w_down, &l.bq, &l.bk, &l.bv})
       tensor(f, *t);
   tensor(f, ck.final_norm);
   tensor(f, ck.classifier);

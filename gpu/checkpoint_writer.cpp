@@ -11,8 +11,8 @@ namespace {
 
 nlohmann::json hf_config(const ModelConfig& c, DType dtype) {
   nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = c.qkv_bias ? "qwen2" : "llama";
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.hidden_dim;
   j["num_hidden_layers"] = c.n_layers;
@@ -62,6 +62,11 @@ void write_hf_checkpoint(const Checkpoint& ck, const std::filesystem::path& dir)
     tensors.emplace_back(p + "self_attn.k_proj.weight", t.wk);
     tensors.emplace_back(p + "self_attn.v_proj.weight", t.wv);
     tensors.emplace_back(p + "self_attn.o_proj.weight", t.wo);
+    if (ck.config.qkv_bias) {
+      tensors.emplace_back(p + "self_attn.q_proj.bias", t.bq);
+      tensors.emplace_back(p + "self_attn.k_proj.bias", t.bk);
+      tensors.emplace_back(p + "self_attn.v_proj.bias", t.bv);
+    }
     tensors.emplace_back(p + "post_attention_layernorm.weight", t.ffn_norm);
     tensors.emplace_back(p + "mlp.gate_proj.weight", t.w_gate);
     tensors.emplace_back(p + "mlp.up_proj.weight", t.w_up);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "gpu/comm/communicator.h"
 
@@ -195,6 +196,14 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
         PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
     w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype);
     w.wo.set_pieces(piece_bounds(0, d.heads, [&](int h) { return h * int(hd); }));
+    if (config_.qkv_bias)
+      for (const auto& [b, lo, hi] :
+           {std::tuple{&t.bq, q0, q1}, {&t.bk, k0, k1}, {&t.bv, k0, k1}}) {
+        const size_t at = w.qkv_bias.size();
+        w.qkv_bias.resize(at + size_t(hi - lo));
+        convert_to_f32(static_cast<const char*>(b->raw()) + size_t(lo) * dtype_size(b->dtype()),
+                       b->dtype(), w.qkv_bias.data() + at, size_t(hi - lo));
+      }
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
     w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
     const int per_shard = ffn_pieces(config_) / shard.tp_size;
@@ -433,6 +442,8 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     matmul(pool, xb, T, dim, w.wqkv, ws.qkv.data(), qkv_cols);
     for_each_token(pool, T, [&](int t) {
       float* row = ws.qkv.data() + size_t(t) * size_t(qkv_cols);
+      if (!w.qkv_bias.empty())
+        for (int i = 0; i < qkv_cols; ++i) row[i] += w.qkv_bias[size_t(i)];
       const int pos = ws.pos[size_t(t)];
       kernels::rope(row, d.heads, hd, pos, rope_, c.rope);
       kernels::rope(row + qd, d.kv_heads, hd, pos, rope_, c.rope);

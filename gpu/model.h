@@ -102,10 +102,11 @@ class Workspace {
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
-  PackedMatrix wqkv;     // [q_dim + 2 kv_dim, dim]
-  PackedMatrix wo;       // [dim, q_dim]
-  PackedMatrix gate_up;  // [2 hidden, dim]
-  PackedMatrix down;     // [dim, hidden]
+  PackedMatrix wqkv;            // [q_dim + 2 kv_dim, dim]
+  PackedMatrix wo;              // [dim, q_dim]
+  PackedMatrix gate_up;         // [2 hidden, dim]
+  PackedMatrix down;            // [dim, hidden]
+  std::vector<float> qkv_bias;  // [q_dim + 2 kv_dim] of this shard's heads; empty: none
 };
 
 // What a shard exchanges with its peers in one step.

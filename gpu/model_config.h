@@ -49,6 +49,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   float norm_eps = 1e-5f;
   bool tied_classifier = true;
+  // Qwen2: the q, k and v projections add a bias (o, the FFN: none).
+  bool qkv_bias = false;
   RopeLayout rope = RopeLayout::Interleaved;
   int bos_id = 1;
   std::vector<int> eos_ids{2};

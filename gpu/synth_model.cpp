@@ -81,6 +81,16 @@ Checkpoint synth_checkpoint(const ModelConfig& config, uint64_t seed, DType dtyp
   ck.final_norm = ones_like_norm(config.dim, rng, dtype);
   ck.classifier = config.tied_classifier ? ck.tok_embedding
                                          : random_tensor({config.vocab_size, d}, in_d, rng, dtype);
+  if (config.qkv_bias) {
+    // Drawn last, from a stream of their own, so that a model with biases
+    // has the same weights as the one without.
+    Xoshiro256 brng(seed ^ 0xb1a5b1a5b1a5b1a5ull);
+    for (LayerTensors& t : ck.layers) {
+      t.bq = random_tensor({q}, 0.5f, brng, dtype);
+      t.bk = random_tensor({kv}, 0.5f, brng, dtype);
+      t.bv = random_tensor({kv}, 0.5f, brng, dtype);
+    }
+  }
   return ck;
 }
 

@@ -120,8 +120,10 @@ void check_supported(const ConfigReader& c) {
   // and OLMo2's extra norms, Gemma's scaled embeddings) and would load as
   // Llama, wrongly.
   if (const json* v = c.get("model_type");
-      v && !(v->is_string() && (*v == "llama" || *v == "mistral")))
-    c.unsupported("model_type", *v, "only the Llama architecture (llama, mistral) is implemented");
+      v && !(v->is_string() && (*v == "llama" || *v == "mistral" || *v == "qwen2")))
+    c.unsupported("model_type", *v,
+                  "only the Llama architecture (llama, mistral) and Qwen2's (qwen2) are "
+                  "implemented");
   if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
     c.unsupported("hidden_act", *v, "only silu is implemented");
   for (const char* key : {"attention_bias", "mlp_bias"})
@@ -175,6 +177,8 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.rope_theta = c.number("rope_theta", 10000.0f);
   cfg.rope_scaling = parse_rope_scaling(path, c);
   cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
+  // Qwen2 is Llama with biases on the q, k and v projections.
+  if (const json* v = c.get("model_type"); v && *v == "qwen2") cfg.qkv_bias = true;
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
@@ -305,6 +309,11 @@ LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
   l.w_gate = w.get(p + "mlp.gate_proj.weight", {hidden, dim});
   l.w_up = w.get(p + "mlp.up_proj.weight", {hidden, dim});
   l.w_down = w.get(p + "mlp.down_proj.weight", {dim, hidden});
+  if (c.qkv_bias) {
+    l.bq = w.get(p + "self_attn.q_proj.bias", {q});
+    l.bk = w.get(p + "self_attn.k_proj.bias", {kv});
+    l.bv = w.get(p + "self_attn.v_proj.bias", {kv});
+  }
   return l;
 }
 

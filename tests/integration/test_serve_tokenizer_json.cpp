@@ -102,6 +102,53 @@ TEST(ServeTokenizerJson, TextPromptsChatsAndStreamsThroughTheTokenizersFile) {
   EXPECT_EQ(chat["usage"]["prompt_tokens"], rendered["count"]);
 }
 
+// Qwen2.5's template as published (the part a chat without tools takes).
+constexpr const char* kQwen25Template =
+    "{%- if messages[0]['role'] == 'system' %}\n    {{- '<|im_start|>system\\n' + "
+    "messages[0]['content'] + '<|im_end|>\\n' }}\n{%- else %}\n    {{- "
+    "'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}\n{%- endif %}\n{%- for message in messages %}{{- "
+    "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- "
+    "endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+// A Qwen2 checkpoint (q/k/v biases) with Qwen's tokenizer (NFC, no BOS) and
+// its ChatML template, whose default system message a chat without one gets.
+TEST(ServeTokenizerJson, Qwen2WithItsChatTemplate) {
+  test::TempDir tmp;
+  const auto dir = tmp / "qwen2-tiny";
+  const auto r =
+      test::run_command({test::troupe_binary(), "synth-model", "--preset", "tiny", "--qkv-bias",
+                         "--vocab", "1536", "--context", "256", "--out", dir.string()},
+                        300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json config = json::parse(test::read_file(dir / "config.json"));
+  EXPECT_EQ(config["model_type"], "qwen2");
+  config["eos_token_id"] = 1502;
+  test::write_file(dir / "config.json", config.dump());
+  test::write_file(dir / "tokenizer.json",
+                   test::read_file(test::data_path("tokenizers/qwen-small.tokenizer.json")));
+  test::write_file(dir / "tokenizer_config.json",
+                   json{{"chat_template", kQwen25Template}, {"eos_token", "<|im_end|>"}}.dump());
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::Server s({"model.path=" + dir.string()});
+
+  const std::string decomposed = "cafe\xCC\x81";  // NFC makes it "café"
+  const json counted = post(s, "/tokenize", {{"prompt", decomposed}});
+  EXPECT_EQ(counted["tokens"].get<std::vector<int>>(), tok.encode("caf\xC3\xA9", false));
+  const json messages = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  const json rendered = post(s, "/tokenize", {{"messages", messages}});
+  EXPECT_EQ(rendered["tokens"].get<std::vector<int>>(),
+            tok.encode("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+                       "helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+                       "<|im_start|>assistant\n",
+                       false));
+  const json chat = post(s, "/v1/chat/completions",
+                         {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}});
+  const json same = post(s, "/v1/completions",
+                         {{"prompt", rendered["tokens"]}, {"max_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], same["choices"][0]["text"]);
+}
+
 TEST(ServeTokenizerJson, ATokenizerLargerThanTheModelIsRefused) {
   test::TempDir tmp;
   const auto dir = tmp / "small-vocab";

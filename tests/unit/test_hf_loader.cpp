@@ -439,7 +439,7 @@ TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
 // Other architectures name their tensors as Llama does: refused by their
 // model_type, or by a tensor Llama has not (it would be silently ignored).
 TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
-  for (const char* type : {"qwen2", "gemma", "qwen3"})
+  for (const char* type : {"gemma", "qwen3", "phi3"})
     EXPECT_TRUE(mentions(with("model_type", type),
                          {config_file(), "model_type", type, "not supported", "llama, mistral"}))
         << type;
@@ -454,6 +454,29 @@ TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
                        {"model.layers.0.self_attn.q_norm.weight"}));
   EXPECT_TRUE(mentions(with("sliding_window", 0), {config_file(), "sliding_window"}));
+}
+
+// Qwen2 is Llama with q, k and v biases: each layer must have all three, of
+// its heads' sizes.
+TEST_F(HfLoaderBadInput, Qwen2NeedsItsProjectionBiases) {
+  json cfg = tiny_config();
+  cfg["model_type"] = "qwen2";
+  write_model(dir_.path(), cfg, tiny_tensors(tiny_config()));
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {weights_file(), "model.layers.0.self_attn.q_proj.bias", "missing"}));
+  const int64_t q = cfg["hidden_size"].get<int64_t>();
+  const int64_t kv = q / cfg["num_attention_heads"].get<int64_t>() *
+                     cfg.value("num_key_value_heads", cfg["num_attention_heads"].get<int64_t>());
+  NamedTensors ts = tiny_tensors(tiny_config());
+  for (int l = 0; l < cfg["num_hidden_layers"].get<int>(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    ts.emplace_back(p + "q_proj.bias", filled({q}, DType::F32, 80));
+    ts.emplace_back(p + "k_proj.bias", filled({kv}, DType::F32, 81));
+    ts.emplace_back(p + "v_proj.bias", filled({l == 1 ? kv + 1 : kv}, DType::F32, 82));
+  }
+  write_model(dir_.path(), cfg, ts);
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {"model.layers.1.self_attn.v_proj.bias", "shape"}));
 }
 
 TEST_F(HfLoaderBadInput, InconsistentDimensions) {

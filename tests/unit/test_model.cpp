@@ -89,6 +89,41 @@ TEST(RopeScaling, ScaledModelRotatesByTheStretchedPositions) {
   EXPECT_EQ(last_logits(a, {1}), last_logits(b, {1}));
 }
 
+// Qwen2: biases on q, k and v. Written and read back as a qwen2 checkpoint
+// they give the same logits; zero biases give the model without them; and
+// each of the three changes the answer (so none is dropped on the way).
+TEST(QkvBias, Qwen2CheckpointRoundTripsAndEachBiasCounts) {
+  ModelConfig c = synth_preset("tiny");
+  c.rope = RopeLayout::RotateHalf;
+  c.qkv_bias = true;
+  const Checkpoint biased = synth_checkpoint(c, 9, DType::F32);
+  test::TempDir dir;
+  write_hf_checkpoint(biased, dir.path());
+  EXPECT_NE(test::read_file(dir / "config.json").find("\"qwen2\""), std::string::npos);
+  const Checkpoint back = load_checkpoint(dir.path());
+  ASSERT_TRUE(back.config.qkv_bias);
+  const std::vector<int> prompt{1, 5, 9, 13, 7, 3};
+  const std::vector<float> want = last_logits(Model(biased, DType::F32), prompt);
+  EXPECT_EQ(last_logits(Model(back, DType::F32), prompt), want);
+
+  ModelConfig plain_config = c;
+  plain_config.qkv_bias = false;
+  Checkpoint plain = synth_checkpoint(plain_config, 9, DType::F32);
+  Checkpoint zero = biased;
+  for (LayerTensors& l : zero.layers)
+    for (Tensor* b : {&l.bq, &l.bk, &l.bv}) *b = Tensor::zeros(b->shape(), DType::F32);
+  EXPECT_EQ(last_logits(Model(zero, DType::F32), prompt),
+            last_logits(Model(plain, DType::F32), prompt));
+  for (int which = 0; which < 3; ++which) {
+    Checkpoint one = zero;
+    Tensor& b = which == 0 ? one.layers[1].bq : which == 1 ? one.layers[1].bk : one.layers[1].bv;
+    b = biased.layers[1].bq.rows(0, b.dim(0));  // some nonzero values of the right size
+    EXPECT_NE(last_logits(Model(one, DType::F32), prompt),
+              last_logits(Model(zero, DType::F32), prompt))
+        << "bias " << which;
+  }
+}
+
 TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
   auto model = Model::load(test::model_path("fortune"), DType::F32);
   auto tok = Tokenizer::load(model->tokenizer_path());

@@ -108,6 +108,13 @@ TEST(ParallelEngine, LayoutsMatchSingleDeviceOnGqaRandomModel) {
   check_layouts(synth_checkpoint(synth_preset("tiny"), 3, DType::F32));  // 8 heads, 2 kv heads
 }
 
+// Qwen2's q/k/v biases are cut with their heads.
+TEST(ParallelEngine, LayoutsMatchSingleDeviceWithProjectionBiases) {
+  ModelConfig c = synth_preset("tiny");
+  c.qkv_bias = true;
+  check_layouts(synth_checkpoint(c, 6, DType::F32));
+}
+
 TEST(ParallelEngine, LayoutsMatchSingleDeviceWithBf16Weights) {
   check_layouts(synth_checkpoint(synth_preset("tiny"), 4, DType::F32), DType::BF16);
 }
