@@ -291,6 +291,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::parse(std::string_view text, const s
     if (!byte_level) refuse(name, "not a byte-level BPE (no ByteLevel pre-tokenizer)");
     if (model.value("byte_fallback", false)) refuse(name, "BPE byte_fallback is not supported");
     t->ignore_merges_ = model.value("ignore_merges", false);
+    t->fuse_unk_ = model.value("fuse_unk", false);
 
     // The vocabulary, then the added tokens (ids may run past it).
     const json& vocab = model.at("vocab");
@@ -327,6 +328,14 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::parse(std::string_view text, const s
       t->special_[size_t(id)] = a.value("special", false);
       t->added_.add({content, id, a.value("lstrip", false), a.value("rstrip", false),
                      a.value("single_word", false)});
+    }
+
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      const auto it = by_spelling.find(model["unk_token"].get<std::string>());
+      if (it == by_spelling.end())
+        refuse(name, "the unknown token '" + model["unk_token"].get<std::string>() +
+                         "' is not in the vocabulary");
+      t->unk_ = it->second;
     }
 
     // Merges: "a b" strings (older files) or ["a", "b"] pairs; rank = order.
@@ -418,14 +427,21 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int>& ids) const {
   struct Symbol {
     int id, prev, next;
   };
-  std::vector<Symbol> sym(word.size());
-  for (size_t i = 0; i < word.size(); ++i) {
-    const int id = byte_token_[uint8_t(word[i])];
-    if (id < 0)
-      throw std::runtime_error("tokenizer: byte " + std::to_string(uint8_t(word[i])) +
-                               " has no token in the vocabulary");
-    sym[i] = {id, int(i) - 1, i + 1 < word.size() ? int(i) + 1 : -1};
+  // A byte the vocabulary cannot spell is its unknown token, or where it has
+  // none, left out: what the tokenizers library does (SmolLM2's vocabulary
+  // lacks a few bytes).
+  std::vector<Symbol> sym;
+  sym.reserve(word.size());
+  for (const char ch : word) {
+    int id = byte_token_[uint8_t(ch)];
+    if (id < 0) {
+      if (unk_ < 0 || (fuse_unk_ && !sym.empty() && sym.back().id == unk_)) continue;
+      id = unk_;
+    }
+    sym.push_back({id, int(sym.size()) - 1, -1});
   }
+  if (sym.empty()) return;
+  for (size_t i = 0; i + 1 < sym.size(); ++i) sym[i].next = int(i) + 1;
   struct Candidate {
     int rank, pos, left, right;
     bool operator>(const Candidate& o) const {
@@ -439,7 +455,7 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int>& ids) const {
     const auto it = merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
     if (it != merges_.end()) queue.push({it->second.rank, pos, l, r});
   };
-  for (size_t i = 0; i + 1 < word.size(); ++i) consider(int(i));
+  for (size_t i = 0; i + 1 < sym.size(); ++i) consider(int(i));
   while (!queue.empty()) {
     const Candidate c = queue.top();
     queue.pop();

@@ -58,6 +58,8 @@ class BpeTokenizer {
   std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> the merge
   bool ignore_merges_ = false;
   bool nfc_ = false;  // the NFC normalizer
+  int unk_ = -1;      // the model's unknown token, for a byte it cannot spell
+  bool fuse_unk_ = false;
   std::vector<PreStep> pre_steps_;
   SpecialTokens added_;
   std::vector<int> prefix_, suffix_;

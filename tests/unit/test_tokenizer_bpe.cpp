@@ -157,6 +157,41 @@ TEST(TokenizerJson, RefusesWhatItDoesNotComputeNamingIt) {
   }
 }
 
+// A vocabulary without a byte's token (SmolLM2's lacks a few): the byte is
+// left out, as the tokenizers library does, or is the unknown token.
+TEST(TokenizerJson, AByteWithoutATokenIsDroppedOrUnknown) {
+  using nlohmann::json;
+  const std::string micro = "\xC2\xB5";  // U+00B5, byte 0xB5's spelling
+  const auto without = [&](const json& unk) {
+    return edited([&](json& j) {
+      j["model"]["vocab"].erase(micro);
+      json merges = json::array();
+      for (const json& m : j["model"]["merges"])
+        if (m.get<std::string>().find(micro) == std::string::npos) merges.push_back(m);
+      j["model"]["merges"] = merges;
+      j["model"]["unk_token"] = unk;
+    });
+  };
+  test::TempDir dir;
+  test::write_file(dir / "tokenizer.json", without(nullptr));
+  const Tokenizer dropped = Tokenizer::load(dir / "tokenizer.json");
+  // "aõb" is a, C3 B5, b: without B5 it decodes as "a", a cut character, "b".
+  EXPECT_EQ(dropped.decode(dropped.encode("a\xC3\xB5"
+                                          "b",
+                                          false)),
+            "a\xEF\xBF\xBD"
+            "b");
+  test::write_file(dir / "tokenizer.json", without("<|endoftext|>"));
+  const Tokenizer unknown = Tokenizer::load(dir / "tokenizer.json");
+  const auto ids = unknown.encode(
+      "a\xC3\xB5"
+      "b",
+      false);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 1500), ids.end());
+  test::write_file(dir / "tokenizer.json", without("<|no such token|>"));
+  EXPECT_THROW((void)Tokenizer::load(dir / "tokenizer.json"), std::runtime_error);
+}
+
 TEST(TokenizerJson, SplitBehaviorsAndDigits) {
   using nlohmann::json;
   const auto with_pre = [](json pre) {
