@@ -19,6 +19,7 @@ struct SynthOptions {
   int dim = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
   bool tied = false;
   bool qkv_bias = false;
+  bool qk_norm = false;
 };
 
 void run_synth(const SynthOptions& o) {
@@ -38,6 +39,9 @@ void run_synth(const SynthOptions& o) {
   set(c.max_seq_len, o.context);
   if (o.tied) c.tied_classifier = true;
   if (o.qkv_bias) c.qkv_bias = true;
+  if (o.qk_norm) c.qk_norm = true;
+  if (c.qkv_bias && c.qk_norm)
+    throw UsageError("--qkv-bias and --qk-norm: pick one (Qwen2 or Qwen3)");
   if (o.heads && c.dim % c.n_heads != 0)
     throw UsageError("--dim " + std::to_string(c.dim) + " is not divisible by --heads " +
                      std::to_string(c.n_heads));
@@ -76,6 +80,8 @@ void register_synth_model(CLI::App& app) {
   cmd->add_flag("--tied", o->tied, "Tie the classifier to the embedding");
   cmd->add_flag("--qkv-bias", o->qkv_bias,
                 "Biases on the q, k and v projections: a Qwen2 checkpoint (model_type qwen2)");
+  cmd->add_flag("--qk-norm", o->qk_norm,
+                "RMS norms on each query and key head: a Qwen3 checkpoint (model_type qwen3)");
   cmd->callback([o] { run_synth(*o); });
 }
 

@@ -41,7 +41,8 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   Fnv f;
   const ModelConfig& c = ck.config;
   for (int v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
-                c.max_seq_len, c.bos_id, int(c.rope), int(c.tied_classifier), int(c.qkv_bias)})
+                c.max_seq_len, c.bos_id, int(c.rope), int(c.tied_classifier), int(c.qkv_bias),
+                int(c.qk_norm)})
     f.value(v);
   f.value(c.rope_theta);
   f.value(int(c.rope_scaling.kind));
@@ -55,7 +56,7 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   tensor(f, ck.tok_embedding);
   for (const LayerTensors& l : ck.layers)
     for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
-                            &l.w_up, &l.w_down, &l.bq, &l.bk, &l.bv})
+                            &l.w_up, &l.w_down, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm})
       tensor(f, *t);
   tensor(f, ck.final_norm);
   tensor(f, ck.classifier);

@@ -21,16 +21,17 @@ class CheckpointError : public std::runtime_error {
 };
 
 struct LayerTensors {
-  Tensor attn_norm;   // [dim]
-  Tensor wq;          // [n_heads*head_dim, dim]
-  Tensor wk;          // [n_kv_heads*head_dim, dim]
-  Tensor wv;          // [n_kv_heads*head_dim, dim]
-  Tensor wo;          // [dim, n_heads*head_dim]
-  Tensor ffn_norm;    // [dim]
-  Tensor w_gate;      // [hidden, dim]
-  Tensor w_up;        // [hidden, dim]
-  Tensor w_down;      // [dim, hidden]
-  Tensor bq, bk, bv;  // [n_heads*head_dim], [kv], [kv] when config.qkv_bias; else empty
+  Tensor attn_norm;       // [dim]
+  Tensor wq;              // [n_heads*head_dim, dim]
+  Tensor wk;              // [n_kv_heads*head_dim, dim]
+  Tensor wv;              // [n_kv_heads*head_dim, dim]
+  Tensor wo;              // [dim, n_heads*head_dim]
+  Tensor ffn_norm;        // [dim]
+  Tensor w_gate;          // [hidden, dim]
+  Tensor w_up;            // [hidden, dim]
+  Tensor w_down;          // [dim, hidden]
+  Tensor bq, bk, bv;      // [n_heads*head_dim], [kv], [kv] when config.qkv_bias; else empty
+  Tensor q_norm, k_norm;  // [head_dim] each when config.qk_norm; else empty
 };
 
 struct Checkpoint {

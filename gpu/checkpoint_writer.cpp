@@ -11,8 +11,10 @@ namespace {
 
 nlohmann::json hf_config(const ModelConfig& c, DType dtype) {
   nlohmann::json j;
-  j["architectures"] = {c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = c.qkv_bias ? "qwen2" : "llama";
+  j["architectures"] = {c.qkv_bias  ? "Qwen2ForCausalLM"
+                        : c.qk_norm ? "Qwen3ForCausalLM"
+                                    : "LlamaForCausalLM"};
+  j["model_type"] = c.qkv_bias ? "qwen2" : c.qk_norm ? "qwen3" : "llama";
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.hidden_dim;
   j["num_hidden_layers"] = c.n_layers;
@@ -46,6 +48,9 @@ nlohmann::json hf_config(const ModelConfig& c, DType dtype) {
 }  // namespace
 
 void write_hf_checkpoint(const Checkpoint& ck, const std::filesystem::path& dir) {
+  if (ck.config.qkv_bias && ck.config.qk_norm)
+    throw CheckpointError(dir.string() +
+                          ": no Hugging Face architecture has both q/k/v biases and q/k norms");
   if (ck.config.rope != RopeLayout::RotateHalf)
     throw CheckpointError(dir.string() +
                           ": only rotate-half (Hugging Face) RoPE checkpoints can be written");
@@ -66,6 +71,10 @@ void write_hf_checkpoint(const Checkpoint& ck, const std::filesystem::path& dir)
       tensors.emplace_back(p + "self_attn.q_proj.bias", t.bq);
       tensors.emplace_back(p + "self_attn.k_proj.bias", t.bk);
       tensors.emplace_back(p + "self_attn.v_proj.bias", t.bv);
+    }
+    if (ck.config.qk_norm) {
+      tensors.emplace_back(p + "self_attn.q_norm.weight", t.q_norm);
+      tensors.emplace_back(p + "self_attn.k_norm.weight", t.k_norm);
     }
     tensors.emplace_back(p + "post_attention_layernorm.weight", t.ffn_norm);
     tensors.emplace_back(p + "mlp.gate_proj.weight", t.w_gate);

@@ -204,6 +204,10 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
         convert_to_f32(static_cast<const char*>(b->raw()) + size_t(lo) * dtype_size(b->dtype()),
                        b->dtype(), w.qkv_bias.data() + at, size_t(hi - lo));
       }
+    if (config_.qk_norm) {
+      w.q_norm = norm_weights(t.q_norm);
+      w.k_norm = norm_weights(t.k_norm);
+    }
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
     w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
     const int per_shard = ffn_pieces(config_) / shard.tp_size;
@@ -444,6 +448,12 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
       float* row = ws.qkv.data() + size_t(t) * size_t(qkv_cols);
       if (!w.qkv_bias.empty())
         for (int i = 0; i < qkv_cols; ++i) row[i] += w.qkv_bias[size_t(i)];
+      if (!w.q_norm.empty()) {
+        for (int h = 0; h < d.heads; ++h)
+          kernels::rmsnorm(row + h * hd, w.q_norm.data(), row + h * hd, hd, c.norm_eps);
+        for (int h = 0; h < d.kv_heads; ++h)
+          kernels::rmsnorm(row + qd + h * hd, w.k_norm.data(), row + qd + h * hd, hd, c.norm_eps);
+      }
       const int pos = ws.pos[size_t(t)];
       kernels::rope(row, d.heads, hd, pos, rope_, c.rope);
       kernels::rope(row + qd, d.kv_heads, hd, pos, rope_, c.rope);

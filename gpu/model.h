@@ -102,11 +102,12 @@ class Workspace {
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
-  PackedMatrix wqkv;            // [q_dim + 2 kv_dim, dim]
-  PackedMatrix wo;              // [dim, q_dim]
-  PackedMatrix gate_up;         // [2 hidden, dim]
-  PackedMatrix down;            // [dim, hidden]
-  std::vector<float> qkv_bias;  // [q_dim + 2 kv_dim] of this shard's heads; empty: none
+  PackedMatrix wqkv;                  // [q_dim + 2 kv_dim, dim]
+  PackedMatrix wo;                    // [dim, q_dim]
+  PackedMatrix gate_up;               // [2 hidden, dim]
+  PackedMatrix down;                  // [dim, hidden]
+  std::vector<float> qkv_bias;        // [q_dim + 2 kv_dim] of this shard's heads; empty: none
+  std::vector<float> q_norm, k_norm;  // [head_dim]; empty: none
 };
 
 // What a shard exchanges with its peers in one step.

@@ -51,6 +51,9 @@ struct ModelConfig {
   bool tied_classifier = true;
   // Qwen2: the q, k and v projections add a bias (o, the FFN: none).
   bool qkv_bias = false;
+  // Qwen3: each query and key head is RMS-normalised (one weight vector of
+  // head_dim for all heads) before RoPE.
+  bool qk_norm = false;
   RopeLayout rope = RopeLayout::Interleaved;
   int bos_id = 1;
   std::vector<int> eos_ids{2};

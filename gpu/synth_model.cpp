@@ -91,6 +91,13 @@ Checkpoint synth_checkpoint(const ModelConfig& config, uint64_t seed, DType dtyp
       t.bv = random_tensor({kv}, 0.5f, brng, dtype);
     }
   }
+  if (config.qk_norm) {
+    Xoshiro256 nrng(seed ^ 0x9e3779b97f4a7c15ull);
+    for (LayerTensors& t : ck.layers) {
+      t.q_norm = ones_like_norm(config.head_dim, nrng, dtype);
+      t.k_norm = ones_like_norm(config.head_dim, nrng, dtype);
+    }
+  }
   return ck;
 }
 

@@ -120,9 +120,10 @@ void check_supported(const ConfigReader& c) {
   // and OLMo2's extra norms, Gemma's scaled embeddings) and would load as
   // Llama, wrongly.
   if (const json* v = c.get("model_type");
-      v && !(v->is_string() && (*v == "llama" || *v == "mistral" || *v == "qwen2")))
+      v &&
+      !(v->is_string() && (*v == "llama" || *v == "mistral" || *v == "qwen2" || *v == "qwen3")))
     c.unsupported("model_type", *v,
-                  "only the Llama architecture (llama, mistral) and Qwen2's (qwen2) are "
+                  "only the Llama architecture (llama, mistral) and Qwen's (qwen2, qwen3) are "
                   "implemented");
   if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
     c.unsupported("hidden_act", *v, "only silu is implemented");
@@ -177,8 +178,10 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.rope_theta = c.number("rope_theta", 10000.0f);
   cfg.rope_scaling = parse_rope_scaling(path, c);
   cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
-  // Qwen2 is Llama with biases on the q, k and v projections.
+  // Qwen2 is Llama with biases on the q, k and v projections; Qwen3, with
+  // each query and key head normalised instead.
   if (const json* v = c.get("model_type"); v && *v == "qwen2") cfg.qkv_bias = true;
+  if (const json* v = c.get("model_type"); v && *v == "qwen3") cfg.qk_norm = true;
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
@@ -313,6 +316,10 @@ LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
     l.bq = w.get(p + "self_attn.q_proj.bias", {q});
     l.bk = w.get(p + "self_attn.k_proj.bias", {kv});
     l.bv = w.get(p + "self_attn.v_proj.bias", {kv});
+  }
+  if (c.qk_norm) {
+    l.q_norm = w.get(p + "self_attn.q_norm.weight", {c.head_dim});
+    l.k_norm = w.get(p + "self_attn.k_norm.weight", {c.head_dim});
   }
   return l;
 }

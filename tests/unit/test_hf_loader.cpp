@@ -439,7 +439,7 @@ TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
 // Other architectures name their tensors as Llama does: refused by their
 // model_type, or by a tensor Llama has not (it would be silently ignored).
 TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
-  for (const char* type : {"gemma", "qwen3", "phi3"})
+  for (const char* type : {"gemma", "qwen3_moe", "phi3"})
     EXPECT_TRUE(mentions(with("model_type", type),
                          {config_file(), "model_type", type, "not supported", "llama, mistral"}))
         << type;
@@ -477,6 +477,25 @@ TEST_F(HfLoaderBadInput, Qwen2NeedsItsProjectionBiases) {
   write_model(dir_.path(), cfg, ts);
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
                        {"model.layers.1.self_attn.v_proj.bias", "shape"}));
+}
+
+// Qwen3 normalises each query and key head: both norms, of head_dim.
+TEST_F(HfLoaderBadInput, Qwen3NeedsItsHeadNorms) {
+  json cfg = tiny_config();
+  cfg["model_type"] = "qwen3";
+  write_model(dir_.path(), cfg, tiny_tensors(tiny_config()));
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {weights_file(), "model.layers.0.self_attn.q_norm.weight", "missing"}));
+  const int64_t hd = cfg["hidden_size"].get<int64_t>() / cfg["num_attention_heads"].get<int64_t>();
+  NamedTensors ts = tiny_tensors(tiny_config());
+  for (int l = 0; l < cfg["num_hidden_layers"].get<int>(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    ts.emplace_back(p + "q_norm.weight", filled({hd}, DType::F32, 83));
+    ts.emplace_back(p + "k_norm.weight", filled({l == 1 ? hd * 2 : hd}, DType::F32, 84));
+  }
+  write_model(dir_.path(), cfg, ts);
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {"model.layers.1.self_attn.k_norm.weight", "shape"}));
 }
 
 TEST_F(HfLoaderBadInput, InconsistentDimensions) {

@@ -124,6 +124,51 @@ TEST(QkvBias, Qwen2CheckpointRoundTripsAndEachBiasCounts) {
   }
 }
 
+// Qwen3: per-head RMS norms on queries and keys, here with head_dim 16 x 8
+// heads on a hidden size of 64 (Qwen3's heads are wider than dim / heads).
+// Read back as a qwen3 checkpoint, the same logits; each norm's weights
+// count; and with unit weights, scaling a layer's q projection changes
+// nothing (the norm takes the scale out).
+TEST(QkNorm, Qwen3CheckpointRoundTripsAndTheNormsCount) {
+  ModelConfig c = synth_preset("tiny");
+  c.rope = RopeLayout::RotateHalf;
+  c.qk_norm = true;
+  c.head_dim = 16;
+  const Checkpoint ck = synth_checkpoint(c, 10, DType::F32);
+  test::TempDir dir;
+  write_hf_checkpoint(ck, dir.path());
+  EXPECT_NE(test::read_file(dir / "config.json").find("\"qwen3\""), std::string::npos);
+  const Checkpoint back = load_checkpoint(dir.path());
+  ASSERT_TRUE(back.config.qk_norm);
+  ASSERT_EQ(back.config.head_dim, 16);
+  const std::vector<int> prompt{1, 5, 9, 13, 7, 3};
+  const std::vector<float> want = last_logits(Model(ck, DType::F32), prompt);
+  EXPECT_EQ(last_logits(Model(back, DType::F32), prompt), want);
+  for (int which = 0; which < 2; ++which) {
+    Checkpoint other = ck;
+    Tensor& n = which == 0 ? other.layers[1].q_norm : other.layers[1].k_norm;
+    n = Tensor::zeros(n.shape(), DType::F32);
+    EXPECT_NE(last_logits(Model(other, DType::F32), prompt), want) << "norm " << which;
+  }
+  // Unit norm weights: the q projection's scale does not reach the scores.
+  const auto f32_tensor = [](const std::vector<int64_t>& shape, const std::vector<float>& v) {
+    Tensor t = Tensor::zeros(shape, DType::F32);
+    std::copy(v.begin(), v.end(), t.data_mut<float>());
+    return t;
+  };
+  Checkpoint unit = ck;
+  for (LayerTensors& l : unit.layers)
+    for (Tensor* n : {&l.q_norm, &l.k_norm}) *n = f32_tensor({16}, std::vector<float>(16, 1.0f));
+  Checkpoint scaled = unit;
+  std::vector<float> wq = scaled.layers[0].wq.to_f32();
+  for (float& v : wq) v *= 4.0f;
+  scaled.layers[0].wq = f32_tensor(scaled.layers[0].wq.shape(), wq);
+  const auto a = last_logits(Model(unit, DType::F32), prompt);
+  const auto b = last_logits(Model(scaled, DType::F32), prompt);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f) << i;
+}
+
 TEST(Fortune, GreedyTextForAFixedPromptIsStable) {
   auto model = Model::load(test::model_path("fortune"), DType::F32);
   auto tok = Tokenizer::load(model->tokenizer_path());

@@ -115,6 +115,14 @@ TEST(ParallelEngine, LayoutsMatchSingleDeviceWithProjectionBiases) {
   check_layouts(synth_checkpoint(c, 6, DType::F32));
 }
 
+// Qwen3's per-head q/k norms, on heads of 16 while the hidden size is 64.
+TEST(ParallelEngine, LayoutsMatchSingleDeviceWithHeadNorms) {
+  ModelConfig c = synth_preset("tiny");
+  c.qk_norm = true;
+  c.head_dim = 16;
+  check_layouts(synth_checkpoint(c, 8, DType::F32));
+}
+
 TEST(ParallelEngine, LayoutsMatchSingleDeviceWithBf16Weights) {
   check_layouts(synth_checkpoint(synth_preset("tiny"), 4, DType::F32), DType::BF16);
 }
