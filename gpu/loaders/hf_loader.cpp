@@ -200,6 +200,14 @@ ModelConfig parse_config(const fs::path& path) {
       cfg.max_seq_len = window;
     }
   }
+  // generation_config.json's EOS ids end a sequence too (Llama 3 Instruct's
+  // <|eot_id|>, Qwen2.5's <|endoftext|>), as transformers' generate() and
+  // vLLM stop on them.
+  if (const fs::path gen = path.parent_path() / "generation_config.json"; fs::exists(gen)) {
+    const json g = read_json(gen);
+    for (int id : ConfigReader(gen, g).ids("eos_token_id", {}))
+      if (!cfg.is_eos(id)) cfg.eos_ids.push_back(id);
+  }
   try {
     cfg.validate(path.string());
   } catch (const std::invalid_argument& e) {

@@ -249,6 +249,25 @@ TEST(HfLoader, AppliesHuggingFaceDefaults) {
   EXPECT_EQ(c.eos_ids, (std::vector<int>{2, 3}));
 }
 
+// generation_config.json's EOS ids join config.json's (Llama 3 Instruct ends
+// a turn with <|eot_id|>, which only that file may name).
+TEST(HfLoader, GenerationConfigEosIdsEndSequencesToo) {
+  TempDir dir;
+  json cfg = tiny_config();
+  write_model(dir.path(), cfg, tiny_tensors(cfg));
+  test::write_file(dir / "generation_config.json",
+                   R"({"eos_token_id": [2, 7, 9], "temperature": 0.6})");
+  EXPECT_EQ(load_hf_dir(dir.path()).config.eos_ids, (std::vector<int>{2, 7, 9}));
+  test::write_file(dir / "generation_config.json", R"({"eos_token_id": 5})");
+  EXPECT_EQ(load_hf_dir(dir.path()).config.eos_ids, (std::vector<int>{2, 5}));
+  test::write_file(dir / "generation_config.json", R"({"do_sample": true})");
+  EXPECT_EQ(load_hf_dir(dir.path()).config.eos_ids, (std::vector<int>{2}));
+  test::write_file(dir / "generation_config.json", R"({"eos_token_id": 99})");
+  EXPECT_THROW(load_hf_dir(dir.path()), CheckpointError) << "outside the vocabulary";
+  test::write_file(dir / "generation_config.json", R"({"eos_token_id": "x"})");
+  EXPECT_THROW(load_hf_dir(dir.path()), CheckpointError);
+}
+
 TEST(HfLoader, TiedClassifierIsTheEmbedding) {
   TempDir dir;
   json cfg = tiny_config();
