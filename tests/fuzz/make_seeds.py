@@ -265,6 +265,12 @@ put("hf_dir", "tiny-sharded", tiny_hf_config() + SEP + SEP + json.dumps(index, i
 
 put("tokenizer_model", "fortune", (ROOT / "models/fortune/tokenizer.model").read_bytes())
 
+# ---- tokenizer_json: prompts in many scripts, with and without specials ----
+
+for i, case in enumerate(json.loads((ROOT / "tests/data/tokenizers/llama3_1-small.expected.json")
+                                    .read_text())["cases"][::4]):
+    put("tokenizer_json", "text-%02d" % i, case["text"].encode())
+
 # ---- basp_frames: BASP streams as a proxied link carries them ----
 # (fuzz_basp_frames.cpp: a 10-byte fault header, a read-size seed byte, the
 # stream; the header layout is net/link_proxy.h's). The wire_messages seeds
