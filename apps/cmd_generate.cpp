@@ -107,7 +107,7 @@ void run_generate(const GenerateOptions& o) {
 
   GenerateRequest req;
   req.prompt = o.prompt.empty() ? parse_ids(o.prompt_ids, "--prompt-ids")
-                                : tokenizer->encode(o.prompt, /*add_bos=*/true);
+                                : tokenizer->encode(o.prompt, tokenizer->bos_id() >= 0);
   if (spdlog::should_log(spdlog::level::debug)) {
     std::string ids;
     for (int id : req.prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
