@@ -137,6 +137,39 @@ std::string render_llama3(const std::vector<ChatMessage>& messages, const ChatFo
   return out;
 }
 
+std::string render_mistral(const std::vector<ChatMessage>& messages, const ChatFormat& format) {
+  const ChatFormat::MistralSpelling& s = format.mistral;
+  const bool has_system = !messages.empty() && messages[0].role == ChatRole::System;
+  const size_t first = has_system ? 1 : 0;
+  // The user turn that carries the system message.
+  size_t carrier = messages.size();
+  for (size_t i = first; i < messages.size(); ++i)
+    if (messages[i].role != ChatRole::Assistant) {
+      carrier = i;
+      if (!s.system_in_last_user) break;
+    }
+  std::string out;
+  const auto instruction = [&](const std::string& text, bool with_system) {
+    out += s.inst_open;
+    if (with_system) out += messages[0].content + "\n\n";
+    out += text;
+    out += s.inst_close;
+  };
+  if (has_system && carrier == messages.size()) instruction("", true);
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == ChatRole::Assistant) {
+      out += s.before_answer;
+      out += s.trim_answer ? trimmed(m.content) : m.content;
+      out += "</s>";  // read as EOS
+      out += s.after_answer;
+    } else {
+      instruction(m.content, has_system && i == carrier);
+    }
+  }
+  return out;
+}
+
 // The literal system message a ChatML template writes for a chat without one:
 // '<|im_start|>system\n' TEXT '<|im_end|>' inside one string literal.
 std::string chatml_default_system(std::string_view jinja) {
@@ -182,6 +215,29 @@ std::optional<ChatFormat> recognize_chat_template(std::string_view jinja,
   }
   if (has("<|user|>") && has("<|assistant|>")) return ChatFormat(ChatTemplate::Zephyr);
   if (has("[INST]") && has("<<SYS>>")) return ChatFormat(ChatTemplate::Llama2);
+  if (has("[INST]") && has("[/INST]")) {
+    // Mistral's versions differ in spacing and in where the system message
+    // goes; the template's own literals say which.
+    ChatFormat f(ChatTemplate::Mistral);
+    auto& s = f.mistral;
+    const auto literal = [&](const std::string& text) {
+      // Appended, not `"'" + text`: GCC 12 warns falsely (-Wrestrict) on that.
+      for (const char quote : {'\'', '"'}) {
+        std::string quoted(1, quote);
+        quoted.append(text).push_back(quote);
+        if (has(quoted)) return true;
+      }
+      return false;
+    };
+    s.inst_open = literal(" [INST] ") ? " [INST] " : "[INST] ";
+    s.inst_close = has(" [/INST]'") || has(" [/INST]\"") ? " [/INST]" : "[/INST]";
+    s.system_in_last_user = !has("loop.first and system_message");
+    const bool space_after = has("eos_token + ' '");
+    s.before_answer.assign(literal(" ") && !space_after ? 1 : 0, ' ');
+    s.after_answer.assign(space_after ? 1 : 0, ' ');
+    s.trim_answer = has("|trim + eos_token") || has("| trim + eos_token");
+    return f;
+  }
   return std::nullopt;
 }
 
@@ -192,6 +248,8 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatForm
       return render_chatml(messages, format, generation_prompt);
     case ChatTemplate::Llama3:
       return render_llama3(messages, format, generation_prompt);
+    case ChatTemplate::Mistral:
+      return render_mistral(messages, format);
     case ChatTemplate::Plain:
       return render_plain(messages, generation_prompt);
     case ChatTemplate::Llama2:

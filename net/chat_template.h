@@ -38,6 +38,10 @@ struct ChatMessage {
 //   "<|end_header_id|>\n\n" content (trimmed) "<|eot_id|>" per message, then
 //   the assistant's header; with a system_preamble, a system turn always comes
 //   first: the preamble and the chat's first system message (trimmed).
+// - mistral: "[INST] " user "[/INST]" and " " answer "</s>" (read as EOS), the
+//   system message before the last user message with "\n\n" (v0.3); the
+//   format's MistralSpelling gives v0.1's and v0.2's spaces and placement.
+//   The tokenizer adds the BOS; the text ends with the last turn either way.
 // Without `generation_prompt` the text ends after the last message (plain
 // leaves out the closing "Assistant:", zephyr the "<|assistant|>\n"; llama2's
 // turns have no such marker). Auto (unresolved) renders as plain.

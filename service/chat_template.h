@@ -11,20 +11,22 @@
 namespace troupe {
 
 enum class ChatTemplate {
-  Plain,   // "System: ...\nUser: ...\nAssistant:"
-  Llama2,  // "[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST]"
-  Zephyr,  // "<|user|>\n...</s>\n<|assistant|>\n" (TinyLlama-Chat, Zephyr)
-  ChatML,  // "<|im_start|>user\n...<|im_end|>\n" (Qwen2, SmolLM2, ...)
-  Llama3,  // "<|start_header_id|>user<|end_header_id|>\n\n...<|eot_id|>"
-  Auto,    // the model's own, when it is one of these; else plain
+  Plain,    // "System: ...\nUser: ...\nAssistant:"
+  Llama2,   // "[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST]"
+  Zephyr,   // "<|user|>\n...</s>\n<|assistant|>\n" (TinyLlama-Chat, Zephyr)
+  ChatML,   // "<|im_start|>user\n...<|im_end|>\n" (Qwen2, SmolLM2, ...)
+  Llama3,   // "<|start_header_id|>user<|end_header_id|>\n\n...<|eot_id|>"
+  Mistral,  // "[INST] ...[/INST] ...</s>" (Mistral Instruct)
+  Auto,     // the model's own, when it is one of these; else plain
 };
 
-inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 6> kChatTemplates{{
+inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatTemplates{{
     {"plain", ChatTemplate::Plain},
     {"llama2", ChatTemplate::Llama2},
     {"zephyr", ChatTemplate::Zephyr},
     {"chatml", ChatTemplate::ChatML},
     {"llama3", ChatTemplate::Llama3},
+    {"mistral", ChatTemplate::Mistral},
     {"auto", ChatTemplate::Auto},
 }};
 
@@ -38,6 +40,16 @@ struct ChatFormat {
   // own system message (Llama 3.1's "Cutting Knowledge Date: ..."); empty for
   // Llama 3's template, which has a system turn only when the chat has one.
   std::string system_preamble;
+  // mistral: how its version spells a turn. v0.3's by default; v0.1 and
+  // v0.2 put spaces around "[INST]" and "[/INST]" and the system message in
+  // the first user turn, not the last.
+  struct MistralSpelling {
+    std::string inst_open = "[INST] ", inst_close = "[/INST]";
+    bool system_in_last_user = true;
+    std::string before_answer = " ", after_answer;  // around an answer and its "</s>"
+    bool trim_answer = true;
+    bool operator==(const MistralSpelling&) const = default;
+  } mistral;
 
   ChatFormat(ChatTemplate k = ChatTemplate::Plain) : kind(k) {}  // NOLINT: a template is a format
   bool operator==(const ChatFormat&) const = default;

@@ -146,6 +146,51 @@ TEST(ChatTemplate, Llama31AlwaysOpensWithItsDatedSystemTurn) {
   EXPECT_NE(dated->system_preamble.find("Today Date: 06 Dec 2026\n\n"), std::string::npos);
 }
 
+// Mistral Instruct's templates, as published for v0.3 and (updated) v0.1 and
+// v0.2, and the first v0.1 one: the spacing and the system message's place
+// are read from the template's literals.
+TEST(ChatTemplate, MistralVersionsAsTheirTemplatesSpellThem) {
+  const std::string v03 =
+      "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = "
+      "messages[0][\"content\"] %}\n{%- endif %}\n{{- bos_token }}\n{%- for message in "
+      "loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- if loop.last "
+      "and system_message is defined %}\n            {{- \"[INST] \" + system_message + "
+      "\"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            "
+      "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n    {%- "
+      "elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + "
+      "message[\"content\"]|trim + eos_token}}\n    {%- endif %}\n{%- endfor %}\n";
+  const auto f3 = recognize_chat_template(v03);
+  ASSERT_TRUE(f3);
+  EXPECT_EQ(f3->kind, ChatTemplate::Mistral);
+  EXPECT_EQ(render_chat(kConversation, *f3),
+            "[INST] Hello[/INST] Hi.</s>[INST] Be brief.\n\nTell me a fortune[/INST]");
+  EXPECT_EQ(render_chat(kConversation, ChatTemplate::Mistral), render_chat(kConversation, *f3))
+      << "v0.3's is the default spelling";
+
+  const std::string v01 =
+      "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message['role'] == "
+      "'user' %}\n        {%- if loop.first and system_message is defined %}\n            {{- "
+      "' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n        "
+      "{%- else %}\n            {{- ' [INST] ' + message['content'] + ' [/INST]' }}\n        "
+      "{%- endif %}\n    {%- elif message['role'] == 'assistant' %}\n        {{- ' ' + "
+      "message['content'] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n";
+  const auto f1 = recognize_chat_template(v01);
+  ASSERT_TRUE(f1);
+  EXPECT_EQ(render_chat(kConversation, *f1),
+            " [INST] Be brief.\n\nHello [/INST] Hi.</s> [INST] Tell me a fortune [/INST]");
+
+  const std::string first =
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] "
+      "' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
+      "message['content'] + eos_token + ' ' }}{% endif %}{% endfor %}";
+  const auto f0 = recognize_chat_template(first);
+  ASSERT_TRUE(f0);
+  EXPECT_EQ(
+      render_chat({{ChatRole::User, "Hi"}, {ChatRole::Assistant, " Yo "}, {ChatRole::User, "Go"}},
+                  *f0),
+      "[INST] Hi [/INST] Yo </s> [INST] Go [/INST]");
+}
+
 TEST(ChatTemplate, EveryConfiguredNameRenders) {
   for (const auto& [name, tmpl] : kChatTemplates)
     EXPECT_FALSE(render_chat(kConversation, tmpl).empty()) << name;

@@ -203,7 +203,7 @@ TEST(RuntimeConfigTest, NegativeAndZeroWherePositiveRequired) {
                "expected a number in [0, 3600], got -1");
   expect_error("server: {shutdown_grace_s: 1e9}\n", "server.shutdown_grace_s", "[0, 3600]");
   expect_error("server: {chat_template: gemma}\n", "server.chat_template",
-               "expected one of plain, llama2, zephyr, chatml, llama3, auto, got 'gemma'");
+               "expected one of plain, llama2, zephyr, chatml, llama3, mistral, auto, got 'gemma'");
   EXPECT_EQ(parse("server: {chat_template: llama3}\n").server.chat_template, ChatTemplate::Llama3);
   EXPECT_EQ(parse("server: {chat_template: llama2}\n").server.chat_template, ChatTemplate::Llama2);
   expect_error("server: {allowed_origins: [\"http://localhost:3000/app\"]}\n",
