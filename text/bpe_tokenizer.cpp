@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <stdexcept>
@@ -70,45 +71,53 @@ struct Span {
   bool matched;
 };
 
-// The spans as the pieces a behavior keeps (tokenizers' SplitDelimiterBehavior).
+// The spans as the pieces a behavior keeps, folded as tokenizers'
+// SplitDelimiterBehavior folds them: a match joins its neighbour only when
+// that neighbour is no match itself.
 void apply_behavior(std::string_view text, const std::vector<Span>& spans, Behavior behavior,
                     std::vector<std::string>& out) {
-  std::string pending;  // MergedWithNext: matches waiting for the next piece
-  bool have_last = false;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const Span& s = spans[i];
-    const std::string_view piece = text.substr(s.begin, s.end - s.begin);
+  const auto piece = [&](const Span& s) { return text.substr(s.begin, s.end - s.begin); };
+  bool previous_match = false;
+  if (behavior == Behavior::MergedWithNext) {  // folded from the end
+    std::vector<std::string> backwards;
+    for (size_t i = spans.size(); i-- > 0;) {
+      if (spans[i].matched && !previous_match && !backwards.empty())
+        backwards.back().insert(0, piece(spans[i]));
+      else
+        backwards.emplace_back(piece(spans[i]));
+      previous_match = spans[i].matched;
+    }
+    out.insert(out.end(), std::make_move_iterator(backwards.rbegin()),
+               std::make_move_iterator(backwards.rend()));
+    return;
+  }
+  const size_t first = out.size();  // this text's pieces start here
+  for (const Span& s : spans) {
+    const bool has_last = out.size() > first;
     switch (behavior) {
       case Behavior::Removed:
-        if (!s.matched) out.emplace_back(piece);
+        if (!s.matched) out.emplace_back(piece(s));
         break;
       case Behavior::Isolated:
-        out.emplace_back(piece);
+        out.emplace_back(piece(s));
         break;
       case Behavior::Contiguous:
-        if (s.matched && i > 0 && spans[i - 1].matched)
-          out.back() += piece;
+        if (s.matched == previous_match && has_last)
+          out.back() += piece(s);
         else
-          out.emplace_back(piece);
+          out.emplace_back(piece(s));
         break;
       case Behavior::MergedWithPrevious:
-        if (s.matched && have_last)
-          out.back() += piece;
+        if (s.matched && !previous_match && has_last)
+          out.back() += piece(s);
         else
-          out.emplace_back(piece);
-        have_last = true;
+          out.emplace_back(piece(s));
         break;
       case Behavior::MergedWithNext:
-        if (s.matched) {
-          pending += piece;
-        } else {
-          out.push_back(pending + std::string(piece));
-          pending.clear();
-        }
-        break;
+        break;  // above
     }
+    previous_match = s.matched;
   }
-  if (!pending.empty()) out.push_back(std::move(pending));
 }
 
 std::string str_or_content(const json& j) {
@@ -474,13 +483,17 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int>& ids) const {
   for (int i = 0; i >= 0; i = sym[size_t(i)].next) ids.push_back(sym[size_t(i)].id);
 }
 
-void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
+std::vector<std::string> BpeTokenizer::pre_tokenize_str(std::string_view text) const {
   std::vector<std::string> pieces;
   if (nfc_)
     pre_tokenize(unicode::nfc(text), pieces);
   else
     pre_tokenize(text, pieces);
-  for (const std::string& p : pieces) bpe(p, ids);
+  return pieces;
+}
+
+void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
+  for (const std::string& p : pre_tokenize_str(text)) bpe(p, ids);
 }
 
 std::vector<int> BpeTokenizer::encode(std::string_view text, bool add_special) const {

@@ -33,6 +33,9 @@ class BpeTokenizer {
   std::vector<int> encode(std::string_view text, bool add_special) const;
   // The ordinary text's ids, without added tokens or the post-processor's.
   void encode_ordinary(std::string_view text, std::vector<int>& ids) const;
+  // The pieces the normalizer and pre-tokenizer make of an ordinary text,
+  // each then encoded on its own (tokenizers' pre_tokenize_str, as bytes).
+  std::vector<std::string> pre_tokenize_str(std::string_view text) const;
 
   int vocab_size() const { return int(bytes_.size()); }
   int bos_id() const { return prefix_.empty() ? -1 : prefix_[0]; }

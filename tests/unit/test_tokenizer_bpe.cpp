@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/test_support.h"
+#include "text/bpe_tokenizer.h"
 #include "text/text_streamer.h"
 #include "text/tokenizer.h"
 
@@ -222,6 +223,37 @@ TEST(TokenizerJson, SplitBehaviorsAndDigits) {
   joined.clear();
   for (const auto& p : pieces(with_pre(next), "a b")) joined += p;
   EXPECT_EQ(joined, "a b");
+}
+
+// The pieces a split behavior makes of "a--b-", as the tokenizers library
+// folds them: a delimiter joins a neighbour only when that one is text.
+TEST(TokenizerJson, SplitBehaviorsFoldAsTheLibraryDoes) {
+  using nlohmann::json;
+  const auto pieces_of = [&](const std::string& behavior, bool invert = false) {
+    const json pre = {{"type", "Sequence"},
+                      {"pretokenizers",
+                       {{{"type", "Split"},
+                         {"pattern", {{"String", "-"}}},
+                         {"behavior", behavior},
+                         {"invert", invert}},
+                        {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+    const auto tok = BpeTokenizer::parse(edited([&](json& j) { j["pre_tokenizer"] = pre; }), "t");
+    return tok->pre_tokenize_str("a--b-");
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces_of("Isolated"), (V{"a", "-", "-", "b", "-"}));
+  EXPECT_EQ(pieces_of("Removed"), (V{"a", "b"}));
+  EXPECT_EQ(pieces_of("Contiguous"), (V{"a", "--", "b", "-"}));
+  EXPECT_EQ(pieces_of("MergedWithPrevious"), (V{"a-", "-", "b-"}));
+  EXPECT_EQ(pieces_of("MergedWithNext"), (V{"a", "-", "-b", "-"}));
+  EXPECT_EQ(pieces_of("Removed", true), (V{"-", "-", "-"}));  // inverted: the text is removed
+}
+
+// Qwen's NFC normalizer runs before the pre-tokenizer.
+TEST(TokenizerJson, NormalizedBeforeSplitting) {
+  const auto qwen = BpeTokenizer::parse(test::read_file(fixture("qwen-small")), "qwen");
+  EXPECT_EQ(qwen->pre_tokenize_str("cafe\xCC\x81 12"),
+            (std::vector<std::string>{"caf\xC3\xA9", " ", "1", "2"}));
 }
 
 }  // namespace
