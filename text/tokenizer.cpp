@@ -13,16 +13,18 @@
 #include <vector>
 
 #include "text/bpe_tokenizer.h"
+#include "text/llama2c_tokenizer.h"
 #include "text/special_tokens.h"
 #include "text/unicode.h"
 
 namespace troupe {
 
-// One of two readers: SentencePiece (sp) or, when bpe is set, a
-// tokenizer.json's byte-level BPE.
+// One of three readers: SentencePiece (sp); when bpe is set, a
+// tokenizer.json's byte-level BPE; when l2c is, llama2.c's tokenizer.bin.
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
   std::unique_ptr<BpeTokenizer> bpe;
+  std::unique_ptr<Llama2cTokenizer> l2c;
   std::string name;  // the file, for error messages
   int vocab = 0;
   // The special tokens' spellings ("<s>", "</s>", "<unk>") and ids: in a
@@ -33,6 +35,7 @@ struct Tokenizer::Impl {
   // ids += the plain text's tokens (SentencePiece's own encoding).
   void encode_plain(std::string_view text, std::vector<int>& ids) const {
     if (text.empty()) return;
+    if (l2c) return l2c->encode_ordinary(text, ids);
     std::vector<int> part;
     const auto status = sp.Encode(text, &part);
     if (!status.ok())
@@ -174,6 +177,13 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     impl->vocab = impl->bpe->vocab_size();
     return Tokenizer(std::move(impl));
   }
+  if (path.extension() == ".bin") {
+    impl->l2c = Llama2cTokenizer::parse(read_model_file(path, "tokenizer.bin"), impl->name);
+    impl->vocab = impl->l2c->vocab_size();
+    for (int id : {impl->l2c->unk_id(), impl->l2c->bos_id(), impl->l2c->eos_id()})
+      if (id >= 0) impl->specials.add({impl->l2c->piece(id), id});
+    return Tokenizer(std::move(impl));
+  }
   const std::string bytes = read_model_file(path, "SentencePiece model");
   if (const std::string problem = pieces_problem(bytes); !problem.empty())
     throw std::runtime_error("tokenizer: '" + impl->name +
@@ -218,6 +228,7 @@ void Tokenizer::check_id(int id) const {
 }
 
 std::string Tokenizer::decode_checked(const std::vector<int>& ids) const {
+  if (impl_->l2c) return impl_->l2c->decode(ids);
   if (impl_->bpe) {
     std::string bytes;
     for (int id : ids)
@@ -244,19 +255,23 @@ int Tokenizer::vocab_size() const {
   return impl_->vocab;
 }
 int Tokenizer::bos_id() const {
+  if (impl_->l2c) return impl_->l2c->bos_id();
   return impl_->bpe ? impl_->bpe->bos_id() : impl_->sp.bos_id();
 }
 int Tokenizer::eos_id() const {
+  if (impl_->l2c) return impl_->l2c->eos_id();
   return impl_->bpe ? impl_->bpe->eos_id() : impl_->sp.eos_id();
 }
 
 bool Tokenizer::is_control(int id) const {
   check_id(id);
+  if (impl_->l2c) return impl_->l2c->is_control(id);
   return impl_->bpe ? impl_->bpe->is_special(id) : impl_->sp.IsControl(id);
 }
 
 const std::string& Tokenizer::piece(int id) const {
   check_id(id);
+  if (impl_->l2c) return impl_->l2c->piece(id);
   return impl_->bpe ? impl_->bpe->piece(id) : impl_->sp.IdToPiece(id);
 }
 
@@ -267,6 +282,7 @@ bool Tokenizer::is_byte_level() const {
 std::string Tokenizer::token_bytes(int id) const {
   const std::string& p = piece(id);
   if (impl_->bpe) return impl_->bpe->bytes(id);
+  if (impl_->l2c) return impl_->l2c->bytes(id);
   if (const int b = byte_value(id); b >= 0) return std::string(1, char(b));
   if (impl_->sp.IsControl(id)) return p;
   static constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
@@ -284,6 +300,7 @@ std::string Tokenizer::token_bytes(int id) const {
 }
 
 int Tokenizer::byte_value(int id) const {
+  if (impl_->l2c) return impl_->l2c->byte_value(id);
   if (impl_->bpe || !impl_->sp.IsByte(id)) return -1;
   // Byte-fallback pieces are spelled "<0xNN>" by SentencePiece's trainer.
   const std::string& p = impl_->sp.IdToPiece(id);
@@ -305,6 +322,9 @@ int Tokenizer::byte_value(int id) const {
 // special cases SentencePiece has for them.
 bool Tokenizer::is_anchor(int id) const {
   if (impl_->bpe) return true;
+  if (impl_->l2c)
+    return impl_->l2c->byte_value(id) < 0 && !impl_->l2c->is_control(id) &&
+           id != impl_->l2c->unk_id();
   const auto& sp = impl_->sp;
   return !sp.IsByte(id) && !sp.IsControl(id) && !sp.IsUnknown(id) && !sp.IsUnused(id);
 }

@@ -145,11 +145,13 @@ ModelConfig config_from(const Header& h) {
 }
 
 // llama2.c keeps one tokenizer per model family, often one level up from the
-// weights (models/fortune/llama2c/model.bin -> models/fortune/tokenizer.model).
+// weights (models/fortune/llama2c/model.bin -> models/fortune/tokenizer.model):
+// SentencePiece's own file first, else the tokenizer.bin llama2.c exports.
 fs::path find_tokenizer(const fs::path& file) {
   const fs::path dir = file.parent_path();
-  for (const fs::path& candidate : {dir / "tokenizer.model", dir.parent_path() / "tokenizer.model"})
-    if (fs::is_regular_file(candidate)) return candidate;
+  for (const char* name : {"tokenizer.model", "tokenizer.bin"})
+    for (const fs::path& candidate : {dir / name, dir.parent_path() / name})
+      if (fs::is_regular_file(candidate) && !fs::equivalent(candidate, file)) return candidate;
   return {};
 }
 

@@ -116,6 +116,10 @@ TEST(Llama2cLoader, EveryArraySitsAtItsOffset) {
   EXPECT_FALSE(ck.config.tied_classifier);
   EXPECT_EQ(ck.config.vocab_size, 10);
   EXPECT_EQ(ck.tokenizer_path, dir / "tokenizer.model");
+  // Without a tokenizer.model, llama2.c's own tokenizer.bin.
+  std::filesystem::remove(dir / "tokenizer.model");
+  test::write_file(dir / "tokenizer.bin", "x");
+  EXPECT_EQ(load_llama2c(dir / "m.bin").tokenizer_path, dir / "tokenizer.bin");
 
   const int64_t V = 10, D = 8, L = 2, H = 12, KV = 4, hs = 2, S = 6;
   auto first = [](const Tensor& t) { return int64_t(t.data<float>()[0]); };

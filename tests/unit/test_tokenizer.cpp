@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/test_support.h"
@@ -251,6 +252,58 @@ TEST(Tokenizer, CorruptFilesNameThePath) {
     FAIL() << "no throw for a directory";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(dir.path().string()), std::string::npos) << e.what();
+  }
+}
+
+// llama2.c's tokenizer.bin of the same vocabulary encodes and decodes as the
+// SentencePiece model does: every sample, pieces, specials, streaming.
+TEST(Tokenizer, Llama2cTokenizerBinIsTheSentencePieceModel) {
+  const Tokenizer bin = Tokenizer::load(test::model_path("fortune") / "llama2c" / "tokenizer.bin");
+  const Tokenizer& sp = fortune();
+  ASSERT_EQ(bin.vocab_size(), sp.vocab_size());
+  EXPECT_EQ(bin.bos_id(), sp.bos_id());
+  EXPECT_EQ(bin.eos_id(), sp.eos_id());
+  std::vector<std::string> texts = samples();
+  texts.push_back("<s>spelled</s> specials and <unk> too");
+  texts.push_back("");
+  for (const std::string& text : texts) {
+    const auto ids = sp.encode(text, true);
+    EXPECT_EQ(bin.encode(text, true), ids) << text;
+    EXPECT_EQ(bin.decode(ids), sp.decode(ids)) << text;
+    TextStreamer streamer(bin);
+    std::string streamed;
+    for (int id : ids) streamed += streamer.put(id);
+    streamed += streamer.finish();
+    EXPECT_EQ(streamed, sp.decode(ids)) << text;
+  }
+  for (int id = 0; id < sp.vocab_size(); ++id) {
+    ASSERT_EQ(bin.piece(id), sp.piece(id)) << id;
+    ASSERT_EQ(bin.token_bytes(id), sp.token_bytes(id)) << id;
+    ASSERT_EQ(bin.is_control(id), sp.is_control(id)) << id;
+  }
+}
+
+TEST(Tokenizer, BrokenTokenizerBinNamesThePathAndTheProblem) {
+  test::TempDir dir;
+  const std::string good =
+      test::read_file(test::model_path("fortune") / "llama2c" / "tokenizer.bin");
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"empty.bin", "", "header"},
+      {"header-only.bin", good.substr(0, 4), "no pieces"},
+      {"cut.bin", good.substr(0, good.size() - 3), "ends inside"},
+      {"huge-piece.bin", good.substr(0, 8) + std::string("\xff\xff\x00\x00", 4), "length"},
+  };
+  for (const auto& [name, bytes, why] : cases) {
+    const auto path = dir / name;
+    test::write_file(path, bytes);
+    try {
+      (void)Tokenizer::load(path);
+      ADD_FAILURE() << "no throw for " << name;
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+    }
   }
 }
 

@@ -1,0 +1,148 @@
+#include "text/llama2c_tokenizer.h"
+
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#include "text/unicode.h"
+
+namespace troupe {
+
+namespace {
+
+constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+
+[[noreturn]] void fail(const std::string& name, const std::string& what) {
+  throw std::runtime_error("tokenizer: '" + name + "' is not a llama2.c tokenizer.bin: " + what);
+}
+
+template <class T>
+T read_raw(std::string_view& in, const std::string& name, const char* what) {
+  if (in.size() < sizeof(T)) fail(name, std::string("it ends inside ") + what);
+  T v;
+  std::memcpy(&v, in.data(), sizeof v);
+  in.remove_prefix(sizeof v);
+  return v;
+}
+
+// 0..255 for a piece spelled <0xNN>, else -1.
+int byte_spelled(const std::string& p) {
+  if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
+  int v = -1;
+  const auto [end, ec] = std::from_chars(p.data() + 3, p.data() + 5, v, 16);
+  return ec == std::errc() && end == p.data() + 5 ? v : -1;
+}
+
+}  // namespace
+
+std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
+                                                          const std::string& name) {
+  auto t = std::make_unique<Llama2cTokenizer>();
+  const int max_len = read_raw<int32_t>(in, name, "its header");
+  if (max_len <= 0 || max_len > 4096)
+    fail(name, "its longest piece is said to be " + std::to_string(max_len) + " bytes");
+  std::fill(std::begin(t->byte_piece_), std::end(t->byte_piece_), -1);
+  while (!in.empty()) {
+    const float score = read_raw<float>(in, name, "a piece's score");
+    const int32_t len = read_raw<int32_t>(in, name, "a piece's length");
+    if (len < 0 || len > max_len || size_t(len) > in.size())
+      fail(name, "piece " + std::to_string(t->pieces_.size()) + " has length " +
+                     std::to_string(len) + " (at most " + std::to_string(max_len) + ")");
+    std::string piece(in.substr(0, size_t(len)));
+    in.remove_prefix(size_t(len));
+    const int id = int(t->pieces_.size());
+    const int b = byte_spelled(piece);
+    t->byte_of_.push_back(b);
+    if (b >= 0) t->byte_piece_[b] = id;
+    if (piece == "\n<s>\n")
+      t->bos_ = id;
+    else if (piece == "\n</s>\n")
+      t->eos_ = id;
+    else if (piece == "<unk>")
+      t->unk_ = id;
+    else if (b < 0)
+      t->by_text_.emplace(piece, id);  // the first of equal pieces, as run.c
+    t->pieces_.push_back(std::move(piece));
+    t->scores_.push_back(score);
+  }
+  if (t->pieces_.empty()) fail(name, "it has no pieces");
+  for (size_t id = 0; id < t->pieces_.size(); ++id) {
+    std::string s;
+    if (int(id) == t->bos_)
+      s = "<s>";
+    else if (int(id) == t->eos_)
+      s = "</s>";
+    else
+      for (const char c : t->pieces_[id])
+        if (c == ' ')
+          s += kSpace;
+        else
+          s += c;
+    t->spelled_.push_back(std::move(s));
+  }
+  return t;
+}
+
+void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
+  if (text.empty()) return;
+  std::vector<int> tokens;
+  if (const auto space = by_text_.find(" "); space != by_text_.end())
+    tokens.push_back(space->second);  // the dummy prefix
+  // One piece per character where there is one, else its bytes.
+  const unicode::CodePoints cps = unicode::decode_utf8(text);
+  for (size_t i = 0; i < cps.points.size(); ++i) {
+    const std::string_view ch = text.substr(cps.offsets[i], cps.offsets[i + 1] - cps.offsets[i]);
+    if (const auto it = by_text_.find(std::string(ch)); it != by_text_.end()) {
+      tokens.push_back(it->second);
+      continue;
+    }
+    for (const char byte : ch) {
+      const int id = byte_piece_[uint8_t(byte)];
+      if (id >= 0)
+        tokens.push_back(id);
+      else if (unk_ >= 0)
+        tokens.push_back(unk_);
+    }
+  }
+  // Merge the best-scoring adjacent pair (the leftmost of equals) until no
+  // pair joins into a piece. Quadratic, as run.c; prompts are short.
+  std::string joined;
+  for (;;) {
+    float best = -1e30f;
+    int best_id = -1;
+    size_t best_at = 0;
+    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+      joined = pieces_[size_t(tokens[i])];
+      joined += pieces_[size_t(tokens[i + 1])];
+      const auto it = by_text_.find(joined);
+      if (it != by_text_.end() && scores_[size_t(it->second)] > best) {
+        best = scores_[size_t(it->second)];
+        best_id = it->second;
+        best_at = i;
+      }
+    }
+    if (best_id < 0) break;
+    tokens[best_at] = best_id;
+    tokens.erase(tokens.begin() + std::ptrdiff_t(best_at) + 1);
+  }
+  ids.insert(ids.end(), tokens.begin(), tokens.end());
+}
+
+std::string Llama2cTokenizer::bytes(int id) const {
+  if (id == bos_ || id == eos_) return spelled_[size_t(id)];
+  if (const int b = byte_of_[size_t(id)]; b >= 0) return std::string(1, char(b));
+  return pieces_[size_t(id)];
+}
+
+std::string Llama2cTokenizer::decode(const std::vector<int>& ids) const {
+  std::string out;
+  for (const int id : ids) {
+    if (is_control(id)) continue;
+    out += id == unk_ ? " \xe2\x81\x87 " : bytes(id);  // SentencePiece's " ⁇ " for <unk>
+  }
+  if (!out.empty() && out[0] == ' ') out.erase(0, 1);
+  return unicode::utf8_lossy(out);
+}
+
+}  // namespace troupe
