@@ -176,9 +176,9 @@ void register_generate(CLI::App& app) {
       "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: the config's "
       "model.path, models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
-                  "SentencePiece tokenizer.model or Hugging Face tokenizer.json (default: the one "
-                  "beside the model)");
-  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (BOS is prepended)");
+                  "SentencePiece tokenizer.model, Hugging Face tokenizer.json or llama2.c "
+                  "tokenizer.bin (default: the one beside the model)");
+  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (the tokenizer's BOS, if it has one, is prepended)");
   cmd->add_option(
       "--prompt-ids", opts->prompt_ids,
       "Prompt as comma-separated token ids, e.g. 1,300,40 (for models without a tokenizer)");

@@ -1,6 +1,7 @@
 #pragma once
-// Text <-> token ids through a SentencePiece model (tokenizer.model) or a
-// Hugging Face byte-level BPE (tokenizer.json: Llama 3, SmolLM, GPT-2, ...).
+// Text <-> token ids through a SentencePiece model (tokenizer.model), llama2.c's
+// tokenizer.bin, or a Hugging Face byte-level BPE (tokenizer.json: Llama 3,
+// Qwen2, SmolLM, GPT-2, ...).
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -12,8 +13,8 @@ namespace troupe {
 class Tokenizer {
  public:
   // A `.json` path is read as a Hugging Face tokenizer.json (with the
-  // tokenizer_config.json beside it, for the EOS token), anything else as a
-  // SentencePiece model. Throws std::runtime_error naming `path` (and the
+  // tokenizer_config.json beside it, for the EOS token), a `.bin` as
+  // llama2.c's tokenizer.bin, anything else as a SentencePiece model. Throws std::runtime_error naming `path` (and the
   // reader's own message) when the file is missing, unreadable or not a
   // model this runtime computes.
   static Tokenizer load(const std::filesystem::path& path);
