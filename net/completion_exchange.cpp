@@ -249,7 +249,13 @@ std::string CompletionExchange::decode(int token_id) {
   try {
     return streamer_->put(token_id);
   } catch (const std::exception& e) {
-    spdlog::warn("request {}: token {} cannot be decoded: {}", request_id_, token_id, e.what());
+    // A model may have more vocabulary rows than its tokenizer has tokens
+    // (padded embeddings): such a token is no text, as in Hugging Face's
+    // decoding; said once per request.
+    if (!warned_undecodable_)
+      spdlog::warn("request {}: token {} cannot be decoded (no text for it): {}", request_id_,
+                   token_id, e.what());
+    warned_undecodable_ = true;
     return {};
   }
 }

@@ -134,6 +134,7 @@ class CompletionExchange {
   // Waiting: nothing sent yet, so an error still gets its own status.
   enum class State { Waiting, Streaming, Finished } state_ = State::Waiting;
   bool warned_overflow_ = false;  // logged once per request
+  bool warned_undecodable_ = false;
   bool warned_no_logprobs_ = false;
   bool one_of_several_ = false;
   bool opened_ = false;  // a chat stream's role chunk went out
