@@ -413,6 +413,9 @@ void reject_unsupported(const json& body) {
       {"guided_regex", nullptr, nullptr},
       {"guided_choice", nullptr, nullptr},
       {"guided_grammar", nullptr, nullptr},
+      // Special tokens never reach the text here (as vLLM's defaults).
+      {"skip_special_tokens", true, nullptr},
+      {"spaces_between_special_tokens", true, nullptr},
   };
   for (const VllmOption& o : options) {
     const json* v = field(body, o.name);

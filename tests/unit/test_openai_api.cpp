@@ -350,7 +350,8 @@ TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
        {R"("use_beam_search":true)", R"("length_penalty":0.8)", R"("prompt_logprobs":1)",
         R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
-        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")"}) {
+        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")",
+        R"("skip_special_tokens":false)", R"("spaces_between_special_tokens":false)"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
@@ -359,7 +360,8 @@ TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   EXPECT_TRUE(contains(parse_err(R"({"prompt":"x","prompt_logprobs":0})").message, "`echo`"));
   parse_ok(R"({"prompt":"x","min_p":0,"min_tokens":0.0,"stop_token_ids":[],"bad_words":[],
                "allowed_token_ids":[],"use_beam_search":false,"length_penalty":1,
-               "prompt_logprobs":null,"guided_json":null,"skip_special_tokens":true})");
+               "prompt_logprobs":null,"guided_json":null,"skip_special_tokens":true,
+               "spaces_between_special_tokens":true})");
 }
 
 // Each body `{"prompt":"x", rest}` is a 400 naming `param`, its message
