@@ -136,8 +136,10 @@ TEST(Serve, LogprobsComeWithEveryTokenAndAreTheSameInALayout) {
     EXPECT_TRUE(json::parse(plain.body)["choices"][0]["logprobs"].is_null());
     auto chat = test::http_request(
         s.port(), "POST", "/v1/chat/completions",
+        // Sampled, so the first token may be EOS: ignore_eos keeps the four.
         json{{"messages", {{{"role", "user"}, {"content", "Tell me a fortune"}}}},
              {"max_tokens", 4},
+             {"ignore_eos", true},
              {"logprobs", true},
              {"top_logprobs", 2}}
             .dump());
