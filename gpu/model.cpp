@@ -199,10 +199,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     if (config_.qkv_bias)
       for (const auto& [b, lo, hi] :
            {std::tuple{&t.bq, q0, q1}, {&t.bk, k0, k1}, {&t.bv, k0, k1}}) {
-        const size_t at = w.qkv_bias.size();
-        w.qkv_bias.resize(at + size_t(hi - lo));
-        convert_to_f32(static_cast<const char*>(b->raw()) + size_t(lo) * dtype_size(b->dtype()),
-                       b->dtype(), w.qkv_bias.data() + at, size_t(hi - lo));
+        const std::vector<float> part = b->rows(lo, hi).to_f32();
+        w.qkv_bias.insert(w.qkv_bias.end(), part.begin(), part.end());
       }
     if (config_.qk_norm) {
       w.q_norm = norm_weights(t.q_norm);

@@ -4,10 +4,10 @@
 #include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <stdexcept>
 #include <utility>
 
+#include "text/bpe_merge.h"
 #include "text/unicode.h"
 
 namespace troupe {
@@ -398,10 +398,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::parse(std::string_view text, const s
       }
     };
     add_post(j.value("post_processor", json()));
-    for (int id : t->prefix_)
-      if (id < 0 || id >= size) refuse(name, "the post-processor's token id is out of range");
-    for (int id : t->suffix_)
-      if (id < 0 || id >= size) refuse(name, "the post-processor's token id is out of range");
+    for (const std::vector<int>* added : {&t->prefix_, &t->suffix_})
+      for (int id : *added)
+        if (id < 0 || id >= size) refuse(name, "the post-processor's token id is out of range");
 
     if (!config_text.empty()) {
       const json config = json::parse(config_text, nullptr, false);
@@ -431,56 +430,26 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int>& ids) const {
       return;
     }
   }
-  // The word as one symbol per byte in a linked list; the adjacent pair of
-  // lowest rank merges first (the leftmost among equals), as tokenizers does.
-  struct Symbol {
-    int id, prev, next;
-  };
-  // A byte the vocabulary cannot spell is its unknown token, or where it has
-  // none, left out: what the tokenizers library does (SmolLM2's vocabulary
-  // lacks a few bytes).
-  std::vector<Symbol> sym;
+  // One symbol per byte; a byte the vocabulary cannot spell is its unknown
+  // token, or where it has none, left out: what the tokenizers library does
+  // (SmolLM2's vocabulary lacks a few bytes). Then the pair of lowest rank
+  // merges first, as tokenizers does.
+  std::vector<int> sym;
   sym.reserve(word.size());
   for (const char ch : word) {
     int id = byte_token_[uint8_t(ch)];
     if (id < 0) {
-      if (unk_ < 0 || (fuse_unk_ && !sym.empty() && sym.back().id == unk_)) continue;
+      if (unk_ < 0 || (fuse_unk_ && !sym.empty() && sym.back() == unk_)) continue;
       id = unk_;
     }
-    sym.push_back({id, int(sym.size()) - 1, -1});
+    sym.push_back(id);
   }
-  if (sym.empty()) return;
-  for (size_t i = 0; i + 1 < sym.size(); ++i) sym[i].next = int(i) + 1;
-  struct Candidate {
-    int rank, pos, left, right;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
-  const auto consider = [&](int pos) {
-    if (pos < 0 || sym[size_t(pos)].next < 0) return;
-    const int l = sym[size_t(pos)].id, r = sym[size_t(sym[size_t(pos)].next)].id;
+  merge_pairs(sym, [&](int l, int r) -> std::optional<PairMerge> {
     const auto it = merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
-    if (it != merges_.end()) queue.push({it->second.rank, pos, l, r});
-  };
-  for (size_t i = 0; i + 1 < sym.size(); ++i) consider(int(i));
-  while (!queue.empty()) {
-    const Candidate c = queue.top();
-    queue.pop();
-    Symbol& s = sym[size_t(c.pos)];
-    // Stale: one of the pair merged with something else since.
-    if (s.id != c.left || s.next < 0 || sym[size_t(s.next)].id != c.right) continue;
-    const int gone_at = s.next;
-    const Symbol gone = sym[size_t(gone_at)];
-    sym[size_t(gone_at)].id = -1;  // its candidates are stale now
-    s.id = merges_.at((uint64_t(uint32_t(c.left)) << 32) | uint32_t(c.right)).id;
-    s.next = gone.next;
-    if (gone.next >= 0) sym[size_t(gone.next)].prev = c.pos;
-    consider(s.prev);
-    consider(c.pos);
-  }
-  for (int i = 0; i >= 0; i = sym[size_t(i)].next) ids.push_back(sym[size_t(i)].id);
+    if (it == merges_.end()) return std::nullopt;
+    return PairMerge{double(it->second.rank), it->second.id};
+  });
+  ids.insert(ids.end(), sym.begin(), sym.end());
 }
 
 std::vector<std::string> BpeTokenizer::pre_tokenize_str(std::string_view text) const {

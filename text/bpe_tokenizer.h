@@ -22,6 +22,9 @@ namespace troupe {
 
 class BpeTokenizer {
  public:
+  BpeTokenizer();
+  ~BpeTokenizer();
+
   // `json` is the file's text; `name` names it in errors (std::runtime_error).
   // `config_json`, tokenizer_config.json's text when there is one, gives the
   // EOS token.
@@ -67,10 +70,6 @@ class BpeTokenizer {
   SpecialTokens added_;
   std::vector<int> prefix_, suffix_;
   int eos_ = -1;
-
- public:
-  ~BpeTokenizer();
-  BpeTokenizer();
 };
 
 }  // namespace troupe

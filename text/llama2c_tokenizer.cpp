@@ -1,10 +1,11 @@
 #include "text/llama2c_tokenizer.h"
 
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
+#include "text/bpe_merge.h"
+#include "text/byte_piece.h"
 #include "text/unicode.h"
 
 namespace troupe {
@@ -26,14 +27,6 @@ T read_raw(std::string_view& in, const std::string& name, const char* what) {
   return v;
 }
 
-// 0..255 for a piece spelled <0xNN>, else -1.
-int byte_spelled(const std::string& p) {
-  if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
-  int v = -1;
-  const auto [end, ec] = std::from_chars(p.data() + 3, p.data() + 5, v, 16);
-  return ec == std::errc() && end == p.data() + 5 ? v : -1;
-}
-
 }  // namespace
 
 std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
@@ -52,7 +45,7 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
     std::string piece(in.substr(0, size_t(len)));
     in.remove_prefix(size_t(len));
     const int id = int(t->pieces_.size());
-    const int b = byte_spelled(piece);
+    const int b = byte_piece_value(piece);
     t->byte_of_.push_back(b);
     if (b >= 0) t->byte_piece_[b] = id;
     if (piece == "\n<s>\n")
@@ -105,27 +98,16 @@ void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& 
         tokens.push_back(unk_);
     }
   }
-  // Merge the best-scoring adjacent pair (the leftmost of equals) until no
-  // pair joins into a piece. Quadratic, as run.c; prompts are short.
+  // The pair whose join scores best merges first (the leftmost of equals), as
+  // run.c picks it.
   std::string joined;
-  for (;;) {
-    float best = -1e30f;
-    int best_id = -1;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-      joined = pieces_[size_t(tokens[i])];
-      joined += pieces_[size_t(tokens[i + 1])];
-      const auto it = by_text_.find(joined);
-      if (it != by_text_.end() && scores_[size_t(it->second)] > best) {
-        best = scores_[size_t(it->second)];
-        best_id = it->second;
-        best_at = i;
-      }
-    }
-    if (best_id < 0) break;
-    tokens[best_at] = best_id;
-    tokens.erase(tokens.begin() + std::ptrdiff_t(best_at) + 1);
-  }
+  merge_pairs(tokens, [&](int l, int r) -> std::optional<PairMerge> {
+    joined = pieces_[size_t(l)];
+    joined += pieces_[size_t(r)];
+    const auto it = by_text_.find(joined);
+    if (it == by_text_.end()) return std::nullopt;
+    return PairMerge{-double(scores_[size_t(it->second)]), it->second};
+  });
   ids.insert(ids.end(), tokens.begin(), tokens.end());
 }
 

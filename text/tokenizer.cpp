@@ -2,7 +2,6 @@
 
 #include <sentencepiece_processor.h>
 
-#include <charconv>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "text/bpe_tokenizer.h"
+#include "text/byte_piece.h"
 #include "text/llama2c_tokenizer.h"
 #include "text/special_tokens.h"
 #include "text/unicode.h"
@@ -304,11 +304,7 @@ int Tokenizer::byte_value(int id) const {
   if (impl_->bpe || !impl_->sp.IsByte(id)) return -1;
   // Byte-fallback pieces are spelled "<0xNN>" by SentencePiece's trainer.
   const std::string& p = impl_->sp.IdToPiece(id);
-  int value = -1;
-  if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-    const auto [end, ec] = std::from_chars(p.data() + 3, p.data() + 5, value, 16);
-    if (ec != std::errc() || end != p.data() + 5) value = -1;
-  }
+  const int value = byte_piece_value(p);
   if (value < 0) {
     throw std::runtime_error("tokenizer: byte piece " + std::to_string(id) + " is spelled '" + p +
                              "', not <0xNN> (" + impl_->name + ")");

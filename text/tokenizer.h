@@ -14,9 +14,10 @@ class Tokenizer {
  public:
   // A `.json` path is read as a Hugging Face tokenizer.json (with the
   // tokenizer_config.json beside it, for the EOS token), a `.bin` as
-  // llama2.c's tokenizer.bin, anything else as a SentencePiece model. Throws std::runtime_error naming `path` (and the
-  // reader's own message) when the file is missing, unreadable or not a
-  // model this runtime computes.
+  // llama2.c's tokenizer.bin, anything else as a SentencePiece model.
+  // Throws std::runtime_error naming `path` (and the reader's own message)
+  // when the file is missing, unreadable or not a model this runtime
+  // computes.
   static Tokenizer load(const std::filesystem::path& path);
 
   // The spellings of the special tokens ("<s>", "</s>", "<unk>"; a

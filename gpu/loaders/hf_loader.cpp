@@ -180,8 +180,10 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
   // Qwen2 is Llama with biases on the q, k and v projections; Qwen3, with
   // each query and key head normalised instead.
-  if (const json* v = c.get("model_type"); v && *v == "qwen2") cfg.qkv_bias = true;
-  if (const json* v = c.get("model_type"); v && *v == "qwen3") cfg.qk_norm = true;
+  if (const json* v = c.get("model_type")) {
+    cfg.qkv_bias = *v == "qwen2";
+    cfg.qk_norm = *v == "qwen3";
+  }
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
