@@ -27,6 +27,7 @@ struct ServeOptions {
   std::string model;  // model.path
   std::string name;   // model.name
   std::string listen;
+  std::string chat_template_file;  // server.chat_template_file
   std::string host;  // with `port`: server.listen in parts, as vLLM's --host and --port
   int port = -1;
   bool print_config = false;
@@ -98,17 +99,65 @@ std::string model_chat_template(const std::filesystem::path& dir) {
   return jinja;
 }
 
-// server.chat_template: auto: the model's own template (beside a Hugging Face
-// checkpoint) when it is one this server renders, else plain; said in the log
-// either way.
-ChatFormat resolve_chat_template(ChatTemplate configured, const std::string& model_path) {
-  if (configured != ChatTemplate::Auto) return configured;
-  const std::filesystem::path dir(model_path);
+// The text of a special token in tokenizer_config.json: a string, or an
+// AddedToken object's "content"; "" when absent.
+std::string special_token_text(const nlohmann::json& config, const char* key) {
+  const auto t = config.is_object() ? config.find(key) : config.end();
+  if (t == config.end()) return {};
+  if (t->is_string()) return t->get<std::string>();
+  if (t->is_object() && t->contains("content") && (*t)["content"].is_string())
+    return (*t)["content"].get<std::string>();
+  return {};
+}
+
+// A Jinja chat template as a format, rendered with the model's BOS and EOS
+// text as transformers passes them.
+ChatFormat jinja_format(const std::string& source, const std::filesystem::path& dir) {
+  nlohmann::json config;
+  if (std::ifstream in(dir / "tokenizer_config.json"); in)
+    config = nlohmann::json::parse(in, nullptr, false);
+  return openai::jinja_chat_format(source, special_token_text(config, "bos_token"),
+                                   special_token_text(config, "eos_token"));
+}
+
+// server.chat_template_file, else server.chat_template; auto: the model's own
+// Jinja template (beside a Hugging Face checkpoint), interpreted; one it
+// cannot interpret is rendered by the built-in template it is recognised as,
+// else plain; said in the log either way.
+ChatFormat resolve_chat_template(const ServerSection& server, const std::string& model_path) {
+  std::filesystem::path dir(model_path);
+  if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  if (!server.chat_template_file.empty()) {
+    std::ifstream in(server.chat_template_file);
+    if (!in)
+      throw ConfigError("server.chat_template_file: cannot read " + server.chat_template_file, "",
+                        "server.chat_template_file");
+    const std::string source(std::istreambuf_iterator<char>(in), {});
+    try {
+      ChatFormat f = jinja_format(source, dir);
+      spdlog::info("chat template: {} (Jinja)", server.chat_template_file);
+      return f;
+    } catch (const openai::ChatTemplateError& e) {
+      throw ConfigError("server.chat_template_file " + server.chat_template_file + ": " + e.what(),
+                        "", "server.chat_template_file");
+    }
+  }
+  if (server.chat_template != ChatTemplate::Auto) return server.chat_template;
   const std::string jinja = model_chat_template(dir);
+  if (!jinja.empty()) {
+    try {
+      ChatFormat f = jinja_format(jinja, dir);
+      spdlog::info("chat template: the model's own (Jinja, from {})", dir.string());
+      return f;
+    } catch (const openai::ChatTemplateError& e) {
+      spdlog::warn("the model's chat template cannot be interpreted here ({})", e.what());
+    }
+  }
   if (const auto known = openai::recognize_chat_template(jinja, today_for_templates())) {
     for (const auto& [name, tmpl] : kChatTemplates)
       if (tmpl == known->kind)
-        spdlog::info("chat template: {} (the model's, from {}){}{}", name, dir.string(),
+        spdlog::info("chat template: {} (recognised in the model's, from {}){}{}", name,
+                     dir.string(),
                      known->default_system.empty() ? "" : "; default system message: ",
                      known->default_system);
     return *known;
@@ -138,6 +187,8 @@ void run_serve(const ServeOptions& so) {
   if (!so.model.empty()) flags.emplace_back("model.path", so.model);
   if (!so.name.empty()) flags.emplace_back("model.name", so.name);
   if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
+  if (!so.chat_template_file.empty())
+    flags.emplace_back("server.chat_template_file", so.chat_template_file);
   Config cfg = command_config(so.config, flags);
   if (!so.host.empty() || so.port >= 0) {
     if (!so.listen.empty())
@@ -184,7 +235,7 @@ void run_serve(const ServeOptions& so) {
   ho.max_body_bytes = size_t(cfg.server.max_body_bytes);
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
-  ho.chat_template = resolve_chat_template(cfg.server.chat_template, cfg.model.path);
+  ho.chat_template = resolve_chat_template(cfg.server, cfg.model.path);
   ho.allowed_origins = cfg.server.allowed_origins;
   ho.access_log = cfg.server.access_log;
   ho.api_key = cfg.server.api_key;
@@ -251,6 +302,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", o->host, "Override server.listen's host (e.g. 0.0.0.0)");
   cmd->add_option("--port", o->port, "Override server.listen's port (0: any free port)")
       ->check(CLI::Range(0, 65535));
+  cmd->add_option("--chat-template", o->chat_template_file,
+                  "Override server.chat_template_file: a Jinja chat template file to render "
+                  "chats with");
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");
   cmd->callback([o] { run_serve(*o); });
 }

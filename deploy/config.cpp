@@ -108,6 +108,7 @@ const Fields<Config>& config_fields() {
         .add("shutdown_grace_s", &ServerSection::shutdown_grace_s, schema::number_in(0, 3600))
         .add("chat_template", &ServerSection::chat_template,
              schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}))
+        .add("chat_template_file", &ServerSection::chat_template_file, schema::optional_text())
         .add("api_key", &ServerSection::api_key, schema::optional_text())
         .add("allowed_origins", &ServerSection::allowed_origins, origin_list_kind())
         .add("access_log", &ServerSection::access_log, schema::boolean());

@@ -46,8 +46,11 @@ struct ServerSection {
   // [DONE]). 0: end them at once.
   double shutdown_grace_s = 5;
   // How /v1/chat/completions renders messages into a prompt (plain, llama2,
-  // zephyr; auto: the model's own when it is one of those, else plain).
+  // zephyr, ...; auto: the model's own Jinja template, interpreted).
   ChatTemplate chat_template = ChatTemplate::Auto;
+  // Not empty: a Jinja chat template file rendered instead (vLLM's
+  // --chat-template).
+  std::string chat_template_file;
   // Not empty: the model's endpoints (/v1/*, /tokenize, /detokenize) need
   // `Authorization: Bearer <api_key>` (vLLM's --api-key). Empty: the
   // TROUPE_API_KEY environment variable, if set, when troupe serve starts.

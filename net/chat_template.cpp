@@ -1,5 +1,9 @@
 #include "net/chat_template.h"
 
+#include <ctime>
+
+#include "text/jinja/template.h"
+
 namespace troupe::openai {
 
 namespace {
@@ -241,8 +245,71 @@ std::optional<ChatFormat> recognize_chat_template(std::string_view jinja,
   return std::nullopt;
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
-                        bool generation_prompt) {
+namespace {
+
+// Python's time.strftime over the local time now: transformers' strftime_now.
+jinja::Value strftime_now() {
+  return jinja::Value::function("strftime_now", [](jinja::Args& a) {
+    const std::string format = a.take(0, "format").str();
+    a.done();
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[256];
+    const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &tm);
+    return jinja::Value(std::string(buf, n));
+  });
+}
+
+std::string render_jinja(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                         const ChatOptions& options) {
+  jinja::List list;
+  for (const ChatMessage& m : messages) {
+    jinja::Dict d;
+    d.set("role", jinja::Value(role_name(m.role)));
+    d.set("content", jinja::Value(m.content));
+    list.emplace_back(std::move(d));
+  }
+  jinja::Dict context;
+  context.set("messages", jinja::Value(std::move(list)));
+  context.set("add_generation_prompt", jinja::Value(options.generation_prompt));
+  context.set("bos_token", jinja::Value(format.bos_token));
+  context.set("eos_token", jinja::Value(format.eos_token));
+  context.set("tools", jinja::Value(nullptr));
+  context.set("documents", jinja::Value(nullptr));
+  context.set("strftime_now", strftime_now());
+  if (options.template_kwargs.is_object())
+    for (const auto& [key, value] : options.template_kwargs.items())
+      context.set(key, jinja::Value::from_json(value));
+  try {
+    return format.jinja->render(context);
+  } catch (const jinja::Raised& e) {
+    throw ChatTemplateError(std::string("The model's chat template refused this chat: ") +
+                            e.what());
+  } catch (const jinja::Error& e) {
+    throw ChatTemplateError(std::string("The chat template failed to render: ") + e.what());
+  }
+}
+
+// transformers' continue_final_message: the text up to the end of the last
+// message's content (trimmed where the template trimmed it).
+std::string cut_after_final_message(std::string text, const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return text;
+  std::string content = messages.back().content;
+  size_t at = text.rfind(content);
+  if (at == std::string::npos || content.empty()) {
+    content = trimmed(content);
+    at = content.empty() ? std::string::npos : text.rfind(content);
+  }
+  if (at == std::string::npos)
+    throw ChatTemplateError(
+        "continue_final_message: the last message's content is not in the rendered chat");
+  text.resize(at + content.size());
+  return text;
+}
+
+std::string render_fixed(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                         bool generation_prompt) {
   switch (format.kind) {
     case ChatTemplate::ChatML:
       return render_chatml(messages, format, generation_prompt);
@@ -257,9 +324,45 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatForm
     case ChatTemplate::Zephyr:
       return render_zephyr(messages, generation_prompt);
     case ChatTemplate::Auto:
+    case ChatTemplate::Jinja:
       break;
   }
   return render_plain(messages, generation_prompt);
+}
+
+}  // namespace
+
+std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                        const ChatOptions& options) {
+  if (options.continue_final_message && options.generation_prompt)
+    throw ChatTemplateError(
+        "continue_final_message and add_generation_prompt cannot both be true: the first "
+        "continues the last message, the second opens a new one");
+  std::string text = format.kind == ChatTemplate::Jinja && format.jinja
+                         ? render_jinja(messages, format, options)
+                         : render_fixed(messages, format, options.generation_prompt);
+  return options.continue_final_message ? cut_after_final_message(std::move(text), messages) : text;
+}
+
+std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                        bool generation_prompt) {
+  ChatOptions options;
+  options.generation_prompt = generation_prompt;
+  return render_chat(messages, format, options);
+}
+
+ChatFormat jinja_chat_format(std::string_view source, std::string bos_token,
+                             std::string eos_token) {
+  ChatFormat format(ChatTemplate::Jinja);
+  try {
+    format.jinja = std::make_shared<const jinja::Template>(source);
+  } catch (const jinja::Error& e) {
+    throw ChatTemplateError(std::string("the chat template cannot be parsed: ") + e.what());
+  }
+  format.bos_token = std::move(bos_token);
+  format.eos_token = std::move(eos_token);
+  render_chat({ChatMessage{ChatRole::User, "Hello"}}, format);  // throws what a chat would meet
+  return format;
 }
 
 }  // namespace troupe::openai

@@ -1,7 +1,9 @@
 #pragma once
 // A chat's messages rendered as one prompt, by the template the server was
 // configured with (service/chat_template.h). Pure functions, unit-tested.
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,11 +44,39 @@ struct ChatMessage {
 //   system message before the last user message with "\n\n" (v0.3); the
 //   format's MistralSpelling gives v0.1's and v0.2's spaces and placement.
 //   The tokenizer adds the BOS; the text ends with the last turn either way.
+// - jinja: the format's template, interpreted as transformers renders it, with
+//   `messages` (role and content), `add_generation_prompt`, `bos_token`,
+//   `eos_token`, `tools` and `documents` (none), strftime_now() and the
+//   options' template_kwargs.
 // Without `generation_prompt` the text ends after the last message (plain
 // leaves out the closing "Assistant:", zephyr the "<|assistant|>\n"; llama2's
 // turns have no such marker). Auto (unresolved) renders as plain.
+struct ChatOptions {
+  bool generation_prompt = true;
+  // vLLM's continue_final_message: the text ends right after the last
+  // message's content (as transformers cuts it), for the model to continue it.
+  bool continue_final_message = false;
+  // vLLM's chat_template_kwargs: more variables for a Jinja template
+  // (enable_thinking, ...): a JSON object, or null.
+  nlohmann::json template_kwargs;
+};
+
+// A chat the template cannot render: its raise_exception() (the chat is not
+// one it accepts), or a failure of the template itself. The message says which.
+class ChatTemplateError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
+                        const ChatOptions& options);
 std::string render_chat(const std::vector<ChatMessage>& messages, const ChatFormat& format,
                         bool generation_prompt = true);
+
+// A Jinja chat template, parsed and tried on a one-message chat, as a format
+// to render with; throws ChatTemplateError naming what it could not parse or
+// render.
+ChatFormat jinja_chat_format(std::string_view source, std::string bos_token, std::string eos_token);
 
 // Which of the templates above a model's own chat template (the Jinja text of
 // tokenizer_config.json's "chat_template") is, by its markers, with the

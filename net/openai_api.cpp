@@ -650,13 +650,47 @@ void parse_chat_logprobs(const json& j, CompletionParams& p) {
   if (wanted) p.logprobs = k;
 }
 
+// vLLM's chat rendering options: add_generation_prompt, continue_final_message,
+// chat_template_kwargs. A request's own `chat_template` is refused, as vLLM
+// refuses it unless trusted: the server's is set by server.chat_template_file.
+ChatOptions parse_chat_options(const json& j) {
+  ChatOptions o;
+  if (const json* v = field(j, "add_generation_prompt"))
+    o.generation_prompt = get_bool(*v, "add_generation_prompt");
+  if (const json* v = field(j, "continue_final_message"))
+    o.continue_final_message = get_bool(*v, "continue_final_message");
+  if (o.continue_final_message && o.generation_prompt && field(j, "add_generation_prompt"))
+    fail("`continue_final_message` and `add_generation_prompt` cannot both be true.",
+         "continue_final_message");
+  if (o.continue_final_message) o.generation_prompt = false;  // vLLM's clients set only this
+  if (const json* v = field(j, "chat_template_kwargs")) {
+    if (!v->is_object()) wrong_type("chat_template_kwargs", "an object", *v);
+    o.template_kwargs = *v;
+  }
+  if (field(j, "chat_template"))
+    unsupported("chat_template",
+                "a request may not bring its own template; the server's is set by "
+                "server.chat_template_file");
+  return o;
+}
+
+std::string render_chat_request(const json& j, const ChatFormat& tmpl) {
+  const std::vector<ChatMessage> messages = parse_messages(j);
+  const ChatOptions options = parse_chat_options(j);
+  try {
+    return render_chat(messages, tmpl, options);
+  } catch (const ChatTemplateError& e) {
+    fail(e.what(), "messages");
+  }
+}
+
 CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
                             const ChatFormat& tmpl) {
   const json j = parse_body(body);
   CompletionParams p;
   p.api = Api::Chat;
   p.model = parse_model(j, limits);
-  p.prompt_text = render_chat(parse_messages(j), tmpl);
+  p.prompt_text = render_chat_request(j, tmpl);
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
   if (!max) {
@@ -688,10 +722,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits,
   const bool chat = field(j, "messages") != nullptr;  // null: not given, as elsewhere
   if (prompt && chat) fail("Give either `prompt` or `messages`, not both.", "prompt");
   if (chat) {
-    bool generation_prompt = true;
-    if (const json* v = field(j, "add_generation_prompt"))
-      generation_prompt = get_bool(*v, "add_generation_prompt");
-    p.text = render_chat(parse_messages(j), tmpl, generation_prompt);
+    p.text = render_chat_request(j, tmpl);
     p.chat = true;
   } else if (prompt) {
     p.text = get_string(*prompt, "prompt");

@@ -4,11 +4,16 @@
 // rendering, and what `auto` picks from a model's tokenizer_config.json, is
 // net/chat_template.h.
 #include <array>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 
 namespace troupe {
+
+namespace jinja {
+class Template;
+}
 
 enum class ChatTemplate {
   Plain,    // "System: ...\nUser: ...\nAssistant:"
@@ -17,7 +22,8 @@ enum class ChatTemplate {
   ChatML,   // "<|im_start|>user\n...<|im_end|>\n" (Qwen2, SmolLM2, ...)
   Llama3,   // "<|start_header_id|>user<|end_header_id|>\n\n...<|eot_id|>"
   Mistral,  // "[INST] ...[/INST] ...</s>" (Mistral Instruct)
-  Auto,     // the model's own, when it is one of these; else plain
+  Auto,     // the model's own (Jinja, interpreted); else the one of these it is; else plain
+  Jinja,    // a Jinja template, interpreted: the model's own or a file (not a name)
 };
 
 inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatTemplates{{
@@ -50,6 +56,10 @@ struct ChatFormat {
     bool trim_answer = true;
     bool operator==(const MistralSpelling&) const = default;
   } mistral;
+  // jinja: the template, and the special tokens' text it is rendered with
+  // (tokenizer_config.json's, as transformers passes them).
+  std::shared_ptr<const jinja::Template> jinja;
+  std::string bos_token, eos_token;
 
   ChatFormat(ChatTemplate k = ChatTemplate::Plain) : kind(k) {}  // NOLINT: a template is a format
   bool operator==(const ChatFormat&) const = default;

@@ -509,6 +509,7 @@ Config everything_changed() {
               4,
               7,
               ChatTemplate::Llama2,
+              "/srv/templates/my chat.jinja",
               "sk-x: y",
               {"http://localhost:3000", "https://a.example"},
               true};
