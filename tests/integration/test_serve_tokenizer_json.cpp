@@ -112,15 +112,14 @@ constexpr const char* kQwen25Template =
     "endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
 // A Qwen2 checkpoint (q/k/v biases) with Qwen's tokenizer (NFC, no BOS) and
-// its ChatML template, whose default system message a chat without one gets.
-TEST(ServeTokenizerJson, Qwen2WithItsChatTemplate) {
-  test::TempDir tmp;
+// `chat_template` in its tokenizer_config.json.
+std::filesystem::path write_qwen_model(const test::TempDir& tmp, const std::string& chat_template) {
   const auto dir = tmp / "qwen2-tiny";
   const auto r =
       test::run_command({test::troupe_binary(), "synth-model", "--preset", "tiny", "--qkv-bias",
                          "--vocab", "1536", "--context", "256", "--out", dir.string()},
                         300);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   json config = json::parse(test::read_file(dir / "config.json"));
   EXPECT_EQ(config["model_type"], "qwen2");
   config["eos_token_id"] = 1502;
@@ -128,7 +127,15 @@ TEST(ServeTokenizerJson, Qwen2WithItsChatTemplate) {
   test::write_file(dir / "tokenizer.json",
                    test::read_file(test::data_path("tokenizers/qwen-small.tokenizer.json")));
   test::write_file(dir / "tokenizer_config.json",
-                   json{{"chat_template", kQwen25Template}, {"eos_token", "<|im_end|>"}}.dump());
+                   json{{"chat_template", chat_template}, {"eos_token", "<|im_end|>"}}.dump());
+  return dir;
+}
+
+// Qwen2.5's ChatML template, whose default system message a chat without one
+// gets.
+TEST(ServeTokenizerJson, Qwen2WithItsChatTemplate) {
+  test::TempDir tmp;
+  const auto dir = write_qwen_model(tmp, kQwen25Template);
   const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
   test::Server s({"model.path=" + dir.string()});
 
@@ -147,6 +154,103 @@ TEST(ServeTokenizerJson, Qwen2WithItsChatTemplate) {
   const json same = post(s, "/v1/completions",
                          {{"prompt", rendered["tokens"]}, {"max_tokens", 12}, {"temperature", 0}});
   EXPECT_EQ(chat["choices"][0]["message"]["content"], same["choices"][0]["text"]);
+}
+
+// Qwen3's own template (tests/data/chat_templates), interpreted: its switches
+// through chat_template_kwargs, continue_final_message, and what the template
+// refuses is a 400 with the template's words.
+TEST(ServeTokenizerJson, TheModelsOwnJinjaTemplateWithItsSwitches) {
+  test::TempDir tmp;
+  const auto dir = write_qwen_model(
+      tmp, test::read_file(test::data_path("chat_templates/Qwen-Qwen3-0.6B.jinja")));
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::Server s({"model.path=" + dir.string()});
+  const auto rendered = [&](json body) {
+    return post(s, "/tokenize", body)["tokens"].get<std::vector<int>>();
+  };
+  const json hello = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  EXPECT_EQ(rendered({{"messages", hello}}),
+            tok.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", false));
+  EXPECT_EQ(rendered({{"messages", hello}, {"chat_template_kwargs", {{"enable_thinking", false}}}}),
+            tok.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+                       "<think>\n\n</think>\n\n",
+                       false));
+  // Earlier reasoning is left out of the history, as Qwen3's template does.
+  const json history =
+      json::array({{{"role", "user"}, {"content", "2+2?"}},
+                   {{"role", "assistant"}, {"content", "<think>\nadd\n</think>\n\nIt is 4."}},
+                   {{"role", "user"}, {"content", "And 3+3?"}}});
+  EXPECT_EQ(rendered({{"messages", history}}),
+            tok.encode("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nIt is 4."
+                       "<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+                       "<|im_start|>assistant\n",
+                       false));
+  // The answer begun by the client goes on from its last character (after
+  // the empty reasoning block Qwen3's template gives the last answer).
+  const json begun = json::array(
+      {{{"role", "user"}, {"content", "Hello"}}, {{"role", "assistant"}, {"content", "Well,"}}});
+  const std::vector<int> continued = tok.encode(
+      "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+      "<think>\n\n</think>\n\nWell,",
+      false);
+  EXPECT_EQ(rendered({{"messages", begun}, {"continue_final_message", true}}), continued);
+  const json chat = post(s, "/v1/chat/completions",
+                         {{"messages", begun},
+                          {"continue_final_message", true},
+                          {"add_generation_prompt", false},
+                          {"max_tokens", 6},
+                          {"temperature", 0}});
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], continued.size());
+
+  // Switches of the wrong kind or that contradict each other are 400s.
+  for (const json& bad :
+       {json{{"messages", hello}, {"chat_template_kwargs", "x"}},
+        json{
+            {"messages", hello}, {"continue_final_message", true}, {"add_generation_prompt", true}},
+        json{{"messages", hello}, {"chat_template", "{{ 1 }}"}}}) {
+    const auto r = test::http_request(s.port(), "POST", "/v1/chat/completions", bad.dump());
+    EXPECT_EQ(r.status, 400) << bad.dump() << ": " << r.body;
+  }
+}
+
+// --chat-template FILE renders instead of the model's own; a file that does
+// not parse stops start-up naming the file and the line.
+TEST(ServeTokenizerJson, AChatTemplateFileReplacesTheModels) {
+  test::TempDir tmp;
+  const auto dir = write_qwen_model(tmp, kQwen25Template);
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::write_file(tmp / "mine.jinja",
+                   "{% if messages[0].role == 'system' %}"
+                   "{{ raise_exception('System role not supported') }}{% endif %}\n"
+                   "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                   "{% if add_generation_prompt %}[assistant]{% endif %}\n");
+  {
+    test::Server s({"model.path=" + dir.string(),
+                    "server.chat_template_file=" + (tmp / "mine.jinja").string()});
+    const json hello = json::array({{{"role", "user"}, {"content", "Hello"}}});
+    EXPECT_EQ(post(s, "/tokenize", {{"messages", hello}})["tokens"].get<std::vector<int>>(),
+              tok.encode("[user] Hello\n[assistant]", false));
+    // What the template refuses is a 400 in the template's words.
+    const auto refused = test::http_request(
+        s.port(), "POST", "/v1/chat/completions",
+        json{{"messages", json::array({{{"role", "system"}, {"content", "x"}}})}, {"max_tokens", 4}}
+            .dump());
+    EXPECT_EQ(refused.status, 400) << refused.body;
+    EXPECT_NE(
+        refused.body.find("The model's chat template refused this chat: System role not supported"),
+        std::string::npos)
+        << refused.body;
+  }
+  test::write_file(tmp / "broken.jinja", "line one\n{% if messages %}never closed");
+  const auto r =
+      test::run_command({test::troupe_binary(), "serve", "-m", dir.string(), "--chat-template",
+                         (tmp / "broken.jinja").string(), "--port", "0"},
+                        60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("broken.jinja"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line 2: the template ended inside a block: expected {% endif %}"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(ServeTokenizerJson, ATokenizerLargerThanTheModelIsRefused) {

@@ -196,5 +196,56 @@ TEST(ChatTemplate, EveryConfiguredNameRenders) {
     EXPECT_FALSE(render_chat(kConversation, tmpl).empty()) << name;
 }
 
+TEST(ChatTemplate, AJinjaTemplateRendersWithTheModelsSpecialTokensAndTheRequestsSwitches) {
+  const ChatFormat f = jinja_chat_format(
+      "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}"
+      "{% endfor %}{% if add_generation_prompt %}<assistant>{% if think is defined and not think "
+      "%}<nothink>{% endif %}{% endif %}",
+      "<s>", "</s>");
+  EXPECT_EQ(f.kind, ChatTemplate::Jinja);
+  EXPECT_EQ(render_chat(kConversation, f),
+            "<s><system>Be brief.</s><user>Hello</s><assistant>Hi.</s><user>Tell me a "
+            "fortune</s><assistant>");
+  ChatOptions o;
+  o.template_kwargs = {{"think", false}};
+  EXPECT_EQ(render_chat({{ChatRole::User, "A"}}, f, o), "<s><user>A</s><assistant><nothink>");
+  o.generation_prompt = false;
+  EXPECT_EQ(render_chat({{ChatRole::User, "A"}}, f, o), "<s><user>A</s>");
+}
+
+TEST(ChatTemplate, ContinuingTheFinalMessageCutsTheTextAfterIt) {
+  ChatOptions o;
+  o.generation_prompt = false;
+  o.continue_final_message = true;
+  const std::vector<ChatMessage> begun = {{ChatRole::User, "Hello"},
+                                          {ChatRole::Assistant, "Well, "}};
+  EXPECT_EQ(render_chat(begun, ChatTemplate::ChatML, o),
+            "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nWell, ");
+  // A template that trims the content is cut after the trimmed text.
+  EXPECT_EQ(render_chat(begun, ChatTemplate::Llama3, o),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nWell,");
+  o.generation_prompt = true;
+  EXPECT_THROW(render_chat(begun, ChatTemplate::ChatML, o), ChatTemplateError);
+}
+
+TEST(ChatTemplate, WhatAJinjaTemplateRefusesOrCannotDoIsAChatTemplateError) {
+  const ChatFormat f = jinja_chat_format(
+      "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}"
+      "{% endif %}{{ messages[0].content }}",
+      "", "");
+  try {
+    render_chat(kConversation, f);
+    FAIL() << "no error";
+  } catch (const ChatTemplateError& e) {
+    EXPECT_STREQ(e.what(),
+                 "The model's chat template refused this chat: System role not supported");
+  }
+  // Parsing, and a first render of a one-message chat, happen when the format is made.
+  EXPECT_THROW(jinja_chat_format("{% if %}", "", ""), ChatTemplateError);
+  EXPECT_THROW(jinja_chat_format("{{ messages | nosuchfilter }}", "", ""), ChatTemplateError);
+  EXPECT_THROW(jinja_chat_format("{{ raise_exception('never') }}", "", ""), ChatTemplateError);
+}
+
 }  // namespace
 }  // namespace troupe::openai
