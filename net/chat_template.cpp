@@ -2,6 +2,7 @@
 
 #include <ctime>
 
+#include "net/tool_calls.h"
 #include "text/jinja/template.h"
 
 namespace troupe::openai {
@@ -16,6 +17,8 @@ const char* plain_label(ChatRole role) {
       return "User: ";
     case ChatRole::Assistant:
       return "Assistant: ";
+    case ChatRole::Tool:
+      return "Tool: ";
   }
   return "";
 }
@@ -53,6 +56,7 @@ std::string render_llama2(const std::vector<ChatMessage>& messages) {
         system += "<<SYS>>\n" + m.content + "\n<</SYS>>\n\n";
         break;
       case ChatRole::User:
+      case ChatRole::Tool:
         instruction(m.content);
         break;
       case ChatRole::Assistant:
@@ -87,6 +91,8 @@ const char* role_name(ChatRole role) {
       return "user";
     case ChatRole::Assistant:
       return "assistant";
+    case ChatRole::Tool:
+      return "tool";
   }
   return "user";
 }
@@ -268,6 +274,9 @@ std::string render_jinja(const std::vector<ChatMessage>& messages, const ChatFor
     jinja::Dict d;
     d.set("role", jinja::Value(role_name(m.role)));
     d.set("content", jinja::Value(m.content));
+    if (!m.tool_calls.is_null()) d.set("tool_calls", jinja::Value::from_json(m.tool_calls));
+    if (!m.tool_call_id.empty()) d.set("tool_call_id", jinja::Value(m.tool_call_id));
+    if (!m.name.empty()) d.set("name", jinja::Value(m.name));
     list.emplace_back(std::move(d));
   }
   jinja::Dict context;
@@ -275,7 +284,8 @@ std::string render_jinja(const std::vector<ChatMessage>& messages, const ChatFor
   context.set("add_generation_prompt", jinja::Value(options.generation_prompt));
   context.set("bos_token", jinja::Value(format.bos_token));
   context.set("eos_token", jinja::Value(format.eos_token));
-  context.set("tools", jinja::Value(nullptr));
+  context.set("tools", options.tools.is_null() ? jinja::Value(nullptr)
+                                               : jinja::Value::from_json(options.tools));
   context.set("documents", jinja::Value(nullptr));
   context.set("strftime_now", strftime_now());
   if (options.template_kwargs.is_object())
@@ -361,6 +371,7 @@ ChatFormat jinja_chat_format(std::string_view source, std::string bos_token,
   }
   format.bos_token = std::move(bos_token);
   format.eos_token = std::move(eos_token);
+  format.tool_calls = detect_tool_call_format(source);
   render_chat({ChatMessage{ChatRole::User, "Hello"}}, format);  // throws what a chat would meet
   return format;
 }

@@ -12,11 +12,22 @@
 
 namespace troupe::openai {
 
-enum class ChatRole { System, User, Assistant };
+// Tool messages (a call's result) are for Jinja templates only: the request
+// parser refuses them for the built-in templates.
+enum class ChatRole { System, User, Assistant, Tool };
 
 struct ChatMessage {
+  ChatMessage(ChatRole r = ChatRole::User, std::string text = {})
+      : role(r), content(std::move(text)) {}
+
   ChatRole role = ChatRole::User;
   std::string content;  // the text parts, joined by "\n"
+  // An assistant's tool calls, OpenAI's shape with each call's arguments as
+  // an object (as transformers' templates read them), in the client's key
+  // order; null for none. (Its content may be null: then "", as vLLM has it.)
+  nlohmann::ordered_json tool_calls;
+  std::string tool_call_id;  // a tool message: the call it answers
+  std::string name;          // a tool message: the function's name, when given
   bool operator==(const ChatMessage&) const = default;
 };
 
@@ -45,9 +56,10 @@ struct ChatMessage {
 //   format's MistralSpelling gives v0.1's and v0.2's spaces and placement.
 //   The tokenizer adds the BOS; the text ends with the last turn either way.
 // - jinja: the format's template, interpreted as transformers renders it, with
-//   `messages` (role and content), `add_generation_prompt`, `bos_token`,
-//   `eos_token`, `tools` and `documents` (none), strftime_now() and the
-//   options' template_kwargs.
+//   `messages` (role and content; an assistant's tool_calls, a tool message's
+//   tool_call_id and name), `add_generation_prompt`, `bos_token`,
+//   `eos_token`, `tools` (the options', else none), `documents` (none),
+//   strftime_now() and the options' template_kwargs.
 // Without `generation_prompt` the text ends after the last message (plain
 // leaves out the closing "Assistant:", zephyr the "<|assistant|>\n"; llama2's
 // turns have no such marker). Auto (unresolved) renders as plain.
@@ -59,6 +71,8 @@ struct ChatOptions {
   // vLLM's chat_template_kwargs: more variables for a Jinja template
   // (enable_thinking, ...): a JSON object, or null.
   nlohmann::json template_kwargs;
+  // The tools a Jinja template lists for the model (OpenAI's shape), or null.
+  nlohmann::ordered_json tools;
 };
 
 // A chat the template cannot render: its raise_exception() (the chat is not

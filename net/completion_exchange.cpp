@@ -44,6 +44,12 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     streamer_.emplace(*tokenizer);
     streamer_->continue_after(prompt_tail);
   }
+  if (params_.api == openai::Api::Chat && params_.tool_calls != ToolCallFormat::None) {
+    // "chatcmpl-tool-", the completion's own hex, and its choice's index.
+    const size_t dash = meta_.id.find('-');
+    tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
+                                                std::to_string(meta_.index) + "-");
+  }
 }
 
 void CompletionExchange::set_echo(std::string prompt_text, std::vector<int> prompt_ids) {
@@ -116,6 +122,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     return step;
   }
   released_bytes_ += int64_t(out.size());
+  if (tool_calls_) out = tool_calls_->push(out);
   if (!params_.stream) {
     text_ += out;
     return {};
@@ -174,11 +181,20 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   released_bytes_ += int64_t(tail.size());
   if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
+  std::string text = tail;
+  std::vector<openai::ToolCall> calls;
+  if (tool_calls_) {
+    text = tool_calls_->push(tail);
+    openai::ParsedAnswer answer = tool_calls_->finish();
+    text += answer.content;
+    calls = std::move(answer.calls);
+  }
+  const std::vector<openai::ToolCall>* called = calls.empty() ? nullptr : &calls;
   if (params_.stream) {
     std::string events =
-        opening() + openai::sse_finish_chunks(meta_, take_echo_text() + tail, reason,
+        opening() + openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
                                               chunk_usage(usage.completion_tokens), ids_to_send(),
-                                              lp ? &*lp : nullptr);
+                                              lp ? &*lp : nullptr, called);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
     const bool last = !one_of_several_;
@@ -186,10 +202,11 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     if (last) events += openai::sse_done();
     step = stream(std::move(events), last);
   } else {
-    text_ += tail;
+    text_ += text;
     step.response.emplace();
-    step.response->body = openai::dump(openai::completion_response(
-        meta_, take_echo_text() + text_, reason, usage, ids_to_send(), lp ? &*lp : nullptr));
+    step.response->body =
+        openai::dump(openai::completion_response(meta_, take_echo_text() + text_, reason, usage,
+                                                 ids_to_send(), lp ? &*lp : nullptr, called));
   }
   state_ = State::Finished;
   step.finished = figures(200, end);

@@ -120,6 +120,8 @@ class CompletionExchange {
   const Tokenizer* tokenizer_;
   std::optional<TextStreamer> streamer_;
   StopStringFilter stop_;
+  // A chat that offered tools: the answer's tool calls, held and parsed.
+  std::optional<openai::ToolCallFilter> tool_calls_;
   Clock::time_point submitted_, first_token_, last_token_;
   std::string text_;                            // non-streaming: everything released so far
   std::vector<int> ids_;                        // streaming: ids not yet sent; non-streaming: all

@@ -385,7 +385,7 @@ void parse_vllm_sampling(const json& body, const ModelLimits& limits, Completion
   }
 }
 
-void reject_unsupported(const json& body) {
+void reject_unsupported(const json& body, Api api) {
   if (const json* v = field(body, "best_of")) {
     if (get_int(*v, "best_of") != 1) unsupported("best_of", "only best_of=1 is accepted");
   }
@@ -423,17 +423,19 @@ void reject_unsupported(const json& body) {
     unsupported(o.name, std::string("a vLLM option this server does not implement") +
                             (o.instead ? std::string("; use ") + o.instead + " instead" : ""));
   }
-  // Tools and structured output are chat features, but a client that sends
-  // them to /v1/completions expects them honoured just the same.
-  for (const char* name : {"tools", "functions"}) {
-    if (const json* v = field(body, name)) {
-      if (!v->is_array()) wrong_type(name, "an array", *v);
-      if (!v->empty()) unsupported(name);
+  // Tools are a chat's (parse_tools); a client that sends them to
+  // /v1/completions expects them honoured just the same.
+  if (api != Api::Chat) {
+    for (const char* name : {"tools", "functions"}) {
+      if (const json* v = field(body, name)) {
+        if (!v->is_array()) wrong_type(name, "an array", *v);
+        if (!v->empty()) unsupported(name, "tools are offered in a chat (/v1/chat/completions)");
+      }
     }
-  }
-  if (const json* v = field(body, "tool_choice")) {
-    if (!v->is_string() || (*v != "none" && *v != "auto"))
-      unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
+    if (const json* v = field(body, "tool_choice")) {
+      if (!v->is_string() || (*v != "none" && *v != "auto"))
+        unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
+    }
   }
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
@@ -524,7 +526,7 @@ void parse_generation_options(const json& j, const ModelLimits& limits, Completi
   parse_stop(j, p);
   parse_vllm_text_options(j, p);
   parse_streaming(j, p);
-  reject_unsupported(j);
+  reject_unsupported(j, p.api);
   if (const json* v = field(j, "priority")) {
     p.priority = get_int32(*v, "priority");
     if (limits.priority_levels > 0 && (p.priority < 0 || p.priority >= limits.priority_levels))
@@ -584,8 +586,9 @@ ChatRole parse_role(const json& message, const std::string& where) {
   if (role == "system" || role == "developer") return ChatRole::System;
   if (role == "user") return ChatRole::User;
   if (role == "assistant") return ChatRole::Assistant;
-  fail(openai::quoted(name) + " must be one of system, user, assistant; got '" + role +
-           "' (tool and function messages are not supported).",
+  if (role == "tool") return ChatRole::Tool;
+  fail(openai::quoted(name) + " must be one of system, user, assistant, tool; got '" + role +
+           "' (function messages are not supported).",
        name);
 }
 
@@ -618,7 +621,65 @@ std::string parse_content(const json& message, const std::string& where, bool op
   return text;
 }
 
-std::vector<ChatMessage> parse_messages(const json& body) {
+// The request's body with its objects' keys in the client's order, which
+// `json` (sorted) loses and a template's `tojson` shows: read again, only when
+// a chat has tools or tool calls.
+class OrderedBody {
+ public:
+  explicit OrderedBody(std::string_view text) : text_(text) {}
+  const nlohmann::ordered_json& get() {
+    if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
+    return *parsed_;
+  }
+
+ private:
+  std::string_view text_;
+  std::optional<nlohmann::ordered_json> parsed_;
+};
+
+// Tool messages and tool calls reach only a Jinja template, which knows how
+// to show them; the built-in templates do not.
+void need_jinja(const ChatFormat& tmpl, const std::string& name, std::string_view what) {
+  if (tmpl.kind != ChatTemplate::Jinja)
+    unsupported(name, std::string(what) +
+                          " reach the model through its own chat template (Jinja), and this "
+                          "server renders chats with a built-in one");
+}
+
+// An assistant's tool calls as a template reads them: the client's objects,
+// each call's arguments (a JSON text) read into an object, as vLLM and
+// transformers hand them over.
+nlohmann::ordered_json parse_tool_calls_field(const json& calls,
+                                              const nlohmann::ordered_json& ordered,
+                                              const std::string& name) {
+  if (!calls.is_array()) wrong_type(name, "an array of tool calls", calls);
+  nlohmann::ordered_json out = ordered;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = name + "[" + std::to_string(k) + "]";
+    if (!calls[k].is_object()) wrong_type(at, "an object", calls[k]);
+    const json* fn = field(calls[k], "function");
+    if (!fn) fail(openai::quoted(at + ".function") + " is required.", at + ".function");
+    if (!fn->is_object()) wrong_type(at + ".function", "an object {name, arguments}", *fn);
+    const json* fname = field(*fn, "name");
+    if (!fname)
+      fail(openai::quoted(at + ".function.name") + " is required.", at + ".function.name");
+    get_string(*fname, at + ".function.name");
+    const json* args = field(*fn, "arguments");
+    if (args && args->is_string()) {
+      auto parsed = nlohmann::ordered_json::parse(args->get<std::string>(), nullptr, false);
+      if (parsed.is_discarded())
+        fail(openai::quoted(at + ".function.arguments") + " is not a JSON text.",
+             at + ".function.arguments");
+      out[k]["function"]["arguments"] = std::move(parsed);
+    } else if (args && !args->is_object()) {
+      wrong_type(at + ".function.arguments", "a JSON text (a string)", *args);
+    }
+  }
+  return out;
+}
+
+std::vector<ChatMessage> parse_messages(const json& body, OrderedBody& ordered,
+                                        const ChatFormat& tmpl) {
   const json* v = field(body, "messages");
   if (!v) fail("`messages` is required.", "messages");
   if (!v->is_array()) wrong_type("messages", "an array of messages", *v);
@@ -629,14 +690,100 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     const json& m = (*v)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) wrong_type(where, "an object", m);
-    for (const char* calls : {"tool_calls", "function_call"})
-      if (field(m, calls)) unsupported(where + "." + calls);
+    if (field(m, "function_call")) unsupported(where + ".function_call", "use tool_calls");
     ChatMessage message;
     message.role = parse_role(m, where);
+    const json* calls = field(m, "tool_calls");
+    if (calls && message.role != ChatRole::Assistant)
+      fail(openai::quoted(where + ".tool_calls") + " belongs to an assistant's message.",
+           where + ".tool_calls");
+    if (calls && !(calls->is_array() && calls->empty())) {
+      need_jinja(tmpl, where + ".tool_calls", "tool calls");
+      message.tool_calls = parse_tool_calls_field(
+          *calls, ordered.get()["messages"][i]["tool_calls"], where + ".tool_calls");
+    }
+    if (message.role == ChatRole::Tool) {
+      need_jinja(tmpl, where + ".role", "'tool' messages (a call's result)");
+      if (const json* id = field(m, "tool_call_id"))
+        message.tool_call_id = get_string(*id, where + ".tool_call_id");
+      if (const json* n = field(m, "name")) message.name = get_string(*n, where + ".name");
+    }
     message.content = parse_content(m, where, message.role == ChatRole::Assistant);
     messages.push_back(std::move(message));
   }
   return messages;
+}
+
+// `tools` and `tool_choice`, as vLLM takes them with a tool-call parser on:
+// "auto" (the default with tools) shows the tools to the model through its
+// template and reads its calls from the answer; "none" neither. Forcing a
+// call ("required", a named function) needs guided decoding: refused.
+void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, ChatOptions& o,
+                 ToolCallFormat* format) {
+  if (const json* v = field(j, "functions")) {
+    if (!v->is_array()) wrong_type("functions", "an array", *v);
+    if (!v->empty()) unsupported("functions", "the deprecated `functions`; offer `tools`");
+  }
+  const json* tools = field(j, "tools");
+  if (tools && !tools->is_array()) wrong_type("tools", "an array of tools", *tools);
+  const bool offered = tools && !tools->empty();
+  std::string choice = "auto";
+  if (const json* v = field(j, "tool_choice")) {
+    if (v->is_object()) {
+      choice = "named";
+    } else {
+      choice = get_string(*v, "tool_choice");
+      if (choice != "none" && choice != "auto" && choice != "required")
+        fail(
+            "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+            "\"function\": {\"name\": ...}}; got \"" +
+                choice + "\".",
+            "tool_choice");
+    }
+  }
+  if (!offered) {
+    if (choice == "required" || choice == "named")
+      fail("`tool_choice` asks for a tool call, but the request offers no `tools`.", "tool_choice");
+    return;
+  }
+  nlohmann::ordered_json shown = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const json& t = (*tools)[i];
+    if (!t.is_object()) wrong_type(at, "an object {type: function, function: {...}}", t);
+    const json* type = field(t, "type");
+    if (type && get_string(*type, at + ".type") != "function")
+      fail(openai::quoted(at + ".type") + " must be \"function\".", at + ".type");
+    const json* fn = field(t, "function");
+    if (!fn) fail(openai::quoted(at + ".function") + " is required.", at + ".function");
+    if (!fn->is_object())
+      wrong_type(at + ".function", "an object {name, description, parameters}", *fn);
+    const json* name = field(*fn, "name");
+    if (!name) fail(openai::quoted(at + ".function.name") + " is required.", at + ".function.name");
+    if (get_string(*name, at + ".function.name").empty())
+      fail(openai::quoted(at + ".function.name") + " must not be empty.", at + ".function.name");
+    if (const json* params = field(*fn, "parameters"); params && !params->is_object())
+      wrong_type(at + ".function.parameters", "an object (a JSON schema)", *params);
+    // vLLM's model_dump(): these keys in this order, absent ones none.
+    const nlohmann::ordered_json& given = ordered.get()["tools"][i]["function"];
+    nlohmann::ordered_json function = {
+        {"name", given["name"]},
+        {"description", given.value("description", nlohmann::ordered_json())},
+        {"parameters", given.value("parameters", nlohmann::ordered_json())}};
+    shown.push_back({{"type", "function"}, {"function", std::move(function)}});
+  }
+  if (choice == "none") return;  // offered, not to be used: not shown, as vLLM
+  if (choice != "auto")
+    unsupported("tool_choice",
+                "forcing a tool call needs guided decoding, which this server does not have; "
+                "\"auto\" lets the model choose");
+  need_jinja(tmpl, "tools", "tools");
+  if (tmpl.tool_calls == ToolCallFormat::None)
+    unsupported("tools",
+                "the model's chat template writes tool calls in no format this server reads "
+                "(hermes' <tool_call>, Llama 3's JSON)");
+  o.tools = std::move(shown);
+  if (format) *format = tmpl.tool_calls;
 }
 
 // A chat asks for log-probabilities with `logprobs: true`, and for the
@@ -674,9 +821,14 @@ ChatOptions parse_chat_options(const json& j) {
   return o;
 }
 
-std::string render_chat_request(const json& j, const ChatFormat& tmpl) {
-  const std::vector<ChatMessage> messages = parse_messages(j);
-  const ChatOptions options = parse_chat_options(j);
+// The chat's prompt; a chat with tools says in `format` how to read the
+// model's calls (null: /tokenize, which only renders).
+std::string render_chat_request(const json& j, std::string_view body, const ChatFormat& tmpl,
+                                ToolCallFormat* format) {
+  OrderedBody ordered(body);
+  const std::vector<ChatMessage> messages = parse_messages(j, ordered, tmpl);
+  ChatOptions options = parse_chat_options(j);
+  parse_tools(j, ordered, tmpl, options, format);
   try {
     return render_chat(messages, tmpl, options);
   } catch (const ChatTemplateError& e) {
@@ -690,7 +842,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
   CompletionParams p;
   p.api = Api::Chat;
   p.model = parse_model(j, limits);
-  p.prompt_text = render_chat_request(j, tmpl);
+  p.prompt_text = render_chat_request(j, body, tmpl, &p.tool_calls);
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
   if (!max) {
@@ -722,7 +874,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits,
   const bool chat = field(j, "messages") != nullptr;  // null: not given, as elsewhere
   if (prompt && chat) fail("Give either `prompt` or `messages`, not both.", "prompt");
   if (chat) {
-    p.text = render_chat_request(j, tmpl);
+    p.text = render_chat_request(j, body, tmpl, nullptr);
     p.chat = true;
   } else if (prompt) {
     p.text = get_string(*prompt, "prompt");
@@ -1050,12 +1202,18 @@ namespace {
 
 // A non-streaming response's choice: its text, or a chat's message.
 json choice_json(Api api, int index, const std::string& text, std::optional<FinishReason> reason,
-                 const std::vector<int>* token_ids, const json* logprobs) {
+                 const std::vector<int>* token_ids, const json* logprobs,
+                 const std::vector<ToolCall>* tool_calls) {
+  const bool called = api == Api::Chat && tool_calls && !tool_calls->empty();
   json c = {{"index", index},
             {"logprobs", logprobs ? *logprobs : json(nullptr)},
-            {"finish_reason", reason ? json(finish_reason_name(*reason)) : json(nullptr)}};
+            {"finish_reason", called   ? json("tool_calls")
+                              : reason ? json(finish_reason_name(*reason))
+                                       : json(nullptr)}};
   if (api == Api::Chat) {
-    c["message"] = {{"role", "assistant"}, {"content", text}};
+    c["message"] = {{"role", "assistant"},
+                    {"content", called && text.empty() ? json(nullptr) : json(text)}};
+    if (called) c["message"]["tool_calls"] = tool_calls_json(*tool_calls, false);
   } else {
     c["text"] = text;
   }
@@ -1148,10 +1306,10 @@ json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens, int64_t tex
 
 json completion_response(const ResponseMeta& meta, const std::string& text, FinishReason reason,
                          const Usage& usage, const std::vector<int>* token_ids,
-                         const json* logprobs) {
+                         const json* logprobs, const std::vector<ToolCall>* tool_calls) {
   json j = envelope(meta, /*chunk=*/false);
-  j["choices"] =
-      json::array({choice_json(meta.api, meta.index, text, reason, token_ids, logprobs)});
+  j["choices"] = json::array(
+      {choice_json(meta.api, meta.index, text, reason, token_ids, logprobs, tool_calls)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -1314,7 +1472,25 @@ std::string sse_role_chunk(const ResponseMeta& meta, const ChunkUsage& usage) {
 
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
                               FinishReason reason, const ChunkUsage& usage,
-                              const std::vector<int>* token_ids, const json* logprobs) {
+                              const std::vector<int>* token_ids, const json* logprobs,
+                              const std::vector<ToolCall>* tool_calls) {
+  if (meta.api == Api::Chat && tool_calls && !tool_calls->empty()) {
+    std::string out;
+    if (!text.empty() || logprobs || token_ids)
+      out += sse_text_chunk(meta, text, std::nullopt, usage, token_ids, logprobs);
+    const auto chunk = [&](json delta, json finish) {
+      json j = envelope(meta, /*chunk=*/true);
+      j["choices"] = json::array({json{{"index", meta.index},
+                                       {"delta", std::move(delta)},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", std::move(finish)}}});
+      if (usage.include) j["usage"] = usage.so_far ? usage_json(*usage.so_far) : json(nullptr);
+      return sse(j);
+    };
+    out += chunk({{"tool_calls", tool_calls_json(*tool_calls, true)}}, nullptr);
+    out += chunk(json::object(), "tool_calls");
+    return out;
+  }
   if (meta.api == Api::Completions || text.empty())
     return sse_text_chunk(meta, text, reason, usage, token_ids, logprobs);
   static const std::vector<int> kNone;

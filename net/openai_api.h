@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "net/chat_template.h"
+#include "net/tool_calls.h"
 #include "service/completion_service.h"
 #include "text/stop_strings.h"
 
@@ -113,6 +114,9 @@ struct CompletionParams {
   // Completions: the text starts with the prompt, and with `logprobs` so do
   // the log-probabilities (the first token's null); max_tokens may be 0.
   bool echo = false;
+  // A chat that offered tools (tool_choice auto): the answer's tool calls,
+  // in the model's format, become the message's tool_calls.
+  ToolCallFormat tool_calls = ToolCallFormat::None;
 };
 
 // The most choices (`n`) one request may ask for, the most prompts in a
@@ -217,10 +221,13 @@ nlohmann::json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens,
 // for a chat a "chat.completion" with choices[].message {role: "assistant",
 // content}. `token_ids` adds a "token_ids" field to the choice (vLLM-style
 // extension) when given.
+// With `tool_calls` (not empty), a chat's message carries them, its content
+// is null when it has no text, and the finish reason is "tool_calls".
 nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
                                    FinishReason reason, const Usage& usage,
                                    const std::vector<int>* token_ids = nullptr,
-                                   const nlohmann::json* logprobs = nullptr);
+                                   const nlohmann::json* logprobs = nullptr,
+                                   const std::vector<ToolCall>* tool_calls = nullptr);
 
 // One SSE event: "data: <json>\n\n". A text chunk has finish_reason null;
 // the last one carries it. With include_usage every chunk has "usage": null
@@ -237,10 +244,13 @@ std::string sse_role_chunk(const ResponseMeta& meta, const ChunkUsage& usage);
 // The chunks that end a stream's choice: the last text with the finish
 // reason in one chunk, or for a chat the text (when there is any) and then
 // the finish reason with an empty delta.
+// With `tool_calls` (not empty): the text, then a chunk whose delta holds the
+// whole calls (each with its index), then finish reason "tool_calls".
 std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
                               FinishReason reason, const ChunkUsage& usage,
                               const std::vector<int>* token_ids = nullptr,
-                              const nlohmann::json* logprobs = nullptr);
+                              const nlohmann::json* logprobs = nullptr,
+                              const std::vector<ToolCall>* tool_calls = nullptr);
 std::string sse_usage_chunk(const ResponseMeta& meta, const Usage& usage);
 std::string sse_error(const ApiError& e);  // an error after the stream started
 std::string sse_done();                    // "data: [DONE]\n\n"

@@ -36,6 +36,17 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
     {"auto", ChatTemplate::Auto},
 }};
 
+// How a model writes the tool calls its template asks for (vLLM's tool-call
+// parsers of the same names): Hermes' "<tool_call>{json}</tool_call>" (Qwen2.5,
+// Qwen3, Hermes, SmolLM3), or Llama 3.1's bare JSON objects, "; "-separated.
+enum class ToolCallFormat { None, Hermes, Llama3Json };
+
+inline constexpr std::array<std::pair<std::string_view, ToolCallFormat>, 3> kToolCallFormats{{
+    {"none", ToolCallFormat::None},
+    {"hermes", ToolCallFormat::Hermes},
+    {"llama3_json", ToolCallFormat::Llama3Json},
+}};
+
 // A template and what a model's own version of it adds to every chat.
 struct ChatFormat {
   ChatTemplate kind = ChatTemplate::Plain;
@@ -60,6 +71,8 @@ struct ChatFormat {
   // (tokenizer_config.json's, as transformers passes them).
   std::shared_ptr<const jinja::Template> jinja;
   std::string bos_token, eos_token;
+  // How the model's answers carry tool calls, read from its template.
+  ToolCallFormat tool_calls = ToolCallFormat::None;
 
   ChatFormat(ChatTemplate k = ChatTemplate::Plain) : kind(k) {}  // NOLINT: a template is a format
   bool operator==(const ChatFormat&) const = default;

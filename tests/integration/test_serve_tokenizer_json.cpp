@@ -113,12 +113,13 @@ constexpr const char* kQwen25Template =
 
 // A Qwen2 checkpoint (q/k/v biases) with Qwen's tokenizer (NFC, no BOS) and
 // `chat_template` in its tokenizer_config.json.
-std::filesystem::path write_qwen_model(const test::TempDir& tmp, const std::string& chat_template) {
+std::filesystem::path write_qwen_model(const test::TempDir& tmp, const std::string& chat_template,
+                                       int context = 256) {
   const auto dir = tmp / "qwen2-tiny";
-  const auto r =
-      test::run_command({test::troupe_binary(), "synth-model", "--preset", "tiny", "--qkv-bias",
-                         "--vocab", "1536", "--context", "256", "--out", dir.string()},
-                        300);
+  const auto r = test::run_command(
+      {test::troupe_binary(), "synth-model", "--preset", "tiny", "--qkv-bias", "--vocab", "1536",
+       "--context", std::to_string(context), "--out", dir.string()},
+      300);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   json config = json::parse(test::read_file(dir / "config.json"));
   EXPECT_EQ(config["model_type"], "qwen2");
@@ -211,6 +212,52 @@ TEST(ServeTokenizerJson, TheModelsOwnJinjaTemplateWithItsSwitches) {
     const auto r = test::http_request(s.port(), "POST", "/v1/chat/completions", bad.dump());
     EXPECT_EQ(r.status, 400) << bad.dump() << ": " << r.body;
   }
+}
+
+// Qwen2.5's whole template with tools, a tool call and its result: the
+// prompt is transformers' render of it (tests/data/chat_templates), token for
+// token, and a chat that offers tools is answered.
+TEST(ServeTokenizerJson, ToolsAndToolCallsRenderAsTransformersRendersThem) {
+  test::TempDir tmp;
+  const std::string name = "Qwen-Qwen2.5-7B-Instruct";
+  const auto dir = write_qwen_model(
+      tmp, test::read_file(test::data_path("chat_templates/" + name + ".jinja")), 1024);
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::Server s({"model.path=" + dir.string()});
+  // In the file's key order, which the template's tojson shows.
+  using ordered = nlohmann::ordered_json;
+  const ordered cases =
+      ordered::parse(test::read_file(test::data_path("chat_templates/cases.json")));
+  const json expected =
+      json::parse(test::read_file(test::data_path("chat_templates/expected.json")))[name];
+  int checked = 0;
+  for (const ordered& c : cases) {
+    const std::string id = c["name"];
+    if (id != "tools" && id != "tool_call_empty_content" && id != "multi_nogen") continue;
+    SCOPED_TRACE(id);
+    ordered body = {{"messages", c["messages"]},
+                    {"add_generation_prompt", c["add_generation_prompt"]}};
+    if (c.contains("tools")) body["tools"] = c["tools"];
+    const auto r = test::http_request(s.port(), "POST", "/tokenize", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["tokens"].get<std::vector<int>>(),
+              tok.encode(expected["renders"][id].get<std::string>(), false));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+  // A chat that offers tools (its prompt fits the small model's context).
+  ordered chat = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+                  {"tools", {cases[6]["tools"][0]}},
+                  {"max_tokens", 8},
+                  {"temperature", 0}};
+  const auto answered = test::http_request(s.port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(answered.status, 200) << answered.body;
+  const json choice = json::parse(answered.body)["choices"][0];
+  EXPECT_TRUE(choice["message"].contains("tool_calls") || choice["message"]["content"].is_string())
+      << answered.body;
+  chat["stream"] = true;
+  const auto streamed = test::http_request(s.port(), "POST", "/v1/chat/completions", chat.dump());
+  EXPECT_EQ(streamed.status, 200) << streamed.body;
 }
 
 // --chat-template FILE renders instead of the model's own; a file that does

@@ -279,6 +279,71 @@ TEST(CompletionExchange, ChatStreamWithNoTextStillSendsTheRoleFirst) {
   EXPECT_EQ(evs[2], "[DONE]");
 }
 
+// A chat that offered tools: what comes before the call is content (streamed
+// as it comes), the call is the message's tool_calls, whole, and the finish
+// reason says so.
+TEST(CompletionExchange, AToolCallInTheAnswerBecomesTheMessagesToolCalls) {
+  const std::vector<int> ids = ids_of(
+      "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      "</tool_call>");
+  const std::string text = fortune().decode(ids);
+  const size_t marker = text.find("<tool_call>");
+  ASSERT_NE(marker, std::string::npos) << text;
+  const std::string content = text.substr(0, marker);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    openai::CompletionParams p = params(int(ids.size()) + 5, stream);
+    p.api = openai::Api::Chat;
+    p.tool_calls = ToolCallFormat::Hermes;
+    CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+    std::vector<ExchangeStep> steps = feed(ex, ids);
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    ASSERT_TRUE(steps.back().finished);
+    json call;
+    if (!stream) {
+      ASSERT_TRUE(steps.back().response);
+      const json choice = json::parse(steps.back().response->body)["choices"][0];
+      EXPECT_EQ(choice["finish_reason"], "tool_calls");
+      EXPECT_EQ(choice["message"]["content"], content);
+      ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+      call = choice["message"]["tool_calls"][0];
+      EXPECT_FALSE(call.contains("index"));
+    } else {
+      const auto evs = events(steps);
+      ASSERT_GE(evs.size(), 4u);
+      std::string streamed;
+      for (size_t i = 1; i + 3 < evs.size(); ++i) {
+        const json delta = json::parse(evs[i])["choices"][0]["delta"];
+        streamed += delta.value("content", "");
+      }
+      EXPECT_EQ(streamed, content);
+      const json calls = json::parse(evs[evs.size() - 3])["choices"][0];
+      EXPECT_TRUE(calls["finish_reason"].is_null());
+      ASSERT_EQ(calls["delta"]["tool_calls"].size(), 1u);
+      call = calls["delta"]["tool_calls"][0];
+      EXPECT_EQ(call["index"], 0);
+      const json finish = json::parse(evs[evs.size() - 2])["choices"][0];
+      EXPECT_EQ(finish["finish_reason"], "tool_calls");
+      EXPECT_EQ(finish["delta"], json::object());
+      EXPECT_EQ(evs.back(), "[DONE]");
+    }
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    EXPECT_EQ(call["function"]["arguments"], "{\"city\": \"Paris\"}");
+    EXPECT_EQ(call["id"], "chatcmpl-tool-test-0-0");
+  }
+  // Without tools offered the same answer is only text.
+  openai::CompletionParams p = params(int(ids.size()) + 5, false);
+  p.api = openai::Api::Chat;
+  CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+  feed(ex, ids);
+  const json plain =
+      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body);
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], text);
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+}
+
 TEST(CompletionExchange, StopStringAcrossTokensEndsAndCancelsOnce) {
   const std::string full = " The meaning of life is a fool and a fool";
   const std::vector<int> ids = ids_of(full);

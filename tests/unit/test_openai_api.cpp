@@ -897,7 +897,7 @@ TEST(OpenAiResponse, ModelsList) {
 
 // ---- chat completions ----
 
-CompletionParams chat_ok(const std::string& body, ChatTemplate tmpl = ChatTemplate::Plain) {
+CompletionParams chat_ok(const std::string& body, const ChatFormat& tmpl = ChatTemplate::Plain) {
   auto r = parse_chat_request(body, limits(), tmpl);
   if (auto* e = std::get_if<ApiError>(&r)) {
     ADD_FAILURE() << "unexpected error for " << body << ": " << e->message;
@@ -906,8 +906,8 @@ CompletionParams chat_ok(const std::string& body, ChatTemplate tmpl = ChatTempla
   return std::get<CompletionParams>(r);
 }
 
-ApiError chat_err(const std::string& body) {
-  auto r = parse_chat_request(body, limits(), ChatTemplate::Plain);
+ApiError chat_err(const std::string& body, const ChatFormat& tmpl = ChatTemplate::Plain) {
+  auto r = parse_chat_request(body, limits(), tmpl);
   if (auto* e = std::get_if<ApiError>(&r)) return *e;
   ADD_FAILURE() << "expected an error for " << body;
   return {};
@@ -992,12 +992,14 @@ TEST(OpenAiChatParse, WithoutATokenizerTheMessagesAreRefused) {
 
 // An assistant turn's content may be null or absent (as OpenAI's own
 // answers beside tool calls, and vLLM takes it): an empty turn. Tool calls
-// themselves are still refused.
+// need a Jinja template (tests/unit/test_chat_request_tools.cpp).
 TEST(OpenAiChatParse, AnAssistantsContentMayBeNull) {
   CompletionParams p = chat_ok(R"({"messages":[{"role":"user","content":"hi"},
       {"role":"assistant","content":null},{"role":"assistant"},{"role":"user","content":"again"}]})");
   EXPECT_EQ(*p.prompt_text, "User: hi\nAssistant: \nAssistant: \nUser: again\nAssistant:");
-  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[]}]})").param,
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[
+      {"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]})")
+                .param,
             "messages[0].tool_calls");
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":5}]})").param,
             "messages[0].content");
@@ -1041,8 +1043,67 @@ TEST(OpenAiChatParse, BadMessagesNameTheField) {
   EXPECT_TRUE(contains(image.message, "image_url")) << image.message;
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})").param,
             "messages[0].content[0].text");
-  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[]}]})").param,
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","content":"x","tool_calls":{}}]})").param,
             "messages[0].tool_calls");
+}
+
+// A template that shows what it is given: the request's tools and tool
+// messages as vLLM hands them to a chat template.
+ChatFormat shown_as_json(ToolCallFormat calls) {
+  ChatFormat f = jinja_chat_format("{{ messages|tojson }}|{{ tools|tojson }}", "", "");
+  f.tool_calls = calls;
+  return f;
+}
+
+TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
+  const std::string messages = R"("messages":[{"role":"user","content":"hi"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+        "function":{"name":"get","arguments":"{\"z\": 1, \"a\": [2]}"}}]},
+      {"role":"tool","tool_call_id":"c1","name":"get","content":"22"}])";
+  const std::string tools = R"("tools":[{"function":{"parameters":{"type":"object",
+      "properties":{"z":{"type":"integer"}}},"name":"get"},"type":"function"}])";
+  const ChatFormat hermes = shown_as_json(ToolCallFormat::Hermes);
+  const CompletionParams p = chat_ok("{" + messages + "," + tools + "}", hermes);
+  EXPECT_EQ(*p.prompt_text,
+            R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", )"
+            R"("tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get", )"
+            R"("arguments": {"z": 1, "a": [2]}}}]}, {"role": "tool", "content": "22", )"
+            R"("tool_call_id": "c1", "name": "get"}]|[{"type": "function", "function": )"
+            R"({"name": "get", "description": null, "parameters": {"type": "object", )"
+            R"("properties": {"z": {"type": "integer"}}}}}])");
+  EXPECT_EQ(p.tool_calls, ToolCallFormat::Hermes);
+
+  // tool_choice none: offered, neither shown nor read.
+  const CompletionParams none =
+      chat_ok("{" + messages + "," + tools + R"(,"tool_choice":"none"})", hermes);
+  EXPECT_TRUE(none.prompt_text->ends_with("|null"));
+  EXPECT_EQ(none.tool_calls, ToolCallFormat::None);
+
+  for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
+           {tools + R"(,"tool_choice":"required")", "tool_choice"},
+           {tools + R"(,"tool_choice":{"type":"function","function":{"name":"get"}})",
+            "tool_choice"},
+           {R"("tool_choice":"required")", "tool_choice"},
+           {R"("tool_choice":"sometimes")", "tool_choice"},
+           {R"("tools":[{"type":"code","function":{"name":"get"}}])", "tools[0].type"},
+           {R"("tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name"},
+           {R"("tools":[{"type":"function"}])", "tools[0].function"},
+           {R"("tools":{"type":"function"})", "tools"}}) {
+    const ApiError e =
+        chat_err(R"({"messages":[{"role":"user","content":"x"}],)" + rest + "}", hermes);
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_EQ(e.param, param) << rest << ": " << e.message;
+  }
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f",
+      "arguments":"{not json"}}]}]})",
+                     hermes)
+                .param,
+            "messages[0].tool_calls[0].function.arguments");
+  // A template whose calls this server cannot read is not offered tools.
+  const ApiError unread = chat_err(R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}",
+                                   shown_as_json(ToolCallFormat::None));
+  EXPECT_EQ(unread.param, "tools");
+  EXPECT_EQ(unread.code, "unsupported_parameter");
 }
 
 TEST(OpenAiChatParse, EchoIsACompletionsOption) {
@@ -1073,7 +1134,8 @@ TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
   for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
            {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
            {R"("functions":[{"name":"f"}])", "functions"},
-           {R"("tool_choice":"required")", "tool_choice"},
+           {R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required")",
+            "tool_choice"},
            {R"("response_format":{"type":"json_object"})", "response_format"}}) {
     ApiError e = chat_err("{" + m + "," + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;

@@ -1,0 +1,173 @@
+#include "net/tool_calls.h"
+
+#include "text/jinja/value.h"
+
+namespace troupe::openai {
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+// The length of the JSON value at the start of `text` (its braces and
+// brackets balanced outside strings), or 0 when it does not end.
+size_t json_extent(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return 0;
+}
+
+// vLLM's arguments: json.dumps(value, ensure_ascii=False).
+std::string python_dumps(const nlohmann::ordered_json& value) {
+  return jinja::to_json(jinja::Value::from_json(value));
+}
+
+std::optional<ToolCall> call_from(const nlohmann::ordered_json& j, const char* arguments_key,
+                                  const char* fallback_key) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const char* key = j.contains(arguments_key) ? arguments_key : fallback_key;
+  if (!key || !j.contains(key)) return std::nullopt;
+  return ToolCall{"", j["name"].get<std::string>(), python_dumps(j[key])};
+}
+
+std::optional<std::vector<ToolCall>> hermes_calls(std::string_view text) {
+  std::vector<ToolCall> calls;
+  for (size_t at = text.find(kHermesOpen); at != std::string_view::npos;
+       at = text.find(kHermesOpen, at)) {
+    const size_t body = at + kHermesOpen.size();
+    const size_t close = text.find(kHermesClose, body);
+    const std::string_view inside =
+        text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body);
+    const auto j = nlohmann::ordered_json::parse(inside, nullptr, false);
+    const auto call = j.is_discarded() ? std::nullopt : call_from(j, "arguments", nullptr);
+    if (!call) return std::nullopt;
+    calls.push_back(*call);
+    if (close == std::string_view::npos) break;
+    at = close + kHermesClose.size();
+  }
+  return calls;
+}
+
+std::optional<std::vector<ToolCall>> llama3_calls(std::string_view text) {
+  if (text.empty() || text[0] != '{') return std::nullopt;
+  std::vector<ToolCall> calls;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t n = json_extent(text.substr(at));
+    if (n == 0) return std::nullopt;
+    const auto j = nlohmann::ordered_json::parse(text.substr(at, n), nullptr, false);
+    const auto call = j.is_discarded() ? std::nullopt : call_from(j, "arguments", "parameters");
+    if (!call) return std::nullopt;
+    calls.push_back(*call);
+    at += n;
+    while (at < text.size() && (is_space(text[at]) || text[at] == ';')) ++at;
+  }
+  return calls;
+}
+
+}  // namespace
+
+ToolCallFormat detect_tool_call_format(std::string_view jinja) {
+  if (jinja.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::Hermes;
+  if (jinja.find("<|start_header_id|>") != std::string_view::npos &&
+      jinja.find("\"parameters\"") != std::string_view::npos)
+    return ToolCallFormat::Llama3Json;
+  return ToolCallFormat::None;
+}
+
+ParsedAnswer parse_tool_calls(ToolCallFormat format, std::string_view text,
+                              const std::string& id_prefix) {
+  ParsedAnswer answer;
+  std::optional<std::vector<ToolCall>> calls;
+  size_t content_end = text.size();
+  if (format == ToolCallFormat::Hermes) {
+    content_end = text.find(kHermesOpen);
+    if (content_end != std::string_view::npos) calls = hermes_calls(text);
+  } else if (format == ToolCallFormat::Llama3Json) {
+    calls = llama3_calls(text);
+    content_end = 0;
+  }
+  if (!calls || calls->empty()) {
+    answer.content = std::string(text);
+    return answer;
+  }
+  answer.content = std::string(text.substr(0, content_end));
+  answer.calls = std::move(*calls);
+  for (size_t i = 0; i < answer.calls.size(); ++i)
+    answer.calls[i].id = id_prefix + std::to_string(i);
+  return answer;
+}
+
+std::string ToolCallFilter::push(std::string_view text) {
+  if (format_ == ToolCallFormat::None) return std::string(text);
+  held_ += text;
+  if (in_call_) return {};
+  if (format_ == ToolCallFormat::Llama3Json) {
+    // A call is the whole answer, from its first character.
+    if (held_.empty()) return {};
+    in_call_ = held_[0] == '{';
+    return in_call_ ? std::string() : std::exchange(held_, {});
+  }
+  const size_t open = held_.find(kHermesOpen);
+  if (open != std::string::npos) {
+    in_call_ = true;
+    std::string content = held_.substr(0, open);
+    held_.erase(0, open);
+    return content;
+  }
+  // Hold back a tail that may be the marker's beginning.
+  size_t keep = 0;
+  for (size_t n = std::min(held_.size(), kHermesOpen.size() - 1); n > 0; --n)
+    if (kHermesOpen.substr(0, n) == std::string_view(held_).substr(held_.size() - n)) {
+      keep = n;
+      break;
+    }
+  std::string content = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return content;
+}
+
+ParsedAnswer ToolCallFilter::finish() {
+  ParsedAnswer answer;
+  if (!in_call_) {
+    answer.content = std::exchange(held_, {});
+    return answer;
+  }
+  answer = parse_tool_calls(format_, held_, id_prefix_);
+  held_.clear();
+  return answer;
+}
+
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    nlohmann::json c = {{"id", calls[i].id},
+                        {"type", "function"},
+                        {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace troupe::openai

@@ -1,0 +1,115 @@
+// Tool calls read from a model's answer as vLLM's hermes and llama3_json
+// parsers read them, whole and streamed.
+#include <gtest/gtest.h>
+
+#include "net/tool_calls.h"
+
+namespace troupe::openai {
+namespace {
+
+TEST(ToolCalls, TheFormatIsReadFromTheTemplatesMarkers) {
+  EXPECT_EQ(detect_tool_call_format("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"),
+            ToolCallFormat::Hermes);
+  EXPECT_EQ(detect_tool_call_format(
+                "<|start_header_id|>{{ '{\"name\": \"' + f.name + '\", \"parameters\": ' }}"),
+            ToolCallFormat::Llama3Json);
+  EXPECT_EQ(detect_tool_call_format("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            ToolCallFormat::None);
+}
+
+TEST(ToolCalls, HermesCallsAreTheJsonBetweenTheMarkersAndTheContentBeforeThem) {
+  const ParsedAnswer a = parse_tool_calls(
+      ToolCallFormat::Hermes,
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Zürich\", \"days\": [1,2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
+      "\"arguments\": {}}\n</tool_call>",
+      "call-");
+  EXPECT_EQ(a.content, "Let me look.\n");
+  ASSERT_EQ(a.calls.size(), 2u);
+  // Arguments as Python's json.dumps(ensure_ascii=False) writes them.
+  EXPECT_EQ(a.calls[0],
+            (ToolCall{"call-0", "get_weather", R"({"city": "Zürich", "days": [1, 2]})"}));
+  EXPECT_EQ(a.calls[1], (ToolCall{"call-1", "now", "{}"}));
+}
+
+TEST(ToolCalls, AnUnclosedLastHermesCallCountsAndAMalformedOneLeavesTheText) {
+  const ParsedAnswer open = parse_tool_calls(
+      ToolCallFormat::Hermes, "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}", "c");
+  ASSERT_EQ(open.calls.size(), 1u);
+  EXPECT_EQ(open.calls[0].arguments, R"({"x": 1})");
+  EXPECT_EQ(open.content, "");
+  for (const char* bad : {"<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}",
+                          "<tool_call>{\"arguments\": {}}</tool_call>",
+                          "<tool_call>{\"name\": \"f\"}</tool_call>", "no call at all"}) {
+    const ParsedAnswer a = parse_tool_calls(ToolCallFormat::Hermes, bad, "c");
+    EXPECT_TRUE(a.calls.empty()) << bad;
+    EXPECT_EQ(a.content, bad);
+  }
+}
+
+TEST(ToolCalls, Llama3CallsAreJsonObjectsFromTheFirstCharacter) {
+  const ParsedAnswer a = parse_tool_calls(
+      ToolCallFormat::Llama3Json,
+      R"({"name": "a", "parameters": {"q": "x; y"}}; {"name": "b", "arguments": {"n": 2.5}})",
+      "id");
+  ASSERT_EQ(a.calls.size(), 2u);
+  EXPECT_EQ(a.calls[0], (ToolCall{"id0", "a", R"({"q": "x; y"})"}));
+  EXPECT_EQ(a.calls[1], (ToolCall{"id1", "b", R"({"n": 2.5})"}));
+  EXPECT_EQ(a.content, "");
+  for (const char* text : {"The answer is {\"name\": \"a\", \"parameters\": {}}",
+                           "{\"name\": \"a\"}", "{\"name\": \"a\", \"parameters\": {}"}) {
+    const ParsedAnswer b = parse_tool_calls(ToolCallFormat::Llama3Json, text, "id");
+    EXPECT_TRUE(b.calls.empty()) << text;
+    EXPECT_EQ(b.content, text);
+  }
+}
+
+// Content streams out up to a call's marker, whatever the pieces; a piece
+// that only looked like the marker's start goes out when it is not.
+TEST(ToolCalls, TheStreamingFilterHoldsOnlyWhatMayBeACall) {
+  const std::string answer =
+      "Sure <tool <b>.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"<tool_call>\"}}\n"
+      "</tool_call>";
+  for (size_t piece : {1u, 2u, 3u, 5u, 11u, 200u}) {
+    SCOPED_TRACE(piece);
+    ToolCallFilter filter(ToolCallFormat::Hermes, "c");
+    std::string streamed;
+    for (size_t at = 0; at < answer.size(); at += piece) {
+      const std::string out = filter.push(answer.substr(at, piece));
+      streamed += out;
+      EXPECT_EQ(answer.compare(0, streamed.size(), streamed), 0)
+          << "only the answer's text, in order";
+    }
+    const ParsedAnswer rest = filter.finish();
+    EXPECT_EQ(streamed + rest.content, "Sure <tool <b>.\n");
+    ASSERT_EQ(rest.calls.size(), 1u);
+    EXPECT_EQ(rest.calls[0].arguments, R"({"a": "<tool_call>"})");
+  }
+  // Not a call after all: everything is content, in order.
+  ToolCallFilter filter(ToolCallFormat::Hermes, "c");
+  std::string streamed = filter.push("a <tool_");
+  streamed += filter.push("call>{oops");
+  const ParsedAnswer rest = filter.finish();
+  EXPECT_TRUE(rest.calls.empty());
+  EXPECT_EQ(streamed + rest.content, "a <tool_call>{oops");
+
+  ToolCallFilter llama(ToolCallFormat::Llama3Json, "c");
+  EXPECT_EQ(llama.push("{\"name\": \"f\", "), "");
+  EXPECT_EQ(llama.push("\"parameters\": {}}"), "");
+  EXPECT_EQ(llama.finish().calls.size(), 1u);
+  ToolCallFilter prose(ToolCallFormat::Llama3Json, "c");
+  EXPECT_EQ(prose.push("Hello {"), "Hello {");
+  EXPECT_EQ(prose.push("x"), "x");
+  EXPECT_TRUE(prose.finish().calls.empty());
+}
+
+TEST(ToolCalls, CallsAreOpenAIsShape) {
+  const std::vector<ToolCall> calls = {{"c0", "f", "{}"}, {"c1", "g", R"({"x": 1})"}};
+  EXPECT_EQ(tool_calls_json(calls, false).dump(),
+            R"([{"function":{"arguments":"{}","name":"f"},"id":"c0","type":"function"},)"
+            R"({"function":{"arguments":"{\"x\": 1}","name":"g"},"id":"c1","type":"function"}])");
+  EXPECT_EQ(tool_calls_json(calls, true)[1]["index"], 1);
+}
+
+}  // namespace
+}  // namespace troupe::openai
