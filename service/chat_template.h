@@ -41,12 +41,6 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
 // Qwen3, Hermes, SmolLM3), or Llama 3.1's bare JSON objects, "; "-separated.
 enum class ToolCallFormat { None, Hermes, Llama3Json };
 
-inline constexpr std::array<std::pair<std::string_view, ToolCallFormat>, 3> kToolCallFormats{{
-    {"none", ToolCallFormat::None},
-    {"hermes", ToolCallFormat::Hermes},
-    {"llama3_json", ToolCallFormat::Llama3Json},
-}};
-
 // A template and what a model's own version of it adds to every chat.
 struct ChatFormat {
   ChatTemplate kind = ChatTemplate::Plain;

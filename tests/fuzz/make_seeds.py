@@ -271,6 +271,17 @@ for i, case in enumerate(json.loads((ROOT / "tests/data/tokenizers/llama3_1-smal
                                     .read_text())["cases"][::4]):
     put("tokenizer_json", "text-%02d" % i, case["text"].encode())
 
+# ---- jinja_template: real chat templates, and one line of each Jinja feature ----
+
+for path in sorted((ROOT / "tests/data/chat_templates").glob("*.jinja")):
+    put("jinja_template", path.stem, path.read_bytes())
+put("jinja_template", "features",
+    "{%- set ns = namespace(n=0) -%}{% for m in messages if m.role != 'system' %}"
+    "{{ loop.index }}{{ m.content|trim|tojson }}{% set ns.n = ns.n + 1 %}{% endfor %}"
+    "{% macro f(x, y=2) %}{{ x ~ y }}{% endmacro %}{{ f(1) }}{{ tools[0].function|items|list }}"
+    "{{ messages[-1].content.split(' ')[::-1]|join(',') }}{% raw %}{{ x }}{% endraw %}"
+    "{{ 'a' if true else 'b' }}{{ 7 // 2 }}{{ none is none }}{{ raise_exception('x') if false }}")
+
 # ---- basp_frames: BASP streams as a proxied link carries them ----
 # (fuzz_basp_frames.cpp: a 10-byte fault header, a read-size seed byte, the
 # stream; the header layout is net/link_proxy.h's). The wire_messages seeds
