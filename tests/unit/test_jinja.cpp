@@ -156,6 +156,8 @@ b)J"},
          R"J(  - 0  - 1)J"},
         {R"J({{ {'a': {'b': {}}}|tojson }})J", R"J({"a": {"b": {}}})J"},
         {R"J({% set x = {'a': 1} %}{{ x.a }}{{ x['a'] }})J", R"J(11)J"},
+    {R"J({{ 'a%sb%dc%%' % ('x', 3) }}|{{ '%s!' % 'one' }}|{{ '%r' % 'q' }}|{{ '%s' % [1,'a'] }})J",
+     R"J(axb3c%|one!|'q'|[1, 'a'])J"},
 };
 
 TEST(Jinja, RendersWhatPythonsJinjaRenders) {

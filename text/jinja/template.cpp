@@ -331,6 +331,43 @@ class Interpreter {
     return Value();
   }
 
+  // Python's "text % values": %s, %r, %d, %i and %%, values a tuple or one.
+  static std::string printf_format(const Expr& e, const std::string& format, const Value& values) {
+    const List args = values.is_tuple() ? values.list() : List{values};
+    std::string out;
+    size_t next = 0;
+    for (size_t i = 0; i < format.size(); ++i) {
+      if (format[i] != '%') {
+        out += format[i];
+        continue;
+      }
+      if (++i >= format.size()) fail(e.line, "incomplete format");
+      const char spec = format[i];
+      if (spec == '%') {
+        out += '%';
+        continue;
+      }
+      if (next >= args.size()) fail(e.line, "not enough arguments for format string");
+      const Value& v = args[next++];
+      if (spec == 's') {
+        out += v.str();
+      } else if (spec == 'r') {
+        out += v.repr();
+      } else if (spec == 'd' || spec == 'i') {
+        if (!v.is_number() && !v.is_bool())
+          fail(e.line, "%" + std::string(1, spec) + " format: a number is required, not " +
+                           v.type_name());
+        out += std::to_string(v.is_bool() ? int64_t(v.as_bool())
+                              : v.is_int() ? v.as_int()
+                                           : int64_t(v.as_number()));
+      } else {
+        fail(e.line, std::string("unsupported format character '") + spec + "'");
+      }
+    }
+    if (next < args.size()) fail(e.line, "not all arguments converted during string formatting");
+    return out;
+  }
+
   static std::string describe(const Expr& e) {
     if (e.kind == Expr::Kind::Name) return "'" + e.name + "'";
     if (e.kind == Expr::Kind::Attr) return "'" + e.name + "'";
@@ -395,6 +432,7 @@ class Interpreter {
         return Value(std::move(out));
       }
     }
+    if (op == "%" && l.is_string()) return Value(printf_format(e, l.as_string(), r));
     const auto numeric = [](const Value& v) { return v.is_number() || v.is_bool(); };
     if (!numeric(l) || !numeric(r))
       fail(e.line, "unsupported operand types for " + op + ": '" + l.type_name() + "' and '" +
