@@ -53,7 +53,6 @@ class ToolCallFilter {
   std::string id_prefix_;
   std::string held_;
   bool in_call_ = false;  // the held text begins a tool call
-  bool started_ = false;  // llama3_json: the answer's first character was seen
 };
 
 // A message's "tool_calls" (OpenAI's shape); with `indexed`, each has its

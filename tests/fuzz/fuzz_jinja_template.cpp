@@ -3,9 +3,8 @@
 // Oracles: only jinja::Error escapes (Raised is one); the render is bounded
 // (steps, output, depth: the limits are small here so that a loop the
 // fuzzer writes ends quickly); rendering twice gives the same text.
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "fuzz_support.h"
 #include "text/jinja/template.h"

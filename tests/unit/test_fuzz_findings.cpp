@@ -21,6 +21,7 @@
 #include "gpu/checkpoint.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
+#include "text/jinja/template.h"
 #include "text/tokenizer.h"
 
 namespace troupe {
@@ -121,6 +122,24 @@ TEST(FuzzFindings, TokenizerPieceWithANulByteIsRefusedNotATerminate) {
   }
   // The bundled models still load.
   EXPECT_GT(Tokenizer::load(test::model_path("fortune/tokenizer.model")).vocab_size(), 0);
+}
+
+// A chat template (Unsloth's, mutated) with "\\x" not followed by two hex
+// digits: std::stoul's invalid_argument escaped the lexer, and `troupe serve`
+// would have ended on it. Now a jinja::Error naming the line, as Python's
+// SyntaxError; numbers past int64 and an index past it are no crash either.
+TEST(FuzzFindings, JinjaBadEscapesAndHugeNumbersAreTemplateErrors) {
+  try {
+    jinja::Template t(finding("jinja_template", "bad-hex-escape.jinja"));
+    FAIL() << "parsed";
+  } catch (const jinja::Error& e) {
+    EXPECT_TRUE(test::contains(e.what(), "hex digits")) << e.what();
+  }
+  for (const char* source :
+       {"{{ '\\xZZ' }}", "{{ '\\u12' }}", "{{ '\\U00110000' }}", "{{ x.99999999999999999999 }}"})
+    EXPECT_THROW(jinja::Template{source}, jinja::Error) << source;
+  jinja::Dict none;
+  EXPECT_EQ(jinja::Template("{{ 99999999999999999999 }} {{ 1e999 }}").render(none), "1e+20 inf");
 }
 
 // ---- wire_messages: what one process decodes from another ----

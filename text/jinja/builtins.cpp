@@ -192,8 +192,9 @@ Value dotted(const Value& v, const std::string& path) {
   while (true) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) && cur.is_list())
-      cur = subscript(cur, Value(int64_t(std::stoll(part))));
+    int64_t index = 0;
+    if (cur.is_list() && parse_int64(part, index))
+      cur = subscript(cur, Value(index));
     else
       cur = attribute(cur, part);
     if (dot == std::string::npos) return cur;
@@ -647,8 +648,8 @@ Value attribute(const Value& object, std::string_view name_view) {
           Value v;
           if (field.empty()) {
             v = a.take(auto_index++, "");
-          } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-            v = a.take(size_t(std::stoul(field)), "");
+          } else if (int64_t index = 0; parse_int64(field, index)) {
+            v = a.take(size_t(index), "");
           } else {
             v = a.take(SIZE_MAX, field);
           }

@@ -253,9 +253,16 @@ class Lexer {
       if (pos_ >= src_.size()) fail("unclosed string literal");
       const char e = src_[pos_++];
       const auto hex = [&](int digits) {
-        if (pos_ + size_t(digits) > src_.size()) fail("truncated escape in a string literal");
-        const uint32_t cp = uint32_t(std::stoul(src_.substr(pos_, size_t(digits)), nullptr, 16));
-        pos_ += size_t(digits);
+        uint32_t cp = 0;
+        for (int d = 0; d < digits; ++d, ++pos_) {
+          const char h = pos_ < src_.size() ? src_[pos_] : '\0';
+          if (!std::isxdigit(static_cast<unsigned char>(h)))
+            fail("a \\x, \\u or \\U escape needs " + std::to_string(digits) + " hex digits");
+          cp = cp * 16 + uint32_t(std::isdigit(static_cast<unsigned char>(h))
+                                      ? h - '0'
+                                      : (h | 0x20) - 'a' + 10);
+        }
+        if (cp > 0x10FFFF) fail("an escape past U+10FFFF");
         append_utf8(value, cp);
       };
       switch (e) {

@@ -1,5 +1,6 @@
 #include "text/jinja/parser.h"
 
+#include <cstdlib>
 #include <initializer_list>
 
 #include "text/jinja/lexer.h"
@@ -415,14 +416,12 @@ class Parser {
       }
       case Tok::Int: {
         const std::string text = next().text;
-        try {
-          return literal(Value(int64_t(std::stoll(text))), line);
-        } catch (const std::out_of_range&) {
-          return literal(Value(std::stod(text)), line);
-        }
+        int64_t i = 0;
+        if (parse_int64(text, i)) return literal(Value(i), line);
+        return literal(Value(std::strtod(text.c_str(), nullptr)), line);  // past int64: a float
       }
-      case Tok::Float:
-        return literal(Value(std::stod(next().text)), line);
+      case Tok::Float:  // strtod: 1e999 is inf, as Python reads it
+        return literal(Value(std::strtod(next().text.c_str(), nullptr)), line);
       case Tok::Op:
         if (accept_op("(")) {
           if (accept_op(")")) return make(Expr::Kind::Tuple, line);
@@ -474,9 +473,11 @@ class Parser {
       const int line = peek().line;
       if (accept_op(".")) {
         if (peek().kind == Tok::Int) {  // x.0 is x[0]
+          int64_t index = 0;
+          if (!parse_int64(next().text, index)) fail("an index too large");
           auto item = make(Expr::Kind::Item, line);
           item->args.push_back(std::move(e));
-          item->args.push_back(literal(Value(int64_t(std::stoll(next().text))), line));
+          item->args.push_back(literal(Value(index), line));
           e = std::move(item);
           continue;
         }

@@ -355,9 +355,9 @@ class Interpreter {
         out += v.repr();
       } else if (spec == 'd' || spec == 'i') {
         if (!v.is_number() && !v.is_bool())
-          fail(e.line, "%" + std::string(1, spec) + " format: a number is required, not " +
-                           v.type_name());
-        out += std::to_string(v.is_bool() ? int64_t(v.as_bool())
+          fail(e.line,
+               "%" + std::string(1, spec) + " format: a number is required, not " + v.type_name());
+        out += std::to_string(v.is_bool()  ? int64_t(v.as_bool())
                               : v.is_int() ? v.as_int()
                                            : int64_t(v.as_number()));
       } else {

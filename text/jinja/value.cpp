@@ -397,6 +397,11 @@ void Args::done() const {
       throw Error(callee + "() got an unexpected keyword argument '" + keyword[i].first + "'");
 }
 
+bool parse_int64(std::string_view digits, int64_t& out) {
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+  return r.ec == std::errc() && r.ptr == digits.data() + digits.size() && !digits.empty();
+}
+
 std::string to_json(const Value& value, int indent, bool sort_keys) {
   std::string out;
   append_json(out, value, indent, sort_keys, 0);

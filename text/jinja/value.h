@@ -141,6 +141,9 @@ std::string to_json(const Value& value, int indent = -1, bool sort_keys = false)
 // markupsafe's escape(): & < > " ' as HTML entities.
 std::string escape_html(const std::string& s);
 
+// Decimal digits as an integer; false when they are none or do not fit.
+bool parse_int64(std::string_view digits, int64_t& out);
+
 // Python's repr() of a float: the shortest text that reads back the same.
 std::string float_repr(double d);
 
