@@ -627,9 +627,19 @@ std::string parse_content(const json& message, const std::string& where, bool op
 class OrderedBody {
  public:
   explicit OrderedBody(std::string_view text) : text_(text) {}
-  const nlohmann::ordered_json& get() {
-    if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
-    return *parsed_;
+  // The value at `path` (keys and indices), in the client's order; `sorted`
+  // (the same value as `json` has it) where the two readings disagree, as
+  // they may on a body with duplicate keys.
+  template <class... Step>
+  nlohmann::ordered_json at(const json& sorted, const Step&... path) {
+    try {
+      if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
+      const nlohmann::ordered_json* v = &*parsed_;
+      ((v = &v->at(path)), ...);
+      return *v;
+    } catch (const nlohmann::json::exception&) {
+      return nlohmann::ordered_json(sorted);
+    }
   }
 
  private:
@@ -654,6 +664,12 @@ nlohmann::ordered_json parse_tool_calls_field(const json& calls,
                                               const std::string& name) {
   if (!calls.is_array()) wrong_type(name, "an array of tool calls", calls);
   nlohmann::ordered_json out = ordered;
+  const auto same_shape = [&] {
+    if (!out.is_array() || out.size() != calls.size()) return false;
+    for (const auto& c : out)
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) return false;
+    return true;
+  };
   for (size_t k = 0; k < calls.size(); ++k) {
     const std::string at = name + "[" + std::to_string(k) + "]";
     if (!calls[k].is_object()) wrong_type(at, "an object", calls[k]);
@@ -670,6 +686,7 @@ nlohmann::ordered_json parse_tool_calls_field(const json& calls,
       if (parsed.is_discarded())
         fail(openai::quoted(at + ".function.arguments") + " is not a JSON text.",
              at + ".function.arguments");
+      if (!same_shape()) out = nlohmann::ordered_json(calls);  // duplicate keys read apart
       out[k]["function"]["arguments"] = std::move(parsed);
     } else if (args && !args->is_object()) {
       wrong_type(at + ".function.arguments", "a JSON text (a string)", *args);
@@ -700,7 +717,7 @@ std::vector<ChatMessage> parse_messages(const json& body, OrderedBody& ordered,
     if (calls && !(calls->is_array() && calls->empty())) {
       need_jinja(tmpl, where + ".tool_calls", "tool calls");
       message.tool_calls = parse_tool_calls_field(
-          *calls, ordered.get()["messages"][i]["tool_calls"], where + ".tool_calls");
+          *calls, ordered.at(*calls, "messages", i, "tool_calls"), where + ".tool_calls");
     }
     if (message.role == ChatRole::Tool) {
       need_jinja(tmpl, where + ".role", "'tool' messages (a call's result)");
@@ -765,7 +782,8 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
     if (const json* params = field(*fn, "parameters"); params && !params->is_object())
       wrong_type(at + ".function.parameters", "an object (a JSON schema)", *params);
     // vLLM's model_dump(): these keys in this order, absent ones none.
-    const nlohmann::ordered_json& given = ordered.get()["tools"][i]["function"];
+    nlohmann::ordered_json given = ordered.at(*fn, "tools", i, "function");
+    if (!given.is_object() || !given.contains("name")) given = nlohmann::ordered_json(*fn);
     nlohmann::ordered_json function = {
         {"name", given["name"]},
         {"description", given.value("description", nlohmann::ordered_json())},

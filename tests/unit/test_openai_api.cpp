@@ -1099,6 +1099,17 @@ TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
                      hermes)
                 .param,
             "messages[0].tool_calls[0].function.arguments");
+  // A body with a key twice (the last counts) reads its calls and tools from
+  // the same occurrence as the rest.
+  const CompletionParams twice = chat_ok(
+      R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":"f"}],)"
+      R"("messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],)"
+      R"("tools":[{"type":"function","function":{"name":"g"}}]})",
+      hermes);
+  EXPECT_EQ(*twice.prompt_text,
+            R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", )"
+            R"("arguments": {}}}]}]|[{"type": "function", "function": {"name": "g", )"
+            R"("description": null, "parameters": null}}])");
   // A template whose calls this server cannot read is not offered tools.
   const ApiError unread = chat_err(R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}",
                                    shown_as_json(ToolCallFormat::None));
