@@ -8,7 +8,8 @@
 // decode(ids), equal to it without stop strings, and holds no stop string.
 // The same bytes as vLLM's /tokenize and /detokenize bodies: no exception
 // escapes; an accepted body's tokens are within the vocabulary, counted, and
-// what /detokenize takes back.
+// what /detokenize takes back. And as a chat for a Jinja template that shows
+// tools and tool calls: no exception escapes the chat parsers.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
@@ -96,6 +97,28 @@ void check_exchange(const openai::CompletionParams& params, const std::vector<in
       violated("response text '" + b + "' holds the stop string '" + s + "'");
 }
 
+// A Jinja chat template that shows everything a chat may bring.
+const ChatFormat& jinja_chat() {
+  static const ChatFormat format = [] {
+    ChatFormat f = openai::jinja_chat_format(
+        "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+        "{% if m.tool_calls %}{{ m.tool_calls|tojson }}{% endif %}{{ m.tool_call_id }}"
+        "{{ eos_token }}{% endfor %}{% if tools %}{{ tools|tojson(indent=2) }}{% endif %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}{{ enable_thinking }}",
+        "<s>", "</s>");
+    f.tool_calls = ToolCallFormat::Hermes;
+    return f;
+  }();
+  return format;
+}
+
+void check_chat_parsers(std::string_view body, const openai::ModelLimits& limits) {
+  (void)openai::parse_tokenize_request(body, limits, jinja_chat());
+  const auto chat = openai::parse_chat_request(body, limits, jinja_chat());
+  if (const auto* p = std::get_if<openai::CompletionParams>(&chat))
+    if (!p->prompt_text) violated("a chat was accepted without a rendered prompt");
+}
+
 void check_tokenizer_calls(std::string_view body, const openai::ModelLimits& limits) {
   const Tokenizer& tok = fortune_tokenizer();
   const auto parsed = openai::parse_tokenize_request(body, limits, ChatTemplate::Plain);
@@ -125,6 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace troupe::fuzz;
   static const openai::ModelLimits limits = fortune_limits();
   check_tokenizer_calls(as_text(data, size), limits);
+  check_chat_parsers(as_text(data, size), limits);
   const auto parsed = openai::parse_completion_request(as_text(data, size), limits);
   const auto* params = std::get_if<openai::CompletionParams>(&parsed);
   if (!params) return 0;

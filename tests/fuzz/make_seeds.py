@@ -48,6 +48,15 @@ BODIES = {
 
 for name, body in BODIES.items():
     put("openai_request", name, json.dumps(body))
+put("openai_request", "chat-tools", json.dumps({
+    "messages": [{"role": "user", "content": "Weather?"},
+                 {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                  "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "21"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Now",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": False},
+    "add_generation_prompt": True}))
 put("openai_request", "not-object", "[1, 2, 3]")
 put("openai_request", "malformed", '{"prompt": "x", "max_tokens": 1')
 

@@ -142,6 +142,41 @@ TEST(FuzzFindings, JinjaBadEscapesAndHugeNumbersAreTemplateErrors) {
   EXPECT_EQ(jinja::Template("{{ 99999999999999999999 }} {{ 1e999 }}").render(none), "1e+20 inf");
 }
 
+// "{% set ns.n = ns %}": a namespace holding itself was a cycle of shared
+// values that nothing freed (a leak per render). Now an error naming it; and
+// the methods that change a list or dict are refused, as in transformers'
+// immutable sandbox, so no other cycle can be made.
+TEST(FuzzFindings, JinjaValuesCannotHoldThemselves) {
+  jinja::Dict user;
+  user.set("role", jinja::Value("user"));
+  user.set("content", jinja::Value("hi"));
+  jinja::Dict chat;
+  chat.set("messages", jinja::Value(jinja::List{jinja::Value(user)}));
+  const auto error_of = [&](const std::string& source) {
+    try {
+      jinja::Template(source).render(chat);
+    } catch (const jinja::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("rendered");
+  };
+  EXPECT_TRUE(test::contains(error_of(finding("jinja_template", "namespace-holds-itself.jinja")),
+                             "would hold 'ns' itself"));
+  EXPECT_EQ(error_of("{% set ns = namespace(a=[]) %}{% set ns.b = [1, {'x': ns}] %}"),
+            "line 1: 'ns.b' would hold 'ns' itself");
+  EXPECT_EQ(error_of("{% set l = [] %}{{ l.append(l) }}"),
+            "line 1: access to attribute 'append' of 'list' object is unsafe");
+  EXPECT_EQ(error_of("{% set d = {} %}{{ d.update(d) }}"),
+            "line 1: access to attribute 'update' of 'dict' object is unsafe");
+  EXPECT_EQ(error_of("{{ messages.pop() }}"),
+            "line 1: access to attribute 'pop' of 'list' object is unsafe");
+  // A namespace still takes other namespaces and values.
+  EXPECT_EQ(jinja::Template("{% set a = namespace(x=1) %}{% set b = namespace() %}"
+                            "{% set b.a = a %}{% set b.l = [a, a] %}{{ b.a.x }}{{ b.l|length }}")
+                .render(chat),
+            "12");
+}
+
 // ---- wire_messages: what one process decodes from another ----
 
 // A wire_messages input (its first byte picks the message) decoded as the

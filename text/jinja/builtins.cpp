@@ -208,6 +208,16 @@ Value bound(const Value& object, std::string name,
       std::move(name), [object, method = std::move(method)](Args& a) { return method(object, a); });
 }
 
+// A method that would change a value: transformers renders in Jinja's
+// immutable sandbox, where calling one is a SecurityError. (So values hold no
+// cycles: only a namespace changes, and it may not hold itself.)
+Value unsafe(const Value& object, const std::string& name) {
+  return Value::function(
+      name,
+      [message = "access to attribute '" + name + "' of '" + object.type_name() +
+                 "' object is unsafe"](Args&) -> Value { throw Error(message); });
+}
+
 // The sort key of filters that fold case unless asked not to.
 Value sort_key(const Value& v, bool case_sensitive) {
   if (!case_sensitive && v.is_string()) return Value(ascii_case(v.as_string(), false));
@@ -455,67 +465,15 @@ Value attribute(const Value& object, std::string_view name_view) {
         const Value* v = key.is_string() ? o.dict().find(key.as_string()) : nullptr;
         return v ? *v : fallback;
       });
-    if (name == "update")
-      return bound(object, name, [](const Value& o, Args& a) {
-        const Value other = a.take(0, "");
-        if (other.is_dict())
-          for (const auto& [k, v] : other.dict().items) o.dict().set(k, v);
-        for (const auto& [k, v] : a.keyword) o.dict().set(k, v);
-        a.keyword.clear();
-        a.done();
-        return Value(nullptr);
-      });
-    if (name == "pop")
-      return bound(object, name, [](const Value& o, Args& a) {
-        const std::string key = need_string(a.take(0, ""), "dict.pop key");
-        const Value fallback = a.take(1, "");
-        a.done();
-        Value v = o.dict().get(key);
-        if (v.is_undefined()) {
-          if (fallback.is_undefined()) fail("KeyError: '" + key + "'");
-          return fallback;
-        }
-        o.dict().erase(key);
-        return v;
-      });
+    if (name == "update" || name == "pop" || name == "popitem" || name == "setdefault" ||
+        name == "clear")
+      return unsafe(object, name);
     return Value();
   }
   if (object.is_list()) {
-    if (name == "append")
-      return bound(object, name, [](const Value& o, Args& a) {
-        const Value v = a.take(0, "");
-        a.done();
-        o.list().push_back(v);
-        return Value(nullptr);
-      });
-    if (name == "extend")
-      return bound(object, name, [](const Value& o, Args& a) {
-        const List more = items_of(a.take(0, ""), "list.extend");
-        a.done();
-        o.list().insert(o.list().end(), more.begin(), more.end());
-        return Value(nullptr);
-      });
-    if (name == "pop")
-      return bound(object, name, [](const Value& o, Args& a) {
-        List& l = o.list();
-        int64_t i = optional_int(a.take(0, ""), -1, "list.pop index");
-        a.done();
-        if (i < 0) i += int64_t(l.size());
-        if (i < 0 || i >= int64_t(l.size())) fail("pop index out of range");
-        Value v = l[size_t(i)];
-        l.erase(l.begin() + i);
-        return v;
-      });
-    if (name == "insert")
-      return bound(object, name, [](const Value& o, Args& a) {
-        List& l = o.list();
-        int64_t i = to_int(a.take(0, ""), "list.insert index");
-        const Value v = a.take(1, "");
-        a.done();
-        if (i < 0) i = std::max<int64_t>(0, i + int64_t(l.size()));
-        l.insert(l.begin() + std::min<int64_t>(i, int64_t(l.size())), v);
-        return Value(nullptr);
-      });
+    if (name == "append" || name == "extend" || name == "pop" || name == "insert" ||
+        name == "remove" || name == "clear" || name == "sort" || name == "reverse")
+      return unsafe(object, name);
     if (name == "index" || name == "count")
       return bound(object, name, [index = name == "index"](const Value& o, Args& a) {
         const Value v = a.take(0, "");

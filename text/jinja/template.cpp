@@ -198,10 +198,28 @@ class Interpreter {
       if (!target.is_dict())
         fail(s.line, "cannot set '" + s.attr + "' on '" + s.targets[0] + "', a " +
                          target.type_name() + " (only on a namespace)");
+      if (holds(v, &target.dict(), 0))
+        fail(s.line,
+             "'" + s.targets[0] + "." + s.attr + "' would hold '" + s.targets[0] + "' itself");
       target.dict().set(s.attr, std::move(v));
       return;
     }
     bind(frames_.back(), s.targets, v, s.line);
+  }
+
+  // Whether `v` is or holds the dict at `d` (shared values make cycles, which
+  // nothing would free).
+  static bool holds(const Value& v, const Dict* d, int depth) {
+    if (depth > 64) return true;  // deeper than any chat's data: treated as a cycle
+    if (v.is_dict()) {
+      if (&v.dict() == d) return true;
+      for (const auto& item : v.dict().items)
+        if (holds(item.second, d, depth + 1)) return true;
+    } else if (v.is_list()) {
+      for (const Value& item : v.list())
+        if (holds(item, d, depth + 1)) return true;
+    }
+    return false;
   }
 
   Value macro(const Stmt& s) {
