@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "text/jinja/value.h"
+#include "text/unicode.h"
 
 namespace troupe::jinja {
 
@@ -218,24 +219,6 @@ class Lexer {
     tokens_.push_back({is_float ? Tok::Float : Tok::Int, text, line_});
   }
 
-  void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
-
   // Python's string literal escapes, as Jinja reads them.
   void string_literal(char quote) {
     ++pos_;
@@ -263,7 +246,7 @@ class Lexer {
                                       : (h | 0x20) - 'a' + 10);
         }
         if (cp > 0x10FFFF) fail("an escape past U+10FFFF");
-        append_utf8(value, cp);
+        unicode::append_utf8(value, char32_t(cp));
       };
       switch (e) {
         case 'n':
