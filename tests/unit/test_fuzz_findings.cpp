@@ -177,6 +177,40 @@ TEST(FuzzFindings, JinjaValuesCannotHoldThemselves) {
             "12");
 }
 
+// "000000000001692300*000016920001692314": 64-bit signed overflow, undefined
+// behaviour (UBSan). Integers past 64 bits now go on as floats (Python's are
+// unbounded), a float past them is an error where an integer is needed, and
+// nesting (brackets, operators, blocks, long operator chains) is bounded so
+// that parsing and rendering do not recurse without end.
+TEST(FuzzFindings, JinjaIntegersPast64BitsAndDeepNestingAreNoUndefinedBehaviour) {
+  const jinja::Dict none;
+  EXPECT_NO_THROW(jinja::Template(finding("jinja_template", "int-overflow.jinja")).render(none));
+  EXPECT_EQ(jinja::Template("{{ 9223372036854775807 + 1 }} {{ 3037000500 * 3037000500 }} "
+                            "{{ 2 ** 70 }} {{ (-9223372036854775807 - 1) // -1 }} {{ 2 ** 62 }} "
+                            "{{ [9223372036854775807, 1]|sum }} {{ -7 // 2 }}")
+                .render(none),
+            "9.223372036854776e+18 9.22337203700025e+18 1.1805916207174113e+21 "
+            "9.223372036854776e+18 4611686018427387904 9.223372036854776e+18 -4");
+  for (const char* source : {"{{ 1e300|int }}", "{{ '%d' % 1e300 }}", "{{ range(1e300) }}",
+                             "{{ 'x'|indent(-1) }}", "{{ [1]|tojson(indent=100000) }}"})
+    EXPECT_THROW(jinja::Template(source).render(none), jinja::Error) << source;
+  const auto deep = [](const std::string& open, const std::string& middle, const std::string& close,
+                       int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += open;
+    s += middle;
+    for (int i = 0; i < n; ++i) s += close;
+    return s;
+  };
+  for (const std::string& source :
+       {"{{ " + deep("(", "1", ")", 5000) + " }}", "{{ " + deep("[", "1", "]", 5000) + " }}",
+        "{{ " + deep("-", "1", "", 5000) + " }}", "{{ " + deep("not ", "1", "", 5000) + " }}",
+        deep("{% if true %}", "x", "{% endif %}", 5000), "{{ 1" + deep("+1", "", "", 5000) + " }}",
+        "{% for x in [1]" + deep("+[1]", "", "", 5000) + " %}{% endfor %}"})
+    EXPECT_THROW(jinja::Template{source}, jinja::Error) << source.substr(0, 40);
+  EXPECT_EQ(jinja::Template("{{ " + deep("(", "1", ")", 150) + " }}").render(none), "1");
+}
+
 // ---- wire_messages: what one process decodes from another ----
 
 // A wire_messages input (its first byte picks the message) decoded as the

@@ -152,12 +152,18 @@ List splitlines(const std::string& s) {
 int64_t to_int(const Value& v, const std::string& what) {
   if (v.is_int()) return v.as_int();
   if (v.is_bool()) return v.as_bool() ? 1 : 0;
-  if (v.is_float()) return int64_t(v.as_number());
+  if (v.is_float()) return float_to_int(v.as_number());
   fail(what + " must be an integer, not " + v.type_name());
 }
 
 int64_t optional_int(const Value& v, int64_t fallback, const std::string& what) {
   return v.is_undefined() || v.is_none() ? fallback : to_int(v, what);
+}
+
+// A count of spaces (indent's width, tojson's indent): 0 to 1000.
+int64_t bounded(int64_t n, const std::string& what) {
+  if (n < 0 || n > 1000) fail(what + " must be 0 to 1000, not " + std::to_string(n));
+  return n;
 }
 
 const std::string& need_string(const Value& v, const std::string& what) {
@@ -225,9 +231,10 @@ Value sort_key(const Value& v, bool case_sensitive) {
 }
 
 std::string indent(const std::string& text, const Value& width, bool first, bool blank) {
-  const std::string pad = width.is_string()
-                              ? width.as_string()
-                              : std::string(size_t(optional_int(width, 4, "width")), ' ');
+  const std::string pad =
+      width.is_string()
+          ? width.as_string()
+          : std::string(size_t(bounded(optional_int(width, 4, "width"), "width")), ' ');
   const List lines = splitlines(text + "\n");
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -357,7 +364,7 @@ Value extreme(const Value& operand, Args& args, bool largest) {
 Value to_number(const Value& v, bool integer, const Value& fallback, int64_t base) {
   if (v.is_int()) return integer ? v : Value(double(v.as_int()));
   if (v.is_bool()) return integer ? Value(int64_t(v.as_bool())) : Value(double(v.as_bool()));
-  if (v.is_float()) return integer ? Value(int64_t(v.as_number())) : v;
+  if (v.is_float()) return integer ? Value(float_to_int(v.as_number())) : v;
   if (v.is_string()) {
     const std::string s = strip(v.as_string(), Value(), true, true);
     try {
@@ -366,7 +373,7 @@ Value to_number(const Value& v, bool integer, const Value& fallback, int64_t bas
         const int64_t i = std::stoll(s, &used, int(base));
         if (used == s.size()) return Value(i);
         const double d = std::stod(s, &used);  // Jinja's int("3.7") is 3
-        if (used == s.size()) return Value(int64_t(d));
+        if (used == s.size()) return Value(float_to_int(d));
       } else {
         const double d = std::stod(s, &used);
         if (used == s.size()) return Value(d);
@@ -718,7 +725,8 @@ Value apply_filter(std::string_view name_view, const Value& v, Args& args) {
     args.take(SIZE_MAX, "ensure_ascii");
     args.take(SIZE_MAX, "separators");
     args.done();
-    return Value(to_json(v, int(optional_int(ind, -1, "indent")), sort_keys));
+    const int64_t indent = optional_int(ind, -1, "indent");
+    return Value(to_json(v, indent < 0 ? -1 : int(bounded(indent, "indent")), sort_keys));
   }
   if (name == "default" || name == "d") {
     const Value fallback = args.take(0, "default_value", Value(""));
@@ -799,7 +807,9 @@ Value apply_filter(std::string_view name_view, const Value& v, Args& args) {
   }
   if (name == "abs") {
     plain();
-    if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+    if (v.is_int() && v.as_int() != INT64_MIN)
+      return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+    if (v.is_int()) return Value(-double(v.as_int()));
     if (v.is_float()) return Value(std::fabs(v.as_number()));
     fail("bad operand type for abs(): '" + v.type_name() + "'");
   }
@@ -816,8 +826,9 @@ Value apply_filter(std::string_view name_view, const Value& v, Args& args) {
     args.done();
     for (const Value& item : items_of(v, "sum")) {
       const Value x = attr.is_undefined() ? item : dotted(item, attr.str());
-      if (total.is_int() && x.is_int())
-        total = Value(total.as_int() + x.as_int());
+      int64_t sum = 0;
+      if (total.is_int() && x.is_int() && !__builtin_add_overflow(total.as_int(), x.as_int(), &sum))
+        total = Value(sum);
       else if ((total.is_number()) && (x.is_number()))
         total = Value(total.as_number() + x.as_number());
       else

@@ -1,5 +1,6 @@
 #include "text/jinja/parser.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 
@@ -122,6 +123,7 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> statement() {
+    const Nested nested(*this);
     const int line = peek().line;
     const std::string keyword = expect_name();
     auto s = std::make_unique<Stmt>();
@@ -151,8 +153,8 @@ class Parser {
       do s->targets.push_back(expect_name());
       while (accept_op(","));
       if (!accept_name("in")) fail("expected 'in' in a for loop, found " + describe(peek()));
-      s->expr = tuple_or_expression(false);
-      if (accept_name("if")) s->cond = or_expr();
+      s->expr = shallow(tuple_or_expression(false));
+      if (accept_name("if")) s->cond = shallow(or_expr());
       if (at_name("recursive")) fail("recursive loops are not supported");
       expect_close();
       s->body = statements({"else", "endfor"}, found);
@@ -245,7 +247,53 @@ class Parser {
     return tuple;
   }
 
+  // Nesting (brackets, unary operators, blocks) is bounded, and so is an
+  // expression's tree, so that neither parsing nor rendering nor freeing it
+  // recurses without bound: no chat template comes near kMaxNesting.
+  static constexpr int kMaxNesting = 200;
+  struct Nested {
+    Parser& p;
+    explicit Nested(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxNesting)
+        p.fail("nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    ~Nested() { --p.nesting_; }
+  };
+
+  static size_t tree_depth(const Expr& root) {
+    size_t deepest = 0;
+    std::vector<std::pair<const Expr*, size_t>> todo{{&root, 1}};
+    while (!todo.empty()) {
+      const auto [e, d] = todo.back();
+      todo.pop_back();
+      deepest = std::max(deepest, d);
+      for (const auto& a : e->args)
+        if (a) todo.emplace_back(a.get(), d + 1);
+      for (const auto& [k, v] : e->kwargs)
+        if (v) todo.emplace_back(v.get(), d + 1);
+    }
+    return deepest;
+  }
+
   ExprPtr expression() {
+    const Nested nested(*this);
+    const bool outermost = !in_expression_;
+    in_expression_ = true;
+    ExprPtr e = conditional();
+    if (outermost) {
+      in_expression_ = false;
+      e = shallow(std::move(e));
+    }
+    return e;
+  }
+
+  ExprPtr shallow(ExprPtr e) {
+    if (tree_depth(*e) > size_t(kMaxNesting))
+      fail("an expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    return e;
+  }
+
+  ExprPtr conditional() {
     ExprPtr e = or_expr();
     while (at_name("if")) {
       const int line = next().line;
@@ -286,6 +334,7 @@ class Parser {
 
   ExprPtr not_expr() {
     if (at_name("not")) {
+      const Nested nested(*this);
       const int line = next().line;
       auto e = make(Expr::Kind::Unary, line);
       e->name = "not";
@@ -386,6 +435,7 @@ class Parser {
   ExprPtr unary(bool with_filter) {
     ExprPtr e;
     if (at_op("-") || at_op("+")) {
+      const Nested nested(*this);
       const Token& op = next();
       e = make(Expr::Kind::Unary, op.line);
       e->name = op.text;
@@ -589,6 +639,8 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int nesting_ = 0;
+  bool in_expression_ = false;
 };
 
 }  // namespace

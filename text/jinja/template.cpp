@@ -313,7 +313,9 @@ class Interpreter {
       case Expr::Kind::Unary: {
         const Value v = eval(*e.args[0]);
         if (e.name == "not") return Value(!v.truthy());
-        if (v.is_int()) return Value(e.name == "-" ? -v.as_int() : v.as_int());
+        if (v.is_int() && !(e.name == "-" && v.as_int() == INT64_MIN))
+          return Value(e.name == "-" ? -v.as_int() : v.as_int());
+        if (v.is_int()) return Value(-double(v.as_int()));
         if (v.is_float()) return Value(e.name == "-" ? -v.as_number() : v.as_number());
         fail(e.line, "bad operand type for unary " + e.name + ": '" + v.type_name() + "'");
       }
@@ -377,7 +379,7 @@ class Interpreter {
                "%" + std::string(1, spec) + " format: a number is required, not " + v.type_name());
         out += std::to_string(v.is_bool()  ? int64_t(v.as_bool())
                               : v.is_int() ? v.as_int()
-                                           : int64_t(v.as_number()));
+                                           : float_to_int(v.as_number()));
       } else {
         fail(e.line, std::string("unsupported format character '") + spec + "'");
       }
@@ -466,12 +468,14 @@ class Interpreter {
       if (as_double(r) == 0) fail(e.line, "division by zero");
       return Value(as_double(l) / as_double(r));
     }
+    // Integers past 64 bits (Python's are unbounded) go on as floats.
     if (ints) {
       const int64_t a = as_int(l), b = as_int(r);
-      if (op == "+") return Value(a + b);
-      if (op == "-") return Value(a - b);
-      if (op == "*") return Value(a * b);
-      if (op == "//" || op == "%") {
+      int64_t out = 0;
+      if (op == "+" && !__builtin_add_overflow(a, b, &out)) return Value(out);
+      if (op == "-" && !__builtin_sub_overflow(a, b, &out)) return Value(out);
+      if (op == "*" && !__builtin_mul_overflow(a, b, &out)) return Value(out);
+      if ((op == "//" || op == "%") && !(a == INT64_MIN && b == -1)) {
         if (b == 0) fail(e.line, "integer division or modulo by zero");
         int64_t q = a / b, m = a % b;
         if (m != 0 && ((m < 0) != (b < 0))) {  // Python floors
@@ -481,10 +485,10 @@ class Interpreter {
         return Value(op == "//" ? q : m);
       }
       if (op == "**") {
-        if (b < 0 || b > 62) return Value(std::pow(double(a), double(b)));
         int64_t p = 1;
-        for (int64_t i = 0; i < b; ++i) p *= a;
-        return Value(p);
+        bool fits = b >= 0 && b <= 64;
+        for (int64_t i = 0; fits && i < b; ++i) fits = !__builtin_mul_overflow(p, a, &p);
+        if (fits) return Value(p);
       }
     }
     const double a = as_double(l), b = as_double(r);

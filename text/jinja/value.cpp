@@ -397,6 +397,12 @@ void Args::done() const {
       throw Error(callee + "() got an unexpected keyword argument '" + keyword[i].first + "'");
 }
 
+int64_t float_to_int(double d) {
+  if (!(d > -9.2233720368547758e18 && d < 9.2233720368547758e18))
+    throw Error("cannot convert float " + float_repr(d) + " to a 64-bit integer");
+  return int64_t(d);
+}
+
 bool parse_int64(std::string_view digits, int64_t& out) {
   const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), out);
   return r.ec == std::errc() && r.ptr == digits.data() + digits.size() && !digits.empty();

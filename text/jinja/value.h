@@ -141,6 +141,10 @@ std::string to_json(const Value& value, int indent = -1, bool sort_keys = false)
 // markupsafe's escape(): & < > " ' as HTML entities.
 std::string escape_html(const std::string& s);
 
+// Python's int(float): toward zero; Error for infinities, NaN and values
+// past 64 bits.
+int64_t float_to_int(double d);
+
 // Decimal digits as an integer; false when they are none or do not fit.
 bool parse_int64(std::string_view digits, int64_t& out);
 
