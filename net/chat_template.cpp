@@ -302,12 +302,13 @@ std::string render_jinja(const std::vector<ChatMessage>& messages, const ChatFor
 }
 
 // transformers' continue_final_message: the text up to the end of the last
-// message's content (trimmed where the template trimmed it).
+// message's content (trimmed where the template trimmed it); an empty one
+// cuts nothing, as there.
 std::string cut_after_final_message(std::string text, const std::vector<ChatMessage>& messages) {
-  if (messages.empty()) return text;
+  if (messages.empty() || messages.back().content.empty()) return text;
   std::string content = messages.back().content;
   size_t at = text.rfind(content);
-  if (at == std::string::npos || content.empty()) {
+  if (at == std::string::npos) {
     content = trimmed(content);
     at = content.empty() ? std::string::npos : text.rfind(content);
   }
