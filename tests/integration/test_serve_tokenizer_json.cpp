@@ -260,6 +260,19 @@ TEST(ServeTokenizerJson, ToolsAndToolCallsRenderAsTransformersRendersThem) {
   EXPECT_EQ(streamed.status, 200) << streamed.body;
 }
 
+// A template the interpreter cannot take (an `include` here) still serves:
+// rendered by the built-in template its markers say, with a warning.
+TEST(ServeTokenizerJson, AnUninterpretableTemplateFallsBackToTheOneItIsRecognisedAs) {
+  test::TempDir tmp;
+  const auto dir = write_qwen_model(
+      tmp, "{% include 'turns.jinja' %}{{ '<|im_start|>' + m.role + '<|im_end|>' }}");
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  test::Server s({"model.path=" + dir.string()});
+  const json hello = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  EXPECT_EQ(post(s, "/tokenize", {{"messages", hello}})["tokens"].get<std::vector<int>>(),
+            tok.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", false));
+}
+
 // --chat-template FILE renders instead of the model's own; a file that does
 // not parse stops start-up naming the file and the line.
 TEST(ServeTokenizerJson, AChatTemplateFileReplacesTheModels) {
