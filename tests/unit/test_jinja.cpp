@@ -156,8 +156,8 @@ b)J"},
          R"J(  - 0  - 1)J"},
         {R"J({{ {'a': {'b': {}}}|tojson }})J", R"J({"a": {"b": {}}})J"},
         {R"J({% set x = {'a': 1} %}{{ x.a }}{{ x['a'] }})J", R"J(11)J"},
-    {R"J({{ 'a%sb%dc%%' % ('x', 3) }}|{{ '%s!' % 'one' }}|{{ '%r' % 'q' }}|{{ '%s' % [1,'a'] }})J",
-     R"J(axb3c%|one!|'q'|[1, 'a'])J"},
+        {R"J({{ 'a%sb%dc%%' % ('x', 3) }}|{{ '%s!' % 'one' }}|{{ '%r' % 'q' }}|{{ '%s' % [1,'a'] }})J",
+         R"J(axb3c%|one!|'q'|[1, 'a'])J"},
 };
 
 TEST(Jinja, RendersWhatPythonsJinjaRenders) {
@@ -245,6 +245,13 @@ TEST(Jinja, ATemplateCannotRunForeverOrWriteWithoutBound) {
       Error);
   EXPECT_THROW(render("{% for i in range(500) %}xxxxx{% endfor %}", chat_context(), limits), Error);
   EXPECT_THROW(render("{{ 'x' * 100000 }}", chat_context(), limits), Error);
+  // Text doubled in a loop is stopped at the bound, not when memory runs out.
+  EXPECT_THROW(render("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}"),
+               Error);
+  EXPECT_THROW(render("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s + ns.s %}{% endfor %}"),
+               Error);
   EXPECT_THROW(
       render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", chat_context(), limits),
       Error);

@@ -394,9 +394,18 @@ class Interpreter {
     return "the expression";
   }
 
+  // Joined text is held to the output's bound too: a loop that doubles a
+  // string would otherwise take all memory long before anything is written.
+  std::string bounded_text(const Expr& e, std::string s) const {
+    if (s.size() > limits_.max_output_bytes)
+      fail(e.line, "a text longer than the output limit (" +
+                       std::to_string(limits_.max_output_bytes) + " bytes)");
+    return s;
+  }
+
   Value binary(const Expr& e, const Value& l, const Value& r) {
     const std::string& op = e.name;
-    if (op == "~") return Value(l.str() + r.str());
+    if (op == "~") return Value(bounded_text(e, l.str() + r.str()));
     if (op == "==") return Value(l == r);
     if (op == "!=") return Value(!(l == r));
     if (op == "in" || op == "not in") {
@@ -425,9 +434,11 @@ class Interpreter {
           if (v.is_string()) return escape_html(v.as_string());
           return std::string();
         };
-        if ((l.is_string()) && (r.is_string())) return Value::markup(text(l) + text(r));
+        if ((l.is_string()) && (r.is_string()))
+          return Value::markup(bounded_text(e, text(l) + text(r)));
       }
-      if (l.is_string() && r.is_string()) return Value(l.as_string() + r.as_string());
+      if (l.is_string() && r.is_string())
+        return Value(bounded_text(e, l.as_string() + r.as_string()));
       if (l.is_list() && r.is_list()) {
         List out = l.list();
         out.insert(out.end(), r.list().begin(), r.list().end());
