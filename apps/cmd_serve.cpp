@@ -78,27 +78,6 @@ std::string today_for_templates() {
   return buf;
 }
 
-// The Jinja chat template of the model at `model_path`: tokenizer_config.json's
-// "chat_template" (a text, or the one named "default"), else
-// chat_template.jinja, where newer transformers save it; "" for none.
-std::string model_chat_template(const std::filesystem::path& dir) {
-  std::string jinja;
-  if (std::ifstream in(dir / "tokenizer_config.json"); in) {
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    const auto t = j.is_object() ? j.find("chat_template") : j.end();
-    if (t != j.end() && t->is_string()) jinja = t->get<std::string>();
-    if (t != j.end() && t->is_array())  // named templates: the "default" one
-      for (const nlohmann::json& e : *t)
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-            e["template"].is_string())
-          jinja = e["template"].get<std::string>();
-  }
-  if (jinja.empty())
-    if (std::ifstream in(dir / "chat_template.jinja"); in)
-      jinja.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return jinja;
-}
-
 // The text of a special token in tokenizer_config.json: a string, or an
 // AddedToken object's "content"; "" when absent.
 std::string special_token_text(const nlohmann::json& config, const char* key) {
@@ -110,14 +89,32 @@ std::string special_token_text(const nlohmann::json& config, const char* key) {
   return {};
 }
 
-// A Jinja chat template as a format, rendered with the model's BOS and EOS
-// text as transformers passes them.
-ChatFormat jinja_format(const std::string& source, const std::filesystem::path& dir) {
-  nlohmann::json config;
-  if (std::ifstream in(dir / "tokenizer_config.json"); in)
-    config = nlohmann::json::parse(in, nullptr, false);
-  return openai::jinja_chat_format(source, special_token_text(config, "bos_token"),
-                                   special_token_text(config, "eos_token"));
+// What a model directory says about chats, from one reading of its
+// tokenizer_config.json: the Jinja template ("chat_template", a text or the
+// one named "default", else chat_template.jinja, where newer transformers
+// save it; "" for none) and the BOS and EOS text transformers renders it with.
+struct ModelChat {
+  std::string jinja, bos_token, eos_token;
+};
+
+ModelChat read_model_chat(const std::filesystem::path& dir) {
+  ModelChat chat;
+  if (std::ifstream in(dir / "tokenizer_config.json"); in) {
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    const auto t = j.is_object() ? j.find("chat_template") : j.end();
+    if (t != j.end() && t->is_string()) chat.jinja = t->get<std::string>();
+    if (t != j.end() && t->is_array())  // named templates: the "default" one
+      for (const nlohmann::json& e : *t)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string())
+          chat.jinja = e["template"].get<std::string>();
+    chat.bos_token = special_token_text(j, "bos_token");
+    chat.eos_token = special_token_text(j, "eos_token");
+  }
+  if (chat.jinja.empty())
+    if (std::ifstream in(dir / "chat_template.jinja"); in)
+      chat.jinja.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return chat;
 }
 
 // server.chat_template_file, else server.chat_template; auto: the model's own
@@ -125,8 +122,11 @@ ChatFormat jinja_format(const std::string& source, const std::filesystem::path& 
 // cannot interpret is rendered by the built-in template it is recognised as,
 // else plain; said in the log either way.
 ChatFormat resolve_chat_template(const ServerSection& server, const std::string& model_path) {
+  if (server.chat_template_file.empty() && server.chat_template != ChatTemplate::Auto)
+    return server.chat_template;
   std::filesystem::path dir(model_path);
   if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  const ModelChat model = read_model_chat(dir);
   if (!server.chat_template_file.empty()) {
     std::ifstream in(server.chat_template_file);
     if (!in)
@@ -134,7 +134,7 @@ ChatFormat resolve_chat_template(const ServerSection& server, const std::string&
                         "server.chat_template_file");
     const std::string source(std::istreambuf_iterator<char>(in), {});
     try {
-      ChatFormat f = jinja_format(source, dir);
+      ChatFormat f = openai::jinja_chat_format(source, model.bos_token, model.eos_token);
       spdlog::info("chat template: {} (Jinja)", server.chat_template_file);
       return f;
     } catch (const openai::ChatTemplateError& e) {
@@ -142,11 +142,10 @@ ChatFormat resolve_chat_template(const ServerSection& server, const std::string&
                         "", "server.chat_template_file");
     }
   }
-  if (server.chat_template != ChatTemplate::Auto) return server.chat_template;
-  const std::string jinja = model_chat_template(dir);
+  const std::string& jinja = model.jinja;
   if (!jinja.empty()) {
     try {
-      ChatFormat f = jinja_format(jinja, dir);
+      ChatFormat f = openai::jinja_chat_format(jinja, model.bos_token, model.eos_token);
       spdlog::info("chat template: the model's own (Jinja, from {})", dir.string());
       return f;
     } catch (const openai::ChatTemplateError& e) {

@@ -171,8 +171,8 @@ const std::string& need_string(const Value& v, const std::string& what) {
   return v.as_string();
 }
 
-// What `for x in value` walks: a list's items, a dict's keys, a string's
-// characters.
+}  // namespace
+
 List items_of(const Value& v, const std::string& what) {
   if (v.is_list()) return v.list();
   if (v.is_dict()) {
@@ -190,6 +190,8 @@ List items_of(const Value& v, const std::string& what) {
   if (v.is_undefined()) return {};
   fail(what + ": '" + v.type_name() + "' object is not iterable");
 }
+
+namespace {
 
 // Jinja's attribute lookup for filters: "a.b.0" walks dicts and lists.
 Value dotted(const Value& v, const std::string& path) {
@@ -873,42 +875,45 @@ Value apply_filter(std::string_view name_view, const Value& v, Args& args) {
   fail("no filter named '" + name + "'");
 }
 
-Dict builtin_globals() {
-  Dict g;
-  g.set("range", Value::function("range", [](Args& a) {
-          const Value x = a.take(0, ""), y = a.take(1, ""), z = a.take(2, "");
-          a.done();
-          int64_t start = 0, stop, step = 1;
-          if (y.is_undefined()) {
-            stop = to_int(x, "range()");
-          } else {
-            start = to_int(x, "range()");
-            stop = to_int(y, "range()");
-            step = optional_int(z, 1, "range() step");
-          }
-          if (step == 0) fail("range() arg 3 must not be zero");
-          List out;
-          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            if (out.size() >= 1'000'000) fail("range(): more than 1,000,000 items");
-            out.emplace_back(i);
-          }
-          return Value(std::move(out));
-        }));
-  const auto keywords_to_dict = [](Args& a) {
-    Dict d;
-    const Value from = a.take(0, "");
-    if (from.is_dict()) d = from.dict();
-    for (auto& [k, v] : a.keyword) d.set(k, v);
-    a.keyword.clear();
-    a.done();
-    return Value(std::move(d));
-  };
-  g.set("namespace", Value::function("namespace", keywords_to_dict));
-  g.set("dict", Value::function("dict", keywords_to_dict));
-  g.set("raise_exception", Value::function("raise_exception", [](Args& a) -> Value {
-          throw Raised(a.take(0, "").str());
-        }));
-  return g;
+const Dict& builtin_globals() {
+  static const Dict globals = [] {
+    Dict g;
+    g.set("range", Value::function("range", [](Args& a) {
+            const Value x = a.take(0, ""), y = a.take(1, ""), z = a.take(2, "");
+            a.done();
+            int64_t start = 0, stop, step = 1;
+            if (y.is_undefined()) {
+              stop = to_int(x, "range()");
+            } else {
+              start = to_int(x, "range()");
+              stop = to_int(y, "range()");
+              step = optional_int(z, 1, "range() step");
+            }
+            if (step == 0) fail("range() arg 3 must not be zero");
+            List out;
+            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+              if (out.size() >= 1'000'000) fail("range(): more than 1,000,000 items");
+              out.emplace_back(i);
+            }
+            return Value(std::move(out));
+          }));
+    const auto keywords_to_dict = [](Args& a) {
+      Dict d;
+      const Value from = a.take(0, "");
+      if (from.is_dict()) d = from.dict();
+      for (auto& [k, v] : a.keyword) d.set(k, v);
+      a.keyword.clear();
+      a.done();
+      return Value(std::move(d));
+    };
+    g.set("namespace", Value::function("namespace", keywords_to_dict));
+    g.set("dict", Value::function("dict", keywords_to_dict));
+    g.set("raise_exception", Value::function("raise_exception", [](Args& a) -> Value {
+            throw Raised(a.take(0, "").str());
+          }));
+    return g;
+  }();
+  return globals;
 }
 
 }  // namespace troupe::jinja

@@ -25,8 +25,13 @@ Value subscript(const Value& object, const Value& key);
 // `object[start:stop:step]`, any bound undefined.
 Value slice(const Value& object, const Value& start, const Value& stop, const Value& step);
 
-// The globals every template sees.
-Dict builtin_globals();
+// The globals every template sees; made once, shared by every render (their
+// functions hold no state).
+const Dict& builtin_globals();
+
+// What `for x in value` walks: a list's items, a dict's keys, a string's
+// characters; nothing for undefined. Error for anything else, after `what`.
+List items_of(const Value& v, const std::string& what);
 
 // Python's len() of a string: its code points.
 size_t utf8_length(std::string_view s);

@@ -122,13 +122,9 @@ class Interpreter {
   }
 
   static List iterable(const Value& v, int line) {
-    if (v.is_list()) return v.list();
-    if (v.is_undefined()) return {};
-    if (v.is_dict() || v.is_string()) {
-      Args none;
-      return apply_filter("list", v, none).list();
-    }
-    fail(line, "'" + v.type_name() + "' object is not iterable");
+    if (!v.is_list() && !v.is_dict() && !v.is_string() && !v.is_undefined())
+      fail(line, "'" + v.type_name() + "' object is not iterable");
+    return items_of(v, "");
   }
 
   void bind(Frame& frame, const std::vector<std::string>& targets, const Value& v, int line) {

@@ -378,7 +378,7 @@ bool Dict::erase(std::string_view key) {
 
 Value Args::take(size_t index, std::string_view name, Value fallback) {
   used_.resize(keyword.size());
-  highest_ = std::max(highest_, index + 1);
+  if (index != SIZE_MAX) highest_ = std::max(highest_, index + 1);  // SIZE_MAX: keyword only
   for (size_t i = 0; i < keyword.size(); ++i)
     if (!name.empty() && keyword[i].first == name) {
       used_[i] = true;

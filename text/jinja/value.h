@@ -123,7 +123,8 @@ struct Args {
   std::vector<std::pair<std::string, Value>> keyword;
   std::string callee;  // for messages
 
-  // The argument at `index` or named `name`, else `fallback`; each taken once.
+  // The argument at `index` (SIZE_MAX: by name only) or named `name`, else
+  // `fallback`.
   Value take(size_t index, std::string_view name, Value fallback = {});
   // Throws when an argument was given that no take() asked for.
   void done() const;
