@@ -33,11 +33,8 @@ struct ChaosResult {
 // Runs `troupe chaos PLAN ARGS...` from the source directory (the plans'
 // model paths are relative to it) and reads its JSON report.
 ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) {
-  const fs::path dir =
-      fs::temp_directory_path() /
-      ("troupe-chaos-test-" + std::to_string(getpid()) + "-" + plan.stem().string());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test::TempDir tmp;  // the report and the run's logs, gone with the test
+  const fs::path& dir = tmp.path();
   // stdout (the text report) through a shell-free redirect: a file.
   const fs::path out = dir / "report.txt";
   std::vector<std::string> argv{"/bin/sh",
@@ -65,9 +62,8 @@ ChaosResult run_chaos(const fs::path& plan, std::vector<std::string> args = {}) 
 // A plan written for one test, in the temp directory, beside a copy of the
 // deployment it names from tests/data/chaos.
 fs::path write_plan(const std::string& name, const std::string& yaml) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("troupe-chaos-plans-" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  static const test::TempDir plans;  // removed when the test process ends
+  const fs::path& dir = plans.path();
   fs::copy_file(test::data_path("chaos") / "one-node.yaml", dir / "one-node.yaml",
                 fs::copy_options::overwrite_existing);
   fs::copy_file(test::source_dir() / "configs" / "chaos" / "deployment.yaml",
@@ -280,9 +276,8 @@ bool dead(int pid) {
 // kill -9 of troupe chaos while it holds a node stopped: the node (and the
 // coordinator) die with it instead of living on, stopped, as orphans.
 TEST(Chaos, ItsProcessesDieWithTheHarnessEvenAStoppedNode) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("troupe-chaos-kill-" + std::to_string(getpid()));
-  fs::remove_all(dir);
+  const test::TempDir tmp;
+  const fs::path dir = tmp / "run";
   ChildProcess p(
       {test::troupe_binary(), "chaos", (test::data_path("chaos") / "stopped-node.yaml").string(),
        "--duration", "60", "--run-dir", dir.string()},
@@ -311,7 +306,6 @@ TEST(Chaos, ItsProcessesDieWithTheHarnessEvenAStoppedNode) {
     EXPECT_TRUE(dead(k)) << "pid " << k << " outlived the harness";
     if (!dead(k)) ::kill(k, SIGKILL);
   }
-  fs::remove_all(dir);
 }
 
 // The same for any ChildProcess, when the thread that started it has
