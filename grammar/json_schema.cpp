@@ -1,0 +1,364 @@
+#include "grammar/json_schema.h"
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "grammar/grammar.h"
+
+namespace troupe::grammar {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The rules every JSON grammar shares. `space` is bounded so that a model
+// cannot pad forever between tokens of the JSON; numbers as llama.cpp's.
+const char* const kCommonRules = R"(space ::= | " " | "\n"{1,2} [ \t]{0,20}
+json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+json-string ::= "\"" json-char* "\"" space
+json-int ::= "-"? ([0-9] | [1-9] [0-9]{0,15})
+json-nat ::= [0-9] | [1-9] [0-9]{0,15}
+json-frac ::= "." [0-9]{1,16}
+json-exp ::= [eE] [-+]? [0-9]{1,16}
+json-integer ::= json-int space
+json-number ::= json-int json-frac? json-exp? space
+json-boolean ::= ("true" | "false") space
+json-null ::= "null" space
+json-value ::= json-object | json-array | json-string | json-number | json-boolean | json-null
+json-object ::= "{" space (json-string ":" space json-value ("," space json-string ":" space json-value)*)? "}" space
+json-array ::= "[" space (json-value ("," space json-value)*)? "]" space
+json-digit2 ::= [0-9] [0-9]
+json-date ::= [0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [1-2] [0-9] | "3" [0-1])
+json-time ::= ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])
+json-hex4 ::= [0-9a-fA-F]{4}
+)";
+
+const std::set<std::string> kAnnotations = {
+    "title",    "description", "default",    "examples",  "$schema", "$id",
+    "$comment", "deprecated",  "readOnly",   "writeOnly", "$defs",   "definitions",
+    "strict",   "nullable_",   "discriminator"};
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const json& root) : root_(root) {}
+
+  std::string compile() {
+    const std::string top = expr(root_, "", 0);
+    return "root ::= " + top + "\n" + rules_ + kCommonRules;
+  }
+
+ private:
+  const json& root_;
+  std::string rules_;
+  int next_ = 0;
+  std::map<std::string, std::string> refs_;  // $ref -> its rule's name
+
+  [[noreturn]] static void fail(const std::string& where, const std::string& what) {
+    throw SchemaError("json schema" + (where.empty() ? std::string() : " at " + where) + ": " +
+                      what);
+  }
+  static std::string at(const std::string& where, const std::string& key) {
+    return where.empty() ? key : where + "." + key;
+  }
+
+  std::string next_name() {
+    std::string name = "s";  // (not "s" + ...: GCC 12 warns wrongly of an overlap)
+    name += std::to_string(next_++);
+    return name;
+  }
+  std::string rule(const std::string& body) {
+    const std::string name = next_name();
+    rules_ += name + " ::= " + body + "\n";
+    return name;
+  }
+
+  static std::string literal_value(const json& v) {
+    return gbnf_literal(v.dump(-1, ' ', false, json::error_handler_t::strict)) + " space";
+  }
+
+  // A GBNF expression for the values the schema allows.
+  std::string expr(const json& s, const std::string& where, int depth) {
+    if (depth > 64) fail(where, "nested more than 64 levels");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail(where, "the schema false allows nothing");
+      return "json-value";
+    }
+    if (!s.is_object()) fail(where, "a schema must be an object or a boolean");
+    for (const auto& [k, v] : s.items()) {
+      static const std::set<std::string> known = {
+          "type",     "properties", "required",  "additionalProperties", "items",
+          "prefixItems", "minItems", "maxItems", "enum",   "const",     "anyOf",
+          "oneOf",    "allOf",      "$ref",      "minLength", "maxLength", "format",
+          "minimum",  "exclusiveMinimum"};
+      if (!known.count(k) && !kAnnotations.count(k))
+        fail(at(where, k), "'" + k + "' is not supported in structured output");
+      (void)v;
+    }
+    if (s.contains("$ref")) return ref(s["$ref"], at(where, "$ref"), depth);
+    if (s.contains("const")) return "(" + literal_value(s["const"]) + ")";
+    if (s.contains("enum")) {
+      const json& e = s["enum"];
+      if (!e.is_array() || e.empty()) fail(at(where, "enum"), "must be a non-empty array");
+      std::string alts;
+      for (const json& v : e) alts += (alts.empty() ? "" : " | ") + literal_value(v);
+      return "(" + alts + ")";
+    }
+    for (const char* key : {"anyOf", "oneOf"})
+      if (s.contains(key)) {
+        const json& list = s[key];
+        if (!list.is_array() || list.empty())
+          fail(at(where, key), "must be a non-empty array of schemas");
+        std::string alts;
+        for (size_t i = 0; i < list.size(); ++i)
+          alts += (i ? " | " : "") +
+                  expr(merged(s, list[i], key), at(where, key) + "[" + std::to_string(i) + "]",
+                       depth + 1);
+        return "(" + alts + ")";
+      }
+    if (s.contains("allOf")) {
+      const json& list = s["allOf"];
+      if (!list.is_array() || list.size() != 1)
+        fail(at(where, "allOf"), "only an allOf of one schema is supported");
+      return expr(merged(s, list[0], "allOf"), at(where, "allOf[0]"), depth + 1);
+    }
+    if (!s.contains("type")) {
+      if (s.contains("properties") || s.contains("additionalProperties"))
+        return object(s, where, depth);
+      if (s.contains("items") || s.contains("prefixItems")) return array(s, where, depth);
+      return "json-value";
+    }
+    const json& type = s["type"];
+    if (type.is_array()) {
+      if (type.empty()) fail(at(where, "type"), "an empty list of types allows nothing");
+      std::string alts;
+      for (const json& t : type) {
+        if (!t.is_string()) fail(at(where, "type"), "types must be strings");
+        alts += (alts.empty() ? "" : " | ") + typed(s, t.get<std::string>(), where, depth);
+      }
+      return "(" + alts + ")";
+    }
+    if (!type.is_string()) fail(at(where, "type"), "must be a string or a list of strings");
+    return typed(s, type.get<std::string>(), where, depth);
+  }
+
+  // The schema's own keywords, less `key`, with those of `branch` over them:
+  // {"type": "object", "anyOf": [{"required": [...]}]} reads as the branches.
+  static json merged(const json& s, const json& branch, const char* key) {
+    json out = s;
+    out.erase(key);
+    if (!branch.is_object()) return branch;
+    for (const auto& [k, v] : branch.items()) out[k] = v;
+    return out;
+  }
+
+  std::string ref(const json& r, const std::string& where, int depth) {
+    if (!r.is_string()) fail(where, "must be a string");
+    const std::string target = r.get<std::string>();
+    auto it = refs_.find(target);
+    if (it != refs_.end()) return it->second;
+    const json* node = nullptr;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (target.rfind(p, 0) == 0) {
+        const std::string section = p.substr(2, p.size() - 3);
+        const std::string name = target.substr(p.size());
+        if (root_.contains(section) && root_[section].is_object() &&
+            root_[section].contains(name))
+          node = &root_[section][name];
+      }
+    }
+    if (target == "#") node = &root_;
+    if (!node) fail(where, "'" + target + "' names no schema under #/$defs or #/definitions");
+    // The rule's name is known before its body, so recursion refers to it.
+    const std::string name = next_name();
+    refs_[target] = name;
+    const std::string body = expr(*node, target, depth + 1);
+    rules_ += name + " ::= " + body + "\n";
+    return name;
+  }
+
+  std::string typed(const json& s, const std::string& type, const std::string& where,
+                    int depth) {
+    if (type == "object") return object(s, where, depth);
+    if (type == "array") return array(s, where, depth);
+    if (type == "string") return string(s, where);
+    if (type == "integer" || type == "number") {
+      bool natural = false;
+      if (s.contains("minimum")) {
+        if (!s["minimum"].is_number()) fail(at(where, "minimum"), "must be a number");
+        if (s["minimum"].get<double>() != 0)
+          fail(at(where, "minimum"), "only a minimum of 0 is supported");
+        natural = true;
+      }
+      if (s.contains("exclusiveMinimum")) {
+        if (!s["exclusiveMinimum"].is_number() ||
+            s["exclusiveMinimum"].get<double>() != (type == "integer" ? -1 : 0))
+          fail(at(where, "exclusiveMinimum"),
+               type == "integer" ? "only an exclusiveMinimum of -1 is supported"
+                                 : "only an exclusiveMinimum of 0 is supported");
+        natural = true;
+      }
+      if (type == "integer") return natural ? "(json-nat space)" : "json-integer";
+      // exclusiveMinimum 0 still lets 0 through: say only what is enforced.
+      if (s.contains("exclusiveMinimum"))
+        fail(at(where, "exclusiveMinimum"), "is not supported for numbers");
+      return natural ? "(json-nat json-frac? json-exp? space)" : "json-number";
+    }
+    if (type == "boolean") return "json-boolean";
+    if (type == "null") return "json-null";
+    fail(at(where, "type"), "unknown type '" + type + "'");
+  }
+
+  static int count(const json& s, const char* key, const std::string& where) {
+    if (!s.contains(key)) return -1;
+    const json& v = s[key];
+    if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > 4096)
+      fail(at(where, key), "must be an integer in [0, 4096]");
+    return int(v.get<long long>());
+  }
+
+  std::string string(const json& s, const std::string& where) {
+    const int min = count(s, "minLength", where), max = count(s, "maxLength", where);
+    if (s.contains("format")) {
+      if (!s["format"].is_string()) fail(at(where, "format"), "must be a string");
+      const std::string f = s["format"].get<std::string>();
+      if (f == "date") return "(\"\\\"\" json-date \"\\\"\" space)";
+      if (f == "time") return "(\"\\\"\" json-time \"\\\"\" space)";
+      if (f == "date-time") return "(\"\\\"\" json-date \"T\" json-time \"\\\"\" space)";
+      if (f == "uuid")
+        return "(\"\\\"\" json-hex4 json-hex4 \"-\" json-hex4 \"-\" json-hex4 \"-\" json-hex4 "
+               "\"-\" json-hex4 json-hex4 json-hex4 \"\\\"\" space)";
+    }
+    if (min < 0 && max < 0) return "json-string";
+    if (max >= 0 && min > max) fail(at(where, "minLength"), "is more than maxLength");
+    const std::string reps =
+        "{" + std::to_string(min < 0 ? 0 : min) + "," + (max < 0 ? "" : std::to_string(max)) + "}";
+    return "(\"\\\"\" json-char" + reps + " \"\\\"\" space)";
+  }
+
+  std::string array(const json& s, const std::string& where, int depth) {
+    int min = count(s, "minItems", where);
+    const int max = count(s, "maxItems", where);
+    if (min < 0) min = 0;
+    if (max >= 0 && min > max) fail(at(where, "minItems"), "is more than maxItems");
+    std::vector<std::string> fixed;  // prefixItems
+    if (s.contains("prefixItems")) {
+      const json& p = s["prefixItems"];
+      if (!p.is_array()) fail(at(where, "prefixItems"), "must be an array of schemas");
+      for (size_t i = 0; i < p.size(); ++i)
+        fixed.push_back(expr(p[i], at(where, "prefixItems") + "[" + std::to_string(i) + "]",
+                             depth + 1));
+    }
+    std::string item = "json-value";
+    bool more = true;  // items after the prefix
+    if (s.contains("items")) {
+      const json& it = s["items"];
+      if (it.is_boolean() && !it.get<bool>())
+        more = false;
+      else
+        item = rule(expr(it, at(where, "items"), depth + 1));
+    }
+    if (fixed.empty()) {
+      if (max == 0) return "(\"[\" space \"]\" space)";
+      // first item, then "," item up to max - 1 more; at least min in all.
+      const std::string tail_min = std::to_string(min > 0 ? min - 1 : 0);
+      const std::string tail_max = max < 0 ? "" : std::to_string(max - 1);
+      const std::string list =
+          item + " (\",\" space " + item + "){" + tail_min + "," + tail_max + "}";
+      return "(\"[\" space " + (min > 0 ? list : "(" + list + ")?") + " \"]\" space)";
+    }
+    // A tuple: the prefix items in order, the first `min` of them required.
+    std::string body;
+    const int n = int(fixed.size());
+    if (min > n && !more) fail(at(where, "minItems"), "is more than prefixItems allows");
+    // Nested optional tails: items k.. of the prefix, then the rest.
+    std::string rest;
+    if (more) {
+      const int extra_min = min > n ? min - n : 0;
+      const std::string extra_max = max < 0 ? "" : std::to_string(max > n ? max - n : 0);
+      if (max < 0 || max > n)
+        rest = "(\",\" space " + item + "){" + std::to_string(extra_min) + "," + extra_max + "}";
+    }
+    std::string tail = rest;
+    for (int k = n - 1; k >= 1; --k) {
+      const std::string piece = "\",\" space " + fixed[size_t(k)] + " " + tail;
+      tail = k < min ? piece : "(" + piece + ")?";
+    }
+    body = fixed[0] + " " + tail;
+    if (min == 0) body = "(" + body + ")?";
+    return "(\"[\" space " + body + " \"]\" space)";
+  }
+
+  std::string object(const json& s, const std::string& where, int depth) {
+    const json empty = json::object();
+    const json& props = s.contains("properties") ? s["properties"] : empty;
+    if (!props.is_object()) fail(at(where, "properties"), "must be an object");
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) fail(at(where, "required"), "must be an array of names");
+      for (const json& r : s["required"]) {
+        if (!r.is_string()) fail(at(where, "required"), "must be an array of names");
+        if (!props.contains(r.get<std::string>()))
+          fail(at(where, "required"),
+               "'" + r.get<std::string>() + "' is required but not among the properties");
+        required.insert(r.get<std::string>());
+      }
+    }
+    // Other keys: a schema for their values, or none allowed.
+    std::string extra;
+    if (s.contains("additionalProperties")) {
+      const json& ap = s["additionalProperties"];
+      if (!(ap.is_boolean() && !ap.get<bool>()))
+        extra = "json-string \":\" space " +
+                (ap.is_boolean() ? std::string("json-value")
+                                 : rule(expr(ap, at(where, "additionalProperties"), depth + 1)));
+    } else if (!s.contains("properties")) {
+      extra = "json-string \":\" space json-value";
+    }
+    std::vector<std::pair<std::string, bool>> kvs;  // (key: value expression, required)
+    for (const auto& [k, v] : props.items()) {
+      const std::string value = expr(v, at(at(where, "properties"), k), depth + 1);
+      kvs.emplace_back(gbnf_literal(json(k).dump()) + " space \":\" space " + value,
+                       required.count(k) > 0);
+    }
+    // first_k: members from k on, none written yet; after_k: some written, so
+    // the next one starts with a comma. Optional members may be skipped.
+    std::string first = extra.empty() ? "" : "(" + extra + " (\",\" space " + extra + ")*)?";
+    std::string after = extra.empty() ? "" : "(\",\" space " + extra + ")*";
+    for (int k = int(kvs.size()) - 1; k >= 0; --k) {
+      const auto& [kv, req] = kvs[size_t(k)];
+      const std::string after_name = after.empty() ? "" : rule(after);
+      const std::string first_name = first.empty() ? "" : rule(first);
+      const std::string a = "\",\" space " + kv + (after_name.empty() ? "" : " " + after_name);
+      const std::string f = kv + (after_name.empty() ? "" : " " + after_name);
+      if (req) {
+        first = f;
+        after = a;
+      } else {
+        first = "(" + f + ")" + (first_name.empty() ? "?" : " | " + first_name);
+        after = "(" + a + ")" + (after_name.empty() ? "?" : " | " + after_name);
+      }
+    }
+    return "(\"{\" space " + (first.empty() ? "" : "(" + first + ") ") + "\"}\" space)";
+  }
+};
+
+}  // namespace
+
+std::string json_schema_grammar(const nlohmann::ordered_json& schema) {
+  return SchemaCompiler(schema).compile();
+}
+
+std::string json_object_grammar() {
+  return std::string("root ::= json-object\n") + kCommonRules;
+}
+
+std::string choice_grammar(const std::vector<std::string>& choices) {
+  std::string alts;
+  for (const std::string& c : choices) alts += (alts.empty() ? "" : " | ") + gbnf_literal(c);
+  if (alts.empty()) alts = "\"\"";
+  return "root ::= " + alts + "\n";
+}
+
+}  // namespace troupe::grammar

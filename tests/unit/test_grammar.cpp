@@ -1,0 +1,323 @@
+// Structured output's grammar layer: GBNF read, matched code point by code
+// point and token by token, and JSON Schema turned into grammars whose
+// matches are valid JSON under the schema.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/token_vocabulary.h"
+
+namespace troupe::grammar {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::shared_ptr<const Grammar> parse(const std::string& text) {
+  return std::make_shared<const Grammar>(Grammar::parse(text));
+}
+
+// Whether the grammar matches the whole text (fed in one piece).
+bool matches(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  Matcher m(g);
+  return m.accept(text) && m.is_complete();
+}
+
+// ... and fed one byte at a time (code points split across "tokens").
+bool matches_bytewise(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  Matcher m(g);
+  for (char c : text)
+    if (!m.accept(std::string(1, c))) return false;
+  return m.is_complete();
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    Grammar::parse(text);
+  } catch (const GrammarError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Grammar, LiteralsClassesGroupsAndRepetitions) {
+  auto g = parse(R"(root ::= "a" [b-d]+ ("x" | "yz")? digit{2,3} .
+digit ::= [0-9]  # a comment
+)");
+  EXPECT_TRUE(matches(g, "ab12!"));
+  EXPECT_TRUE(matches(g, "abcdyz123é"));
+  EXPECT_TRUE(matches(g, "adx99\n"));
+  EXPECT_FALSE(matches(g, "a12!"));       // [b-d]+ needs one
+  EXPECT_FALSE(matches(g, "ab1!"));       // digit{2,3}
+  EXPECT_FALSE(matches(g, "ab1234!"));    // at most 3 digits, then one char
+  EXPECT_FALSE(matches(g, "abxy12!"));    // "yz" whole or not at all
+  EXPECT_FALSE(matches(g, "ab12"));       // the last `.` is missing
+  EXPECT_TRUE(matches_bytewise(g, "abcdyz123é"));
+}
+
+TEST(Grammar, NegatedClassesEscapesAndUnicode) {
+  auto g = parse(R"(root ::= "\"" [^"\\\x00-\x1F]* "\"" "\u00e9" "\t" [\]\-]
+)");
+  EXPECT_TRUE(matches(g, "\"héllo 😀\"é\t]"));
+  EXPECT_TRUE(matches(g, "\"\"é\t-"));
+  EXPECT_FALSE(matches(g, "\"a\"b\"é\t]"));
+  EXPECT_FALSE(matches(g, "\"a\nb\"é\t]"));
+  EXPECT_TRUE(matches_bytewise(g, "\"😀 ☃\"é\t]"));
+}
+
+TEST(Grammar, RecursionAndMultiLineRules) {
+  auto g = parse(R"(
+root ::=
+  list
+list ::= "[" (
+    item ("," item)*
+  )? "]"
+item ::= [0-9]+ | list
+)");
+  EXPECT_TRUE(matches(g, "[]"));
+  EXPECT_TRUE(matches(g, "[1,[2,[]],33]"));
+  EXPECT_FALSE(matches(g, "[1,]"));
+  EXPECT_FALSE(matches(g, "[[1]"));
+}
+
+TEST(Grammar, BadGrammarsAreRefusedNamingWhereAndWhy) {
+  EXPECT_NE(error_of("rot ::= \"a\"\n").find("no rule named 'root'"), std::string::npos);
+  EXPECT_NE(error_of("root ::= a\n").find("rule 'a' is used (line 1) but never defined"),
+            std::string::npos);
+  EXPECT_NE(error_of("root ::= \"a\nx ::= \"b\"").find("line 2"), std::string::npos);
+  EXPECT_NE(error_of("root ::= \"a\" \"\\q\"").find("unknown escape"), std::string::npos);
+  EXPECT_NE(error_of("root ::= [ab").find("unterminated character class"), std::string::npos);
+  EXPECT_NE(error_of("root ::= [z-a]").find("out of order"), std::string::npos);
+  EXPECT_NE(error_of("root ::= x \"a\"\nx ::= root | \"b\"").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(error_of("root ::= (\"\" | x) root\nx ::= \"a\"").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(error_of("root ::= \"a\"{3,2}").find("n < m"), std::string::npos);
+  EXPECT_NE(error_of("root ::= \"a\"{99999}").find("repetition count"), std::string::npos);
+  EXPECT_NE(error_of("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+  EXPECT_NE(error_of("root ::= *").find("needs something before it"), std::string::npos);
+  EXPECT_NE(error_of("root ::= (\"a\"").find("expected ')'"), std::string::npos);
+  // Bounded: repetitions are spelled out, so their sum is what is bounded.
+  std::string big = "root ::=";
+  for (int i = 0; i < 300; ++i) big += " \"a\"{4000}";
+  EXPECT_NE(error_of(big).find("too large"), std::string::npos);
+}
+
+TEST(Grammar, CompletionAndContinuation) {
+  auto g = parse("root ::= \"ab\" \"c\"?\n");
+  Matcher m(g);
+  EXPECT_FALSE(m.is_complete());
+  EXPECT_TRUE(m.can_continue());
+  EXPECT_TRUE(m.accept("a"));
+  EXPECT_FALSE(m.accept("x"));  // refused: the state stays where it was
+  EXPECT_TRUE(m.accept("b"));
+  EXPECT_TRUE(m.is_complete());
+  EXPECT_TRUE(m.can_continue());
+  EXPECT_TRUE(m.accept("c"));
+  EXPECT_TRUE(m.is_complete());
+  EXPECT_FALSE(m.can_continue());
+  EXPECT_FALSE(m.accept("c"));
+}
+
+TEST(Grammar, HalfACodePointWaitsForTheNextToken) {
+  auto g = parse("root ::= \"é\" [a-z]\n");  // é is C3 A9
+  Matcher m(g);
+  EXPECT_FALSE(m.allows("\xC3\xA8"));  // è: a whole code point, not é
+  EXPECT_TRUE(m.allows("\xC3"));       // the first byte of é (or è, ...)
+  EXPECT_FALSE(m.allows("\xE2"));      // the first byte of a 3-byte one: never é
+  ASSERT_TRUE(m.accept("\xC3"));
+  EXPECT_FALSE(m.is_complete());
+  EXPECT_FALSE(m.allows("\xA8x"));  // è
+  EXPECT_TRUE(m.allows("\xA9x"));
+  ASSERT_TRUE(m.accept("\xA9x"));
+  EXPECT_TRUE(m.is_complete());
+}
+
+// The trie walk must allow exactly the tokens that, one by one, the matcher
+// allows: checked on a vocabulary with shared prefixes, multi-byte text,
+// split code points and control tokens, at every state of a few texts.
+TEST(Grammar, AllowedTokensAreExactlyThoseTheMatcherAllowsOneByOne) {
+  std::vector<std::string> bytes = {"<s>", "</s>", "{",  "}",  "\"",  "\"a", "\"ab", "a",
+                                    "ab",  "abc", ":",  ",",  " ",   "\n", "1",   "12",
+                                    "-",   "true", "tr", "ue", "null", "é",  "\xC3", "\xA9",
+                                    "\xA9\"", "{\"", "\":", "\": ", "😀", "\xF0\x9F", "x", ""};
+  std::vector<bool> control(bytes.size(), false);
+  control[0] = control[1] = true;
+  const TokenVocabulary vocab(bytes, control);
+  auto g = std::make_shared<const Grammar>(Grammar::parse(json_object_grammar()));
+  const std::vector<std::string> texts = {"{\"a\": true, \"ab\": -12}", "{\"é😀\": null}",
+                                          "{ }"};
+  for (const std::string& text : texts) {
+    Matcher m(g);
+    for (size_t i = 0; i <= text.size(); ++i) {
+      std::vector<uint8_t> allowed;
+      m.allowed_tokens(vocab, allowed);
+      for (int id = 0; id < vocab.size(); ++id) {
+        const bool one = !vocab.is_control(id) && m.allows(vocab.bytes(id));
+        EXPECT_EQ(allowed[size_t(id)] != 0, one)
+            << "token '" << vocab.bytes(id) << "' after '" << text.substr(0, i) << "'";
+      }
+      if (i < text.size()) {
+        ASSERT_TRUE(m.accept(text.substr(i, 1))) << text.substr(0, i + 1);
+      }
+    }
+    EXPECT_TRUE(m.is_complete()) << text;
+  }
+}
+
+std::shared_ptr<const Grammar> schema(const json& s) {
+  return std::make_shared<const Grammar>(Grammar::parse(json_schema_grammar(s)));
+}
+
+TEST(JsonSchemaGrammar, ObjectsTakeTheirPropertiesInOrderRequiredOnesAlways) {
+  auto g = schema(json::parse(R"({
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name"]})"));
+  EXPECT_TRUE(matches(g, R"({"name": "Ann"})"));
+  EXPECT_TRUE(matches(g, R"({"name": "Ann", "age": 31, "tags": ["a", "b"]})"));
+  EXPECT_TRUE(matches(g, R"({"name":"Ann","tags":[]})"));
+  EXPECT_TRUE(matches(g, "{\n  \"name\": \"A\\u00e9\\n\",\n  \"age\": -4\n}"));
+  EXPECT_FALSE(matches(g, R"({"age": 31})"));                  // name is required
+  EXPECT_FALSE(matches(g, R"({"age": 31, "name": "Ann"})"));   // declared order
+  EXPECT_FALSE(matches(g, R"({"name": "Ann", "x": 1})"));      // no other keys
+  EXPECT_FALSE(matches(g, R"({"name": "Ann", "age": 3.5})"));  // an integer
+  EXPECT_FALSE(matches(g, R"({"name": "Ann",})"));
+  EXPECT_FALSE(matches(g, R"({"name": "A"B"})"));
+  EXPECT_FALSE(matches(g, "{\"name\": \"a\nb\"}"));  // raw control characters are not JSON
+}
+
+TEST(JsonSchemaGrammar, EnumsConstsUnionsRefsAndArrays) {
+  auto g = schema(json::parse(R"({
+    "$defs": {"node": {"type": "object", "properties": {
+        "v": {"enum": ["x", 1, null]},
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+      "required": ["v"]}},
+    "type": "object",
+    "properties": {"root": {"$ref": "#/$defs/node"},
+                   "kind": {"const": "tree"},
+                   "size": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+                   "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}],
+                            "items": false, "minItems": 2}},
+    "required": ["root", "kind", "size", "pair"]})"));
+  EXPECT_TRUE(matches(
+      g, R"({"root": {"v": "x", "kids": [{"v": 1}, {"v": null, "kids": []}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
+  EXPECT_TRUE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": null, "pair": ["", false]})"));
+  EXPECT_FALSE(matches(g, R"({"root": {"v": 2}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
+  EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "bush", "size": 3, "pair": ["a", true]})"));
+  EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": -3, "pair": ["a", true]})"));
+  EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": 3, "pair": ["a"]})"));
+  EXPECT_FALSE(
+      matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": 3, "pair": ["a", true, 1]})"));
+  EXPECT_FALSE(matches(
+      g, R"({"root": {"v": 1, "kids": [{"v": 1}, {"v": 1}, {"v": 1}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
+}
+
+TEST(JsonSchemaGrammar, StringLengthsFormatsAndOpenObjects) {
+  auto g = schema(json::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "minLength": 2, "maxLength": 3},
+      "day": {"type": "string", "format": "date"},
+      "id": {"type": "string", "format": "uuid"},
+      "extra": {"type": "object"}},
+    "required": ["code", "day", "id", "extra"], "additionalProperties": {"type": "number"}})"));
+  const std::string base = R"("day": "2026-12-06", "id": "123e4567-e89b-12d3-a456-426614174000")";
+  EXPECT_TRUE(matches(g, "{\"code\": \"ab\", " + base + R"(, "extra": {"any": [1, {}]}})"));
+  EXPECT_TRUE(matches(g, "{\"code\": \"abc\", " + base + R"(, "extra": {}, "more": 1.5e3})"));
+  EXPECT_FALSE(matches(g, "{\"code\": \"a\", " + base + R"(, "extra": {}})"));
+  EXPECT_FALSE(matches(g, "{\"code\": \"abcd\", " + base + R"(, "extra": {}})"));
+  EXPECT_FALSE(matches(g, "{\"code\": \"ab\", " + base + R"(, "extra": {}, "more": "x"})"));
+  EXPECT_FALSE(matches(g, R"({"code": "ab", "day": "2026-13-06", "id": "123e4567-e89b-12d3-a456-426614174000", "extra": {}})"));
+}
+
+TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
+  auto error = [](const char* text) {
+    try {
+      json_schema_grammar(json::parse(text));
+    } catch (const SchemaError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})")
+                .find("properties.a.pattern"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"type": "integer", "maximum": 5})").find("'maximum' is not supported"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"type": "integer", "minimum": 3})").find("only a minimum of 0"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"$ref": "#/$defs/nope"})").find("names no schema"), std::string::npos);
+  EXPECT_NE(error(R"({"type": "object", "required": ["x"]})").find("'x' is required"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"type": "date"})").find("unknown type 'date'"), std::string::npos);
+  EXPECT_NE(error("false").find("allows nothing"), std::string::npos);
+  EXPECT_EQ(error(R"({"title": "T", "description": "d", "type": "string", "default": "x"})"), "");
+}
+
+TEST(JsonSchemaGrammar, JsonObjectAndChoices) {
+  auto obj = std::make_shared<const Grammar>(Grammar::parse(json_object_grammar()));
+  EXPECT_TRUE(matches(obj, R"({"a": [1, 2.5e-3, "x", true, null, {"b": {}}]})"));
+  EXPECT_FALSE(matches(obj, R"([1])"));
+  EXPECT_FALSE(matches(obj, R"({"a": 01})"));
+  auto choice = std::make_shared<const Grammar>(Grammar::parse(choice_grammar({"yes", "no \"way\""})));
+  EXPECT_TRUE(matches(choice, "yes"));
+  EXPECT_TRUE(matches(choice, "no \"way\""));
+  EXPECT_FALSE(matches(choice, "yes "));
+}
+
+// Every JSON text a random walk through the grammar produces parses as JSON
+// and is valid under the schema's shape.
+TEST(JsonSchemaGrammar, RandomWalksThroughTheGrammarAreValidJson) {
+  const json s = json::parse(R"({"type": "object", "properties": {
+      "n": {"type": "number"}, "s": {"type": "string", "maxLength": 5},
+      "l": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+    "required": ["n", "l"]})");
+  auto g = schema(s);
+  std::vector<std::string> pieces;
+  for (const char* p : {"{", "}", "[", "]", "\"", ",", ":", " ", "\n", "0", "1", "9", "-", ".",
+                        "a", "b", "n", "s", "l",  // (no exponents: 1e999 is JSON but no double)
+                        "\\n", "\\u00e9", "\"n\"", "\"s\"", "\"l\"", "é"})
+    pieces.push_back(p);
+  std::vector<bool> control(pieces.size(), false);
+  const TokenVocabulary vocab(pieces, control);
+  std::mt19937 rng(7);
+  int complete = 0;
+  for (int walk = 0; walk < 200; ++walk) {
+    Matcher m(g);
+    std::string text;
+    for (int step = 0; step < 200 && !(m.is_complete() && !m.can_continue()); ++step) {
+      if (m.is_complete() && rng() % 4 == 0) break;
+      std::vector<uint8_t> allowed;
+      m.allowed_tokens(vocab, allowed);
+      std::vector<int> ids;
+      for (int id = 0; id < vocab.size(); ++id)
+        if (allowed[size_t(id)]) ids.push_back(id);
+      ASSERT_FALSE(ids.empty()) << "stuck after: " << text;
+      const int id = ids[rng() % ids.size()];
+      ASSERT_TRUE(m.accept(vocab.bytes(id)));
+      text += vocab.bytes(id);
+    }
+    if (!m.is_complete()) continue;
+    ++complete;
+    const json v = json::parse(text, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << text;
+    ASSERT_TRUE(v.is_object()) << text;
+    EXPECT_TRUE(v.contains("n") && v["n"].is_number()) << text;
+    ASSERT_TRUE(v.contains("l") && v["l"].is_array()) << text;
+    EXPECT_LE(v["l"].size(), 3u) << text;
+    for (const json& x : v["l"]) EXPECT_TRUE(x.is_number_integer()) << text;
+    if (v.contains("s")) {
+      EXPECT_LE(v["s"].get<std::string>().size(), 10u) << text;
+    }
+  }
+  EXPECT_GT(complete, 20);
+}
+
+}  // namespace
+}  // namespace troupe::grammar
