@@ -15,7 +15,27 @@ void dedupe(std::vector<std::vector<int32_t>>& stacks) {
 
 }  // namespace
 
-Matcher::Matcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
+std::shared_ptr<const std::vector<uint8_t>> MaskCache::find(
+    const std::vector<std::vector<int32_t>>& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(state);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+void MaskCache::put(const std::vector<std::vector<int32_t>>& state,
+                    std::shared_ptr<const std::vector<uint8_t>> allowed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (map_.count(state) || max_ == 0) return;
+  if (order_.size() >= max_) {
+    map_.erase(order_.front());
+    order_.erase(order_.begin());
+  }
+  map_.emplace(state, std::move(allowed));
+  order_.push_back(state);
+}
+
+Matcher::Matcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<MaskCache> cache)
+    : grammar_(std::move(grammar)), cache_(std::move(cache)) {
   const Grammar& g = *grammar_;
   for (int32_t alt : g.alternatives(g.root())) {
     Stack s;
@@ -133,38 +153,93 @@ bool Matcher::can_continue() const {
   return false;
 }
 
-void Matcher::walk(const TokenVocabulary& vocab, int node, const Stacks& stacks,
-                   std::vector<uint8_t>& allowed) const {
-  const TokenVocabulary::Node& n = vocab.trie()[size_t(node)];
-  for (const auto& [rest, id] : n.partial)
-    if (takes_prefix(stacks, rest)) allowed[size_t(id)] = 1;
-  const auto& el = grammar_->elements();
-  for (const auto& [cp, child] : n.children) {
-    // Cheap test first: does any reading take cp at all?
-    bool any = false;
+// The states met during one walk, each with the character sets its readings
+// take next; where a code point leads depends only on which of those sets
+// hold it, so each (state, sets that hold it) is advanced once.
+struct Matcher::Walk {
+  struct State {
+    Stacks stacks;
+    std::vector<const CharSet*> tops;
+    std::vector<std::pair<uint64_t, int>> next;  // (mask, state or -1), a few
+  };
+  std::vector<State> states;
+  std::map<Stacks, int> ids;
+
+  int intern(Stacks stacks, const Grammar& g) {
+    auto it = ids.find(stacks);
+    if (it != ids.end()) return it->second;
+    State st;
     for (const Stack& s : stacks)
-      if (!s.empty() && grammar_->chars(el[size_t(s.back())].arg).contains(cp)) {
+      if (!s.empty()) st.tops.push_back(&g.chars(g.elements()[size_t(s.back())].arg));
+    st.stacks = stacks;
+    const int id = int(states.size());
+    states.push_back(std::move(st));
+    ids.emplace(std::move(stacks), id);
+    return id;
+  }
+};
+
+void Matcher::walk(const TokenVocabulary& vocab, int node, int set, Walk& w,
+                   std::vector<uint8_t>& allowed) const {
+  const TokenVocabulary::Node& n = vocab.nodes()[size_t(node)];
+  for (uint32_t p = n.partial_begin; p < n.partial_end; ++p) {
+    const auto& [rest, id] = vocab.partials()[p];
+    if (takes_prefix(w.states[size_t(set)].stacks, rest)) allowed[size_t(id)] = 1;
+  }
+  for (uint32_t e = n.edges_begin; e < n.edges_end; ++e) {
+    const uint32_t cp = vocab.edges()[e].cp;
+    const int32_t child = vocab.edges()[e].node;
+    const auto& tops = w.states[size_t(set)].tops;
+    uint64_t mask = 0;
+    bool any = false;
+    for (size_t j = 0; j < tops.size(); ++j)
+      if (tops[j]->contains(cp)) {
         any = true;
-        break;
+        if (j < 64) mask |= uint64_t(1) << j;
       }
     if (!any) continue;
-    const Stacks next = advance(stacks, cp);
-    if (next.empty()) continue;
-    for (int32_t id : vocab.trie()[size_t(child)].ids) allowed[size_t(id)] = 1;
-    walk(vocab, child, next, allowed);
+    int next = -2;
+    if (tops.size() <= 64) {
+      for (const auto& [m, to] : w.states[size_t(set)].next)
+        if (m == mask) {
+          next = to;
+          break;
+        }
+      if (next == -2) {
+        Stacks after = advance(w.states[size_t(set)].stacks, cp);
+        next = after.empty() ? -1 : w.intern(std::move(after), *grammar_);
+        w.states[size_t(set)].next.emplace_back(mask, next);  // (intern may move states)
+      }
+    } else {
+      Stacks after = advance(w.states[size_t(set)].stacks, cp);
+      next = after.empty() ? -1 : w.intern(std::move(after), *grammar_);
+    }
+    if (next < 0) continue;
+    const TokenVocabulary::Node& c = vocab.nodes()[size_t(child)];
+    for (uint32_t i = c.ids_begin; i < c.ids_end; ++i) allowed[size_t(vocab.ids()[i])] = 1;
+    walk(vocab, child, next, w, allowed);
   }
 }
 
 void Matcher::allowed_tokens(const TokenVocabulary& vocab, std::vector<uint8_t>& allowed) const {
-  allowed.assign(size_t(vocab.size()), 0);
   if (!pending_.empty()) {
     // After half a code point, every token's bytes go on from those: check
     // them one by one (rare: a character split across tokens).
+    allowed.assign(size_t(vocab.size()), 0);
     for (int id = 0; id < vocab.size(); ++id)
       if (!vocab.is_control(id) && allows(vocab.bytes(id))) allowed[size_t(id)] = 1;
     return;
   }
-  walk(vocab, 0, stacks_, allowed);
+  if (cache_) {
+    if (auto hit = cache_->find(stacks_); hit && hit->size() == size_t(vocab.size())) {
+      allowed = *hit;
+      return;
+    }
+  }
+  allowed.assign(size_t(vocab.size()), 0);
+  Walk w;
+  walk(vocab, 0, w.intern(stacks_, *grammar_), w, allowed);
+  if (cache_) cache_->put(stacks_, std::make_shared<const std::vector<uint8_t>>(allowed));
 }
 
 }  // namespace troupe::grammar

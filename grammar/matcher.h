@@ -8,7 +8,9 @@
 // is a reading that has matched the whole of `root`. A token's bytes may end
 // inside a code point; those bytes wait for the next token.
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,11 +20,32 @@
 
 namespace troupe::grammar {
 
+// The allowed tokens of the states a grammar has been in, kept for the next
+// time a sequence (any sequence of the same grammar and vocabulary) is in one
+// of them: inside a JSON string every step is in the same state, and
+// its ~150,000-token walk is then a lookup. Bounded; safe to share between
+// threads.
+class MaskCache {
+ public:
+  explicit MaskCache(size_t max_entries = 64) : max_(max_entries) {}
+  std::shared_ptr<const std::vector<uint8_t>> find(const std::vector<std::vector<int32_t>>& state);
+  void put(const std::vector<std::vector<int32_t>>& state,
+           std::shared_ptr<const std::vector<uint8_t>> allowed);
+
+ private:
+  size_t max_;
+  std::mutex mu_;
+  std::map<std::vector<std::vector<int32_t>>, std::shared_ptr<const std::vector<uint8_t>>> map_;
+  std::vector<std::vector<std::vector<int32_t>>> order_;  // oldest first
+};
+
 class Matcher {
  public:
   // Throws GrammarError when the grammar is too ambiguous to follow (more
-  // than kMaxStacks readings at once).
-  explicit Matcher(std::shared_ptr<const Grammar> grammar);
+  // than kMaxStacks readings at once). `cache` (optional) is shared by the
+  // matchers of one grammar over one vocabulary.
+  explicit Matcher(std::shared_ptr<const Grammar> grammar,
+                   std::shared_ptr<MaskCache> cache = nullptr);
 
   static constexpr size_t kMaxStacks = 4096;
 
@@ -54,10 +77,12 @@ class Matcher {
   // The readings after `bytes`, given pending bytes; false if refused.
   bool step(const Stacks& from, const std::string& pending, std::string_view bytes, Stacks* to,
             std::string* pending_out) const;
-  void walk(const TokenVocabulary& vocab, int node, const Stacks& stacks,
+  struct Walk;
+  void walk(const TokenVocabulary& vocab, int node, int set, Walk& w,
             std::vector<uint8_t>& allowed) const;
 
   std::shared_ptr<const Grammar> grammar_;
+  std::shared_ptr<MaskCache> cache_;
   Stacks stacks_;
   std::string pending_;  // the first bytes of a code point the next token finishes
 };
