@@ -35,8 +35,9 @@ namespace troupe {
 // tokens of StepEvents). 11: penalties, logit bias and prompt
 // log-probabilities (SamplingParams), the sequence's history on the step
 // items that need it. 12: min_p, min_tokens, stop_token_ids,
-// allowed_token_ids and bad_words (SamplingParams).
-inline constexpr uint32_t kWireProtocol = 12;
+// allowed_token_ids and bad_words (SamplingParams). 13: grammar
+// (SamplingParams, structured output).
+inline constexpr uint32_t kWireProtocol = 13;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -95,12 +96,12 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
                  x.logit_bias.emplace_back(bias_ids[i], std::bit_cast<float>(bias_bits[i]));
                return caf::none;
              }),
-             min_p, x.min_tokens, x.stop_token_ids, x.allowed_token_ids, x.bad_words);
+             min_p, x.min_tokens, x.stop_token_ids, x.allowed_token_ids, x.bad_words, x.grammar);
   } else {
     return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
              x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty,
              x.repetition_penalty, x.logit_bias, x.min_p, x.min_tokens, x.stop_token_ids,
-             x.allowed_token_ids, x.bad_words);
+             x.allowed_token_ids, x.bad_words, x.grammar);
   }
 }
 

@@ -91,6 +91,9 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size) {
       if (id < 0 || (vocab_size > 0 && id >= vocab_size))
         return "sampling.bad_words id " + str(int64_t(id)) + " is outside the vocabulary";
   }
+  if (s.grammar.size() > kMaxGrammarBytes)
+    return "sampling.grammar has " + str(int64_t(s.grammar.size())) + " bytes, more than " +
+           str(int64_t(kMaxGrammarBytes));
   return {};
 }
 

@@ -69,6 +69,10 @@ void run_node(const NodeOptions& o) {
   auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
   auto engines = std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype);
   const ModelConfig& model = ckpt->config;
+  // The coordinator's front end takes grammars only when it has the
+  // tokenizer; the same config finds it here.
+  if (const auto tok = tokenizer_path(cfg, ckpt->tokenizer_path); !tok.empty())
+    engines->set_vocabulary(vocabulary_source(tok, model.vocab_size));
   NodeAgentOptions no;
   no.devices = offered_devices(cfg, o.devices);
   no.join = {cfg.nodes.name.empty() ? default_name() : cfg.nodes.name,

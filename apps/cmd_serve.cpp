@@ -226,7 +226,9 @@ void run_serve(const ServeOptions& so) {
 
   Metrics metrics;
   metrics.export_vllm_names(served_model_name(cfg));
-  ActorRuntime runtime(cfg, std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype), &metrics);
+  auto engines = std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype);
+  if (tokenizer) engines->set_vocabulary(vocabulary_source(tok_path, mc.vocab_size));
+  ActorRuntime runtime(cfg, engines, &metrics);
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;
   ho.host = host;
@@ -247,9 +249,18 @@ void run_serve(const ServeOptions& so) {
     spdlog::warn(
         "fault injection is on: POST /admin/faults takes faults from holders of the token");
   }
-  openai::ModelLimits limits{served_model_name(cfg), mc.max_seq_len, mc.vocab_size,
-                             cfg.server.max_tokens_limit, cfg.admission.priority_levels};
+  openai::ModelLimits limits;
+  limits.name = served_model_name(cfg);
+  limits.context_length = mc.max_seq_len;
+  limits.vocab_size = mc.vocab_size;
+  limits.max_tokens_cap = cfg.server.max_tokens_limit;
+  limits.priority_levels = cfg.admission.priority_levels;
   limits.prompt_logprobs = !devices_may_be_cuda(cfg);
+  if (!tokenizer)
+    limits.structured_output_refusal = "the model has no tokenizer, so no text to shape";
+  else if (devices_may_be_cuda(cfg))
+    limits.structured_output_refusal = "this server's CUDA devices sample on the device, and "
+                                       "structured output is computed on the CPU";
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
   if (runtime.nodes_port() != 0)

@@ -1,9 +1,13 @@
 // Helpers shared by the subcommands.
 #include "apps/commands.h"
 
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 namespace troupe::app {
@@ -35,6 +39,34 @@ Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab) {
                      std::to_string(tokenizer.vocab_size()) + " tokens but the model only " +
                      std::to_string(model_vocab) + ": they do not belong together");
   return tokenizer;
+}
+
+VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab) {
+  struct Once {
+    std::mutex mu;
+    bool tried = false;
+    std::shared_ptr<const grammar::TokenVocabulary> vocab;
+  };
+  auto once = std::make_shared<Once>();
+  return [once, path, model_vocab]() -> std::shared_ptr<const grammar::TokenVocabulary> {
+    std::lock_guard<std::mutex> lock(once->mu);
+    if (once->tried) return once->vocab;
+    once->tried = true;
+    const auto start = std::chrono::steady_clock::now();
+    const Tokenizer tokenizer = load_tokenizer(path, model_vocab);
+    std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
+    std::vector<bool> control(bytes.size());
+    for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+      control[size_t(id)] = tokenizer.is_control(id);
+      bytes[size_t(id)] = tokenizer.token_bytes(id);
+    }
+    once->vocab = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), control);
+    spdlog::info("structured output: the vocabulary's {} tokens ready in {:.0f} ms",
+                 once->vocab->size(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+    return once->vocab;
+  };
 }
 
 std::string api_key_or_env(const std::string& given) {

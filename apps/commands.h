@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deploy/config.h"
+#include "gpu/logit_penalties.h"
 #include "text/tokenizer.h"
 
 namespace troupe::app {
@@ -55,6 +56,11 @@ std::filesystem::path bundle_root();
 // fewer tokens than the model (Qwen's embeddings are padded) but not more.
 // Throws UsageError naming both sizes.
 Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab);
+
+// The engines' vocabulary for structured output (EngineBuilder::
+// set_vocabulary): the tokenizer at `path` read and its tokens' text walked
+// into a trie once, on the first request with a grammar, for every engine.
+VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab);
 
 // `given`, or when it is empty the TROUPE_API_KEY environment variable (or "").
 std::string api_key_or_env(const std::string& given);

@@ -278,8 +278,21 @@ std::shared_ptr<const Model> EngineBuilder::whole_model() {
   return whole_;
 }
 
+void EngineBuilder::set_vocabulary(VocabularySource source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  vocabulary_ = std::move(source);
+}
+
 std::unique_ptr<StepEngine> EngineBuilder::build(const EngineSpec& spec,
                                                  const DeviceLauncher& launcher) {
+  std::unique_ptr<StepEngine> engine = build_engine(spec, launcher);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (vocabulary_) engine->set_vocabulary(vocabulary_);
+  return engine;
+}
+
+std::unique_ptr<StepEngine> EngineBuilder::build_engine(const EngineSpec& spec,
+                                                        const DeviceLauncher& launcher) {
   if (spec.kind == DeviceKind::Cuda) {
 #if TROUPE_SERVE_CUDA
     CudaEngineOptions o;

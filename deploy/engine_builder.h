@@ -107,13 +107,19 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   // resolve() now, build() later on the worker's thread; the factory keeps
   // the builder alive (so make it with std::make_shared).
   EngineFactory factory(EngineSpec spec);
+  // The model's tokens as text, given to every engine built from now on
+  // (structured output); the source is shared, so it should build its
+  // vocabulary once for all of them.
+  void set_vocabulary(VocabularySource source);
 
  private:
   std::shared_ptr<const Model> whole_model();
+  std::unique_ptr<StepEngine> build_engine(const EngineSpec& spec, const DeviceLauncher& launcher);
 
   std::shared_ptr<const Checkpoint> checkpoint_;
   DType dtype_;
   std::mutex mu_;
+  VocabularySource vocabulary_;  // under mu_
   // Apart from mu_: packing takes seconds, which fingerprint() and the
   // stage profiles need not wait for.
   std::mutex whole_mu_;

@@ -89,6 +89,10 @@ class StepEngine {
   }
   // Forgets a sequence's sampler; unknown ids are ignored.
   virtual void release(uint64_t seq) = 0;
+  // The model's tokens as text, which sequences with a grammar (structured
+  // output) are sampled by; called before the first step. Engines that
+  // sample on a device ignore it: the front end refuses grammars for them.
+  virtual void set_vocabulary(VocabularySource /*source*/) {}
 
   // Micro-batches per step from now on (0: the engine's default); only
   // pipelines have a use for it.
@@ -141,6 +145,9 @@ class Engine : public StepEngine {
   uint64_t launch(std::vector<StepItem> items, std::function<void()> on_done = {}) override;
   std::vector<int> finish(uint64_t ticket) override;
   void release(uint64_t seq) override { samplers_.release(seq); }
+  void set_vocabulary(VocabularySource source) override {
+    samplers_.set_vocabulary(std::move(source));
+  }
   std::vector<StageSample> last_samples() const override { return last_samples_; }
   EngineStats stats() const override;
 

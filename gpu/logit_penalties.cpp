@@ -1,15 +1,24 @@
 #include "gpu/logit_penalties.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "gpu/sampler.h"
+
 namespace troupe {
 
+namespace {
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+constexpr size_t kKeptGrammars = 16;
+}  // namespace
+
 LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int> eos_ids,
-                               int generated)
-    : params_(params), generated_(generated) {
+                               int generated, GrammarContext grammar)
+    : params_(params), grammar_(std::move(grammar)), generated_(generated) {
   // Written so that NaN fails each check.
   auto check = [](bool ok, const char* name, float v, const char* range) {
     if (!ok)
@@ -32,10 +41,71 @@ LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int
     if (word.empty()) throw std::invalid_argument("sampler: a bad word has no tokens");
     recent_kept_ = std::max(recent_kept_, word.size() - 1);
   }
-  if (p.min_tokens > 0) {
-    ends_.assign(eos_ids.begin(), eos_ids.end());
-    ends_.insert(ends_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  end_ids_.assign(eos_ids.begin(), eos_ids.end());
+  end_ids_.insert(end_ids_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  if (p.min_tokens > 0) ends_ = end_ids_;
+  if (grammar_.grammar) {
+    if (!grammar_.vocab) throw std::invalid_argument("sampler: a grammar without a vocabulary");
+    matcher_.emplace(grammar_.grammar, grammar_.cache);
   }
+}
+
+bool LogitPenalties::is_end(int id) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+}
+
+void LogitPenalties::advance_grammar(int id) {
+  if (!matcher_ || grammar_failed_ || is_end(id)) return;
+  if (id < 0 || id >= grammar_.vocab->size() || grammar_.vocab->is_control(id)) return;
+  try {
+    matcher_->accept(grammar_.vocab->bytes(id));
+  } catch (const grammar::GrammarError& e) {
+    // Too ambiguous to follow any further: end the sequence rather than
+    // let it go on unconstrained.
+    spdlog::error("structured output: {}; the sequence is ended", e.what());
+    grammar_failed_ = true;
+  }
+}
+
+void LogitPenalties::apply_grammar(std::vector<float>& out) const {
+  const grammar::TokenVocabulary& vocab = *grammar_.vocab;
+  const size_t n = out.size();
+  auto ends_only = [&] {
+    for (size_t id = 0; id < n; ++id)
+      if (!is_end(int(id))) out[id] = kMasked;
+  };
+  if (grammar_failed_) return ends_only();
+  const bool complete = matcher_->is_complete();
+  // Greedy needs only the best token: when the grammar takes it, it is also
+  // the best of those the grammar takes (and the lowest id among equals).
+  if (params_.temperature <= 0) {
+    const int best = argmax(out);
+    const bool takes = is_end(best) ? complete
+                                    : best < vocab.size() && !vocab.is_control(best) &&
+                                          matcher_->allows(vocab.bytes(best));
+    if (takes && out[size_t(best)] != kMasked) return;
+  }
+  try {
+    matcher_->allowed_tokens(vocab, allowed_);
+  } catch (const grammar::GrammarError& e) {
+    spdlog::error("structured output: {}; the sequence is ended", e.what());
+    grammar_failed_ = true;
+    return ends_only();
+  }
+  bool any = false;
+  for (size_t id = 0; id < n; ++id) {
+    if (is_end(int(id))) continue;
+    if (id >= allowed_.size() || !allowed_[id]) {
+      out[id] = kMasked;
+    } else if (out[id] != kMasked) {
+      any = true;
+    }
+  }
+  // The end ids only once the text is a whole match; and when nothing else
+  // can follow (a grammar the vocabulary cannot spell on), they end it.
+  if (complete || !any) return;
+  for (int id : end_ids_)
+    if (id >= 0 && size_t(id) < n) out[size_t(id)] = kMasked;
 }
 
 void LogitPenalties::reset(std::span<const int> tokens, int generated) {
@@ -44,6 +114,12 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
                                 " generated tokens in a history of " +
                                 std::to_string(tokens.size()));
   generated_ = generated;
+  if (matcher_) {
+    matcher_.emplace(grammar_.grammar, grammar_.cache);
+    grammar_failed_ = false;
+    for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i)
+      advance_grammar(tokens[i]);
+  }
   output_.clear();
   for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i) ++output_[tokens[i]];
   const size_t recent = std::min(recent_kept_, size_t(generated));
@@ -57,6 +133,7 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
 
 void LogitPenalties::record(int id) {
   ++generated_;
+  advance_grammar(id);
   ++output_[id];
   if (recent_kept_ > 0) {
     recent_.push_back(id);
@@ -94,7 +171,6 @@ void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& ou
         l -= presence;
       }
   // Last, so that no bias or penalty brings them back (vLLM's order).
-  constexpr float kMasked = -std::numeric_limits<float>::infinity();
   if (generated_ < params_.min_tokens)
     for (int id : ends_)
       if (inside(id)) out[size_t(id)] = kMasked;
@@ -112,17 +188,48 @@ void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& ou
       if (allowed == params_.allowed_token_ids.end() || size_t(*allowed) != id) out[id] = kMasked;
     }
   }
+  if (matcher_) apply_grammar(out);
 }
 
 std::span<const float> SequencePenalties::adjust(const StepItem& item,
                                                  std::span<const float> logits) {
   if (!item.sampling.adjusts_logits()) return logits;
   auto it = seqs_.find(item.seq);
-  if (it == seqs_.end())
-    it = seqs_.emplace(item.seq, LogitPenalties(item.sampling, eos_ids_, item.generated)).first;
+  if (it == seqs_.end()) {
+    GrammarContext g;
+    if (!item.sampling.grammar.empty()) g = grammar_for(item.sampling.grammar);
+    it = seqs_
+             .emplace(item.seq,
+                      LogitPenalties(item.sampling, eos_ids_, item.generated, std::move(g)))
+             .first;
+  }
   if (!item.history.empty()) it->second.reset(item.history, item.generated);
   it->second.apply(logits, row_);
   return row_;
+}
+
+GrammarContext SequencePenalties::grammar_for(const std::string& text) {
+  for (size_t i = 0; i < grammars_.size(); ++i)
+    if (grammars_[i].first == text) {
+      std::rotate(grammars_.begin() + long(i), grammars_.begin() + long(i) + 1, grammars_.end());
+      return grammars_.back().second;
+    }
+  if (!vocab_ && vocabulary_source_) vocab_ = vocabulary_source_();
+  if (!vocab_)
+    throw std::invalid_argument(
+        "sampler: a request asks for structured output, but the engine has no vocabulary (the "
+        "model's tokenizer)");
+  GrammarContext g;
+  try {
+    g.grammar = std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(text));
+  } catch (const grammar::GrammarError& e) {
+    throw std::invalid_argument(std::string("sampler: ") + e.what());
+  }
+  g.cache = std::make_shared<grammar::MaskCache>();
+  g.vocab = vocab_;
+  if (grammars_.size() >= kKeptGrammars) grammars_.erase(grammars_.begin());
+  grammars_.emplace_back(text, g);
+  return g;
 }
 
 void SequencePenalties::record(uint64_t seq, int id) {

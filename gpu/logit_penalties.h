@@ -8,22 +8,47 @@
 // resumed on another replica, or recomputed after preemption, continues
 // exactly as if it had not stopped.
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "grammar/grammar.h"
+#include "grammar/matcher.h"
+#include "grammar/token_vocabulary.h"
 #include "service/request.h"
 #include "service/step_item.h"
 
 namespace troupe {
+
+// The model's tokens as text, for structured output: made by whoever knows
+// the tokenizer (the engine knows only ids), called on the first request with
+// a grammar (a walk over the vocabulary), and null when there is none.
+using VocabularySource = std::function<std::shared_ptr<const grammar::TokenVocabulary>()>;
+
+// A sequence's grammar as the engine follows it: the grammar, compiled once
+// for every sequence that asks for the same text, the cache of allowed-token
+// masks those sequences share, and the vocabulary.
+struct GrammarContext {
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::shared_ptr<grammar::MaskCache> cache;
+  std::shared_ptr<const grammar::TokenVocabulary> vocab;
+};
 
 class LogitPenalties {
  public:
   // eos_ids: the model's end-of-sequence ids, which with the request's
   // stop_token_ids are not drawn while fewer than min_tokens tokens have
   // been generated (`generated` so far: a sequence resumed elsewhere).
+  // With `grammar` (the params' grammar, compiled), only tokens that keep the
+  // output a prefix of the grammar's matches are drawn, and the end ids
+  // (eos_ids and stop_token_ids) only when it is a whole match.
   explicit LogitPenalties(const SamplingParams& params, std::span<const int> eos_ids = {},
-                          int generated = 0);
+                          int generated = 0, GrammarContext grammar = {});
 
   // The sequence so far replaces what was recorded: `tokens` is the prompt
   // followed by `generated` output tokens. Throws std::invalid_argument when
@@ -38,8 +63,20 @@ class LogitPenalties {
   int output_count(int id) const;
 
  private:
+  bool is_end(int id) const;
+  // The grammar's part of apply(): -inf for every id the matcher refuses.
+  void apply_grammar(std::vector<float>& out) const;
+  // The grammar's state after `id`; a token it refuses (one drawn when
+  // nothing was allowed) leaves it where it was.
+  void advance_grammar(int id);
+
   SamplingParams params_;
   std::vector<int> ends_;  // ids that end the sequence: -inf before min_tokens
+  std::vector<int> end_ids_;  // all of them, for the grammar
+  GrammarContext grammar_;
+  std::optional<grammar::Matcher> matcher_;
+  mutable bool grammar_failed_ = false;  // the grammar could not be followed: only ends
+  mutable std::vector<uint8_t> allowed_;
   int generated_ = 0;
   // The output's last ids, as many as the longest bad word has before its
   // last (oldest first).
@@ -56,6 +93,8 @@ class SequencePenalties {
  public:
   // The model's end-of-sequence ids (min_tokens keeps them from being drawn).
   void set_eos_ids(std::vector<int> ids) { eos_ids_ = std::move(ids); }
+  // Where the model's tokens as text come from, for sequences with a grammar.
+  void set_vocabulary(VocabularySource source) { vocabulary_source_ = std::move(source); }
   // The row the item's sequence draws from: `logits` adjusted by its
   // penalties, or `logits` itself when its sampling adjusts nothing. The
   // adjusted row lives until the next call.
@@ -67,9 +106,18 @@ class SequencePenalties {
   size_t size() const { return seqs_.size(); }
 
  private:
+  // The item's grammar compiled (or found compiled), with the vocabulary.
+  // Throws std::invalid_argument when there is no vocabulary or the grammar
+  // does not parse (the front end checks both before a request gets here).
+  GrammarContext grammar_for(const std::string& text);
+
   std::unordered_map<uint64_t, LogitPenalties> seqs_;
   std::vector<float> row_;
   std::vector<int> eos_ids_;
+  VocabularySource vocabulary_source_;
+  std::shared_ptr<const grammar::TokenVocabulary> vocab_;
+  // Grammars by their text, the most recently used last; a few are kept.
+  std::vector<std::pair<std::string, GrammarContext>> grammars_;
 };
 
 }  // namespace troupe

@@ -756,6 +756,10 @@ void ParallelEngine::release(uint64_t seq) {
   impl_->samplers.release(seq);
 }
 
+void ParallelEngine::set_vocabulary(VocabularySource source) {
+  impl_->samplers.set_vocabulary(std::move(source));
+}
+
 EngineStats ParallelEngine::stats() const {
   const Impl& m = *impl_;
   EngineStats st;

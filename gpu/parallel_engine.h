@@ -134,6 +134,7 @@ class ParallelEngine : public StepEngine {
   bool samples() const;
   std::vector<int> finish(uint64_t ticket) override;
   void release(uint64_t seq) override;
+  void set_vocabulary(VocabularySource source) override;
   void set_microbatches(int m) override;
   // A part of a replica spanning processes reports its own devices: a
   // stage's figures are its lowest rank here (zeros where none), its

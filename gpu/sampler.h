@@ -102,6 +102,8 @@ class SequenceSamplers {
              std::optional<TokenLogprobs>* logprobs = nullptr);
   // The model's end-of-sequence ids (min_tokens keeps them from being drawn).
   void set_eos_ids(std::vector<int> ids) { penalties_.set_eos_ids(std::move(ids)); }
+  // The model's tokens as text, for sequences with a grammar.
+  void set_vocabulary(VocabularySource source) { penalties_.set_vocabulary(std::move(source)); }
   void release(uint64_t seq) {
     samplers_.erase(seq);
     penalties_.release(seq);

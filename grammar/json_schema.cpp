@@ -12,9 +12,12 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// The rules every JSON grammar shares. `space` is bounded so that a model
-// cannot pad forever between tokens of the JSON; numbers as llama.cpp's.
-const char* const kCommonRules = R"(space ::= | " " | "\n"{1,2} [ \t]{0,20}
+// The rules every JSON grammar shares. Between tokens of the JSON at most
+// one space: compact JSON, as OpenAI's structured outputs write it. Looser
+// whitespace (llama.cpp allows a newline and 20 spaces or tabs, xgrammar any)
+// lets a weak model spend its max_tokens on padding and end with a cut text.
+// Numbers as llama.cpp's.
+const char* const kCommonRules = R"(space ::= " "?
 json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 json-string ::= "\"" json-char* "\"" space
 json-int ::= "-"? ([0-9] | [1-9] [0-9]{0,15})

@@ -370,6 +370,7 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.stop_token_ids = params.stop_token_ids;
   r.sampling.allowed_token_ids = params.allowed_token_ids;
   r.sampling.bad_words = params.bad_words;
+  r.sampling.grammar = params.grammar;
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

@@ -7,6 +7,9 @@
 #include <limits>
 #include <stdexcept>
 
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
 #include "text/tokenizer.h"
 
 namespace troupe::openai {
@@ -409,10 +412,8 @@ void reject_unsupported(const json& body, Api api) {
       {"use_beam_search", false, nullptr},
       {"length_penalty", 1, nullptr},
       {"prompt_logprobs", nullptr, "`echo` with `logprobs` on /v1/completions"},
-      {"guided_json", nullptr, nullptr},
-      {"guided_regex", nullptr, nullptr},
-      {"guided_choice", nullptr, nullptr},
-      {"guided_grammar", nullptr, nullptr},
+      {"guided_regex", nullptr, "guided_grammar (GBNF) or guided_json"},
+      {"guided_whitespace_pattern", nullptr, nullptr},
       // Special tokens never reach the text here (as vLLM's defaults).
       {"skip_special_tokens", true, nullptr},
       {"spaces_between_special_tokens", true, nullptr},
@@ -436,12 +437,6 @@ void reject_unsupported(const json& body, Api api) {
       if (!v->is_string() || (*v != "none" && *v != "auto"))
         unsupported("tool_choice", "only \"none\" and \"auto\" (with no tools) are accepted");
     }
-  }
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object()) wrong_type("response_format", "an object", *v);
-    const json* type = field(*v, "type");
-    if (type && get_string(*type, "response_format.type") != "text")
-      unsupported("response_format", "only {\"type\": \"text\"} is accepted");
   }
 }
 
@@ -519,6 +514,147 @@ int checked_logprobs(const json& v, const char* name) {
 
 // What both endpoints take alike: sampling, stop strings, streaming, the
 // options refused on both, and the extensions.
+// The request's body with its objects' keys in the client's order, which
+// `json` (sorted) loses and a template's `tojson` shows (and a schema's
+// properties are generated in): read again, only when a chat has tools or
+// tool calls, or a request a JSON schema.
+class OrderedBody {
+ public:
+  explicit OrderedBody(std::string_view text) : text_(text) {}
+  // The value at `path` (keys and indices), in the client's order; `sorted`
+  // (the same value as `json` has it) where the two readings disagree, as
+  // they may on a body with duplicate keys.
+  template <class... Step>
+  nlohmann::ordered_json at(const json& sorted, const Step&... path) {
+    try {
+      if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
+      const nlohmann::ordered_json* v = &*parsed_;
+      ((v = &v->at(path)), ...);
+      return *v;
+    } catch (const nlohmann::json::exception&) {
+      return nlohmann::ordered_json(sorted);
+    }
+  }
+
+ private:
+  std::string_view text_;
+  std::optional<nlohmann::ordered_json> parsed_;
+};
+
+// A grammar given as GBNF, checked: it parses and a matcher can start on it.
+std::string checked_grammar(std::string text, const std::string& param) {
+  try {
+    grammar::Matcher(std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(text)));
+  } catch (const grammar::GrammarError& e) {
+    fail(std::string("`") + param + "`: " + e.what() + ".", param);
+  }
+  if (text.size() > kMaxGrammarBytes)
+    fail("`" + param + "` makes a grammar of " + std::to_string(text.size()) +
+             " bytes; at most " + std::to_string(kMaxGrammarBytes) + " are accepted.",
+         param);
+  return text;
+}
+
+// The grammar of a JSON schema, with the schema's own errors as 400s naming
+// where in the request they are.
+std::string schema_grammar(const nlohmann::ordered_json& schema, const std::string& param) {
+  try {
+    return checked_grammar(grammar::json_schema_grammar(schema), param);
+  } catch (const grammar::SchemaError& e) {
+    fail(std::string("`") + param + "`: " + e.what() + ".", param, "unsupported_parameter");
+  }
+}
+
+// A schema sent as an object, or (vLLM's guided_json) as a JSON text.
+nlohmann::ordered_json schema_value(const json& v, nlohmann::ordered_json ordered,
+                                    const std::string& param) {
+  if (v.is_string()) {
+    auto parsed = nlohmann::ordered_json::parse(v.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded()) fail("`" + param + "` is not a JSON schema (nor its JSON text).", param);
+    return parsed;
+  }
+  if (!v.is_object() && !v.is_boolean()) wrong_type(param, "a JSON schema (an object)", v);
+  return ordered;
+}
+
+// Structured output, as OpenAI's response_format and vLLM's guided_json,
+// guided_choice, guided_grammar and structured_outputs ask for it: at most
+// one of them, turned into the grammar the answer follows.
+void parse_structured_output(const json& j, std::string_view body, const ModelLimits& limits,
+                             CompletionParams& p) {
+  OrderedBody ordered(body);
+  std::vector<std::pair<std::string, std::string>> asked;  // (param, grammar)
+  if (const json* v = field(j, "response_format")) {
+    if (!v->is_object()) wrong_type("response_format", "an object", *v);
+    const json* type = field(*v, "type");
+    if (!type) fail("`response_format.type` is required.", "response_format.type");
+    const std::string& kind = get_string(*type, "response_format.type");
+    if (kind == "json_object") {
+      asked.emplace_back("response_format", grammar::json_object_grammar());
+    } else if (kind == "json_schema") {
+      const json* spec = field(*v, "json_schema");
+      if (!spec) fail("`response_format.json_schema` is required.", "response_format.json_schema");
+      if (!spec->is_object())
+        wrong_type("response_format.json_schema", "an object {name, schema, strict}", *spec);
+      const json* schema = field(*spec, "schema");
+      if (!schema)
+        fail("`response_format.json_schema.schema` is required.",
+             "response_format.json_schema.schema");
+      const std::string param = "response_format.json_schema.schema";
+      asked.emplace_back(
+          "response_format",
+          schema_grammar(schema_value(*schema,
+                                      ordered.at(*schema, "response_format", "json_schema", "schema"),
+                                      param),
+                         param));
+    } else if (kind != "text") {
+      fail("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"; got \"" +
+               kind + "\".",
+           "response_format.type");
+    }
+  }
+  // vLLM's guided_* and their newer spelling, structured_outputs.{json, ...}.
+  const json* so = field(j, "structured_outputs");
+  if (so && !so->is_object()) wrong_type("structured_outputs", "an object", *so);
+  auto option = [&](const char* guided, const char* inner) -> std::pair<const json*, std::string> {
+    if (const json* v = field(j, guided)) return {v, guided};
+    if (so)
+      if (const json* v = field(*so, inner)) return {v, std::string("structured_outputs.") + inner};
+    return {nullptr, ""};
+  };
+  if (auto [v, param] = option("guided_json", "json"); v) {
+    const nlohmann::ordered_json given =
+        param == "guided_json" ? ordered.at(*v, "guided_json")
+                               : ordered.at(*v, "structured_outputs", "json");
+    asked.emplace_back(param, schema_grammar(schema_value(*v, given, param), param));
+  }
+  if (auto [v, param] = option("guided_choice", "choice"); v) {
+    if (!v->is_array() || v->empty()) wrong_type(param, "a non-empty array of strings", *v);
+    std::vector<std::string> choices;
+    for (const json& c : *v) {
+      if (!c.is_string()) wrong_type(param, "a non-empty array of strings", *v);
+      choices.push_back(c.get<std::string>());
+    }
+    asked.emplace_back(param, checked_grammar(grammar::choice_grammar(choices), param));
+  }
+  if (auto [v, param] = option("guided_grammar", "grammar"); v)
+    asked.emplace_back(param, checked_grammar(get_string(*v, param), param));
+  if (so) {
+    if (const json* v = field(*so, "json_object"); v && get_bool(*v, "structured_outputs.json_object"))
+      asked.emplace_back("structured_outputs.json_object", grammar::json_object_grammar());
+    if (field(*so, "regex"))
+      unsupported("structured_outputs.regex", "use structured_outputs.grammar (GBNF) or .json");
+  }
+  if (asked.empty()) return;
+  if (asked.size() > 1)
+    fail("Only one kind of structured output may be asked for at once; got `" + asked[0].first +
+             "` and `" + asked[1].first + "`.",
+         asked[1].first);
+  if (!limits.structured_output_refusal.empty())
+    unsupported(asked[0].first, limits.structured_output_refusal);
+  p.grammar = std::move(asked[0].second);
+}
+
 void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
   parse_sampling(j, p);
   parse_penalties(j, limits, p);
@@ -564,6 +700,7 @@ CompletionParams parse_completion(std::string_view body, const ModelLimits& limi
     p.max_tokens = limits.max_tokens_cap;
   }
   parse_generation_options(j, limits, p);
+  parse_structured_output(j, body, limits, p);
   if (const json* v = field(j, "logprobs")) p.logprobs = checked_logprobs(*v, "logprobs");
   if (p.echo && p.logprobs >= 0 && !limits.prompt_logprobs)
     unsupported("echo",
@@ -621,31 +758,6 @@ std::string parse_content(const json& message, const std::string& where, bool op
   return text;
 }
 
-// The request's body with its objects' keys in the client's order, which
-// `json` (sorted) loses and a template's `tojson` shows: read again, only when
-// a chat has tools or tool calls.
-class OrderedBody {
- public:
-  explicit OrderedBody(std::string_view text) : text_(text) {}
-  // The value at `path` (keys and indices), in the client's order; `sorted`
-  // (the same value as `json` has it) where the two readings disagree, as
-  // they may on a body with duplicate keys.
-  template <class... Step>
-  nlohmann::ordered_json at(const json& sorted, const Step&... path) {
-    try {
-      if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
-      const nlohmann::ordered_json* v = &*parsed_;
-      ((v = &v->at(path)), ...);
-      return *v;
-    } catch (const nlohmann::json::exception&) {
-      return nlohmann::ordered_json(sorted);
-    }
-  }
-
- private:
-  std::string_view text_;
-  std::optional<nlohmann::ordered_json> parsed_;
-};
 
 // Tool messages and tool calls reach only a Jinja template, which knows how
 // to show them; the built-in templates do not.
@@ -733,10 +845,12 @@ std::vector<ChatMessage> parse_messages(const json& body, OrderedBody& ordered,
 
 // `tools` and `tool_choice`, as vLLM takes them with a tool-call parser on:
 // "auto" (the default with tools) shows the tools to the model through its
-// template and reads its calls from the answer; "none" neither. Forcing a
-// call ("required", a named function) needs guided decoding: refused.
+// template and reads its calls from the answer; "none" neither. "required"
+// and a named function show them too and force the answer, by a grammar,
+// to be a JSON array of calls ([{"name", "parameters"}], as vLLM's), of any
+// of the tools or of the named one (exactly one call).
 void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, ChatOptions& o,
-                 ToolCallFormat* format) {
+                 ToolCallFormat* format, std::string* forced_grammar) {
   if (const json* v = field(j, "functions")) {
     if (!v->is_array()) wrong_type("functions", "an array", *v);
     if (!v->empty()) unsupported("functions", "the deprecated `functions`; offer `tools`");
@@ -745,9 +859,17 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
   if (tools && !tools->is_array()) wrong_type("tools", "an array of tools", *tools);
   const bool offered = tools && !tools->empty();
   std::string choice = "auto";
+  std::string named;  // the function a named tool_choice forces
   if (const json* v = field(j, "tool_choice")) {
     if (v->is_object()) {
       choice = "named";
+      const json* fn = field(*v, "function");
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!name)
+        fail("`tool_choice.function.name` is required (tool_choice {\"type\": \"function\", "
+             "\"function\": {\"name\": ...}}).",
+             "tool_choice.function.name");
+      named = get_string(*name, "tool_choice.function.name");
     } else {
       choice = get_string(*v, "tool_choice");
       if (choice != "none" && choice != "auto" && choice != "required")
@@ -791,11 +913,40 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
     shown.push_back({{"type", "function"}, {"function", std::move(function)}});
   }
   if (choice == "none") return;  // offered, not to be used: not shown, as vLLM
-  if (choice != "auto")
-    unsupported("tool_choice",
-                "forcing a tool call needs guided decoding, which this server does not have; "
-                "\"auto\" lets the model choose");
   need_jinja(tmpl, "tools", "tools");
+  if (choice == "required" || choice == "named") {
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    bool found = false;
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const auto& fn = shown[i]["function"];
+      const std::string name = fn["name"].get<std::string>();
+      if (choice == "named" && name != named) continue;
+      found = true;
+      nlohmann::ordered_json params =
+          fn["parameters"].is_null() ? nlohmann::ordered_json{{"type", "object"}} : fn["parameters"];
+      calls.push_back({{"type", "object"},
+                       {"properties", {{"name", {{"const", name}}}, {"parameters", params}}},
+                       {"required", {"name", "parameters"}}});
+    }
+    if (!found)
+      fail("`tool_choice` names the function '" + named + "', which is not among the `tools`.",
+           "tool_choice.function.name");
+    nlohmann::ordered_json schema = {{"type", "array"},
+                                     {"items", calls.size() == 1 ? calls[0]
+                                                                 : nlohmann::ordered_json{{"anyOf", calls}}},
+                                     {"minItems", 1}};
+    if (choice == "named") schema["maxItems"] = 1;
+    try {
+      const std::string g = grammar::json_schema_grammar(schema);
+      if (forced_grammar) *forced_grammar = g;
+    } catch (const grammar::SchemaError& e) {
+      fail(std::string("A tool's `parameters` cannot be enforced: ") + e.what() + ".", "tools",
+           "unsupported_parameter");
+    }
+    o.tools = std::move(shown);
+    if (format) *format = ToolCallFormat::Forced;
+    return;
+  }
   if (tmpl.tool_calls == ToolCallFormat::None)
     unsupported("tools",
                 "the model's chat template writes tool calls in no format this server reads "
@@ -842,11 +993,11 @@ ChatOptions parse_chat_options(const json& j) {
 // The chat's prompt; a chat with tools says in `format` how to read the
 // model's calls (null: /tokenize, which only renders).
 std::string render_chat_request(const json& j, std::string_view body, const ChatFormat& tmpl,
-                                ToolCallFormat* format) {
+                                ToolCallFormat* format, std::string* forced_grammar) {
   OrderedBody ordered(body);
   const std::vector<ChatMessage> messages = parse_messages(j, ordered, tmpl);
   ChatOptions options = parse_chat_options(j);
-  parse_tools(j, ordered, tmpl, options, format);
+  parse_tools(j, ordered, tmpl, options, format, forced_grammar);
   try {
     return render_chat(messages, tmpl, options);
   } catch (const ChatTemplateError& e) {
@@ -860,7 +1011,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
   CompletionParams p;
   p.api = Api::Chat;
   p.model = parse_model(j, limits);
-  p.prompt_text = render_chat_request(j, body, tmpl, &p.tool_calls);
+  p.prompt_text = render_chat_request(j, body, tmpl, &p.tool_calls, &p.grammar);
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
   if (!max) {
@@ -876,6 +1027,20 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
     p.max_tokens_from_context = true;
   }
   parse_generation_options(j, limits, p);
+  if (!p.grammar.empty()) {
+    // A forced tool call: its grammar, and nothing else may shape the answer.
+    if (!limits.structured_output_refusal.empty())
+      unsupported("tool_choice", "forcing a tool call needs structured output, but " +
+                                     limits.structured_output_refusal);
+    CompletionParams other;
+    parse_structured_output(j, body, limits, other);
+    if (!other.grammar.empty())
+      fail("A forced tool call (`tool_choice`) shapes the answer already; it cannot have "
+           "structured output as well.",
+           "tool_choice");
+  } else {
+    parse_structured_output(j, body, limits, p);
+  }
   parse_chat_logprobs(j, p);
   // vLLM's chat echo repeats the last message; not honoured here.
   if (const json* v = field(j, "echo"))
@@ -892,7 +1057,7 @@ TokenizeParams parse_tokenize(std::string_view body, const ModelLimits& limits,
   const bool chat = field(j, "messages") != nullptr;  // null: not given, as elsewhere
   if (prompt && chat) fail("Give either `prompt` or `messages`, not both.", "prompt");
   if (chat) {
-    p.text = render_chat_request(j, body, tmpl, nullptr);
+    p.text = render_chat_request(j, body, tmpl, nullptr, nullptr);
     p.chat = true;
   } else if (prompt) {
     p.text = get_string(*prompt, "prompt");

@@ -54,6 +54,11 @@ struct ModelLimits {
   // Whether the engines compute prompt log-probabilities (`echo` with
   // `logprobs`); the CUDA engines do not yet, and such requests get a 400.
   bool prompt_logprobs = true;
+  // Why structured output (response_format json_object/json_schema, vLLM's
+  // guided_json/guided_choice/guided_grammar, forced tool calls) cannot be
+  // served: no tokenizer, or engines that sample on a CUDA device. Empty:
+  // it can.
+  std::string structured_output_refusal{};
 };
 
 // Which endpoint a request came in on, and so which shape its response has.
@@ -117,6 +122,9 @@ struct CompletionParams {
   // A chat that offered tools (tool_choice auto): the answer's tool calls,
   // in the model's format, become the message's tool_calls.
   ToolCallFormat tool_calls = ToolCallFormat::None;
+  // Structured output: the GBNF grammar the answer follows (checked), from
+  // response_format, guided_* or a forced tool call; empty: none.
+  std::string grammar;
 };
 
 // The most choices (`n`) one request may ask for, the most prompts in a

@@ -50,6 +50,20 @@ std::optional<ToolCall> call_from(const nlohmann::ordered_json& j, const char* a
   return ToolCall{"", j["name"].get<std::string>(), python_dumps(j[key])};
 }
 
+// The JSON array of a forced call; anything else (an answer cut short by
+// max_tokens) is no call.
+std::optional<std::vector<ToolCall>> forced_calls(std::string_view text) {
+  const auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (!j.is_array()) return std::nullopt;
+  std::vector<ToolCall> calls;
+  for (const auto& c : j) {
+    auto call = call_from(c, "parameters", nullptr);
+    if (!call) return std::nullopt;
+    calls.push_back(std::move(*call));
+  }
+  return calls;
+}
+
 std::optional<std::vector<ToolCall>> hermes_calls(std::string_view text) {
   std::vector<ToolCall> calls;
   for (size_t at = text.find(kHermesOpen); at != std::string_view::npos;
@@ -106,6 +120,9 @@ ParsedAnswer parse_tool_calls(ToolCallFormat format, std::string_view text,
   } else if (format == ToolCallFormat::Llama3Json) {
     calls = llama3_calls(text);
     content_end = 0;
+  } else if (format == ToolCallFormat::Forced) {
+    calls = forced_calls(text);
+    content_end = 0;
   }
   if (!calls || calls->empty()) {
     answer.content = std::string(text);
@@ -122,6 +139,10 @@ std::string ToolCallFilter::push(std::string_view text) {
   if (format_ == ToolCallFormat::None) return std::string(text);
   held_ += text;
   if (in_call_) return {};
+  if (format_ == ToolCallFormat::Forced) {
+    in_call_ = true;  // the whole answer is the calls
+    return {};
+  }
   if (format_ == ToolCallFormat::Llama3Json) {
     // A call is the whole answer, from its first character.
     if (held_.empty()) return {};

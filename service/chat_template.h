@@ -39,7 +39,10 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
 // How a model writes the tool calls its template asks for (vLLM's tool-call
 // parsers of the same names): Hermes' "<tool_call>{json}</tool_call>" (Qwen2.5,
 // Qwen3, Hermes, SmolLM3), or Llama 3.1's bare JSON objects, "; "-separated.
-enum class ToolCallFormat { None, Hermes, Llama3Json };
+// Forced: the answer is the JSON array a forced tool call (tool_choice
+// "required" or a named function) is generated as under its grammar:
+// [{"name": ..., "parameters": {...}}, ...], as vLLM generates it.
+enum class ToolCallFormat { None, Hermes, Llama3Json, Forced };
 
 // A template and what a model's own version of it adds to every chat.
 struct ChatFormat {

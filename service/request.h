@@ -44,6 +44,10 @@ struct SamplingParams {
   // vLLM's bad_words as token ids: a word's last id is not drawn where the
   // output so far ends with the ids before it (a one-id word: never).
   std::vector<std::vector<int>> bad_words{};
+  // Structured output: when not empty, a GBNF grammar (grammar/grammar.h)
+  // the output's text must follow; only tokens that keep it a prefix of a
+  // match are drawn, and the end of sequence only once it is a whole one.
+  std::string grammar{};
 
   // Whether the logits are changed before the draw at all.
   bool adjusts_logits() const {
@@ -52,7 +56,7 @@ struct SamplingParams {
   // Whether the change depends on the tokens the sequence holds.
   bool penalizes() const {
     return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 ||
-           !bad_words.empty();
+           !bad_words.empty() || !grammar.empty();
   }
 };
 
@@ -62,6 +66,7 @@ inline constexpr int kMaxStopTokenIds = 1024;        // entries of SamplingParam
 inline constexpr int kMaxAllowedTokenIds = 1 << 18;  // entries of allowed_token_ids
 inline constexpr int kMaxBadWords = 256;             // entries of SamplingParams::bad_words
 inline constexpr int kMaxBadWordTokens = 64;         // ids of one of them
+inline constexpr size_t kMaxGrammarBytes = 1 << 20;  // SamplingParams::grammar
 
 // A token's log-probability under the model's distribution at that step:
 // log-softmax of the raw logits, before temperature, top-k or top-p (as

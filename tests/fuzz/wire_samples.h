@@ -122,6 +122,7 @@ inline std::vector<WireSample> wire_samples() {
   penalized.stop_token_ids = {7, 40};
   penalized.allowed_token_ids = {1, 7, 9, 31, 40};
   penalized.bad_words = {{9, 31}, {1}};
+  penalized.grammar = "root ::= [0-9]+ (\",\" [0-9]+)*\n";
   add("penalized", M::Assignment,
       wire_encode(Assignment{10, {1, 9, 31, 31}, 1, 8, penalized, false}));
 

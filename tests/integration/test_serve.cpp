@@ -511,10 +511,11 @@ bool wait_running_at_least(Server& s, int n) {
   return false;
 }
 
-// Penalties and bias (and vLLM's bad_words and min_tokens): they change what
-// greedy picks, a layout gives the same text, and requests resumed on
-// another replica after a crash (their penalties rebuilt from the tokens so
-// far) give the text they would have.
+// Penalties and bias (and vLLM's bad_words and min_tokens, and structured
+// output's grammars): they change what greedy picks, a layout gives the same
+// text, and requests resumed on another replica after a crash (their
+// penalties and grammar states rebuilt from the tokens so far) give the text
+// they would have.
 TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
   auto ask = [](size_t i) {
     json r{{"prompt", kPrompts[i]}, {"max_tokens", 80}, {"seed", 5 + i}, {"stream", true}};
@@ -526,6 +527,9 @@ TEST(Serve, PenaltiesAndBiasAreTheSameInALayoutAndAfterACrash) {
     // vLLM's options that count the output: rebuilt from it after a crash.
     if (i == 2) r["bad_words"] = {"is", "the"};
     if (i == 3) r["min_tokens"] = 70;
+    // Structured output: the grammar's state rebuilt from the tokens so far.
+    if (i == 0) r["response_format"] = {{"type", "json_object"}};
+    if (i == 5) r["guided_grammar"] = "root ::= (\"[\" [a-z ]+ \"] \")+";
     return r;
   };
   auto text_of = [](Server& s, const json& req) {

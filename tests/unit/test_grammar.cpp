@@ -184,7 +184,10 @@ TEST(JsonSchemaGrammar, ObjectsTakeTheirPropertiesInOrderRequiredOnesAlways) {
   EXPECT_TRUE(matches(g, R"({"name": "Ann"})"));
   EXPECT_TRUE(matches(g, R"({"name": "Ann", "age": 31, "tags": ["a", "b"]})"));
   EXPECT_TRUE(matches(g, R"({"name":"Ann","tags":[]})"));
-  EXPECT_TRUE(matches(g, "{\n  \"name\": \"A\\u00e9\\n\",\n  \"age\": -4\n}"));
+  EXPECT_TRUE(matches(g, "{ \"name\" : \"A\\u00e9\\n\" , \"age\": -4 }"));
+  // Compact: one space at most between tokens, no newlines.
+  EXPECT_FALSE(matches(g, "{\n  \"name\": \"A\"\n}"));
+  EXPECT_FALSE(matches(g, "{  \"name\": \"A\"}"));
   EXPECT_FALSE(matches(g, R"({"age": 31})"));                  // name is required
   EXPECT_FALSE(matches(g, R"({"age": 31, "name": "Ann"})"));   // declared order
   EXPECT_FALSE(matches(g, R"({"name": "Ann", "x": 1})"));      // no other keys

@@ -264,3 +264,84 @@ TEST(LogitPenalties, SamplingWithoutThemIsUntouched) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// A vocabulary of digits, brackets and commas, for grammar tests: ids 0-1 are
+// BOS and EOS (control), the rest text.
+VocabularySource digits_vocabulary() {
+  std::vector<std::string> bytes = {"<s>", "</s>", "[", "]", ",", "0", "1", "2", "12", "[1", "x", " "};
+  std::vector<bool> control(bytes.size(), false);
+  control[0] = control[1] = true;
+  auto vocab = std::make_shared<const grammar::TokenVocabulary>(bytes, control);
+  return [vocab] { return vocab; };
+}
+
+// Structured output: whatever the model prefers, what is drawn follows the
+// grammar, the end only once the text is a whole match; greedy and seeded
+// draws alike, and resumed from the history exactly as if not stopped.
+TEST(LogitPenalties, AGrammarHoldsTheDrawsToItsMatches) {
+  const std::string gbnf = "root ::= \"[\" [0-9] (\",\" [0-9])* \"]\"\n";
+  const auto vocab = digits_vocabulary()();
+  for (float temperature : {0.0f, 1.0f}) {
+    auto run = [&](std::vector<int> tokens, int generated, int steps) {
+      SequenceSamplers samplers;
+      samplers.set_eos_ids({1});
+      samplers.set_vocabulary(digits_vocabulary());
+      StepItem item;
+      item.seq = 3;
+      item.sample = true;
+      item.sampling.temperature = temperature;
+      item.sampling.seed = 5;
+      item.sampling.grammar = gbnf;
+      item.history = tokens;
+      item.generated = generated;
+      std::vector<int> out;
+      for (int k = 0; k < steps; ++k) {
+        // Logits that favour what the grammar refuses ("x", " ", EOS early).
+        std::vector<float> logits = random_logits(12, uint64_t(tokens.size()));
+        logits[10] = logits[11] = 8;
+        logits[1] = 7;
+        const int id = samplers.sample(item, logits);
+        out.push_back(id);
+        tokens.push_back(id);
+        item.history.clear();
+        item.generated = ++generated;
+        if (id == 1) break;
+      }
+      return out;
+    };
+    const std::vector<int> prompt = {0, 10, 11};
+    const std::vector<int> whole = run(prompt, 0, 40);
+    ASSERT_FALSE(whole.empty());
+    ASSERT_EQ(whole.back(), 1) << "the grammar ends; EOS is then the only draw";
+    std::string text;
+    for (size_t i = 0; i + 1 < whole.size(); ++i) text += vocab->bytes(whole[i]);
+    grammar::Matcher m(std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(gbnf)));
+    EXPECT_TRUE(m.accept(text) && m.is_complete()) << text << " at temperature " << temperature;
+    for (size_t k = 1; k + 1 < whole.size(); k += 2) {
+      std::vector<int> tokens = prompt;
+      tokens.insert(tokens.end(), whole.begin(), whole.begin() + long(k));
+      EXPECT_EQ(run(tokens, int(k), 40), std::vector<int>(whole.begin() + long(k), whole.end()))
+          << "resumed after " << k << " at temperature " << temperature;
+    }
+  }
+}
+
+TEST(LogitPenalties, AGrammarWithoutAVocabularyIsRefusedNamingIt) {
+  SequenceSamplers samplers;
+  StepItem item;
+  item.seq = 1;
+  item.sample = true;
+  item.sampling.grammar = "root ::= \"a\"\n";
+  try {
+    samplers.sample(item, std::vector<float>(12, 0.0f));
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no vocabulary"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace troupe

@@ -2,8 +2,11 @@
 
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "grammar/grammar.h"
+#include "grammar/matcher.h"
 #include "net/completion_exchange.h"
 #include "net/openai_api.h"
 #include "net/sse_parser.h"
@@ -349,8 +352,7 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
 TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
        {R"("use_beam_search":true)", R"("length_penalty":0.8)", R"("prompt_logprobs":1)",
-        R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
-        R"("guided_choice":["a","b"])", R"("guided_grammar":"root ::= x")",
+        R"("guided_regex":"a+")", R"("guided_whitespace_pattern":" *")",
         R"("skip_special_tokens":false)", R"("spaces_between_special_tokens":false)"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
@@ -1073,6 +1075,22 @@ TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
             R"("properties": {"z": {"type": "integer"}}}}}])");
   EXPECT_EQ(p.tool_calls, ToolCallFormat::Hermes);
 
+  // Forced: shown the same, and the answer held to a JSON array of calls.
+  for (const std::string choice :
+       {R"("required")", R"({"type":"function","function":{"name":"get"}})"}) {
+    const CompletionParams forced =
+        chat_ok("{" + messages + "," + tools + R"(,"tool_choice":)" + choice + "}", hermes);
+    EXPECT_EQ(forced.prompt_text, p.prompt_text) << choice;
+    EXPECT_EQ(forced.tool_calls, ToolCallFormat::Forced) << choice;
+    grammar::Matcher m(std::make_shared<const grammar::Grammar>(
+        grammar::Grammar::parse(forced.grammar)));
+    EXPECT_TRUE(m.accept(R"([{"name": "get", "parameters": {"z": 3}}])") && m.is_complete())
+        << choice;
+    grammar::Matcher other(std::make_shared<const grammar::Grammar>(
+        grammar::Grammar::parse(forced.grammar)));
+    EXPECT_FALSE(other.accept(R"([{"name": "put")")) << choice;
+  }
+
   // tool_choice none: offered, neither shown nor read.
   const CompletionParams none =
       chat_ok("{" + messages + "," + tools + R"(,"tool_choice":"none"})", hermes);
@@ -1080,8 +1098,10 @@ TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
   EXPECT_EQ(none.tool_calls, ToolCallFormat::None);
 
   for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
-           {tools + R"(,"tool_choice":"required")", "tool_choice"},
-           {tools + R"(,"tool_choice":{"type":"function","function":{"name":"get"}})",
+           {tools + R"(,"tool_choice":{"type":"function","function":{"name":"put"}})",
+            "tool_choice.function.name"},
+           {tools + R"(,"tool_choice":{"type":"function"})", "tool_choice.function.name"},
+           {tools + R"(,"tool_choice":"required","response_format":{"type":"json_object"})",
             "tool_choice"},
            {R"("tool_choice":"required")", "tool_choice"},
            {R"("tool_choice":"sometimes")", "tool_choice"},
@@ -1146,8 +1166,7 @@ TEST(OpenAiChatParse, OptionsThisServerCannotHonourAreRefused) {
            {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
            {R"("functions":[{"name":"f"}])", "functions"},
            {R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required")",
-            "tool_choice"},
-           {R"("response_format":{"type":"json_object"})", "response_format"}}) {
+            "tools"}}) {
     ApiError e = chat_err("{" + m + "," + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.param, param) << rest;
@@ -1171,14 +1190,13 @@ TEST(OpenAiChatParse, LogprobsIsABooleanAndTopLogprobsNeedsIt) {
   EXPECT_EQ(chat_err(m + R"(,"logprobs":true,"top_logprobs":21})").param, "top_logprobs");
 }
 
-// The same options on /v1/completions: a client that sends them expects
-// them honoured there too, so they are refused alike, not ignored.
-TEST(OpenAiParse, ToolsAndStructuredOutputAreRefusedAsOnChat) {
+// Tools on /v1/completions: a client that sends them expects them honoured
+// there too, so they are refused, not ignored.
+TEST(OpenAiParse, ToolsAreRefusedOutsideAChat) {
   for (const auto& [rest, param] : std::vector<std::pair<std::string, std::string>>{
            {R"("tools":[{"type":"function","function":{"name":"f"}}])", "tools"},
            {R"("functions":[{"name":"f"}])", "functions"},
-           {R"("tool_choice":"required")", "tool_choice"},
-           {R"("response_format":{"type":"json_object"})", "response_format"}}) {
+           {R"("tool_choice":"required")", "tool_choice"}}) {
     ApiError e = parse_err(R"({"prompt":"x",)" + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.param, param) << rest;
@@ -1188,6 +1206,72 @@ TEST(OpenAiParse, ToolsAndStructuredOutputAreRefusedAsOnChat) {
       R"({"prompt":"x","tools":[],"tool_choice":"none","response_format":{"type":"text"}})";
   EXPECT_EQ(*std::get<CompletionParams>(parse_completion_request(harmless, limits())).prompt_text,
             "x");
+}
+
+// Structured output: OpenAI's response_format, vLLM's guided_* and
+// structured_outputs become one grammar the answer is held to.
+bool grammar_matches(const std::string& gbnf, const std::string& text) {
+  grammar::Matcher m(std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(gbnf)));
+  return m.accept(text) && m.is_complete();
+}
+
+TEST(OpenAiParse, StructuredOutputBecomesTheAnswersGrammar) {
+  EXPECT_EQ(parse_ok(R"({"prompt":"x"})").grammar, "");
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","response_format":{"type":"text"}})").grammar, "");
+  const std::string object =
+      parse_ok(R"({"prompt":"x","response_format":{"type":"json_object"}})").grammar;
+  EXPECT_TRUE(grammar_matches(object, R"({"a": [1, "b"]})"));
+  EXPECT_FALSE(grammar_matches(object, R"([1])"));
+  // The schema's properties in the order the client wrote them (z before a).
+  const std::string schema = parse_ok(R"({"prompt":"x","response_format":{"type":"json_schema",
+      "json_schema":{"name":"t","strict":true,"schema":{"type":"object",
+      "properties":{"z":{"type":"integer"},"a":{"type":"boolean"}},"required":["z","a"]}}}})")
+                                 .grammar;
+  EXPECT_TRUE(grammar_matches(schema, R"({"z": 1, "a": true})"));
+  EXPECT_FALSE(grammar_matches(schema, R"({"a": true, "z": 1})"));
+  const std::string guided =
+      parse_ok(R"({"prompt":"x","guided_json":"{\"type\": \"array\", \"items\": {\"type\": \"null\"}}"})")
+          .grammar;
+  EXPECT_TRUE(grammar_matches(guided, "[null, null]"));
+  const std::string choice = parse_ok(R"({"prompt":"x","guided_choice":["yes","no"]})").grammar;
+  EXPECT_TRUE(grammar_matches(choice, "no"));
+  EXPECT_FALSE(grammar_matches(choice, "maybe"));
+  EXPECT_TRUE(grammar_matches(
+      parse_ok(R"({"prompt":"x","structured_outputs":{"grammar":"root ::= [0-9]+"}})").grammar,
+      "42"));
+  EXPECT_TRUE(grammar_matches(
+      parse_ok(R"({"prompt":"x","structured_outputs":{"json_object":true}})").grammar, "{}"));
+}
+
+TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
+  for (const auto& [rest, param, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"("guided_grammar":"root ::= (")", "guided_grammar", "line 1"},
+           {R"("guided_grammar":"start ::= \"a\"")", "guided_grammar", "no rule named 'root'"},
+           {R"("guided_json":{"type":"string","pattern":"^a"})", "guided_json", "pattern"},
+           {R"("guided_json":"{not json")", "guided_json", "not a JSON schema"},
+           {R"("guided_choice":[])", "guided_choice", "non-empty"},
+           {R"("response_format":{"type":"json_schema"})", "response_format.json_schema", ""},
+           {R"("response_format":{"type":"json_schema","json_schema":{"name":"n"}})",
+            "response_format.json_schema.schema", ""},
+           {R"("response_format":{"type":"xml"})", "response_format.type", "json_schema"},
+           {R"("response_format":{"type":"json_object"},"guided_choice":["a"])", "guided_choice",
+            "Only one"},
+           {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex", ""},
+           {R"("guided_regex":"a+")", "guided_regex", "guided_grammar"}}) {
+    const ApiError e = parse_err(R"({"prompt":"x",)" + rest + "}");
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_EQ(e.param, param) << rest << ": " << e.message;
+    EXPECT_TRUE(contains(e.message, says)) << rest << ": " << e.message;
+  }
+  // Engines that cannot: the reason, whatever was asked.
+  ModelLimits l = limits();
+  l.structured_output_refusal = "the model has no tokenizer";
+  const auto r = parse_completion_request(
+      R"({"prompt":"x","response_format":{"type":"json_object"}})", l);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).code, "unsupported_parameter");
+  EXPECT_TRUE(contains(std::get<ApiError>(r).message, "no tokenizer"));
 }
 
 // nlohmann holds 2^63 .. 2^64-1 as unsigned; they were read as negative

@@ -216,8 +216,11 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   EXPECT_TRUE(names(
       sampling_problem(with([](auto& p) { p.bad_words.assign(size_t(kMaxBadWords) + 1, {1}); })),
       "bad_words has"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar.assign(kMaxGrammarBytes + 1, 'x'); })),
+                    "sampling.grammar has"));
   // And they cross exactly.
   SamplingParams p;
+  p.grammar = "root ::= \"{\" [^}]* \"}\"\n";
   p.allowed_token_ids = {0, 9};
   p.bad_words = {{1, 2}, {3}};
   p.min_p = 1e-40f;
@@ -233,6 +236,7 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   EXPECT_EQ(q.stop_token_ids, p.stop_token_ids);
   EXPECT_EQ(q.allowed_token_ids, p.allowed_token_ids);
   EXPECT_EQ(q.bad_words, p.bad_words);
+  EXPECT_EQ(q.grammar, p.grammar);
 }
 
 TEST(WireChecks, PenaltiesCrossTheWireExactly) {
