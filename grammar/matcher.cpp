@@ -223,11 +223,12 @@ void Matcher::walk(const TokenVocabulary& vocab, int node, int set, Walk& w,
 
 void Matcher::allowed_tokens(const TokenVocabulary& vocab, std::vector<uint8_t>& allowed) const {
   if (!pending_.empty()) {
-    // After half a code point, every token's bytes go on from those: check
-    // them one by one (rare: a character split across tokens).
+    // After half a code point only a token that starts with continuation
+    // bytes can go on, and those are the vocabulary's loose ones (not UTF-8
+    // on their own): checked one by one.
     allowed.assign(size_t(vocab.size()), 0);
-    for (int id = 0; id < vocab.size(); ++id)
-      if (!vocab.is_control(id) && allows(vocab.bytes(id))) allowed[size_t(id)] = 1;
+    for (int32_t id : vocab.loose())
+      if (allows(vocab.bytes(id))) allowed[size_t(id)] = 1;
     return;
   }
   if (cache_) {

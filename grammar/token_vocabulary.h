@@ -39,7 +39,9 @@ class TokenVocabulary {
   const std::vector<int32_t>& ids() const { return ids_; }
   const std::vector<std::pair<std::string, int32_t>>& partials() const { return partials_; }
   // Tokens outside the trie that are not control tokens: text that is not
-  // UTF-8 on its own (a lone continuation byte), matched only token by token.
+  // UTF-8 on its own (it starts with a continuation byte, or breaks off
+  // inside), matched only token by token. Only these can follow a token
+  // that ended inside a code point.
   const std::vector<int32_t>& loose() const { return loose_; }
 
  private:

@@ -64,6 +64,30 @@ TEST(ToolCalls, Llama3CallsAreJsonObjectsFromTheFirstCharacter) {
   }
 }
 
+// A forced call (tool_choice required or named) is generated as a JSON array
+// under its grammar: every element a call; the stream holds all of it.
+TEST(ToolCalls, ForcedCallsAreTheJsonArrayTheGrammarMade) {
+  const ParsedAnswer a = parse_tool_calls(
+      ToolCallFormat::Forced,
+      R"([{"name": "a", "parameters": {"q": "é", "n": [1, 2]}}, {"name": "b", "parameters": {}}])",
+      "id");
+  ASSERT_EQ(a.calls.size(), 2u);
+  EXPECT_EQ(a.calls[0], (ToolCall{"id0", "a", R"({"q": "é", "n": [1, 2]})"}));
+  EXPECT_EQ(a.calls[1], (ToolCall{"id1", "b", "{}"}));
+  EXPECT_EQ(a.content, "");
+  // Cut short by max_tokens: no call, the text as content.
+  const std::string cut = R"([{"name": "a", "parameters": {"q": )";
+  const ParsedAnswer b = parse_tool_calls(ToolCallFormat::Forced, cut, "id");
+  EXPECT_TRUE(b.calls.empty());
+  EXPECT_EQ(b.content, cut);
+  ToolCallFilter f(ToolCallFormat::Forced, "id");
+  EXPECT_EQ(f.push("[{\"name\": \"a\", "), "");
+  EXPECT_EQ(f.push("\"parameters\": {}}]"), "");
+  const ParsedAnswer c = f.finish();
+  ASSERT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.calls[0].arguments, "{}");
+}
+
 // Content streams out up to a call's marker, whatever the pieces; a piece
 // that only looked like the marker's start goes out when it is not.
 TEST(ToolCalls, TheStreamingFilterHoldsOnlyWhatMayBeACall) {
