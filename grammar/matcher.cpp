@@ -15,7 +15,7 @@ void dedupe(std::vector<std::vector<int32_t>>& stacks) {
 
 }  // namespace
 
-std::shared_ptr<const std::vector<uint8_t>> MaskCache::find(
+std::shared_ptr<const MaskCache::Mask> MaskCache::find(
     const std::vector<std::vector<int32_t>>& state) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(state);
@@ -23,7 +23,7 @@ std::shared_ptr<const std::vector<uint8_t>> MaskCache::find(
 }
 
 void MaskCache::put(const std::vector<std::vector<int32_t>>& state,
-                    std::shared_ptr<const std::vector<uint8_t>> allowed) {
+                    std::shared_ptr<const Mask> allowed) {
   std::lock_guard<std::mutex> lock(mu_);
   if (map_.count(state) || max_ == 0) return;
   if (order_.size() >= max_) {
@@ -232,15 +232,23 @@ void Matcher::allowed_tokens(const TokenVocabulary& vocab, std::vector<uint8_t>&
     return;
   }
   if (cache_) {
-    if (auto hit = cache_->find(stacks_); hit && hit->size() == size_t(vocab.size())) {
-      allowed = *hit;
+    if (auto hit = cache_->find(stacks_); hit && hit->tokens == size_t(vocab.size())) {
+      allowed.resize(hit->tokens);
+      for (size_t id = 0; id < hit->tokens; ++id) allowed[id] = (hit->bits[id / 64] >> (id % 64)) & 1;
       return;
     }
   }
   allowed.assign(size_t(vocab.size()), 0);
   Walk w;
   walk(vocab, 0, w.intern(stacks_, *grammar_), w, allowed);
-  if (cache_) cache_->put(stacks_, std::make_shared<const std::vector<uint8_t>>(allowed));
+  if (cache_) {
+    auto mask = std::make_shared<MaskCache::Mask>();
+    mask->tokens = allowed.size();
+    mask->bits.assign((allowed.size() + 63) / 64, 0);
+    for (size_t id = 0; id < allowed.size(); ++id)
+      if (allowed[id]) mask->bits[id / 64] |= uint64_t(1) << (id % 64);
+    cache_->put(stacks_, std::move(mask));
+  }
 }
 
 }  // namespace troupe::grammar

@@ -27,15 +27,21 @@ namespace troupe::grammar {
 // threads.
 class MaskCache {
  public:
+  // A state's allowed tokens, one bit per id: a 150,000-token vocabulary's
+  // mask is 19 KB, so a full cache of a grammar holds about 1.2 MB.
+  struct Mask {
+    size_t tokens = 0;
+    std::vector<uint64_t> bits;
+  };
+
   explicit MaskCache(size_t max_entries = 64) : max_(max_entries) {}
-  std::shared_ptr<const std::vector<uint8_t>> find(const std::vector<std::vector<int32_t>>& state);
-  void put(const std::vector<std::vector<int32_t>>& state,
-           std::shared_ptr<const std::vector<uint8_t>> allowed);
+  std::shared_ptr<const Mask> find(const std::vector<std::vector<int32_t>>& state);
+  void put(const std::vector<std::vector<int32_t>>& state, std::shared_ptr<const Mask> mask);
 
  private:
   size_t max_;
   std::mutex mu_;
-  std::map<std::vector<std::vector<int32_t>>, std::shared_ptr<const std::vector<uint8_t>>> map_;
+  std::map<std::vector<std::vector<int32_t>>, std::shared_ptr<const Mask>> map_;
   std::vector<std::vector<std::vector<int32_t>>> order_;  // oldest first
 };
 

@@ -153,8 +153,10 @@ TEST(Grammar, AllowedTokensAreExactlyThoseTheMatcherAllowsOneByOne) {
   auto g = std::make_shared<const Grammar>(Grammar::parse(json_object_grammar()));
   const std::vector<std::string> texts = {"{\"a\": true, \"ab\": -12}", "{\"é😀\": null}",
                                           "{ }"};
+  // One mask cache for all: states met again are answered from it.
+  auto cache = std::make_shared<MaskCache>(8);
   for (const std::string& text : texts) {
-    Matcher m(g);
+    Matcher m(g, cache);
     for (size_t i = 0; i <= text.size(); ++i) {
       std::vector<uint8_t> allowed;
       m.allowed_tokens(vocab, allowed);
