@@ -332,10 +332,12 @@ void adopt(SupervisorActor::pointer self, SupervisorState& s, size_t r, uint64_t
   sl.batcher = b;
   self->monitor(b);
   for (auto& [order, reporter] : sl.faults) self->send(b, fault_atom::value, order, reporter);
-  for (auto& [order, reporter] : sl.lasting)
+  for (auto& [order, reporter] : sl.lasting) {
+    const auto id = order.id;  // (clang 14 cannot capture a structured binding)
     if (std::none_of(sl.faults.begin(), sl.faults.end(),
-                     [&](const auto& f) { return f.first.id == order.id; }))
+                     [id](const auto& f) { return f.first.id == id; }))
       self->send(b, fault_atom::value, order, reporter);
+  }
   sl.faults.clear();
   publish(s);
 }

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "gpu/dtype.h"
+#include "grammar/matcher.h"
 #include "util/utf8.h"
 
 namespace troupe {
@@ -94,6 +95,9 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size) {
   if (s.grammar.size() > kMaxGrammarBytes)
     return "sampling.grammar has " + str(int64_t(s.grammar.size())) + " bytes, more than " +
            str(int64_t(kMaxGrammarBytes));
+  if (!s.grammar.empty())
+    if (std::string e = grammar::grammar_problem(s.grammar); !e.empty())
+      return "sampling.grammar: " + e;
   return {};
 }
 

@@ -44,11 +44,10 @@ LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int
   end_ids_.assign(eos_ids.begin(), eos_ids.end());
   end_ids_.insert(end_ids_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   if (p.min_tokens > 0) ends_ = end_ids_;
-  if (grammar_.grammar) {
-    if (!grammar_.vocab) throw std::invalid_argument("sampler: a grammar without a vocabulary");
-    matcher_.emplace(grammar_.grammar, grammar_.cache);
-  }
+  if (grammar_.unavailable) grammar_failed_ = true;
+  if (grammar_.grammar && grammar_.vocab) matcher_.emplace(grammar_.grammar, grammar_.cache);
 }
+
 
 bool LogitPenalties::is_end(int id) const {
   return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
@@ -68,13 +67,13 @@ void LogitPenalties::advance_grammar(int id) {
 }
 
 void LogitPenalties::apply_grammar(std::vector<float>& out) const {
-  const grammar::TokenVocabulary& vocab = *grammar_.vocab;
   const size_t n = out.size();
   auto ends_only = [&] {
     for (size_t id = 0; id < n; ++id)
       if (!is_end(int(id))) out[id] = kMasked;
   };
-  if (grammar_failed_) return ends_only();
+  if (grammar_failed_ || !matcher_) return ends_only();
+  const grammar::TokenVocabulary& vocab = *grammar_.vocab;
   const bool complete = matcher_->is_complete();
   // Greedy needs only the best token: when the grammar takes it, it is also
   // the best of those the grammar takes (and the lowest id among equals).
@@ -116,7 +115,7 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
   generated_ = generated;
   if (matcher_) {
     matcher_.emplace(grammar_.grammar, grammar_.cache);
-    grammar_failed_ = false;
+    grammar_failed_ = grammar_.unavailable;
     for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i)
       advance_grammar(tokens[i]);
   }
@@ -188,7 +187,7 @@ void LogitPenalties::apply(std::span<const float> logits, std::vector<float>& ou
       if (allowed == params_.allowed_token_ids.end() || size_t(*allowed) != id) out[id] = kMasked;
     }
   }
-  if (matcher_) apply_grammar(out);
+  if (matcher_ || grammar_failed_) apply_grammar(out);
 }
 
 std::span<const float> SequencePenalties::adjust(const StepItem& item,
@@ -215,15 +214,20 @@ GrammarContext SequencePenalties::grammar_for(const std::string& text) {
       return grammars_.back().second;
     }
   if (!vocab_ && vocabulary_source_) vocab_ = vocabulary_source_();
-  if (!vocab_)
-    throw std::invalid_argument(
-        "sampler: a request asks for structured output, but the engine has no vocabulary (the "
-        "model's tokenizer)");
   GrammarContext g;
+  if (!vocab_) {
+    spdlog::error(
+        "structured output: a sequence asks for a grammar, but this engine has no vocabulary (the "
+        "model's tokenizer); it is ended");
+    g.unavailable = true;
+    return g;
+  }
   try {
     g.grammar = std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(text));
   } catch (const grammar::GrammarError& e) {
-    throw std::invalid_argument(std::string("sampler: ") + e.what());
+    spdlog::error("structured output: {}; the sequence is ended", e.what());
+    g.unavailable = true;
+    return g;
   }
   g.cache = std::make_shared<grammar::MaskCache>();
   g.vocab = vocab_;

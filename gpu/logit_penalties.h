@@ -37,7 +37,12 @@ struct GrammarContext {
   std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<grammar::MaskCache> cache;
   std::shared_ptr<const grammar::TokenVocabulary> vocab;
+  // The sequence asked for a grammar this engine cannot follow (no
+  // vocabulary; a text that does not parse): it ends at once, logged. The
+  // front end and the wire checks refuse such requests before they get here.
+  bool unavailable = false;
 };
+
 
 class LogitPenalties {
  public:
@@ -106,9 +111,8 @@ class SequencePenalties {
   size_t size() const { return seqs_.size(); }
 
  private:
-  // The item's grammar compiled (or found compiled), with the vocabulary.
-  // Throws std::invalid_argument when there is no vocabulary or the grammar
-  // does not parse (the front end checks both before a request gets here).
+  // The item's grammar compiled (or found compiled), with the vocabulary;
+  // `unavailable` when there is no vocabulary or the grammar does not parse.
   GrammarContext grammar_for(const std::string& text);
 
   std::unordered_map<uint64_t, LogitPenalties> seqs_;

@@ -251,4 +251,13 @@ void Matcher::allowed_tokens(const TokenVocabulary& vocab, std::vector<uint8_t>&
   }
 }
 
+std::string grammar_problem(std::string_view gbnf) {
+  try {
+    Matcher(std::make_shared<const Grammar>(Grammar::parse(gbnf)));
+  } catch (const GrammarError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 }  // namespace troupe::grammar

@@ -93,4 +93,8 @@ class Matcher {
   std::string pending_;  // the first bytes of a code point the next token finishes
 };
 
+// What is wrong with a grammar text as a sequence's sampling takes it (it
+// parses, and a matcher can start on it), or "" when nothing is.
+std::string grammar_problem(std::string_view gbnf);
+
 }  // namespace troupe::grammar

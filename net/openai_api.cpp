@@ -543,11 +543,8 @@ class OrderedBody {
 
 // A grammar given as GBNF, checked: it parses and a matcher can start on it.
 std::string checked_grammar(std::string text, const std::string& param) {
-  try {
-    grammar::Matcher(std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(text)));
-  } catch (const grammar::GrammarError& e) {
-    fail(std::string("`") + param + "`: " + e.what() + ".", param);
-  }
+  if (const std::string problem = grammar::grammar_problem(text); !problem.empty())
+    fail("`" + param + "`: " + problem + ".", param);
   if (text.size() > kMaxGrammarBytes)
     fail("`" + param + "` makes a grammar of " + std::to_string(text.size()) +
              " bytes; at most " + std::to_string(kMaxGrammarBytes) + " are accepted.",

@@ -29,7 +29,8 @@ if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then
   shift
 fi
 ALL_TARGETS=(http_request http_server openai_request sse_stream config config_overrides
-  llama2c safetensors hf_dir tokenizer_model tokenizer_json jinja_template wire_messages basp_frames)
+  llama2c safetensors hf_dir tokenizer_model tokenizer_json jinja_template grammar wire_messages
+  basp_frames)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do

@@ -101,7 +101,23 @@ Engine& engine() {
     c.dim = 16, c.hidden_dim = 32, c.n_layers = 2, c.n_heads = 2, c.n_kv_heads = 1;
     c.head_dim = 8, c.vocab_size = 64, c.max_seq_len = 64;
     auto model = std::make_shared<const Model>(synth_checkpoint(c, 7, DType::F32), DType::F32);
-    return new Engine(model, EngineOptions{1, kBlockTokens, kBlocks});
+    auto* engine = new Engine(model, EngineOptions{1, kBlockTokens, kBlocks});
+    // Tokens as text, so that a grammar an assignment carries is followed:
+    // BOS and EOS control, then one character each (JSON's among them).
+    std::vector<std::string> bytes = {"<s>", "</s>"};
+    std::vector<bool> control = {true, true};
+    const std::string chars = "{}[]\",: \n0123456789-.eEtrufalsn\\abcdxyz_é";
+    for (size_t i = 0; bytes.size() < size_t(c.vocab_size); ++i) {
+      size_t len = 1;
+      while (i + len < chars.size() && (static_cast<unsigned char>(chars[i + len]) & 0xC0) == 0x80)
+        ++len;
+      bytes.push_back(i < chars.size() ? chars.substr(i, len) : "w" + std::to_string(i));
+      i += len - 1;
+      control.push_back(false);
+    }
+    auto vocab = std::make_shared<const grammar::TokenVocabulary>(bytes, control);
+    engine->set_vocabulary([vocab] { return vocab; });
+    return engine;
   }();
   return *e;
 }

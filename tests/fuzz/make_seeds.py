@@ -291,6 +291,24 @@ put("jinja_template", "features",
     "{{ messages[-1].content.split(' ')[::-1]|join(',') }}{% raw %}{{ x }}{% endraw %}"
     "{{ 'a' if true else 'b' }}{{ 7 // 2 }}{{ none is none }}{{ raise_exception('x') if false }}")
 
+# ---- grammar: GBNF grammars and JSON schemas (structured output) ----
+
+put("grammar", "json-list", 'root ::= "[" ws (item ("," ws item)*)? "]"\n'
+    'item ::= "\\"" [^"\\\\]* "\\"" | [0-9]+ | "true" | "null"\nws ::= [ \\t\\n]{0,3}\n')
+put("grammar", "repeats", 'root ::= ("ab" | [x-z]){2,5} .? "é"* (a | "\\u00e9")+\na ::= [^a-c\\x00-\\x1F]\n')
+put("grammar", "schema", json.dumps({
+    "$defs": {"node": {"type": "object", "properties": {"v": {"enum": ["a", 1, None]},
+                       "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+                       "required": ["v"]}},
+    "type": "object",
+    "properties": {"root": {"$ref": "#/$defs/node"}, "n": {"type": ["integer", "null"]},
+                   "s": {"type": "string", "minLength": 1, "maxLength": 3, "format": "date"},
+                   "t": {"type": "array", "prefixItems": [{"const": "x"}, {"type": "boolean"}]},
+                   "o": {"type": "object", "additionalProperties": {"type": "number"}},
+                   "u": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}]}},
+    "required": ["root"]}))
+put("grammar", "choice", json.dumps({"enum": ["yes", "no", "é😀"]}))
+
 # ---- basp_frames: BASP streams as a proxied link carries them ----
 # (fuzz_basp_frames.cpp: a 10-byte fault header, a read-size seed byte, the
 # stream; the header layout is net/link_proxy.h's). The wire_messages seeds

@@ -218,6 +218,9 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
       "bad_words has"));
   EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar.assign(kMaxGrammarBytes + 1, 'x'); })),
                     "sampling.grammar has"));
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar = "root ::= (\"a\""; })),
+                    "sampling.grammar: grammar: line 1"));
+  EXPECT_EQ(sampling_problem(with([](auto& p) { p.grammar = "root ::= [0-9]+"; })), "");
   // And they cross exactly.
   SamplingParams p;
   p.grammar = "root ::= \"{\" [^}]* \"}\"\n";
