@@ -45,9 +45,18 @@ LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int
   end_ids_.insert(end_ids_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   if (p.min_tokens > 0) ends_ = end_ids_;
   if (grammar_.unavailable) grammar_failed_ = true;
-  if (grammar_.grammar && grammar_.vocab) matcher_.emplace(grammar_.grammar, grammar_.cache);
+  if (grammar_.grammar && grammar_.vocab) start_grammar();
 }
 
+void LogitPenalties::start_grammar() {
+  grammar_failed_ = grammar_.unavailable;
+  try {
+    matcher_.emplace(grammar_.grammar, grammar_.cache);
+  } catch (const grammar::GrammarError& e) {
+    spdlog::error("structured output: {}; the sequence is ended", e.what());
+    grammar_failed_ = true;
+  }
+}
 
 bool LogitPenalties::is_end(int id) const {
   return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
@@ -114,8 +123,7 @@ void LogitPenalties::reset(std::span<const int> tokens, int generated) {
                                 std::to_string(tokens.size()));
   generated_ = generated;
   if (matcher_) {
-    matcher_.emplace(grammar_.grammar, grammar_.cache);
-    grammar_failed_ = grammar_.unavailable;
+    start_grammar();
     for (size_t i = tokens.size() - size_t(generated); i < tokens.size(); ++i)
       advance_grammar(tokens[i]);
   }
@@ -213,8 +221,14 @@ GrammarContext SequencePenalties::grammar_for(const std::string& text) {
       std::rotate(grammars_.begin() + long(i), grammars_.begin() + long(i) + 1, grammars_.end());
       return grammars_.back().second;
     }
-  if (!vocab_ && vocabulary_source_) vocab_ = vocabulary_source_();
   GrammarContext g;
+  if (!vocab_ && vocabulary_source_) {
+    try {
+      vocab_ = vocabulary_source_();
+    } catch (const std::exception& e) {
+      spdlog::error("structured output: the model's vocabulary could not be read: {}", e.what());
+    }
+  }
   if (!vocab_) {
     spdlog::error(
         "structured output: a sequence asks for a grammar, but this engine has no vocabulary (the "

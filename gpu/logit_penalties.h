@@ -69,6 +69,9 @@ class LogitPenalties {
 
  private:
   bool is_end(int id) const;
+  // A matcher at the grammar's start (or the sequence marked to end, when
+  // the grammar is too ambiguous to follow from there).
+  void start_grammar();
   // The grammar's part of apply(): -inf for every id the matcher refuses.
   void apply_grammar(std::vector<float>& out) const;
   // The grammar's state after `id`; a token it refuses (one drawn when
