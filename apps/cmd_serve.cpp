@@ -259,8 +259,9 @@ void run_serve(const ServeOptions& so) {
   if (!tokenizer)
     limits.structured_output_refusal = "the model has no tokenizer, so no text to shape";
   else if (devices_may_be_cuda(cfg))
-    limits.structured_output_refusal = "this server's CUDA devices sample on the device, and "
-                                       "structured output is computed on the CPU";
+    limits.structured_output_refusal =
+        "this server's CUDA devices sample on the device, and "
+        "structured output is computed on the CPU";
   HttpServer server(ho, runtime, tokenizer, limits, metrics);
   server.start();
   if (runtime.nodes_port() != 0)

@@ -43,7 +43,6 @@ struct GrammarContext {
   bool unavailable = false;
 };
 
-
 class LogitPenalties {
  public:
   // eos_ids: the model's end-of-sequence ids, which with the request's

@@ -85,8 +85,8 @@ class GrammarBuilder {
         ++col;
       }
     }
-    throw GrammarError("grammar: line " + std::to_string(line) + ", column " +
-                       std::to_string(col) + ": " + what);
+    throw GrammarError("grammar: line " + std::to_string(line) + ", column " + std::to_string(col) +
+                       ": " + what);
   }
   int line() const { return int(std::count(text_.begin(), text_.begin() + long(pos_), '\n')) + 1; }
 
@@ -111,8 +111,8 @@ class GrammarBuilder {
   }
 
   static bool name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
   }
   std::string parse_name() {
     const size_t start = pos_;
@@ -346,13 +346,20 @@ class GrammarBuilder {
       return v;
     };
     switch (e) {
-      case 'n': return '\n';
-      case 'r': return '\r';
-      case 't': return '\t';
-      case '0': return 0;
-      case 'x': return hex(2);
-      case 'u': return hex(4);
-      case 'U': return hex(8);
+      case 'n':
+        return '\n';
+      case 'r':
+        return '\r';
+      case 't':
+        return '\t';
+      case '0':
+        return 0;
+      case 'x':
+        return hex(2);
+      case 'u':
+        return hex(4);
+      case 'U':
+        return hex(8);
       case '\\':
       case '"':
       case '[':
@@ -361,8 +368,11 @@ class GrammarBuilder {
       case '^':
       case '/':
       case '.':
-      case '\'': return uint32_t(static_cast<unsigned char>(e));
-      default: --pos_; fail(std::string("unknown escape '\\") + e + "'");
+      case '\'':
+        return uint32_t(static_cast<unsigned char>(e));
+      default:
+        --pos_;
+        fail(std::string("unknown escape '\\") + e + "'");
     }
   }
 
@@ -431,17 +441,29 @@ class GrammarBuilder {
   }
 };
 
-Grammar Grammar::parse(std::string_view gbnf) { return GrammarBuilder(gbnf).build(); }
+Grammar Grammar::parse(std::string_view gbnf) {
+  return GrammarBuilder(gbnf).build();
+}
 
 std::string gbnf_literal(std::string_view utf8) {
   std::string out = "\"";
   for (const char c : utf8) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           static const char* digits = "0123456789ABCDEF";

@@ -38,9 +38,9 @@ json-hex4 ::= [0-9a-fA-F]{4}
 )";
 
 const std::set<std::string> kAnnotations = {
-    "title",    "description", "default",    "examples",  "$schema", "$id",
-    "$comment", "deprecated",  "readOnly",   "writeOnly", "$defs",   "definitions",
-    "strict",   "nullable_",   "discriminator"};
+    "title", "description", "default",    "examples",  "$schema",
+    "$id",   "$comment",    "deprecated", "readOnly",  "writeOnly",
+    "$defs", "definitions", "strict",     "nullable_", "discriminator"};
 
 class SchemaCompiler {
  public:
@@ -90,10 +90,11 @@ class SchemaCompiler {
     if (!s.is_object()) fail(where, "a schema must be an object or a boolean");
     for (const auto& [k, v] : s.items()) {
       static const std::set<std::string> known = {
-          "type",     "properties", "required",  "additionalProperties", "items",
-          "prefixItems", "minItems", "maxItems", "enum",   "const",     "anyOf",
-          "oneOf",    "allOf",      "$ref",      "minLength", "maxLength", "format",
-          "minimum",  "exclusiveMinimum"};
+          "type",   "properties",  "required",        "additionalProperties",
+          "items",  "prefixItems", "minItems",        "maxItems",
+          "enum",   "const",       "anyOf",           "oneOf",
+          "allOf",  "$ref",        "minLength",       "maxLength",
+          "format", "minimum",     "exclusiveMinimum"};
       if (!known.count(k) && !kAnnotations.count(k))
         fail(at(where, k), "'" + k + "' is not supported in structured output");
       (void)v;
@@ -114,9 +115,9 @@ class SchemaCompiler {
           fail(at(where, key), "must be a non-empty array of schemas");
         std::string alts;
         for (size_t i = 0; i < list.size(); ++i)
-          alts += (i ? " | " : "") +
-                  expr(merged(s, list[i], key), at(where, key) + "[" + std::to_string(i) + "]",
-                       depth + 1);
+          alts +=
+              (i ? " | " : "") + expr(merged(s, list[i], key),
+                                      at(where, key) + "[" + std::to_string(i) + "]", depth + 1);
         return "(" + alts + ")";
       }
     if (s.contains("allOf")) {
@@ -166,8 +167,7 @@ class SchemaCompiler {
       if (target.rfind(p, 0) == 0) {
         const std::string section = p.substr(2, p.size() - 3);
         const std::string name = target.substr(p.size());
-        if (root_.contains(section) && root_[section].is_object() &&
-            root_[section].contains(name))
+        if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
           node = &root_[section][name];
       }
     }
@@ -181,8 +181,7 @@ class SchemaCompiler {
     return name;
   }
 
-  std::string typed(const json& s, const std::string& type, const std::string& where,
-                    int depth) {
+  std::string typed(const json& s, const std::string& type, const std::string& where, int depth) {
     if (type == "object") return object(s, where, depth);
     if (type == "array") return array(s, where, depth);
     if (type == "string") return string(s, where);
@@ -197,9 +196,9 @@ class SchemaCompiler {
       if (s.contains("exclusiveMinimum")) {
         if (!s["exclusiveMinimum"].is_number() ||
             s["exclusiveMinimum"].get<double>() != (type == "integer" ? -1 : 0))
-          fail(at(where, "exclusiveMinimum"),
-               type == "integer" ? "only an exclusiveMinimum of -1 is supported"
-                                 : "only an exclusiveMinimum of 0 is supported");
+          fail(at(where, "exclusiveMinimum"), type == "integer"
+                                                  ? "only an exclusiveMinimum of -1 is supported"
+                                                  : "only an exclusiveMinimum of 0 is supported");
         natural = true;
       }
       if (type == "integer") return natural ? "(json-nat space)" : "json-integer";
@@ -250,8 +249,8 @@ class SchemaCompiler {
       const json& p = s["prefixItems"];
       if (!p.is_array()) fail(at(where, "prefixItems"), "must be an array of schemas");
       for (size_t i = 0; i < p.size(); ++i)
-        fixed.push_back(expr(p[i], at(where, "prefixItems") + "[" + std::to_string(i) + "]",
-                             depth + 1));
+        fixed.push_back(
+            expr(p[i], at(where, "prefixItems") + "[" + std::to_string(i) + "]", depth + 1));
     }
     std::string item = "json-value";
     bool more = true;  // items after the prefix

@@ -14,10 +14,9 @@
 // description, default, examples, $schema, $id, $comment, ...) are ignored.
 // Any other keyword constrains in a way the grammar would not enforce, so it
 // is refused, naming it and where it is.
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace troupe::grammar {
 

@@ -234,7 +234,8 @@ void Matcher::allowed_tokens(const TokenVocabulary& vocab, std::vector<uint8_t>&
   if (cache_) {
     if (auto hit = cache_->find(stacks_); hit && hit->tokens == size_t(vocab.size())) {
       allowed.resize(hit->tokens);
-      for (size_t id = 0; id < hit->tokens; ++id) allowed[id] = (hit->bits[id / 64] >> (id % 64)) & 1;
+      for (size_t id = 0; id < hit->tokens; ++id)
+        allowed[id] = (hit->bits[id / 64] >> (id % 64)) & 1;
       return;
     }
   }

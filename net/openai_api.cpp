@@ -546,8 +546,8 @@ std::string checked_grammar(std::string text, const std::string& param) {
   if (const std::string problem = grammar::grammar_problem(text); !problem.empty())
     fail("`" + param + "`: " + problem + ".", param);
   if (text.size() > kMaxGrammarBytes)
-    fail("`" + param + "` makes a grammar of " + std::to_string(text.size()) +
-             " bytes; at most " + std::to_string(kMaxGrammarBytes) + " are accepted.",
+    fail("`" + param + "` makes a grammar of " + std::to_string(text.size()) + " bytes; at most " +
+             std::to_string(kMaxGrammarBytes) + " are accepted.",
          param);
   return text;
 }
@@ -567,7 +567,8 @@ nlohmann::ordered_json schema_value(const json& v, nlohmann::ordered_json ordere
                                     const std::string& param) {
   if (v.is_string()) {
     auto parsed = nlohmann::ordered_json::parse(v.get<std::string>(), nullptr, false);
-    if (parsed.is_discarded()) fail("`" + param + "` is not a JSON schema (nor its JSON text).", param);
+    if (parsed.is_discarded())
+      fail("`" + param + "` is not a JSON schema (nor its JSON text).", param);
     return parsed;
   }
   if (!v.is_object() && !v.is_boolean()) wrong_type(param, "a JSON schema (an object)", v);
@@ -600,10 +601,10 @@ void parse_structured_output(const json& j, std::string_view body, const ModelLi
       const std::string param = "response_format.json_schema.schema";
       asked.emplace_back(
           "response_format",
-          schema_grammar(schema_value(*schema,
-                                      ordered.at(*schema, "response_format", "json_schema", "schema"),
-                                      param),
-                         param));
+          schema_grammar(
+              schema_value(*schema, ordered.at(*schema, "response_format", "json_schema", "schema"),
+                           param),
+              param));
     } else if (kind != "text") {
       fail("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"; got \"" +
                kind + "\".",
@@ -620,9 +621,9 @@ void parse_structured_output(const json& j, std::string_view body, const ModelLi
     return {nullptr, ""};
   };
   if (auto [v, param] = option("guided_json", "json"); v) {
-    const nlohmann::ordered_json given =
-        param == "guided_json" ? ordered.at(*v, "guided_json")
-                               : ordered.at(*v, "structured_outputs", "json");
+    const nlohmann::ordered_json given = param == "guided_json"
+                                             ? ordered.at(*v, "guided_json")
+                                             : ordered.at(*v, "structured_outputs", "json");
     asked.emplace_back(param, schema_grammar(schema_value(*v, given, param), param));
   }
   if (auto [v, param] = option("guided_choice", "choice"); v) {
@@ -637,7 +638,8 @@ void parse_structured_output(const json& j, std::string_view body, const ModelLi
   if (auto [v, param] = option("guided_grammar", "grammar"); v)
     asked.emplace_back(param, checked_grammar(get_string(*v, param), param));
   if (so) {
-    if (const json* v = field(*so, "json_object"); v && get_bool(*v, "structured_outputs.json_object"))
+    if (const json* v = field(*so, "json_object");
+        v && get_bool(*v, "structured_outputs.json_object"))
       asked.emplace_back("structured_outputs.json_object", grammar::json_object_grammar());
     if (field(*so, "regex"))
       unsupported("structured_outputs.regex", "use structured_outputs.grammar (GBNF) or .json");
@@ -755,7 +757,6 @@ std::string parse_content(const json& message, const std::string& where, bool op
   return text;
 }
 
-
 // Tool messages and tool calls reach only a Jinja template, which knows how
 // to show them; the built-in templates do not.
 void need_jinja(const ChatFormat& tmpl, const std::string& name, std::string_view what) {
@@ -863,9 +864,10 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
       const json* fn = field(*v, "function");
       const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
       if (!name)
-        fail("`tool_choice.function.name` is required (tool_choice {\"type\": \"function\", "
-             "\"function\": {\"name\": ...}}).",
-             "tool_choice.function.name");
+        fail(
+            "`tool_choice.function.name` is required (tool_choice {\"type\": \"function\", "
+            "\"function\": {\"name\": ...}}).",
+            "tool_choice.function.name");
       named = get_string(*name, "tool_choice.function.name");
     } else {
       choice = get_string(*v, "tool_choice");
@@ -919,8 +921,9 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
       const std::string name = fn["name"].get<std::string>();
       if (choice == "named" && name != named) continue;
       found = true;
-      nlohmann::ordered_json params =
-          fn["parameters"].is_null() ? nlohmann::ordered_json{{"type", "object"}} : fn["parameters"];
+      nlohmann::ordered_json params = fn["parameters"].is_null()
+                                          ? nlohmann::ordered_json{{"type", "object"}}
+                                          : fn["parameters"];
       calls.push_back({{"type", "object"},
                        {"properties", {{"name", {{"const", name}}}, {"parameters", params}}},
                        {"required", {"name", "parameters"}}});
@@ -928,10 +931,10 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
     if (!found)
       fail("`tool_choice` names the function '" + named + "', which is not among the `tools`.",
            "tool_choice.function.name");
-    nlohmann::ordered_json schema = {{"type", "array"},
-                                     {"items", calls.size() == 1 ? calls[0]
-                                                                 : nlohmann::ordered_json{{"anyOf", calls}}},
-                                     {"minItems", 1}};
+    nlohmann::ordered_json schema = {
+        {"type", "array"},
+        {"items", calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", calls}}},
+        {"minItems", 1}};
     if (choice == "named") schema["maxItems"] = 1;
     try {
       const std::string g = grammar::json_schema_grammar(schema);
@@ -1032,9 +1035,10 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
     CompletionParams other;
     parse_structured_output(j, body, limits, other);
     if (!other.grammar.empty())
-      fail("A forced tool call (`tool_choice`) shapes the answer already; it cannot have "
-           "structured output as well.",
-           "tool_choice");
+      fail(
+          "A forced tool call (`tool_choice`) shapes the answer already; it cannot have "
+          "structured output as well.",
+          "tool_choice");
   } else {
     parse_structured_output(j, body, limits, p);
   }

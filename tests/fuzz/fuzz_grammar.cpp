@@ -21,10 +21,10 @@ namespace {
 
 const grammar::TokenVocabulary& vocabulary() {
   static const grammar::TokenVocabulary v = [] {
-    std::vector<std::string> bytes = {"</s>", "{", "}", "[", "]", "\"", ",", ":", " ", "\n",
-                                      "a",    "ab", "b", "0", "1", "12", "-", ".", "e", "true",
-                                      "null", "\"a", "\":", "é", "\xC3", "\xA9", "😀", "\\",
-                                      "\\n",  "x", "yz", "\t", "{\"", "\xF0\x9F"};
+    std::vector<std::string> bytes = {
+        "</s>", "{",    "}", "[",  "]",   "\"", ",",  ":",    " ",    "\n",      "a",   "ab",
+        "b",    "0",    "1", "12", "-",   ".",  "e",  "true", "null", "\"a",     "\":", "é",
+        "\xC3", "\xA9", "😀", "\\", "\\n", "x",  "yz", "\t",   "{\"",  "\xF0\x9F"};
     std::vector<bool> control(bytes.size(), false);
     control[0] = true;
     return grammar::TokenVocabulary(bytes, control);

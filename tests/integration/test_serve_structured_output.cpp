@@ -54,8 +54,9 @@ void expect_person(const std::string& text, const std::string& where) {
 TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
   Server s({"devices=[{kind: cpu, threads: 1}]"});
   const ojson messages = {{{"role", "user"}, {"content", "Tell me about someone."}}};
-  const ojson format = {{"type", "json_schema"},
-                       {"json_schema", {{"name", "person"}, {"strict", true}, {"schema", kPerson}}}};
+  const ojson format = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "person"}, {"strict", true}, {"schema", kPerson}}}};
   // Greedy, sampled with n choices, and streamed: every answer a person.
   const json greedy = post_chat(s, {{"messages", messages},
                                     {"max_tokens", 150},
@@ -75,8 +76,11 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
     EXPECT_EQ(c["finish_reason"], "stop");
     expect_person(c["message"]["content"], "choice " + c["index"].dump());
   }
-  ojson stream = {{"messages", messages}, {"max_tokens", 150}, {"temperature", 0},
-                 {"stream", true},       {"response_format", format}};
+  ojson stream = {{"messages", messages},
+                  {"max_tokens", 150},
+                  {"temperature", 0},
+                  {"stream", true},
+                  {"response_format", format}};
   const auto streamed =
       test::http_request(s.port(), "POST", "/v1/chat/completions", stream.dump(), 120);
   ASSERT_EQ(streamed.status, 200) << streamed.body;
@@ -117,21 +121,21 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
                               {"guided_json", R"({"type": "array", "items": {"type": "boolean"},
                                                   "minItems": 2, "maxItems": 4})"}});
   ASSERT_EQ(gj.status, 200) << gj.body;
-  const json list = json::parse(std::string(json::parse(gj.body)["choices"][0]["text"]), nullptr,
-                                false);
+  const json list =
+      json::parse(std::string(json::parse(gj.body)["choices"][0]["text"]), nullptr, false);
   ASSERT_TRUE(list.is_array()) << gj.body;
   EXPECT_GE(list.size(), 2u);
   EXPECT_LE(list.size(), 4u);
   for (const json& b : list) EXPECT_TRUE(b.is_boolean()) << gj.body;
   // A schema that cannot be enforced: 400 naming the keyword; the server serves on.
-  const json bad = post_chat(
-      s,
-      {{"messages", messages},
-       {"response_format",
-        {{"type", "json_schema"},
-         {"json_schema",
-          {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^[a-z]+$"}}}}}}}},
-      400);
+  const json bad =
+      post_chat(s,
+                {{"messages", messages},
+                 {"response_format",
+                  {{"type", "json_schema"},
+                   {"json_schema",
+                    {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^[a-z]+$"}}}}}}}},
+                400);
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("pattern"), std::string::npos)
       << bad.dump();
   EXPECT_EQ(post_chat(s, {{"messages", messages}, {"max_tokens", 5}})["choices"].size(), 1u);

@@ -53,11 +53,11 @@ digit ::= [0-9]  # a comment
   EXPECT_TRUE(matches(g, "ab12!"));
   EXPECT_TRUE(matches(g, "abcdyz123é"));
   EXPECT_TRUE(matches(g, "adx99\n"));
-  EXPECT_FALSE(matches(g, "a12!"));       // [b-d]+ needs one
-  EXPECT_FALSE(matches(g, "ab1!"));       // digit{2,3}
-  EXPECT_FALSE(matches(g, "ab1234!"));    // at most 3 digits, then one char
-  EXPECT_FALSE(matches(g, "abxy12!"));    // "yz" whole or not at all
-  EXPECT_FALSE(matches(g, "ab12"));       // the last `.` is missing
+  EXPECT_FALSE(matches(g, "a12!"));     // [b-d]+ needs one
+  EXPECT_FALSE(matches(g, "ab1!"));     // digit{2,3}
+  EXPECT_FALSE(matches(g, "ab1234!"));  // at most 3 digits, then one char
+  EXPECT_FALSE(matches(g, "abxy12!"));  // "yz" whole or not at all
+  EXPECT_FALSE(matches(g, "ab12"));     // the last `.` is missing
   EXPECT_TRUE(matches_bytewise(g, "abcdyz123é"));
 }
 
@@ -143,16 +143,15 @@ TEST(Grammar, HalfACodePointWaitsForTheNextToken) {
 // allows: checked on a vocabulary with shared prefixes, multi-byte text,
 // split code points and control tokens, at every state of a few texts.
 TEST(Grammar, AllowedTokensAreExactlyThoseTheMatcherAllowsOneByOne) {
-  std::vector<std::string> bytes = {"<s>", "</s>", "{",  "}",  "\"",  "\"a", "\"ab", "a",
-                                    "ab",  "abc", ":",  ",",  " ",   "\n", "1",   "12",
-                                    "-",   "true", "tr", "ue", "null", "é",  "\xC3", "\xA9",
-                                    "\xA9\"", "{\"", "\":", "\": ", "😀", "\xF0\x9F", "x", ""};
+  std::vector<std::string> bytes = {
+      "<s>",  "</s>", "{",      "}",   "\"",  "\"a",  "\"ab", "a",        "ab", "abc",  ":",
+      ",",    " ",    "\n",     "1",   "12",  "-",    "true", "tr",       "ue", "null", "é",
+      "\xC3", "\xA9", "\xA9\"", "{\"", "\":", "\": ", "😀",    "\xF0\x9F", "x",  ""};
   std::vector<bool> control(bytes.size(), false);
   control[0] = control[1] = true;
   const TokenVocabulary vocab(bytes, control);
   auto g = std::make_shared<const Grammar>(Grammar::parse(json_object_grammar()));
-  const std::vector<std::string> texts = {"{\"a\": true, \"ab\": -12}", "{\"é😀\": null}",
-                                          "{ }"};
+  const std::vector<std::string> texts = {"{\"a\": true, \"ab\": -12}", "{\"é😀\": null}", "{ }"};
   // One mask cache for all: states met again are answered from it.
   auto cache = std::make_shared<MaskCache>(8);
   for (const std::string& text : texts) {
@@ -213,16 +212,20 @@ TEST(JsonSchemaGrammar, EnumsConstsUnionsRefsAndArrays) {
                             "items": false, "minItems": 2}},
     "required": ["root", "kind", "size", "pair"]})"));
   EXPECT_TRUE(matches(
-      g, R"({"root": {"v": "x", "kids": [{"v": 1}, {"v": null, "kids": []}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
-  EXPECT_TRUE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": null, "pair": ["", false]})"));
+      g,
+      R"({"root": {"v": "x", "kids": [{"v": 1}, {"v": null, "kids": []}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
+  EXPECT_TRUE(
+      matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": null, "pair": ["", false]})"));
   EXPECT_FALSE(matches(g, R"({"root": {"v": 2}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
   EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "bush", "size": 3, "pair": ["a", true]})"));
-  EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": -3, "pair": ["a", true]})"));
+  EXPECT_FALSE(
+      matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": -3, "pair": ["a", true]})"));
   EXPECT_FALSE(matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": 3, "pair": ["a"]})"));
   EXPECT_FALSE(
       matches(g, R"({"root": {"v": 1}, "kind": "tree", "size": 3, "pair": ["a", true, 1]})"));
   EXPECT_FALSE(matches(
-      g, R"({"root": {"v": 1, "kids": [{"v": 1}, {"v": 1}, {"v": 1}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
+      g,
+      R"({"root": {"v": 1, "kids": [{"v": 1}, {"v": 1}, {"v": 1}]}, "kind": "tree", "size": 3, "pair": ["a", true]})"));
 }
 
 TEST(JsonSchemaGrammar, StringLengthsFormatsAndOpenObjects) {
@@ -238,7 +241,9 @@ TEST(JsonSchemaGrammar, StringLengthsFormatsAndOpenObjects) {
   EXPECT_FALSE(matches(g, "{\"code\": \"a\", " + base + R"(, "extra": {}})"));
   EXPECT_FALSE(matches(g, "{\"code\": \"abcd\", " + base + R"(, "extra": {}})"));
   EXPECT_FALSE(matches(g, "{\"code\": \"ab\", " + base + R"(, "extra": {}, "more": "x"})"));
-  EXPECT_FALSE(matches(g, R"({"code": "ab", "day": "2026-13-06", "id": "123e4567-e89b-12d3-a456-426614174000", "extra": {}})"));
+  EXPECT_FALSE(matches(
+      g,
+      R"({"code": "ab", "day": "2026-13-06", "id": "123e4567-e89b-12d3-a456-426614174000", "extra": {}})"));
 }
 
 TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
@@ -270,7 +275,8 @@ TEST(JsonSchemaGrammar, JsonObjectAndChoices) {
   EXPECT_TRUE(matches(obj, R"({"a": [1, 2.5e-3, "x", true, null, {"b": {}}]})"));
   EXPECT_FALSE(matches(obj, R"([1])"));
   EXPECT_FALSE(matches(obj, R"({"a": 01})"));
-  auto choice = std::make_shared<const Grammar>(Grammar::parse(choice_grammar({"yes", "no \"way\""})));
+  auto choice =
+      std::make_shared<const Grammar>(Grammar::parse(choice_grammar({"yes", "no \"way\""})));
   EXPECT_TRUE(matches(choice, "yes"));
   EXPECT_TRUE(matches(choice, "no \"way\""));
   EXPECT_FALSE(matches(choice, "yes "));
@@ -285,9 +291,11 @@ TEST(JsonSchemaGrammar, RandomWalksThroughTheGrammarAreValidJson) {
     "required": ["n", "l"]})");
   auto g = schema(s);
   std::vector<std::string> pieces;
-  for (const char* p : {"{", "}", "[", "]", "\"", ",", ":", " ", "\n", "0", "1", "9", "-", ".",
-                        "a", "b", "n", "s", "l",  // (no exponents: 1e999 is JSON but no double)
-                        "\\n", "\\u00e9", "\"n\"", "\"s\"", "\"l\"", "é"})
+  for (const char* p :
+       {"{",   "}",       "[",     "]",     "\"",    ",", ":", " ", "\n", "0",
+        "1",   "9",       "-",     ".",     "a",     "b", "n", "s", "l",  // (no exponents: 1e999 is
+                                                                          // JSON but no double)
+        "\\n", "\\u00e9", "\"n\"", "\"s\"", "\"l\"", "é"})
     pieces.push_back(p);
   std::vector<bool> control(pieces.size(), false);
   const TokenVocabulary vocab(pieces, control);

@@ -271,7 +271,8 @@ namespace {
 // A vocabulary of digits, brackets and commas, for grammar tests: ids 0-1 are
 // BOS and EOS (control), the rest text.
 VocabularySource digits_vocabulary() {
-  std::vector<std::string> bytes = {"<s>", "</s>", "[", "]", ",", "0", "1", "2", "12", "[1", "x", " "};
+  std::vector<std::string> bytes = {"<s>", "</s>", "[",  "]",  ",", "0",
+                                    "1",   "2",    "12", "[1", "x", " "};
   std::vector<bool> control(bytes.size(), false);
   control[0] = control[1] = true;
   auto vocab = std::make_shared<const grammar::TokenVocabulary>(bytes, control);

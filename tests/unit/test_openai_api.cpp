@@ -1082,12 +1082,12 @@ TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
         chat_ok("{" + messages + "," + tools + R"(,"tool_choice":)" + choice + "}", hermes);
     EXPECT_EQ(forced.prompt_text, p.prompt_text) << choice;
     EXPECT_EQ(forced.tool_calls, ToolCallFormat::Forced) << choice;
-    grammar::Matcher m(std::make_shared<const grammar::Grammar>(
-        grammar::Grammar::parse(forced.grammar)));
+    grammar::Matcher m(
+        std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(forced.grammar)));
     EXPECT_TRUE(m.accept(R"([{"name": "get", "parameters": {"z": 3}}])") && m.is_complete())
         << choice;
-    grammar::Matcher other(std::make_shared<const grammar::Grammar>(
-        grammar::Grammar::parse(forced.grammar)));
+    grammar::Matcher other(
+        std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(forced.grammar)));
     EXPECT_FALSE(other.accept(R"([{"name": "put")")) << choice;
   }
 
@@ -1230,7 +1230,8 @@ TEST(OpenAiParse, StructuredOutputBecomesTheAnswersGrammar) {
   EXPECT_TRUE(grammar_matches(schema, R"({"z": 1, "a": true})"));
   EXPECT_FALSE(grammar_matches(schema, R"({"a": true, "z": 1})"));
   const std::string guided =
-      parse_ok(R"({"prompt":"x","guided_json":"{\"type\": \"array\", \"items\": {\"type\": \"null\"}}"})")
+      parse_ok(
+          R"({"prompt":"x","guided_json":"{\"type\": \"array\", \"items\": {\"type\": \"null\"}}"})")
           .grammar;
   EXPECT_TRUE(grammar_matches(guided, "[null, null]"));
   const std::string choice = parse_ok(R"({"prompt":"x","guided_choice":["yes","no"]})").grammar;
@@ -1267,8 +1268,8 @@ TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
   // Engines that cannot: the reason, whatever was asked.
   ModelLimits l = limits();
   l.structured_output_refusal = "the model has no tokenizer";
-  const auto r = parse_completion_request(
-      R"({"prompt":"x","response_format":{"type":"json_object"}})", l);
+  const auto r =
+      parse_completion_request(R"({"prompt":"x","response_format":{"type":"json_object"}})", l);
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_EQ(std::get<ApiError>(r).code, "unsupported_parameter");
   EXPECT_TRUE(contains(std::get<ApiError>(r).message, "no tokenizer"));

@@ -216,8 +216,9 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   EXPECT_TRUE(names(
       sampling_problem(with([](auto& p) { p.bad_words.assign(size_t(kMaxBadWords) + 1, {1}); })),
       "bad_words has"));
-  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar.assign(kMaxGrammarBytes + 1, 'x'); })),
-                    "sampling.grammar has"));
+  EXPECT_TRUE(
+      names(sampling_problem(with([](auto& p) { p.grammar.assign(kMaxGrammarBytes + 1, 'x'); })),
+            "sampling.grammar has"));
   EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar = "root ::= (\"a\""; })),
                     "sampling.grammar: grammar: line 1"));
   EXPECT_EQ(sampling_problem(with([](auto& p) { p.grammar = "root ::= [0-9]+"; })), "");
