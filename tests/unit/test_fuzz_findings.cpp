@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/wire_checks.h"
+#include "gpu/sampler.h"
 #include "deploy/config.h"
 #include "faults/fault_book.h"
 #include "faults/fault_json.h"
@@ -334,6 +335,30 @@ TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
   decode_finding("assignment-negative-generated.bin", b);
   problem = assignment_problem(b, kFortune.vocab_size, kFortune.context_length);
   EXPECT_TRUE(test::contains(problem, "generated -1")) << problem;
+}
+
+// An assignment whose sampling asks for a grammar (structured output), at an
+// engine with no vocabulary to follow it by: the sampler threw, failing the
+// step of every sequence in it (and, resumed elsewhere, there too). Such a
+// sequence now ends at once (its end id drawn), logged; a grammar that does
+// not parse is refused by the wire checks before.
+TEST(FuzzFindings, WireGrammarAtAnEngineWithoutAVocabularyEndsThatSequence) {
+  Assignment a;
+  decode_finding("assignment-grammar-no-vocabulary.bin", a);
+  ASSERT_FALSE(a.sampling.grammar.empty());
+  EXPECT_EQ(assignment_problem(a, 64, 64), "");
+  SequenceSamplers samplers;
+  samplers.set_eos_ids({2});
+  StepItem item;
+  item.seq = 1;
+  item.sample = true;
+  item.sampling.grammar = a.sampling.grammar;  // (the rest of its sampling masks id 2 too)
+  std::vector<float> logits(64, 0.0f);
+  logits[9] = 5;
+  EXPECT_EQ(samplers.sample(item, logits), 2);
+  Assignment bad = a;
+  bad.sampling.grammar = "root ::= (";
+  EXPECT_TRUE(test::contains(assignment_problem(bad, 64, 64), "sampling.grammar: grammar: line 1"));
 }
 
 // A fault order of kind 32: the worker's switch matched nothing, so nothing
