@@ -28,6 +28,7 @@ struct ServeOptions {
   std::string name;   // model.name
   std::string listen;
   std::string chat_template_file;  // server.chat_template_file
+  std::string reasoning_parser;    // server.reasoning_parser
   std::string host;  // with `port`: server.listen in parts, as vLLM's --host and --port
   int port = -1;
   bool print_config = false;
@@ -188,6 +189,8 @@ void run_serve(const ServeOptions& so) {
   if (!so.listen.empty()) flags.emplace_back("server.listen", so.listen);
   if (!so.chat_template_file.empty())
     flags.emplace_back("server.chat_template_file", so.chat_template_file);
+  if (!so.reasoning_parser.empty())
+    flags.emplace_back("server.reasoning_parser", so.reasoning_parser);
   Config cfg = command_config(so.config, flags);
   if (!so.host.empty() || so.port >= 0) {
     if (!so.listen.empty())
@@ -237,6 +240,7 @@ void run_serve(const ServeOptions& so) {
   ho.request_timeout_s = cfg.server.request_timeout_s;
   ho.io_threads = cfg.server.io_threads;
   ho.chat_template = resolve_chat_template(cfg.server, cfg.model.path);
+  ho.chat_template.reasoning = cfg.server.reasoning_parser;
   ho.allowed_origins = cfg.server.allowed_origins;
   ho.access_log = cfg.server.access_log;
   ho.api_key = cfg.server.api_key;
@@ -316,6 +320,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--chat-template", o->chat_template_file,
                   "Override server.chat_template_file: a Jinja chat template file to render "
                   "chats with");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser,
+                  "Override server.reasoning_parser: none | deepseek_r1 | qwen3 (a chat answer's "
+                  "<think>...</think> as message.reasoning_content)");
   cmd->add_flag("--print-config", o->print_config, "Print the effective configuration and exit");
   cmd->callback([o] { run_serve(*o); });
 }

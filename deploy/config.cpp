@@ -109,6 +109,8 @@ const Fields<Config>& config_fields() {
         .add("chat_template", &ServerSection::chat_template,
              schema::one_of<ChatTemplate>({kChatTemplates.begin(), kChatTemplates.end()}))
         .add("chat_template_file", &ServerSection::chat_template_file, schema::optional_text())
+        .add("reasoning_parser", &ServerSection::reasoning_parser,
+             schema::one_of<ReasoningParser>({kReasoningParsers.begin(), kReasoningParsers.end()}))
         .add("api_key", &ServerSection::api_key, schema::optional_text())
         .add("allowed_origins", &ServerSection::allowed_origins, origin_list_kind())
         .add("access_log", &ServerSection::access_log, schema::boolean());

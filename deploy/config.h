@@ -51,6 +51,10 @@ struct ServerSection {
   // Not empty: a Jinja chat template file rendered instead (vLLM's
   // --chat-template).
   std::string chat_template_file;
+  // How a chat answer's reasoning ("<think>...</think>") is told from its
+  // reply, returned as message.reasoning_content (vLLM's --reasoning-parser):
+  // none, deepseek_r1 or qwen3.
+  ReasoningParser reasoning_parser = ReasoningParser::None;
   // Not empty: the model's endpoints (/v1/*, /tokenize, /detokenize) need
   // `Authorization: Bearer <api_key>` (vLLM's --api-key). Empty: the
   // TROUPE_API_KEY environment variable, if set, when troupe serve starts.

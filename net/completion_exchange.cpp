@@ -50,6 +50,26 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
                                                 std::to_string(meta_.index) + "-");
   }
+  if (params_.api == openai::Api::Chat && params_.reasoning != ReasoningParser::None)
+    reasoning_.emplace(params_.reasoning,
+                       openai::prompt_opens_reasoning(params_.prompt_text.value_or("")));
+}
+
+openai::ReasoningSplit CompletionExchange::split(const std::string& text) {
+  openai::ReasoningSplit out;
+  if (reasoning_)
+    out = reasoning_->push(text);
+  else
+    out.content = text;
+  if (tool_calls_) out.content = tool_calls_->push(out.content);
+  return out;
+}
+
+std::string CompletionExchange::reasoning_chunk(const std::string& reasoning,
+                                                int completion_tokens) {
+  if (reasoning.empty()) return {};
+  return openai::sse_text_chunk(meta_, reasoning, std::nullopt, chunk_usage(completion_tokens),
+                                nullptr, nullptr, /*reasoning=*/true);
 }
 
 void CompletionExchange::set_echo(std::string prompt_text, std::vector<int> prompt_ids) {
@@ -122,19 +142,30 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     return step;
   }
   released_bytes_ += int64_t(out.size());
-  if (tool_calls_) out = tool_calls_->push(out);
+  openai::ReasoningSplit piece = split(out);
+  out = std::move(piece.content);
   if (!params_.stream) {
     text_ += out;
+    reasoning_text_ += piece.reasoning;
     return {};
   }
   // Without a tokenizer every token is news (its id); with one, only text
   // is, and the echoed prompt.
-  if (out.empty() && tokenizer_ && (!echo_ || echo_text_sent_)) return {};
+  if (out.empty() && piece.reasoning.empty() && tokenizer_ && (!echo_ || echo_text_sent_))
+    return {};
   const auto lp = take_logprobs();
-  std::string chunk =
-      opening() + openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
-                                         chunk_usage(generated_tokens()), ids_to_send(),
-                                         lp ? &*lp : nullptr);
+  std::string chunk = opening();
+  if (!piece.reasoning.empty() && out.empty()) {
+    // The token's ids and log-probabilities go with its reasoning.
+    chunk += openai::sse_text_chunk(meta_, piece.reasoning, std::nullopt,
+                                    chunk_usage(generated_tokens()), ids_to_send(),
+                                    lp ? &*lp : nullptr, /*reasoning=*/true);
+  } else {
+    chunk += reasoning_chunk(piece.reasoning, generated_tokens());
+    chunk += openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
+                                    chunk_usage(generated_tokens()), ids_to_send(),
+                                    lp ? &*lp : nullptr);
+  }
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
 }
@@ -181,10 +212,17 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   released_bytes_ += int64_t(tail.size());
   if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
-  std::string text = tail;
+  openai::ReasoningSplit piece = split(tail);
+  if (reasoning_) {
+    // What the reasoning filter held: its reply part goes through the
+    // tool-call filter like the rest.
+    openai::ReasoningSplit held = reasoning_->finish();
+    piece.reasoning += held.reasoning;
+    piece.content += tool_calls_ ? tool_calls_->push(held.content) : held.content;
+  }
+  std::string text = std::move(piece.content);
   std::vector<openai::ToolCall> calls;
   if (tool_calls_) {
-    text = tool_calls_->push(tail);
     openai::ParsedAnswer answer = tool_calls_->finish();
     text += answer.content;
     calls = std::move(answer.calls);
@@ -192,9 +230,10 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   const std::vector<openai::ToolCall>* called = calls.empty() ? nullptr : &calls;
   if (params_.stream) {
     std::string events =
-        opening() + openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
-                                              chunk_usage(usage.completion_tokens), ids_to_send(),
-                                              lp ? &*lp : nullptr, called);
+        opening() + reasoning_chunk(piece.reasoning, usage.completion_tokens) +
+        openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
+                                  chunk_usage(usage.completion_tokens), ids_to_send(),
+                                  lp ? &*lp : nullptr, called);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
     const bool last = !one_of_several_;
@@ -203,10 +242,13 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     step = stream(std::move(events), last);
   } else {
     text_ += text;
+    reasoning_text_ += piece.reasoning;
+    std::optional<std::string> reasoning;
+    if (reasoning_ && reasoning_->has_reasoning()) reasoning = reasoning_text_;
     step.response.emplace();
-    step.response->body =
-        openai::dump(openai::completion_response(meta_, take_echo_text() + text_, reason, usage,
-                                                 ids_to_send(), lp ? &*lp : nullptr, called));
+    step.response->body = openai::dump(
+        openai::completion_response(meta_, take_echo_text() + text_, reason, usage, ids_to_send(),
+                                    lp ? &*lp : nullptr, called, reasoning_ ? &reasoning : nullptr));
   }
   state_ = State::Finished;
   step.finished = figures(200, end);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/openai_api.h"
+#include "net/reasoning.h"
 #include "net/response.h"
 #include "service/completion_service.h"
 #include "text/stop_strings.h"
@@ -122,6 +123,15 @@ class CompletionExchange {
   StopStringFilter stop_;
   // A chat that offered tools: the answer's tool calls, held and parsed.
   std::optional<openai::ToolCallFilter> tool_calls_;
+  // A server with a reasoning parser: the answer's reasoning told from its
+  // reply (tool calls are read from the reply).
+  std::optional<openai::ReasoningFilter> reasoning_;
+  std::string reasoning_text_;  // non-streaming: the reasoning so far
+  // The text released for a token (or the end) as reasoning and reply, the
+  // reply through the tool-call filter.
+  openai::ReasoningSplit split(const std::string& text);
+  // A stream's chunk of reasoning, or "" for none.
+  std::string reasoning_chunk(const std::string& reasoning, int completion_tokens);
   Clock::time_point submitted_, first_token_, last_token_;
   std::string text_;                            // non-streaming: everything released so far
   std::vector<int> ids_;                        // streaming: ids not yet sent; non-streaming: all

@@ -1012,6 +1012,7 @@ CompletionParams parse_chat(std::string_view body, const ModelLimits& limits,
   p.api = Api::Chat;
   p.model = parse_model(j, limits);
   p.prompt_text = render_chat_request(j, body, tmpl, &p.tool_calls, &p.grammar);
+  p.reasoning = tmpl.reasoning;
   const json* max = field(j, "max_completion_tokens");
   const std::string name = max ? "max_completion_tokens" : "max_tokens";
   if (!max) {
@@ -1387,7 +1388,8 @@ namespace {
 // A non-streaming response's choice: its text, or a chat's message.
 json choice_json(Api api, int index, const std::string& text, std::optional<FinishReason> reason,
                  const std::vector<int>* token_ids, const json* logprobs,
-                 const std::vector<ToolCall>* tool_calls) {
+                 const std::vector<ToolCall>* tool_calls,
+                 const std::optional<std::string>* reasoning) {
   const bool called = api == Api::Chat && tool_calls && !tool_calls->empty();
   json c = {{"index", index},
             {"logprobs", logprobs ? *logprobs : json(nullptr)},
@@ -1395,8 +1397,9 @@ json choice_json(Api api, int index, const std::string& text, std::optional<Fini
                               : reason ? json(finish_reason_name(*reason))
                                        : json(nullptr)}};
   if (api == Api::Chat) {
-    c["message"] = {{"role", "assistant"},
-                    {"content", called && text.empty() ? json(nullptr) : json(text)}};
+    const bool no_content = (called || reasoning) && text.empty();
+    c["message"] = {{"role", "assistant"}, {"content", no_content ? json(nullptr) : json(text)}};
+    if (reasoning) c["message"]["reasoning_content"] = *reasoning ? json(**reasoning) : json(nullptr);
     if (called) c["message"]["tool_calls"] = tool_calls_json(*tool_calls, false);
   } else {
     c["text"] = text;
@@ -1490,10 +1493,11 @@ json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens, int64_t tex
 
 json completion_response(const ResponseMeta& meta, const std::string& text, FinishReason reason,
                          const Usage& usage, const std::vector<int>* token_ids,
-                         const json* logprobs, const std::vector<ToolCall>* tool_calls) {
+                         const json* logprobs, const std::vector<ToolCall>* tool_calls,
+                         const std::optional<std::string>* reasoning) {
   json j = envelope(meta, /*chunk=*/false);
-  j["choices"] = json::array(
-      {choice_json(meta.api, meta.index, text, reason, token_ids, logprobs, tool_calls)});
+  j["choices"] = json::array({choice_json(meta.api, meta.index, text, reason, token_ids, logprobs,
+                                          tool_calls, reasoning)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -1590,7 +1594,8 @@ void append_json_string(std::string& out, std::string_view s) {
 // tests/unit/test_openai_api.cpp checks.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, const ChunkUsage& usage,
-                           const std::vector<int>* token_ids, const json* logprobs) {
+                           const std::vector<int>* token_ids, const json* logprobs,
+                           bool reasoning) {
   const bool chat = meta.api == Api::Chat;
   std::string out;
   out.reserve(180 + text.size() + meta.id.size() + meta.model.size() +
@@ -1600,7 +1605,7 @@ std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
     if (reason && text.empty()) {
       out += "\"delta\":{},";
     } else {
-      out += "\"delta\":{\"content\":";
+      out += reasoning ? "\"delta\":{\"reasoning_content\":" : "\"delta\":{\"content\":";
       append_json_string(out, text);
       out += "},";
     }

@@ -122,6 +122,9 @@ struct CompletionParams {
   // A chat that offered tools (tool_choice auto): the answer's tool calls,
   // in the model's format, become the message's tool_calls.
   ToolCallFormat tool_calls = ToolCallFormat::None;
+  // A chat's answer: how its reasoning is told from its reply (the server's
+  // reasoning parser).
+  ReasoningParser reasoning = ReasoningParser::None;
   // Structured output: the GBNF grammar the answer follows (checked), from
   // response_format, guided_* or a forced tool call; empty: none.
   std::string grammar;
@@ -230,12 +233,16 @@ nlohmann::json logprobs_json(Api api, const std::vector<TokenLogprob>& tokens,
 // content}. `token_ids` adds a "token_ids" field to the choice (vLLM-style
 // extension) when given.
 // With `tool_calls` (not empty), a chat's message carries them, its content
-// is null when it has no text, and the finish reason is "tool_calls".
+// is null when it has no text, and the finish reason is "tool_calls". With
+// `reasoning` (a server with a reasoning parser), the message has
+// "reasoning_content": the text, or null when the answer had none; its
+// content is null when empty.
 nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
                                    FinishReason reason, const Usage& usage,
                                    const std::vector<int>* token_ids = nullptr,
                                    const nlohmann::json* logprobs = nullptr,
-                                   const std::vector<ToolCall>* tool_calls = nullptr);
+                                   const std::vector<ToolCall>* tool_calls = nullptr,
+                                   const std::optional<std::string>* reasoning = nullptr);
 
 // One SSE event: "data: <json>\n\n". A text chunk has finish_reason null;
 // the last one carries it. With include_usage every chunk has "usage": null
@@ -243,10 +250,11 @@ nlohmann::json completion_response(const ResponseMeta& meta, const std::string& 
 // A chat's chunks are "chat.completion.chunk" with the text as
 // delta.content; one with a finish reason and no text has an empty delta.
 // `logprobs` (logprobs_json()) fills the choice's "logprobs", else null.
+// `reasoning`: the text is a chat's reasoning, delta.reasoning_content.
 std::string sse_text_chunk(const ResponseMeta& meta, const std::string& text,
                            std::optional<FinishReason> reason, const ChunkUsage& usage,
                            const std::vector<int>* token_ids = nullptr,
-                           const nlohmann::json* logprobs = nullptr);
+                           const nlohmann::json* logprobs = nullptr, bool reasoning = false);
 // A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
 std::string sse_role_chunk(const ResponseMeta& meta, const ChunkUsage& usage);
 // The chunks that end a stream's choice: the last text with the finish

@@ -44,6 +44,21 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
 // [{"name": ..., "parameters": {...}}, ...], as vLLM generates it.
 enum class ToolCallFormat { None, Hermes, Llama3Json, Forced };
 
+// How a model's answer separates its reasoning from its reply (vLLM's
+// --reasoning-parser of the same names): the text between "<think>" and
+// "</think>" is reasoning (message.reasoning_content), the rest content.
+// deepseek_r1: the answer starts in reasoning, "<think>" written or not
+// (DeepSeek R1's template opens it in the prompt). qwen3: only an answer
+// that opens "<think>" (or whose prompt the template ended with one) has
+// reasoning.
+enum class ReasoningParser { None, DeepSeekR1, Qwen3 };
+
+inline constexpr std::array<std::pair<std::string_view, ReasoningParser>, 3> kReasoningParsers{{
+    {"none", ReasoningParser::None},
+    {"deepseek_r1", ReasoningParser::DeepSeekR1},
+    {"qwen3", ReasoningParser::Qwen3},
+}};
+
 // A template and what a model's own version of it adds to every chat.
 struct ChatFormat {
   ChatTemplate kind = ChatTemplate::Plain;
@@ -70,6 +85,8 @@ struct ChatFormat {
   std::string bos_token, eos_token;
   // How the model's answers carry tool calls, read from its template.
   ToolCallFormat tool_calls = ToolCallFormat::None;
+  // How its answers carry reasoning: the server's server.reasoning_parser.
+  ReasoningParser reasoning = ReasoningParser::None;
 
   ChatFormat(ChatTemplate k = ChatTemplate::Plain) : kind(k) {}  // NOLINT: a template is a format
   bool operator==(const ChatFormat&) const = default;

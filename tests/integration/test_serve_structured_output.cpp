@@ -189,6 +189,43 @@ TEST(ServeStructuredOutput, AForcedToolCallComesBackAsToolCalls) {
   }
 }
 
+// server.reasoning_parser: the answer's <think>...</think> comes back as
+// reasoning_content, whole or streamed (the grammar makes this model write
+// the markers, as a reasoning model would).
+TEST(ServeStructuredOutput, AReasoningParserSplitsTheAnswer) {
+  Server s({"devices=[{kind: cpu, threads: 1}]", "server.reasoning_parser=qwen3"});
+  const ojson base = {{"messages", {{{"role", "user"}, {"content", "Why?"}}}},
+                      {"max_tokens", 60},
+                      {"temperature", 0},
+                      {"guided_grammar", "root ::= \"<think>\" [a-z ]{3,12} \"</think>\" [a-z]{3,12}"}};
+  const json whole = post_chat(s, base)["choices"][0]["message"];
+  ASSERT_TRUE(whole["reasoning_content"].is_string()) << whole;
+  const std::string reasoning = whole["reasoning_content"], content = whole["content"];
+  EXPECT_GE(reasoning.size(), 3u);
+  EXPECT_GE(content.size(), 3u);
+  EXPECT_EQ(reasoning.find('<'), std::string::npos) << reasoning;
+  EXPECT_EQ(content.find('<'), std::string::npos) << content;
+  ojson streamed = base;
+  streamed["stream"] = true;
+  const auto r = test::http_request(s.port(), "POST", "/v1/chat/completions", streamed.dump(), 120);
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string r2, c2;
+  for (const std::string& e : sse_events(r.body)) {
+    if (e == "[DONE]") continue;
+    const json d = json::parse(e)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) r2 += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) c2 += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(r2, reasoning);
+  EXPECT_EQ(c2, content);
+  // Without the markers there is no reasoning: null, and the text is the content.
+  ojson plain = base;
+  plain["guided_grammar"] = "root ::= [a-z]{3,12}";
+  const json none = post_chat(s, plain)["choices"][0]["message"];
+  EXPECT_TRUE(none["reasoning_content"].is_null()) << none;
+  EXPECT_TRUE(none["content"].is_string()) << none;
+}
+
 TEST(ServeStructuredOutput, WithoutATokenizerItIsRefusedSayingWhy) {
   Server s({"model.path=models/stories260K/stories260K.bin"});
   const auto r = s.complete(

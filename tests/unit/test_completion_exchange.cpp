@@ -787,5 +787,80 @@ TEST(CompletionExchange, LogprobsOfAWholeChatResponseAndOfNoRequest) {
   EXPECT_TRUE(json::parse(plain.response->body)["choices"][0]["logprobs"].is_null());
 }
 
+// A server with a reasoning parser: the answer's <think>...</think> is
+// message.reasoning_content (streamed as delta.reasoning_content), the rest
+// the content, as vLLM's deepseek_r1 and qwen3 parsers give them; a tool call
+// after the reasoning is still read.
+TEST(CompletionExchange, ReasoningIsToldFromTheReply) {
+  struct Case {
+    ReasoningParser parser;
+    std::string prompt_end, answer;
+    std::optional<std::string> reasoning;
+    std::string content;
+  };
+  const std::vector<Case> cases = {
+      {ReasoningParser::Qwen3, "", "<think>\nI think so.\n</think>\n\nYes.", "\nI think so.\n",
+       "\n\nYes."},
+      {ReasoningParser::Qwen3, "", "Yes, no reasoning.", std::nullopt, "Yes, no reasoning."},
+      {ReasoningParser::Qwen3, "<think>\n", "Opened by the prompt.</think>Yes.",
+       "Opened by the prompt.", "Yes."},
+      {ReasoningParser::DeepSeekR1, "", "Hmm, sure.</think>\n\nYes.", "Hmm, sure.", "\n\nYes."},
+      {ReasoningParser::DeepSeekR1, "", "<think>Cut short by max", "Cut short by max", ""},
+  };
+  for (const Case& c : cases) {
+    const std::vector<int> ids = ids_of(c.answer);
+    const std::string text = fortune().decode(ids);
+    ASSERT_EQ(text, c.answer);
+    for (const bool stream : {false, true}) {
+      SCOPED_TRACE(c.answer + (stream ? " (streamed)" : ""));
+      openai::CompletionParams p = params(int(ids.size()) + 5, stream);
+      p.api = openai::Api::Chat;
+      p.reasoning = c.parser;
+      p.prompt_text = "<|user|>Is it?<|assistant|>" + c.prompt_end;
+      CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+      std::vector<ExchangeStep> steps = feed(ex, ids);
+      steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+      if (!stream) {
+        const json m = json::parse(steps.back().response->body)["choices"][0]["message"];
+        if (c.reasoning) {
+          EXPECT_EQ(m["reasoning_content"], *c.reasoning);
+        } else {
+          EXPECT_TRUE(m["reasoning_content"].is_null()) << m;
+        }
+        if (c.content.empty()) {
+          EXPECT_TRUE(m["content"].is_null()) << m;
+        } else {
+          EXPECT_EQ(m["content"], c.content);
+        }
+        continue;
+      }
+      std::string reasoning, content;
+      for (const std::string& e : events(steps)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+        if (d.contains("content")) content += d["content"].get<std::string>();
+      }
+      EXPECT_EQ(reasoning, c.reasoning.value_or(""));
+      EXPECT_EQ(content, c.content);
+    }
+  }
+  // Reasoning, then a tool call in the reply.
+  const std::vector<int> ids =
+      ids_of("<think>Use the tool.</think><tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+  openai::CompletionParams p = params(int(ids.size()) + 5, false);
+  p.api = openai::Api::Chat;
+  p.reasoning = ReasoningParser::Qwen3;
+  p.tool_calls = ToolCallFormat::Hermes;
+  CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
+  feed(ex, ids);
+  const json c =
+      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body)["choices"][0];
+  EXPECT_EQ(c["message"]["reasoning_content"], "Use the tool.");
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "f");
+}
+
 }  // namespace
 }  // namespace troupe

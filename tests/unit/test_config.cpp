@@ -510,6 +510,7 @@ Config everything_changed() {
               7,
               ChatTemplate::Llama2,
               "/srv/templates/my chat.jinja",
+              ReasoningParser::DeepSeekR1,
               "sk-x: y",
               {"http://localhost:3000", "https://a.example"},
               true};
