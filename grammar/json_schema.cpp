@@ -331,7 +331,7 @@ class SchemaCompiler {
     for (int k = int(kvs.size()) - 1; k >= 0; --k) {
       const auto& [kv, req] = kvs[size_t(k)];
       const std::string after_name = after.empty() ? "" : rule(after);
-      const std::string first_name = first.empty() ? "" : rule(first);
+      const std::string first_name = req || first.empty() ? "" : rule(first);
       const std::string a = "\",\" space " + kv + (after_name.empty() ? "" : " " + after_name);
       const std::string f = kv + (after_name.empty() ? "" : " " + after_name);
       if (req) {
