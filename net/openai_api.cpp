@@ -937,7 +937,7 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
         {"minItems", 1}};
     if (choice == "named") schema["maxItems"] = 1;
     try {
-      const std::string g = grammar::json_schema_grammar(schema);
+      const std::string g = checked_grammar(grammar::json_schema_grammar(schema), "tools");
       if (forced_grammar) *forced_grammar = g;
     } catch (const grammar::SchemaError& e) {
       fail(std::string("A tool's `parameters` cannot be enforced: ") + e.what() + ".", "tools",
