@@ -1,6 +1,10 @@
 #include "grammar/json_schema.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -94,7 +98,7 @@ class SchemaCompiler {
           "items",  "prefixItems", "minItems",        "maxItems",
           "enum",   "const",       "anyOf",           "oneOf",
           "allOf",  "$ref",        "minLength",       "maxLength",
-          "format", "minimum",     "exclusiveMinimum"};
+          "format", "minimum",     "exclusiveMinimum", "maximum", "exclusiveMaximum"};
       if (!known.count(k) && !kAnnotations.count(k))
         fail(at(where, k), "'" + k + "' is not supported in structured output");
       (void)v;
@@ -185,31 +189,94 @@ class SchemaCompiler {
     if (type == "object") return object(s, where, depth);
     if (type == "array") return array(s, where, depth);
     if (type == "string") return string(s, where);
-    if (type == "integer" || type == "number") {
-      bool natural = false;
-      if (s.contains("minimum")) {
-        if (!s["minimum"].is_number()) fail(at(where, "minimum"), "must be a number");
-        if (s["minimum"].get<double>() != 0)
-          fail(at(where, "minimum"), "only a minimum of 0 is supported");
-        natural = true;
-      }
-      if (s.contains("exclusiveMinimum")) {
-        if (!s["exclusiveMinimum"].is_number() ||
-            s["exclusiveMinimum"].get<double>() != (type == "integer" ? -1 : 0))
-          fail(at(where, "exclusiveMinimum"), type == "integer"
-                                                  ? "only an exclusiveMinimum of -1 is supported"
-                                                  : "only an exclusiveMinimum of 0 is supported");
-        natural = true;
-      }
-      if (type == "integer") return natural ? "(json-nat space)" : "json-integer";
-      // exclusiveMinimum 0 still lets 0 through: say only what is enforced.
-      if (s.contains("exclusiveMinimum"))
-        fail(at(where, "exclusiveMinimum"), "is not supported for numbers");
-      return natural ? "(json-nat json-frac? json-exp? space)" : "json-number";
+    if (type == "integer") return integer(s, where);
+    if (type == "number") {
+      for (const char* key : {"maximum", "exclusiveMaximum", "exclusiveMinimum"})
+        if (s.contains(key)) fail(at(where, key), "is supported for integers, not numbers");
+      if (!s.contains("minimum")) return "json-number";
+      if (!s["minimum"].is_number() || s["minimum"].get<double>() != 0)
+        fail(at(where, "minimum"), "only a minimum of 0 is supported for numbers");
+      return "(json-nat json-frac? json-exp? space)";
     }
     if (type == "boolean") return "json-boolean";
     if (type == "null") return "json-null";
     fail(at(where, "type"), "unknown type '" + type + "'");
+  }
+
+  // Integers in [min, max] (either side open), from minimum, maximum and
+  // their exclusive forms, spelled digit by digit as JSON writes them.
+  std::string integer(const json& s, const std::string& where) {
+    constexpr int64_t kLimit = 999'999'999'999'999;  // json-int's 16 digits hold these
+    std::optional<int64_t> lo, hi;
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      if (!s.contains(key)) return;
+      if (!s[key].is_number()) fail(at(where, key), "must be a number");
+      const double v = s[key].get<double>();
+      if (!(std::fabs(v) <= double(kLimit)))
+        fail(at(where, key), "bounds past 10^15 are not supported");
+      const double edge = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
+                                : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      std::optional<int64_t>& b = lower ? lo : hi;
+      const auto e = int64_t(edge);
+      b = !b ? e : lower ? std::max(*b, e) : std::min(*b, e);
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!lo && !hi) return "json-integer";
+    if (lo && hi && *lo > *hi) fail(where.empty() ? "minimum" : where, "the bounds allow no integer");
+    std::vector<std::string> alts;
+    if (!hi || *hi >= 0) alts.push_back(naturals(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
+    if (!lo || *lo < 0) {
+      // -1 .. -n: "-" and a positive number from max(1, -hi) up to -lo.
+      const int64_t from = hi && *hi < 0 ? -*hi : 1;
+      std::optional<int64_t> to;
+      if (lo) to = -*lo;
+      alts.push_back("\"-\" " + naturals(from, to));
+    }
+    std::string out;
+    for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + a;
+    return "((" + out + ") space)";
+  }
+
+  // Non-negative integers in [from, to] (to absent: up to 16 digits).
+  static std::string naturals(int64_t from, std::optional<int64_t> to) {
+    const std::string lo = std::to_string(from);
+    const std::string hi = to ? std::to_string(*to) : std::string(16, '9');
+    std::string out;
+    for (size_t n = lo.size(); n <= hi.size(); ++n) {
+      const std::string a = n == lo.size() ? lo : std::string(1, '1').append(n - 1, '0');
+      const std::string b = n == hi.size() ? hi : std::string(n, '9');
+      out += (out.empty() ? "" : " | ") + same_length(a, b);
+    }
+    return "(" + out + ")";
+  }
+
+  // Digit strings of one length from a to b, a <= b.
+  static std::string same_length(const std::string& a, const std::string& b) {
+    const size_t n = a.size();
+    if (n == 1) return std::string("[") + a[0] + "-" + b[0] + "]";
+    const std::string ra = a.substr(1), rb = b.substr(1);
+    if (a[0] == b[0]) return std::string("\"") + a[0] + "\" (" + same_length(ra, rb) + ")";
+    std::vector<std::string> alts;
+    char first = a[0], last = b[0];
+    if (ra != std::string(n - 1, '0')) {
+      alts.push_back(std::string("\"") + a[0] + "\" (" + same_length(ra, std::string(n - 1, '9')) +
+                     ")");
+      ++first;
+    }
+    const bool hi_whole = rb == std::string(n - 1, '9');
+    if (!hi_whole) --last;
+    if (first <= last)
+      alts.push_back(std::string("[") + first + "-" + last + "] [0-9]{" + std::to_string(n - 1) +
+                     "}");
+    if (!hi_whole)
+      alts.push_back(std::string("\"") + b[0] + "\" (" + same_length(std::string(n - 1, '0'), rb) +
+                     ")");
+    std::string out;
+    for (const std::string& x : alts) out += (out.empty() ? "" : " | ") + x;
+    return "(" + out + ")";
   }
 
   static int count(const json& s, const char* key, const std::string& where) {
