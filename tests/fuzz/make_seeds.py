@@ -308,6 +308,9 @@ put("grammar", "schema", json.dumps({
                    "u": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}]}},
     "required": ["root"]}))
 put("grammar", "choice", json.dumps({"enum": ["yes", "no", "é😀"]}))
+put("grammar", "bounds", json.dumps({"type": "array", "items": {"anyOf": [
+    {"type": "integer", "minimum": -42, "exclusiveMaximum": 1234},
+    {"type": "integer", "exclusiveMinimum": 7}, {"type": "integer", "maximum": -3}]}}))
 
 # ---- basp_frames: BASP streams as a proxied link carries them ----
 # (fuzz_basp_frames.cpp: a 10-byte fault header, a read-size seed byte, the
