@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/regex.h"
 
 namespace troupe::grammar {
 
@@ -98,7 +99,8 @@ class SchemaCompiler {
           "items",  "prefixItems", "minItems",        "maxItems",
           "enum",   "const",       "anyOf",           "oneOf",
           "allOf",  "$ref",        "minLength",       "maxLength",
-          "format", "minimum",     "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+          "format", "minimum",     "exclusiveMinimum", "maximum", "exclusiveMaximum",
+          "pattern"};
       if (!known.count(k) && !kAnnotations.count(k))
         fail(at(where, k), "'" + k + "' is not supported in structured output");
       (void)v;
@@ -289,6 +291,17 @@ class SchemaCompiler {
 
   std::string string(const json& s, const std::string& where) {
     const int min = count(s, "minLength", where), max = count(s, "maxLength", where);
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) fail(at(where, "pattern"), "must be a string");
+      for (const char* key : {"minLength", "maxLength", "format"})
+        if (s.contains(key)) fail(at(where, key), "is not supported together with a pattern");
+      try {
+        return "(\"\\\"\" " + regex_to_gbnf(s["pattern"].get<std::string>(), true) +
+               " \"\\\"\" space)";
+      } catch (const GrammarError& e) {
+        fail(at(where, "pattern"), e.what());
+      }
+    }
     if (s.contains("format")) {
       if (!s["format"].is_string()) fail(at(where, "format"), "must be a string");
       const std::string f = s["format"].get<std::string>();

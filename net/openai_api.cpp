@@ -10,6 +10,7 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/regex.h"
 #include "text/tokenizer.h"
 
 namespace troupe::openai {
@@ -412,7 +413,6 @@ void reject_unsupported(const json& body, Api api) {
       {"use_beam_search", false, nullptr},
       {"length_penalty", 1, nullptr},
       {"prompt_logprobs", nullptr, "`echo` with `logprobs` on /v1/completions"},
-      {"guided_regex", nullptr, "guided_grammar (GBNF) or guided_json"},
       {"guided_whitespace_pattern", nullptr, nullptr},
       // Special tokens never reach the text here (as vLLM's defaults).
       {"skip_special_tokens", true, nullptr},
@@ -576,7 +576,7 @@ nlohmann::ordered_json schema_value(const json& v, nlohmann::ordered_json ordere
 }
 
 // Structured output, as OpenAI's response_format and vLLM's guided_json,
-// guided_choice, guided_grammar and structured_outputs ask for it: at most
+// guided_choice, guided_regex, guided_grammar and structured_outputs ask for it: at most
 // one of them, turned into the grammar the answer follows.
 void parse_structured_output(const json& j, std::string_view body, const ModelLimits& limits,
                              CompletionParams& p) {
@@ -637,12 +637,19 @@ void parse_structured_output(const json& j, std::string_view body, const ModelLi
   }
   if (auto [v, param] = option("guided_grammar", "grammar"); v)
     asked.emplace_back(param, checked_grammar(get_string(*v, param), param));
+  if (auto [v, param] = option("guided_regex", "regex"); v) {
+    std::string g;
+    try {
+      g = "root ::= " + grammar::regex_to_gbnf(get_string(*v, param)) + "\n";
+    } catch (const grammar::GrammarError& e) {
+      fail("`" + param + "`: " + e.what() + ".", param, "unsupported_parameter");
+    }
+    asked.emplace_back(param, checked_grammar(std::move(g), param));
+  }
   if (so) {
     if (const json* v = field(*so, "json_object");
         v && get_bool(*v, "structured_outputs.json_object"))
       asked.emplace_back("structured_outputs.json_object", grammar::json_object_grammar());
-    if (field(*so, "regex"))
-      unsupported("structured_outputs.regex", "use structured_outputs.grammar (GBNF) or .json");
   }
   if (asked.empty()) return;
   if (asked.size() > 1)

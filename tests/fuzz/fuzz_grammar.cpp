@@ -1,6 +1,6 @@
 // Structured output's grammar layer (grammar/) on what a request may send: a
 // GBNF grammar (guided_grammar), or, when the input is JSON, a schema
-// (guided_json) turned into one. Oracles: only GrammarError (SchemaError for
+// (guided_json) turned into one, and as a regex (guided_regex). Oracles: only GrammarError (SchemaError for
 // a schema) escapes; a schema the compiler takes gives a grammar that parses
 // and that a matcher starts on; the tokens the trie walk allows are exactly
 // those the matcher allows one by one, at every state of a text the grammar
@@ -14,6 +14,7 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/regex.h"
 #include "grammar/token_vocabulary.h"
 
 namespace troupe::fuzz {
@@ -76,5 +77,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(gbnf));
     fuzz::walk(g);
   });
+  // The same text as a regex (guided_regex): a regex it takes gives a grammar
+  // that parses, in both spellings.
+  for (bool json : {false, true}) {
+    std::string re;
+    if (!fuzz::expect_only<grammar::GrammarError>(
+            [&] { re = "root ::= " + grammar::regex_to_gbnf(input, json) + "\n"; }))
+      break;
+    try {
+      grammar::Grammar::parse(re);
+    } catch (const grammar::GrammarError& e) {
+      fuzz::violated(std::string("a regex's grammar does not parse: ") + e.what() + "\n" + re);
+    }
+  }
   return 0;
 }

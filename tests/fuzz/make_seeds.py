@@ -308,6 +308,7 @@ put("grammar", "schema", json.dumps({
                    "u": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}]}},
     "required": ["root"]}))
 put("grammar", "choice", json.dumps({"enum": ["yes", "no", "é😀"]}))
+put("grammar", "regex", r"^(?:[A-Z]{2,3}|\d+)-[^\s,\"]*(cat|dog)s?\.\u00e9x{1,3}?$")
 put("grammar", "bounds", json.dumps({"type": "array", "items": {"anyOf": [
     {"type": "integer", "minimum": -42, "exclusiveMaximum": 1234},
     {"type": "integer", "exclusiveMinimum": 7}, {"type": "integer", "maximum": -3}]}}))

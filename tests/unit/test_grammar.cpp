@@ -12,6 +12,7 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/regex.h"
 #include "grammar/token_vocabulary.h"
 
 namespace troupe::grammar {
@@ -286,6 +287,55 @@ TEST(JsonSchemaGrammar, IntegerBoundsAllowExactlyTheIntegersInRange) {
                SchemaError);
 }
 
+std::shared_ptr<const Grammar> regex(const std::string& re, bool json = false) {
+  return std::make_shared<const Grammar>(Grammar::parse("root ::= " + regex_to_gbnf(re, json)));
+}
+
+// Regular expressions (guided_regex, a schema's pattern) match their strings whole.
+TEST(RegexGrammar, MatchesWhatTheRegexMatchesWhole) {
+  struct Case {
+    const char* re;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<Case> cases = {
+      {"^[A-Z]{2}-\\d{3,4}$", {"AB-123", "ZZ-0000"}, {"ab-123", "AB-12", "AB-12345", " AB-123"}},
+      {"(cat|dog)s?", {"cat", "dogs", "cats"}, {"bird", "catss", ""}},
+      {"a(?:b|c)*d", {"ad", "abcbd"}, {"abd e", "ae"}},
+      {"\\w+@\\w+\\.com", {"me@x.com", "a_1@b2.com"}, {"me@x.org", "@x.com", "me@x.com."}},
+      {"[^\\s,]+(,[^\\s,]+)*", {"a,b,c", "x"}, {"a, b", "a,,b", ","}},
+      {"x.y", {"x-y", "xéy"}, {"x\ny", "xy"}},
+      {"\\(\\d+\\)|\\[\\]|\\$|\\u00e9", {"(12)", "[]", "$", "é"}, {"()", "12"}},
+      {"colou?r{1,2}?", {"color", "colourr"}, {"colourrr"}},
+      {"", {""}, {"a"}},
+  };
+  for (const Case& c : cases) {
+    auto g = regex(c.re);
+    for (const std::string& t : c.yes) EXPECT_TRUE(matches(g, t)) << c.re << " on '" << t << "'";
+    for (const std::string& t : c.no) EXPECT_FALSE(matches(g, t)) << c.re << " on '" << t << "'";
+  }
+  // Inside a JSON string: quotes, backslashes and control characters as escapes.
+  auto j = regex("[a\"\\\\]+\\n?", true);
+  EXPECT_TRUE(matches(j, "a\\\"\\\\a\\n"));  // a\"\\a\n as JSON writes a"\a + newline
+  EXPECT_FALSE(matches(j, "a\"a"));
+  EXPECT_FALSE(matches(j, "a\n"));
+  auto any = regex("[^x]{3}", true);
+  EXPECT_TRUE(matches(any, "\\u0001\\tb"));
+  EXPECT_FALSE(matches(any, "\tbb"));
+  for (const char* bad : {"(?=a)", "(a", "a{2", "a**", "\\1", "\\bword", "[z-a]", "a^b", "*a"}) {
+    EXPECT_THROW(regex_to_gbnf(bad), GrammarError) << bad;
+  }
+}
+
+TEST(JsonSchemaGrammar, APatternHoldsTheStringsContent) {
+  auto g = schema(json::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"}}, "required": ["code"]})"));
+  EXPECT_TRUE(matches(g, R"({"code": "ABC-12"})"));
+  EXPECT_FALSE(matches(g, R"({"code": "AB-12"})"));
+  EXPECT_FALSE(matches(g, R"({"code": "ABC-123"})"));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"j({"type": "string", "pattern": "(?<n>a)"})j")),
+               SchemaError);
+}
+
 TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
   auto error = [](const char* text) {
     try {
@@ -295,7 +345,7 @@ TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
     }
     return std::string();
   };
-  EXPECT_NE(error(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})")
+  EXPECT_NE(error(R"j({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?!x)"}}})j")
                 .find("properties.a.pattern"),
             std::string::npos);
   EXPECT_NE(error(R"({"type": "integer", "multipleOf": 5})").find("'multipleOf' is not supported"),

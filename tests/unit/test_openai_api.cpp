@@ -352,7 +352,7 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
 TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
        {R"("use_beam_search":true)", R"("length_penalty":0.8)", R"("prompt_logprobs":1)",
-        R"("guided_regex":"a+")", R"("guided_whitespace_pattern":" *")",
+        R"("guided_whitespace_pattern":" *")",
         R"("skip_special_tokens":false)", R"("spaces_between_special_tokens":false)"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
@@ -1242,6 +1242,9 @@ TEST(OpenAiParse, StructuredOutputBecomesTheAnswersGrammar) {
       "42"));
   EXPECT_TRUE(grammar_matches(
       parse_ok(R"({"prompt":"x","structured_outputs":{"json_object":true}})").grammar, "{}"));
+  const std::string re = parse_ok(R"({"prompt":"x","guided_regex":"[0-9]{3}-[a-z]+"})").grammar;
+  EXPECT_TRUE(grammar_matches(re, "123-abc"));
+  EXPECT_FALSE(grammar_matches(re, "12-abc"));
 }
 
 TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
@@ -1249,7 +1252,7 @@ TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {R"("guided_grammar":"root ::= (")", "guided_grammar", "line 1"},
            {R"("guided_grammar":"start ::= \"a\"")", "guided_grammar", "no rule named 'root'"},
-           {R"("guided_json":{"type":"string","pattern":"^a"})", "guided_json", "pattern"},
+           {R"("guided_json":{"type":"string","pattern":"a\\1"})", "guided_json", "pattern"},
            {R"("guided_json":"{not json")", "guided_json", "not a JSON schema"},
            {R"("guided_choice":[])", "guided_choice", "non-empty"},
            {R"("response_format":{"type":"json_schema"})", "response_format.json_schema", ""},
@@ -1258,8 +1261,8 @@ TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
            {R"("response_format":{"type":"xml"})", "response_format.type", "json_schema"},
            {R"("response_format":{"type":"json_object"},"guided_choice":["a"])", "guided_choice",
             "Only one"},
-           {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex", ""},
-           {R"("guided_regex":"a+")", "guided_regex", "guided_grammar"}}) {
+           {R"j("structured_outputs":{"regex":"(?=a)"})j", "structured_outputs.regex", "lookaround"},
+           {R"("guided_regex":"a{2")", "guided_regex", "unclosed"}}) {
     const ApiError e = parse_err(R"({"prompt":"x",)" + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.param, param) << rest << ": " << e.message;
