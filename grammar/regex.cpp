@@ -147,6 +147,7 @@ class RegexConverter {
   bool json_;
   size_t pos_ = 0;
   size_t end_ = std::string_view::npos;
+  bool nullable_ = false;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw GrammarError("regex: at " + std::to_string(pos_) + ": " + what);
@@ -154,13 +155,19 @@ class RegexConverter {
   bool at_end() const { return pos_ >= std::min(end_, re_.size()); }
   char peek() const { return at_end() ? '\0' : re_[pos_]; }
 
+  // Each of these leaves in nullable_ whether what it returns can match the
+  // empty string: an unbounded repetition of such a thing would make the
+  // grammar left-recursive, so it is refused.
   std::string alternation(int depth) {
     if (depth > kMaxRegexNesting) fail("groups nested too deeply");
     std::vector<std::string> alts{concat(depth)};
+    bool nullable = nullable_;
     while (peek() == '|') {
       ++pos_;
       alts.push_back(concat(depth));
+      nullable = nullable || nullable_;
     }
+    nullable_ = nullable;
     if (alts.size() == 1) return alts[0];
     std::string out;
     for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + (a.empty() ? "\"\"" : a);
@@ -169,20 +176,26 @@ class RegexConverter {
 
   std::string concat(int depth) {
     std::string out;
+    bool nullable = true;
     while (!at_end() && peek() != '|' && peek() != ')') {
       std::string a = atom(depth);
       a = quantified(std::move(a));
+      nullable = nullable && nullable_;
       out += (out.empty() ? "" : " ") + a;
     }
+    nullable_ = nullable;
     return out;
   }
 
   std::string quantified(std::string a) {
     const char q = peek();
     std::string op;
+    bool unbounded = false, may_skip = false;
     if (q == '*' || q == '+' || q == '?') {
       ++pos_;
       op = std::string(1, q);
+      unbounded = q != '?';
+      may_skip = q != '+';
     } else if (q == '{') {
       const size_t close = re_.find('}', pos_);
       if (close == std::string_view::npos) fail("unclosed '{'");
@@ -190,6 +203,20 @@ class RegexConverter {
       if (inside.empty() || inside.find_first_not_of("0123456789,") != std::string_view::npos ||
           inside[0] == ',' || std::count(inside.begin(), inside.end(), ',') > 1)
         fail("a repetition {m}, {m,} or {m,n} was expected");
+      const size_t comma = inside.find(',');
+      auto number = [&](std::string_view digits) {
+        if (digits.size() > 4) fail("a repetition count over 4096");
+        int v = 0;
+        for (char d : digits) v = v * 10 + (d - '0');
+        if (v > 4096) fail("a repetition count over 4096");
+        return v;
+      };
+      const int m = number(inside.substr(0, comma));
+      if (comma != std::string_view::npos && comma + 1 < inside.size() &&
+          number(inside.substr(comma + 1)) < m)
+        fail("a repetition {m,n} with n < m");
+      unbounded = comma != std::string_view::npos && comma + 1 == inside.size();
+      may_skip = m == 0;
       op.assign(1, '{').append(inside).append(1, '}');
       pos_ = close + 1;
     } else {
@@ -199,11 +226,15 @@ class RegexConverter {
     if (peek() == '+') fail("possessive quantifiers are not supported");
     if (peek() == '*' || peek() == '+' || peek() == '{' || peek() == '?')
       fail("a quantifier after a quantifier");
+    if (unbounded && nullable_)
+      fail("an unbounded repetition of something that can match nothing (such as (a|)+)");
+    nullable_ = nullable_ || may_skip;
     return std::string(1, '(').append(a).append(1, ')').append(op);
   }
 
   std::string atom(int depth) {
     const char c = peek();
+    nullable_ = false;
     if (c == '(') {
       ++pos_;
       if (peek() == '?') {
@@ -275,7 +306,17 @@ class RegexConverter {
       case 'v': return '\v';
       case '0': return 0;
       case 'x': return hex(2);
-      case 'u': return hex(4);
+      case 'u': {
+        const uint32_t v = hex(4);
+        if (v < 0xD800 || v > 0xDFFF) return v;
+        // A surrogate pair, as JSON spells a character past U+FFFF.
+        if (v <= 0xDBFF && re_.substr(pos_, 2) == "\\u") {
+          pos_ += 2;
+          const uint32_t low = hex(4);
+          if (low >= 0xDC00 && low <= 0xDFFF) return 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
+        }
+        fail("a \\u escape of a lone surrogate");
+      }
       default:
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')) {
           --pos_;

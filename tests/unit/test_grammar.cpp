@@ -307,6 +307,8 @@ TEST(RegexGrammar, MatchesWhatTheRegexMatchesWhole) {
       {"\\(\\d+\\)|\\[\\]|\\$|\\u00e9", {"(12)", "[]", "$", "é"}, {"()", "12"}},
       {"colou?r{1,2}?", {"color", "colourr"}, {"colourrr"}},
       {"", {""}, {"a"}},
+      {"\\ud83d\\ude00+", {"😀", "😀😀"}, {"", "x"}},
+      {"(a?b){0,3}(c|)", {"", "bb", "abbc", "c"}, {"aa", "bbbb"}},
   };
   for (const Case& c : cases) {
     auto g = regex(c.re);
@@ -321,7 +323,9 @@ TEST(RegexGrammar, MatchesWhatTheRegexMatchesWhole) {
   auto any = regex("[^x]{3}", true);
   EXPECT_TRUE(matches(any, "\\u0001\\tb"));
   EXPECT_FALSE(matches(any, "\tbb"));
-  for (const char* bad : {"(?=a)", "(a", "a{2", "a**", "\\1", "\\bword", "[z-a]", "a^b", "*a"}) {
+  // (a lone surrogate: found by fuzz_grammar, it made text that is not UTF-8)
+  for (const char* bad : {"(?=a)", "(a", "a{2", "a**", "\\1", "\\bword", "[z-a]", "a^b", "*a",
+                          "\"e\\ud83d}", "\\ude00", "a{6,5}", "a{99999}", "(|a)+", "(a?b*)*x"}) {
     EXPECT_THROW(regex_to_gbnf(bad), GrammarError) << bad;
   }
 }
