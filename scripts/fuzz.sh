@@ -94,7 +94,9 @@ for t in "${TARGETS[@]}"; do
   # inputs adds an edge to them. Edges, not hit counts (-use_counters=0):
   # counters would keep thousands of near-copies in the repository.
   cp "$corpus"/seed-* "$out/merged/" 2>/dev/null || true
+  # (a crashing input met while merging is written under $out, not here)
   if "$BUILD/tests/fuzz/fuzz_$t" -merge=1 -use_counters=0 -close_fd_mask=1 -rss_limit_mb=2048 -timeout=25 \
+    -artifact_prefix="$out/" \
     "$out/merged" "$corpus" "$out/new" >"$out/merge.log" 2>&1; then
     find "$corpus" -type f -delete
     cp "$out/merged"/* "$corpus/"
