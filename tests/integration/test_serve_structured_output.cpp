@@ -4,6 +4,7 @@
 // tool call comes back as tool_calls; a server that cannot is clear why.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -115,6 +116,17 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
   for (char c : counted) numbers += c == ',';
   EXPECT_EQ(numbers, 2) << counted;
   EXPECT_EQ(json::parse(g.body)["choices"][0]["finish_reason"], "stop") << counted;
+  const auto rx = s.complete({{"prompt", "Code:"},
+                              {"max_tokens", 20},
+                              {"temperature", 0.7},
+                              {"seed", 5},
+                              {"guided_regex", "[A-Z]{2}-\\d{3}"}});
+  ASSERT_EQ(rx.status, 200) << rx.body;
+  const std::string code = json::parse(rx.body)["choices"][0]["text"];
+  ASSERT_EQ(code.size(), 6u) << code;
+  EXPECT_TRUE(std::isupper(code[0]) && std::isupper(code[1]) && code[2] == '-' &&
+              std::isdigit(code[3]) && std::isdigit(code[4]) && std::isdigit(code[5]))
+      << code;
   const auto gj = s.complete({{"prompt", "A list:"},
                               {"max_tokens", 60},
                               {"temperature", 0},
@@ -127,16 +139,31 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
   EXPECT_GE(list.size(), 2u);
   EXPECT_LE(list.size(), 4u);
   for (const json& b : list) EXPECT_TRUE(b.is_boolean()) << gj.body;
+  // A pattern holds a string's content: two capitals and two digits.
+  const ojson code_schema = ojson::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"}}, "required": ["code"]})");
+  const json coded = post_chat(
+      s, {{"messages", messages},
+          {"max_tokens", 40},
+          {"temperature", 0},
+          {"response_format",
+           {{"type", "json_schema"}, {"json_schema", {{"name", "c"}, {"schema", code_schema}}}}}});
+  const json code_doc = json::parse(coded["choices"][0]["message"]["content"].get<std::string>());
+  const std::string code2 = code_doc["code"];
+  ASSERT_EQ(code2.size(), 4u) << code2;
+  EXPECT_TRUE(std::isupper(code2[0]) && std::isupper(code2[1]) && std::isdigit(code2[2]) &&
+              std::isdigit(code2[3]))
+      << code2;
   // A schema that cannot be enforced: 400 naming the keyword; the server serves on.
-  const json bad =
-      post_chat(s,
-                {{"messages", messages},
-                 {"response_format",
-                  {{"type", "json_schema"},
-                   {"json_schema",
-                    {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^[a-z]+$"}}}}}}}},
-                400);
-  EXPECT_NE(bad["error"]["message"].get<std::string>().find("pattern"), std::string::npos)
+  const json bad = post_chat(
+      s,
+      {{"messages", messages},
+       {"response_format",
+        {{"type", "json_schema"},
+         {"json_schema",
+          {{"name", "x"}, {"schema", {{"type", "integer"}, {"multipleOf", 5}}}}}}}},
+      400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos)
       << bad.dump();
   EXPECT_EQ(post_chat(s, {{"messages", messages}, {"max_tokens", 5}})["choices"].size(), 1u);
 }
