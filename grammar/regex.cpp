@@ -281,11 +281,7 @@ class RegexConverter {
     auto hex = [&](int digits) {
       uint32_t v = 0;
       for (int i = 0; i < digits; ++i) {
-        const char h = peek();
-        int d = -1;
-        if (h >= '0' && h <= '9') d = h - '0';
-        if (h >= 'a' && h <= 'f') d = h - 'a' + 10;
-        if (h >= 'A' && h <= 'F') d = h - 'A' + 10;
+        const int d = hex_digit(peek());
         if (d < 0) fail("expected " + std::to_string(digits) + " hex digits");
         v = v * 16 + uint32_t(d);
         ++pos_;

@@ -65,4 +65,12 @@ inline bool utf8_prefix_range(std::string_view prefix, uint32_t* lo, uint32_t* h
   return *lo <= *hi;
 }
 
+// 0-15 for a hex digit, else -1.
+inline int hex_digit(char h) {
+  if (h >= '0' && h <= '9') return h - '0';
+  if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+  if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+  return -1;
+}
+
 }  // namespace troupe::grammar
