@@ -37,7 +37,7 @@ std::string id_set_problem(const char* name, const std::vector<int>& ids, int mo
 
 }  // namespace
 
-std::string sampling_problem(const SamplingParams& s, int vocab_size) {
+std::string sampling_problem(const SamplingParams& s, int vocab_size, bool parse_grammar) {
   if (!(std::isfinite(s.temperature) && s.temperature >= 0))
     return "sampling.temperature " + str(double(s.temperature)) + " is not a number >= 0";
   if (!(s.top_p > 0 && s.top_p <= 1))
@@ -95,7 +95,7 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size) {
   if (s.grammar.size() > kMaxGrammarBytes)
     return "sampling.grammar has " + str(int64_t(s.grammar.size())) + " bytes, more than " +
            str(int64_t(kMaxGrammarBytes));
-  if (!s.grammar.empty())
+  if (parse_grammar && !s.grammar.empty())
     if (std::string e = grammar::grammar_problem(s.grammar); !e.empty())
       return "sampling.grammar: " + e;
   return {};
@@ -206,7 +206,8 @@ std::string step_problem(const std::vector<StepItem>& items, int microbatches,
     // sequence may carry more than it ends at, but never past the context).
     if (it.generated < 0 || (limits.context_length > 0 && it.generated > limits.context_length))
       return item + ": generated " + str(int64_t(it.generated)) + " is not in [0, context]";
-    if (auto p = sampling_problem(it.sampling, limits.vocab_size); !p.empty())
+    if (auto p = sampling_problem(it.sampling, limits.vocab_size, /*parse_grammar=*/false);
+        !p.empty())
       return item + ": " + p;
     // The sequence as far as known: through this item's tokens, and ending
     // with them where the item samples (its output is the history's end).

@@ -33,8 +33,12 @@ struct StepLimits {
 };
 
 // As the sampler and its penalties take them (their constructors throw
-// otherwise); the bias's ids inside the vocabulary when vocab_size > 0.
-std::string sampling_problem(const SamplingParams& s, int vocab_size = 0);
+// otherwise); the bias's ids inside the vocabulary when vocab_size > 0. With
+// `parse_grammar`, a grammar must also parse (once per request, at the
+// batcher; a step's items, checked every step, are held to its size only:
+// the engine ends a sequence whose grammar it cannot follow).
+std::string sampling_problem(const SamplingParams& s, int vocab_size = 0,
+                             bool parse_grammar = true);
 
 // (start, plan, ...) and (part, plan) at a node.
 std::string replica_plan_problem(const ReplicaPlan& p);

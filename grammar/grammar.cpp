@@ -332,12 +332,8 @@ class GrammarBuilder {
     ++pos_;
     auto hex = [&](int digits) {
       uint32_t v = 0;
-      for (int i = 0; i < digits; ++i) {
-        const int d = hex_digit(peek());
-        if (d < 0) fail("expected " + std::to_string(digits) + " hex digits");
-        v = v * 16 + uint32_t(d);
-        ++pos_;
-      }
+      if (!read_hex(text_, &pos_, digits, &v))
+        fail("expected " + std::to_string(digits) + " hex digits");
       if (v > 0x10FFFF) fail("code point out of range");
       return v;
     };

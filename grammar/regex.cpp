@@ -280,12 +280,8 @@ class RegexConverter {
     const char e = re_[pos_++];
     auto hex = [&](int digits) {
       uint32_t v = 0;
-      for (int i = 0; i < digits; ++i) {
-        const int d = hex_digit(peek());
-        if (d < 0) fail("expected " + std::to_string(digits) + " hex digits");
-        v = v * 16 + uint32_t(d);
-        ++pos_;
-      }
+      if (!read_hex(re_.substr(0, std::min(end_, re_.size())), &pos_, digits, &v))
+        fail("expected " + std::to_string(digits) + " hex digits");
       return v;
     };
     switch (e) {

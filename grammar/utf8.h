@@ -65,12 +65,21 @@ inline bool utf8_prefix_range(std::string_view prefix, uint32_t* lo, uint32_t* h
   return *lo <= *hi;
 }
 
-// 0-15 for a hex digit, else -1.
-inline int hex_digit(char h) {
-  if (h >= '0' && h <= '9') return h - '0';
-  if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-  if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-  return -1;
+// `digits` hex digits of `text` from *pos on, read into *value (*pos moves
+// past them); false, with *pos at the first that is not one, when too few.
+inline bool read_hex(std::string_view text, size_t* pos, int digits, uint32_t* value) {
+  uint32_t v = 0;
+  for (int i = 0; i < digits; ++i, ++*pos) {
+    const char h = *pos < text.size() ? text[*pos] : '\0';
+    int d = -1;
+    if (h >= '0' && h <= '9') d = h - '0';
+    if (h >= 'a' && h <= 'f') d = h - 'a' + 10;
+    if (h >= 'A' && h <= 'F') d = h - 'A' + 10;
+    if (d < 0) return false;
+    v = v * 16 + uint32_t(d);
+  }
+  *value = v;
+  return true;
 }
 
 }  // namespace troupe::grammar

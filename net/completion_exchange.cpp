@@ -51,8 +51,8 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
                                                 std::to_string(meta_.index) + "-");
   }
   if (params_.api == openai::Api::Chat && params_.reasoning != ReasoningParser::None)
-    reasoning_.emplace(params_.reasoning,
-                       openai::prompt_opens_reasoning(params_.prompt_text.value_or("")));
+    reasoning_.emplace(params_.reasoning, params_.prompt_text &&
+                                              openai::prompt_opens_reasoning(*params_.prompt_text));
 }
 
 openai::ReasoningSplit CompletionExchange::split(const std::string& text) {
