@@ -36,8 +36,9 @@ namespace troupe {
 // log-probabilities (SamplingParams), the sequence's history on the step
 // items that need it. 12: min_p, min_tokens, stop_token_ids,
 // allowed_token_ids and bad_words (SamplingParams). 13: grammar
-// (SamplingParams, structured output).
-inline constexpr uint32_t kWireProtocol = 13;
+// (SamplingParams, structured output). 14: where the answer's reasoning is,
+// which a grammar leaves free (SamplingParams::reasoning).
+inline constexpr uint32_t kWireProtocol = 14;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -96,12 +97,13 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
                  x.logit_bias.emplace_back(bias_ids[i], std::bit_cast<float>(bias_bits[i]));
                return caf::none;
              }),
-             min_p, x.min_tokens, x.stop_token_ids, x.allowed_token_ids, x.bad_words, x.grammar);
+             min_p, x.min_tokens, x.stop_token_ids, x.allowed_token_ids, x.bad_words, x.grammar,
+             x.reasoning);
   } else {
     return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_p, x.top_k, x.seed,
              x.logprobs, x.prompt_logprobs, x.presence_penalty, x.frequency_penalty,
              x.repetition_penalty, x.logit_bias, x.min_p, x.min_tokens, x.stop_token_ids,
-             x.allowed_token_ids, x.bad_words, x.grammar);
+             x.allowed_token_ids, x.bad_words, x.grammar, x.reasoning);
   }
 }
 

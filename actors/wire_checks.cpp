@@ -98,6 +98,8 @@ std::string sampling_problem(const SamplingParams& s, int vocab_size, bool parse
   if (parse_grammar && !s.grammar.empty())
     if (std::string e = grammar::grammar_problem(s.grammar); !e.empty())
       return "sampling.grammar: " + e;
+  if (s.reasoning < ReasoningStart::None || s.reasoning > ReasoningStart::Open)
+    return "sampling.reasoning " + str(int64_t(s.reasoning)) + " is not a reasoning start";
   return {};
 }
 

@@ -50,6 +50,9 @@ LogitPenalties::LogitPenalties(const SamplingParams& params, std::span<const int
 
 void LogitPenalties::start_grammar() {
   grammar_failed_ = grammar_.unavailable;
+  phase_ = params_.reasoning == ReasoningStart::None ? Phase::Reply : Phase::Reasoning;
+  reasoning_.reset();
+  if (phase_ == Phase::Reasoning) reasoning_.emplace(params_.reasoning);
   try {
     matcher_.emplace(grammar_.grammar, grammar_.cache);
   } catch (const grammar::GrammarError& e) {
@@ -65,14 +68,38 @@ bool LogitPenalties::is_end(int id) const {
 void LogitPenalties::advance_grammar(int id) {
   if (!matcher_ || grammar_failed_ || is_end(id)) return;
   if (id < 0 || id >= grammar_.vocab->size() || grammar_.vocab->is_control(id)) return;
+  std::string_view bytes = grammar_.vocab->bytes(id);
+  std::string reply;
+  if (phase_ == Phase::Reasoning) {
+    reply = reasoning_->push(bytes).content;
+    if (!reasoning_->in_content()) return;
+    reasoning_.reset();
+    phase_ = Phase::Reply;
+    bytes = reply;
+  }
   try {
-    matcher_->accept(grammar_.vocab->bytes(id));
+    matcher_->accept(bytes);
   } catch (const grammar::GrammarError& e) {
     // Too ambiguous to follow any further: end the sequence rather than
     // let it go on unconstrained.
     spdlog::error("structured output: {}; the sequence is ended", e.what());
     grammar_failed_ = true;
   }
+}
+
+bool LogitPenalties::takes_undecided(std::string_view bytes) const {
+  // What the filter holds (whitespace, or the first bytes of "<think>" the
+  // grammar took as text) goes on with the token, as reasoning or reply.
+  const std::string text = std::string(reasoning_->held()).append(bytes);
+  const size_t first = text.find_first_not_of(" \n\t\r");
+  const std::string_view rest =
+      first == std::string::npos ? std::string_view() : std::string_view(text).substr(first);
+  // "<think>" comes whole, as reasoning models have it (one token), unless
+  // the grammar took its first bytes: a model that merely leans to "<" is
+  // not led into reasoning by it.
+  if (rest.starts_with(kReasoningOpen)) return true;
+  if (!reasoning_->held_after_space().empty() && kReasoningOpen.starts_with(rest)) return true;
+  return matcher_->allows(text);
 }
 
 void LogitPenalties::apply_grammar(std::vector<float>& out) const {
@@ -82,16 +109,20 @@ void LogitPenalties::apply_grammar(std::vector<float>& out) const {
       if (!is_end(int(id))) out[id] = kMasked;
   };
   if (grammar_failed_ || !matcher_) return ends_only();
+  // The reasoning itself is free.
+  if (phase_ == Phase::Reasoning && !reasoning_->undecided()) return;
   const grammar::TokenVocabulary& vocab = *grammar_.vocab;
   const bool complete = matcher_->is_complete();
+  const bool undecided = phase_ == Phase::Reasoning;
+  auto takes = [&](int id) {
+    if (id >= vocab.size() || vocab.is_control(id)) return false;
+    return undecided ? takes_undecided(vocab.bytes(id)) : matcher_->allows(vocab.bytes(id));
+  };
   // Greedy needs only the best token: when the grammar takes it, it is also
   // the best of those the grammar takes (and the lowest id among equals).
   if (params_.temperature <= 0) {
     const int best = argmax(out);
-    const bool takes = is_end(best) ? complete
-                                    : best < vocab.size() && !vocab.is_control(best) &&
-                                          matcher_->allows(vocab.bytes(best));
-    if (takes && out[size_t(best)] != kMasked) return;
+    if ((is_end(best) ? complete : takes(best)) && out[size_t(best)] != kMasked) return;
   }
   try {
     matcher_->allowed_tokens(vocab, allowed_);
@@ -99,6 +130,17 @@ void LogitPenalties::apply_grammar(std::vector<float>& out) const {
     spdlog::error("structured output: {}; the sequence is ended", e.what());
     grammar_failed_ = true;
     return ends_only();
+  }
+  if (undecided) {
+    // The trie walk found the tokens the grammar takes as they are: right
+    // when nothing is held, but for those that may open the reasoning.
+    const bool held = !reasoning_->held().empty();
+    for (size_t id = 0; id < allowed_.size(); ++id) {
+      if (vocab.is_control(int(id))) continue;
+      const std::string& b = vocab.bytes(int(id));
+      if (held || (!b.empty() && (is_reasoning_space(b[0]) || b[0] == '<')))
+        allowed_[id] = takes_undecided(b) ? 1 : 0;
+    }
   }
   bool any = false;
   for (size_t id = 0; id < n; ++id) {

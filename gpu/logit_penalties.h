@@ -20,6 +20,7 @@
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
 #include "grammar/token_vocabulary.h"
+#include "service/reasoning_filter.h"
 #include "service/request.h"
 #include "service/step_item.h"
 
@@ -50,7 +51,9 @@ class LogitPenalties {
   // been generated (`generated` so far: a sequence resumed elsewhere).
   // With `grammar` (the params' grammar, compiled), only tokens that keep the
   // output a prefix of the grammar's matches are drawn, and the end ids
-  // (eos_ids and stop_token_ids) only when it is a whole match.
+  // (eos_ids and stop_token_ids) only when it is a whole match. With the
+  // params' `reasoning`, that output is the reply after the reasoning (the
+  // reasoning is free, and may end the answer).
   explicit LogitPenalties(const SamplingParams& params, std::span<const int> eos_ids = {},
                           int generated = 0, GrammarContext grammar = {});
 
@@ -76,12 +79,20 @@ class LogitPenalties {
   // The grammar's state after `id`; a token it refuses (one drawn when
   // nothing was allowed) leaves it where it was.
   void advance_grammar(int id);
+  // Where the answer may open reasoning or start its reply: whether a token
+  // with these bytes may come next.
+  bool takes_undecided(std::string_view bytes) const;
 
   SamplingParams params_;
-  std::vector<int> ends_;  // ids that end the sequence: -inf before min_tokens
+  std::vector<int> ends_;     // ids that end the sequence: -inf before min_tokens
   std::vector<int> end_ids_;  // all of them, for the grammar
   GrammarContext grammar_;
   std::optional<grammar::Matcher> matcher_;
+  // Where the grammar stands in the answer: before its reply (in the
+  // reasoning, or where the answer may still open it: told by `reasoning_`,
+  // as the front end tells them apart), or following the reply.
+  enum class Phase { Reasoning, Reply } phase_ = Phase::Reply;
+  std::optional<ReasoningFilter> reasoning_;
   mutable bool grammar_failed_ = false;  // the grammar could not be followed: only ends
   mutable std::vector<uint8_t> allowed_;
   int generated_ = 0;

@@ -15,6 +15,13 @@ double seconds(CompletionExchange::Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// Where a chat answer's reasoning is, by the server's parser and the
+// prompt's end; the text a completion (not a chat) gets is never split.
+ReasoningStart answer_reasoning(const openai::CompletionParams& p) {
+  if (p.api != openai::Api::Chat) return ReasoningStart::None;
+  return reasoning_start(p.reasoning, p.prompt_text ? std::string_view(*p.prompt_text) : "");
+}
+
 }  // namespace
 
 void record(const ExchangeFigures& f, Metrics& m) {
@@ -50,13 +57,12 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
                                                 std::to_string(meta_.index) + "-");
   }
-  if (params_.api == openai::Api::Chat && params_.reasoning != ReasoningParser::None)
-    reasoning_.emplace(params_.reasoning, params_.prompt_text &&
-                                              openai::prompt_opens_reasoning(*params_.prompt_text));
+  if (const ReasoningStart start = answer_reasoning(params_); start != ReasoningStart::None)
+    reasoning_.emplace(start);
 }
 
-openai::ReasoningSplit CompletionExchange::split(const std::string& text) {
-  openai::ReasoningSplit out;
+ReasoningSplit CompletionExchange::split(const std::string& text) {
+  ReasoningSplit out;
   if (reasoning_)
     out = reasoning_->push(text);
   else
@@ -142,7 +148,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     return step;
   }
   released_bytes_ += int64_t(out.size());
-  openai::ReasoningSplit piece = split(out);
+  ReasoningSplit piece = split(out);
   out = std::move(piece.content);
   if (!params_.stream) {
     text_ += out;
@@ -162,9 +168,9 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
                                     lp ? &*lp : nullptr, /*reasoning=*/true);
   } else {
     chunk += reasoning_chunk(piece.reasoning, generated_tokens());
-    chunk += openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
-                                    chunk_usage(generated_tokens()), ids_to_send(),
-                                    lp ? &*lp : nullptr);
+    chunk +=
+        openai::sse_text_chunk(meta_, take_echo_text() + out, std::nullopt,
+                               chunk_usage(generated_tokens()), ids_to_send(), lp ? &*lp : nullptr);
   }
   ids_.clear();
   return stream(std::move(chunk), /*last=*/false);
@@ -212,11 +218,11 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   released_bytes_ += int64_t(tail.size());
   if (stop_.stopped()) drop_logprobs_past_text();
   const auto lp = take_logprobs();
-  openai::ReasoningSplit piece = split(tail);
+  ReasoningSplit piece = split(tail);
   if (reasoning_) {
     // What the reasoning filter held: its reply part goes through the
     // tool-call filter like the rest.
-    openai::ReasoningSplit held = reasoning_->finish();
+    ReasoningSplit held = reasoning_->finish();
     piece.reasoning += held.reasoning;
     piece.content += tool_calls_ ? tool_calls_->push(held.content) : held.content;
   }
@@ -229,11 +235,10 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
   }
   const std::vector<openai::ToolCall>* called = calls.empty() ? nullptr : &calls;
   if (params_.stream) {
-    std::string events =
-        opening() + reasoning_chunk(piece.reasoning, usage.completion_tokens) +
-        openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
-                                  chunk_usage(usage.completion_tokens), ids_to_send(),
-                                  lp ? &*lp : nullptr, called);
+    std::string events = opening() + reasoning_chunk(piece.reasoning, usage.completion_tokens) +
+                         openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
+                                                   chunk_usage(usage.completion_tokens),
+                                                   ids_to_send(), lp ? &*lp : nullptr, called);
     // One choice of several: the stream goes on with the others'
     // (CompletionChoices ends it).
     const bool last = !one_of_several_;
@@ -246,9 +251,9 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     std::optional<std::string> reasoning;
     if (reasoning_ && reasoning_->has_reasoning()) reasoning = reasoning_text_;
     step.response.emplace();
-    step.response->body = openai::dump(
-        openai::completion_response(meta_, take_echo_text() + text_, reason, usage, ids_to_send(),
-                                    lp ? &*lp : nullptr, called, reasoning_ ? &reasoning : nullptr));
+    step.response->body = openai::dump(openai::completion_response(
+        meta_, take_echo_text() + text_, reason, usage, ids_to_send(), lp ? &*lp : nullptr, called,
+        reasoning_ ? &reasoning : nullptr));
   }
   state_ = State::Finished;
   step.finished = figures(200, end);
@@ -413,6 +418,7 @@ CompletionRequest service_request(uint64_t request_id, const openai::CompletionP
   r.sampling.allowed_token_ids = params.allowed_token_ids;
   r.sampling.bad_words = params.bad_words;
   r.sampling.grammar = params.grammar;
+  if (!params.grammar.empty()) r.sampling.reasoning = answer_reasoning(params);
   r.priority = params.priority;
   r.timeout_s = timeout_s;
   r.ignore_eos = params.ignore_eos;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "net/openai_api.h"
-#include "net/reasoning.h"
 #include "net/response.h"
 #include "service/completion_service.h"
+#include "service/reasoning_filter.h"
 #include "text/stop_strings.h"
 #include "text/text_streamer.h"
 
@@ -125,11 +125,11 @@ class CompletionExchange {
   std::optional<openai::ToolCallFilter> tool_calls_;
   // A server with a reasoning parser: the answer's reasoning told from its
   // reply (tool calls are read from the reply).
-  std::optional<openai::ReasoningFilter> reasoning_;
+  std::optional<ReasoningFilter> reasoning_;
   std::string reasoning_text_;  // non-streaming: the reasoning so far
   // The text released for a token (or the end) as reasoning and reply, the
   // reply through the tool-call filter.
-  openai::ReasoningSplit split(const std::string& text);
+  ReasoningSplit split(const std::string& text);
   // A stream's chunk of reasoning, or "" for none.
   std::string reasoning_chunk(const std::string& reasoning, int completion_tokens);
   Clock::time_point submitted_, first_token_, last_token_;

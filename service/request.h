@@ -9,6 +9,13 @@
 
 namespace troupe {
 
+// Where an answer's reasoning ("<think>...</think>") is, as a reasoning
+// parser reads it (service/reasoning_filter.h): None, there is none; Optional,
+// only an answer that opens with "<think>" has it (qwen3); Open, the answer
+// starts inside it, "<think>" written or not (deepseek_r1, or a prompt the
+// chat template ended with "<think>").
+enum class ReasoningStart { None, Optional, Open };
+
 struct SamplingParams {
   float temperature = 1;  // 0: greedy (argmax)
   float top_p = 1;        // in (0, 1]; 1: off
@@ -48,6 +55,10 @@ struct SamplingParams {
   // the output's text must follow; only tokens that keep it a prefix of a
   // match are drawn, and the end of sequence only once it is a whole one.
   std::string grammar{};
+  // With a grammar: the answer's reasoning, which the grammar leaves free.
+  // The grammar shapes what follows it (vLLM's semantics with a reasoning
+  // parser), after the reply's leading whitespace.
+  ReasoningStart reasoning = ReasoningStart::None;
 
   // Whether the logits are changed before the draw at all.
   bool adjusts_logits() const {

@@ -123,6 +123,7 @@ inline std::vector<WireSample> wire_samples() {
   penalized.allowed_token_ids = {1, 7, 9, 31, 40};
   penalized.bad_words = {{9, 31}, {1}};
   penalized.grammar = "root ::= [0-9]+ (\",\" [0-9]+)*\n";
+  penalized.reasoning = ReasoningStart::Open;
   add("penalized", M::Assignment,
       wire_encode(Assignment{10, {1, 9, 31, 31}, 1, 8, penalized, false}));
 

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "actors/wire_checks.h"
-#include "gpu/sampler.h"
 #include "deploy/config.h"
 #include "faults/fault_book.h"
 #include "faults/fault_json.h"
 #include "fuzz/wire_samples.h"
 #include "gpu/checkpoint.h"
+#include "gpu/sampler.h"
 #include "net/openai_api.h"
 #include "support/test_support.h"
 #include "text/jinja/template.h"
@@ -325,7 +325,9 @@ TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
 // ends such a request as the server's cancel. (The second finding has
 // SamplingParams::logprobs = -1 inserted, as protocol 10 encodes it, and
 // both have no prompt log-probabilities, penalties nor bias inserted after
-// it, as protocol 11 encodes them.)
+// it, as protocol 11 encodes them. Every assignment finding has since had
+// the fields later protocols added inserted as their defaults: 14's
+// reasoning start after the grammar.)
 TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
   Assignment a;
   decode_finding("assignment-token-outside-vocabulary.bin", a);

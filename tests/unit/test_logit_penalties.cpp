@@ -330,6 +330,164 @@ TEST(LogitPenalties, AGrammarHoldsTheDrawsToItsMatches) {
   }
 }
 
+// Tokens of a reasoning model's answer: "<think>", "</think>", words,
+// whitespace, and the digits grammar's own.
+struct ReasoningVocab {
+  enum : int {
+    Bos,
+    Eos,
+    Open,
+    Close,
+    Hmm,
+    Para,
+    Space,
+    Th,
+    Ink,
+    Lbr,
+    SpaceLbr,
+    Rbr,
+    Comma,
+    One,
+    X
+  };
+  static VocabularySource source() {
+    std::vector<std::string> bytes = {"<s>",  "</s>", "<think>", "</think>", "hmm",
+                                      "\n\n", " ",    "<th",     "ink>",     "[",
+                                      " [",   "]",    ",",       "1",        "x"};
+    std::vector<bool> control(bytes.size(), false);
+    control[Bos] = control[Eos] = true;
+    auto vocab = std::make_shared<const grammar::TokenVocabulary>(bytes, control);
+    return [vocab] { return vocab; };
+  }
+};
+
+// With a reasoning parser the grammar shapes the reply, not the reasoning
+// (vLLM's semantics): the reasoning is free; the reply right after
+// "</think>" follows the grammar; an answer that may have no reasoning
+// (qwen3) opens "<think>" or starts the reply.
+TEST(LogitPenalties, WithReasoningTheGrammarShapesTheReplyAfterIt) {
+  using V = ReasoningVocab;
+  const std::string gbnf = "root ::= \"[\" [0-9] (\",\" [0-9])* \"]\"\n";
+  // Greedy draws where each step's logits favour one token, then "x" (which
+  // no grammar here takes), then "]" a little.
+  auto draw = [&](ReasoningStart start, const std::vector<std::vector<int>>& favoured,
+                  const std::string* other_grammar = nullptr) {
+    SequenceSamplers samplers;
+    samplers.set_eos_ids({V::Eos});
+    samplers.set_vocabulary(V::source());
+    StepItem item;
+    item.seq = 1;
+    item.sample = true;
+    item.sampling.temperature = 0;
+    item.sampling.grammar = other_grammar ? *other_grammar : gbnf;
+    item.sampling.reasoning = start;
+    std::vector<int> out;
+    for (const auto& ids : favoured) {
+      std::vector<float> logits(15, 0.0f);
+      logits[V::X] = 5;
+      logits[V::Rbr] = 1;
+      float v = 9;
+      for (int id : ids) logits[size_t(id)] = v--;
+      out.push_back(samplers.sample(item, logits));
+    }
+    return out;
+  };
+  using R = ReasoningStart;
+  // Reasoning opened by the answer is free, "x" included; the reply then
+  // follows the grammar from its first byte ("\n\n" is not the grammar's).
+  EXPECT_EQ(
+      draw(R::Optional, {{V::Open}, {V::X}, {V::Hmm}, {V::Close}, {V::Para, V::Lbr}, {V::One}}),
+      (std::vector<int>{V::Open, V::X, V::Hmm, V::Close, V::Lbr, V::One}));
+  // Where the prompt opened it, the answer starts inside the reasoning.
+  EXPECT_EQ(draw(R::Open, {{V::Hmm}, {V::Eos}}), (std::vector<int>{V::Hmm, V::Eos}));
+  EXPECT_EQ(draw(R::Open, {{V::Close}, {V::SpaceLbr}, {V::Hmm, V::One}}),
+            (std::vector<int>{V::Close, V::Lbr, V::One}));
+  // qwen3 without "<think>": the grammar from the first token of the reply.
+  EXPECT_EQ(draw(R::Optional, {{V::Hmm, V::Lbr}, {V::Para}, {V::Eos}}),
+            (std::vector<int>{V::Lbr, V::One, V::Rbr}))
+      << "'hmm' is neither reasoning nor the grammar's; '\n\n' inside the reply neither";
+  // Whitespace the grammar takes may come before "<think>" too.
+  const std::string spaced = "root ::= [ ]* \"[\" [0-9] \"]\"\n";
+  EXPECT_EQ(draw(R::Optional, {{V::Space}, {V::Open}, {V::X}}, &spaced),
+            (std::vector<int>{V::Space, V::Open, V::X}));
+  EXPECT_EQ(draw(R::Optional, {{V::Space}, {V::SpaceLbr}, {V::Hmm, V::One}}, &spaced),
+            (std::vector<int>{V::Space, V::SpaceLbr, V::One}));
+  EXPECT_EQ(draw(R::Optional, {{V::Space}, {V::Th, V::Lbr}}, &spaced),
+            (std::vector<int>{V::Space, V::Lbr}));
+  // "<think>" comes whole: its first bytes alone are text like any other.
+  EXPECT_EQ(draw(R::Optional, {{V::Th, V::Lbr}}), (std::vector<int>{V::Lbr}));
+  // Where the grammar takes them, the rest of the marker may follow.
+  const std::string tag = "root ::= \"<th\" [a-z]+\n";
+  EXPECT_EQ(draw(R::Optional, {{V::Th}, {V::Lbr, V::Ink}, {V::X}}, &tag),
+            (std::vector<int>{V::Th, V::Ink, V::X}));
+  EXPECT_EQ(draw(R::Optional, {{V::Th}, {V::Lbr, V::Hmm}, {V::Eos}}, &tag),
+            (std::vector<int>{V::Th, V::Hmm, V::Eos}));
+  // Without a reasoning parser "<think>" is text the grammar refuses.
+  EXPECT_EQ(draw(R::None, {{V::Open, V::Lbr}}), (std::vector<int>{V::Lbr}));
+
+  // Sampled at random, with the model tempted everywhere: the reply the
+  // front end's filter tells from the answer follows the grammar, and a
+  // sequence resumed from its history continues exactly.
+  const auto vocab = V::source()();
+  for (R start : {R::Optional, R::Open, R::None}) {
+    int reasoned = 0, replied = 0;  // answers with reasoning; with a whole reply
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      auto run = [&](std::vector<int> tokens, int generated) {
+        SequenceSamplers samplers;
+        samplers.set_eos_ids({V::Eos});
+        samplers.set_vocabulary(V::source());
+        StepItem item;
+        item.seq = 3;
+        item.sample = true;
+        item.sampling.temperature = 1;
+        item.sampling.seed = seed;
+        item.sampling.grammar = gbnf;
+        item.sampling.reasoning = start;
+        item.history = tokens;
+        item.generated = generated;
+        std::vector<int> out;
+        while (generated < 60) {
+          std::vector<float> logits = random_logits(15, seed * 1000 + uint64_t(tokens.size()));
+          logits[V::X] += 2;
+          const int id = samplers.sample(item, logits);
+          out.push_back(id);
+          tokens.push_back(id);
+          item.history.clear();
+          item.generated = ++generated;
+          if (id == V::Eos) break;
+        }
+        return out;
+      };
+      const std::vector<int> prompt = {V::Bos, V::X};
+      const std::vector<int> whole = run(prompt, 0);
+      ReasoningFilter filter(start);
+      std::string reply;
+      for (int id : whole)
+        if (id != V::Eos) reply += filter.push(vocab->bytes(id)).content;
+      reply += filter.finish().content;
+      grammar::Matcher m(std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(gbnf)));
+      ASSERT_TRUE(m.accept(reply)) << "reply " << reply << ", seed " << seed;
+      if (whole.back() == V::Eos && filter.in_content()) {
+        EXPECT_TRUE(m.is_complete()) << reply;
+        replied += m.is_complete() ? 1 : 0;
+      }
+      reasoned += filter.has_reasoning() ? 1 : 0;
+      for (size_t k = 1; k < whole.size(); k += 3) {
+        std::vector<int> tokens = prompt;
+        tokens.insert(tokens.end(), whole.begin(), whole.begin() + long(k));
+        ASSERT_EQ(run(tokens, int(k)), std::vector<int>(whole.begin() + long(k), whole.end()))
+            << "resumed after " << k << ", seed " << seed;
+      }
+    }
+    // The draws went every way the test means to check.
+    EXPECT_GT(replied, 5) << int(start);
+    const int expected_low = start == R::Optional ? 6 : start == R::Open ? 40 : 0;
+    const int expected_high = start == R::Optional ? 34 : start == R::Open ? 40 : 0;
+    EXPECT_GE(reasoned, expected_low) << int(start);
+    EXPECT_LE(reasoned, expected_high) << int(start);
+  }
+}
+
 // A grammar the engine cannot follow (no vocabulary; a text that does not
 // parse, which the front end and the wire checks refuse before) ends the
 // sequence at once, logged, instead of failing the step of every sequence.

@@ -222,9 +222,12 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.grammar = "root ::= (\"a\""; })),
                     "sampling.grammar: grammar: line 1"));
   EXPECT_EQ(sampling_problem(with([](auto& p) { p.grammar = "root ::= [0-9]+"; })), "");
+  EXPECT_TRUE(names(sampling_problem(with([](auto& p) { p.reasoning = ReasoningStart(7); })),
+                    "sampling.reasoning 7"));
   // And they cross exactly.
   SamplingParams p;
   p.grammar = "root ::= \"{\" [^}]* \"}\"\n";
+  p.reasoning = ReasoningStart::Optional;
   p.allowed_token_ids = {0, 9};
   p.bad_words = {{1, 2}, {3}};
   p.min_p = 1e-40f;
@@ -241,6 +244,7 @@ TEST(WireChecks, VllmSamplingOptionsAsTheSamplerTakesThem) {
   EXPECT_EQ(q.allowed_token_ids, p.allowed_token_ids);
   EXPECT_EQ(q.bad_words, p.bad_words);
   EXPECT_EQ(q.grammar, p.grammar);
+  EXPECT_EQ(q.reasoning, ReasoningStart::Optional);
 }
 
 TEST(WireChecks, PenaltiesCrossTheWireExactly) {
