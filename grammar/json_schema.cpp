@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/number_range.h"
 #include "grammar/regex.h"
 
 namespace troupe::grammar {
@@ -94,13 +95,28 @@ class SchemaCompiler {
     }
     if (!s.is_object()) fail(where, "a schema must be an object or a boolean");
     for (const auto& [k, v] : s.items()) {
-      static const std::set<std::string> known = {
-          "type",   "properties",  "required",        "additionalProperties",
-          "items",  "prefixItems", "minItems",        "maxItems",
-          "enum",   "const",       "anyOf",           "oneOf",
-          "allOf",  "$ref",        "minLength",       "maxLength",
-          "format", "minimum",     "exclusiveMinimum", "maximum", "exclusiveMaximum",
-          "pattern"};
+      static const std::set<std::string> known = {"type",
+                                                  "properties",
+                                                  "required",
+                                                  "additionalProperties",
+                                                  "items",
+                                                  "prefixItems",
+                                                  "minItems",
+                                                  "maxItems",
+                                                  "enum",
+                                                  "const",
+                                                  "anyOf",
+                                                  "oneOf",
+                                                  "allOf",
+                                                  "$ref",
+                                                  "minLength",
+                                                  "maxLength",
+                                                  "format",
+                                                  "minimum",
+                                                  "exclusiveMinimum",
+                                                  "maximum",
+                                                  "exclusiveMaximum",
+                                                  "pattern"};
       if (!known.count(k) && !kAnnotations.count(k))
         fail(at(where, k), "'" + k + "' is not supported in structured output");
       (void)v;
@@ -192,17 +208,56 @@ class SchemaCompiler {
     if (type == "array") return array(s, where, depth);
     if (type == "string") return string(s, where);
     if (type == "integer") return integer(s, where);
-    if (type == "number") {
-      for (const char* key : {"maximum", "exclusiveMaximum", "exclusiveMinimum"})
-        if (s.contains(key)) fail(at(where, key), "is supported for integers, not numbers");
-      if (!s.contains("minimum")) return "json-number";
-      if (!s["minimum"].is_number() || s["minimum"].get<double>() != 0)
-        fail(at(where, "minimum"), "only a minimum of 0 is supported for numbers");
-      return "(json-nat json-frac? json-exp? space)";
-    }
+    if (type == "number") return number(s, where);
     if (type == "boolean") return "json-boolean";
     if (type == "null") return "json-null";
     fail(at(where, "type"), "unknown type '" + type + "'");
+  }
+
+  // Numbers in the range minimum, maximum and their exclusive forms give,
+  // spelled digit by digit without an exponent (which no bound needs).
+  std::string number(const json& s, const std::string& where) {
+    std::optional<NumberBound> lo, hi;
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      if (!s.contains(key)) return;
+      if (!s[key].is_number()) fail(at(where, key), "must be a number");
+      NumberBound b;
+      try {
+        b.value = parse_decimal(s[key].dump(), 15);
+      } catch (const std::invalid_argument&) {
+        fail(at(where, key), "bounds past 10^15, or finer than 10^-15, are not supported");
+      }
+      b.inclusive = !exclusive;
+      std::optional<NumberBound>& slot = lower ? lo : hi;
+      // Of two bounds on one side, the tighter.
+      if (!slot || (lower ? is_below(slot->value, slot->inclusive, b.value, b.inclusive)
+                          : is_below(b.value, !b.inclusive, slot->value, !slot->inclusive)))
+        slot = b;
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!lo && !hi) return "json-number";
+    const std::string range = decimal_range(lo, hi);
+    if (range.empty()) fail(where.empty() ? "minimum" : where, "the bounds allow no number");
+    return "(" + range + " space)";
+  }
+
+  // Whether the lower bound (a, a_inclusive) is looser than (b,
+  // b_inclusive): a < b, or equal with a inclusive and b not. (Upper bounds
+  // ask it with the inclusions turned.)
+  static bool is_below(const Decimal& a, bool a_inclusive, const Decimal& b, bool b_inclusive) {
+    const int c = compare(a, b);
+    return c < 0 || (c == 0 && a_inclusive && !b_inclusive);
+  }
+  static int compare(const Decimal& a, const Decimal& b) {
+    if (a.negative != b.negative) return a.negative ? -1 : 1;
+    const int sign = a.negative ? -1 : 1;
+    if (a.whole.size() != b.whole.size()) return a.whole.size() < b.whole.size() ? -sign : sign;
+    if (a.whole != b.whole) return a.whole < b.whole ? -sign : sign;
+    if (a.fraction != b.fraction) return a.fraction < b.fraction ? -sign : sign;
+    return 0;
   }
 
   // Integers in [min, max] (either side open), from minimum, maximum and
@@ -227,58 +282,20 @@ class SchemaCompiler {
     bound("maximum", false, false);
     bound("exclusiveMaximum", false, true);
     if (!lo && !hi) return "json-integer";
-    if (lo && hi && *lo > *hi) fail(where.empty() ? "minimum" : where, "the bounds allow no integer");
+    if (lo && hi && *lo > *hi)
+      fail(where.empty() ? "minimum" : where, "the bounds allow no integer");
     std::vector<std::string> alts;
-    if (!hi || *hi >= 0) alts.push_back(naturals(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
+    if (!hi || *hi >= 0) alts.push_back(natural_range(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
     if (!lo || *lo < 0) {
       // -1 .. -n: "-" and a positive number from max(1, -hi) up to -lo.
       const int64_t from = hi && *hi < 0 ? -*hi : 1;
       std::optional<int64_t> to;
       if (lo) to = -*lo;
-      alts.push_back("\"-\" " + naturals(from, to));
+      alts.push_back("\"-\" " + natural_range(from, to));
     }
     std::string out;
     for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + a;
     return "((" + out + ") space)";
-  }
-
-  // Non-negative integers in [from, to] (to absent: up to 16 digits).
-  static std::string naturals(int64_t from, std::optional<int64_t> to) {
-    const std::string lo = std::to_string(from);
-    const std::string hi = to ? std::to_string(*to) : std::string(16, '9');
-    std::string out;
-    for (size_t n = lo.size(); n <= hi.size(); ++n) {
-      const std::string a = n == lo.size() ? lo : std::string(1, '1').append(n - 1, '0');
-      const std::string b = n == hi.size() ? hi : std::string(n, '9');
-      out += (out.empty() ? "" : " | ") + same_length(a, b);
-    }
-    return "(" + out + ")";
-  }
-
-  // Digit strings of one length from a to b, a <= b.
-  static std::string same_length(const std::string& a, const std::string& b) {
-    const size_t n = a.size();
-    if (n == 1) return std::string("[") + a[0] + "-" + b[0] + "]";
-    const std::string ra = a.substr(1), rb = b.substr(1);
-    if (a[0] == b[0]) return std::string("\"") + a[0] + "\" (" + same_length(ra, rb) + ")";
-    std::vector<std::string> alts;
-    char first = a[0], last = b[0];
-    if (ra != std::string(n - 1, '0')) {
-      alts.push_back(std::string("\"") + a[0] + "\" (" + same_length(ra, std::string(n - 1, '9')) +
-                     ")");
-      ++first;
-    }
-    const bool hi_whole = rb == std::string(n - 1, '9');
-    if (!hi_whole) --last;
-    if (first <= last)
-      alts.push_back(std::string("[") + first + "-" + last + "] [0-9]{" + std::to_string(n - 1) +
-                     "}");
-    if (!hi_whole)
-      alts.push_back(std::string("\"") + b[0] + "\" (" + same_length(std::string(n - 1, '0'), rb) +
-                     ")");
-    std::string out;
-    for (const std::string& x : alts) out += (out.empty() ? "" : " | ") + x;
-    return "(" + out + ")";
   }
 
   static int count(const json& s, const char* key, const std::string& where) {

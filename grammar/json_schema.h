@@ -9,10 +9,11 @@
 // object without properties takes any keys), items, prefixItems, minItems,
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to
 // #/$defs/... or #/definitions/... (recursion allowed), minLength, maxLength,
-// format date / time / date-time / uuid (other formats: any string), an
-// integer's minimum, maximum, exclusiveMinimum and exclusiveMaximum (up to
-// 10^15), a number's minimum of 0. Annotations (title,
-// description, default, examples, $schema, $id, $comment, ...) are ignored.
+// format date / time / date-time / uuid (other formats: any string), and
+// minimum, maximum, exclusiveMinimum and exclusiveMaximum (up to 10^15, down
+// to 10^-15) on integers and numbers (a bounded number is written without
+// an exponent). Annotations (title, description, default, examples,
+// $schema, $id, $comment, ...) are ignored.
 // Any other keyword constrains in a way the grammar would not enforce, so it
 // is refused, naming it and where it is.
 #include <nlohmann/json.hpp>

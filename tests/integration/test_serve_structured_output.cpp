@@ -33,8 +33,9 @@ const ojson kPerson = ojson::parse(R"({"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20},
     "age": {"type": "integer", "minimum": 0},
     "mood": {"enum": ["happy", "sad"]},
+    "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}},
-  "required": ["name", "age", "mood"]})");
+  "required": ["name", "age", "mood", "score"]})");
 
 // The answer is the JSON of a person as kPerson has it, keys in its order.
 void expect_person(const std::string& text, const std::string& where) {
@@ -47,8 +48,12 @@ void expect_person(const std::string& text, const std::string& where) {
   EXPECT_GE(v["age"].get<int64_t>(), 0) << where;
   ASSERT_TRUE(v.contains("mood")) << where << ": " << text;
   EXPECT_TRUE(v["mood"] == "happy" || v["mood"] == "sad") << where << ": " << text;
+  ASSERT_TRUE(v.contains("score") && v["score"].is_number()) << where << ": " << text;
+  EXPECT_TRUE(v["score"].get<double>() > 0 && v["score"].get<double>() <= 1)
+      << where << ": " << text;
   for (const auto& [k, x] : v.items())
-    EXPECT_TRUE(k == "name" || k == "age" || k == "mood" || k == "tags") << where << ": " << k;
+    EXPECT_TRUE(k == "name" || k == "age" || k == "mood" || k == "score" || k == "tags")
+        << where << ": " << k;
   EXPECT_LT(text.find("\"name\""), text.find("\"age\"")) << where << ": " << text;
 }
 
@@ -160,8 +165,7 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
       {{"messages", messages},
        {"response_format",
         {{"type", "json_schema"},
-         {"json_schema",
-          {{"name", "x"}, {"schema", {{"type", "integer"}, {"multipleOf", 5}}}}}}}},
+         {"json_schema", {{"name", "x"}, {"schema", {{"type", "integer"}, {"multipleOf", 5}}}}}}}},
       400);
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos)
       << bad.dump();
@@ -216,41 +220,68 @@ TEST(ServeStructuredOutput, AForcedToolCallComesBackAsToolCalls) {
   }
 }
 
-// server.reasoning_parser: the answer's <think>...</think> comes back as
-// reasoning_content, whole or streamed (the grammar makes this model write
-// the markers, as a reasoning model would).
-TEST(ServeStructuredOutput, AReasoningParserSplitsTheAnswer) {
-  Server s({"devices=[{kind: cpu, threads: 1}]", "server.reasoning_parser=qwen3"});
+// server.reasoning_parser with structured output: the grammar shapes the
+// reply after the reasoning, and leaves the reasoning free, as vLLM does. A
+// test template opens the reasoning in the prompt when asked (as DeepSeek
+// R1's and Qwen3-Thinking's do), since this model writes no "<think>".
+TEST(ServeStructuredOutput, WithAReasoningParserTheGrammarShapesTheReply) {
+  test::TempDir dir;
+  test::write_file(dir / "think.jinja",
+                   "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                   "{%- if add_generation_prompt %}assistant:{% if think %}<think>\n{% endif %}"
+                   "{% endif %}");
+  Server s({"devices=[{kind: cpu, threads: 1}]", "server.reasoning_parser=qwen3",
+            "server.chat_template_file=" + (dir / "think.jinja").string()});
   const ojson base = {{"messages", {{{"role", "user"}, {"content", "Why?"}}}},
-                      {"max_tokens", 60},
-                      {"temperature", 0},
-                      {"guided_grammar", "root ::= \"<think>\" [a-z ]{3,12} \"</think>\" [a-z]{3,12}"}};
-  const json whole = post_chat(s, base)["choices"][0]["message"];
-  ASSERT_TRUE(whole["reasoning_content"].is_string()) << whole;
-  const std::string reasoning = whole["reasoning_content"], content = whole["content"];
-  EXPECT_GE(reasoning.size(), 3u);
-  EXPECT_GE(content.size(), 3u);
-  EXPECT_EQ(reasoning.find('<'), std::string::npos) << reasoning;
-  EXPECT_EQ(content.find('<'), std::string::npos) << content;
-  ojson streamed = base;
-  streamed["stream"] = true;
-  const auto r = test::http_request(s.port(), "POST", "/v1/chat/completions", streamed.dump(), 120);
+                      {"max_tokens", 24},
+                      {"temperature", 0}};
+  auto reply_follows = [](const json& content) {
+    if (!content.is_string()) return false;
+    std::string text = content;
+    text.erase(0, text.find_first_not_of(" \n"));
+    if (text.size() < 3 || text.size() > 12) return false;
+    for (char c : text)
+      if (c < 'a' || c > 'z') return false;
+    return true;
+  };
+  // No reasoning opened: the grammar shapes the answer from its start.
+  ojson shaped = base;
+  shaped["guided_regex"] = "[a-z]{3,12}";
+  const json direct = post_chat(s, shaped)["choices"][0]["message"];
+  EXPECT_TRUE(direct["reasoning_content"].is_null()) << direct;
+  EXPECT_TRUE(reply_follows(direct["content"])) << direct;
+
+  // Opened: the reasoning is what the model writes without a grammar.
+  ojson open_free = base;
+  open_free["chat_template_kwargs"] = {{"think", true}};
+  ojson open_shaped = shaped;
+  open_shaped["chat_template_kwargs"] = {{"think", true}};
+  const json free = post_chat(s, open_free)["choices"][0]["message"];
+  const json held = post_chat(s, open_shaped)["choices"][0]["message"];
+  ASSERT_TRUE(free["reasoning_content"].is_string()) << free;
+  ASSERT_TRUE(held["reasoning_content"].is_string()) << held;
+  EXPECT_GE(free["reasoning_content"].get<std::string>().size(), 8u) << free;
+  EXPECT_EQ(held["reasoning_content"], free["reasoning_content"]);
+  // A reply, if the model closed its reasoning within max_tokens, follows it.
+  if (!held["content"].is_null()) {
+    EXPECT_TRUE(reply_follows(held["content"])) << held;
+  }
+
+  // Streamed, the same split.
+  open_shaped["stream"] = true;
+  const auto r =
+      test::http_request(s.port(), "POST", "/v1/chat/completions", open_shaped.dump(), 120);
   ASSERT_EQ(r.status, 200) << r.body;
-  std::string r2, c2;
+  std::string reasoning, content;
   for (const std::string& e : sse_events(r.body)) {
     if (e == "[DONE]") continue;
     const json d = json::parse(e)["choices"][0]["delta"];
-    if (d.contains("reasoning_content")) r2 += d["reasoning_content"].get<std::string>();
-    if (d.contains("content")) c2 += d["content"].get<std::string>();
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content") && d["content"].is_string())
+      content += d["content"].get<std::string>();
   }
-  EXPECT_EQ(r2, reasoning);
-  EXPECT_EQ(c2, content);
-  // Without the markers there is no reasoning: null, and the text is the content.
-  ojson plain = base;
-  plain["guided_grammar"] = "root ::= [a-z]{3,12}";
-  const json none = post_chat(s, plain)["choices"][0]["message"];
-  EXPECT_TRUE(none["reasoning_content"].is_null()) << none;
-  EXPECT_TRUE(none["content"].is_string()) << none;
+  EXPECT_EQ(reasoning, held["reasoning_content"]);
+  EXPECT_EQ(content, held["content"].is_null() ? "" : held["content"].get<std::string>());
 }
 
 TEST(ServeStructuredOutput, WithoutATokenizerItIsRefusedSayingWhy) {

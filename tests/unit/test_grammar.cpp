@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/number_range.h"
 #include "grammar/regex.h"
 #include "grammar/token_vocabulary.h"
 
@@ -279,12 +281,108 @@ TEST(JsonSchemaGrammar, IntegerBoundsAllowExactlyTheIntegersInRange) {
     EXPECT_FALSE(matches(g, "007")) << r.schema;
     EXPECT_FALSE(matches(g, "-0")) << r.schema;
   }
-  EXPECT_TRUE(matches(schema(json::parse(R"({"type": "integer", "minimum": 18})")),
-                      "9999999999999999"));
-  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type": "integer", "minimum": 5, "maximum": 4})")),
+  EXPECT_TRUE(
+      matches(schema(json::parse(R"({"type": "integer", "minimum": 18})")), "9999999999999999"));
+  EXPECT_THROW(
+      json_schema_grammar(json::parse(R"({"type": "integer", "minimum": 5, "maximum": 4})")),
+      SchemaError);
+}
+
+// minimum, maximum and their exclusive forms on numbers: exactly the numbers
+// in the range match, checked on every number of up to two decimals (and
+// some of three) from -12.99 to 12.99, against the bounds in thousandths.
+TEST(JsonSchemaGrammar, NumberBoundsAllowExactlyTheNumbersInRange) {
+  struct Range {
+    const char* schema;
+    std::optional<long> lo, hi;  // in thousandths
+    bool lo_in = true, hi_in = true;
+  };
+  const std::vector<Range> ranges = {
+      {R"({"minimum": 0.5, "maximum": 2.25})", 500, 2250},
+      {R"({"exclusiveMinimum": 0, "exclusiveMaximum": 1})", 0, 1000, false, false},
+      {R"({"minimum": -1.5, "maximum": 1.5})", -1500, 1500},
+      {R"({"minimum": -3.75, "exclusiveMaximum": -1.2})", -3750, -1200, true, false},
+      {R"({"minimum": 1, "maximum": 1})", 1000, 1000},
+      {R"({"minimum": 0.1, "maximum": 0.1})", 100, 100},
+      {R"({"minimum": 2.5})", 2500, std::nullopt},
+      {R"({"exclusiveMaximum": -0.25})", std::nullopt, -250, true, false},
+      {R"({"minimum": 0, "maximum": 1})", 0, 1000},
+      {R"({"exclusiveMinimum": 9.999, "maximum": 10.001})", 9999, 10001, false, true},
+      {R"({"minimum": 0.125, "exclusiveMaximum": 0.126})", 125, 126, true, false},
+      {R"({"maximum": 0})", std::nullopt, 0},
+      {R"({"exclusiveMinimum": -2, "maximum": 11.5})", -2000, 11500, false, true},
+      {R"({"minimum": 3, "exclusiveMinimum": 3, "maximum": 5, "exclusiveMaximum": 4.5})", 3000,
+       4500, false, false},
+      {R"({"minimum": 1e-2, "maximum": 12e-1})", 10, 1200},
+  };
+  std::vector<std::string> fractions = {"",    "001", "005", "125", "250", "255",
+                                        "333", "500", "749", "750", "751", "999"};
+  for (int f = 0; f < 100; ++f) {
+    if (f < 10) fractions.push_back(std::to_string(f));
+    fractions.push_back(std::string(f < 10 ? "0" : "").append(std::to_string(f)));
+  }
+  for (const Range& r : ranges) {
+    json sch = json::parse(r.schema);
+    sch["type"] = "number";
+    auto g = schema(sch);
+    for (const char* sign : {"", "-"})
+      for (int whole = 0; whole <= 12; ++whole)
+        for (const std::string& frac : fractions) {
+          std::string text = std::string(sign).append(std::to_string(whole));
+          if (!frac.empty()) text.append(".").append(frac);
+          long v = whole * 1000 + (frac.empty() ? 0 : std::stol((frac + "000").substr(0, 3)));
+          if (*sign) v = -v;
+          bool in = (!r.lo || (r.lo_in ? v >= *r.lo : v > *r.lo)) &&
+                    (!r.hi || (r.hi_in ? v <= *r.hi : v < *r.hi));
+          if (*sign && v == 0) in = false;  // "-0" is never written
+          ASSERT_EQ(matches(g, text), in) << r.schema << ": " << text;
+        }
+    EXPECT_FALSE(matches(g, "01")) << r.schema;
+  }
+  // Past the thousandths, and far out.
+  auto g =
+      schema(json::parse(R"({"type": "number", "minimum": 0.125, "exclusiveMaximum": 0.126})"));
+  EXPECT_TRUE(matches(g, "0.12500000000001"));
+  EXPECT_TRUE(matches(g, "0.1259999"));
+  EXPECT_FALSE(matches(g, "0.1249999"));
+  EXPECT_FALSE(matches(g, "1.25e-1")) << "a bounded number has no exponent";
+  g = schema(json::parse(R"({"type": "number", "exclusiveMinimum": 0})"));
+  EXPECT_TRUE(matches(g, "9999999999999999.5"));
+  EXPECT_TRUE(matches(g, "0.0000000000000001"));
+  EXPECT_FALSE(matches(g, "0.0000000000000000"));
+  // As pydantic writes a confloat(ge=0, le=1) field.
+  g = schema(json::parse(R"({"type": "object", "properties": {"p": {"type": "number",
+      "minimum": 0, "maximum": 1, "title": "P"}}, "required": ["p"]})"));
+  EXPECT_TRUE(matches(g, R"({"p": 0.75})"));
+  EXPECT_TRUE(matches(g, R"({"p": 1})"));
+  EXPECT_FALSE(matches(g, R"({"p": 1.01})"));
+  EXPECT_FALSE(matches(g, R"({"p": -0.5})"));
+  EXPECT_THROW(json_schema_grammar(
+                   json::parse(R"({"type": "number", "minimum": 3, "exclusiveMaximum": 3})")),
                SchemaError);
-  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type": "number", "maximum": 4})")),
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type": "number", "minimum": 1e-20})")),
                SchemaError);
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type": "number", "maximum": 1e300})")),
+               SchemaError);
+}
+
+TEST(NumberRange, DecimalsAreReadExactlyAsJsonWritesThem) {
+  auto text = [](const std::string& t) {
+    const Decimal d = parse_decimal(t);
+    return std::string(d.negative ? "-" : "") + d.whole + "|" + d.fraction;
+  };
+  EXPECT_EQ(text("0"), "0|");
+  EXPECT_EQ(text("-0.0"), "0|");
+  EXPECT_EQ(text("12.50"), "12|5");
+  EXPECT_EQ(text("-0.125"), "-0|125");
+  EXPECT_EQ(text("1e-05"), "0|00001");
+  EXPECT_EQ(text("2.5E+3"), "2500|");
+  EXPECT_EQ(text("1234e-2"), "12|34");
+  EXPECT_EQ(text("007"), "7|");
+  for (const char* bad : {"", "-", "1.", ".5", "1e", "1e+", "0x1", "1.5.2", "1e99999"})
+    EXPECT_THROW(parse_decimal(bad), std::invalid_argument) << bad;
+  EXPECT_THROW(parse_decimal("1e-17"), std::invalid_argument);
+  EXPECT_THROW(parse_decimal("1e16"), std::invalid_argument);
 }
 
 std::shared_ptr<const Grammar> regex(const std::string& re, bool json = false) {
@@ -349,12 +447,13 @@ TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
     }
     return std::string();
   };
-  EXPECT_NE(error(R"j({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?!x)"}}})j")
-                .find("properties.a.pattern"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"j({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?!x)"}}})j")
+          .find("properties.a.pattern"),
+      std::string::npos);
   EXPECT_NE(error(R"({"type": "integer", "multipleOf": 5})").find("'multipleOf' is not supported"),
             std::string::npos);
-  EXPECT_NE(error(R"({"type": "number", "minimum": 3})").find("only a minimum of 0"),
+  EXPECT_NE(error(R"({"type": "number", "minimum": 1e-20})").find("finer than 10^-15"),
             std::string::npos);
   EXPECT_NE(error(R"({"$ref": "#/$defs/nope"})").find("names no schema"), std::string::npos);
   EXPECT_NE(error(R"({"type": "object", "required": ["x"]})").find("'x' is required"),
@@ -385,11 +484,10 @@ TEST(JsonSchemaGrammar, RandomWalksThroughTheGrammarAreValidJson) {
     "required": ["n", "l"]})");
   auto g = schema(s);
   std::vector<std::string> pieces;
-  for (const char* p :
-       {"{",   "}",       "[",     "]",     "\"",    ",", ":", " ", "\n", "0",
-        "1",   "9",       "-",     ".",     "a",     "b", "n", "s", "l",  // (no exponents: 1e999 is
-                                                                          // JSON but no double)
-        "\\n", "\\u00e9", "\"n\"", "\"s\"", "\"l\"", "é"})
+  for (const char* p : {"{", "}", "[", "]", "\"", ",", ":", " ", "\n", "0", "1", "9", "-", ".", "a",
+                        "b", "n", "s", "l",  // (no exponents: 1e999 is
+                                             // JSON but no double)
+                        "\\n", "\\u00e9", "\"n\"", "\"s\"", "\"l\"", "é"})
     pieces.push_back(p);
   std::vector<bool> control(pieces.size(), false);
   const TokenVocabulary vocab(pieces, control);
