@@ -1,7 +1,6 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -214,40 +213,47 @@ class SchemaCompiler {
     fail(at(where, "type"), "unknown type '" + type + "'");
   }
 
-  // Numbers in the range minimum, maximum and their exclusive forms give,
-  // spelled digit by digit without an exponent (which no bound needs).
-  std::string number(const json& s, const std::string& where) {
+  // A schema's minimum, maximum and their exclusive forms, exactly as its
+  // text writes them, the tighter of two on one side. A bound past every
+  // number a grammar writes (16 digits before the point) on its open side is
+  // no bound (zod writes an integer's as +-(2^53 - 1)); on the other, it
+  // allows none.
+  struct Bounds {
     std::optional<NumberBound> lo, hi;
+  };
+  static Bounds bounds(const json& s, const std::string& where) {
+    Bounds out;
     auto bound = [&](const char* key, bool lower, bool exclusive) {
       if (!s.contains(key)) return;
       if (!s[key].is_number()) fail(at(where, key), "must be a number");
       NumberBound b;
       try {
-        b.value = parse_decimal(s[key].dump(), 15);
-      } catch (const std::invalid_argument&) {
-        fail(at(where, key), "bounds past 10^15, or finer than 10^-15, are not supported");
+        b.value = parse_decimal(s[key].dump());
+      } catch (const std::invalid_argument& e) {
+        fail(at(where, key), e.what());
       }
       b.inclusive = !exclusive;
-      std::optional<NumberBound>& slot = lower ? lo : hi;
-      // Of two bounds on one side, the tighter.
-      if (!slot || (lower ? is_below(slot->value, slot->inclusive, b.value, b.inclusive)
-                          : is_below(b.value, !b.inclusive, slot->value, !slot->inclusive)))
+      if (b.value.whole.size() > kMaxDigits) {
+        if (b.value.negative == lower) return;
+        fail(at(where, key), "allows no number of at most 16 digits before the point");
+      }
+      std::optional<NumberBound>& slot = lower ? out.lo : out.hi;
+      if (!slot || (lower ? is_looser(slot->value, slot->inclusive, b.value, b.inclusive)
+                          : is_looser(b.value, !b.inclusive, slot->value, !slot->inclusive)))
         slot = b;
     };
     bound("minimum", true, false);
     bound("exclusiveMinimum", true, true);
     bound("maximum", false, false);
     bound("exclusiveMaximum", false, true);
-    if (!lo && !hi) return "json-number";
-    const std::string range = decimal_range(lo, hi);
-    if (range.empty()) fail(where.empty() ? "minimum" : where, "the bounds allow no number");
-    return "(" + range + " space)";
+    return out;
   }
+  static constexpr size_t kMaxDigits = 16;  // json-int's, json-frac's
 
   // Whether the lower bound (a, a_inclusive) is looser than (b,
   // b_inclusive): a < b, or equal with a inclusive and b not. (Upper bounds
   // ask it with the inclusions turned.)
-  static bool is_below(const Decimal& a, bool a_inclusive, const Decimal& b, bool b_inclusive) {
+  static bool is_looser(const Decimal& a, bool a_inclusive, const Decimal& b, bool b_inclusive) {
     const int c = compare(a, b);
     return c < 0 || (c == 0 && a_inclusive && !b_inclusive);
   }
@@ -260,29 +266,40 @@ class SchemaCompiler {
     return 0;
   }
 
+  // Numbers in the range, spelled digit by digit without an exponent (which
+  // no bound needs).
+  std::string number(const json& s, const std::string& where) {
+    const Bounds b = bounds(s, where);
+    if (!b.lo && !b.hi) return "json-number";
+    for (const auto* x : {&b.lo, &b.hi})
+      if (*x && (*x)->value.fraction.size() > kMaxDigits)
+        fail(where.empty() ? "minimum" : where, "bounds finer than 10^-16 are not supported");
+    const std::string range = decimal_range(b.lo, b.hi);
+    if (range.empty()) fail(where.empty() ? "minimum" : where, "the bounds allow no number");
+    return "(" + range + " space)";
+  }
+
+  // The first (lower) or last (upper) integer within a bound.
+  static int64_t integer_edge(const NumberBound& b, bool lower) {
+    const int64_t whole = std::stoll(b.value.whole);
+    const int64_t v = b.value.negative ? -whole : whole;  // toward zero
+    const bool part = !b.value.fraction.empty();
+    const int64_t floor = part && b.value.negative ? v - 1 : v;
+    const int64_t ceil = part && !b.value.negative ? v + 1 : v;
+    if (lower) return b.inclusive ? ceil : floor + 1;
+    return b.inclusive ? floor : ceil - 1;
+  }
+
   // Integers in [min, max] (either side open), from minimum, maximum and
   // their exclusive forms, spelled digit by digit as JSON writes them.
   std::string integer(const json& s, const std::string& where) {
-    constexpr int64_t kLimit = 999'999'999'999'999;  // json-int's 16 digits hold these
+    constexpr int64_t kLargest = 9'999'999'999'999'999;  // json-int's 16 digits
+    const Bounds b = bounds(s, where);
+    if (!b.lo && !b.hi) return "json-integer";
     std::optional<int64_t> lo, hi;
-    auto bound = [&](const char* key, bool lower, bool exclusive) {
-      if (!s.contains(key)) return;
-      if (!s[key].is_number()) fail(at(where, key), "must be a number");
-      const double v = s[key].get<double>();
-      if (!(std::fabs(v) <= double(kLimit)))
-        fail(at(where, key), "bounds past 10^15 are not supported");
-      const double edge = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
-                                : (exclusive ? std::ceil(v) - 1 : std::floor(v));
-      std::optional<int64_t>& b = lower ? lo : hi;
-      const auto e = int64_t(edge);
-      b = !b ? e : lower ? std::max(*b, e) : std::min(*b, e);
-    };
-    bound("minimum", true, false);
-    bound("exclusiveMinimum", true, true);
-    bound("maximum", false, false);
-    bound("exclusiveMaximum", false, true);
-    if (!lo && !hi) return "json-integer";
-    if (lo && hi && *lo > *hi)
+    if (b.lo) lo = integer_edge(*b.lo, true);
+    if (b.hi) hi = integer_edge(*b.hi, false);
+    if ((lo && hi && *lo > *hi) || (lo && *lo > kLargest) || (hi && *hi < -kLargest))
       fail(where.empty() ? "minimum" : where, "the bounds allow no integer");
     std::vector<std::string> alts;
     if (!hi || *hi >= 0) alts.push_back(natural_range(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
@@ -309,8 +326,11 @@ class SchemaCompiler {
   std::string string(const json& s, const std::string& where) {
     const int min = count(s, "minLength", where), max = count(s, "maxLength", where);
     if (s.contains("pattern")) {
+      // With a pattern, a format is what JSON Schema makes it by default, an
+      // annotation: zod writes both for its dates, e-mails and uuids, the
+      // pattern being the stricter.
       if (!s["pattern"].is_string()) fail(at(where, "pattern"), "must be a string");
-      for (const char* key : {"minLength", "maxLength", "format"})
+      for (const char* key : {"minLength", "maxLength"})
         if (s.contains(key)) fail(at(where, key), "is not supported together with a pattern");
       try {
         return "(\"\\\"\" " + regex_to_gbnf(s["pattern"].get<std::string>(), true) +

@@ -10,12 +10,11 @@
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to
 // #/$defs/... or #/definitions/... (recursion allowed), minLength, maxLength,
 // format date / time / date-time / uuid (other formats: any string), and
-// minimum, maximum, exclusiveMinimum and exclusiveMaximum (up to 10^15, down
-// to 10^-15) on integers and numbers (a bounded number is written without
-// an exponent). Annotations (title, description, default, examples,
-// $schema, $id, $comment, ...) are ignored.
-// Any other keyword constrains in a way the grammar would not enforce, so it
-// is refused, naming it and where it is.
+// minimum, maximum, exclusiveMinimum and exclusiveMaximum on integers and
+// numbers (read exactly as written; a bounded number is written without an
+// exponent, with at most 16 digits either side of the point). Annotations (title, description,
+// default, examples, $schema, $id, $comment, ...) are ignored. Any other keyword constrains in a
+// way the grammar would not enforce, so it is refused, naming it and where it is.
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>

@@ -18,9 +18,8 @@ struct Decimal {
 };
 
 // A JSON number's text ("-12.50", "1e-05", "2.5E+3") as a Decimal. Throws
-// std::invalid_argument for anything else, or when it has more than
-// `max_digits` digits either side of the point.
-Decimal parse_decimal(std::string_view text, size_t max_digits = 16);
+// std::invalid_argument for anything else (and exponents past 1000).
+Decimal parse_decimal(std::string_view text);
 
 struct NumberBound {
   Decimal value;

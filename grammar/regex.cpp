@@ -64,13 +64,20 @@ std::string class_of(const Ranges& ranges, bool negated) {
 // How JSON writes a character that may not appear raw in a string.
 std::string json_escape(uint32_t cp) {
   switch (cp) {
-    case '"': return "\\\"";
-    case '\\': return "\\\\";
-    case '\n': return "\\n";
-    case '\r': return "\\r";
-    case '\t': return "\\t";
-    case '\b': return "\\b";
-    case '\f': return "\\f";
+    case '"':
+      return "\\\"";
+    case '\\':
+      return "\\\\";
+    case '\n':
+      return "\\n";
+    case '\r':
+      return "\\r";
+    case '\t':
+      return "\\t";
+    case '\b':
+      return "\\b";
+    case '\f':
+      return "\\f";
     default: {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(cp));
@@ -79,7 +86,9 @@ std::string json_escape(uint32_t cp) {
   }
 }
 
-bool json_special(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
+bool json_special(uint32_t cp) {
+  return cp < 0x20 || cp == '"' || cp == '\\';
+}
 
 bool in_ranges(const Ranges& r, uint32_t cp) {
   for (const auto& [lo, hi] : r)
@@ -285,19 +294,38 @@ class RegexConverter {
       return v;
     };
     switch (e) {
-      case 'd': *r = {{'0', '9'}}; return 0;
-      case 'D': *r = {{'0', '9'}}, *negated = true; return 0;
-      case 'w': *r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; return 0;
-      case 'W': *r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}, *negated = true; return 0;
-      case 's': *r = {{'\t', '\r'}, {' ', ' '}}; return 0;
-      case 'S': *r = {{'\t', '\r'}, {' ', ' '}}, *negated = true; return 0;
-      case 'n': return '\n';
-      case 'r': return '\r';
-      case 't': return '\t';
-      case 'f': return '\f';
-      case 'v': return '\v';
-      case '0': return 0;
-      case 'x': return hex(2);
+      case 'd':
+        *r = {{'0', '9'}};
+        return 0;
+      case 'D':
+        *r = {{'0', '9'}}, *negated = true;
+        return 0;
+      case 'w':
+        *r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+        return 0;
+      case 'W':
+        *r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}, *negated = true;
+        return 0;
+      case 's':
+        *r = {{'\t', '\r'}, {' ', ' '}};
+        return 0;
+      case 'S':
+        *r = {{'\t', '\r'}, {' ', ' '}}, *negated = true;
+        return 0;
+      case 'n':
+        return '\n';
+      case 'r':
+        return '\r';
+      case 't':
+        return '\t';
+      case 'f':
+        return '\f';
+      case 'v':
+        return '\v';
+      case '0':
+        return 0;
+      case 'x':
+        return hex(2);
       case 'u': {
         const uint32_t v = hex(4);
         if (v < 0xD800 || v > 0xDFFF) return v;
@@ -305,7 +333,8 @@ class RegexConverter {
         if (v <= 0xDBFF && re_.substr(pos_, 2) == "\\u") {
           pos_ += 2;
           const uint32_t low = hex(4);
-          if (low >= 0xDC00 && low <= 0xDFFF) return 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
+          if (low >= 0xDC00 && low <= 0xDFFF)
+            return 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
         }
         fail("a \\u escape of a lone surrogate");
       }
