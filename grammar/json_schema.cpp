@@ -330,10 +330,10 @@ class SchemaCompiler {
       // annotation: zod writes both for its dates, e-mails and uuids, the
       // pattern being the stricter.
       if (!s["pattern"].is_string()) fail(at(where, "pattern"), "must be a string");
-      for (const char* key : {"minLength", "maxLength"})
-        if (s.contains(key)) fail(at(where, key), "is not supported together with a pattern");
+      if (max >= 0 && min > max) fail(at(where, "minLength"), "is more than maxLength");
       try {
-        return "(\"\\\"\" " + regex_to_gbnf(s["pattern"].get<std::string>(), true) +
+        return "(\"\\\"\" " +
+               regex_to_gbnf(s["pattern"].get<std::string>(), true, RegexLength{min, max}) +
                " \"\\\"\" space)";
       } catch (const GrammarError& e) {
         fail(at(where, "pattern"), e.what());

@@ -9,12 +9,15 @@
 // object without properties takes any keys), items, prefixItems, minItems,
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to
 // #/$defs/... or #/definitions/... (recursion allowed), minLength, maxLength,
-// format date / time / date-time / uuid (other formats: any string), and
-// minimum, maximum, exclusiveMinimum and exclusiveMaximum on integers and
-// numbers (read exactly as written; a bounded number is written without an
-// exponent, with at most 16 digits either side of the point). Annotations (title, description,
-// default, examples, $schema, $id, $comment, ...) are ignored. Any other keyword constrains in a
-// way the grammar would not enforce, so it is refused, naming it and where it is.
+// pattern (beside it, format is an annotation and the lengths are folded into
+// it where regex_to_gbnf can), format date / time / date-time / uuid (other
+// formats: any string), and minimum, maximum, exclusiveMinimum and
+// exclusiveMaximum on integers and numbers (read exactly as written; a
+// bounded number is written without an exponent, with at most 16 digits
+// either side of the point). Annotations (title, description, default,
+// examples, $schema, $id, $comment, ...) are ignored. Any other keyword
+// constrains in a way the grammar would not enforce, so it is refused, naming
+// it and where it is.
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>

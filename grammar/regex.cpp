@@ -133,7 +133,8 @@ std::string set_expr(const Ranges& ranges, bool negated, bool json) {
 
 class RegexConverter {
  public:
-  RegexConverter(std::string_view re, bool json) : re_(re), json_(json) {}
+  RegexConverter(std::string_view re, bool json, RegexLength length)
+      : re_(re), json_(json), length_(length) {}
 
   std::string convert() {
     if (re_.size() > kMaxRegexBytes)
@@ -148,6 +149,7 @@ class RegexConverter {
     }
     const std::string out = alternation(0);
     if (!at_end()) fail(std::string("unexpected '") + re_[pos_] + "'");
+    if (!within_length()) return bounded_by_length();
     return out.empty() ? "\"\"" : out;
   }
 
@@ -157,6 +159,20 @@ class RegexConverter {
   size_t pos_ = 0;
   size_t end_ = std::string_view::npos;
   bool nullable_ = false;
+  RegexLength length_;
+  // How many characters what was last read matches, at least and at most
+  // (kUnbounded: no most), as nullable_.
+  static constexpr int64_t kUnbounded = int64_t(1) << 40;
+  int64_t min_chars_ = 0, max_chars_ = 0;
+  // The pattern's items when it is one sequence (no `|` outside groups):
+  // each as its atom and quantifier, to fold a length into.
+  struct Item {
+    std::string atom, text;  // the atom; the item as written out
+    int64_t atom_min = 0, atom_max = 0;
+    int64_t times_min = 1, times_max = 1;  // the quantifier's counts (kUnbounded: no most)
+  };
+  std::vector<Item> items_;
+  bool one_sequence_ = true;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw GrammarError("regex: at " + std::to_string(pos_) + ": " + what);
@@ -171,12 +187,18 @@ class RegexConverter {
     if (depth > kMaxRegexNesting) fail("groups nested too deeply");
     std::vector<std::string> alts{concat(depth)};
     bool nullable = nullable_;
+    int64_t lo = min_chars_, hi = max_chars_;
     while (peek() == '|') {
       ++pos_;
+      if (depth == 0) one_sequence_ = false;
       alts.push_back(concat(depth));
       nullable = nullable || nullable_;
+      lo = std::min(lo, min_chars_);
+      hi = std::max(hi, max_chars_);
     }
     nullable_ = nullable;
+    min_chars_ = lo;
+    max_chars_ = hi;
     if (alts.size() == 1) return alts[0];
     std::string out;
     for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + (a.empty() ? "\"\"" : a);
@@ -186,25 +208,38 @@ class RegexConverter {
   std::string concat(int depth) {
     std::string out;
     bool nullable = true;
+    int64_t lo = 0, hi = 0;
     while (!at_end() && peek() != '|' && peek() != ')') {
-      std::string a = atom(depth);
-      a = quantified(std::move(a));
+      Item item;
+      item.atom = atom(depth);
+      item.atom_min = min_chars_, item.atom_max = max_chars_;
+      item.text = quantified(item.atom, &item.times_min, &item.times_max);
       nullable = nullable && nullable_;
-      out += (out.empty() ? "" : " ") + a;
+      lo = std::min(kUnbounded, lo + min_chars_);
+      hi = std::min(kUnbounded, hi + max_chars_);
+      out += (out.empty() ? "" : " ") + item.text;
+      if (depth == 0) items_.push_back(std::move(item));
     }
     nullable_ = nullable;
+    min_chars_ = lo;
+    max_chars_ = hi;
     return out;
   }
 
-  std::string quantified(std::string a) {
+  // The atom `a` with the quantifier after it, if any; its counts into
+  // *times_min, *times_max.
+  std::string quantified(const std::string& a, int64_t* times_min, int64_t* times_max) {
     const char q = peek();
     std::string op;
     bool unbounded = false, may_skip = false;
+    int64_t at_least = 1, at_most = 1;
     if (q == '*' || q == '+' || q == '?') {
       ++pos_;
       op = std::string(1, q);
       unbounded = q != '?';
       may_skip = q != '+';
+      at_least = q == '+' ? 1 : 0;
+      at_most = q == '?' ? 1 : kUnbounded;
     } else if (q == '{') {
       const size_t close = re_.find('}', pos_);
       if (close == std::string_view::npos) fail("unclosed '{'");
@@ -221,16 +256,26 @@ class RegexConverter {
         return v;
       };
       const int m = number(inside.substr(0, comma));
-      if (comma != std::string_view::npos && comma + 1 < inside.size() &&
-          number(inside.substr(comma + 1)) < m)
-        fail("a repetition {m,n} with n < m");
+      at_least = at_most = m;
+      if (comma != std::string_view::npos && comma + 1 < inside.size()) {
+        at_most = number(inside.substr(comma + 1));
+        if (at_most < m) fail("a repetition {m,n} with n < m");
+      }
       unbounded = comma != std::string_view::npos && comma + 1 == inside.size();
+      if (unbounded) at_most = kUnbounded;
       may_skip = m == 0;
       op.assign(1, '{').append(inside).append(1, '}');
       pos_ = close + 1;
     } else {
+      *times_min = *times_max = 1;
       return a;
     }
+    *times_min = at_least;
+    *times_max = at_most;
+    min_chars_ = std::min(kUnbounded, min_chars_ * at_least);
+    max_chars_ = at_most == kUnbounded && max_chars_ > 0
+                     ? kUnbounded
+                     : std::min(kUnbounded, max_chars_ * at_most);
     if (peek() == '?') ++pos_;  // lazy: the same strings
     if (peek() == '+') fail("possessive quantifiers are not supported");
     if (peek() == '*' || peek() == '+' || peek() == '{' || peek() == '?')
@@ -241,9 +286,56 @@ class RegexConverter {
     return std::string(1, '(').append(a).append(1, ')').append(op);
   }
 
+  bool within_length() const {
+    return (length_.min < 0 || min_chars_ >= length_.min) &&
+           (length_.max < 0 || max_chars_ <= length_.max);
+  }
+
+  // The pattern with minLength/maxLength folded into its one item of
+  // variable length, a repeated single character (such as [a-z]+ in
+  // [A-Z][a-z]+): every other item matches a fixed number of characters.
+  std::string bounded_by_length() const {
+    const std::string refused =
+        "minLength/maxLength with this pattern: only a pattern whose one part of variable "
+        "length is a repeated character (such as ^[A-Z][a-z]*$) takes them";
+    if (!one_sequence_) throw GrammarError("regex: " + refused);
+    int64_t fixed = 0;
+    const Item* variable = nullptr;
+    for (const Item& it : items_) {
+      const bool fixed_width =
+          it.atom_min == it.atom_max && (it.times_min == it.times_max || it.atom_max == 0);
+      if (fixed_width) {
+        fixed += it.atom_min * it.times_min;
+      } else if (variable || it.atom_min != 1 || it.atom_max != 1) {
+        throw GrammarError("regex: " + refused);
+      } else {
+        variable = &it;
+      }
+    }
+    if (!variable)
+      throw GrammarError("regex: its strings are never as long as minLength/maxLength ask");
+    int64_t lo = variable->times_min, hi = variable->times_max;
+    if (length_.min >= 0) lo = std::max(lo, int64_t(length_.min) - fixed);
+    if (length_.max >= 0) hi = std::min(hi, int64_t(length_.max) - fixed);
+    if (lo > hi || hi < 0)
+      throw GrammarError("regex: no string of it is as long as minLength/maxLength ask");
+    lo = std::max<int64_t>(lo, 0);
+    std::string out;
+    for (const Item& it : items_) {
+      std::string text = it.text;
+      if (&it == variable) {
+        text = "(" + it.atom + "){" + std::to_string(lo) + "," +
+               (hi >= kUnbounded ? std::string() : std::to_string(hi)) + "}";
+      }
+      out += (out.empty() ? "" : " ") + text;
+    }
+    return out;
+  }
+
   std::string atom(int depth) {
     const char c = peek();
     nullable_ = false;
+    min_chars_ = max_chars_ = 1;  // a character, a class; a group says its own
     if (c == '(') {
       ++pos_;
       if (peek() == '?') {
@@ -401,8 +493,8 @@ class RegexConverter {
 
 }  // namespace
 
-std::string regex_to_gbnf(std::string_view regex, bool json_string) {
-  return RegexConverter(regex, json_string).convert();
+std::string regex_to_gbnf(std::string_view regex, bool json_string, RegexLength length) {
+  return RegexConverter(regex, json_string, length).convert();
 }
 
 }  // namespace troupe::grammar

@@ -16,9 +16,19 @@
 
 namespace troupe::grammar {
 
+// How many characters the strings may have (JSON Schema's minLength and
+// maxLength beside a pattern); -1: no bound.
+struct RegexLength {
+  int min = -1, max = -1;
+};
+
 // `json_string`: the expression matches the regex's strings as they are
 // written inside a JSON string: `"`, `\` and control characters as their
-// escapes (`\"`, `\\`, `\n`, `\u0001`, ...).
-std::string regex_to_gbnf(std::string_view regex, bool json_string = false);
+// escapes (`\"`, `\\`, `\n`, `\u0001`, ...). `length`: only the strings of
+// that many characters; taken where the regex's strings all have such
+// lengths, or its one part of variable length is a repeated character (as
+// in ^[A-Z][a-z]*$); otherwise refused.
+std::string regex_to_gbnf(std::string_view regex, bool json_string = false,
+                          RegexLength length = {});
 
 }  // namespace troupe::grammar

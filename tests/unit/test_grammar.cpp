@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -457,6 +458,52 @@ TEST(JsonSchemaGrammar, APatternHoldsTheStringsContent) {
   EXPECT_FALSE(matches(g, R"({"code": "ABC-123"})"));
   EXPECT_THROW(json_schema_grammar(json::parse(R"j({"type": "string", "pattern": "(?<n>a)"})j")),
                SchemaError);
+  // Beside a pattern a format is an annotation (zod writes both).
+  g = schema(json::parse(R"({"type": "string", "format": "date", "pattern": "^\\d{4}$"})"));
+  EXPECT_TRUE(matches(g, R"("2024")"));
+  EXPECT_FALSE(matches(g, R"("2024-01-01")"));
+  // minLength and maxLength beside it (pydantic's constr, zod's .max().regex()).
+  g = schema(json::parse(R"({"type": "string", "maxLength": 5, "pattern": "^[a-z\"]+$"})"));
+  EXPECT_TRUE(matches(g, R"("abcde")"));
+  EXPECT_TRUE(matches(g, R"("ab\"de")")) << "an escaped quote is one character";
+  EXPECT_FALSE(matches(g, R"("abcdef")"));
+  EXPECT_FALSE(matches(g, R"("ab\"def")"));
+  EXPECT_FALSE(matches(g, R"("")"));
+}
+
+// minLength/maxLength folded into a pattern: exactly its strings of those
+// lengths, where its one part of variable length is a repeated character.
+TEST(RegexGrammar, ALengthFoldsIntoThePatternsRepeatedCharacter) {
+  auto within = [](const std::string& re, int min, int max) {
+    return std::make_shared<const Grammar>(
+        Grammar::parse("root ::= " + regex_to_gbnf(re, false, RegexLength{min, max})));
+  };
+  struct Case {
+    std::string re;
+    int min, max;
+    std::vector<std::string> in, out;
+  };
+  const std::vector<Case> cases = {
+      {"^[a-z]+$", -1, 5, {"a", "abcde"}, {"", "abcdef"}},
+      {"^[A-Z][a-z]*$", 3, 6, {"Abc", "Abcdef"}, {"Ab", "Abcdefg", "abc"}},
+      {"^\\d{3}-\\w{2,}$", 6, 8, {"123-ab", "123-abcd"}, {"123-a", "123-abcde", "12-abcd"}},
+      {"^\\d{5}$", -1, 10, {"12345"}, {"1234", "123456"}},
+      {"^(?:ab|cd)+$", 2, -1, {"ab", "abcd"}, {""}},
+      {"^[a-z]*$", 2, -1, {"ab", "abcdefghij"}, {"", "a"}},
+  };
+  for (const Case& c : cases) {
+    auto g = within(c.re, c.min, c.max);
+    for (const std::string& t : c.in) EXPECT_TRUE(matches(g, t)) << c.re << ": " << t;
+    for (const std::string& t : c.out) EXPECT_FALSE(matches(g, t)) << c.re << ": " << t;
+  }
+  // What it cannot fold is refused, saying so.
+  for (const auto& [re, min, max] :
+       std::vector<std::tuple<std::string, int, int>>{{"^(?:ab|c)+$", -1, 4},
+                                                      {"^a+b+$", -1, 4},
+                                                      {"^x?a+$", -1, 4},
+                                                      {"^\\d{5}$", -1, 3},
+                                                      {"^a|bb$", 2, 2}})
+    EXPECT_THROW(regex_to_gbnf(re, false, RegexLength{min, max}), GrammarError) << re;
 }
 
 TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
