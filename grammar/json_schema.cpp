@@ -348,6 +348,19 @@ class SchemaCompiler {
       if (f == "uuid")
         return "(\"\\\"\" json-hex4 json-hex4 \"-\" json-hex4 \"-\" json-hex4 \"-\" json-hex4 "
                "\"-\" json-hex4 json-hex4 json-hex4 \"\\\"\" space)";
+      // OpenAI's other string formats but duration and ipv6: an e-mail
+      // address as a dot-atom at a domain of labels (RFC 5322's common form),
+      // IPv4 in dotted decimal, a hostname of RFC 1123 labels.
+      static const std::map<std::string, std::string> kFormatPatterns = {
+          {"email",
+           R"([A-Za-z0-9_'+\-]+(?:\.[A-Za-z0-9_'+\-]+)*@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,})"},
+          {"ipv4",
+           R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3})"},
+          {"hostname",
+           R"([A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*)"},
+      };
+      if (const auto it = kFormatPatterns.find(f); it != kFormatPatterns.end())
+        return "(\"\\\"\" " + regex_to_gbnf(it->second, true) + " \"\\\"\" space)";
     }
     if (min < 0 && max < 0) return "json-string";
     if (max >= 0 && min > max) fail(at(where, "minLength"), "is more than maxLength");

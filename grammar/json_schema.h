@@ -10,11 +10,11 @@
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to
 // #/$defs/... or #/definitions/... (recursion allowed), minLength, maxLength,
 // pattern (beside it, format is an annotation and the lengths are folded into
-// it where regex_to_gbnf can), format date / time / date-time / uuid (other
-// formats: any string), and minimum, maximum, exclusiveMinimum and
-// exclusiveMaximum on integers and numbers (read exactly as written; a
-// bounded number is written without an exponent, with at most 16 digits
-// either side of the point). Annotations (title, description, default,
+// it where regex_to_gbnf can), format date / time / date-time / uuid /
+// email / ipv4 / hostname (other formats: any string), and minimum,
+// maximum, exclusiveMinimum and exclusiveMaximum on integers and numbers
+// (read exactly as written; a bounded number is written without an
+// exponent, with at most 16 digits either side of the point). Annotations (title, description, default,
 // examples, $schema, $id, $comment, ...) are ignored. Any other keyword
 // constrains in a way the grammar would not enforce, so it is refused, naming
 // it and where it is.

@@ -462,6 +462,21 @@ TEST(JsonSchemaGrammar, APatternHoldsTheStringsContent) {
   g = schema(json::parse(R"({"type": "string", "format": "date", "pattern": "^\\d{4}$"})"));
   EXPECT_TRUE(matches(g, R"("2024")"));
   EXPECT_FALSE(matches(g, R"("2024-01-01")"));
+  // OpenAI's string formats.
+  const std::vector<std::tuple<std::string, std::vector<std::string>, std::vector<std::string>>>
+      formats = {
+          {"email",
+           {"a@b.co", "first.last+tag@mail.example.org", "o'neil@x-y.io"},
+           {"a@b", "@b.co", "a..b@c.de", "a@-b.de", "a b@c.de", "a@b.c"}},
+          {"ipv4", {"0.0.0.0", "192.168.1.255", "10.20.30.40"}, {"256.1.1.1", "1.2.3", "01.2.3.4"}},
+          {"hostname", {"localhost", "a-b.example.com", "x1"}, {"-a.com", "a-.com", "a..b", ""}},
+      };
+  for (const auto& [format, in, out] : formats) {
+    auto f = schema(json{{"type", "string"}, {"format", format}});
+    for (const std::string& t : in) EXPECT_TRUE(matches(f, "\"" + t + "\"")) << format << ": " << t;
+    for (const std::string& t : out)
+      EXPECT_FALSE(matches(f, "\"" + t + "\"")) << format << ": " << t;
+  }
   // minLength and maxLength beside it (pydantic's constr, zod's .max().regex()).
   g = schema(json::parse(R"({"type": "string", "maxLength": 5, "pattern": "^[a-z\"]+$"})"));
   EXPECT_TRUE(matches(g, R"("abcde")"));
