@@ -57,8 +57,10 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
                                                 std::to_string(meta_.index) + "-");
   }
-  if (const ReasoningStart start = answer_reasoning(params_); start != ReasoningStart::None)
-    reasoning_.emplace(start);
+  // With a parser, even an answer that cannot have reasoning says so
+  // (reasoning_content null).
+  if (params_.api == openai::Api::Chat && params_.reasoning != ReasoningParser::None)
+    reasoning_.emplace(answer_reasoning(params_));
 }
 
 ReasoningSplit CompletionExchange::split(const std::string& text) {

@@ -32,9 +32,17 @@ inline bool prompt_opens_reasoning(std::string_view prompt) {
   return prompt.ends_with(kReasoningOpen);
 }
 
+// Whether a rendered prompt ends with a closed reasoning block (Qwen3's
+// template with enable_thinking false): the answer is all reply.
+inline bool prompt_closes_reasoning(std::string_view prompt) {
+  while (!prompt.empty() && is_reasoning_space(prompt.back())) prompt.remove_suffix(1);
+  return prompt.ends_with(kReasoningClose);
+}
+
 // Where the answer to `prompt` has its reasoning, under `parser`.
 inline ReasoningStart reasoning_start(ReasoningParser parser, std::string_view prompt) {
-  if (parser == ReasoningParser::None) return ReasoningStart::None;
+  if (parser == ReasoningParser::None || prompt_closes_reasoning(prompt))
+    return ReasoningStart::None;
   if (parser == ReasoningParser::DeepSeekR1 || prompt_opens_reasoning(prompt))
     return ReasoningStart::Open;
   return ReasoningStart::Optional;

@@ -214,6 +214,47 @@ TEST(ServeTokenizerJson, TheModelsOwnJinjaTemplateWithItsSwitches) {
   }
 }
 
+// Structured output from a reasoning model (server.reasoning_parser qwen3,
+// Qwen3's template): "<think>" and "</think>" are tokens of their own; the
+// reasoning is free and the reply after it follows the schema. A logit bias
+// makes this random model open and close its reasoning as a real one would
+// (and tempts it with them everywhere after).
+TEST(ServeTokenizerJson, StructuredOutputShapesTheReplyAfterAQwen3Reasoning) {
+  test::TempDir tmp;
+  const auto dir = write_qwen_model(
+      tmp, test::read_file(test::data_path("chat_templates/Qwen-Qwen3-0.6B.jinja")));
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  const std::vector<int> open = tok.encode("<think>", false), close = tok.encode("</think>", false);
+  ASSERT_EQ(open.size(), 1u);
+  ASSERT_EQ(close.size(), 1u);
+  test::Server s({"model.path=" + dir.string(), "server.reasoning_parser=qwen3"});
+  const json schema = {
+      {"type", "object"},
+      {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+      {"required", {"a"}}};
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hello"}}})},
+               {"max_tokens", 40},
+               {"temperature", 0},
+               {"logit_bias", {{std::to_string(open[0]), 50}, {std::to_string(close[0]), 100}}},
+               {"response_format",
+                {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}}}}}};
+  const json c = post(s, "/v1/chat/completions", body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "stop") << c;
+  EXPECT_EQ(c["message"]["reasoning_content"], "") << c;
+  const json reply = json::parse(c["message"]["content"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(reply.is_object()) << c;
+  ASSERT_TRUE(reply["a"].is_number_integer()) << c;
+  EXPECT_TRUE(reply["a"].get<int>() >= 0 && reply["a"].get<int>() <= 9) << c;
+  // With enable_thinking false the template closes the reasoning in the
+  // prompt: the whole answer is the reply and follows the schema.
+  body.erase("logit_bias");
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  const json plain = post(s, "/v1/chat/completions", body)["choices"][0]["message"];
+  EXPECT_TRUE(plain["reasoning_content"].is_null()) << plain;
+  EXPECT_TRUE(json::parse(plain["content"].get<std::string>(), nullptr, false).is_object())
+      << plain;
+}
+
 // Qwen2.5's whole template with tools, a tool call and its result: the
 // prompt is transformers' render of it (tests/data/chat_templates), token for
 // token, and a chat that offers tools is answered.

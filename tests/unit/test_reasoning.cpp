@@ -72,6 +72,11 @@ TEST(Reasoning, APromptThatEndsInThinkOpensTheReasoning) {
             ReasoningStart::Open);
   EXPECT_EQ(reasoning_start(ReasoningParser::DeepSeekR1, ""), ReasoningStart::Open);
   EXPECT_EQ(reasoning_start(ReasoningParser::None, "<think>"), ReasoningStart::None);
+  // Qwen3's template with enable_thinking false closes it: all reply.
+  EXPECT_EQ(reasoning_start(ReasoningParser::Qwen3, "assistant\n<think>\n\n</think>\n\n"),
+            ReasoningStart::None);
+  EXPECT_EQ(reasoning_start(ReasoningParser::DeepSeekR1, "<think>\n\n</think>\n\n"),
+            ReasoningStart::None);
 }
 
 }  // namespace
