@@ -359,6 +359,20 @@ struct ReasoningVocab {
     auto vocab = std::make_shared<const grammar::TokenVocabulary>(bytes, control);
     return [vocab] { return vocab; };
   }
+  static void set_up(SequenceSamplers& samplers) {
+    samplers.set_eos_ids({Eos});
+    samplers.set_vocabulary(source());
+  }
+  // Sequence `seq`'s item, greedy under `grammar` with its reasoning at `start`.
+  static StepItem item(uint64_t seq, const std::string& grammar, ReasoningStart start) {
+    StepItem item;
+    item.seq = seq;
+    item.sample = true;
+    item.sampling.temperature = 0;
+    item.sampling.grammar = grammar;
+    item.sampling.reasoning = start;
+    return item;
+  }
 };
 
 // With a reasoning parser the grammar shapes the reply, not the reasoning
@@ -373,14 +387,8 @@ TEST(LogitPenalties, WithReasoningTheGrammarShapesTheReplyAfterIt) {
   auto draw = [&](ReasoningStart start, const std::vector<std::vector<int>>& favoured,
                   const std::string* other_grammar = nullptr) {
     SequenceSamplers samplers;
-    samplers.set_eos_ids({V::Eos});
-    samplers.set_vocabulary(V::source());
-    StepItem item;
-    item.seq = 1;
-    item.sample = true;
-    item.sampling.temperature = 0;
-    item.sampling.grammar = other_grammar ? *other_grammar : gbnf;
-    item.sampling.reasoning = start;
+    V::set_up(samplers);
+    StepItem item = V::item(1, other_grammar ? *other_grammar : gbnf, start);
     std::vector<int> out;
     for (const auto& ids : favoured) {
       std::vector<float> logits(15, 0.0f);
@@ -434,15 +442,10 @@ TEST(LogitPenalties, WithReasoningTheGrammarShapesTheReplyAfterIt) {
     for (uint64_t seed = 1; seed <= 40; ++seed) {
       auto run = [&](std::vector<int> tokens, int generated) {
         SequenceSamplers samplers;
-        samplers.set_eos_ids({V::Eos});
-        samplers.set_vocabulary(V::source());
-        StepItem item;
-        item.seq = 3;
-        item.sample = true;
+        V::set_up(samplers);
+        StepItem item = V::item(3, gbnf, start);
         item.sampling.temperature = 1;
         item.sampling.seed = seed;
-        item.sampling.grammar = gbnf;
-        item.sampling.reasoning = start;
         item.history = tokens;
         item.generated = generated;
         std::vector<int> out;
