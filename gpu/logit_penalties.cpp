@@ -132,14 +132,21 @@ void LogitPenalties::apply_grammar(std::vector<float>& out) const {
     return ends_only();
   }
   if (undecided) {
-    // The trie walk found the tokens the grammar takes as they are: right
-    // when nothing is held, but for those that may open the reasoning.
+    // The trie walk found the tokens the grammar takes as they are, which is
+    // right when nothing is held: to them come those that open the
+    // reasoning. With something held, each token is judged after it.
     const bool held = !reasoning_->held().empty();
     for (size_t id = 0; id < allowed_.size(); ++id) {
       if (vocab.is_control(int(id))) continue;
       const std::string& b = vocab.bytes(int(id));
-      if (held || (!b.empty() && (is_reasoning_space(b[0]) || b[0] == '<')))
+      if (held) {
         allowed_[id] = takes_undecided(b) ? 1 : 0;
+      } else if (!allowed_[id] && !b.empty() && (b[0] == '<' || is_reasoning_space(b[0]))) {
+        const size_t first = b.find_first_not_of(" \n\t\r");
+        if (first != std::string::npos &&
+            b.compare(first, kReasoningOpen.size(), kReasoningOpen) == 0)
+          allowed_[id] = 1;
+      }
     }
   }
   bool any = false;
