@@ -548,6 +548,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // so that its logs and ours meet; otherwise the id says it.
     openai::ResponseMeta meta{openai::completion_id(server_.nonce, id, api, reply_.request_id),
                               unix_now(), limits.name, api};
+    meta.named_tool_call = params.tool_calls == ToolCallFormat::ForcedNamed;
     if (reply_.request_id.empty()) {
       reply_.request_id = meta.id;
       reply_.extra.emplace_back("X-Request-Id", meta.id);

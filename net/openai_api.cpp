@@ -951,7 +951,7 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
            "unsupported_parameter");
     }
     o.tools = std::move(shown);
-    if (format) *format = ToolCallFormat::Forced;
+    if (format) *format = choice == "named" ? ToolCallFormat::ForcedNamed : ToolCallFormat::Forced;
     return;
   }
   if (tmpl.tool_calls == ToolCallFormat::None)
@@ -1393,20 +1393,22 @@ json usage_json(const Usage& u) {
 namespace {
 
 // A non-streaming response's choice: its text, or a chat's message.
-json choice_json(Api api, int index, const std::string& text, std::optional<FinishReason> reason,
-                 const std::vector<int>* token_ids, const json* logprobs,
-                 const std::vector<ToolCall>* tool_calls,
+json choice_json(const ResponseMeta& meta, const std::string& text,
+                 std::optional<FinishReason> reason, const std::vector<int>* token_ids,
+                 const json* logprobs, const std::vector<ToolCall>* tool_calls,
                  const std::optional<std::string>* reasoning) {
+  const Api api = meta.api;
   const bool called = api == Api::Chat && tool_calls && !tool_calls->empty();
-  json c = {{"index", index},
+  json c = {{"index", meta.index},
             {"logprobs", logprobs ? *logprobs : json(nullptr)},
-            {"finish_reason", called   ? json("tool_calls")
-                              : reason ? json(finish_reason_name(*reason))
-                                       : json(nullptr)}};
+            {"finish_reason", called && !meta.named_tool_call ? json("tool_calls")
+                              : reason                        ? json(finish_reason_name(*reason))
+                                                              : json(nullptr)}};
   if (api == Api::Chat) {
     const bool no_content = (called || reasoning) && text.empty();
     c["message"] = {{"role", "assistant"}, {"content", no_content ? json(nullptr) : json(text)}};
-    if (reasoning) c["message"]["reasoning_content"] = *reasoning ? json(**reasoning) : json(nullptr);
+    if (reasoning)
+      c["message"]["reasoning_content"] = *reasoning ? json(**reasoning) : json(nullptr);
     if (called) c["message"]["tool_calls"] = tool_calls_json(*tool_calls, false);
   } else {
     c["text"] = text;
@@ -1503,8 +1505,8 @@ json completion_response(const ResponseMeta& meta, const std::string& text, Fini
                          const json* logprobs, const std::vector<ToolCall>* tool_calls,
                          const std::optional<std::string>* reasoning) {
   json j = envelope(meta, /*chunk=*/false);
-  j["choices"] = json::array({choice_json(meta.api, meta.index, text, reason, token_ids, logprobs,
-                                          tool_calls, reasoning)});
+  j["choices"] =
+      json::array({choice_json(meta, text, reason, token_ids, logprobs, tool_calls, reasoning)});
   j["usage"] = usage_json(usage);
   return j;
 }
@@ -1684,7 +1686,8 @@ std::string sse_finish_chunks(const ResponseMeta& meta, const std::string& text,
       return sse(j);
     };
     out += chunk({{"tool_calls", tool_calls_json(*tool_calls, true)}}, nullptr);
-    out += chunk(json::object(), "tool_calls");
+    out += chunk(json::object(),
+                 meta.named_tool_call ? finish_reason_name(reason) : std::string("tool_calls"));
     return out;
   }
   if (meta.api == Api::Completions || text.empty())

@@ -209,6 +209,9 @@ struct ResponseMeta {
   std::string model;
   Api api = Api::Completions;  // the response's shape
   int index = 0;               // the choice's
+  // tool_choice named a function: an answer with its call ends as any other
+  // (finish_reason "stop"), as OpenAI's and vLLM's do.
+  bool named_tool_call = false;
 };
 
 // One generated token's log-probabilities as a response shows them.

@@ -120,7 +120,7 @@ ParsedAnswer parse_tool_calls(ToolCallFormat format, std::string_view text,
   } else if (format == ToolCallFormat::Llama3Json) {
     calls = llama3_calls(text);
     content_end = 0;
-  } else if (format == ToolCallFormat::Forced) {
+  } else if (is_forced(format)) {
     calls = forced_calls(text);
     content_end = 0;
   }
@@ -139,7 +139,7 @@ std::string ToolCallFilter::push(std::string_view text) {
   if (format_ == ToolCallFormat::None) return std::string(text);
   held_ += text;
   if (in_call_) return {};
-  if (format_ == ToolCallFormat::Forced) {
+  if (is_forced(format_)) {
     in_call_ = true;  // the whole answer is the calls
     return {};
   }

@@ -42,7 +42,13 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
 // Forced: the answer is the JSON array a forced tool call (tool_choice
 // "required" or a named function) is generated as under its grammar:
 // [{"name": ..., "parameters": {...}}, ...], as vLLM generates it.
-enum class ToolCallFormat { None, Hermes, Llama3Json, Forced };
+// ForcedNamed: the same for a named function, whose answer ends as any
+// other (finish_reason "stop", not "tool_calls": OpenAI's and vLLM's).
+enum class ToolCallFormat { None, Hermes, Llama3Json, Forced, ForcedNamed };
+
+inline bool is_forced(ToolCallFormat f) {
+  return f == ToolCallFormat::Forced || f == ToolCallFormat::ForcedNamed;
+}
 
 // How a model's answer separates its reasoning from its reply (vLLM's
 // --reasoning-parser of the same names): the text between "<think>" and

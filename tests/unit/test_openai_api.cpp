@@ -352,8 +352,8 @@ TEST(OpenAiParse, UnsupportedOptionsAtNonDefaultValues) {
 TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   for (const char* rest :
        {R"("use_beam_search":true)", R"("length_penalty":0.8)", R"("prompt_logprobs":1)",
-        R"("guided_whitespace_pattern":" *")",
-        R"("skip_special_tokens":false)", R"("spaces_between_special_tokens":false)"}) {
+        R"("guided_whitespace_pattern":" *")", R"("skip_special_tokens":false)",
+        R"("spaces_between_special_tokens":false)"}) {
     const ApiError e = parse_err(std::string(R"({"prompt":"x",)") + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
     EXPECT_EQ(e.code, "unsupported_parameter") << rest;
@@ -1081,7 +1081,9 @@ TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
     const CompletionParams forced =
         chat_ok("{" + messages + "," + tools + R"(,"tool_choice":)" + choice + "}", hermes);
     EXPECT_EQ(forced.prompt_text, p.prompt_text) << choice;
-    EXPECT_EQ(forced.tool_calls, ToolCallFormat::Forced) << choice;
+    EXPECT_EQ(forced.tool_calls,
+              choice == R"("required")" ? ToolCallFormat::Forced : ToolCallFormat::ForcedNamed)
+        << choice;
     grammar::Matcher m(
         std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(forced.grammar)));
     EXPECT_TRUE(m.accept(R"([{"name": "get", "parameters": {"z": 3}}])") && m.is_complete())
@@ -1261,7 +1263,8 @@ TEST(OpenAiParse, StructuredOutputThatCannotBeHonouredIsRefusedNamingWhy) {
            {R"("response_format":{"type":"xml"})", "response_format.type", "json_schema"},
            {R"("response_format":{"type":"json_object"},"guided_choice":["a"])", "guided_choice",
             "Only one"},
-           {R"j("structured_outputs":{"regex":"(?=a)"})j", "structured_outputs.regex", "lookaround"},
+           {R"j("structured_outputs":{"regex":"(?=a)"})j", "structured_outputs.regex",
+            "lookaround"},
            {R"("guided_regex":"a{2")", "guided_regex", "unclosed"}}) {
     const ApiError e = parse_err(R"({"prompt":"x",)" + rest + "}");
     EXPECT_EQ(e.status, 400) << rest;
