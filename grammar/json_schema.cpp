@@ -115,7 +115,8 @@ class SchemaCompiler {
                                                   "exclusiveMinimum",
                                                   "maximum",
                                                   "exclusiveMaximum",
-                                                  "pattern"};
+                                                  "pattern",
+                                                  "multipleOf"};
       if (!known.count(k) && !kAnnotations.count(k))
         fail(at(where, k), "'" + k + "' is not supported in structured output");
       (void)v;
@@ -151,6 +152,16 @@ class SchemaCompiler {
       if (s.contains("properties") || s.contains("additionalProperties"))
         return object(s, where, depth);
       if (s.contains("items") || s.contains("prefixItems")) return array(s, where, depth);
+      // Keywords of a type bind the values of that type: any value, those
+      // of their type under them.
+      for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                              "multipleOf", "minLength", "maxLength", "pattern", "format"})
+        if (s.contains(key)) {
+          std::string alts;
+          for (const char* t : {"string", "number", "boolean", "null", "object", "array"})
+            alts += (alts.empty() ? "" : " | ") + typed(s, t, where, depth);
+          return "(" + alts + ")";
+        }
       return "json-value";
     }
     const json& type = s["type"];
@@ -269,6 +280,8 @@ class SchemaCompiler {
   // Numbers in the range, spelled digit by digit without an exponent (which
   // no bound needs).
   std::string number(const json& s, const std::string& where) {
+    // A multiple of a whole step is a whole number.
+    if (s.contains("multipleOf")) return integer(s, where);
     const Bounds b = bounds(s, where);
     if (!b.lo && !b.hi) return "json-number";
     for (const auto* x : {&b.lo, &b.hi})
@@ -295,24 +308,85 @@ class SchemaCompiler {
   std::string integer(const json& s, const std::string& where) {
     constexpr int64_t kLargest = 9'999'999'999'999'999;  // json-int's 16 digits
     const Bounds b = bounds(s, where);
-    if (!b.lo && !b.hi) return "json-integer";
+    const int64_t step = multiple_of(s, where);
+    if (!b.lo && !b.hi && step == 1) return "json-integer";
     std::optional<int64_t> lo, hi;
     if (b.lo) lo = integer_edge(*b.lo, true);
     if (b.hi) hi = integer_edge(*b.hi, false);
     if ((lo && hi && *lo > *hi) || (lo && *lo > kLargest) || (hi && *hi < -kLargest))
       fail(where.empty() ? "minimum" : where, "the bounds allow no integer");
     std::vector<std::string> alts;
-    if (!hi || *hi >= 0) alts.push_back(natural_range(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
+    if (!hi || *hi >= 0) {
+      const std::string m = magnitudes(lo ? std::max<int64_t>(*lo, 0) : 0, hi, step, where);
+      if (!m.empty()) alts.push_back(m);
+    }
     if (!lo || *lo < 0) {
       // -1 .. -n: "-" and a positive number from max(1, -hi) up to -lo.
       const int64_t from = hi && *hi < 0 ? -*hi : 1;
       std::optional<int64_t> to;
       if (lo) to = -*lo;
-      alts.push_back("\"-\" " + natural_range(from, to));
+      const std::string m = magnitudes(from, to, step, where);
+      if (!m.empty()) alts.push_back("\"-\" " + m);
     }
+    if (alts.empty()) fail(where.empty() ? "multipleOf" : where, "the bounds allow no multiple");
     std::string out;
     for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + a;
     return "((" + out + ") space)";
+  }
+
+  // multipleOf: a whole step (1 when absent).
+  static int64_t multiple_of(const json& s, const std::string& where) {
+    if (!s.contains("multipleOf")) return 1;
+    const json& v = s["multipleOf"];
+    Decimal d;
+    if (v.is_number()) d = parse_decimal(v.dump());
+    if (!v.is_number() || d.negative || !d.fraction.empty() || d.whole == "0" ||
+        d.whole.size() > 5 || std::stoll(d.whole) > kMaxStep)
+      fail(at(where, "multipleOf"), "only whole steps from 1 to 10000 are supported");
+    return std::stoll(d.whole);
+  }
+  static constexpr int64_t kMaxStep = 10000;
+  static constexpr int64_t kMaxListed = 512;
+
+  // Non-negative integers in [from, to] (to absent: any) that are multiples
+  // of step, or "" for none: listed when bounded, else read digit by digit
+  // by their remainder.
+  std::string magnitudes(int64_t from, std::optional<int64_t> to, int64_t step,
+                         const std::string& where) {
+    if (step == 1) return natural_range(from, to);
+    const int64_t first = (from + step - 1) / step * step;
+    if (to) {
+      if (first > *to) return "";
+      if ((*to - first) / step >= kMaxListed)
+        fail(at(where, "multipleOf"),
+             "with bounds holding more than 512 multiples is not supported");
+      std::string out;
+      for (int64_t v = first; v <= *to; v += step)
+        out += (out.empty() ? "" : " | ") + gbnf_literal(std::to_string(v));
+      return "(" + out + ")";
+    }
+    if (from > step)
+      fail(at(where, "multipleOf"), "with a lower bound past the first multiple is not supported");
+    return multiples(step, from == 0);
+  }
+
+  // The multiples of k as JSON writes them (zero only `with_zero`): each
+  // rule one remainder of the digits so far, the number ending only at 0.
+  std::string multiples(int64_t k, bool with_zero) {
+    const std::string base = next_name();
+    auto name = [&](int64_t r) { return base + "-" + std::to_string(r); };
+    // Digits that take remainder r to each next one, as a class.
+    auto after = [&](int64_t r, int first_digit) {
+      std::map<int64_t, std::string> by_next;
+      for (int d = first_digit; d <= 9; ++d) by_next[(r * 10 + d) % k] += char('0' + d);
+      std::string out;
+      for (const auto& [next, digits] : by_next)
+        out.append(out.empty() ? "[" : " | [").append(digits).append("] ").append(name(next));
+      return out;
+    };
+    for (int64_t r = 0; r < k; ++r)
+      rules_ += name(r) + " ::= " + after(r, 0) + (r == 0 ? " | \"\"" : "") + "\n";
+    return "(" + std::string(with_zero ? "\"0\" | " : "") + after(0, 1) + ")";
   }
 
   static int count(const json& s, const char* key, const std::string& where) {

@@ -14,7 +14,10 @@
 // email / ipv4 / hostname (other formats: any string), and minimum,
 // maximum, exclusiveMinimum and exclusiveMaximum on integers and numbers
 // (read exactly as written; a bounded number is written without an
-// exponent, with at most 16 digits either side of the point). Annotations (title, description, default,
+// exponent, with at most 16 digits either side of the point), multipleOf in
+// whole steps (alone, from a lower bound of at most the step, or within
+// bounds holding at most 512 multiples). Without a type, the keywords of a
+// type bind the values of that type. Annotations (title, description, default,
 // examples, $schema, $id, $comment, ...) are ignored. Any other keyword
 // constrains in a way the grammar would not enforce, so it is refused, naming
 // it and where it is.

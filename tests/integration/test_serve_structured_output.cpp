@@ -160,14 +160,15 @@ TEST(ServeStructuredOutput, AnswersFollowTheSchemaTheChoicesOrTheGrammar) {
               std::isdigit(code2[3]))
       << code2;
   // A schema that cannot be enforced: 400 naming the keyword; the server serves on.
-  const json bad = post_chat(
-      s,
-      {{"messages", messages},
-       {"response_format",
-        {{"type", "json_schema"},
-         {"json_schema", {{"name", "x"}, {"schema", {{"type", "integer"}, {"multipleOf", 5}}}}}}}},
-      400);
-  EXPECT_NE(bad["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos)
+  const json bad =
+      post_chat(s,
+                {{"messages", messages},
+                 {"response_format",
+                  {{"type", "json_schema"},
+                   {"json_schema",
+                    {{"name", "x"}, {"schema", {{"type", "array"}, {"uniqueItems", true}}}}}}}},
+                400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("uniqueItems"), std::string::npos)
       << bad.dump();
   EXPECT_EQ(post_chat(s, {{"messages", messages}, {"max_tokens", 5}})["choices"].size(), 1u);
 }

@@ -388,6 +388,56 @@ TEST(JsonSchemaGrammar, NumberBoundsAllowExactlyTheNumbersInRange) {
                SchemaError);
 }
 
+// multipleOf (whole steps): exactly the multiples, unbounded (read digit by
+// digit by their remainder) or within bounds (listed).
+TEST(JsonSchemaGrammar, MultipleOfAllowsExactlyTheMultiples) {
+  struct Case {
+    const char* schema;
+    long step, lo, hi;  // the range checked is [lo, hi]
+    std::optional<long> min, max;
+  };
+  const std::vector<Case> cases = {
+      {R"({"type": "integer", "multipleOf": 5})", 5, -300, 300, std::nullopt, std::nullopt},
+      {R"({"type": "integer", "multipleOf": 3, "minimum": 0})", 3, -60, 400, 0, std::nullopt},
+      {R"({"type": "integer", "multipleOf": 7, "minimum": 1})", 7, -60, 400, 1, std::nullopt},
+      {R"({"type": "integer", "multipleOf": 12, "exclusiveMaximum": 0})", 12, -400, 60,
+       std::nullopt, -1},
+      {R"({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100})", 5, -50, 200, 0,
+       100},
+      {R"({"type": "number", "multipleOf": 25, "minimum": -80.5, "maximum": 130})", 25, -200, 300,
+       -80, 130},
+      {R"({"type": "integer", "multipleOf": 1, "minimum": 2})", 1, -20, 40, 2, std::nullopt},
+      {R"({"type": "integer", "multipleOf": 13})", 13, 0, 3000, std::nullopt, std::nullopt},
+  };
+  for (const Case& c : cases) {
+    auto g = schema(json::parse(c.schema));
+    for (long v = c.lo; v <= c.hi; ++v) {
+      const bool in = v % c.step == 0 && (!c.min || v >= *c.min) && (!c.max || v <= *c.max);
+      ASSERT_EQ(matches(g, std::to_string(v)), in) << c.schema << ": " << v;
+    }
+    EXPECT_FALSE(matches(g, "-0")) << c.schema;
+    EXPECT_FALSE(matches(g, "0" + std::to_string(c.step))) << c.schema;
+  }
+  for (const char* refused :
+       {R"({"type": "number", "multipleOf": 0.5})", R"({"type": "integer", "multipleOf": 0})",
+        R"({"type": "integer", "multipleOf": 20000})",
+        R"({"type": "integer", "multipleOf": 5, "minimum": 11})",
+        R"({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100000})",
+        R"({"type": "integer", "multipleOf": 5, "minimum": 1, "maximum": 4})"})
+    EXPECT_THROW(json_schema_grammar(json::parse(refused)), SchemaError) << refused;
+}
+
+// Without a type, the keywords of a type bind the values of that type.
+TEST(JsonSchemaGrammar, KeywordsOfATypeBindItsValuesWithoutAType) {
+  auto g = schema(json::parse(R"({"minimum": 3, "maxLength": 2})"));
+  EXPECT_TRUE(matches(g, "5"));
+  EXPECT_FALSE(matches(g, "2"));
+  EXPECT_TRUE(matches(g, R"("ab")"));
+  EXPECT_FALSE(matches(g, R"("abc")"));
+  EXPECT_TRUE(matches(g, "true"));
+  EXPECT_TRUE(matches(g, R"({"x": [1, 2]})"));
+}
+
 TEST(NumberRange, DecimalsAreReadExactlyAsJsonWritesThem) {
   auto text = [](const std::string& t) {
     const Decimal d = parse_decimal(t);
@@ -534,8 +584,9 @@ TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
       error(R"j({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?!x)"}}})j")
           .find("properties.a.pattern"),
       std::string::npos);
-  EXPECT_NE(error(R"({"type": "integer", "multipleOf": 5})").find("'multipleOf' is not supported"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"({"type": "array", "uniqueItems": true})").find("'uniqueItems' is not supported"),
+      std::string::npos);
   EXPECT_NE(error(R"({"type": "number", "minimum": 1e-20})").find("finer than 10^-16"),
             std::string::npos);
   EXPECT_NE(error(R"({"$ref": "#/$defs/nope"})").find("names no schema"), std::string::npos);
