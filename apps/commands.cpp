@@ -46,29 +46,25 @@ VocabularySource vocabulary_source(const std::filesystem::path& path, int model_
     std::mutex mu;
     bool tried = false;
     std::shared_ptr<const grammar::TokenVocabulary> vocab;
-    std::thread warm;
-    ~Once() {
-      if (!warm.joinable()) return;
-      // The last holder may be the warm-up itself.
-      if (warm.get_id() == std::this_thread::get_id())
-        warm.detach();
-      else
-        warm.join();
-    }
     std::shared_ptr<const grammar::TokenVocabulary> get(const std::filesystem::path& path,
                                                         int model_vocab) {
       std::lock_guard<std::mutex> lock(mu);
       if (tried) return vocab;
       tried = true;
       const auto start = std::chrono::steady_clock::now();
-      const Tokenizer tokenizer = load_tokenizer(path, model_vocab);
-      std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
-      std::vector<bool> control(bytes.size());
-      for (int id = 0; id < tokenizer.vocab_size(); ++id) {
-        control[size_t(id)] = tokenizer.is_control(id);
-        bytes[size_t(id)] = tokenizer.token_bytes(id);
+      try {
+        const Tokenizer tokenizer = load_tokenizer(path, model_vocab);
+        std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
+        std::vector<bool> control(bytes.size());
+        for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+          control[size_t(id)] = tokenizer.is_control(id);
+          bytes[size_t(id)] = tokenizer.token_bytes(id);
+        }
+        vocab = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), control);
+      } catch (const std::exception& e) {
+        spdlog::error("structured output: the model's vocabulary could not be read: {}", e.what());
+        return nullptr;
       }
-      vocab = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), control);
       spdlog::info(
           "structured output: the vocabulary's {} tokens ready in {:.0f} ms", vocab->size(),
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -76,20 +72,21 @@ VocabularySource vocabulary_source(const std::filesystem::path& path, int model_
       return vocab;
     }
   };
-  auto once = std::make_shared<Once>();
   // Built ahead, in the background: built by the first request with a
   // grammar instead, it stalls the engine step of every sequence in that
-  // batch (about a second for a 150,000-token vocabulary).
-  once->warm = std::thread([weak = std::weak_ptr<Once>(once), path, model_vocab] {
-    if (auto o = weak.lock()) {
-      try {
-        o->get(path, model_vocab);
-      } catch (const std::exception& e) {
-        spdlog::error("structured output: the model's vocabulary could not be read: {}", e.what());
-      }
+  // batch (about a second for a 150,000-token vocabulary). The thread holds
+  // only the vocabulary's state; the source's last copy joins it, so that it
+  // never outlives the process's logging.
+  struct Warm {
+    std::thread thread;
+    ~Warm() {
+      if (thread.joinable()) thread.join();
     }
-  });
-  return [once, path, model_vocab] { return once->get(path, model_vocab); };
+  };
+  auto once = std::make_shared<Once>();
+  auto warm = std::make_shared<Warm>();
+  warm->thread = std::thread([once, path, model_vocab] { once->get(path, model_vocab); });
+  return [once, warm, path, model_vocab] { return once->get(path, model_vocab); };
 }
 
 std::string api_key_or_env(const std::string& given) {

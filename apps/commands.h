@@ -60,7 +60,8 @@ Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab);
 // The engines' vocabulary for structured output (EngineBuilder::
 // set_vocabulary): the tokenizer at `path` read and its tokens' text walked
 // into a trie once, for every engine, in the background from the start (a
-// request with a grammar that comes first waits for it).
+// request with a grammar that comes first waits for it). Null, logged once,
+// when the tokenizer cannot be read or does not fit the model.
 VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab);
 
 // `given`, or when it is empty the TROUPE_API_KEY environment variable (or "").
