@@ -230,7 +230,7 @@ void run_serve(const ServeOptions& so) {
   Metrics metrics;
   metrics.export_vllm_names(served_model_name(cfg));
   auto engines = std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype);
-  if (tokenizer) engines->set_vocabulary(vocabulary_source(tok_path, mc.vocab_size));
+  if (tokenizer) engines->set_vocabulary(vocabulary_source(*tokenizer));
   ActorRuntime runtime(cfg, engines, &metrics);
   const auto [host, port] = parse_listen(cfg.server.listen);
   HttpServer::Options ho;

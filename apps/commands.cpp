@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -41,26 +42,39 @@ Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab) {
   return tokenizer;
 }
 
-VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab) {
+namespace {
+
+std::shared_ptr<const grammar::TokenVocabulary> vocabulary_of(const Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
+  std::vector<bool> control(bytes.size());
+  for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+    control[size_t(id)] = tokenizer.is_control(id);
+    bytes[size_t(id)] = tokenizer.token_bytes(id);
+  }
+  return std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), control);
+}
+
+using VocabularyBuild = std::function<std::shared_ptr<const grammar::TokenVocabulary>()>;
+
+// The vocabulary `build` makes, made once for every caller. Built ahead, in
+// the background: built by the first request with a grammar instead, it
+// stalls the engine step of every sequence in that batch (about a second for
+// a 150,000-token vocabulary). The thread holds only the vocabulary's state;
+// the source's last copy joins it, so that it never outlives the process's
+// logging.
+VocabularySource built_ahead(VocabularyBuild build) {
   struct Once {
+    VocabularyBuild build;
     std::mutex mu;
     bool tried = false;
     std::shared_ptr<const grammar::TokenVocabulary> vocab;
-    std::shared_ptr<const grammar::TokenVocabulary> get(const std::filesystem::path& path,
-                                                        int model_vocab) {
+    std::shared_ptr<const grammar::TokenVocabulary> get() {
       std::lock_guard<std::mutex> lock(mu);
       if (tried) return vocab;
       tried = true;
       const auto start = std::chrono::steady_clock::now();
       try {
-        const Tokenizer tokenizer = load_tokenizer(path, model_vocab);
-        std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
-        std::vector<bool> control(bytes.size());
-        for (int id = 0; id < tokenizer.vocab_size(); ++id) {
-          control[size_t(id)] = tokenizer.is_control(id);
-          bytes[size_t(id)] = tokenizer.token_bytes(id);
-        }
-        vocab = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), control);
+        vocab = build();
       } catch (const std::exception& e) {
         spdlog::error("structured output: the model's vocabulary could not be read: {}", e.what());
         return nullptr;
@@ -72,11 +86,6 @@ VocabularySource vocabulary_source(const std::filesystem::path& path, int model_
       return vocab;
     }
   };
-  // Built ahead, in the background: built by the first request with a
-  // grammar instead, it stalls the engine step of every sequence in that
-  // batch (about a second for a 150,000-token vocabulary). The thread holds
-  // only the vocabulary's state; the source's last copy joins it, so that it
-  // never outlives the process's logging.
   struct Warm {
     std::thread thread;
     ~Warm() {
@@ -84,9 +93,21 @@ VocabularySource vocabulary_source(const std::filesystem::path& path, int model_
     }
   };
   auto once = std::make_shared<Once>();
+  once->build = std::move(build);
   auto warm = std::make_shared<Warm>();
-  warm->thread = std::thread([once, path, model_vocab] { once->get(path, model_vocab); });
-  return [once, warm, path, model_vocab] { return once->get(path, model_vocab); };
+  warm->thread = std::thread([once] { once->get(); });
+  return [once, warm] { return once->get(); };
+}
+
+}  // namespace
+
+VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab) {
+  return built_ahead(
+      [path, model_vocab] { return vocabulary_of(load_tokenizer(path, model_vocab)); });
+}
+
+VocabularySource vocabulary_source(Tokenizer tokenizer) {
+  return built_ahead([tokenizer = std::move(tokenizer)] { return vocabulary_of(tokenizer); });
 }
 
 std::string api_key_or_env(const std::string& given) {

@@ -63,6 +63,9 @@ Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab);
 // request with a grammar that comes first waits for it). Null, logged once,
 // when the tokenizer cannot be read or does not fit the model.
 VocabularySource vocabulary_source(const std::filesystem::path& path, int model_vocab);
+// The same from a tokenizer already loaded (troupe serve's, which its front
+// end holds: not read a second time).
+VocabularySource vocabulary_source(Tokenizer tokenizer);
 
 // `given`, or when it is empty the TROUPE_API_KEY environment variable (or "").
 std::string api_key_or_env(const std::string& given);

@@ -23,6 +23,11 @@ TEST(VocabularySource, BuiltOnceInTheBackgroundTheSameForEveryCaller) {
   ASSERT_NE(got[0], nullptr);
   EXPECT_EQ(got[0]->size(), 2000);
   for (const auto& g : got) EXPECT_EQ(g, got[0]);
+  // From the tokenizer a server already holds: the same tokens.
+  const auto held = vocabulary_source(Tokenizer::load(tokenizer))();
+  ASSERT_NE(held, nullptr);
+  ASSERT_EQ(held->size(), got[0]->size());
+  for (int id = 0; id < held->size(); ++id) EXPECT_EQ(held->bytes(id), got[0]->bytes(id)) << id;
 }
 
 TEST(VocabularySource, DroppedAtOnceOrNeverUsedItStopsCleanly) {
