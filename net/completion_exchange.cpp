@@ -22,6 +22,15 @@ ReasoningStart answer_reasoning(const openai::CompletionParams& p) {
   return reasoning_start(p.reasoning, p.prompt_text ? std::string_view(*p.prompt_text) : "");
 }
 
+// The ids of those `texts` that are one token each.
+std::vector<int> token_ids(const Tokenizer& tokenizer, std::span<const std::string_view> texts) {
+  std::vector<int> ids;
+  for (std::string_view text : texts)
+    if (const std::vector<int> one = tokenizer.encode(text, /*add_bos=*/false); one.size() == 1)
+      ids.push_back(one[0]);
+  return ids;
+}
+
 }  // namespace
 
 void record(const ExchangeFigures& f, Metrics& m) {
@@ -56,6 +65,8 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     const size_t dash = meta_.id.find('-');
     tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
                                                 std::to_string(meta_.index) + "-");
+    if (streamer_)
+      streamer_->spell(token_ids(*tokenizer, openai::control_markers(params_.tool_calls)));
   }
   // With a parser, even an answer that cannot have reasoning says so
   // (reasoning_content null).

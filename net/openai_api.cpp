@@ -957,7 +957,7 @@ void parse_tools(const json& j, OrderedBody& ordered, const ChatFormat& tmpl, Ch
   if (tmpl.tool_calls == ToolCallFormat::None)
     unsupported("tools",
                 "the model's chat template writes tool calls in no format this server reads "
-                "(hermes' <tool_call>, Llama 3's JSON)");
+                "(hermes' <tool_call>, Mistral's [TOOL_CALLS], Llama 3's JSON)");
   o.tools = std::move(shown);
   if (format) *format = tmpl.tool_calls;
 }

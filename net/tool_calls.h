@@ -4,6 +4,7 @@
 // Pure functions and a streaming filter, unit-tested.
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,13 +26,18 @@ struct ParsedAnswer {
 };
 
 // The format a chat template's tool calls take, by its markers: hermes where
-// it writes "<tool_call>", llama3_json for Llama 3.1's "parameters" JSON;
-// none otherwise.
+// it writes "<tool_call>", mistral where "[TOOL_CALLS]", llama3_json for
+// Llama 3.1's "parameters" JSON; none otherwise.
 ToolCallFormat detect_tool_call_format(std::string_view jinja);
+
+// The markers of `format` that tokenizers make control tokens (Mistral's
+// "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"), whose text a detokenizer leaves
+// out unless told to write it: the parser needs them in the text.
+std::span<const std::string_view> control_markers(ToolCallFormat format);
 
 // The answer's text split into content and tool calls. Malformed calls leave
 // the whole text as content, as vLLM does. Ids are `id_prefix` and the call's
-// number.
+// number; Mistral's, 9 letters and digits hashed from them.
 ParsedAnswer parse_tool_calls(ToolCallFormat format, std::string_view text,
                               const std::string& id_prefix);
 

@@ -44,7 +44,11 @@ inline constexpr std::array<std::pair<std::string_view, ChatTemplate>, 7> kChatT
 // [{"name": ..., "parameters": {...}}, ...], as vLLM generates it.
 // ForcedNamed: the same for a named function, whose answer ends as any
 // other (finish_reason "stop", not "tool_calls": OpenAI's and vLLM's).
-enum class ToolCallFormat { None, Hermes, Llama3Json, Forced, ForcedNamed };
+// Mistral: "[TOOL_CALLS]" then a JSON array of {"name", "arguments"} (Mistral
+// 7B v0.3, Nemo) or, from Mistral's v11 tokenizers on (Small 3.x, Devstral),
+// "[TOOL_CALLS]name[ARGS]{json}" per call; its call ids are 9 letters and
+// digits, as Mistral's templates demand of a history's.
+enum class ToolCallFormat { None, Hermes, Llama3Json, Forced, ForcedNamed, Mistral };
 
 inline bool is_forced(ToolCallFormat f) {
   return f == ToolCallFormat::Forced || f == ToolCallFormat::ForcedNamed;

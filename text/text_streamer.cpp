@@ -1,5 +1,6 @@
 #include "text/text_streamer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "text/unicode.h"
@@ -81,7 +82,20 @@ size_t TextStreamer::last_char_start() const {
   return std::string::npos;
 }
 
+void TextStreamer::spell(std::span<const int> control_ids) {
+  for (int id : control_ids) tok_.check_id(id);
+  spelled_.clear();
+  for (int id : control_ids)
+    if (tok_.is_control(id)) spelled_.push_back(id);  // the others are written anyway
+  std::sort(spelled_.begin(), spelled_.end());
+}
+
+bool TextStreamer::is_spelled(int id) const {
+  return std::binary_search(spelled_.begin(), spelled_.end(), id);
+}
+
 std::string TextStreamer::put_bytes(int id) {
+  if (is_spelled(id)) return tok_.token_bytes(id);
   if (tok_.is_control(id)) return {};
   text_ += tok_.token_bytes(id);
   // What ends in the start of a character still to come waits for it; the
@@ -95,6 +109,9 @@ std::string TextStreamer::put_bytes(int id) {
 std::string TextStreamer::put(int id) {
   tok_.check_id(id);
   if (tok_.is_byte_level()) return put_bytes(id);
+  // Outside the window (and before a character whose bytes it splits): the
+  // pieces after it decode on from those before it.
+  if (is_spelled(id)) return tok_.token_bytes(id);
   window_.push_back(id);
   const bool is_byte = tok_.byte_value(id) >= 0;
   if (is_byte && tail_is_incomplete_utf8()) return {};

@@ -38,15 +38,26 @@ class TextStreamer {
   void continue_after(std::span<const int> prompt);
   static constexpr size_t kContinuationIds = 5;  // an ordinary piece + a character's bytes
 
+  // Control tokens whose text put() writes, as they are spelled ("[TOOL_CALLS]"),
+  // where decode() leaves every control token out: a tool-call parser reads
+  // them. The text around one reads as if it were not there (its spacing; a
+  // character whose bytes it splits comes out after it, whole). Ids that are
+  // not control tokens are written anyway. Throws std::out_of_range for a bad
+  // id.
+  void spell(std::span<const int> control_ids);
+
  private:
   std::string put_bytes(int id);  // a byte-level tokenizer's put()
   bool tail_is_incomplete_utf8() const;
   size_t last_char_start() const;
 
+  bool is_spelled(int id) const;
+
   Tokenizer tok_;
-  std::vector<int> window_;  // ids since the last anchor (or the start)
-  std::string text_;         // the part of decode(window_) already returned;
-                             // byte-level: the bytes of a character still to come
+  std::vector<int> spelled_;  // sorted
+  std::vector<int> window_;   // ids since the last anchor (or the start)
+  std::string text_;          // the part of decode(window_) already returned;
+                              // byte-level: the bytes of a character still to come
 };
 
 }  // namespace troupe

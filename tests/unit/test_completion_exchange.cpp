@@ -2,6 +2,8 @@
 // the figures for /metrics out, without a socket.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "metrics/metrics.h"
@@ -342,6 +344,64 @@ TEST(CompletionExchange, AToolCallInTheAnswerBecomesTheMessagesToolCalls) {
   EXPECT_EQ(plain["choices"][0]["message"]["content"], text);
   EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+}
+
+// Mistral's markers are control tokens, which text leaves out: a chat that
+// reads Mistral's calls has them written, and its calls carry 9-character
+// ids (Mistral's templates refuse others in a history).
+TEST(CompletionExchange, MistralsCallsAreReadFromItsControlTokens) {
+  test::TempDir dir;
+  auto j =
+      json::parse(test::read_file(test::data_path("tokenizers") / "qwen-small.tokenizer.json"));
+  for (const auto& [id, text] : {std::pair{1508, "[TOOL_CALLS]"}, std::pair{1509, "[ARGS]"}})
+    j["added_tokens"].push_back({{"id", id}, {"content", text}, {"special", true}});
+  test::write_file(dir / "tokenizer.json", j.dump());
+  const Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  const std::vector<int> ids =
+      tok.encode("Let me check.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}", false);
+  ASSERT_EQ(std::count(ids.begin(), ids.end(), 1508), 1);
+  ASSERT_EQ(tok.decode(ids), "Let me check.get_weather{\"city\": \"Paris\"}");
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    openai::CompletionParams p = params(int(ids.size()) + 5, stream);
+    p.api = openai::Api::Chat;
+    p.tool_calls = ToolCallFormat::Mistral;
+    CompletionExchange ex(7, p, chat_meta(), 4, &tok, t0);
+    std::vector<ExchangeStep> steps = feed(ex, ids);
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    json message, calls;
+    if (!stream) {
+      ASSERT_TRUE(steps.back().response);
+      const json choice = json::parse(steps.back().response->body)["choices"][0];
+      EXPECT_EQ(choice["finish_reason"], "tool_calls");
+      message = choice["message"];
+      calls = message["tool_calls"];
+    } else {
+      std::string content;
+      for (const std::string& e : events(steps)) {
+        if (e == "[DONE]") continue;
+        const json delta = json::parse(e)["choices"][0]["delta"];
+        content += delta.value("content", "");
+        if (delta.contains("tool_calls")) calls = delta["tool_calls"];
+      }
+      message["content"] = content;
+    }
+    EXPECT_EQ(message["content"], "Let me check.");
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+    const std::string id = calls[0]["id"];
+    EXPECT_EQ(id.size(), 9u) << id;
+    EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isalnum(c); }));
+  }
+  // A chat without tools: the markers stay out of the text.
+  openai::CompletionParams p = params(int(ids.size()) + 5, false);
+  p.api = openai::Api::Chat;
+  CompletionExchange ex(7, p, chat_meta(), 4, &tok, t0);
+  feed(ex, ids);
+  const json plain =
+      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body);
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], tok.decode(ids));
 }
 
 TEST(CompletionExchange, StopStringAcrossTokensEndsAndCancelsOnce) {
@@ -846,16 +906,17 @@ TEST(CompletionExchange, ReasoningIsToldFromTheReply) {
     }
   }
   // Reasoning, then a tool call in the reply.
-  const std::vector<int> ids =
-      ids_of("<think>Use the tool.</think><tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+  const std::vector<int> ids = ids_of(
+      "<think>Use the tool.</think><tool_call>\n{\"name\": \"f\", \"arguments\": "
+      "{}}\n</tool_call>");
   openai::CompletionParams p = params(int(ids.size()) + 5, false);
   p.api = openai::Api::Chat;
   p.reasoning = ReasoningParser::Qwen3;
   p.tool_calls = ToolCallFormat::Hermes;
   CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
   feed(ex, ids);
-  const json c =
-      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body)["choices"][0];
+  const json c = json::parse(
+      ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body)["choices"][0];
   EXPECT_EQ(c["message"]["reasoning_content"], "Use the tool.");
   EXPECT_EQ(c["finish_reason"], "tool_calls");
   ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);

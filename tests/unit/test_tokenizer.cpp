@@ -455,6 +455,38 @@ TEST(TextStreamer, IncompleteTailIsFlushedByFinish) {
   EXPECT_EQ(s.put(the), "the");
 }
 
+// A spelled control token (a tool-call parser's marker) is written where it
+// stands; the text around it reads as without it.
+TEST(TextStreamer, SpelledControlTokensAreWrittenWhereTheyStand) {
+  const Tokenizer& tok = fortune();
+  const int eos = tok.eos_id(), bos = tok.bos_id();
+  ASSERT_TRUE(tok.is_control(eos));
+  const std::vector<int> hello = tok.encode("Hello", false), world = tok.encode("world", false);
+  ASSERT_EQ(world.size(), 1u);                              // "▁world"
+  const int e2 = 3 + 0xE2, x98 = 3 + 0x98, x83 = 3 + 0x83;  // the bytes of ☃
+  const auto run = [&](const std::vector<int>& ids) {
+    TextStreamer s(tok);
+    const std::vector<int> spelled = {eos, hello.at(0)};  // an ordinary one is written anyway
+    s.spell(spelled);
+    std::string out;
+    for (int id : ids) out += s.put(id);
+    return out + s.finish();
+  };
+  std::vector<int> ids = hello;
+  ids.push_back(eos);
+  ids.insert(ids.end(), world.begin(), world.end());
+  EXPECT_EQ(run(ids), "Hello</s> world");
+  ids.insert(ids.begin(), bos);  // not spelled: left out
+  EXPECT_EQ(run(ids), "Hello</s> world");
+  ids = {eos};
+  ids.insert(ids.end(), world.begin(), world.end());
+  EXPECT_EQ(run(ids), "</s>world");  // at the start, as decode() starts a text
+  EXPECT_EQ(run({e2, x98, x83, eos, e2, x98, x83}), "☃</s>☃");
+  EXPECT_EQ(run({e2, eos, x98, x83}), "</s>☃");  // inside a character: before it
+  TextStreamer s(tok);
+  EXPECT_THROW(s.spell(std::vector<int>{tok.vocab_size()}), std::out_of_range);
+}
+
 TEST(TextStreamer, BadIdThrowsAndLeavesStateAlone) {
   const Tokenizer& tok = fortune();
   const auto ids = tok.encode("Hello there", true);

@@ -75,6 +75,20 @@ TEST(TokenizerJson, SpecialTokensPiecesAndBytes) {
   EXPECT_THROW((void)gpt2.encode("x", true), std::runtime_error);
 }
 
+TEST(TokenizerJson, StreamerWritesTheControlTokensItIsToldToSpell) {
+  const Tokenizer tok = Tokenizer::load(fixture("qwen-small"));
+  ASSERT_TRUE(tok.is_control(1501));  // <|im_start|>
+  std::vector<int> ids = tok.encode("\xE2\x98\x83 a", false);
+  ASSERT_EQ(tok.token_bytes(ids.at(0)), "\xE2");  // the snowman is three byte tokens
+  ids.insert(ids.begin() + 1, 1501);              // inside its bytes
+  ids.push_back(1502);                            // <|im_end|>, not spelled
+  TextStreamer streamer(tok);
+  streamer.spell(std::vector<int>{1501});
+  std::string out;
+  for (int id : ids) out += streamer.put(id);
+  EXPECT_EQ(out + streamer.finish(), "<|im_start|>\xE2\x98\x83 a");
+}
+
 TEST(TokenizerJson, StreamerHoldsBackACharacterUntilItsLastByte) {
   const Tokenizer tok = Tokenizer::load(fixture("gpt2-small"));
   const auto ids = tok.encode("\xE2\x98\x83!", false);  // ☃ is three byte tokens here

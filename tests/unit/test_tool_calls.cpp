@@ -2,7 +2,11 @@
 // parsers read them, whole and streamed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "net/tool_calls.h"
+#include "support/test_support.h"
 
 namespace troupe::openai {
 namespace {
@@ -125,6 +129,97 @@ TEST(ToolCalls, TheStreamingFilterHoldsOnlyWhatMayBeACall) {
   EXPECT_EQ(prose.push("Hello {"), "Hello {");
   EXPECT_EQ(prose.push("x"), "x");
   EXPECT_TRUE(prose.finish().calls.empty());
+}
+
+TEST(ToolCalls, MistralsTemplatesWriteTheirCallsAfterToolCallsTokens) {
+  for (const char* name :
+       {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja"})
+    EXPECT_EQ(detect_tool_call_format(test::read_file(test::data_path("chat_templates") / name)),
+              ToolCallFormat::Mistral)
+        << name;
+  EXPECT_EQ(control_markers(ToolCallFormat::Mistral).size(), 3u);
+  EXPECT_TRUE(control_markers(ToolCallFormat::Hermes).empty());
+}
+
+bool is_mistral_id(const std::string& id) {
+  return id.size() == 9 &&
+         std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isalnum(c) != 0; });
+}
+
+// Before Mistral's v11 tokenizers (7B v0.3, Nemo): "[TOOL_CALLS]" and one JSON
+// array of {"name", "arguments"}, as vLLM's mistral parser reads it.
+TEST(ToolCalls, MistralCallsBeforeV11AreOneJsonArray) {
+  const ParsedAnswer a = parse_tool_calls(
+      ToolCallFormat::Mistral,
+      "Let me see. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Zürich\"}, \"id\": \"abcDEF123\"}, {\"name\": \"now\"}, {\"name\": \"s\", "
+      "\"arguments\": \"{\\\"q\\\": 1}\"}]</s>",
+      "chatcmpl-tool-x-0-");
+  EXPECT_EQ(a.content, "Let me see. ");
+  ASSERT_EQ(a.calls.size(), 3u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city": "Zürich"})");
+  EXPECT_EQ(a.calls[1].arguments, "{}");           // left out: none
+  EXPECT_EQ(a.calls[2].arguments, R"({"q": 1})");  // a JSON text of an object: the object
+  for (const ToolCall& c : a.calls) EXPECT_TRUE(is_mistral_id(c.id)) << c.id;
+  EXPECT_NE(a.calls[0].id, a.calls[1].id);
+  EXPECT_NE(a.calls[1].id, a.calls[2].id);
+  // The same answer's ids again; another answer's differ.
+  const ParsedAnswer again = parse_tool_calls(
+      ToolCallFormat::Mistral, "[TOOL_CALLS][{\"name\": \"f\"}]", "chatcmpl-tool-x-0-");
+  EXPECT_EQ(again.calls.at(0).id, a.calls[0].id);
+  const ParsedAnswer other = parse_tool_calls(
+      ToolCallFormat::Mistral, "[TOOL_CALLS][{\"name\": \"f\"}]", "chatcmpl-tool-y-0-");
+  EXPECT_NE(other.calls.at(0).id, a.calls[0].id);
+  // A lone object is one call.
+  const ParsedAnswer lone = parse_tool_calls(
+      ToolCallFormat::Mistral, "[TOOL_CALLS] {\"name\": \"f\", \"arguments\": {\"x\": [1]}}", "c");
+  ASSERT_EQ(lone.calls.size(), 1u);
+  EXPECT_EQ(lone.calls[0].arguments, R"({"x": [1]})");
+  EXPECT_EQ(lone.content, "");
+}
+
+// From v11 (Small 3.x, Devstral): "[TOOL_CALLS]name[ARGS]{...}" per call, with
+// "[CALL_ID]id" where the template writes it.
+TEST(ToolCalls, MistralCallsFromV11AreNameThenArguments) {
+  const ParsedAnswer a =
+      parse_tool_calls(ToolCallFormat::Mistral,
+                       "Two calls.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"[TOOL_CALLS] Paris\"}"
+                       "[TOOL_CALLS]add[CALL_ID]a1b2c3d4e[ARGS]{\"a\": 1, \"b\": {\"c\": 2}} "
+                       "[TOOL_CALLS]plain{}",
+                       "c");
+  EXPECT_EQ(a.content, "Two calls.");
+  ASSERT_EQ(a.calls.size(), 3u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city": "[TOOL_CALLS] Paris"})");
+  EXPECT_EQ(a.calls[1].name, "add");
+  EXPECT_EQ(a.calls[1].arguments, R"({"a": 1, "b": {"c": 2}})");
+  EXPECT_EQ(a.calls[2].name, "plain");
+  EXPECT_EQ(a.calls[2].arguments, "{}");
+  // Malformed: the whole text stays content.
+  for (const char* bad :
+       {"[TOOL_CALLS]f[ARGS]{\"a\": ", "[TOOL_CALLS][{\"name\": \"f\"", "[TOOL_CALLS]f",
+        "[TOOL_CALLS][ARGS]{}", "[TOOL_CALLS]f[TOOL_CALLS]g{}", "[TOOL_CALLS][{\"arguments\": {}}]",
+        "[TOOL_CALLS]f[ARGS]{\"a\" 1}", "no call"}) {
+    const ParsedAnswer b = parse_tool_calls(ToolCallFormat::Mistral, bad, "c");
+    EXPECT_TRUE(b.calls.empty()) << bad;
+    EXPECT_EQ(b.content, bad);
+  }
+}
+
+TEST(ToolCalls, TheStreamingFilterHoldsFromMistralsMarker) {
+  const std::string answer = "Sure [TOOL [b].[TOOL_CALLS]f[ARGS]{\"a\": \"[TOOL_CALLS]\"}";
+  for (size_t piece : {1u, 3u, 7u, 200u}) {
+    SCOPED_TRACE(piece);
+    ToolCallFilter filter(ToolCallFormat::Mistral, "c");
+    std::string streamed;
+    for (size_t at = 0; at < answer.size(); at += piece)
+      streamed += filter.push(answer.substr(at, piece));
+    const ParsedAnswer rest = filter.finish();
+    EXPECT_EQ(streamed + rest.content, "Sure [TOOL [b].");
+    ASSERT_EQ(rest.calls.size(), 1u);
+    EXPECT_EQ(rest.calls[0].arguments, R"({"a": "[TOOL_CALLS]"})");
+  }
 }
 
 TEST(ToolCalls, CallsAreOpenAIsShape) {
