@@ -18,7 +18,7 @@ double seconds(CompletionExchange::Clock::duration d) {
 // Where a chat answer's reasoning is, by the server's parser and the
 // prompt's end; the text a completion (not a chat) gets is never split.
 ReasoningStart answer_reasoning(const openai::CompletionParams& p) {
-  if (p.api != openai::Api::Chat) return ReasoningStart::None;
+  if (!openai::is_chat(p.api)) return ReasoningStart::None;
   return reasoning_start(p.reasoning, p.prompt_text ? std::string_view(*p.prompt_text) : "");
 }
 
@@ -60,18 +60,22 @@ CompletionExchange::CompletionExchange(uint64_t request_id, openai::CompletionPa
     streamer_.emplace(*tokenizer);
     streamer_->continue_after(prompt_tail);
   }
-  if (params_.api == openai::Api::Chat && params_.tool_calls != ToolCallFormat::None) {
+  if (openai::is_chat(params_.api) && params_.tool_calls != ToolCallFormat::None) {
     // "chatcmpl-tool-", the completion's own hex, and its choice's index.
     const size_t dash = meta_.id.find('-');
-    tool_calls_.emplace(params_.tool_calls, "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
-                                                std::to_string(meta_.index) + "-");
+    tool_calls_.emplace(params_.tool_calls,
+                        params_.api == openai::Api::Responses
+                            ? "call_" + meta_.id.substr(meta_.id.find('_') + 1) + "_"
+                            : "chatcmpl-tool-" + meta_.id.substr(dash + 1) + "-" +
+                                  std::to_string(meta_.index) + "-");
     if (streamer_)
       streamer_->spell(token_ids(*tokenizer, openai::control_markers(params_.tool_calls)));
   }
   // With a parser, even an answer that cannot have reasoning says so
   // (reasoning_content null).
-  if (params_.api == openai::Api::Chat && params_.reasoning != ReasoningParser::None)
+  if (openai::is_chat(params_.api) && params_.reasoning != ReasoningParser::None)
     reasoning_.emplace(answer_reasoning(params_));
+  if (params_.api == openai::Api::Responses) responses_.emplace(meta_, params_.response_fields);
 }
 
 ReasoningSplit CompletionExchange::split(const std::string& text) {
@@ -163,6 +167,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
   released_bytes_ += int64_t(out.size());
   ReasoningSplit piece = split(out);
   out = std::move(piece.content);
+  if (!piece.reasoning.empty() && out.empty()) ++reasoning_tokens_;
   if (!params_.stream) {
     text_ += out;
     reasoning_text_ += piece.reasoning;
@@ -174,7 +179,11 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
     return {};
   const auto lp = take_logprobs();
   std::string chunk = opening();
-  if (!piece.reasoning.empty() && out.empty()) {
+  if (responses_) {
+    // One call after the other: each numbers its events.
+    chunk += responses_->reasoning(piece.reasoning, true);
+    chunk += responses_->reply(out, true);
+  } else if (!piece.reasoning.empty() && out.empty()) {
     // The token's ids and log-probabilities go with its reasoning.
     chunk += openai::sse_text_chunk(meta_, piece.reasoning, std::nullopt,
                                     chunk_usage(generated_tokens()), ids_to_send(),
@@ -247,7 +256,21 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
     calls = std::move(answer.calls);
   }
   const std::vector<openai::ToolCall>* called = calls.empty() ? nullptr : &calls;
-  if (params_.stream) {
+  if (responses_) {
+    if (params_.stream) {
+      std::string events = opening();
+      events += responses_->reasoning(piece.reasoning, true);
+      events += responses_->reply(text, true);
+      events += responses_->finish_stream(reason, usage, reasoning_tokens_, calls);
+      step = stream(std::move(events), /*last=*/true);
+    } else {
+      responses_->reasoning(reasoning_text_ + piece.reasoning, false);
+      responses_->reply(text_ + text, false);
+      step.response.emplace();
+      step.response->body =
+          openai::dump(responses_->finish(reason, usage, reasoning_tokens_, calls));
+    }
+  } else if (params_.stream) {
     std::string events = opening() + reasoning_chunk(piece.reasoning, usage.completion_tokens) +
                          openai::sse_finish_chunks(meta_, take_echo_text() + text, reason,
                                                    chunk_usage(usage.completion_tokens),
@@ -276,7 +299,9 @@ ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::strin
 ExchangeStep CompletionExchange::finish_error(const openai::ApiError& error) {
   ExchangeStep step;
   if (state_ == State::Streaming) {
-    step = stream(openai::sse_error(error) + openai::sse_done(), /*last=*/true);
+    step = stream(
+        responses_ ? responses_->error(error) : openai::sse_error(error) + openai::sse_done(),
+        /*last=*/true);
   } else {
     step.response = error_response(error);
   }
@@ -291,6 +316,7 @@ openai::ChunkUsage CompletionExchange::chunk_usage(int completion_tokens) const 
 }
 
 std::string CompletionExchange::opening() {
+  if (responses_) return responses_->open();
   if (meta_.api != openai::Api::Chat || opened_) return {};
   opened_ = true;
   return openai::sse_role_chunk(meta_, chunk_usage(0));

@@ -13,6 +13,7 @@
 
 #include "net/openai_api.h"
 #include "net/response.h"
+#include "net/responses_api.h"
 #include "service/completion_service.h"
 #include "service/reasoning_filter.h"
 #include "text/stop_strings.h"
@@ -89,7 +90,8 @@ class CompletionExchange {
   ExchangeStep finish_ok(FinishReason reason, const std::string& tail, Clock::time_point end);
   ExchangeStep finish_error(const openai::ApiError& error);
   ExchangeStep stream(std::string events, bool last);
-  // A chat stream's role chunk before its first text, once; else "".
+  // A chat stream's role chunk before its first text (a response's created
+  // events), once; else "".
   std::string opening();
   ExchangeFigures figures(int status, std::optional<Clock::time_point> end) const;
   std::string decode(int token_id);
@@ -127,6 +129,9 @@ class CompletionExchange {
   // reply (tool calls are read from the reply).
   std::optional<ReasoningFilter> reasoning_;
   std::string reasoning_text_;  // non-streaming: the reasoning so far
+  int reasoning_tokens_ = 0;    // tokens whose text was all reasoning
+  // A /v1/responses exchange: its response object and events.
+  std::optional<openai::ResponsesWriter> responses_;
   // The text released for a token (or the end) as reasoning and reply, the
   // reply through the tool-call filter.
   ReasoningSplit split(const std::string& text);

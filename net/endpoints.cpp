@@ -24,6 +24,8 @@ struct Route {
 constexpr std::array kRoutes = {
     Route{kCompletionsPath, "POST", Endpoint::Completions},
     Route{kChatCompletionsPath, "POST", Endpoint::ChatCompletions},
+    Route{kResponsesPath, "POST", Endpoint::Responses},
+    Route{kStoredResponsePrefix, "GET", Endpoint::StoredResponse, false, true},
     Route{"/v1/models", "GET", Endpoint::Models},
     Route{kModelPathPrefix, "GET", Endpoint::Model, false, true},
     Route{"/tokenize", "POST", Endpoint::Tokenize},

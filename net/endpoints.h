@@ -11,9 +11,13 @@
 namespace troupe {
 
 // Model: GET /v1/models/{id}, one model (its id is what follows the prefix).
+// StoredResponse: GET /v1/responses/{id}, which is never found (nothing is
+// stored), said as such.
 enum class Endpoint {
   Completions,
   ChatCompletions,
+  Responses,
+  StoredResponse,
   Models,
   Model,
   Tokenize,
@@ -28,22 +32,24 @@ enum class Endpoint {
 
 inline constexpr std::string_view kCompletionsPath = "/v1/completions";
 inline constexpr std::string_view kChatCompletionsPath = "/v1/chat/completions";
+inline constexpr std::string_view kResponsesPath = "/v1/responses";
+inline constexpr std::string_view kStoredResponsePrefix = "/v1/responses/";
 inline constexpr std::string_view kModelPathPrefix = "/v1/models/";
 
 // The endpoints that generate: counted in the request metrics, refused while
 // the server shuts down.
 inline bool generates(Endpoint e) {
-  return e == Endpoint::Completions || e == Endpoint::ChatCompletions;
+  return e == Endpoint::Completions || e == Endpoint::ChatCompletions || e == Endpoint::Responses;
 }
 // The endpoints server.api_key guards: the model's (as OpenAI's /v1/*, and
 // vLLM's tokenizer). Probes, metrics and the version stay open, and the
 // admin endpoints have their own token.
 inline bool needs_api_key(Endpoint e) {
   return generates(e) || e == Endpoint::Models || e == Endpoint::Model || e == Endpoint::Tokenize ||
-         e == Endpoint::Detokenize;
+         e == Endpoint::Detokenize || e == Endpoint::StoredResponse;
 }
 inline bool generates_path(std::string_view path) {
-  return path == kCompletionsPath || path == kChatCompletionsPath;
+  return path == kCompletionsPath || path == kChatCompletionsPath || path == kResponsesPath;
 }
 
 // The target's path: without its query string, and for the absolute form a

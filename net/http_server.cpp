@@ -27,6 +27,7 @@
 #include "net/cors.h"
 #include "net/endpoints.h"
 #include "net/http_framing.h"
+#include "net/responses_api.h"
 #include "service/version.h"
 #include "util/rng.h"
 
@@ -428,6 +429,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (endpoint == Endpoint::Completions) return start_completion(openai::Api::Completions);
     if (endpoint == Endpoint::ChatCompletions) return start_completion(openai::Api::Chat);
+    if (endpoint == Endpoint::Responses) return start_completion(openai::Api::Responses);
     if (endpoint == Endpoint::Faults)
       return respond(answer_faults(*o.faults, o.admin_token, sv(req_.method_string()),
                                    sv(req_[http::field::authorization]), req_.body()));
@@ -442,8 +444,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Both endpoints from here on: one path to the service, one exchange.
   void start_completion(openai::Api api) {
     const openai::ModelLimits& limits = server_.model;
-    auto parsed = api == openai::Api::Chat
-                      ? openai::parse_chat_request(req_.body(), limits, server_.opt.chat_template)
+    const ChatFormat& tmpl = server_.opt.chat_template;
+    auto parsed = api == openai::Api::Chat ? openai::parse_chat_request(req_.body(), limits, tmpl)
+                  : api == openai::Api::Responses
+                      ? openai::parse_responses_request(req_.body(), limits, tmpl)
                       : openai::parse_completion_request(req_.body(), limits);
     if (auto* e = std::get_if<openai::ApiError>(&parsed)) return reject(*e);
     auto& params = std::get<openai::CompletionParams>(parsed);
@@ -887,8 +891,17 @@ Response HttpServer::Impl::answer(Endpoint endpoint) {
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
       r.body = metrics.render();
       break;
+    case Endpoint::StoredResponse: {
+      openai::ApiError e = openai::bad_request(
+          "Responses are not stored by this server (each request carries its whole "
+          "conversation), so there is none to retrieve.",
+          {}, "not_found");
+      e.status = 404;
+      return error_response(e);
+    }
     case Endpoint::Completions:
     case Endpoint::ChatCompletions:
+    case Endpoint::Responses:
     case Endpoint::Model:
     case Endpoint::Tokenize:
     case Endpoint::Detokenize:

@@ -11,6 +11,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "net/request_fields.h"
 #include "text/tokenizer.h"
 
 namespace troupe::openai {
@@ -19,44 +20,12 @@ using nlohmann::json;
 
 namespace {
 
-// Thrown by the field readers below and turned into the returned ApiError,
-// so that each rule is one line in parse_completion_request().
-struct Invalid {
-  ApiError error;
-};
-
-[[noreturn]] void fail(std::string message, std::string param = {}, std::string code = {}) {
-  throw Invalid{bad_request(std::move(message), std::move(param), std::move(code))};
-}
-
 // A model this server does not serve: 404, as OpenAI answers it.
 ApiError model_not_found(std::string_view id) {
   ApiError e = bad_request("The model `" + std::string(id) + "` does not exist.", "model",
                            "model_not_found");
   e.status = 404;
   return e;
-}
-
-// Called qualified: for a std::string argument, ADL would pick std::quoted.
-std::string quoted(std::string_view name) {
-  // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "`" + std::string.
-  std::string s = "`";
-  s += name;
-  s += '`';
-  return s;
-}
-
-[[noreturn]] void wrong_type(std::string_view name, std::string_view expected, const json& got) {
-  fail(
-      openai::quoted(name) + " must be " + std::string(expected) + ", got " + got.type_name() + ".",
-      std::string(name));
-}
-
-// The field, or nullptr when absent or null (null means "the default").
-const json* field(const json& body, std::string_view name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
 }
 
 // The shortest text that reads back as v, so that a refused 2.0000000001
@@ -106,27 +75,6 @@ int get_int32(const json& v, std::string_view name) {
     fail(openai::quoted(name) + " is out of range, got " + std::to_string(out) + ".",
          std::string(name));
   return int(out);
-}
-
-double get_number(const json& v, std::string_view name) {
-  if (!v.is_number()) wrong_type(name, "a number", v);
-  return v.get<double>();
-}
-
-bool get_bool(const json& v, std::string_view name) {
-  if (!v.is_boolean()) wrong_type(name, "a boolean", v);
-  return v.get<bool>();
-}
-
-const std::string& get_string(const json& v, std::string_view name) {
-  if (!v.is_string()) wrong_type(name, "a string", v);
-  return v.get_ref<const std::string&>();
-}
-
-[[noreturn]] void unsupported(std::string_view name, std::string_view detail = {}) {
-  fail(openai::quoted(name) + " is not supported by this server" +
-           (detail.empty() ? std::string(".") : "; " + std::string(detail) + "."),
-       std::string(name), "unsupported_parameter");
 }
 
 // Token ids, each within the vocabulary.
@@ -426,7 +374,7 @@ void reject_unsupported(const json& body, Api api) {
   }
   // Tools are a chat's (parse_tools); a client that sends them to
   // /v1/completions expects them honoured just the same.
-  if (api != Api::Chat) {
+  if (!is_chat(api)) {
     for (const char* name : {"tools", "functions"}) {
       if (const json* v = field(body, name)) {
         if (!v->is_array()) wrong_type(name, "an array", *v);
@@ -455,30 +403,6 @@ void parse_streaming(const json& body, CompletionParams& p) {
 }
 
 // The body as a JSON object.
-json parse_body(std::string_view body) {
-  json j;
-  // what() is "[json.exception.parse_error.101] parse error at line 1,
-  // column 7: ..."; the prefix is nlohmann's, the rest is for the client.
-  auto reason = [](const json::exception& e) {
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    return what;
-  };
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    fail("Malformed JSON in the request body (byte " + std::to_string(e.byte) + "): " + reason(e),
-         {}, "invalid_json");
-  } catch (const json::out_of_range& e) {
-    // A number beyond a double (1e400) is out_of_range, not a parse_error;
-    // uncaught it would answer the client's mistake with a 500.
-    fail("Malformed JSON in the request body: " + reason(e), {}, "invalid_json");
-  }
-  if (!j.is_object())
-    fail(std::string("The request body must be a JSON object, got ") + j.type_name() + ".");
-  return j;
-}
-
 // Absent: the served model. Another name is a 404, as OpenAI answers it.
 std::string parse_model(const json& body, const ModelLimits& limits) {
   const json* v = field(body, "model");
@@ -1111,16 +1035,6 @@ ApiError no_tokenizer(std::string_view endpoint) {
                      " cannot answer.");
 }
 
-// The parser's value, or the error it threw.
-template <class T, class Parse>
-Result<T> parsed(Parse parse) {
-  try {
-    return parse();
-  } catch (const Invalid& e) {
-    return e.error;
-  }
-}
-
 }  // namespace
 
 ApiError bad_request(std::string message, std::string param, std::string code) {
@@ -1259,7 +1173,7 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
                                         const ModelLimits& limits) {
   std::vector<int> ids;
   if (p.prompt_text) {
-    if (!tokenizer && p.api == Api::Chat)
+    if (!tokenizer && is_chat(p.api))
       return bad_request(
           "This server has no tokenizer, so chat messages cannot be turned into a prompt; use "
           "/v1/completions with token ids.",
@@ -1268,8 +1182,7 @@ Result<std::vector<int>> resolve_prompt(CompletionParams& p, const Tokenizer* to
       return bad_request("This server has no tokenizer: send `prompt` as an array of token ids.",
                          "prompt");
     try {
-      ids = tokenizer->encode(*p.prompt_text,
-                              adds_bos(*tokenizer, *p.prompt_text, p.api == Api::Chat));
+      ids = tokenizer->encode(*p.prompt_text, adds_bos(*tokenizer, *p.prompt_text, is_chat(p.api)));
     } catch (const std::exception& e) {
       return bad_request(std::string("The prompt could not be tokenized: ") + e.what(), "prompt");
     }
@@ -1372,10 +1285,10 @@ size_t prompt_text_bytes(const CompletionParams& p) {
 }
 
 std::string completion_id(uint64_t nonce, uint64_t request_id, Api api, std::string_view tag) {
-  if (!tag.empty()) return std::string(api == Api::Chat ? "chatcmpl-" : "cmpl-").append(tag);
+  const char* prefix = api == Api::Chat ? "chatcmpl-" : api == Api::Responses ? "resp_" : "cmpl-";
+  if (!tag.empty()) return std::string(prefix).append(tag);
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%s-%016llx%016llx", api == Api::Chat ? "chatcmpl" : "cmpl",
-                static_cast<unsigned long long>(nonce),
+  std::snprintf(buf, sizeof buf, "%s%016llx%016llx", prefix, static_cast<unsigned long long>(nonce),
                 static_cast<unsigned long long>(request_id));
   return buf;
 }

@@ -65,7 +65,13 @@ struct ModelLimits {
 enum class Api {
   Completions,  // POST /v1/completions: "text_completion"
   Chat,         // POST /v1/chat/completions: "chat.completion(.chunk)"
+  Responses,    // POST /v1/responses: a chat, answered as a "response" (net/responses_api.h)
 };
+
+// Whether the prompt is a chat's rendered messages (a chat's rules apply).
+inline bool is_chat(Api api) {
+  return api != Api::Completions;
+}
 
 // A validated /v1/completions or /v1/chat/completions request, before
 // tokenization (a chat's prompt_text is its rendered messages).
@@ -128,6 +134,9 @@ struct CompletionParams {
   // Structured output: the GBNF grammar the answer follows (checked), from
   // response_format, guided_* or a forced tool call; empty: none.
   std::string grammar;
+  // Responses: the request's fields its response repeats (instructions,
+  // tools, text, ...).
+  nlohmann::json response_fields;
 };
 
 // The most choices (`n`) one request may ask for, the most prompts in a
@@ -178,9 +187,10 @@ std::optional<ApiError> check_context_length(int prompt_tokens, int max_tokens, 
 
 // ---- responses ----
 
-// "cmpl-" (a chat: "chatcmpl-") + 32 hex digits: a per-process random nonce
-// and the request id, so ids are unique across restarts without coordination.
-// With a `tag` (the client's X-Request-Id): "cmpl-<tag>" (chat: "chatcmpl-<tag>").
+// "cmpl-" (a chat: "chatcmpl-", a response: "resp_") + 32 hex digits: a
+// per-process random nonce and the request id, so ids are unique across
+// restarts without coordination. With a `tag` (the client's X-Request-Id):
+// "cmpl-<tag>" (chat: "chatcmpl-<tag>", a response: "resp_<tag>").
 std::string completion_id(uint64_t nonce, uint64_t request_id, Api api = Api::Completions,
                           std::string_view tag = {});
 

@@ -43,4 +43,6 @@ done
 rc=0
 (cd "$work" && PORT=$PORT node openai_sdk.mjs) || rc=1
 (cd "$work" && PORT=$PORT node ai_sdk.mjs) || rc=1
+(cd "$work" && PORT=$PORT node openai_responses.mjs) || rc=1
+(cd "$work" && PORT=$PORT node ai_sdk_responses.mjs) || rc=1
 exit $rc

@@ -923,5 +923,73 @@ TEST(CompletionExchange, ReasoningIsToldFromTheReply) {
   EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "f");
 }
 
+// A /v1/responses exchange: the same text, split and read the same way, as
+// a response's items (reasoning, message, function calls), whole or as
+// typed events whose last one carries the whole response.
+TEST(CompletionExchange, AResponsesAnswerIsItsItems) {
+  const std::string answer =
+      "<think>Use the tool.</think>On it.<tool_call>\n{\"name\": \"f\", \"arguments\": "
+      "{\"x\": 1}}\n</tool_call>";
+  const std::vector<int> ids = ids_of(answer);
+  ASSERT_EQ(fortune().decode(ids), answer);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    openai::CompletionParams p = params(int(ids.size()) + 5, stream);
+    p.api = openai::Api::Responses;
+    p.reasoning = ReasoningParser::Qwen3;
+    p.tool_calls = ToolCallFormat::Hermes;
+    p.response_fields = {{"instructions", "Be brief."}};
+    openai::ResponseMeta m{"resp_00ab", 1700000000, "fortune", openai::Api::Responses};
+    CompletionExchange ex(7, p, m, 4, &fortune(), t0);
+    std::vector<ExchangeStep> steps = feed(ex, ids);
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    ASSERT_TRUE(steps.back().finished);
+    json r;
+    if (!stream) {
+      r = json::parse(steps.back().response->body);
+    } else {
+      std::string reasoning, text;
+      int sequence = 0;
+      for (const std::string& e : events(steps)) {
+        const json j = json::parse(e);
+        EXPECT_EQ(j["sequence_number"], sequence++);
+        if (j["type"] == "response.reasoning_text.delta")
+          reasoning += j["delta"].get<std::string>();
+        if (j["type"] == "response.output_text.delta") text += j["delta"].get<std::string>();
+        r = j.value("response", json());
+      }
+      EXPECT_EQ(reasoning, "Use the tool.");
+      EXPECT_EQ(text, "On it.");
+      EXPECT_TRUE(steps.back().end_stream);
+    }
+    EXPECT_EQ(r["status"], "completed");
+    EXPECT_EQ(r["id"], "resp_00ab");
+    EXPECT_EQ(r["instructions"], "Be brief.");
+    ASSERT_EQ(r["output"].size(), 3u) << r;
+    EXPECT_EQ(r["output"][0]["content"][0]["text"], "Use the tool.");
+    EXPECT_EQ(r["output"][1]["content"][0]["text"], "On it.");
+    EXPECT_EQ(r["output"][2]["type"], "function_call");
+    EXPECT_EQ(r["output"][2]["name"], "f");
+    EXPECT_EQ(r["output"][2]["arguments"], "{\"x\": 1}");
+    EXPECT_EQ(r["output"][2]["call_id"], "call_00ab_0");
+    EXPECT_EQ(r["usage"]["input_tokens"], 4);
+    EXPECT_EQ(r["usage"]["output_tokens"], int(ids.size()) + 1);  // and the end of sequence
+    const int reasoning_tokens = r["usage"]["output_tokens_details"]["reasoning_tokens"];
+    EXPECT_GT(reasoning_tokens, 0);
+    EXPECT_LT(reasoning_tokens, int(ids.size()));
+  }
+  // An error after the stream started is an "error" event, without [DONE].
+  openai::CompletionParams p = params(20, true);
+  p.api = openai::Api::Responses;
+  CompletionExchange ex(7, p, {"resp_00ab", 1, "fortune", openai::Api::Responses}, 4, &fortune(),
+                        t0);
+  feed(ex, ids_of("Hello"));
+  const ExchangeStep failed = ex.on_error({ServiceErrorKind::Unavailable, "Replica lost.", 1});
+  const auto evs = sse_events(failed.events);
+  ASSERT_FALSE(evs.empty());
+  EXPECT_EQ(json::parse(evs.back())["type"], "error");
+  EXPECT_TRUE(failed.end_stream);
+}
+
 }  // namespace
 }  // namespace troupe
