@@ -45,6 +45,7 @@ struct SimulateOptions {
   int replicas_per_node = 1;
   sim::Slo slo;
   bool find_max_rate = false;
+  bool out_given = false, refine_given = false;
   bool json = false;
   std::string csv_dir;
   std::string router_log;
@@ -74,6 +75,17 @@ std::vector<std::string> split_list(const std::string& text) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// Every policy of --policies, before the first point runs.
+void check_policy_names(const std::vector<std::string>& policies) {
+  const std::vector<std::string>& known = routing_policy_names();
+  for (const std::string& p : policies)
+    if (std::find(known.begin(), known.end(), p) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw UsageError("--policies: '" + p + "' is not a routing policy; give some of " + list);
+    }
 }
 
 double parse_number(const std::string& text, const std::string& what) {
@@ -134,6 +146,19 @@ StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  // The profile names the model it measured as bench was given it (a path,
+  // or "preset:NAME"); the config's model must be that one, or the steps
+  // and the context are another model's.
+  const auto stem = [](std::string name) {
+    if (name.rfind("preset:", 0) == 0) return name;
+    while (name.size() > 1 && name.back() == '/') name.pop_back();
+    return std::filesystem::path(name).stem().string();
+  };
+  if (stem(profile.model.name) != stem(cfg.model.path))
+    throw UsageError(file.string() + " profiles the model " + profile.model.name +
+                     ", but the config serves " + cfg.model.path +
+                     ": give this model's profile (--profile), or measure one (troupe bench -m " +
+                     cfg.model.path + " --profile FILE)");
   const auto measured = parse_dtype(profile.kv_dtype);
   if (!measured)
     throw UsageError(file.string() + ": kv_dtype '" + profile.kv_dtype +
@@ -283,21 +308,32 @@ void warn_trace_cuts(const sim::TraceCuts& c) {
                c.kept_output, c.scale_to_fit());
 }
 
-void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult& r) {
+// The run as JSON: the summary, what was run (workload, layout, policy,
+// seed, profile) and the simulation's own figures.
+nlohmann::json run_json(const SimulateOptions& o, const Config& cfg, const sim::RunResult& r) {
+  nlohmann::json j = r.summary.to_json();
+  j["workload"] = o.workload.describe();
+  j["seed"] = o.workload.seed;
+  j["profile"] = profile_path(o, cfg).string();
+  j["layout"] = layout_name(cfg);
+  j["policy"] = cfg.routing.policy;
+  j["simulation"] = {{"events", r.totals.events},
+                     {"wall_s", r.wall_s},
+                     {"events_per_s", r.wall_s > 0 ? double(r.totals.events) / r.wall_s : 0},
+                     {"simulated_s", r.totals.end_time_s},
+                     {"replica_failures", r.totals.failures},
+                     {"restarts", r.totals.restarts},
+                     {"given_up", r.totals.given_up},
+                     {"resumed", r.totals.resumed}};
+  return j;
+}
+
+void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult& r,
+               const nlohmann::json& max_rate) {
   warn_trace_cuts(r.trace_cuts);
   if (o.json) {
-    nlohmann::json j = r.summary.to_json();
-    j["workload"] = o.workload.describe();
-    j["layout"] = layout_name(cfg);
-    j["policy"] = cfg.routing.policy;
-    j["simulation"] = {{"events", r.totals.events},
-                       {"wall_s", r.wall_s},
-                       {"events_per_s", r.wall_s > 0 ? double(r.totals.events) / r.wall_s : 0},
-                       {"simulated_s", r.totals.end_time_s},
-                       {"replica_failures", r.totals.failures},
-                       {"restarts", r.totals.restarts},
-                       {"given_up", r.totals.given_up},
-                       {"resumed", r.totals.resumed}};
+    nlohmann::json j = run_json(o, cfg, r);
+    if (!max_rate.is_null()) j["max_rate"] = max_rate;
     std::cout << j.dump(1) << "\n";
     return;
   }
@@ -313,6 +349,83 @@ void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult
       (unsigned long long)r.totals.given_up, (unsigned long long)r.totals.resumed);
 }
 
+// Goodput at a rate depends on how long the load lasts: a few hundred
+// requests at a rate past the capacity end before the queue has grown enough
+// to miss the SLO. Each rate tried runs this long at least (synthetic
+// arrivals; a trace replays its rows).
+constexpr double kMaxRateMinSeconds = 60;
+constexpr size_t kMaxRateMaxRequests = 100000;
+
+std::optional<sim::MaxRate> find_max_rate(const SimulateOptions& o, const sim::SimOptions& so,
+                                          const std::vector<sim::StepCostModel>& models) {
+  if (!o.find_max_rate) return std::nullopt;
+  const double start = o.workload.rate > 0 ? o.workload.rate : 1.0;
+  // The search needs goodput only: no time series, whose windows would
+  // be most of the work at the lowest rates it tries.
+  sim::SimOptions search = so;
+  search.sample_s = 0;
+  return sim::search_max_rate(
+      [&](double rate) {
+        WorkloadSpec w = o.workload;
+        w.rate = rate;
+        if (w.trace.empty())
+          w.requests = std::max(w.requests, std::min(kMaxRateMaxRequests,
+                                                     size_t(std::ceil(rate * kMaxRateMinSeconds))));
+        return sim::simulate(search, models, w, o.slo).summary.goodput_share();
+      },
+      start, 0.9);
+}
+
+nlohmann::json max_rate_json(const sim::MaxRate& m, const SimulateOptions& o) {
+  const char* bound = m.bound == sim::MaxRate::Bound::Found          ? "found"
+                      : m.bound == sim::MaxRate::Bound::MetAtHighest ? "met_at_highest"
+                                                                     : "missed_at_lowest";
+  return {{"rate", m.rate},
+          {"bound", bound},
+          {"share", 0.9},
+          {"slo", {{"ttft_s", o.slo.ttft_s}, {"tpot_s", o.slo.tpot_s}}},
+          {"lowest_tried", m.lowest},
+          {"highest_tried", m.highest},
+          {"min_seconds_per_rate", o.workload.trace.empty() ? kMaxRateMinSeconds : 0}};
+}
+
+void print_max_rate(const sim::MaxRate& m, const SimulateOptions& o) {
+  switch (m.bound) {
+    case sim::MaxRate::Bound::Found:
+      std::printf("highest rate with 90%% within the SLO: %.3f requests/s", m.rate);
+      if (o.workload.trace.empty())
+        std::printf(" (each rate tried ran at least %.0f simulated seconds)", kMaxRateMinSeconds);
+      std::printf("\n");
+      break;
+    case sim::MaxRate::Bound::MetAtHighest:
+      std::printf(
+          "90%% within the SLO even at %.3f requests/s, the highest rate tried (1024 x the "
+          "start): a lower bound, not the maximum (a workload this short may never load the "
+          "cluster enough to miss it: each rate ran --requests, or %.0f simulated seconds of "
+          "arrivals up to %zu requests)\n",
+          m.rate, kMaxRateMinSeconds, kMaxRateMaxRequests);
+      break;
+    case sim::MaxRate::Bound::MissedAtLowest:
+      std::printf(
+          "no rate tried keeps 90%% within the SLO: missed even at %.4g requests/s, the lowest "
+          "tried (a request alone may miss TTFT <= %.3g s or TPOT <= %.3g s)\n",
+          m.lowest, o.slo.ttft_s, o.slo.tpot_s);
+      break;
+  }
+}
+
+// A scripted death after the run ended changed nothing: say so.
+void warn_late_failures(const SimulateOptions& o, const sim::RunResult& r) {
+  for (const std::string& spec : o.fails) {
+    const sim::Failure f = usage(sim::parse_failure, spec);
+    if (f.time_s > r.totals.end_time_s)
+      std::fprintf(stderr,
+                   "troupe simulate: --fail %s: at %.3g s, after the run ended (%.3g simulated "
+                   "s): nothing failed\n",
+                   spec.c_str(), f.time_s, r.totals.end_time_s);
+  }
+}
+
 void run_single(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const StepProfile profile = load_profile(o, cfg);
@@ -323,45 +436,16 @@ void run_single(const SimulateOptions& o) {
   std::unique_ptr<RouterLog> log;
   if (!o.router_log.empty()) log = std::make_unique<RouterLog>(o.router_log);
   const sim::RunResult r = sim::simulate(so, models, o.workload, o.slo, csv.get(), std::move(log));
-  print_run(o, cfg, r);
+  warn_late_failures(o, r);
+  const std::optional<sim::MaxRate> max_rate = find_max_rate(o, so, models);
+  print_run(o, cfg, r, max_rate ? max_rate_json(*max_rate, o) : nlohmann::json());
   if (!o.csv_dir.empty()) {
     std::ofstream(std::filesystem::path(o.csv_dir) / "summary.json")
-        << r.summary.to_json().dump(1) << "\n";
+        << run_json(o, cfg, r).dump(1) << "\n";
     std::cerr << "troupe simulate: time series in " << o.csv_dir
               << "/cluster.csv and replicas.csv\n";
   }
-  if (o.find_max_rate) {
-    const double start = o.workload.rate > 0 ? o.workload.rate : 1.0;
-    // The search needs goodput only: no time series, whose windows would
-    // be most of the work at the lowest rates it tries.
-    sim::SimOptions search = so;
-    search.sample_s = 0;
-    const sim::MaxRate best = sim::search_max_rate(
-        [&](double rate) {
-          WorkloadSpec w = o.workload;
-          w.rate = rate;
-          return sim::simulate(search, models, w, o.slo).summary.goodput_share();
-        },
-        start, 0.9);
-    switch (best.bound) {
-      case sim::MaxRate::Bound::Found:
-        std::printf("highest rate with 90%% within the SLO: %.3f requests/s\n", best.rate);
-        break;
-      case sim::MaxRate::Bound::MetAtHighest:
-        std::printf(
-            "90%% within the SLO even at %.3f requests/s, the highest rate tried (1024 x the "
-            "start): a lower bound, not the maximum (a workload this short may never load the "
-            "cluster enough to miss it: give more --requests)\n",
-            best.rate);
-        break;
-      case sim::MaxRate::Bound::MissedAtLowest:
-        std::printf(
-            "no rate tried keeps 90%% within the SLO: missed even at %.4g requests/s, the lowest "
-            "tried (a request alone may miss TTFT <= %.3g s or TPOT <= %.3g s)\n",
-            best.lowest, o.slo.ttft_s, o.slo.tpot_s);
-        break;
-    }
-  }
+  if (max_rate && !o.json) print_max_rate(*max_rate, o);
 }
 
 void run_sweep(const SimulateOptions& o) {
@@ -369,6 +453,7 @@ void run_sweep(const SimulateOptions& o) {
   const StepProfile profile = load_profile(o, base);
   std::vector<std::string> policies = split_list(o.policies);
   if (policies.empty()) policies = routing_policy_names();
+  check_policy_names(policies);
   const std::vector<double> rates = parse_numbers(o.rates, "--rates");
   std::vector<std::string> layouts = split_list(o.layouts);
   if (layouts.empty()) layouts.push_back(layout_name(base));
@@ -639,6 +724,7 @@ void run_validate(const SimulateOptions& o) {
   const StepProfile profile = load_profile(o, cfg);
   std::vector<std::string> policies = split_list(o.policies);
   if (policies.empty()) policies = routing_policy_names();
+  check_policy_names(policies);
   serving_bench::ServingBenchOptions bo = open_loop(o, "");
   std::vector<double> rates;
   {
@@ -917,6 +1003,26 @@ void run_simulate(const SimulateOptions& o) {
           "serving overhead of the real server as it is configured, so drop --slow (--validate "
           "--slow slows both sides)");
   }
+  // A flag of another mode would be ignored here: refused, so that a run is
+  // never silently not the one asked for.
+  const auto only_in = [](bool given, const char* flag, const char* modes) {
+    if (given)
+      throw UsageError(std::string(flag) + " applies to " + modes + " only; add it, or drop " +
+                       flag);
+  };
+  if (!o.sweep && !o.validate) {
+    only_in(!o.policies.empty(), "--policies", "--sweep and --validate");
+    only_in(!o.rates.empty(), "--rates", "--sweep and --validate");
+  }
+  if (!o.sweep) {
+    only_in(!o.layouts.empty(), "--layouts", "--sweep");
+    only_in(o.out_given, "--out", "--sweep");
+    only_in(o.refine_given, "--refine", "--sweep");
+  }
+  if (o.sweep && o.json)
+    throw UsageError(
+        "--json prints one run; --sweep writes sweep.csv (and its table): drop --json");
+  if (o.sweep && o.rate_given) throw UsageError("--sweep runs the rates of --rates; drop --rate");
   if (o.find_max_rate && (o.sweep || o.validate || o.calibrate))
     throw UsageError("--find-max-rate searches from one run; the sweep has its own search");
   if (o.find_max_rate && o.workload.trace.empty() && o.workload.clients > 0)
@@ -999,10 +1105,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--rates", o->rates, "Sweep/validate: offered rates, comma-separated");
   cmd->add_option("--layouts", o->layouts,
                   "Sweep: RxPxT layouts, comma-separated (default: the config's)");
-  cmd->add_option("--out", o->out_dir, "Sweep: directory for sweep.csv, sweep.gp, sweep.png")
-      ->capture_default_str();
-  cmd->add_option("--refine", o->refine, "Sweep: bisection steps for the highest rate in SLO")
-      ->capture_default_str();
+  auto* out =
+      cmd->add_option("--out", o->out_dir, "Sweep: directory for sweep.csv, sweep.gp, sweep.png")
+          ->capture_default_str();
+  auto* refine =
+      cmd->add_option("--refine", o->refine, "Sweep: bisection steps for the highest rate in SLO")
+          ->capture_default_str();
   cmd->add_flag("--calibrate", o->calibrate,
                 "Measure what serving adds per step and per request (a real troupe serve of this "
                 "config: closed loops of 1 and several clients, an open loop at half the "
@@ -1018,8 +1126,10 @@ void register_simulate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Validate: real runs per point (their spread is shown)")
       ->capture_default_str();
-  cmd->callback([o, rate] {
+  cmd->callback([o, rate, out, refine] {
     o->rate_given = rate->count() > 0;
+    o->out_given = out->count() > 0;
+    o->refine_given = refine->count() > 0;
     if (o->requests < 0)
       throw UsageError("--requests: " + std::to_string(o->requests) +
                        " is out of range; give 1 or more (0, all of a trace's rows, only with "

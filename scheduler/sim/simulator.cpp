@@ -459,7 +459,7 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   settle();
 }
 
-void Simulator::on_failure(int replica) {
+void Simulator::on_failure(int replica, bool node_death) {
   Replica& r = *replicas_[size_t(replica)];
   if (!r.up) return;  // already down or restarting
   ++totals_.failures;
@@ -471,7 +471,9 @@ void Simulator::on_failure(int replica) {
   r.flight.clear();
   // Its devices stop computing now.
   stop_busy(r);
-  const bool restart = r.intensity.allow_restart(now_);
+  // A node's death is the node's, not the replica's: placed anew without
+  // counting against its restart intensity, as the supervisor does.
+  const bool restart = node_death || r.intensity.allow_restart(now_);
   totals_.resumed += table_->replica_down(replica, !restart, now_);
   if (restart) {
     ++totals_.restarts;
@@ -508,7 +510,8 @@ void Simulator::on_failure_event(const Event& e) {
   const bool node = (e.b & kNode) != 0;
   if (node) {
     const int first = int(e.a) * o_.replicas_per_node;
-    for (int i = first; i < std::min(o_.replicas, first + o_.replicas_per_node); ++i) on_failure(i);
+    for (int i = first; i < std::min(o_.replicas, first + o_.replicas_per_node); ++i)
+      on_failure(i, /*node_death=*/true);
   } else {
     on_failure(e.replica);
   }

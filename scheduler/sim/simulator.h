@@ -165,7 +165,7 @@ class Simulator {
   void on_step_done(int replica, uint64_t epoch, uint64_t step);
   void schedule_failures();
   void on_failure_event(const Event& e);
-  void on_failure(int replica);
+  void on_failure(int replica, bool node_death = false);
   void on_up(int replica, uint64_t epoch);
   void on_sample();
   void note_released(Replica& r);

@@ -137,6 +137,14 @@ TEST(Simulate, BadValuesNameTheirFlagAndRange) {
       // What one side of a comparison or a sweep would ignore.
       {{"--sweep", "--rates", "1,2", "--clients", "4"}, {"--sweep", "--clients", "--rates"}},
       {{"--validate", "--fail", "1:0"}, {"--validate", "--fail", "real server"}},
+      // What another mode takes, refused rather than ignored.
+      {{"--rate", "5", "--policies", "round_robin"}, {"--policies applies to --sweep"}},
+      {{"--rate", "5", "--rates", "1,2"}, {"--rates applies to --sweep"}},
+      {{"--rate", "5", "--refine", "3"}, {"--refine applies to --sweep"}},
+      {{"--sweep", "--rates", "1", "--json"}, {"--json prints one run"}},
+      {{"--sweep", "--rates", "1", "--rate", "3"}, {"--sweep runs the rates of --rates"}},
+      {{"--sweep", "--rates", "1", "--policies", "round_robin,lest_outstanding"},
+       {"--policies: 'lest_outstanding' is not a routing policy"}},
       {{"--validate", "--mtbf-s", "30"}, {"--validate", "--mtbf-s", "real server"}},
       {{"--calibrate", "--node-mtbf-s", "30"}, {"--calibrate", "--node-mtbf-s", "real server"}},
       {{"--calibrate", "--slow", "0:2"}, {"--calibrate", "--slow", "real server"}},
@@ -207,14 +215,30 @@ TEST(Simulate, UtilisationSamplesStayWithinOne) {
 
 // A bound of the search is said to be one.
 TEST(Simulate, MaxRateSearchAndSweepSayWhenTheyHitTheirBounds) {
-  auto r = simulate({"--profile", profile(), "--rate", "20", "--requests", "20", "--slo-ttft-s",
-                     "1000", "--slo-tpot-s", "1000", "--find-max-rate"});
+  // A trace of 20 rows replays those rows at every rate: fast enough, they
+  // all wait in the queue and all meet a loose SLO.
+  test::TempDir trace_dir;
+  std::string rows = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+  for (int i = 0; i < 20; ++i)
+    rows += "2023-11-16 18:00:" + std::string(i < 10 ? "0" : "") + std::to_string(i) +
+            ".0000000,20,10\n";
+  test::write_file(trace_dir / "t.csv", rows);
+  auto r = simulate({"--profile", profile(), "--trace", (trace_dir / "t.csv").string(), "--rate",
+                     "20", "--slo-ttft-s", "1000", "--slo-tpot-s", "1000", "--find-max-rate"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("90% within the SLO even at 20480.000 requests/s, the highest rate tried"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("a lower bound, not the maximum"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("highest rate with 90% within the SLO"), std::string::npos) << r.out;
+  // With --json the search is part of the one JSON object.
+  r = simulate(
+      {"--profile", profile(), "--rate", "20", "--requests", "20", "--find-max-rate", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json found = json::parse(r.out);
+  EXPECT_EQ(found["max_rate"]["bound"], "found") << r.out;
+  EXPECT_GT(found["max_rate"]["rate"].get<double>(), 0) << r.out;
+  EXPECT_EQ(found["max_rate"]["min_seconds_per_rate"], 60) << r.out;
   // The lowest rates tried leave the cluster idle for days between requests.
   r = simulate({"--profile", profile(), "--rate", "1", "--requests", "10", "--slo-ttft-s",
                 "0.000001", "--find-max-rate"});
@@ -230,6 +254,16 @@ TEST(Simulate, MaxRateSearchAndSweepSayWhenTheyHitTheirBounds) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("4.00 requests/s (met even at the highest rate"), std::string::npos)
       << r.out;
+}
+
+// A profile measures one model: another's steps and context are refused.
+TEST(Simulate, AProfileOfAnotherModelIsRefused) {
+  const auto r = simulate({"--profile",
+                           (test::source_dir() / "benchmarks" / "profiles" / "110m.json").string(),
+                           "--rate", "5", "--requests", "5"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.err.find("profiles the model preset:110m, but the config serves"), std::string::npos)
+      << r.err;
 }
 
 TEST(Simulate, TooLongRequestsAreExplained) {
