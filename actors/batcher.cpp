@@ -29,9 +29,6 @@ struct BatcherState {
   // on the device then, not when it was sent (the routing policy learns
   // the replica's speed from these times).
   Clock::time_point last_answer;
-  // Steps' recent time (an exponential mean): scheduling ahead only while
-  // they are short.
-  double step_s = 0;
   // The channel with the router (scheduler/replica_link.h).
   SequenceCheck from_router;
   uint64_t sent = 0;
@@ -96,18 +93,6 @@ void flush(BatcherActor::pointer self, BatcherState& s) {
   if (auto ended = s.sched->take_ended()) tell_router(self, s, std::move(*ended));
 }
 
-// Scheduling ahead saves each step the trip of its answer to the batcher
-// and of the next step back (tens of microseconds): much of a short step,
-// little of a long one, where the batcher's, router's and server's work
-// running beside the step costs more (they take cores from the step's
-// threads: a 110M model served about 5% fewer tokens ahead on a machine
-// whose cores the device's threads filled).
-void ahead_while_short(BatcherState& s, double took) {
-  constexpr double kShortStepS = 0.001;
-  s.step_s = s.step_s <= 0 ? took : 0.8 * s.step_s + 0.2 * took;
-  if (s.lookahead) s.sched->set_lookahead(s.step_s < kShortStepS);
-}
-
 void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
   if (!st->up) return;
   while (st->sched->can_launch()) {
@@ -124,7 +109,7 @@ void schedule(BatcherActor::pointer self, std::shared_ptr<BatcherState> st) {
               const auto start = st->lookahead ? std::max(t0, st->last_answer) : t0;
               st->last_answer = now;
               const double took = std::chrono::duration<double>(now - start).count();
-              ahead_while_short(*st, took);
+              st->sched->observe_step_time(took);
               StepEvents ev =
                   st->sched->finish_step(id, out.ids, took, out.logprobs, out.prompt_logprobs);
               flush(self, *st);

@@ -14,11 +14,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "apps/bench_serving.h"
 #include "apps/commands.h"
@@ -242,6 +244,7 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
                         cfg.batching.prefill_chunk_tokens};
   s.scheduler.stop = StopRule{profile.model.eos, profile.model.max_seq_len};
   s.scheduler.bos = profile.model.bos;
+  s.scheduler.lookahead = cfg.batching.async_scheduling;  // one group only (make_scheduler)
   s.request_timeout_s = cfg.server.request_timeout_s;
   s.max_tokens_limit = cfg.server.max_tokens_limit;
   s.max_restarts = cfg.supervision.max_restarts;
@@ -879,6 +882,41 @@ double median_of(int runs, F measure) {
 // overhead) is fitted as overhead_s + overhead_per_seq_s * sequences per
 // step. Then an open loop at half the capacity gives what TTFT still lacks
 // per request. All three are stored in the profile's layout.
+// The per-step serving time that makes the simulated TPOT the measured
+// one. Not measured minus simulated: with scheduling ahead, a step's
+// serving overlaps the next step's compute, so the simulated TPOT grows
+// with it more slowly than one for one. Bisection: TPOT does not fall as
+// the overhead grows.
+double step_overhead_matching(const std::function<double(double)>& tpot_with, double measured) {
+  if (tpot_with(0) >= measured) return 0;
+  double lo = 0, hi = measured;
+  while (tpot_with(hi) < measured && hi < 1e3 * measured) hi *= 2;
+  for (int i = 0; i < 30; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (tpot_with(mid) < measured ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// overhead(n) = a + b n, a and b >= 0, through the two points when both
+// come out so; else a = 0 and b the slope through the origin whose relative
+// errors at the two points are least (clamping a negative intercept to 0
+// and keeping the slope would overshoot the first point).
+std::pair<double, double> fit_overhead(const double n[2], const double e[2]) {
+  if (e[0] <= 0 && e[1] <= 0) return {0, 0};
+  const double b = n[1] > n[0] ? (e[1] - e[0]) / (n[1] - n[0]) : 0;
+  const double a = e[0] - b * n[0];
+  if (b >= 0 && a >= 0) return {a, b};
+  if (b < 0) return {std::max(0.0, std::min(e[0], e[1])), 0};
+  double num = 0, den = 0;
+  for (int i = 0; i < 2; ++i)
+    if (e[i] > 0) {
+      num += n[i] / e[i];
+      den += n[i] * n[i] / (e[i] * e[i]);
+    }
+  return {0, den > 0 ? num / den : 0};
+}
+
 void run_calibrate(const SimulateOptions& o) {
   const Config cfg = command_config(o.config);
   const std::filesystem::path file = profile_path(o, cfg);
@@ -918,17 +956,21 @@ void run_calibrate(const SimulateOptions& o) {
     serving_bench::run_serving_bench(bo);  // warm-up
     const double measured = median_of(
         kCalibrationRuns, [&] { return serving_bench::run_serving_bench(bo).tpot_s.p50; });
-    const double simulated =
-        sim::simulate(so, models, loop_of(clients[i]), {}).summary.tpot().percentile(50);
+    const auto simulated = [&](double overhead_s) {
+      sim::ProfileGrid g = grid;
+      g.overhead_s = overhead_s;
+      return sim::simulate(so, {sim::StepCostModel(g)}, loop_of(clients[i]), {})
+          .summary.tpot()
+          .percentile(50);
+    };
     n[i] = std::max(1.0, double(clients[i]) / replicas);
-    extra[i] = measured - simulated;
+    extra[i] = step_overhead_matching(simulated, measured);
     std::printf(
         "%d client(s): TPOT p50 measured %.3f ms (median of %d runs), engine alone (simulated) "
-        "%.3f ms\n",
-        clients[i], 1e3 * measured, kCalibrationRuns, 1e3 * simulated);
+        "%.3f ms: %.3f ms of serving per step\n",
+        clients[i], 1e3 * measured, kCalibrationRuns, 1e3 * simulated(0), 1e3 * extra[i]);
   }
-  grid.overhead_per_seq_s = n[1] > n[0] ? std::max(0.0, (extra[1] - extra[0]) / (n[1] - n[0])) : 0;
-  grid.overhead_s = std::max(0.0, extra[0] - grid.overhead_per_seq_s * n[0]);
+  std::tie(grid.overhead_s, grid.overhead_per_seq_s) = fit_overhead(n, extra);
   // With the steps' overhead in, what the first token still lacks is the
   // front end's: measured as clients arrive in the validation's open loop
   // (Poisson, at half the capacity: between --validate's default loads),

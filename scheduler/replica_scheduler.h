@@ -71,6 +71,10 @@ class ReplicaScheduler {
   // with more than one group.
   void set_lookahead(bool on);
   bool lookahead() const { return lookahead_; }
+  // With options.lookahead: an answered step's time (from its start, or the
+  // answer before it, to its answer) keeps scheduling ahead on while steps
+  // are short on average, off while long (see the .cpp). Without it, nothing.
+  void observe_step_time(double seconds);
   // Ends cancelled sequences that no step holds (see take_ended), then plans
   // the next step over the sequences not in a step in flight: allocates the
   // blocks it needs, preempting the newest sequences if nothing fits.
@@ -197,6 +201,7 @@ class ReplicaScheduler {
   bool refusing_ = false;
   uint64_t refusals_ = 0;
   bool lookahead_ = false;
+  double step_s_ = 0;  // steps' recent time, an exponential mean
 };
 
 }  // namespace troupe

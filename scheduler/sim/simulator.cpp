@@ -26,6 +26,9 @@ struct Simulator::Replica {
   bool dirty = false;              // listed in dirty_
   std::vector<double> stage_free;  // when each stage finishes the work it has
   std::vector<InFlightStep> flight;
+  // When the last step was answered, and when the last one launched will
+  // be: answers come in launch order, as the worker's.
+  double last_answer = 0, last_done = 0;
   RestartIntensity intensity;
   ReplicaFigures fig;
   // Sampled runs only: device-seconds of compute in the current sample
@@ -197,6 +200,7 @@ std::unique_ptr<ReplicaScheduler> Simulator::make_scheduler(int replica) const {
   ReplicaSchedulerOptions so = o_.scheduler;
   so.replica = replica;
   so.groups = replicas_[size_t(replica)]->model->stages();  // one step in flight per stage
+  so.lookahead = so.lookahead && so.groups == 1;            // as the node plans it
   return std::make_unique<ReplicaScheduler>(so);
 }
 
@@ -207,6 +211,7 @@ void Simulator::bring_up(int replica) {
   r.tuner = stages > 1 ? std::make_unique<MicrobatchTuner>(stages) : nullptr;
   r.stage_free.assign(size_t(stages), now_);
   r.flight.clear();
+  r.last_answer = r.last_done = now_;
   // The probe step the batcher runs before it reports up.
   const PlannedStep probe = r.sched->probe_step();
   r.sched->finish_probe(probe.id);
@@ -403,7 +408,9 @@ void Simulator::launch(int replica) {
       f.ids.push_back(it.sample ? sample_token_ : -1);
       if (it.position == 0) note_started(it.seq);  // a request's first chunk
     }
-    const double done = time_step(r, step, f);
+    f.launched_s = now_;
+    const double done = std::max(time_step(r, step, f), r.last_done);
+    r.last_done = done;
     push(done, Kind::StepDone, replica, r.epoch, step.id);
     r.flight.push_back(std::move(f));
   }
@@ -446,6 +453,10 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   r.flight.erase(it);
   last_progress_ = now_;
   r.sched->finish_step(step, f.ids, f.engine_s, next_out());
+  // As the batcher times it: a step launched ahead starts when the one
+  // before it is answered.
+  r.sched->observe_step_time(now_ - std::max(f.launched_s, r.last_answer));
+  r.last_answer = now_;
   if (r.tuner)
     for (const auto& s : f.samples) r.tuner->observe(s.stage, s.tokens, s.seconds);
   spare_.push_back(std::move(f));

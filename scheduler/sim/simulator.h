@@ -137,6 +137,7 @@ class Simulator {
     uint64_t id = 0;
     std::vector<int> ids;  // the sampled ids it will report
     double engine_s = 0;   // the engine's part of it, which the batcher times
+    double launched_s = 0;
     struct Sample {
       int stage;
       size_t tokens;

@@ -479,6 +479,22 @@ ReplicaSchedulerOptions ahead_options(int blocks) {
   return o;
 }
 
+// Scheduling ahead stays on while steps are short on average (under a
+// millisecond), and only where the options allow it.
+TEST(ReplicaScheduler, StepTimesTurnSchedulingAheadOnAndOff) {
+  ReplicaScheduler r(ahead_options(16));
+  EXPECT_TRUE(r.lookahead());
+  r.observe_step_time(0.0002);
+  EXPECT_TRUE(r.lookahead());
+  r.observe_step_time(0.02);  // the mean: 0.8 x 0.2 ms + 0.2 x 20 ms
+  EXPECT_FALSE(r.lookahead());
+  for (int i = 0; i < 30; ++i) r.observe_step_time(0.0002);
+  EXPECT_TRUE(r.lookahead());
+  ReplicaScheduler off(options(16));
+  off.observe_step_time(0.0001);
+  EXPECT_FALSE(off.lookahead());
+}
+
 TEST(ReplicaScheduler, LookaheadPlansTheNextTokenWhileTheStepBeforeItRuns) {
   ReplicaScheduler r(ahead_options(16));
   r.add(assignment(1, {1, 5, 6}, 4));

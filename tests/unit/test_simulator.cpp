@@ -248,6 +248,47 @@ TEST(Simulator, ANodeDeathTakesAllItsReplicas) {
   for (const auto& [id, r] : rec.by_id) EXPECT_EQ(r.output_tokens, 60) << "request " << id;
 }
 
+// A node's death is the node's: its replicas are placed anew without
+// counting against their restart intensity, as the supervisor does.
+TEST(Simulator, NodeDeathsDoNotCountAgainstTheRestartIntensity) {
+  SimOptions o = options(2, 4);
+  o.max_restarts = 1;
+  o.restart_window_s = 100;
+  o.restart_s = 0.01;
+  o.replicas_per_node = 2;
+  o.failures = {{0.1, -1, 0}, {0.2, -1, 0}, {0.3, -1, 0}, {0.4, -1, 0}};
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 10; ++i) arrivals.push_back({0.05 * i, 10, 100});
+  SimTotals totals;
+  const Records rec = run_list(o, arrivals, constant_model(0.01), &totals);
+  EXPECT_EQ(totals.failures, 8u);
+  EXPECT_EQ(totals.restarts, 8u);
+  EXPECT_EQ(totals.given_up, 0u);
+  for (const auto& [id, r] : rec.by_id) EXPECT_EQ(r.outcome, Outcome::Completed) << id;
+}
+
+// With scheduling ahead (async_scheduling) the next step is planned and
+// computed while the serving of the one before it (its per-step overhead)
+// goes on, as the batcher does it: one sequence decodes a token per
+// engine step, not per engine step plus overhead.
+TEST(Simulator, SchedulingAheadOverlapsTheServingWithTheNextStep) {
+  const double T = 0.0004;  // short: the batcher keeps scheduling ahead
+  ProfileGrid g;
+  g.batch = {0, 1, 64};
+  g.context = {1, 4096};
+  g.prefill = {0, 1, 4096};
+  g.stage_seconds.assign(1, std::vector<double>(g.points(), T));
+  g.overhead_s = T;
+  const StepCostModel model(g);
+  auto tpot = [&](bool ahead) {
+    SimOptions o = options(1, 4);
+    o.scheduler.lookahead = ahead;
+    return run_list(o, {{0, 1, 200}}, model).summary.tpot().percentile(50);
+  };
+  EXPECT_NEAR(tpot(false), 2 * T, 0.1 * T);
+  EXPECT_NEAR(tpot(true), T, 0.1 * T);
+}
+
 std::string run_json(uint64_t seed, const std::string& policy) {
   SyntheticWorkload w(busy_workload(seed));
   RunSummary summary;
