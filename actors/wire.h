@@ -37,8 +37,9 @@ namespace troupe {
 // items that need it. 12: min_p, min_tokens, stop_token_ids,
 // allowed_token_ids and bad_words (SamplingParams). 13: grammar
 // (SamplingParams, structured output). 14: where the answer's reasoning is,
-// which a grammar leaves free (SamplingParams::reasoning).
-inline constexpr uint32_t kWireProtocol = 14;
+// which a grammar leaves free (SamplingParams::reasoning). 15: a request's
+// priority (Assignment), which orders a replica's waiting sequences.
+inline constexpr uint32_t kWireProtocol = 15;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -136,7 +137,7 @@ typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
   return f(caf::meta::type_name("Assignment"), x.id, x.tokens, x.generated, x.max_tokens,
-           x.sampling, x.ignore_eos, x.seq);
+           x.sampling, x.ignore_eos, x.priority, x.seq);
 }
 
 template <class Inspector>

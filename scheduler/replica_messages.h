@@ -19,6 +19,9 @@ struct Assignment {
   int max_tokens = 0;
   SamplingParams sampling;
   bool ignore_eos = false;
+  // Higher first: a replica's waiting sequences start in priority order
+  // (arrival order within one), as the admission queue releases them.
+  int priority = 0;
   uint64_t seq = 0;  // the router's channel numbers it (scheduler/replica_link.h)
 };
 

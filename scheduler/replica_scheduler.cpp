@@ -67,7 +67,12 @@ void ReplicaScheduler::add(Assignment a) {
   q.prompt_logprobs.clear();
   queued_ += queued_of(q);
   index_.emplace(id, slot);
-  waiting_.push_back(slot);
+  // After every waiting sequence of its priority or a higher one.
+  const int priority = q.a.priority;
+  auto at = std::find_if(waiting_.rbegin(), waiting_.rend(), [&](Slot w) {
+    return slots_[w].a.priority >= priority;
+  });
+  waiting_.insert(at.base(), slot);
 }
 
 void ReplicaScheduler::cancel(uint64_t id) {
@@ -167,7 +172,11 @@ void ReplicaScheduler::preempt(Slot slot) {
   q.prefill_end = int(q.tokens.size());
   queued_ += queued_of(q);
   std::erase(running_, slot);
-  waiting_.push_front(slot);
+  // First of its priority: it started before those waiting with it.
+  const int priority = q.a.priority;
+  waiting_.insert(std::find_if(waiting_.begin(), waiting_.end(),
+                               [&](Slot w) { return slots_[w].a.priority <= priority; }),
+                  slot);
   released_.push_back(q.a.id);
 }
 

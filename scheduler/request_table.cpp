@@ -106,6 +106,7 @@ void RequestTable::place(Request& r, size_t replica, double now) {
   a.max_tokens = r.req.max_tokens;
   a.sampling = r.req.sampling;
   a.ignore_eos = r.req.ignore_eos;
+  a.priority = r.req.priority;
   r.replica = int(replica);
   r.resuming = false;
   ++rep.outstanding;

@@ -327,7 +327,8 @@ TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
 // both have no prompt log-probabilities, penalties nor bias inserted after
 // it, as protocol 11 encodes them. Every assignment finding has since had
 // the fields later protocols added inserted as their defaults: 14's
-// reasoning start after the grammar.)
+// reasoning start after the grammar, 15's priority before the channel's
+// sequence number.)
 TEST(FuzzFindings, WireAssignmentsTheEngineWouldRefuseEndAtTheBatcher) {
   Assignment a;
   decode_finding("assignment-token-outside-vocabulary.bin", a);

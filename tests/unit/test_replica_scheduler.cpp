@@ -479,6 +479,32 @@ ReplicaSchedulerOptions ahead_options(int blocks) {
   return o;
 }
 
+// A replica's waiting sequences start in priority order (higher first,
+// arrival order within one), as the admission queue releases requests: a
+// request placed behind a full waiting list does not wait for every
+// lower-priority one before it.
+TEST(ReplicaScheduler, WaitingSequencesStartInPriorityOrder) {
+  ReplicaSchedulerOptions o = options(64);
+  o.limits = {1, 64, 8};  // one sequence at a time
+  ReplicaScheduler r(o);
+  const auto with = [](Assignment a, int priority) {
+    a.priority = priority;
+    return a;
+  };
+  r.add(with(assignment(1, {1, 5}, 1), 0));
+  r.add(with(assignment(2, {1, 6}, 1), 0));
+  r.add(with(assignment(3, {1, 7}, 1), 1));
+  r.add(with(assignment(4, {1, 8}, 1), 1));
+  r.add(with(assignment(5, {1, 9}, 1), 0));
+  std::vector<uint64_t> order;
+  while (auto s = r.next_step()) {
+    ASSERT_EQ(s->items.size(), 1u);
+    order.push_back(s->items[0].seq);
+    r.finish_step(s->id, sampled(*s, 7), 0.001);
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{3, 4, 1, 2, 5}));
+}
+
 // Scheduling ahead stays on while steps are short on average (under a
 // millisecond), and only where the options allow it.
 TEST(ReplicaScheduler, StepTimesTurnSchedulingAheadOnAndOff) {
