@@ -210,6 +210,10 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
         // given up whatever placement failed last.
         const bool current = epoch == st->epoch[size_t(replica)];
         if (!current && !permanent) return;
+        // Fenced until its next placement is up: events it sent before it
+        // went down (still queued here) must not deliver tokens to requests
+        // that are resuming elsewhere.
+        if (current) st->broken[size_t(replica)] = true;
         const size_t resumed = st->table->replica_down(replica, permanent, st->now());
         clear_kv_blocks(*st, replica);
         spdlog::warn("replica {} down{}; {} requests to resume", replica,

@@ -216,6 +216,9 @@ JoinReply admit(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> 
   spdlog::info("node {} joined ({} device(s), {})", req.name, req.devices, req.address);
   s.nodes[reply.node] = agent;
   self->monitor(agent);
+  // A new node has failed no start: a replica waiting out its backoff
+  // (its starts failed on nodes too small for it) is tried there now.
+  for (Slot& slot : s.slots) slot.start_failures.node_joined();
   place_waiting(self, st);
   return reply;
 }
@@ -575,11 +578,15 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         SupervisorState& s = *st;
         if (replica < 0 || size_t(replica) >= s.slots.size()) return;
         Slot& slot = s.slots[size_t(replica)];
-        if (slot.epoch != epoch || !slot.batcher) return;  // already over
+        // Already over, or placed anew. A placement still starting counts:
+        // its node's answer may have been lost while its batcher reported
+        // up to the router directly, and dropping the report would leave it
+        // adopted later (probe_starts) while the router ignores it for good.
+        if (slot.epoch != epoch || (!slot.batcher && !slot.starting)) return;
         // It may still run, deaf or mute: its nodes are told to stop it
         // (end_placement, from replica_died; the router ignores it from now
         // on either way, by its epoch).
-        self->send_exit(slot.batcher, caf::exit_reason::user_shutdown);
+        if (slot.batcher) self->send_exit(slot.batcher, caf::exit_reason::user_shutdown);
         replica_died(self, st, size_t(replica), why);
       },
       [=](fault_atom a, const FaultOrder& o, const FaultInjectorActor& reporter) {

@@ -198,7 +198,11 @@ const Fields<Config>& config_fields() {
     nodes.add("listen", &NodesSection::listen, listen_or_empty_kind())
         .add("local", &NodesSection::local, schema::boolean())
         .add("token", &NodesSection::token, schema::optional_text())
-        .add("heartbeat_timeout_s", &NodesSection::heartbeat_timeout_s, schema::seconds(false))
+        .add("heartbeat_timeout_s", &NodesSection::heartbeat_timeout_s,
+             schema::seconds_at_least(
+                 0.2,
+                 "a node beats four times within it, and a shorter one declares live "
+                 "nodes dead whenever a beat is late"))
         .add("name", &NodesSection::name, schema::optional_text())
         .add("address", &NodesSection::address, schema::non_empty_text());
 

@@ -293,6 +293,16 @@ Kind<double> seconds(bool zero_ok) {
           [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
 }
 
+Kind<double> seconds_at_least(double min, std::string why) {
+  return {read_seconds,
+          [min, why](const double& v) {
+            if (std::isfinite(v) && v >= min) return std::string();
+            return "expected at least " + format_number(min) + " seconds (" + why + "), got " +
+                   format_number(v);
+          },
+          [](YAML::Emitter& out, const double& v) { out << format_number(v); }};
+}
+
 Kind<double> non_negative_seconds(std::string zero_means) {
   return {read_seconds,
           [zero_means](const double& v) {

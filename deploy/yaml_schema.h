@@ -93,6 +93,8 @@ Kind<double> seconds(bool zero_is_no_limit);
 // of the load"; empty: nothing is said about 0): a time or a length where 0
 // is not "no limit".
 Kind<double> non_negative_seconds(std::string zero_means);
+// Seconds of at least `min`, `why` saying why in the message.
+Kind<double> seconds_at_least(double min, std::string why);
 // A number within [lo, hi] (factors, fractions, rates).
 Kind<double> number_in(double lo, double hi);
 // Bytes with an optional binary unit (256MiB); `positive` refuses 0.

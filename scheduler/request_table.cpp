@@ -120,6 +120,15 @@ void RequestTable::dispatch(double now) {
   // Resumed requests first: their clients are already waiting mid-stream.
   while (!resume_.empty()) {
     Request& r = requests_.at(resume_.front());
+    if (r.delivered.size() >= size_t(r.req.max_tokens)) {
+      // Its replica died after its last token, before saying it was done:
+      // there is nothing left to generate (another replica would sample one
+      // token past max_tokens).
+      Request done = take(resume_.front());
+      done.sink->on_done(FinishReason::Length, int(done.req.prompt.size()),
+                         int(done.delivered.size()));
+      continue;
+    }
     const auto target = choose(r, now);
     if (!target) return;
     resume_.pop_front();

@@ -26,6 +26,10 @@ class StartFailures {
   // A start succeeded: the next failure waits the first delay again. The
   // nodes that failed stay passed over for their time.
   void started() { in_a_row_ = 0; }
+  // A node joined: it failed no start, so the next try need not wait (the
+  // nodes that failed stay passed over); the delay after another failure
+  // keeps growing.
+  void node_joined() { next_try_ = 0; }
 
   // Whether a new start may be tried at `now`.
   bool may_try(double now) const { return now >= next_try_; }

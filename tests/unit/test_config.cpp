@@ -300,6 +300,8 @@ TEST(RuntimeConfigTest, NodesAndPlacementAgreeWithTheLayout) {
   expect_error("nodes: {local: false}\n", "nodes.local", "no device would ever join");
   expect_error("nodes: {listen: nowhere}\n", "nodes.listen", "");
   expect_error("nodes: {heartbeat_timeout_s: 0}\n", "nodes.heartbeat_timeout_s", "");
+  expect_error("nodes: {heartbeat_timeout_s: 0.001}\n", "nodes.heartbeat_timeout_s",
+               "at least 0.2 seconds");
 }
 
 TEST(RuntimeConfigTest, DeviceCountMustMatchTheLayout) {

@@ -204,6 +204,25 @@ TEST(RequestTable, AReplicaThatDiesHasItsRequestsResumedFromWhatWasDelivered) {
   (void)b;
 }
 
+// A replica that dies after a request's last token but before it said the
+// request was done: the request has every token it asked for, so it ends
+// (length) rather than being placed where one token more would be sampled.
+TEST(RequestTable, ARequestWithAllItsTokensEndsInsteadOfResuming) {
+  Table t(2, 4);
+  t.table->replica_up(0, 0);
+  t.table->replica_up(1, 0);
+  auto a = t.submit(request(1, /*max_tokens=*/2));
+  const int ra = t.replicas_.replica_of(1);
+  t.step(ra, {{1, 0, 20}, {1, 1, 21}});
+  const size_t assigned = t.replicas_.assigned.size();
+  t.table->replica_down(ra, false, 1);
+  EXPECT_EQ(t.replicas_.assigned.size(), assigned);  // not placed again
+  ASSERT_TRUE(a->finished());
+  EXPECT_EQ(a->reason(), FinishReason::Length);
+  EXPECT_EQ(a->tokens(), (std::vector<int>{20, 21}));
+  EXPECT_EQ(a->violations(), 0);
+}
+
 TEST(RequestTable, ResumedRequestsGoAheadOfTheQueue) {
   Table t(2, 1);
   t.table->replica_up(0, 0);

@@ -42,5 +42,19 @@ TEST(StartFailures, NodesThatFailedArePassedOverForAWhile) {
   EXPECT_TRUE(f.avoid(70.0).empty());
 }
 
+// A node that joins has failed no start: the replica need not wait out the
+// backoff its failures elsewhere built up to be tried there.
+TEST(StartFailures, ANodeJoiningEndsTheWait) {
+  StartFailures f;
+  for (int i = 0; i < 6; ++i) f.failed(1, 10);
+  EXPECT_FALSE(f.may_try(11));
+  f.node_joined();
+  EXPECT_TRUE(f.may_try(11));
+  EXPECT_EQ(f.avoid(11), std::set<int>{1});  // the small node is still passed over
+  f.failed(2, 11);
+  EXPECT_FALSE(f.may_try(11.1));  // and a failure there waits as long as the run says
+  EXPECT_GT(f.next_try(), 15.9);
+}
+
 }  // namespace
 }  // namespace troupe
