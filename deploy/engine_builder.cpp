@@ -259,7 +259,7 @@ EngineSpec EngineBuilder::resolve(EngineSpec spec) {
 
 const std::string& EngineBuilder::fingerprint() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (fingerprint_.empty()) fingerprint_ = model_fingerprint(*checkpoint_, dtype_);
+  if (fingerprint_.empty()) fingerprint_ = model_identity(*checkpoint_, dtype_);
   return fingerprint_;
 }
 

@@ -87,7 +87,7 @@ class EngineBuilder : public std::enable_shared_from_this<EngineBuilder> {
   static int cuda_devices();
 
   const ModelConfig& model() const { return checkpoint_->config; }
-  // The model's identity across processes (deploy/fingerprint.h).
+  // The model's identity across processes (deploy/fingerprint.h: model_identity).
   const std::string& fingerprint();
   // Checks the layout against the model (std::invalid_argument naming the
   // problem) and fills in what the spec leaves open: a pipeline's stages

@@ -65,4 +65,11 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   return out;
 }
 
+std::string model_identity(const Checkpoint& ck, DType weight_dtype) {
+  const ModelConfig& c = ck.config;
+  return model_fingerprint(ck, weight_dtype) + " (" + dtype_name(weight_dtype) + " weights, dim " +
+         std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocabulary " +
+         std::to_string(c.vocab_size) + ", context " + std::to_string(c.max_seq_len) + ")";
+}
+
 }  // namespace troupe

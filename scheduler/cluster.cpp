@@ -47,8 +47,8 @@ JoinReply Cluster::join(const JoinRequest& r, double now, bool in_process) {
     return refuse("protocol " + std::to_string(r.protocol) + " (troupe " + r.version +
                   "), the coordinator speaks " + std::to_string(options_.protocol));
   if (r.model != options_.model)
-    return refuse("another model: its fingerprint is " + r.model + ", the coordinator serves " +
-                  options_.model);
+    return refuse("another model: it serves " + r.model + ", the coordinator " + options_.model +
+                  " (the same file, dtype and config on both sides)");
   if (r.devices < 1) return refuse("it offers no devices");
   if (const std::string problem = node_name_problem(r.name); !problem.empty())
     return refuse(problem);

@@ -20,7 +20,7 @@ struct JoinRequest {
   std::string token;
   uint32_t protocol = 0;
   std::string version;  // troupe's version, for the logs
-  std::string model;    // the model's fingerprint (deploy/fingerprint.h)
+  std::string model;    // the model's identity (deploy/fingerprint.h: model_identity)
   int devices = 0;      // devices it offers
   std::string address;  // where other processes reach it (data plane)
 };
@@ -59,7 +59,7 @@ struct NodeRecord {
 
 struct ClusterOptions {
   uint32_t protocol = 0;
-  std::string model;  // fingerprint every node must match
+  std::string model;  // identity every node must match (model_identity)
   std::string token;  // empty: none needed
   double heartbeat_timeout_s = 2;
 };

@@ -211,6 +211,11 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
   EXPECT_EQ(other->wait_exit(20), 1);
   EXPECT_NE(other->stderr_so_far().find("another model"), std::string::npos)
       << other->stderr_so_far();
+  // Both sides said in words, not only as fingerprints.
+  EXPECT_NE(other->stderr_so_far().find("vocabulary 512"), std::string::npos)
+      << other->stderr_so_far();
+  EXPECT_NE(other->stderr_so_far().find("vocabulary 2000"), std::string::npos)
+      << other->stderr_so_far();
   auto tokenless = test::start_node(s.nodes_port(), "tokenless");
   EXPECT_EQ(tokenless->wait_exit(20), 1);
   EXPECT_NE(tokenless->stderr_so_far().find("token"), std::string::npos)
