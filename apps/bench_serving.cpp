@@ -46,9 +46,9 @@ std::string HttpUrl::authority() const {
   return http_authority(host, port);
 }
 
-HttpUrl parse_http_url(const std::string& url) {
+HttpUrl parse_http_url(const std::string& url, const std::string& flag) {
   const auto bad = [&](const std::string& why) {
-    return std::invalid_argument("--url '" + url + "': " + why);
+    return std::invalid_argument(flag + " '" + url + "': " + why);
   };
   if (starts_with_nocase(url, "https://"))
     throw bad("https is not supported; the benchmark speaks plain http://");

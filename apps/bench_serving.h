@@ -28,7 +28,7 @@ struct HttpUrl {
 
 // Accepts http://HOST[:PORT][/PATH]. Throws std::invalid_argument saying what
 // is wrong; https is refused rather than silently spoken in plain text.
-HttpUrl parse_http_url(const std::string& url);
+HttpUrl parse_http_url(const std::string& url, const std::string& flag = "--url");
 
 // The OpenAI API root ("/v1", "/prefix/v1"): a URL may name the server or
 // already end in /v1, as OpenAI clients' base URLs do.

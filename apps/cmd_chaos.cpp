@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "apps/bench_serving.h"
 #include "apps/commands.h"
 #include "chaos/checker.h"
 #include "chaos/child_process.h"
@@ -175,6 +176,13 @@ void run_chaos_command(const ChaosFlags& f) {
   o.api_key = api_key_or_env(o.api_key);
   if (!o.attach.empty() && o.admin_token.empty())
     throw UsageError("--attach needs --admin-token (the deployment's admin.token)");
+  if (!o.attach.empty()) {
+    try {
+      serving_bench::parse_http_url(o.attach, "--attach");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   // Everything the plan asks that can be checked is checked before
   // anything starts.
   if (o.attach.empty()) {

@@ -192,6 +192,10 @@ TEST(Chaos, WhatThePlanOrTheFlagsGetWrongIsRefusedBeforeAnythingStarts) {
   // What the flag parser refuses is a usage error too (it was 104-109).
   EXPECT_EQ(refused(quick, {"--requests", "x"}, "--requests").exit_code, 2);
   EXPECT_EQ(refused(quick, {"--no-such-flag"}, "--no-such-flag").exit_code, 2);
+  EXPECT_EQ(refused(quick, {"--attach", "notaurl", "--admin-token", "t"},
+                    "--attach 'notaurl': expected http://")
+                .exit_code,
+            2);
   refused(quick, {"--requests", "-5"}, "--requests must be a positive");
   refused(quick, {"--duration", "-1"}, "--duration must be a positive");
   refused(quick, {"--duration", "0"}, "--duration must be a positive");
@@ -448,9 +452,8 @@ TEST(AdminOverHttp, AttachingToADeploymentWithAnApiKey) {
                                    "faults: [{at_s: 0.2, kind: slow, replica: 0, factor: 2, "
                                    "duration_s: 1}]\n");
   const std::string url = "http://127.0.0.1:" + std::to_string(s.port());
-  const ChaosResult r =
-      run_chaos(plan, {"--attach", url, "--admin-token", "s3cret", "--api-key", "k-42",
-                       "--duration", "2"});
+  const ChaosResult r = run_chaos(
+      plan, {"--attach", url, "--admin-token", "s3cret", "--api-key", "k-42", "--duration", "2"});
   ASSERT_TRUE(r.report.is_object()) << r.stderr_text;
   EXPECT_EQ(r.exit_code, 0) << r.report["failures"].dump() << "\n" << r.stderr_text;
   EXPECT_GT(r.report["counts"]["requests"].get<int>(), 0);
