@@ -44,6 +44,31 @@ std::vector<DeviceSpec> offered_devices(const Config& c, int count) {
   }
 }
 
+// What a node's config sets of the coordinator's sections has no effect:
+// the coordinator's config sets them for every replica it places. Said, so
+// that a KV cache or batch size set here is not believed in force.
+void warn_coordinator_sections(const Config& cfg) {
+  const Config defaults;
+  std::string ignored;
+  const auto check = [&](bool differs, const char* name) {
+    if (!differs) return;
+    if (!ignored.empty()) ignored += ", ";
+    ignored += name;
+  };
+  check(cfg.server != defaults.server, "server");
+  check(cfg.batching != defaults.batching, "batching");
+  check(cfg.kv_cache != defaults.kv_cache, "kv_cache");
+  check(cfg.routing != defaults.routing, "routing");
+  check(cfg.admission != defaults.admission, "admission");
+  check(cfg.supervision != defaults.supervision, "supervision");
+  check(cfg.placement != defaults.placement, "placement");
+  if (!ignored.empty())
+    spdlog::warn(
+        "troupe node: {} set in this config have no effect on a node: the coordinator's config "
+        "sets them for the replicas it places here",
+        ignored);
+}
+
 void run_node(const NodeOptions& o) {
   if (o.join.empty())
     throw UsageError("--join HOST:PORT is required (the coordinator's nodes.listen)");
@@ -59,6 +84,7 @@ void run_node(const NodeOptions& o) {
       !cfg.nodes.name.empty() && !problem.empty())
     throw UsageError("--name (nodes.name) '" + cfg.nodes.name + "': " + problem);
   spdlog::set_level(cfg.logging.level);
+  warn_coordinator_sections(cfg);
   // The signals are for sigwait below alone: blocked before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);

@@ -216,6 +216,13 @@ TEST(Nodes, ANodeWithAnotherModelOrTheWrongTokenIsRefusedWithAReason) {
       << other->stderr_so_far();
   EXPECT_NE(other->stderr_so_far().find("vocabulary 2000"), std::string::npos)
       << other->stderr_so_far();
+  // What only the coordinator sets is said to have no effect on a node.
+  auto sized = test::start_node(
+      s.nodes_port(), "sized",
+      {"nodes.token=s3cret", "kv_cache.blocks=100", "batching.max_batch_sequences=4"});
+  EXPECT_NE(sized->wait_for_line("have no effect on a node", 20), "") << sized->stderr_so_far();
+  EXPECT_NE(sized->stderr_so_far().find("batching, kv_cache"), std::string::npos)
+      << sized->stderr_so_far();
   auto tokenless = test::start_node(s.nodes_port(), "tokenless");
   EXPECT_EQ(tokenless->wait_exit(20), 1);
   EXPECT_NE(tokenless->stderr_so_far().find("token"), std::string::npos)
