@@ -463,29 +463,29 @@ std::string ResponsesWriter::close_item() {
   return out;
 }
 
-std::string ResponsesWriter::reasoning(std::string_view text, bool stream) {
+// Released text into the item of its kind (opened first, closing the other).
+std::string ResponsesWriter::append(Open kind, std::string_view text, bool stream) {
   if (text.empty()) return {};
   std::string out;
-  if (open_ != Open::Reasoning) out = open_item(Open::Reasoning);
+  if (open_ != kind) out = open_item(kind);
   text_ += text;
   if (!stream) return {};
-  return out + event("response.reasoning_text.delta", {{"item_id", "rs_" + hex_},
-                                                       {"output_index", int(output_.size())},
-                                                       {"content_index", 0},
-                                                       {"delta", text}});
+  const bool reasoning = kind == Open::Reasoning;
+  json delta = {{"item_id", (reasoning ? "rs_" : "msg_") + hex_},
+                {"output_index", int(output_.size())},
+                {"content_index", 0},
+                {"delta", text}};
+  if (!reasoning) delta["logprobs"] = json::array();
+  return out + event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta",
+                     std::move(delta));
+}
+
+std::string ResponsesWriter::reasoning(std::string_view text, bool stream) {
+  return append(Open::Reasoning, text, stream);
 }
 
 std::string ResponsesWriter::reply(std::string_view text, bool stream) {
-  if (text.empty()) return {};
-  std::string out;
-  if (open_ != Open::Message) out = open_item(Open::Message);
-  text_ += text;
-  if (!stream) return {};
-  return out + event("response.output_text.delta", {{"item_id", "msg_" + hex_},
-                                                    {"output_index", int(output_.size())},
-                                                    {"content_index", 0},
-                                                    {"delta", text},
-                                                    {"logprobs", json::array()}});
+  return append(Open::Message, text, stream);
 }
 
 // The open item closed, the message (empty) when there is none and no

@@ -56,6 +56,7 @@ class ResponsesWriter {
   enum class Open { None, Reasoning, Message };
   std::string event(const char* type, nlohmann::json data);
   std::string open_item(Open kind);
+  std::string append(Open kind, std::string_view text, bool stream);
   std::string close_item();
   nlohmann::json item(Open kind, const char* status) const;
   void close_items(const std::vector<ToolCall>& calls, std::string* events);
