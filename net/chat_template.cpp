@@ -277,6 +277,7 @@ std::string render_jinja(const std::vector<ChatMessage>& messages, const ChatFor
     if (!m.tool_calls.is_null()) d.set("tool_calls", jinja::Value::from_json(m.tool_calls));
     if (!m.tool_call_id.empty()) d.set("tool_call_id", jinja::Value(m.tool_call_id));
     if (!m.name.empty()) d.set("name", jinja::Value(m.name));
+    if (m.reasoning_content) d.set("reasoning_content", jinja::Value(*m.reasoning_content));
     list.emplace_back(std::move(d));
   }
   jinja::Dict context;

@@ -28,6 +28,9 @@ struct ChatMessage {
   nlohmann::ordered_json tool_calls;
   std::string tool_call_id;  // a tool message: the call it answers
   std::string name;          // a tool message: the function's name, when given
+  // An assistant's reasoning, given back (a Jinja template's
+  // message.reasoning_content; undefined there when absent).
+  std::optional<std::string> reasoning_content;
   bool operator==(const ChatMessage&) const = default;
 };
 

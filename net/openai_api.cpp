@@ -767,6 +767,11 @@ std::vector<ChatMessage> parse_messages(const json& body, OrderedBody& ordered,
       if (const json* n = field(m, "name")) message.name = get_string(*n, where + ".name");
     }
     message.content = parse_content(m, where, message.role == ChatRole::Assistant);
+    // An earlier answer's reasoning, as vLLM takes it back (either name):
+    // templates such as Qwen3's show it in a turn that called tools.
+    for (const char* name : {"reasoning_content", "reasoning"})
+      if (const json* r = field(m, name); r && message.role == ChatRole::Assistant)
+        message.reasoning_content = get_string(*r, where + "." + name);
     messages.push_back(std::move(message));
   }
   return messages;

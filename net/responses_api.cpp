@@ -1,6 +1,7 @@
 #include "net/responses_api.h"
 
 #include <array>
+#include <optional>
 #include <utility>
 
 #include "net/request_fields.h"
@@ -17,6 +18,8 @@ namespace {
 struct ChatRequest {
   ordered_json body = ordered_json::object();
   std::vector<std::string> message_at;  // chat messages[i] came from this field
+  // A reasoning item's text, for the assistant's message that follows it.
+  std::optional<std::string> reasoning;
 };
 
 // Sampling options both APIs know by the same name, and vLLM's extensions
@@ -80,14 +83,16 @@ ordered_json* open_assistant(ChatRequest& chat) {
 }
 
 void add_message(ChatRequest& chat, ordered_json message, std::string at) {
+  if (message["role"] == "assistant" && chat.reasoning)
+    message["reasoning_content"] = *std::exchange(chat.reasoning, std::nullopt);
   chat.body["messages"].push_back(std::move(message));
   chat.message_at.push_back(std::move(at));
 }
 
 // One `input` item as chat messages: a message (with a role), a function
 // call (joined to the assistant's message before it), a call's output (a
-// tool message). Reasoning items are left out: the chat templates drop an
-// earlier answer's reasoning.
+// tool message), reasoning (the next assistant message's reasoning_content,
+// which templates such as Qwen3's show in a turn that called tools).
 void add_input_item(const json& item, const std::string& at, ChatRequest& chat,
                     std::vector<std::pair<std::string, std::string>>& call_names) {
   if (!item.is_object()) wrong_type(at, "an object (an input item)", item);
@@ -140,7 +145,23 @@ void add_input_item(const json& item, const std::string& at, ChatRequest& chat,
     add_message(chat, std::move(message), at);
     return;
   }
-  if (type == "reasoning") return;
+  if (type == "reasoning") {
+    // Its reasoning text (an answer of this server's, or vLLM's), for the
+    // next assistant message; a summary alone is not the reasoning.
+    if (const json* content = field(item, "content")) {
+      if (!content->is_array())
+        wrong_type(at + ".content", "an array of reasoning_text parts", *content);
+      std::string text;
+      for (size_t i = 0; i < content->size(); ++i) {
+        const json& part = (*content)[i];
+        const std::string part_at = at + ".content[" + std::to_string(i) + "]";
+        if (!part.is_object()) wrong_type(part_at, "an object {type, text}", part);
+        if (const json* t = field(part, "text")) text += get_string(*t, part_at + ".text");
+      }
+      if (!text.empty()) chat.reasoning = std::move(text);
+    }
+    return;
+  }
   if (type == "item_reference")
     unsupported(at + ".type", "items are not stored here; send the items themselves in `input`");
   unsupported(at + ".type", "\"" + type +

@@ -1057,6 +1057,24 @@ ChatFormat shown_as_json(ToolCallFormat calls) {
   return f;
 }
 
+// An earlier answer's reasoning given back (reasoning_content, or vLLM's
+// newer `reasoning`) reaches the template as message.reasoning_content.
+TEST(OpenAiChatParse, AnAssistantsReasoningReachesTheTemplate) {
+  const ChatFormat f = shown_as_json(ToolCallFormat::None);
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    const CompletionParams p = chat_ok(std::string(R"({"messages":[{"role":"user","content":"hi"},
+        {"role":"assistant","content":"Yes.",")") +
+                                           key + R"(":"Think."},
+        {"role":"user","content":"And?"}]})",
+                                       f);
+    EXPECT_NE(p.prompt_text->find(R"("reasoning_content": "Think.")"), std::string::npos)
+        << key << ": " << *p.prompt_text;
+  }
+  EXPECT_EQ(
+      chat_err(R"({"messages":[{"role":"assistant","content":"x","reasoning_content":3}]})").param,
+      "messages[0].reasoning_content");
+}
+
 TEST(OpenAiChatParse, ToolsAndToolMessagesReachAJinjaTemplateAsVllmHandsThem) {
   const std::string messages = R"("messages":[{"role":"user","content":"hi"},
       {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",

@@ -65,12 +65,14 @@ TEST(ResponsesParse, InputAndInstructionsAreTheChatsMessages) {
 
 // Items: messages with text parts, a function call joined to the
 // assistant's message before it, its output as a tool message naming the
-// function; reasoning items are left out (templates drop earlier reasoning).
+// function; a reasoning item's text is the next assistant message's
+// reasoning_content (which Qwen3's template shows in a turn with calls).
 TEST(ResponsesParse, ItemsBecomeMessagesToolCallsAndToolMessages) {
   const CompletionParams p = ok(R"({"input": [
       {"role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "W?"}]},
-      {"type": "reasoning", "id": "rs_1", "summary": []},
+      {"type": "reasoning", "id": "rs_1", "summary": [],
+       "content": [{"type": "reasoning_text", "text": "Look it up."}]},
       {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
        "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
       {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{\"z\": 1}"},
@@ -85,6 +87,7 @@ TEST(ResponsesParse, ItemsBecomeMessagesToolCallsAndToolMessages) {
   EXPECT_EQ(messages[0]["content"], "Rules.");
   EXPECT_EQ(messages[1]["content"], "W?");
   EXPECT_EQ(messages[2]["content"], "Let me look.");
+  EXPECT_EQ(messages[2]["reasoning_content"], "Look it up.");  // the reasoning item's
   ASSERT_EQ(messages[2]["tool_calls"].size(), 2u);
   EXPECT_EQ(messages[2]["tool_calls"][0]["id"], "c1");
   EXPECT_EQ(messages[2]["tool_calls"][0]["function"]["arguments"]["z"], 1);
