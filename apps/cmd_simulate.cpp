@@ -149,18 +149,19 @@ StepProfile load_profile(const SimulateOptions& o, const Config& cfg) {
     throw UsageError(e.what());
   }
   // The profile names the model it measured as bench was given it (a path,
-  // or "preset:NAME"); the config's model must be that one, or the steps
-  // and the context are another model's.
+  // or "preset:NAME"). The simulation is of that model (its steps, context
+  // and stop tokens), whatever the config's model.path says: said, when
+  // the two differ, so that a run is not taken for the config's model.
   const auto stem = [](std::string name) {
     if (name.rfind("preset:", 0) == 0) return name;
     while (name.size() > 1 && name.back() == '/') name.pop_back();
     return std::filesystem::path(name).stem().string();
   };
   if (stem(profile.model.name) != stem(cfg.model.path))
-    throw UsageError(file.string() + " profiles the model " + profile.model.name +
-                     ", but the config serves " + cfg.model.path +
-                     ": give this model's profile (--profile), or measure one (troupe bench -m " +
-                     cfg.model.path + " --profile FILE)");
+    std::cerr << "troupe simulate: simulating " << profile.model.name << " (context "
+              << profile.model.max_seq_len << " tokens), the model " << file.string()
+              << " measured, not the config's " << cfg.model.path
+              << " (set model.path to the profile's model to say so)\n";
   const auto measured = parse_dtype(profile.kv_dtype);
   if (!measured)
     throw UsageError(file.string() + ": kv_dtype '" + profile.kv_dtype +

@@ -69,9 +69,8 @@ void ReplicaScheduler::add(Assignment a) {
   index_.emplace(id, slot);
   // After every waiting sequence of its priority or a higher one.
   const int priority = q.a.priority;
-  auto at = std::find_if(waiting_.rbegin(), waiting_.rend(), [&](Slot w) {
-    return slots_[w].a.priority >= priority;
-  });
+  auto at = std::find_if(waiting_.rbegin(), waiting_.rend(),
+                         [&](Slot w) { return slots_[w].a.priority >= priority; });
   waiting_.insert(at.base(), slot);
 }
 
@@ -223,7 +222,10 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   waiting.clear();
   const bool ahead = lookahead_ && !in_flight_.empty();
   int busy = view_running(ahead);
+  // The policy admits waiting sequences in order, at most a step's worth:
+  // the rest of a long waiting list need not be looked at on every step.
   for (Slot slot : waiting_) {
+    if (int(waiting.size()) >= options_.limits.max_batch_sequences) break;
     const Sequence& q = slots_[slot];
     waiting.push_back({slot, int(q.tokens.size()), 0, 0});
   }
