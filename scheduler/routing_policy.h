@@ -18,11 +18,12 @@ namespace troupe {
 
 // What the router knows about one replica when it routes a request.
 struct ReplicaLoad {
-  size_t index = 0;                       // stable replica id; what choose() returns
-  bool live = true;                       // false: dead, restarting or given up on
-  size_t outstanding = 0;                 // dispatched and not yet complete (waiting + running)
-  size_t queued_tokens = 0;               // prompt tokens waiting for prefill there
-  size_t running = 0;                     // sequences in its running batch
+  size_t index = 0;          // stable replica id; what choose() returns
+  bool live = true;          // may take a request now: up, and with room (batch + waiting list)
+                             // for another; false also while dead, restarting or given up on
+  size_t outstanding = 0;    // dispatched and not yet complete (waiting + running)
+  size_t queued_tokens = 0;  // prompt tokens waiting for prefill there
+  size_t running = 0;        // sequences in its running batch
   size_t max_batch_sequences = 1;         // its batch capacity
   std::optional<double> transfer_cost_s;  // cost to move this request there (remote node)
 };

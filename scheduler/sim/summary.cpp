@@ -151,10 +151,11 @@ nlohmann::json RunSummary::to_json() const {
 
 std::string RunSummary::table() const {
   std::ostringstream s;
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "requests %zu: %zu completed, %zu cancelled, %zu refused (queue full), %zu timed "
-                "out, %zu unavailable, %zu refused as too long (HTTP 400)\n",
+                "out, %zu unavailable (503: timed out in the admission queue, or no replica up), "
+                "%zu refused as too long (HTTP 400)\n",
                 requests_, completed_, count(Outcome::Cancelled), count(Outcome::QueueFull),
                 count(Outcome::Timeout), count(Outcome::Unavailable), count(Outcome::BadRequest));
   s << line;
