@@ -900,22 +900,24 @@ double step_overhead_matching(const std::function<double(double)>& tpot_with, do
 }
 
 // overhead(n) = a + b n, a and b >= 0, through the two points when both
-// come out so; else a = 0 and b the slope through the origin whose relative
-// errors at the two points are least (clamping a negative intercept to 0
-// and keeping the slope would overshoot the first point).
-std::pair<double, double> fit_overhead(const double n[2], const double e[2]) {
+// come out so. Else a = 0 and b the slope whose errors in TPOT (the
+// measured `tpot`), relative, are least at the two points: clamping a
+// negative intercept to 0 and keeping the slope overshot the first point
+// (TPOT +56% at one client), and relative errors of the overhead itself let
+// the first, small one decide alone (-68% at the second).
+std::pair<double, double> fit_overhead(const double n[2], const double e[2], const double tpot[2]) {
   if (e[0] <= 0 && e[1] <= 0) return {0, 0};
   const double b = n[1] > n[0] ? (e[1] - e[0]) / (n[1] - n[0]) : 0;
   const double a = e[0] - b * n[0];
   if (b >= 0 && a >= 0) return {a, b};
   if (b < 0) return {std::max(0.0, std::min(e[0], e[1])), 0};
   double num = 0, den = 0;
-  for (int i = 0; i < 2; ++i)
-    if (e[i] > 0) {
-      num += n[i] / e[i];
-      den += n[i] * n[i] / (e[i] * e[i]);
-    }
-  return {0, den > 0 ? num / den : 0};
+  for (int i = 0; i < 2; ++i) {
+    if (!(tpot[i] > 0)) continue;
+    num += n[i] * e[i] / (tpot[i] * tpot[i]);
+    den += n[i] * n[i] / (tpot[i] * tpot[i]);
+  }
+  return {0, den > 0 ? std::max(0.0, num / den) : 0};
 }
 
 void run_calibrate(const SimulateOptions& o) {
@@ -940,7 +942,7 @@ void run_calibrate(const SimulateOptions& o) {
   const int replicas = cfg.parallel.replicas;
   const int many = std::min(cfg.batching.max_batch_sequences * replicas, std::max(8, 2 * replicas));
   ServerProcess server(o, "", replicas);
-  double n[2], extra[2];
+  double n[2], extra[2], tpot[2];
   const int clients[2] = {1, many};
   const auto loop_of = [&](int c) {
     return closed_loop(c, size_t(std::max(24, 6 * c)), o.prompt_len, o.output_len);
@@ -965,13 +967,14 @@ void run_calibrate(const SimulateOptions& o) {
           .percentile(50);
     };
     n[i] = std::max(1.0, double(clients[i]) / replicas);
+    tpot[i] = measured;
     extra[i] = step_overhead_matching(simulated, measured);
     std::printf(
         "%d client(s): TPOT p50 measured %.3f ms (median of %d runs), engine alone (simulated) "
         "%.3f ms: %.3f ms of serving per step\n",
         clients[i], 1e3 * measured, kCalibrationRuns, 1e3 * simulated(0), 1e3 * extra[i]);
   }
-  std::tie(grid.overhead_s, grid.overhead_per_seq_s) = fit_overhead(n, extra);
+  std::tie(grid.overhead_s, grid.overhead_per_seq_s) = fit_overhead(n, extra, tpot);
   // With the steps' overhead in, what the first token still lacks is the
   // front end's: measured as clients arrive in the validation's open loop
   // (Poisson, at half the capacity: between --validate's default loads),

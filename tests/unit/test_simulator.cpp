@@ -267,11 +267,11 @@ TEST(Simulator, NodeDeathsDoNotCountAgainstTheRestartIntensity) {
   for (const auto& [id, r] : rec.by_id) EXPECT_EQ(r.outcome, Outcome::Completed) << id;
 }
 
-// With scheduling ahead (async_scheduling) the next step is planned and
-// computed while the serving of the one before it (its per-step overhead)
-// goes on, as the batcher does it: one sequence decodes a token per
-// engine step, not per engine step plus overhead.
-TEST(Simulator, SchedulingAheadOverlapsTheServingWithTheNextStep) {
+// Scheduling ahead (async_scheduling) plans the next step while one runs,
+// as the batcher does; the serving around a step (its overhead) still takes
+// the replica's cores, so a sequence decodes a token per engine step plus
+// overhead either way.
+TEST(Simulator, TheServingOverheadTakesTheReplicasTimeAheadOrNot) {
   const double T = 0.0004;  // short: the batcher keeps scheduling ahead
   ProfileGrid g;
   g.batch = {0, 1, 64};
@@ -286,7 +286,7 @@ TEST(Simulator, SchedulingAheadOverlapsTheServingWithTheNextStep) {
     return run_list(o, {{0, 1, 200}}, model).summary.tpot().percentile(50);
   };
   EXPECT_NEAR(tpot(false), 2 * T, 0.1 * T);
-  EXPECT_NEAR(tpot(true), T, 0.1 * T);
+  EXPECT_NEAR(tpot(true), 2 * T, 0.1 * T);
 }
 
 std::string run_json(uint64_t seed, const std::string& policy) {
