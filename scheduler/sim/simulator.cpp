@@ -51,6 +51,7 @@ class Simulator::Flight : public CompletionSink {
     rec.arrival = sim.now_;
     rec.prompt_tokens = a.prompt_tokens;
     rec.client_leaves = a.cancel_after_s >= 0;
+    rec.priority = a.priority;
   }
   void on_token(int, const TokenLogprobs*) override {
     if (rec.first_token < 0) rec.first_token = sim_.now_;

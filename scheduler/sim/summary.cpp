@@ -84,10 +84,20 @@ void RunSummary::add(const RequestRecord& r) {
   if (r.client_leaves && (r.outcome == Outcome::Completed || r.outcome == Outcome::Cancelled))
     ++leaving_;
   if (r.started >= 0) queue_.add(r.queue_delay());
+  PriorityFigures& level = by_priority_[r.priority];
+  ++level.requests;
+  if (r.started >= 0) level.queue.add(r.queue_delay());
   if (r.outcome != Outcome::Completed) return;
   ++completed_;
-  if (slo_.met(r)) ++slo_met_;
-  if (r.first_token >= 0) ttft_.add(r.ttft());
+  ++level.completed;
+  if (slo_.met(r)) {
+    ++slo_met_;
+    ++level.slo_met;
+  }
+  if (r.first_token >= 0) {
+    ttft_.add(r.ttft());
+    level.ttft.add(r.ttft());
+  }
   if (r.output_tokens > 1) tpot_.add(r.tpot());
   latency_.add(r.latency());
 }
@@ -124,6 +134,17 @@ nlohmann::json RunSummary::to_json() const {
   j["tpot_s"] = tpot_.to_json();
   j["latency_s"] = latency_.to_json();
   j["queue_delay_s"] = queue_.to_json();
+  if (by_priority_.size() > 1) {
+    nlohmann::json levels = nlohmann::json::object();
+    for (const auto& [priority, f] : by_priority_)
+      levels[std::to_string(priority)] = {
+          {"requests", f.requests},
+          {"completed", f.completed},
+          {"goodput_share", f.requests ? double(f.slo_met) / double(f.requests) : 0.0},
+          {"ttft_s", f.ttft.to_json()},
+          {"queue_delay_s", f.queue.to_json()}};
+    j["by_priority"] = std::move(levels);
+  }
   j["slo"] = {{"ttft_s", slo_.ttft_s},
               {"tpot_s", slo_.tpot_s},
               {"goodput_share", goodput_share()},
@@ -195,6 +216,17 @@ std::string RunSummary::table() const {
                 "%llu\n",
                 slo_.ttft_s, slo_.tpot_s, 100 * goodput_share(), (unsigned long long)preemptions);
   s << line;
+  if (by_priority_.size() > 1)
+    for (auto it = by_priority_.rbegin(); it != by_priority_.rend(); ++it) {
+      const PriorityFigures& f = it->second;
+      std::snprintf(line, sizeof line,
+                    "  priority %d: %zu requests, %zu completed, TTFT p50 %.1f ms p99 %.1f ms, "
+                    "goodput %.1f%%\n",
+                    it->first, f.requests, f.completed, 1e3 * f.ttft.percentile(50),
+                    1e3 * f.ttft.percentile(99),
+                    f.requests ? 100.0 * double(f.slo_met) / double(f.requests) : 0.0);
+      s << line;
+    }
   return s.str();
 }
 

@@ -4,6 +4,7 @@
 // records: latency percentiles from log-bucketed histograms (within 0.5%),
 // counts, throughput, goodput under an SLO, and per-replica figures.
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ struct RequestRecord {
   // Its client was to go away before the answer (--cancel-fraction); it
   // ends Cancelled only if the answer was not complete by then.
   bool client_leaves = false;
+  int priority = 0;
 
   double ttft() const { return first_token - arrival; }
   // Time per output token after the first; < 0 with fewer than two.
@@ -127,6 +129,13 @@ class RunSummary {
   int context_length_ = 0, max_tokens_limit_ = 0;
   double first_arrival_ = 1e300, last_end_ = 0;
   LogHistogram ttft_, tpot_, latency_, queue_;
+  // Per request priority, when the workload has more than one: how each
+  // level fared (what a priority policy is judged by).
+  struct PriorityFigures {
+    size_t requests = 0, completed = 0, slo_met = 0;
+    LogHistogram ttft, queue;
+  };
+  std::map<int, PriorityFigures> by_priority_;
   std::vector<ReplicaFigures> replicas_;
 };
 
