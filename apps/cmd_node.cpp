@@ -48,7 +48,7 @@ std::vector<DeviceSpec> offered_devices(const Config& c, int count) {
 // the coordinator's config sets them for every replica it places. Said, so
 // that a KV cache or batch size set here is not believed in force.
 void warn_coordinator_sections(const Config& cfg) {
-  const Config defaults;
+  const Config defaults = default_config();
   std::string ignored;
   const auto check = [&](bool differs, const char* name) {
     if (!differs) return;

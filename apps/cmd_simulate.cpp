@@ -81,13 +81,9 @@ std::vector<std::string> split_list(const std::string& text) {
 
 // Every policy of --policies, before the first point runs.
 void check_policy_names(const std::vector<std::string>& policies) {
-  const std::vector<std::string>& known = routing_policy_names();
   for (const std::string& p : policies)
-    if (std::find(known.begin(), known.end(), p) == known.end()) {
-      std::string list;
-      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-      throw UsageError("--policies: '" + p + "' is not a routing policy; give some of " + list);
-    }
+    if (const std::string problem = routing_policy_problem(p); !problem.empty())
+      throw UsageError("--policies: '" + p + "' is not a routing policy: " + problem);
 }
 
 double parse_number(const std::string& text, const std::string& what) {

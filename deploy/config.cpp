@@ -14,6 +14,14 @@
 
 namespace troupe {
 
+std::string routing_policy_problem(const std::string& name) {
+  const auto& names = routing_policy_names();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return std::string();
+  const std::vector<std::string_view> known(names.begin(), names.end());
+  return "expected one of " + schema::join(known) + ", got '" + name + "'" +
+         schema::suggestion(name, known);
+}
+
 using schema::Fields;
 using schema::Kind;
 using schema::Origin;
@@ -78,13 +86,7 @@ Kind<std::vector<std::string>> origin_list_kind() {
 
 Kind<std::string> routing_policy_kind() {
   Kind<std::string> k = schema::text();
-  k.problem = [](const std::string& v) {
-    const auto& names = routing_policy_names();
-    if (std::find(names.begin(), names.end(), v) != names.end()) return std::string();
-    const std::vector<std::string_view> known(names.begin(), names.end());
-    return "expected one of " + schema::join(known) + ", got '" + v + "'" +
-           schema::suggestion(v, known);
-  };
+  k.problem = routing_policy_problem;
   return k;
 }
 

@@ -204,6 +204,10 @@ struct Config {
 
 Config default_config();
 
+// Why `name` is not a routing policy (the registered ones listed, the
+// nearest suggested); empty when it is one.
+std::string routing_policy_problem(const std::string& name);
+
 // What a configuration describes, for the devices list. A deployment's
 // (`serve`, `generate`, `bench`) devices are its layout's:
 // parallel.device_count() entries, or one entry for every device. A node's

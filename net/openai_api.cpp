@@ -436,35 +436,6 @@ int checked_logprobs(const json& v, const char* name) {
   return int(k);
 }
 
-// What both endpoints take alike: sampling, stop strings, streaming, the
-// options refused on both, and the extensions.
-// The request's body with its objects' keys in the client's order, which
-// `json` (sorted) loses and a template's `tojson` shows (and a schema's
-// properties are generated in): read again, only when a chat has tools or
-// tool calls, or a request a JSON schema.
-class OrderedBody {
- public:
-  explicit OrderedBody(std::string_view text) : text_(text) {}
-  // The value at `path` (keys and indices), in the client's order; `sorted`
-  // (the same value as `json` has it) where the two readings disagree, as
-  // they may on a body with duplicate keys.
-  template <class... Step>
-  nlohmann::ordered_json at(const json& sorted, const Step&... path) {
-    try {
-      if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
-      const nlohmann::ordered_json* v = &*parsed_;
-      ((v = &v->at(path)), ...);
-      return *v;
-    } catch (const nlohmann::json::exception&) {
-      return nlohmann::ordered_json(sorted);
-    }
-  }
-
- private:
-  std::string_view text_;
-  std::optional<nlohmann::ordered_json> parsed_;
-};
-
 // A grammar given as GBNF, checked: it parses and a matcher can start on it.
 std::string checked_grammar(std::string text, const std::string& param) {
   if (const std::string problem = grammar::grammar_problem(text); !problem.empty())
@@ -585,6 +556,8 @@ void parse_structured_output(const json& j, std::string_view body, const ModelLi
   p.grammar = std::move(asked[0].second);
 }
 
+// What both endpoints take alike: sampling, stop strings, streaming, the
+// options refused on both, and the extensions.
 void parse_generation_options(const json& j, const ModelLimits& limits, CompletionParams& p) {
   parse_sampling(j, p);
   parse_penalties(j, limits, p);

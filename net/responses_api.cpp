@@ -189,7 +189,7 @@ void translate_input(const json& j, ChatRequest& chat) {
 
 // Flat function tools ({type, name, description, parameters, strict}) as a
 // chat's; a forced function ({type: function, name}) as a chat's choice.
-void translate_tools(const json& j, const ordered_json& ordered, ChatRequest& chat) {
+void translate_tools(const json& j, OrderedBody& ordered, ChatRequest& chat) {
   if (const json* tools = field(j, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array of tools", *tools);
     ordered_json out = ordered_json::array();
@@ -202,7 +202,8 @@ void translate_tools(const json& j, const ordered_json& ordered, ChatRequest& ch
       if (const std::string& kind = get_string(*type, at + ".type"); kind != "function")
         unsupported(at + ".type", "\"" + kind + "\" tools; only function tools are");
       ordered_json function = ordered_json::object();
-      for (const auto& [key, value] : ordered["tools"][i].items())
+      const ordered_json given = ordered.at(t, "tools", i);
+      for (const auto& [key, value] : given.items())
         if (key != "type") function[key] = value;
       out.push_back({{"type", "function"}, {"function", std::move(function)}});
     }
@@ -227,7 +228,7 @@ void translate_tools(const json& j, const ordered_json& ordered, ChatRequest& ch
 }
 
 // text.format as a chat's response_format.
-void translate_text_format(const json& j, const ordered_json& ordered, ChatRequest& chat) {
+void translate_text_format(const json& j, OrderedBody& ordered, ChatRequest& chat) {
   const json* text = field(j, "text");
   if (!text) return;
   if (!text->is_object()) wrong_type("text", "an object {format}", *text);
@@ -247,7 +248,8 @@ void translate_text_format(const json& j, const ordered_json& ordered, ChatReque
              "\".",
          "text.format.type");
   ordered_json spec = ordered_json::object();
-  for (const auto& [key, value] : ordered["text"]["format"].items())
+  const ordered_json given = ordered.at(*format, "text", "format");
+  for (const auto& [key, value] : given.items())
     if (key != "type") spec[key] = value;
   chat.body["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(spec)}};
 }
@@ -348,11 +350,11 @@ void rename_param(ApiError& e, const ChatRequest& chat) {
 CompletionParams parse_responses(std::string_view body, const ModelLimits& limits,
                                  const ChatFormat& tmpl) {
   const json j = parse_body(body);
-  const ordered_json ordered = ordered_json::parse(body);  // the client's key order
+  OrderedBody ordered(body);  // the client's key order, where it shows
   refuse_stateful(j);
   ChatRequest chat;
   for (const char* name : kSameNames)
-    if (j.contains(name)) chat.body[name] = ordered[name];
+    if (j.contains(name)) chat.body[name] = ordered_json(j[name]);
   if (const json* v = field(j, "max_output_tokens")) chat.body["max_completion_tokens"] = *v;
   translate_input(j, chat);
   translate_tools(j, ordered, chat);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "text/jinja/value.h"
+#include "util/rng.h"
 
 namespace troupe::openai {
 
@@ -160,11 +161,9 @@ std::optional<std::vector<ToolCall>> mistral_calls(std::string_view text) {
 // and its tokenizers check for letters and digits: a hash of the usual id,
 // so that ids stay distinct across answers and stable for one.
 std::string mistral_call_id(std::string_view usual) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a, then a mixer for the low digits
-  for (const unsigned char c : usual) h = (h ^ c) * 1099511628211ull;
-  h ^= h >> 31;
-  h *= 0x7fb5d329728ea185ull;
-  h ^= h >> 27;
+  uint64_t state = 1469598103934665603ull;  // FNV-1a, mixed for the low digits
+  for (const unsigned char c : usual) state = (state ^ c) * 1099511628211ull;
+  uint64_t h = splitmix64(state);
   static constexpr std::string_view kDigits =
       "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   std::string id(9, '0');
