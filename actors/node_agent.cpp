@@ -413,6 +413,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
                               plan.prefill_chunk_tokens};
         b.scheduler.groups = engine.spec.pipeline;  // one step in flight per stage
         b.scheduler.lookahead = plan.schedules_ahead();
+        b.scheduler.prefix_caching = plan.prefix_caching;
         b.scheduler.stop = s.opts.stop;
         b.scheduler.bos = s.opts.bos;
         b.engine = std::move(engine.factory);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <tuple>
 #include <vector>
 
 #include "actors/wire_checks.h"
@@ -70,8 +71,8 @@ struct RouterState {
   double now() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
   // What the labelled gauges were last set to, per replica: publish() runs
   // on every step's events, and a labelled child is found under a lock.
-  std::vector<int> published_state;               // -1: never
-  std::vector<std::pair<int, int>> published_kv;  // (used, free); (-1, -1): never
+  std::vector<int> published_state;                     // -1: never
+  std::vector<std::tuple<int, int, int>> published_kv;  // (used, free, cached); -1s: never
 };
 
 void publish(RouterState& s) {
@@ -96,7 +97,10 @@ void publish(RouterState& s) {
 // A replica that is down holds no KV cache: its blocks read 0 (used and
 // free) until its next placement reports its own.
 void clear_kv_blocks(RouterState& s, int replica) {
-  if (s.metrics) s.metrics->set_kv_blocks(replica, 0, 0);
+  if (!s.metrics) return;
+  s.published_kv[size_t(replica)] = {-1, -1, -1};  // the next placement's figures are shown
+  s.metrics->set_kv_blocks(replica, 0, 0);
+  s.metrics->set_cached_blocks(replica, 0);
 }
 
 // The channel to a replica lost, duplicated out of order or never answered
@@ -129,7 +133,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
                                                  st->start);
   st->epoch.assign(size_t(options.table.replicas), 0);
   st->broken.assign(size_t(options.table.replicas), false);
-  st->published_kv.assign(size_t(options.table.replicas), {-1, -1});
+  st->published_kv.assign(size_t(options.table.replicas), {-1, -1, -1});
   st->table = std::make_unique<LoggedRequestTable>(options.table, options.routing_policy,
                                                    options.routing_seed, options.latency_aware,
                                                    *st->channel, router_log_from_env());
@@ -182,10 +186,12 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
           if (ev.batch_sequences > 0)
             st->metrics->observe_step(ev.batch_sequences, ev.batch_tokens);
           auto& kv = st->published_kv[size_t(ev.replica)];
-          if (kv != std::pair{ev.blocks_used, ev.blocks_free}) {
-            kv = {ev.blocks_used, ev.blocks_free};
+          if (kv != std::tuple{ev.blocks_used, ev.blocks_free, ev.blocks_cached}) {
+            kv = {ev.blocks_used, ev.blocks_free, ev.blocks_cached};
             st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
+            st->metrics->set_cached_blocks(ev.replica, size_t(ev.blocks_cached));
           }
+          st->metrics->add_prefix_cache(ev.prefix_queried, ev.prefix_hits);
         }
         st->table->on_events(ev, st->now());
         publish(*st);

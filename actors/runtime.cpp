@@ -63,6 +63,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
   plan.max_batch_tokens = config.batching.max_batch_tokens;
   plan.prefill_chunk_tokens = config.batching.prefill_chunk_tokens;
   plan.async_scheduling = config.batching.async_scheduling;
+  plan.prefix_caching = config.kv_cache.prefix_caching;
   const int ctx_blocks = (model.max_seq_len + plan.block_tokens - 1) / plan.block_tokens;
   if (plan.blocks < ctx_blocks)
     throw std::invalid_argument("kv_cache holds " + std::to_string(plan.blocks) +
@@ -85,6 +86,7 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
        {plan.max_batch_sequences, plan.max_batch_tokens, plan.prefill_chunk_tokens},
        plan.pipeline,
        plan.schedules_ahead(),
+       plan.prefix_caching,
        StopRule{model.eos_ids, model.max_seq_len},
        model.bos_id});
 

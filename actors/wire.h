@@ -38,8 +38,10 @@ namespace troupe {
 // allowed_token_ids and bad_words (SamplingParams). 13: grammar
 // (SamplingParams, structured output). 14: where the answer's reasoning is,
 // which a grammar leaves free (SamplingParams::reasoning). 15: a request's
-// priority (Assignment), which orders a replica's waiting sequences.
-inline constexpr uint32_t kWireProtocol = 15;
+// priority (Assignment), which orders a replica's waiting sequences. 16:
+// prefix caching (ReplicaPlan), its figures (StepEvents) and a request's
+// cached prompt tokens (DoneEvent).
+inline constexpr uint32_t kWireProtocol = 16;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 
@@ -152,7 +154,7 @@ typename Inspector::result_type inspect(Inspector& f, PromptLogprobsEvent& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
-  return f(caf::meta::type_name("DoneEvent"), x.id, x.reason, x.completion_tokens);
+  return f(caf::meta::type_name("DoneEvent"), x.id, x.reason, x.completion_tokens, x.cached_tokens);
 }
 
 template <class Inspector>
@@ -161,11 +163,13 @@ typename Inspector::result_type inspect(Inspector& f, StepEvents& x) {
     FloatBits<double> step_s{x.step_s};
     return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, step_s, x.batch_sequences,
              x.batch_tokens, x.prefill_tokens, x.prompts, x.tokens, x.done, x.running,
-             x.queued_tokens, x.blocks_used, x.blocks_free, x.seq, x.acked);
+             x.queued_tokens, x.blocks_used, x.blocks_free, x.blocks_cached, x.prefix_queried,
+             x.prefix_hits, x.seq, x.acked);
   } else {
     return f(caf::meta::type_name("StepEvents"), x.replica, x.epoch, x.step_s, x.batch_sequences,
              x.batch_tokens, x.prefill_tokens, x.prompts, x.tokens, x.done, x.running,
-             x.queued_tokens, x.blocks_used, x.blocks_free, x.seq, x.acked);
+             x.queued_tokens, x.blocks_used, x.blocks_free, x.blocks_cached, x.prefix_queried,
+             x.prefix_hits, x.seq, x.acked);
   }
 }
 
@@ -215,6 +219,7 @@ struct ReplicaPlan {
   int max_batch_tokens = 2048;
   int prefill_chunk_tokens = 512;
   bool async_scheduling = true;  // batching.async_scheduling (a pipeline ignores it)
+  bool prefix_caching = true;    // kv_cache.prefix_caching
   // A replica spanning nodes: per device (stage-major) the part it belongs
   // to, one part per node, and the parts' names (their nodes', for errors);
   // empty: the whole replica on one node. `part` is the receiver's.
@@ -242,9 +247,16 @@ inline int ReplicaPlan::devices_of(int p) const {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaPlan& x) {
+  // Prefix caching as a number: a second bool here makes gcc 12 warn,
+  // wrongly, of an out-of-bounds copy inside CAF's serializer.
+  int prefix_caching = x.prefix_caching;
   return f(caf::meta::type_name("ReplicaPlan"), x.replica, x.epoch, x.pipeline, x.tensor,
            x.stage_bounds, x.block_tokens, x.blocks, x.max_batch_sequences, x.max_batch_tokens,
-           x.prefill_chunk_tokens, x.async_scheduling, x.hosts, x.part_names, x.part, x.kv_dtype);
+           x.prefill_chunk_tokens, x.async_scheduling, x.hosts, x.part_names, x.part, x.kv_dtype,
+           prefix_caching, caf::meta::load_callback([&]() -> caf::error {
+             x.prefix_caching = prefix_caching != 0;
+             return caf::none;
+           }));
 }
 
 // Registers every type above, and the actor handles messages carry, on a

@@ -147,6 +147,7 @@ const Fields<Config>& config_fields() {
         .add("blocks", &KvCacheSection::blocks, schema::non_negative_int64(), /*omit_zero=*/true)
         .add("bytes", &KvCacheSection::bytes, schema::byte_count(false), /*omit_zero=*/true)
         .add("dtype", &KvCacheSection::dtype, dtype_kind())
+        .add("prefix_caching", &KvCacheSection::prefix_caching, schema::boolean())
         // The sizing given replaces any earlier one (the defaults, or the
         // file when this is an override), so only giving both in one place
         // is an error.

@@ -112,6 +112,9 @@ struct KvCacheSection {
   // memory and of what decode's attention reads; keys and values rounded
   // once when written).
   DType dtype = DType::F32;
+  // Full blocks stay indexed by their tokens after their sequence ends, and a
+  // prompt that starts with them takes them instead of computing them again.
+  bool prefix_caching = true;
   bool operator==(const KvCacheSection&) const = default;
 };
 

@@ -80,6 +80,18 @@ Metrics::Metrics() {
                         .labels(std::vector<std::string>{});
   generation_tokens_ = &registry_.counter("troupe_generation_tokens_total", "Tokens generated.")
                             .labels(std::vector<std::string>{});
+  prefix_queries_ =
+      &registry_
+           .counter("troupe_prefix_cache_queries_total",
+                    "Prompt tokens of the sequences admitted, looked up in the prefix cache.")
+           .labels(std::vector<std::string>{});
+  prefix_hits_ = &registry_
+                      .counter("troupe_prefix_cache_hits_total",
+                               "Of the prompt tokens looked up, those found in the prefix cache.")
+                      .labels(std::vector<std::string>{});
+  cached_blocks_ = &registry_.gauge(
+      "troupe_kv_cached_blocks",
+      "KV-cache blocks a replica keeps indexed for reuse by prefix (held or free).", {"replica"});
   nodes_ = &registry_.gauge("troupe_nodes", "Nodes known to the coordinator, by state", {"state"});
   node_devices_ = &registry_.gauge("troupe_node_devices", "Devices a node offers", {"node"});
   node_replicas_ = &registry_.gauge("troupe_node_replicas", "Replicas placed on a node", {"node"});
@@ -136,6 +148,16 @@ void Metrics::export_vllm_names(const std::string& model) {
   vllm_.generation_tokens =
       &registry_
            .counter("vllm:generation_tokens_total", "Number of generation tokens processed.", label)
+           .labels(value);
+  vllm_.prefix_queries =
+      &registry_
+           .counter("vllm:prefix_cache_queries_total",
+                    "Prefix cache queries, in terms of number of queried tokens.", label)
+           .labels(value);
+  vllm_.prefix_hits =
+      &registry_
+           .counter("vllm:prefix_cache_hits_total",
+                    "Prefix cache hits, in terms of number of cached tokens.", label)
            .labels(value);
   vllm_.ttft = &registry_
                     .histogram("vllm:time_to_first_token_seconds",
@@ -252,6 +274,21 @@ void Metrics::add_generation_tokens(int64_t n) {
   if (n <= 0) return;
   generation_tokens_->inc(double(n));
   if (vllm_.generation_tokens) vllm_.generation_tokens->inc(double(n));
+}
+
+void Metrics::add_prefix_cache(int64_t queried, int64_t hits) {
+  if (queried > 0) {
+    prefix_queries_->inc(double(queried));
+    if (vllm_.prefix_queries) vllm_.prefix_queries->inc(double(queried));
+  }
+  if (hits > 0) {
+    prefix_hits_->inc(double(hits));
+    if (vllm_.prefix_hits) vllm_.prefix_hits->inc(double(hits));
+  }
+}
+
+void Metrics::set_cached_blocks(int replica, size_t cached) {
+  cached_blocks_->labels({std::to_string(replica)}).set(double(cached));
 }
 
 std::string Metrics::render() const {

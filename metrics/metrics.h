@@ -64,6 +64,10 @@ class Metrics {
   void node_dead(const std::string& cause);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
+  // Prefix caching: prompt tokens of sequences admitted, and of those found
+  // cached; and the blocks a replica keeps indexed.
+  void add_prefix_cache(int64_t queried, int64_t hits);
+  void set_cached_blocks(int replica, size_t cached);
 
   // For metrics a component wants beyond the pre-declared ones.
   MetricsRegistry& registry() { return registry_; }
@@ -107,6 +111,9 @@ class Metrics {
   Family<Counter>* node_deaths_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
+  Counter* prefix_queries_;
+  Counter* prefix_hits_;
+  Family<Gauge>* cached_blocks_;
   // vLLM's names (export_vllm_names), or all null.
   struct Vllm {
     Gauge* running = nullptr;
@@ -114,6 +121,8 @@ class Metrics {
     Gauge* kv_usage = nullptr;
     Counter* prompt_tokens = nullptr;
     Counter* generation_tokens = nullptr;
+    Counter* prefix_queries = nullptr;
+    Counter* prefix_hits = nullptr;
     Histogram* ttft = nullptr;
     Histogram* tpot = nullptr;
     Histogram* e2e = nullptr;

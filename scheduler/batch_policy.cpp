@@ -41,11 +41,11 @@ void ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
     plan.tokens = 0;
     int free = free_blocks;
     int budget = limits_.max_batch_tokens;
-    auto try_add = [&](const SeqView& s) {
+    auto try_add = [&](const SeqView& s, int held) {
       if (int(plan.entries.size()) >= cap || budget <= 0) return false;
       const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
       if (n <= 0) return false;
-      const int need = std::max(0, blocks_for(s.cached + n) - s.blocks_held);
+      const int need = std::max(0, blocks_for(s.cached + n) - held);
       if (need > free) return false;
       free -= need;
       budget -= n;
@@ -56,13 +56,13 @@ void ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
     // Decoding sequences first (one token each, latency matters most), then
     // prefill chunks of running sequences, in admission order.
     for (size_t i = 0; i < live; ++i)
-      if (running[i].pending == 1) try_add(running[i]);
+      if (running[i].pending == 1) try_add(running[i], running[i].blocks_held);
     for (size_t i = 0; i < live; ++i)
-      if (running[i].pending > 1) try_add(running[i]);
+      if (running[i].pending > 1) try_add(running[i], running[i].blocks_held);
     if (plan.entries.empty() && live > 0) {
       // Nothing fits: evict the newest sequence and plan again without it.
       const SeqView& victim = running[--live];
-      free_blocks += victim.blocks_held;
+      free_blocks += victim.blocks_held - victim.blocks_shared;
       plan.preempted.push_back(victim.id);
       continue;
     }
@@ -72,10 +72,13 @@ void ContinuousBatchPolicy::plan(const std::vector<SeqView>& running,
     for (const auto& s : waiting) {
       if (int(plan.entries.size()) >= cap || budget <= 0) break;
       const int n = std::min({s.pending, limits_.prefill_chunk_tokens, budget});
-      if (blocks_for(s.cached + n) > free - watermark &&
+      // The blocks it would share are free of charge, unless a sequence was
+      // preempted: one the victim held is counted as freed already.
+      const int shares = plan.preempted.empty() ? s.blocks_held : 0;
+      if (blocks_for(s.cached + n) - shares > free - watermark &&
           !(live == 0 && plan.entries.empty() && busy_sequences == 0))
         break;
-      if (!try_add(s)) break;
+      if (!try_add(s, shares)) break;
       plan.admitted.push_back(s.id);
     }
     return;

@@ -15,9 +15,12 @@ struct BatchLimits {
 
 struct SeqView {
   uint64_t id = 0;
-  int pending = 0;      // tokens not yet in the KV cache (prompt left, or 1 to decode)
-  int cached = 0;       // tokens in the KV cache
-  int blocks_held = 0;  // KV blocks it holds now
+  int pending = 0;  // tokens not yet in the KV cache (prompt left, or 1 to decode)
+  int cached = 0;   // tokens in the KV cache
+  // KV blocks it holds now; a waiting sequence, those of its cached prefix
+  // that others hold, which it will share (prefix caching).
+  int blocks_held = 0;
+  int blocks_shared = 0;  // of those held, held by other sequences too (prefix caching)
 };
 
 struct PlanEntry {

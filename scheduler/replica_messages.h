@@ -48,6 +48,8 @@ struct DoneEvent {
   uint64_t id = 0;
   FinishReason reason = FinishReason::Stop;
   int completion_tokens = 0;
+  // Prompt tokens it found in the prefix cache when first admitted there.
+  int cached_tokens = 0;
 };
 
 // What one step of one replica produced (or, with no step, which requests
@@ -66,6 +68,11 @@ struct StepEvents {
   int queued_tokens = 0;  // prompt tokens still to prefill there
   int blocks_used = 0;
   int blocks_free = 0;
+  int blocks_cached = 0;  // of used and free, those kept for reuse by prefix
+  // Prefix caching, since the last events: prompt tokens of the sequences
+  // admitted, and how many of them were found in the cache.
+  int prefix_queried = 0;
+  int prefix_hits = 0;
   // The channel's numbering (scheduler/replica_link.h): this message's, and
   // the last of the router's messages the replica had received.
   uint64_t seq = 0;

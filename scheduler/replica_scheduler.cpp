@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace troupe {
 
@@ -13,7 +14,7 @@ constexpr uint64_t kProbeSeq = ~uint64_t(0);
 ReplicaScheduler::ReplicaScheduler(ReplicaSchedulerOptions o)
     : options_(std::move(o)),
       policy_(options_.limits, options_.block_tokens),
-      blocks_(options_.kv_blocks) {
+      blocks_(options_.kv_blocks, options_.block_tokens, options_.prefix_caching) {
   if (options_.groups < 1) throw std::invalid_argument("a replica needs at least one step group");
   set_lookahead(options_.lookahead);
 }
@@ -59,6 +60,9 @@ void ReplicaScheduler::add(Assignment a) {
   q.cached = 0;
   q.in_flight = 0;
   q.blocks.clear();
+  q.indexed = 0;
+  q.indexing = true;
+  q.prompt_hit = -1;
   q.step = 0;
   q.ahead = 0;
   q.cancelled = false;
@@ -91,7 +95,7 @@ void ReplicaScheduler::end(StepEvents& ev, Slot slot, FinishReason reason) {
   Sequence& q = slots_[slot];
   if (!q.used || q.draining) return;
   const uint64_t id = q.a.id;
-  ev.done.push_back({id, reason, q.a.generated});
+  ev.done.push_back({id, reason, q.a.generated, std::max(0, q.prompt_hit)});
   queued_ -= queued_of(q);
   if (q.cancelled) --cancelled_;
   index_.erase(id);
@@ -132,12 +136,16 @@ int ReplicaScheduler::view_running(bool ahead) {
   int busy = 0;
   for (Slot slot : running_) {
     const Sequence& q = slots_[slot];
+    // Only indexed blocks are ever held twice.
+    int shared = 0;
+    for (int i = 0; i < q.indexed; ++i) shared += blocks_.shared(q.blocks[size_t(i)]) ? 1 : 0;
     if (q.step == 0) {
-      running.push_back({slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size())});
+      running.push_back(
+          {slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size()), shared});
     } else if (ahead && plannable_ahead(q)) {
       const int fed = q.cached + q.in_flight;
       const int pending = std::max(1, int(q.tokens.size()) - fed);
-      running.push_back({slot, pending, fed, int(q.blocks.size())});
+      running.push_back({slot, pending, fed, int(q.blocks.size()), shared});
     } else {
       ++busy;
     }
@@ -152,6 +160,31 @@ void ReplicaScheduler::fill_load(StepEvents& ev) const {
   ev.queued_tokens = queued_tokens();
   ev.blocks_used = blocks_used();
   ev.blocks_free = blocks_free();
+  ev.blocks_cached = blocks_cached();
+}
+
+int ReplicaScheduler::match_prefix(Sequence& q) {
+  q.hit.clear();
+  // A sequence asking for its prompt's log-probabilities computes every
+  // row; at least one token is left to compute, for the logits to sample.
+  if (!blocks_.prefix_caching() || (q.a.sampling.prompt_logprobs >= 0 && q.a.generated == 0))
+    return 0;
+  const int most = (int(q.tokens.size()) - 1) / options_.block_tokens;
+  return blocks_.match(q.tokens.data(), most, q.hit) * options_.block_tokens;
+}
+
+void ReplicaScheduler::index_filled(Sequence& q) {
+  if (!blocks_.prefix_caching()) return;
+  const int b = options_.block_tokens;
+  while (q.indexing && (q.indexed + 1) * b <= q.cached) {
+    const int parent = q.indexed == 0 ? -1 : q.blocks[size_t(q.indexed - 1)];
+    if (!blocks_.index(q.blocks[size_t(q.indexed)], parent,
+                       q.tokens.data() + size_t(q.indexed) * b)) {
+      q.indexing = false;
+      return;
+    }
+    ++q.indexed;
+  }
 }
 
 StepEvents ReplicaScheduler::load_report() const {
@@ -165,6 +198,8 @@ void ReplicaScheduler::preempt(Slot slot) {
   Sequence& q = slots_[slot];
   blocks_.release(q.blocks);
   q.blocks.clear();
+  q.indexed = 0;
+  q.indexing = true;
   queued_ -= queued_of(q);
   q.cached = 0;
   q.prompt_logprobs.clear();  // the prefill runs again
@@ -226,8 +261,15 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   // the rest of a long waiting list need not be looked at on every step.
   for (Slot slot : waiting_) {
     if (int(waiting.size()) >= options_.limits.max_batch_sequences) break;
-    const Sequence& q = slots_[slot];
-    waiting.push_back({slot, int(q.tokens.size()), 0, 0});
+    Sequence& q = slots_[slot];
+    // Of a cached prefix, blocks other sequences hold are shared for free;
+    // those nobody holds count as blocks to take (they are free until
+    // taken). A step that preempts admits nothing (the policy), so a block
+    // counted here as held is not also counted as freed.
+    const int hit = match_prefix(q);
+    int held = 0;
+    for (int b : q.hit) held += blocks_.held(b) ? 1 : 0;
+    waiting.push_back({slot, int(q.tokens.size()) - hit, hit, held});
   }
   // With G groups, a step takes its share of the live sequences, so that
   // the other groups' steps fill the pipeline's other stages.
@@ -264,6 +306,25 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     else
       std::erase(waiting_, Slot(slot));
     running_.push_back(Slot(slot));
+    // Its cached prefix is taken before any block is allocated below, which
+    // could otherwise evict it.
+    Sequence& q = slots_[slot];
+    const int hit = int(q.hit.size()) * options_.block_tokens;
+    if (q.prompt_hit < 0) {
+      const int prompt = int(q.tokens.size()) - q.a.generated;
+      q.prompt_hit = std::min(hit, prompt);
+    }
+    if (!blocks_.prefix_caching()) continue;
+    prefix_queried_ += int(q.tokens.size());
+    prefix_hits_ += hit;
+    if (q.hit.empty()) continue;
+    blocks_.acquire(q.hit);
+    q.blocks.swap(q.hit);
+    q.hit.clear();
+    q.indexed = int(q.blocks.size());
+    queued_ -= queued_of(q);
+    q.cached = hit;
+    queued_ += queued_of(q);
   }
   if (plan.entries.empty()) return false;
   step.id = next_step_++;
@@ -349,6 +410,8 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
   }
   ev.step_s = step_s;
   ev.batch_sequences = int(items.size());
+  ev.prefix_queried = std::exchange(prefix_queried_, 0);
+  ev.prefix_hits = std::exchange(prefix_hits_, 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const Launched& item = items[i];
     const int n = item.tokens;
@@ -376,6 +439,7 @@ void ReplicaScheduler::finish_step(uint64_t step, const std::vector<int>& ids, d
     queued_ -= queued_of(q);
     q.cached += n;
     queued_ += queued_of(q);
+    index_filled(q);
     const bool prompt_lp = q.a.sampling.prompt_logprobs >= 0 && q.a.generated == 0;
     if (prompt_lp && !prompt_logprobs.empty())
       q.prompt_logprobs.insert(q.prompt_logprobs.end(), prompt_logprobs[i].begin(),

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "scheduler/batch_policy.h"
-#include "scheduler/block_allocator.h"
+#include "scheduler/block_book.h"
 #include "scheduler/replica_messages.h"
 #include "service/step_item.h"
 #include "service/stop_rule.h"
@@ -43,6 +43,10 @@ struct ReplicaSchedulerOptions {
   // its blocks are returned once N+1 is answered. Only sequences that N's
   // token cannot end by length, and are not cancelled, are planned ahead.
   bool lookahead = false;
+  // Keeps full KV blocks indexed by their tokens, so that a sequence
+  // starting with a prefix computed before takes its blocks instead of
+  // computing it again (scheduler/block_book.h). The same answers either way.
+  bool prefix_caching = false;
   StopRule stop;
   int bos = 1;  // the probe step's token
 };
@@ -119,6 +123,8 @@ class ReplicaScheduler {
   int in_flight() const { return int(in_flight_.size()); }
   int blocks_used() const { return blocks_.used_count(); }
   int blocks_free() const { return blocks_.free_count(); }
+  // Of the used and free blocks, those indexed for reuse by prefix.
+  int blocks_cached() const { return blocks_.cached_count(); }
   // Prompt (or resumed) tokens not yet in the KV cache.
   int queued_tokens() const { return queued_; }
   bool holds(uint64_t id) const { return index_.count(id) != 0; }
@@ -139,8 +145,15 @@ class ReplicaScheduler {
     int cached = 0;           // tokens in the KV cache
     int in_flight = 0;        // tokens fed to steps in flight (cached + in_flight: fed so far)
     std::vector<int> blocks;  // its block table
-    uint64_t step = 0;        // the step in flight that holds it (0: none)
-    uint64_t ahead = 0;       // lookahead: the step after `step` that holds it too (0: none)
+    // Prefix caching: its leading blocks that are indexed (its own or taken
+    // by prefix); `indexing` is false once one could not be (the same
+    // prefix computed by another sequence at the same time).
+    int indexed = 0;
+    bool indexing = true;
+    std::vector<int> hit;  // waiting: the cached blocks its tokens start with
+    int prompt_hit = -1;   // prompt tokens found cached when first admitted (-1: not yet)
+    uint64_t step = 0;     // the step in flight that holds it (0: none)
+    uint64_t ahead = 0;    // lookahead: the step after `step` that holds it too (0: none)
     bool cancelled = false;
     bool draining = false;                       // ended while a step still holds its blocks
     bool used = false;                           // the slot holds a sequence
@@ -174,13 +187,18 @@ class ReplicaScheduler {
   int view_running(bool ahead);
   void fill_load(StepEvents& ev) const;
   void preempt(Slot slot);
+  // Prefix caching: finds a waiting sequence's cached prefix (into q.hit);
+  // returns its tokens.
+  int match_prefix(Sequence& q);
+  // Indexes the blocks of q that its computed tokens now fill.
+  void index_filled(Sequence& q);
   // Prompt (or resumed) tokens of q not yet in the KV cache.
   static int queued_of(const Sequence& q) { return std::max(0, q.prefill_end - q.cached); }
   InFlight& start_flight(uint64_t step);
 
   ReplicaSchedulerOptions options_;
   ContinuousBatchPolicy policy_;
-  BlockAllocator blocks_;
+  BlockBook blocks_;
   std::vector<Sequence> slots_;
   std::vector<Slot> free_slots_;
   std::unordered_map<uint64_t, Slot> index_;  // by request id
@@ -202,6 +220,9 @@ class ReplicaScheduler {
   uint64_t refusals_ = 0;
   bool lookahead_ = false;
   double step_s_ = 0;  // steps' recent time, an exponential mean
+  // Prompt tokens of the sequences admitted since the last step's events,
+  // and how many of them were found cached.
+  int prefix_queried_ = 0, prefix_hits_ = 0;
 };
 
 }  // namespace troupe

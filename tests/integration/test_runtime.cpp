@@ -2,8 +2,12 @@
 // crash recovery by supervision, restart limits, cancellation, overload.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "actors/runtime.h"
 #include "gpu/generate.h"
+#include "metrics/metrics.h"
 #include "support/recording_sink.h"
 #include "support/test_support.h"
 
@@ -117,6 +121,88 @@ TEST(Runtime, EveryWayOfSchedulingGivesTheSameTokens) {
       }
       EXPECT_GT(short_of_max, 0);  // some ended by EOS, with an item planned ahead dropped
     }
+}
+
+// A metric's value in a /metrics text (0 when absent).
+double metric(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size() + 2));
+}
+
+// Prefix caching changes where a sequence's keys and values come from,
+// never what they are: conversations (each turn the last one, its answer
+// and a new question) and prompts sharing a long start give the tokens and
+// log-probabilities, bit for bit, that computing every prompt gives, in
+// every layout and cache type. Some turns run while the turn before them
+// still decodes (sharing blocks a live sequence holds).
+TEST(Runtime, PrefixCachingChangesNoTokenNorLogprob) {
+  struct Layout {
+    const char* name;
+    int pipeline, tensor;
+    DType kv;
+  };
+  for (const Layout& l :
+       {Layout{"one device", 1, 1, DType::F32}, Layout{"two stages", 2, 1, DType::F32},
+        Layout{"two shards, f16 cache", 1, 2, DType::F16}}) {
+    SCOPED_TRACE(l.name);
+    std::vector<std::vector<int>> tokens[2];
+    std::vector<std::vector<std::optional<TokenLogprobs>>> logprobs[2];
+    double hits = 0;
+    for (int caching = 0; caching < 2; ++caching) {
+      Config c = config(1);
+      c.parallel.pipeline = l.pipeline;
+      c.parallel.tensor = l.tensor;
+      c.devices.assign(size_t(l.pipeline * l.tensor), DeviceSpec{DeviceKind::Cpu, 1, 0});
+      c.kv_cache.dtype = l.kv;
+      c.kv_cache.prefix_caching = caching == 1;
+      Metrics metrics;
+      ActorRuntime rt(c, engines(), &metrics);
+      ASSERT_TRUE(rt.wait_live(1, 30));
+      std::vector<int> system{1};
+      for (int k = 0; k < 37; ++k) system.push_back(40 + (k * 53) % 1800);
+      std::vector<std::vector<int>> turns(4, system);
+      uint64_t id = 1;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<std::shared_ptr<RecordingSink>> sinks;
+        for (size_t t = 0; t < turns.size(); ++t) {
+          for (int k = 0; k < 5 + int(t); ++k)
+            turns[t].push_back(7 + int((t * 97 + size_t(round) * 31 + size_t(k) * 13) % 1900));
+          auto r = request(id++, turns[t], 12 + 3 * int(t), t % 2 ? 0.8f : 0.0f, t);
+          r.sampling.logprobs = 2;
+          sinks.push_back(std::make_shared<RecordingSink>());
+          rt.submit(r, sinks.back());
+          // The next conversation starts while this one runs.
+          if (t == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        for (size_t t = 0; t < turns.size(); ++t) {
+          ASSERT_TRUE(sinks[t]->wait());
+          ASSERT_FALSE(sinks[t]->error()) << sinks[t]->error()->message;
+          tokens[caching].push_back(sinks[t]->tokens());
+          logprobs[caching].push_back(sinks[t]->logprobs());
+          const auto answer = sinks[t]->tokens();
+          turns[t].insert(turns[t].end(), answer.begin(), answer.end());
+        }
+      }
+      hits = metric(metrics.render(), "troupe_prefix_cache_hits_total");
+    }
+    ASSERT_EQ(tokens[0].size(), tokens[1].size());
+    for (size_t i = 0; i < tokens[0].size(); ++i) {
+      EXPECT_EQ(tokens[1][i], tokens[0][i]) << "request " << i;
+      ASSERT_EQ(logprobs[1][i].size(), logprobs[0][i].size()) << "request " << i;
+      for (size_t k = 0; k < logprobs[0][i].size(); ++k) {
+        ASSERT_TRUE(logprobs[0][i][k] && logprobs[1][i][k]);
+        EXPECT_EQ(logprobs[1][i][k]->logprob, logprobs[0][i][k]->logprob)
+            << "request " << i << " token " << k;
+        ASSERT_EQ(logprobs[1][i][k]->top.size(), logprobs[0][i][k]->top.size());
+        for (size_t j = 0; j < logprobs[0][i][k]->top.size(); ++j) {
+          EXPECT_EQ(logprobs[1][i][k]->top[j].token, logprobs[0][i][k]->top[j].token);
+          EXPECT_EQ(logprobs[1][i][k]->top[j].logprob, logprobs[0][i][k]->top[j].logprob);
+        }
+      }
+    }
+    // Each later turn finds at least the system prompt's two full blocks.
+    EXPECT_GE(hits, 8 * 32.0);
+  }
 }
 
 TEST(Runtime, ReplicaCrashMidGenerationLosesNothingAndChangesNothing) {

@@ -310,7 +310,8 @@ TEST(FuzzFindings, WireRendezvousValuesAreStringsWhoseClaimedLengthIsCheckedFirs
 
 // A replica plan of 16777216 x 20967424 devices: ReplicaPlan::devices()
 // overflowed int (UBSan, with the checks off), and a node indexes hosts by
-// device. Refused now before the node uses any of it.
+// device. Refused now before the node uses any of it. (With protocol 16's
+// prefix_caching appended, as 1.)
 TEST(FuzzFindings, WireReplicaPlanWhoseDeviceCountOverflowsIsRefused) {
   ReplicaPlan p;
   decode_finding("replica-plan-devices-overflow.bin", p);
@@ -395,7 +396,8 @@ TEST(FuzzFindings, WireFaultReportThatIsNotUtf8IsDropped) {
 // Step events saying -1 running and -1 queued tokens: the request table
 // stored them as size_t, 2^64 - 1 in the load view every policy routes by.
 // The router now drops such events. (With no prompt log-probabilities
-// inserted before the tokens, as protocol 11 encodes them.)
+// inserted before the tokens, as protocol 11 encodes them, and protocol
+// 16's cached blocks and prefix figures, as 0, before the sequence number.)
 TEST(FuzzFindings, WireStepEventsWithNegativeCountsAreDropped) {
   StepEvents ev;
   decode_finding("step-events-negative-running.bin", ev);

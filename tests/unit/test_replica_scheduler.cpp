@@ -828,6 +828,267 @@ TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
   }
 }
 
+// ---- prefix caching ----
+
+ReplicaSchedulerOptions caching_options(int blocks) {
+  ReplicaSchedulerOptions o = options(blocks);
+  o.prefix_caching = true;
+  return o;
+}
+
+// Runs steps until request `id` ends, answering every sampled item with
+// `token`; returns its done event.
+DoneEvent run_to_end(ReplicaScheduler& r, uint64_t id, int token,
+                     std::vector<PlannedStep>* steps = nullptr) {
+  for (int i = 0; i < 100; ++i) {
+    auto s = r.next_step();
+    if (!s) break;
+    if (steps) steps->push_back(*s);
+    for (const DoneEvent& d : r.finish_step(s->id, sampled(*s, token), 0.01).done)
+      if (d.id == id) return d;
+  }
+  ADD_FAILURE() << "request " << id << " did not end";
+  return {};
+}
+
+TEST(ReplicaScheduler, APromptStartingWithAComputedPrefixTakesItsBlocks) {
+  ReplicaScheduler r(caching_options(32));
+  const std::vector<int> prompt{5, 6, 7, 8, 9, 10, 11, 12, 13, 14};  // 2 full blocks + 2
+  r.add(assignment(1, prompt, 2));
+  std::vector<PlannedStep> first;
+  EXPECT_EQ(run_to_end(r, 1, 40, &first).cached_tokens, 0);
+  EXPECT_EQ(r.blocks_used(), 0);
+  EXPECT_EQ(r.blocks_cached(), 2);  // the prompt's full blocks (its last is 11 + 1 long)
+
+  r.add(assignment(2, prompt, 2));
+  auto s = r.next_step();
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->items.size(), 1u);
+  EXPECT_EQ(s->items[0].position, 8);
+  EXPECT_EQ(s->items[0].tokens, (std::vector<int>{13, 14}));
+  EXPECT_EQ(
+      std::vector<int>(s->items[0].blocks.begin(), s->items[0].blocks.begin() + 2),
+      std::vector<int>(first[0].items[0].blocks.begin(), first[0].items[0].blocks.begin() + 2));
+  const StepEvents ev = r.finish_step(s->id, sampled(*s, 40), 0.01);
+  EXPECT_EQ(ev.prefix_queried, 10);
+  EXPECT_EQ(ev.prefix_hits, 8);
+  EXPECT_EQ(ev.prefill_tokens, 2);
+  EXPECT_EQ(run_to_end(r, 2, 40).cached_tokens, 8);
+
+  // A prompt of exactly two blocks leaves its last token to compute: one
+  // block is taken. One that differs inside the second block takes the first.
+  r.add(assignment(3, {5, 6, 7, 8, 9, 10, 11, 12}, 1));
+  s = r.next_step();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->items[0].position, 4);
+  r.finish_step(s->id, sampled(*s, 2), 0.01);
+  r.add(assignment(4, {5, 6, 7, 8, 9, 10, 99, 12, 13}, 1));
+  s = r.next_step();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->items[0].position, 4);
+  r.finish_step(s->id, sampled(*s, 2), 0.01);
+
+  // Asking for the prompt's log-probabilities computes every row.
+  Assignment lp = assignment(5, prompt, 1);
+  lp.sampling.prompt_logprobs = 0;
+  r.add(lp);
+  s = r.next_step();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->items[0].position, 0);
+  r.finish_step(s->id, sampled(*s, 2), 0.01);
+
+  // Off, nothing is kept.
+  ReplicaScheduler off(options(32));
+  off.add(assignment(1, prompt, 1));
+  run_to_end(off, 1, 40);
+  EXPECT_EQ(off.blocks_cached(), 0);
+  off.add(assignment(2, prompt, 1));
+  s = off.next_step();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->items[0].position, 0);
+}
+
+TEST(ReplicaScheduler, RunningSequencesShareTheirPrefixAndPreemptionCountsOnlyWhatItFrees) {
+  // 8 blocks of 4: a 13-token prompt holds 4; a second with the same 12
+  // first tokens shares 3 and adds 1 (5 used, where 8 would be without).
+  ReplicaScheduler r(caching_options(8));
+  std::vector<int> prompt(13);
+  for (int i = 0; i < 13; ++i) prompt[size_t(i)] = 10 + i;
+  r.add(assignment(1, prompt, 20));
+  auto s = r.next_step();  // 8 tokens
+  r.finish_step(s->id, sampled(*s, 3), 0.01);
+  s = r.next_step();  // 5 more, samples
+  r.finish_step(s->id, sampled(*s, 3), 0.01);
+  EXPECT_EQ(r.blocks_cached(), 3);
+  std::vector<int> other = prompt;
+  other.back() = 99;
+  r.add(assignment(2, other, 20));
+  s = r.next_step();
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->items.size(), 2u);
+  EXPECT_EQ(s->items[1].position, 12);
+  EXPECT_EQ(r.blocks_used(), 5);
+  // Decoding both until the pool runs out: the newest is preempted (its
+  // own block freed, the shared ones kept), and both still end.
+  std::set<uint64_t> ended;
+  int preempted = 0;
+  for (int i = 0; i < 200 && ended.size() < 2; ++i) {
+    if (!s) s = r.next_step();
+    ASSERT_TRUE(s) << "step " << i;
+    for (const DoneEvent& d : r.finish_step(s->id, sampled(*s, 3), 0.01).done) {
+      EXPECT_EQ(d.reason, FinishReason::Length);
+      EXPECT_EQ(d.completion_tokens, 20);
+      ended.insert(d.id);
+    }
+    for (uint64_t id : r.take_released()) preempted += r.holds(id);
+    s.reset();
+  }
+  EXPECT_EQ(ended.size(), 2u);
+  EXPECT_GT(preempted, 0);
+  EXPECT_EQ(r.blocks_used(), 0);
+}
+
+// The engine's cache as blocks: a position holds what a model's keys and
+// values would, a function of the tokens up to it (ToyModel's running hash),
+// written where the block table says and read back through it. A block
+// shared wrongly, overwritten or read before it was written changes the
+// tokens sampled after it; the expected ones come from the token lists alone.
+TEST(ReplicaScheduler, PrefixCachingDeliversWhatComputingEverythingDoes) {
+  for (bool ahead : {false, true}) {
+    for (int blocks : {9, 24, 80}) {
+      SCOPED_TRACE(std::string(ahead ? "ahead" : "one at a time") + ", " + std::to_string(blocks) +
+                   " blocks");
+      auto o = caching_options(blocks);
+      o.lookahead = ahead;
+      ReplicaScheduler r(o);
+      std::mt19937 rng(7 + blocks);
+      constexpr uint64_t kUnwritten = 0;
+      std::vector<uint64_t> cache(size_t(blocks) * 4, kUnwritten);
+      std::map<uint64_t, Assignment> asked;
+      std::map<uint64_t, std::vector<int>> got;
+      std::map<uint64_t, FinishReason> ended;
+      std::map<uint64_t, int> last;
+      std::deque<PlannedStep> flying;
+      std::set<uint64_t> cancelled;
+      std::vector<std::vector<int>> finished;  // prompts and answers, for later turns
+      std::vector<std::vector<int>> prefixes;
+      for (int p = 0; p < 4; ++p) {
+        std::vector<int> t(size_t(rng() % 18));
+        for (int& x : t) x = 3 + int(rng() % 40);
+        prefixes.push_back(t);
+      }
+      int64_t queried = 0, hits = 0, cached_reported = 0, preempted = 0;
+      auto let_go = [&] {
+        for (uint64_t id : r.take_released()) {
+          last.erase(id);
+          preempted += r.holds(id);
+        }
+      };
+      uint64_t next_id = 1;
+      auto take = [&](const StepEvents& ev) {
+        queried += ev.prefix_queried;
+        hits += ev.prefix_hits;
+        for (const auto& t : ev.tokens) {
+          ASSERT_EQ(t.index, int(got[t.id].size())) << "request " << t.id;
+          got[t.id].push_back(t.token);
+        }
+        for (const auto& d : ev.done) {
+          ASSERT_FALSE(ended.count(d.id)) << "request " << d.id << " ended twice";
+          ended[d.id] = d.reason;
+          cached_reported += d.cached_tokens;
+        }
+      };
+      auto answer = [&] {
+        PlannedStep s = std::move(flying.front());
+        flying.pop_front();
+        std::vector<int> ids;
+        for (auto& it : s.items) {
+          if (it.feeds_sampled_token()) {
+            ASSERT_TRUE(last.count(it.seq));
+            it.tokens[0] = last[it.seq];
+          }
+          auto at = [&](int pos) -> uint64_t& {
+            return cache[size_t(it.blocks[size_t(pos / 4)]) * 4 + size_t(pos % 4)];
+          };
+          ASSERT_LE(it.position + int(it.tokens.size()), int(it.blocks.size()) * 4);
+          uint64_t h = 1469598103934665603ull;
+          if (it.position > 0) {
+            h = at(it.position - 1);
+            ASSERT_NE(h, kUnwritten) << "sequence " << it.seq << " reads an unwritten position";
+          }
+          for (size_t k = 0; k < it.tokens.size(); ++k) {
+            h = (h ^ uint64_t(it.tokens[k])) * 1099511628211ull;
+            at(it.position + int(k)) = h;
+          }
+          ids.push_back(it.sample ? (h % 13 == 0 ? 2 : 3 + int(h % 40)) : -1);
+          if (it.sample) last[it.seq] = ids.back();
+        }
+        take(r.finish_step(s.id, ids, 0.01));
+        let_go();
+      };
+      for (int round = 0; round < 5000 || !asked.empty(); ++round) {
+        ASSERT_LT(round, 100000) << "no progress";
+        const unsigned op = rng() % 10;
+        if (round < 5000 && op < 2 && asked.size() < 8) {
+          std::vector<int> prompt;
+          if (!finished.empty() && rng() % 4 == 0) {
+            prompt = finished[rng() % finished.size()];  // the next turn of a conversation
+          } else {
+            prompt = prefixes[rng() % prefixes.size()];
+          }
+          const int extra = 1 + int(rng() % 6);
+          for (int k = 0; k < extra; ++k) prompt.push_back(3 + int(rng() % 40));
+          if (prompt.size() > 26) prompt.resize(26);
+          Assignment a = assignment(next_id, prompt, 1 + int(rng() % 5));
+          asked[next_id] = a;
+          r.add(a);
+          ++next_id;
+        } else if (round < 5000 && op == 2 && !asked.empty() && rng() % 8 == 0) {
+          auto it = std::next(asked.begin(), long(rng() % asked.size()));
+          cancelled.insert(it->first);
+          r.cancel(it->first);
+        } else if (op < 7 && r.can_launch()) {
+          if (auto s = r.next_step()) flying.push_back(std::move(*s));
+          if (auto e = r.take_ended()) take(*e);
+          let_go();
+        } else if (!flying.empty()) {
+          answer();
+        }
+        for (auto it = asked.begin(); it != asked.end();) {
+          const uint64_t id = it->first;
+          if (!ended.count(id)) {
+            ++it;
+            continue;
+          }
+          const Expected want = continuation(it->second, o.stop);
+          if (ended[id] == FinishReason::Cancelled) {
+            ASSERT_TRUE(cancelled.count(id));
+            ASSERT_LE(got[id].size(), want.tokens.size());
+            EXPECT_TRUE(std::equal(got[id].begin(), got[id].end(), want.tokens.begin()));
+          } else {
+            ASSERT_EQ(got[id], want.tokens) << "request " << id;
+            EXPECT_EQ(ended[id], want.reason) << "request " << id;
+            std::vector<int> turn = it->second.tokens;
+            turn.insert(turn.end(), got[id].begin(), got[id].end());
+            finished.push_back(turn);
+          }
+          it = asked.erase(it);
+        }
+      }
+      while (!flying.empty()) answer();
+      EXPECT_FALSE(r.next_step());
+      EXPECT_EQ(r.blocks_used(), 0);
+      EXPECT_EQ(r.running(), 0);
+      EXPECT_GT(hits, queried / 10) << "the workload shares prefixes";
+      EXPECT_GT(cached_reported, 0);
+      EXPECT_LE(cached_reported, hits);
+      if (blocks == 9) {
+        EXPECT_GT(preempted, 0) << "the pool ran short";
+      }
+    }
+  }
+}
+
 TEST(ReplicaScheduler, BadInputIsRefused) {
   ReplicaScheduler r(options(4));
   r.add(assignment(1, {1}, 4));
