@@ -214,6 +214,7 @@ RequestResult outcome(const HttpResponse& res, const CompletionStream& stream,
       return r;
     }
     r.output_tokens = stream.output_tokens();
+    r.cached_tokens = stream.cached_tokens();
     first = stream.first_token();
     last = stream.last_token();
   } else {
@@ -227,6 +228,7 @@ RequestResult outcome(const HttpResponse& res, const CompletionStream& stream,
     // token was made: latency only.
     const auto usage = j.value("usage", nlohmann::json::object());
     r.output_tokens = usage.value("completion_tokens", 0);
+    r.cached_tokens = cached_prompt_tokens(usage);
   }
   r.ok = true;
   if (first) r.ttft_s = seconds(origin, *first);
@@ -265,7 +267,7 @@ std::string request_body(const ServingBenchOptions& o, const std::string& model,
                          int index) {
   nlohmann::json j;
   if (!model.empty()) j["model"] = model;
-  j["prompt"] = prompt_ids(o.prompt_len, vocab, o.seed, index);
+  j["prompt"] = request_prompt(o, vocab, index);
   j["max_tokens"] = o.output_len;
   j["temperature"] = 0;
   j["stream"] = o.stream;
@@ -435,6 +437,7 @@ void validate(const ServingBenchOptions& o) {
   if (o.requests < 1) throw bad("--requests must be at least 1");
   if (o.max_inflight < 1) throw bad("--max-inflight must be at least 1");
   if (o.prompt_len < 1) throw bad("--prompt-len must be at least 1");
+  if (o.prefix_len < 0) throw bad("--prefix-len must be at least 0");
   if (o.output_len < 1) throw bad("--output-len must be at least 1");
   if (o.vocab < 4) throw bad("--vocab must be at least 4 (ids 0..2 are reserved)");
   if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
@@ -450,6 +453,14 @@ std::vector<int> prompt_ids(int prompt_len, int vocab, uint64_t seed, int index)
   return ids;
 }
 
+std::vector<int> request_prompt(const ServingBenchOptions& o, int vocab, int index) {
+  // The prefix's stream is index -1's, which no request's is.
+  std::vector<int> ids = prompt_ids(o.prefix_len, vocab, o.seed, -1);
+  const std::vector<int> own = prompt_ids(o.prompt_len, vocab, o.seed, index);
+  ids.insert(ids.end(), own.begin(), own.end());
+  return ids;
+}
+
 ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
   validate(opts);
   const HttpUrl url = parse_http_url(opts.url);
@@ -457,11 +468,14 @@ ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
   res.options = opts;
   probe_server(url, opts, res);
   // Every request would come back 400; say so once instead.
-  if (res.max_model_len > 0 && opts.prompt_len + opts.output_len > res.max_model_len)
-    throw std::invalid_argument("--prompt-len " + std::to_string(opts.prompt_len) +
-                                " plus --output-len " + std::to_string(opts.output_len) +
-                                " exceeds the server's max_model_len " +
-                                std::to_string(res.max_model_len));
+  if (res.max_model_len > 0 &&
+      opts.prefix_len + opts.prompt_len + opts.output_len > res.max_model_len)
+    throw std::invalid_argument(
+        (opts.prefix_len > 0 ? "--prefix-len " + std::to_string(opts.prefix_len) + " plus "
+                             : std::string()) +
+        "--prompt-len " + std::to_string(opts.prompt_len) + " plus --output-len " +
+        std::to_string(opts.output_len) + " exceeds the server's max_model_len " +
+        std::to_string(res.max_model_len));
   res.requests.resize(size_t(opts.requests));
   const std::string target = api_root(url) + "/completions";
 
@@ -481,6 +495,8 @@ ServingBenchResult run_serving_bench(const ServingBenchOptions& opts) {
     }
     ++res.completed;
     res.output_tokens += r.output_tokens;
+    res.prompt_tokens += opts.prefix_len + opts.prompt_len;
+    res.cached_tokens += r.cached_tokens;
     latency.push_back(r.latency_s);
     if (r.ttft_s >= 0) ttft.push_back(r.ttft_s);
     if (r.tpot_s >= 0) tpot.push_back(r.tpot_s);
@@ -512,6 +528,9 @@ nlohmann::json ServingBenchResult::to_json() const {
   j["error_examples"] = nlohmann::json::object();
   for (const auto& [k, v] : error_examples) j["error_examples"][k] = v;
   j["prompt_len"] = options.prompt_len;
+  j["prefix_len"] = options.prefix_len;
+  j["prompt_tokens"] = prompt_tokens;
+  j["cached_prompt_tokens"] = cached_tokens;
   j["output_len"] = options.output_len;
   j["stream"] = options.stream;
   j["vocab"] = vocab;
@@ -540,10 +559,13 @@ std::string ServingBenchResult::table() const {
                   options.rate, options.max_inflight, delayed_arrivals);
   }
   s << line;
+  std::string prefix;
+  if (options.prefix_len > 0)
+    prefix = ", the first " + std::to_string(options.prefix_len) + " shared by all";
   std::snprintf(line, sizeof line,
-                "prompt %d tokens (vocab %d, from %s), output up to %d tokens%s\n",
-                options.prompt_len, vocab, vocab_source.c_str(), options.output_len,
-                options.stream ? "" : ", not streamed");
+                "prompt %d tokens%s (vocab %d, from %s), output up to %d tokens%s\n",
+                options.prefix_len + options.prompt_len, prefix.c_str(), vocab,
+                vocab_source.c_str(), options.output_len, options.stream ? "" : ", not streamed");
   s << line;
   std::snprintf(line, sizeof line, "requests %d: completed %d, failed %d\n", options.requests,
                 completed, options.requests - completed);
@@ -558,6 +580,13 @@ std::string ServingBenchResult::table() const {
                 "duration %.2f s: %.2f requests/s, %.1f output tokens/s (%lld tokens)\n",
                 duration_s, requests_per_s(), output_tokens_per_s(), output_tokens);
   s << line;
+  if (cached_tokens > 0) {
+    std::snprintf(line, sizeof line,
+                  "prompt tokens found in the server's prefix cache: %lld of %lld (%.0f%%)\n",
+                  cached_tokens, prompt_tokens,
+                  prompt_tokens > 0 ? 100.0 * double(cached_tokens) / double(prompt_tokens) : 0.0);
+    s << line;
+  }
   s << "              |      p50 |      p90 |      p99 |     mean\n";
   for (const auto& [name, d] : {std::pair<const char*, const Distribution*>{"TTFT ms", &ttft_s},
                                 {"TPOT ms", &tpot_s},

@@ -76,6 +76,9 @@ struct ServingBenchOptions {
   int requests = 100;
   int max_inflight = 1024;
   int prompt_len = 256;
+  // Tokens every prompt starts with, before its own prompt_len (vLLM's
+  // benchmark's random prefix): what a prefix cache can reuse.
+  int prefix_len = 0;
   int output_len = 128;
   // false: plain JSON responses, measured by latency only (no TTFT or TPOT).
   bool stream = true;
@@ -92,6 +95,8 @@ void validate(const ServingBenchOptions& o);
 // Token ids for request `index`: prompt_len ids in [3, vocab), varied per
 // request so that no two prompts share a prefix a cache could reuse.
 std::vector<int> prompt_ids(int prompt_len, int vocab, uint64_t seed, int index);
+// Request `index`'s whole prompt: the shared prefix_len ids, then its own.
+std::vector<int> request_prompt(const ServingBenchOptions& o, int vocab, int index);
 
 struct RequestResult {
   bool ok = false;
@@ -102,6 +107,7 @@ struct RequestResult {
   double tpot_s = -1;  // < 0 with fewer than two output tokens
   double latency_s = 0;
   int output_tokens = 0;
+  int cached_tokens = 0;  // of its prompt, found in the server's prefix cache (its usage)
 };
 
 struct ServingBenchResult {
@@ -115,6 +121,7 @@ struct ServingBenchResult {
   std::map<std::string, std::string> error_examples;  // one detail per error kind
   double duration_s = 0;
   long long output_tokens = 0;
+  long long prompt_tokens = 0, cached_tokens = 0;  // of the completed requests
   int delayed_arrivals = 0;  // open loop: arrivals held back by --max-inflight
   Distribution ttft_s, tpot_s, latency_s;
   std::vector<RequestResult> requests;  // by request index

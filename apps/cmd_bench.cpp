@@ -242,6 +242,10 @@ void register_bench(CLI::App& app) {
                    ->capture_default_str());
   so.push_back(cmd->add_option("--output-len", s.output_len, "Serving: max_tokens of each request")
                    ->capture_default_str());
+  so.push_back(cmd->add_option("--prefix-len", s.prefix_len,
+                               "Serving: tokens every prompt starts with, before its own "
+                               "--prompt-len (what a prefix cache reuses)")
+                   ->capture_default_str());
   so.push_back(cmd->add_flag_callback(
       "--no-stream", [&s] { s.stream = false; },
       "Serving: ask for whole JSON responses, not event streams (then "

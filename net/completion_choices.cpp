@@ -26,6 +26,7 @@ CompletionChoices::CompletionChoices(const std::vector<uint64_t>& request_ids,
                                 " request ids for " + std::to_string(prompts.size()) +
                                 " prompts with n = " + std::to_string(params.n));
   for (const ChoicePrompt& p : prompts) prompt_tokens_.push_back(p.tokens);
+  cached_tokens_.assign(prompts.size(), 0);
   choices_.reserve(ids_.size());
   for (size_t i = 0; i < ids_.size(); ++i) {
     openai::ResponseMeta m = meta;
@@ -41,6 +42,12 @@ int CompletionChoices::prompt_tokens() const {
   int sum = 0;
   for (int t : prompt_tokens_) sum += t;
   return sum;
+}
+
+openai::Usage CompletionChoices::usage(int completion_tokens) const {
+  int cached = 0;
+  for (int t : cached_tokens_) cached += t;
+  return {prompt_tokens(), completion_tokens, cached};
 }
 
 int CompletionChoices::index_of(uint64_t request_id) const {
@@ -70,14 +77,14 @@ ChoicesStep CompletionChoices::on_token(uint64_t request_id, int token_id,
 }
 
 ChoicesStep CompletionChoices::on_done(uint64_t request_id, FinishReason reason, int prompt_tokens,
-                                       Clock::time_point at) {
+                                       int cached_tokens, Clock::time_point at) {
   const int i = index_of(request_id);
   if (i < 0 || finished_) return {};
   // Only this server cancels; a choice it did not end this way fails them all.
   if (!alone_ && reason == FinishReason::Cancelled && !choices_[size_t(i)].finished())
     return on_error(request_id,
                     {ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1});
-  return merge(size_t(i), choices_[size_t(i)].on_done(reason, prompt_tokens, at));
+  return merge(size_t(i), choices_[size_t(i)].on_done(reason, prompt_tokens, cached_tokens, at));
 }
 
 ChoicesStep CompletionChoices::on_error(uint64_t request_id, const ServiceError& error) {
@@ -142,6 +149,9 @@ ChoicesStep CompletionChoices::merge(size_t i, ExchangeStep s) {
   if (s.finished) {
     completion_tokens_[i] = s.finished->completion_tokens;
     prompt_tokens_[i / size_t(n_)] = s.finished->prompt_tokens;  // the service's count
+    // A prompt's n choices each look it up: what the best of them found.
+    int& cached = cached_tokens_[i / size_t(n_)];
+    cached = std::max(cached, s.finished->cached_tokens);
     figures_.push_back(*s.finished);
   }
   if (s.response) bodies_[i] = std::move(s.response->body);
@@ -153,7 +163,7 @@ ChoicesStep CompletionChoices::merge(size_t i, ExchangeStep s) {
     if (include_usage_) {
       int completion = 0;
       for (int c : completion_tokens_) completion += c;
-      out.events += openai::sse_usage_chunk(meta_, {prompt_tokens(), completion});
+      out.events += openai::sse_usage_chunk(meta_, usage(completion));
     }
     out.events += openai::sse_done();
     out.end_stream = true;
@@ -200,7 +210,7 @@ std::string CompletionChoices::merged_body() const {
     completion += completion_tokens_[i];
   }
   merged["choices"] = std::move(choices);
-  merged["usage"] = openai::usage_json({prompt_tokens(), completion});
+  merged["usage"] = openai::usage_json(usage(completion));
   return openai::dump(merged);
 }
 

@@ -63,7 +63,7 @@ class CompletionChoices {
                        Clock::time_point at);
   void on_prompt_logprobs(uint64_t request_id, const std::vector<TokenLogprobs>& entries);
   ChoicesStep on_done(uint64_t request_id, FinishReason reason, int prompt_tokens,
-                      Clock::time_point at);
+                      int cached_tokens, Clock::time_point at);
   ChoicesStep on_error(uint64_t request_id, const ServiceError& error);
   // The server's own failure: every choice ends with it (the caller stops
   // what still runs at the service: running()).
@@ -85,6 +85,7 @@ class CompletionChoices {
   // The request's figures from its choices' (figures_), with this status.
   ExchangeFigures request_figures(int status) const;
   int prompt_tokens() const;  // all prompts'
+  openai::Usage usage(int completion_tokens) const;
 
   std::vector<uint64_t> ids_;
   std::vector<CompletionExchange> choices_;
@@ -97,6 +98,7 @@ class CompletionChoices {
   bool alone_;  // one choice in all: its exchange's steps as they are
   bool stream_, include_usage_;
   std::vector<int> prompt_tokens_;  // per prompt: the service's count once known
+  std::vector<int> cached_tokens_;  // per prompt: found in the prefix cache
   bool streaming_ = false;          // the stream's header went out
   bool finished_ = false;
 };

@@ -198,7 +198,7 @@ ExchangeStep CompletionExchange::on_token(int token_id, const TokenLogprobs* log
   return stream(std::move(chunk), /*last=*/false);
 }
 
-ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens,
+ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens, int cached_tokens,
                                          Clock::time_point at) {
   if (finished()) return {};
   if (reason == FinishReason::Cancelled) {
@@ -206,6 +206,7 @@ ExchangeStep CompletionExchange::on_done(FinishReason reason, int prompt_tokens,
     return on_error({ServiceErrorKind::Unavailable, "The request was cancelled by the server.", 1});
   }
   if (prompt_tokens > 0) prompt_tokens_ = prompt_tokens;
+  cached_tokens_ = std::max(0, cached_tokens);
   // The service stops a sequence itself only on an end-of-sequence token
   // (stop strings are this exchange's), which max_tokens leaves room for.
   ended_on_eos_ = reason == FinishReason::Stop && completion_tokens_ < params_.max_tokens;
@@ -235,7 +236,7 @@ ExchangeFigures CompletionExchange::abandon() {
 
 ExchangeStep CompletionExchange::finish_ok(FinishReason reason, const std::string& tail,
                                            Clock::time_point end) {
-  const openai::Usage usage{prompt_tokens_, generated_tokens()};
+  const openai::Usage usage{prompt_tokens_, generated_tokens(), cached_tokens_};
   ExchangeStep step;
   released_bytes_ += int64_t(tail.size());
   if (stop_.stopped()) drop_logprobs_past_text();
@@ -312,7 +313,7 @@ ExchangeStep CompletionExchange::finish_error(const openai::ApiError& error) {
 
 openai::ChunkUsage CompletionExchange::chunk_usage(int completion_tokens) const {
   if (!params_.continuous_usage) return params_.include_usage;
-  return openai::Usage{prompt_tokens_, completion_tokens};
+  return openai::Usage{prompt_tokens_, completion_tokens, cached_tokens_};
 }
 
 std::string CompletionExchange::opening() {
@@ -338,6 +339,7 @@ ExchangeFigures CompletionExchange::figures(int status,
   ExchangeFigures f;
   f.status = status;
   f.prompt_tokens = prompt_tokens_;
+  f.cached_tokens = cached_tokens_;
   f.completion_tokens = generated_tokens();
   if (status != 200 || !end) return f;
   if (completion_tokens_ > 0) f.ttft_s = seconds(first_token_ - submitted_);

@@ -31,6 +31,7 @@ struct ExchangeFigures {
   // For a 200 only: time to the first token (with at least one), per output
   // token after it (with at least two), and for the whole request.
   std::optional<double> ttft_s, tpot_s, latency_s;
+  int cached_tokens = 0;  // of the prompt, found in the prefix cache
 };
 
 void record(const ExchangeFigures& figures, Metrics& metrics);
@@ -75,7 +76,8 @@ class CompletionExchange {
   ExchangeStep on_token(int token_id, const TokenLogprobs* logprobs, Clock::time_point at);
   // Those of prompt tokens 1.., before the first token; kept for the echo.
   void on_prompt_logprobs(const std::vector<TokenLogprobs>& entries);
-  ExchangeStep on_done(FinishReason reason, int prompt_tokens, Clock::time_point at);
+  ExchangeStep on_done(FinishReason reason, int prompt_tokens, int cached_tokens,
+                       Clock::time_point at);
   ExchangeStep on_error(const ServiceError& error);
   // The server's own failure (the submission threw, a handler broke).
   ExchangeStep fail(const openai::ApiError& error);
@@ -120,6 +122,7 @@ class CompletionExchange {
   openai::CompletionParams params_;
   openai::ResponseMeta meta_;
   int prompt_tokens_;
+  int cached_tokens_ = 0;
   const Tokenizer* tokenizer_;
   std::optional<TextStreamer> streamer_;
   StopStringFilter stop_;

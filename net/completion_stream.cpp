@@ -4,6 +4,13 @@
 
 namespace troupe {
 
+int cached_prompt_tokens(const nlohmann::json& usage) {
+  const auto d = usage.find("prompt_tokens_details");
+  if (d == usage.end() || !d->is_object()) return 0;
+  const auto c = d->find("cached_tokens");
+  return c != d->end() && c->is_number_integer() ? c->get<int>() : 0;
+}
+
 void CompletionStream::feed(std::string_view body_bytes, Clock::time_point now) {
   sse_.feed(body_bytes, [&](const std::string& data) { event(data, now); });
 }
@@ -27,6 +34,7 @@ void CompletionStream::event(const std::string& data, Clock::time_point now) {
   if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
     if (const auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer())
       usage_tokens_ = c->get<int>();
+    cached_tokens_ = cached_prompt_tokens(*u);
   }
   int tokens = 0;
   if (const auto ch = j.find("choices"); ch != j.end() && ch->is_array()) {

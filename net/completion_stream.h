@@ -2,6 +2,7 @@
 // A streamed /v1/completions response as a client sees it: the server-sent
 // events read for their tokens, usage, errors and the final [DONE].
 #include <chrono>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -9,6 +10,9 @@
 #include "net/sse_parser.h"
 
 namespace troupe {
+
+// A usage object's prompt_tokens_details.cached_tokens (0 when absent).
+int cached_prompt_tokens(const nlohmann::json& usage);
 
 // Counts output tokens and records when they arrived.
 class CompletionStream {
@@ -26,6 +30,8 @@ class CompletionStream {
   // chunks (token_ids when present, else one per chunk with non-empty text).
   int output_tokens() const { return usage_tokens_ ? *usage_tokens_ : counted_tokens_; }
   bool has_usage() const { return usage_tokens_.has_value(); }
+  // usage.prompt_tokens_details.cached_tokens when the server sent it.
+  int cached_tokens() const { return cached_tokens_; }
   int counted_tokens() const { return counted_tokens_; }
   const std::optional<Clock::time_point>& first_token() const { return first_; }
   const std::optional<Clock::time_point>& last_token() const { return last_; }
@@ -37,6 +43,7 @@ class CompletionStream {
   std::string error_;
   std::string error_detail_;
   std::optional<int> usage_tokens_;
+  int cached_tokens_ = 0;
   int counted_tokens_ = 0;
   std::optional<Clock::time_point> first_, last_;
 };

@@ -254,8 +254,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (answering(request_id)) active_->on_prompt_logprobs(request_id, entries);
   }
 
-  void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, Clock::time_point t) {
-    if (answering(request_id)) apply(active_->on_done(request_id, reason, prompt_tokens, t));
+  void on_done(uint64_t request_id, FinishReason reason, int prompt_tokens, int cached_tokens,
+               Clock::time_point t) {
+    if (answering(request_id))
+      apply(active_->on_done(request_id, reason, prompt_tokens, cached_tokens, t));
   }
 
   void on_error(uint64_t request_id, const ServiceError& e) {
@@ -814,10 +816,9 @@ class Session : public std::enable_shared_from_this<Session> {
     void on_prompt_logprobs(const std::vector<TokenLogprobs>& entries) override {
       deliver([id = request_id_, entries](Session& s) { s.on_prompt_logprobs(id, entries); });
     }
-    void on_done(FinishReason reason, int prompt_tokens, int) override {
-      deliver([id = request_id_, reason, prompt_tokens, t = Clock::now()](Session& s) {
-        s.on_done(id, reason, prompt_tokens, t);
-      });
+    void on_done(FinishReason reason, int prompt_tokens, int, int cached_tokens) override {
+      deliver([id = request_id_, reason, prompt_tokens, cached_tokens, t = Clock::now()](
+                  Session& s) { s.on_done(id, reason, prompt_tokens, cached_tokens, t); });
     }
     void on_error(const ServiceError& error) override {
       deliver([id = request_id_, error](Session& s) { s.on_error(id, error); });

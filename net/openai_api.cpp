@@ -1276,9 +1276,12 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 json usage_json(const Usage& u) {
+  // prompt_tokens_details as OpenAI writes it (vLLM: with
+  // --enable-prompt-tokens-details).
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 namespace {

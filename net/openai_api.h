@@ -200,6 +200,7 @@ const char* finish_reason_name(FinishReason r);
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // of the prompt, found in the prefix cache
 };
 nlohmann::json usage_json(const Usage& u);
 

@@ -546,7 +546,7 @@ void ResponsesWriter::settle(FinishReason reason, const Usage& usage, int reason
   status_ = reason == FinishReason::Length ? "incomplete" : "completed";
   if (reason == FinishReason::Length) incomplete_ = {{"reason", "max_output_tokens"}};
   usage_ = {{"input_tokens", usage.prompt_tokens},
-            {"input_tokens_details", {{"cached_tokens", 0}}},
+            {"input_tokens_details", {{"cached_tokens", usage.cached_tokens}}},
             {"output_tokens", usage.completion_tokens},
             {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
             {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};

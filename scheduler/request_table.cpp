@@ -84,7 +84,7 @@ void RequestTable::end_with_error(uint64_t id, ServiceErrorKind kind, const std:
 void RequestTable::end_cancelled(uint64_t id) {
   if (!requests_.count(id)) return;
   Request r = take(id);
-  r.sink->on_done(FinishReason::Cancelled, int(r.req.prompt.size()), int(r.delivered.size()));
+  r.sink->on_done(FinishReason::Cancelled, int(r.req.prompt.size()), int(r.delivered.size()), 0);
 }
 
 bool RequestTable::has_capacity(const ReplicaView& r) const {
@@ -126,7 +126,7 @@ void RequestTable::dispatch(double now) {
       // token past max_tokens).
       Request done = take(resume_.front());
       done.sink->on_done(FinishReason::Length, int(done.req.prompt.size()),
-                         int(done.delivered.size()));
+                         int(done.delivered.size()), 0);
       continue;
     }
     const auto target = choose(r, now);
@@ -247,7 +247,8 @@ void RequestTable::on_events(const StepEvents& ev, double now) {
     refresh(size_t(ev.replica));
     policy_->on_complete(size_t(ev.replica), info(r), now);
     Request done = take(d.id);
-    done.sink->on_done(d.reason, int(done.req.prompt.size()), int(done.delivered.size()));
+    done.sink->on_done(d.reason, int(done.req.prompt.size()), int(done.delivered.size()),
+                       d.cached_tokens);
   }
   dispatch(now);
 }

@@ -42,7 +42,9 @@ class CompletionSink {
   // before the first on_token: those of prompt tokens 1.., each given the
   // tokens before it.
   virtual void on_prompt_logprobs(const std::vector<TokenLogprobs>& /*entries*/) {}
-  virtual void on_done(FinishReason reason, int prompt_tokens, int completion_tokens) = 0;
+  // cached_tokens: of the prompt, those found in the prefix cache.
+  virtual void on_done(FinishReason reason, int prompt_tokens, int completion_tokens,
+                       int cached_tokens) = 0;
   virtual void on_error(const ServiceError& error) = 0;
 };
 

@@ -34,7 +34,7 @@ class RecordingChannel : public ReplicaChannel {
 class NullSink : public CompletionSink {
  public:
   void on_token(int, const TokenLogprobs*) override {}
-  void on_done(FinishReason, int, int) override {}
+  void on_done(FinishReason, int, int, int) override {}
   void on_error(const ServiceError&) override {}
 };
 

@@ -59,7 +59,7 @@ class Simulator::Flight : public CompletionSink {
     ++rec.output_tokens;
     ++sim_.window_.output_tokens;
   }
-  void on_done(FinishReason reason, int, int) override {
+  void on_done(FinishReason reason, int, int, int) override {
     sim_.finish(*this, reason == FinishReason::Cancelled ? Outcome::Cancelled : Outcome::Completed);
   }
   void on_error(const ServiceError& e) override {

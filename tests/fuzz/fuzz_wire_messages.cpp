@@ -277,7 +277,7 @@ class CountingSink : public CompletionSink {
     if (ended) violated("a token after the request ended");
     ++tokens;
   }
-  void on_done(FinishReason, int, int) override { end(); }
+  void on_done(FinishReason, int, int, int) override { end(); }
   void on_error(const ServiceError&) override { end(); }
   void end() {
     if (ended) violated("a request ended twice");

@@ -97,7 +97,8 @@ class FakeServer {
     if (cfg_.usage)
       body["usage"] = {{"prompt_tokens", 40},
                        {"completion_tokens", cfg_.tokens},
-                       {"total_tokens", 40 + cfg_.tokens}};
+                       {"total_tokens", 40 + cfg_.tokens},
+                       {"prompt_tokens_details", {{"cached_tokens", 32}}}};
     return c.respond(200, body.dump(), {}, keep_alive) && keep_alive;
   }
 
@@ -226,6 +227,37 @@ TEST(BenchServingEndToEnd, NotStreamedRequestsAreMeasuredByLatencyOnly) {
   EXPECT_EQ(j["stream"], false);
   EXPECT_EQ(j["latency_s"]["count"], 6);
   EXPECT_NE(r.table().find("not streamed"), std::string::npos) << r.table();
+}
+
+// --prefix-len: every prompt starts with the same ids, then its own; the
+// server's usage says how many it found cached.
+TEST(BenchServingEndToEnd, ASharedPrefixAndTheCachedTokensTheServerReports) {
+  FakeServer server({});
+  ServingBenchOptions o = closed_loop(server.url(), 2, 6);
+  o.stream = false;
+  o.prefix_len = 24;
+  const auto r = run_serving_bench(o);
+  EXPECT_EQ(r.completed, 6);
+  EXPECT_EQ(r.prompt_tokens, 6 * 64);
+  EXPECT_EQ(r.cached_tokens, 6 * 32);
+  std::set<std::vector<int>> prefixes, prompts;
+  for (const auto& b : server.bodies()) {
+    const auto ids = b["prompt"].get<std::vector<int>>();
+    ASSERT_EQ(ids.size(), 64u);
+    prefixes.insert(std::vector<int>(ids.begin(), ids.begin() + 24));
+    prompts.insert(ids);
+  }
+  EXPECT_EQ(prefixes.size(), 1u);
+  EXPECT_EQ(prompts.size(), 6u);
+  const auto j = r.to_json();
+  EXPECT_EQ(j["prefix_len"], 24);
+  EXPECT_EQ(j["cached_prompt_tokens"], 6 * 32);
+  const std::string table = r.table();
+  for (const char* k :
+       {"prompt 64 tokens, the first 24 shared by all", "prefix cache: 192 of 384 (50%)"})
+    EXPECT_NE(table.find(k), std::string::npos) << k << "\n" << table;
+  o.prefix_len = -1;
+  EXPECT_THROW(run_serving_bench(o), std::invalid_argument);
 }
 
 TEST(BenchServingEndToEnd, RejectionsCountedByStatus) {

@@ -119,7 +119,7 @@ class FakeService : public CompletionService {
     ++cancels_[id];
     for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
       if (it->req.id != id) continue;
-      it->sink->on_done(FinishReason::Cancelled, it->prompt_tokens, int(it->next));
+      it->sink->on_done(FinishReason::Cancelled, it->prompt_tokens, int(it->next), 0);
       jobs_.erase(it);
       break;
     }
@@ -258,13 +258,13 @@ class FakeService : public CompletionService {
           continue;
         }
         if (eos_after_ >= 0 && int(j.next) == eos_after_) {
-          j.sink->on_done(FinishReason::Stop, j.prompt_tokens, int(j.next));
+          j.sink->on_done(FinishReason::Stop, j.prompt_tokens, int(j.next), 0);
           it = jobs_.erase(it);
           continue;
         }
         j.sink->on_token(j.out[j.next++], nullptr);
         if (j.next == j.out.size()) {
-          j.sink->on_done(FinishReason::Length, j.prompt_tokens, int(j.next));
+          j.sink->on_done(FinishReason::Length, j.prompt_tokens, int(j.next), 0);
           it = jobs_.erase(it);
         } else {
           ++it;

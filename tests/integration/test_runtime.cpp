@@ -177,6 +177,12 @@ TEST(Runtime, PrefixCachingChangesNoTokenNorLogprob) {
         for (size_t t = 0; t < turns.size(); ++t) {
           ASSERT_TRUE(sinks[t]->wait());
           ASSERT_FALSE(sinks[t]->error()) << sinks[t]->error()->message;
+          // A later turn finds at least the system prompt's two full blocks.
+          if (!caching) {
+            EXPECT_EQ(sinks[t]->cached_tokens(), 0);
+          } else if (round > 0) {
+            EXPECT_GE(sinks[t]->cached_tokens(), 32);
+          }
           tokens[caching].push_back(sinks[t]->tokens());
           logprobs[caching].push_back(sinks[t]->logprobs());
           const auto answer = sinks[t]->tokens();

@@ -27,13 +27,14 @@ class RecordingSink : public CompletionSink {
     prompt_logprobs_.push_back(entries);
     cv_.notify_all();
   }
-  void on_done(FinishReason r, int prompt, int completion) override {
+  void on_done(FinishReason r, int prompt, int completion, int cached) override {
     std::lock_guard<std::mutex> l(mu_);
     if (finished_) ++violations_;
     finished_ = true;
     reason_ = r;
     prompt_tokens_ = prompt;
     completion_tokens_ = completion;
+    cached_tokens_ = cached;
     cv_.notify_all();
   }
   void on_error(const ServiceError& e) override {
@@ -83,6 +84,10 @@ class RecordingSink : public CompletionSink {
     std::lock_guard<std::mutex> l(mu_);
     return prompt_tokens_;
   }
+  int cached_tokens() {
+    std::lock_guard<std::mutex> l(mu_);
+    return cached_tokens_;
+  }
   int completion_tokens() {
     std::lock_guard<std::mutex> l(mu_);
     return completion_tokens_;
@@ -101,7 +106,7 @@ class RecordingSink : public CompletionSink {
   std::vector<std::optional<TokenLogprobs>> logprobs_;
   bool finished_ = false;
   FinishReason reason_ = FinishReason::Stop;
-  int prompt_tokens_ = 0, completion_tokens_ = 0, violations_ = 0;
+  int prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0, violations_ = 0;
   std::optional<ServiceError> error_;
 };
 

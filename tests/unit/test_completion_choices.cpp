@@ -74,8 +74,8 @@ TEST(CompletionChoices, OneChoiceIsTheExchangeItself) {
       got += c.on_token(100, id, nullptr, t0).events;
       want += ex.on_token(id, nullptr, t0).events;
     }
-    const ChoicesStep end = c.on_done(100, FinishReason::Length, 4, t0);
-    const ExchangeStep end_ex = ex.on_done(FinishReason::Length, 4, t0);
+    const ChoicesStep end = c.on_done(100, FinishReason::Length, 4, 0, t0);
+    const ExchangeStep end_ex = ex.on_done(FinishReason::Length, 4, 0, t0);
     got += end.events;
     want += end_ex.events;
     EXPECT_EQ(got, want);
@@ -96,10 +96,10 @@ TEST(CompletionChoices, AWholeResponseListsEveryChoiceOnceAllHaveEnded) {
                                                ids_of("Never")};
   CompletionChoices c = choices(params(3, 8, false));
   for (const ChoicesStep& s : feed(c, texts)) EXPECT_FALSE(s.response || !s.events.empty());
-  EXPECT_FALSE(c.on_done(102, FinishReason::Stop, 4, t0).response);  // 2 of 3 still run
-  EXPECT_FALSE(c.on_done(100, FinishReason::Length, 4, t0).response);
+  EXPECT_FALSE(c.on_done(102, FinishReason::Stop, 4, 0, t0).response);  // 2 of 3 still run
+  EXPECT_FALSE(c.on_done(100, FinishReason::Length, 4, 0, t0).response);
   EXPECT_EQ(c.running(), std::vector<uint64_t>{101});
-  const ChoicesStep last = c.on_done(101, FinishReason::Stop, 5, t0);
+  const ChoicesStep last = c.on_done(101, FinishReason::Stop, 5, 0, t0);
   ASSERT_TRUE(last.response);
   ASSERT_TRUE(last.finished);  // the request's, once
   const json j = json::parse(last.response->body);
@@ -129,9 +129,9 @@ TEST(CompletionChoices, AStreamInterleavesTheChoicesAndEndsOnce) {
   p.include_usage = true;
   CompletionChoices c = choices(p);
   std::vector<ChoicesStep> steps = feed(c, texts);
-  steps.push_back(c.on_done(101, FinishReason::Stop, 4, t0));
+  steps.push_back(c.on_done(101, FinishReason::Stop, 4, 0, t0));
   EXPECT_FALSE(steps.back().end_stream);
-  steps.push_back(c.on_done(100, FinishReason::Length, 4, t0));
+  steps.push_back(c.on_done(100, FinishReason::Length, 4, 0, t0));
   EXPECT_TRUE(steps.back().end_stream);
   int heads = 0, ends = 0;
   for (const auto& s : steps) heads += s.start_stream, ends += s.end_stream;
@@ -168,7 +168,7 @@ TEST(CompletionChoices, AChoiceThatFailsFailsThemAllAndStopsTheOthers) {
   // Before anything was sent: the error's own status.
   {
     CompletionChoices c = choices(params(3, 8, false));
-    c.on_done(101, FinishReason::Length, 4, t0);  // ended, not to be stopped
+    c.on_done(101, FinishReason::Length, 4, 0, t0);  // ended, not to be stopped
     const ChoicesStep s = c.on_error(100, {ServiceErrorKind::QueueFull, "queue full", 2});
     ASSERT_TRUE(s.response);
     EXPECT_EQ(s.response->status, 429);
@@ -208,7 +208,7 @@ TEST(CompletionChoices, AChoiceThatFailsFailsThemAllAndStopsTheOthers) {
   {
     CompletionChoices c = choices(params(3, 8, false));
     feed(c, {ids_of("A fool"), {}, {}});
-    c.on_done(100, FinishReason::Length, 4, t0);
+    c.on_done(100, FinishReason::Length, 4, 0, t0);
     const ExchangeFigures f = c.abandon();
     EXPECT_EQ(f.status, 499);
     EXPECT_EQ(f.completion_tokens, int(ids_of("A fool").size()));
@@ -225,7 +225,7 @@ TEST(CompletionChoices, AStopStringStopsOnlyItsChoice) {
     cancelled.insert(cancelled.end(), s.cancel.begin(), s.cancel.end());
   EXPECT_EQ(cancelled, std::vector<uint64_t>{100});
   EXPECT_EQ(c.running(), std::vector<uint64_t>{101});
-  const ChoicesStep s = c.on_done(101, FinishReason::Length, 4, t0);
+  const ChoicesStep s = c.on_done(101, FinishReason::Length, 4, 0, t0);
   ASSERT_TRUE(s.response);
   const json j = json::parse(s.response->body);
   EXPECT_EQ(j["choices"][0]["text"], "A fool and his ");
@@ -251,8 +251,8 @@ TEST(CompletionChoices, ABatchAnswersEachPromptInItsTurn) {
   const std::vector<int> more = ids_of("and");
   feed(c, {more, more, more, more});
   for (uint64_t id : {100, 101, 102})
-    EXPECT_FALSE(c.on_done(id, FinishReason::Length, 0, t0).response);
-  const ChoicesStep last = c.on_done(103, FinishReason::Length, 0, t0);
+    EXPECT_FALSE(c.on_done(id, FinishReason::Length, 0, 0, t0).response);
+  const ChoicesStep last = c.on_done(103, FinishReason::Length, 0, 0, t0);
   ASSERT_TRUE(last.response);
   const json j = json::parse(last.response->body);
   ASSERT_EQ(j["choices"].size(), 4u);

@@ -73,7 +73,7 @@ TEST(CompletionExchange, NonStreamingAnswersOnceWithTextUsageAndFigures) {
   ASSERT_GE(ids.size(), 4u);
   CompletionExchange ex = exchange(params(int(ids.size()), false));
   for (const ExchangeStep& s : feed(ex, ids)) EXPECT_TRUE(nothing(s));
-  const ExchangeStep done = ex.on_done(FinishReason::Length, 5, t0 + milliseconds(100));
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 5, 0, t0 + milliseconds(100));
   ASSERT_TRUE(done.response);
   EXPECT_FALSE(done.start_stream || done.end_stream || done.cancel_service);
   EXPECT_TRUE(done.ends_response());
@@ -97,7 +97,7 @@ TEST(CompletionExchange, NonStreamingAnswersOnceWithTextUsageAndFigures) {
   EXPECT_DOUBLE_EQ(*f.latency_s, 0.100);
   EXPECT_TRUE(ex.finished());
   EXPECT_TRUE(nothing(ex.on_token(ids[0], nullptr, t0)));
-  EXPECT_TRUE(nothing(ex.on_done(FinishReason::Stop, 1, t0)));
+  EXPECT_TRUE(nothing(ex.on_done(FinishReason::Stop, 1, 0, t0)));
   EXPECT_TRUE(nothing(ex.on_error({ServiceErrorKind::Internal, "late", 0})));
 }
 
@@ -111,7 +111,7 @@ TEST(CompletionExchange, StreamingSendsTheHeaderOnceThenEventsThenDone) {
   EXPECT_TRUE(steps[0].start_stream);
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_FALSE(steps[i].start_stream) << i;
   for (const auto& s : steps) EXPECT_FALSE(s.response || s.end_stream || s.finished);
-  steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+  steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
   const ExchangeStep& last = steps.back();
   EXPECT_TRUE(last.end_stream);
   EXPECT_FALSE(last.start_stream || last.response);
@@ -151,7 +151,7 @@ TEST(CompletionExchange, ContinuousUsageCountsEveryChunkSoFar) {
     p.continuous_usage = true;
     CompletionExchange ex(7, p, m, /*prompt_tokens=*/4, &fortune(), t0);
     std::vector<ExchangeStep> steps = feed(ex, ids);
-    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
     const auto evs = events(steps);
     ASSERT_GE(evs.size(), 3u);
     int last = -1;
@@ -183,7 +183,7 @@ TEST(CompletionExchange, UsageCountsTheEndOfSequenceTokenThatEndedIt) {
     CompletionExchange ex = exchange(p);
     std::string all;
     for (const ExchangeStep& s : feed(ex, ids)) all += s.events;
-    const ExchangeStep done = ex.on_done(FinishReason::Stop, 4, t0 + milliseconds(50));
+    const ExchangeStep done = ex.on_done(FinishReason::Stop, 4, 0, t0 + milliseconds(50));
     ASSERT_TRUE(done.finished);
     EXPECT_EQ(done.finished->completion_tokens, int(ids.size()) + 1) << "stream " << stream;
     EXPECT_DOUBLE_EQ(*done.finished->tpot_s, 0.001) << "per delivered token";
@@ -209,7 +209,7 @@ TEST(CompletionExchange, UsageCountsTheEndOfSequenceTokenThatEndedIt) {
   // Ended by length: every generated token was delivered.
   CompletionExchange ex = exchange(params(int(ids.size()), false));
   feed(ex, ids);
-  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, t0 + milliseconds(50));
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, 0, t0 + milliseconds(50));
   EXPECT_EQ(json::parse(done.response->body)["usage"]["completion_tokens"], int(ids.size()));
 }
 
@@ -219,7 +219,7 @@ TEST(CompletionExchange, ChatNonStreamingAnswersWithTheAssistantsMessage) {
   p.api = openai::Api::Chat;
   CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
   for (const ExchangeStep& s : feed(ex, ids)) EXPECT_TRUE(nothing(s));
-  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0 + milliseconds(50));
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, 0, t0 + milliseconds(50));
   ASSERT_TRUE(done.response);
   const json j = json::parse(done.response->body);
   EXPECT_EQ(j["object"], "chat.completion");
@@ -272,7 +272,7 @@ TEST(CompletionExchange, ChatStreamWithNoTextStillSendsTheRoleFirst) {
   openai::CompletionParams p = params(4, true);
   p.api = openai::Api::Chat;
   CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
-  const ExchangeStep done = ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(5));
+  const ExchangeStep done = ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(5));
   EXPECT_TRUE(done.start_stream && done.end_stream);
   const auto evs = sse_events(done.events);
   ASSERT_EQ(evs.size(), 3u);
@@ -299,7 +299,7 @@ TEST(CompletionExchange, AToolCallInTheAnswerBecomesTheMessagesToolCalls) {
     p.tool_calls = ToolCallFormat::Hermes;
     CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
     std::vector<ExchangeStep> steps = feed(ex, ids);
-    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
     ASSERT_TRUE(steps.back().finished);
     json call;
     if (!stream) {
@@ -340,7 +340,7 @@ TEST(CompletionExchange, AToolCallInTheAnswerBecomesTheMessagesToolCalls) {
   CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
   feed(ex, ids);
   const json plain =
-      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body);
+      json::parse(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)).response->body);
   EXPECT_EQ(plain["choices"][0]["message"]["content"], text);
   EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
@@ -368,7 +368,7 @@ TEST(CompletionExchange, MistralsCallsAreReadFromItsControlTokens) {
     p.tool_calls = ToolCallFormat::Mistral;
     CompletionExchange ex(7, p, chat_meta(), 4, &tok, t0);
     std::vector<ExchangeStep> steps = feed(ex, ids);
-    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
     json message, calls;
     if (!stream) {
       ASSERT_TRUE(steps.back().response);
@@ -400,7 +400,7 @@ TEST(CompletionExchange, MistralsCallsAreReadFromItsControlTokens) {
   CompletionExchange ex(7, p, chat_meta(), 4, &tok, t0);
   feed(ex, ids);
   const json plain =
-      json::parse(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body);
+      json::parse(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)).response->body);
   EXPECT_EQ(plain["choices"][0]["message"]["content"], tok.decode(ids));
 }
 
@@ -426,7 +426,7 @@ TEST(CompletionExchange, StopStringAcrossTokensEndsAndCancelsOnce) {
     EXPECT_EQ(cancels, 1) << stream;
     EXPECT_EQ(ends, 1) << stream;
     EXPECT_TRUE(ex.finished());
-    EXPECT_TRUE(nothing(ex.on_done(FinishReason::Cancelled, 0, t0))) << "our own cancel's echo";
+    EXPECT_TRUE(nothing(ex.on_done(FinishReason::Cancelled, 0, 0, t0))) << "our own cancel's echo";
     const ExchangeStep& end =
         *std::find_if(steps.begin(), steps.end(), [](const auto& s) { return s.ends_response(); });
     ASSERT_TRUE(end.finished);
@@ -453,7 +453,7 @@ TEST(CompletionExchange, HeldBackStopPrefixIsReleasedAtTheEnd) {
   p.stop = {"fool!"};  // "fool" could start it, until the end says otherwise
   CompletionExchange ex = exchange(p);
   feed(ex, ids);
-  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0);
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 0, 0, t0);
   EXPECT_EQ(json::parse(done.response->body)["choices"][0]["text"], fortune().decode(ids));
   EXPECT_FALSE(done.cancel_service);
 }
@@ -463,7 +463,7 @@ TEST(CompletionExchange, WithoutTokenizerEveryTokenIsSentAsItsId) {
   CompletionExchange streamed = exchange(params(3, true), nullptr);
   auto steps = feed(streamed, ids);
   for (const auto& s : steps) EXPECT_FALSE(s.events.empty()) << "each token is news";
-  steps.push_back(streamed.on_done(FinishReason::Length, 0, t0));
+  steps.push_back(streamed.on_done(FinishReason::Length, 0, 0, t0));
   std::vector<int> got;
   for (const auto& ev : events(steps)) {
     if (ev == "[DONE]") continue;
@@ -475,7 +475,7 @@ TEST(CompletionExchange, WithoutTokenizerEveryTokenIsSentAsItsId) {
 
   CompletionExchange whole = exchange(params(3, false), nullptr);
   feed(whole, ids);
-  const json j = json::parse(whole.on_done(FinishReason::Length, 0, t0).response->body);
+  const json j = json::parse(whole.on_done(FinishReason::Length, 0, 0, t0).response->body);
   EXPECT_EQ(j["choices"][0]["text"], "");
   EXPECT_EQ(j["choices"][0]["token_ids"], json(ids));
 }
@@ -486,7 +486,7 @@ TEST(CompletionExchange, ReturnTokenIdsWithATokenizer) {
   p.return_token_ids = true;
   CompletionExchange ex = exchange(p);
   feed(ex, ids);
-  const json j = json::parse(ex.on_done(FinishReason::Length, 0, t0).response->body);
+  const json j = json::parse(ex.on_done(FinishReason::Length, 0, 0, t0).response->body);
   EXPECT_EQ(j["choices"][0]["token_ids"], json(ids));
   EXPECT_EQ(j["choices"][0]["text"], fortune().decode(ids));
 }
@@ -531,7 +531,7 @@ TEST(CompletionExchange, ErrorAfterTheStreamStartedIsAnEvent) {
 
 TEST(CompletionExchange, ServerFailuresAndCancellation) {
   CompletionExchange cancelled = exchange(params(5, false));
-  const ExchangeStep c = cancelled.on_done(FinishReason::Cancelled, 0, t0);
+  const ExchangeStep c = cancelled.on_done(FinishReason::Cancelled, 0, 0, t0);
   ASSERT_TRUE(c.response);
   EXPECT_EQ(c.response->status, 503);
   EXPECT_EQ(c.finished->status, 503);
@@ -566,7 +566,7 @@ TEST(CompletionExchange, TokensPastMaxTokensAreIgnored) {
     CompletionExchange ex = exchange(params(3, stream));
     auto steps = feed(ex, ids);
     for (size_t i = 3; i < steps.size(); ++i) EXPECT_TRUE(nothing(steps[i])) << i;
-    const ExchangeStep done = ex.on_done(FinishReason::Length, 0, t0 + milliseconds(90));
+    const ExchangeStep done = ex.on_done(FinishReason::Length, 0, 0, t0 + milliseconds(90));
     EXPECT_EQ(done.finished->completion_tokens, 3);
     const std::vector<int> first3(ids.begin(), ids.begin() + 3);
     if (!stream) {
@@ -637,7 +637,7 @@ TEST(CompletionExchange, LogprobsGoWithTheChunkThatCarriesTheirTokens) {
     const TokenLogprobs lp = made_up(ids[i]);
     steps.push_back(ex.on_token(ids[i], &lp, t0 + milliseconds(int(i))));
   }
-  steps.push_back(ex.on_done(FinishReason::Length, 4, t0 + milliseconds(50)));
+  steps.push_back(ex.on_done(FinishReason::Length, 4, 0, t0 + milliseconds(50)));
   std::vector<int> seen;
   std::string text;
   int64_t offset = 0;
@@ -693,7 +693,7 @@ TEST(CompletionExchange, EchoPutsThePromptFirstInTextAndLogprobs) {
       const TokenLogprobs lp = made_up(ids[i]);
       steps.push_back(ex.on_token(ids[i], &lp, t0 + milliseconds(int(i))));
     }
-    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), t0 + milliseconds(50)));
+    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), 0, t0 + milliseconds(50)));
     std::string text;
     json all{{"tokens", json::array()},
              {"token_logprobs", json::array()},
@@ -747,7 +747,7 @@ TEST(CompletionExchange, EchoOfThePromptAloneDropsTheSampledToken) {
     std::vector<ExchangeStep> steps;
     steps.push_back(ex.on_token(ids_of(" a")[0], nullptr, t0 + milliseconds(1)));
     EXPECT_TRUE(nothing(steps.back()));
-    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), t0 + milliseconds(2)));
+    steps.push_back(ex.on_done(FinishReason::Length, int(prompt.size()), 0, t0 + milliseconds(2)));
     json usage, choice;
     if (stream) {
       std::string text;
@@ -829,7 +829,7 @@ TEST(CompletionExchange, LogprobsOfAWholeChatResponseAndOfNoRequest) {
     const TokenLogprobs lp = made_up(id);
     EXPECT_TRUE(nothing(ex.on_token(id, &lp, t0)));
   }
-  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, t0);
+  const ExchangeStep done = ex.on_done(FinishReason::Length, 4, 0, t0);
   ASSERT_TRUE(done.response);
   const json content = json::parse(done.response->body)["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), ids.size());
@@ -843,7 +843,7 @@ TEST(CompletionExchange, LogprobsOfAWholeChatResponseAndOfNoRequest) {
     const TokenLogprobs lp = made_up(id);
     quiet.on_token(id, &lp, t0);
   }
-  const ExchangeStep plain = quiet.on_done(FinishReason::Length, 4, t0);
+  const ExchangeStep plain = quiet.on_done(FinishReason::Length, 4, 0, t0);
   EXPECT_TRUE(json::parse(plain.response->body)["choices"][0]["logprobs"].is_null());
 }
 
@@ -879,7 +879,7 @@ TEST(CompletionExchange, ReasoningIsToldFromTheReply) {
       p.prompt_text = "<|user|>Is it?<|assistant|>" + c.prompt_end;
       CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
       std::vector<ExchangeStep> steps = feed(ex, ids);
-      steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+      steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
       if (!stream) {
         const json m = json::parse(steps.back().response->body)["choices"][0]["message"];
         if (c.reasoning) {
@@ -916,7 +916,7 @@ TEST(CompletionExchange, ReasoningIsToldFromTheReply) {
   CompletionExchange ex(7, p, chat_meta(), 4, &fortune(), t0);
   feed(ex, ids);
   const json c = json::parse(
-      ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)).response->body)["choices"][0];
+      ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)).response->body)["choices"][0];
   EXPECT_EQ(c["message"]["reasoning_content"], "Use the tool.");
   EXPECT_EQ(c["finish_reason"], "tool_calls");
   ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
@@ -942,7 +942,7 @@ TEST(CompletionExchange, AResponsesAnswerIsItsItems) {
     openai::ResponseMeta m{"resp_00ab", 1700000000, "fortune", openai::Api::Responses};
     CompletionExchange ex(7, p, m, 4, &fortune(), t0);
     std::vector<ExchangeStep> steps = feed(ex, ids);
-    steps.push_back(ex.on_done(FinishReason::Stop, 0, t0 + milliseconds(50)));
+    steps.push_back(ex.on_done(FinishReason::Stop, 0, 0, t0 + milliseconds(50)));
     ASSERT_TRUE(steps.back().finished);
     json r;
     if (!stream) {

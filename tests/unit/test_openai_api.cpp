@@ -1359,7 +1359,7 @@ ResponseMeta chat_meta() {
 
 TEST(OpenAiChatResponse, IdAndNonStreamingShape) {
   EXPECT_EQ(completion_id(0x1234, 0xff, Api::Chat), "chatcmpl-000000000000123400000000000000ff");
-  json j = completion_response(chat_meta(), "Hello there", FinishReason::Stop, {5, 3});
+  json j = completion_response(chat_meta(), "Hello there", FinishReason::Stop, {5, 3, 4});
   EXPECT_EQ(j["id"], chat_meta().id);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -1371,8 +1371,10 @@ TEST(OpenAiChatResponse, IdAndNonStreamingShape) {
   EXPECT_FALSE(c.contains("text"));
   EXPECT_TRUE(c.contains("logprobs") && c["logprobs"].is_null());
   EXPECT_EQ(c["finish_reason"], "stop");
-  EXPECT_EQ(j["usage"],
-            json({{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8}}));
+  EXPECT_EQ(j["usage"], json({{"prompt_tokens", 5},
+                              {"completion_tokens", 3},
+                              {"total_tokens", 8},
+                              {"prompt_tokens_details", {{"cached_tokens", 4}}}}));
 }
 
 TEST(OpenAiChatResponse, StreamChunks) {

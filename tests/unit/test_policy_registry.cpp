@@ -54,7 +54,7 @@ class NullChannel : public ReplicaChannel {
 class Sink : public CompletionSink {
  public:
   void on_token(int, const TokenLogprobs*) override {}
-  void on_done(FinishReason, int, int) override { ++ended; }
+  void on_done(FinishReason, int, int, int) override { ++ended; }
   void on_error(const ServiceError& e) override {
     ++ended;
     last_error = e.kind;
