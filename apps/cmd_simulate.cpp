@@ -242,6 +242,7 @@ sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
   s.scheduler.stop = StopRule{profile.model.eos, profile.model.max_seq_len};
   s.scheduler.bos = profile.model.bos;
   s.scheduler.lookahead = cfg.batching.async_scheduling;  // one group only (make_scheduler)
+  s.scheduler.prefix_caching = cfg.kv_cache.prefix_caching;
   s.request_timeout_s = cfg.server.request_timeout_s;
   s.max_tokens_limit = cfg.server.max_tokens_limit;
   s.max_restarts = cfg.supervision.max_restarts;
@@ -324,7 +325,11 @@ nlohmann::json run_json(const SimulateOptions& o, const Config& cfg, const sim::
                      {"replica_failures", r.totals.failures},
                      {"restarts", r.totals.restarts},
                      {"given_up", r.totals.given_up},
-                     {"resumed", r.totals.resumed}};
+                     {"resumed", r.totals.resumed},
+                     {"prefix_cache",
+                      {{"enabled", cfg.kv_cache.prefix_caching},
+                       {"queried_tokens", r.totals.prefix_queried},
+                       {"hit_tokens", r.totals.prefix_hits}}}};
   return j;
 }
 
@@ -347,6 +352,11 @@ void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult
       r.wall_s > 0 ? double(r.totals.events) / r.wall_s : 0.0, r.totals.end_time_s,
       (unsigned long long)r.totals.failures, (unsigned long long)r.totals.restarts,
       (unsigned long long)r.totals.given_up, (unsigned long long)r.totals.resumed);
+  if (cfg.kv_cache.prefix_caching && r.totals.prefix_hits > 0)
+    std::printf("prefix cache: %llu of %llu prompt tokens found cached (%.0f%%)\n",
+                (unsigned long long)r.totals.prefix_hits,
+                (unsigned long long)r.totals.prefix_queried,
+                100.0 * double(r.totals.prefix_hits) / double(r.totals.prefix_queried));
 }
 
 // Goodput at a rate depends on how long the load lasts: a few hundred
@@ -1113,6 +1123,11 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--priority-fraction", w.priority_fraction, "Share sent with priority 1");
   cmd->add_option("--length-scale", w.length_scale,
                   "Traces: multiply lengths by this (they are also cut to the model's context)");
+  cmd->add_option("--prefix-len", w.prefix_len,
+                  "Tokens of a shared prefix put before every prompt (what kv_cache.prefix_caching "
+                  "reuses; troupe bench --prefix-len sends the same)");
+  cmd->add_option("--prefix-groups", w.prefix_groups,
+                  "Different shared prefixes, one per request at random (default 1)");
   cmd->add_option("--seed", w.seed, "Seed of the workload and of random failures")
       ->capture_default_str();
   cmd->add_option("--slow", o->slow,

@@ -7,7 +7,7 @@
 #
 #   benchmarks/serve_ab.sh [--model PATH] [--threads N] [--rounds R]
 #                          [--concurrency "1 16"] [--requests N1] [--per-client N]
-#                          [--prompt-len L] [--output-len O] [--no-stream]
+#                          [--prompt-len L] [--prefix-len P] [--output-len O] [--no-stream]
 #                          NAME=BINARY[:KEY=VALUE,...] ...
 #
 #   benchmarks/serve_ab.sh old=/tmp/old/build/troupe:batching.async_scheduling=false \
@@ -15,7 +15,9 @@
 #
 # KEY=VALUE pairs are the config's (see configs/default.yaml), given to
 # `troupe serve` as --set overrides. --no-stream asks for whole JSON
-# responses instead of event streams. Prints one line per variant per round.
+# responses instead of event streams; --prefix-len starts every prompt with
+# the same P tokens (what a prefix cache reuses). Prints one line per
+# variant per round: output tokens/s and the median TTFT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +34,8 @@ while [ $# -gt 0 ]; do
     --prompt-len) PROMPT=$2; shift 2 ;;
     --output-len) OUTPUT=$2; shift 2 ;;
     --no-stream) BENCH_FLAGS+=(--no-stream); shift ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    --prefix-len) BENCH_FLAGS+=(--prefix-len "$2"); shift 2 ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
     *=*) VARIANTS+=("$1"); shift ;;
     *) echo "serve_ab: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,10 +69,11 @@ for round in $(seq 1 "$ROUNDS"); do
     line="round $round $name"
     for c in $CONC; do
       n=$((c == 1 ? N1 : PER_CLIENT * c))
-      tps=$("$BENCH" bench --url "http://127.0.0.1:$PORT" --concurrency "$c" --requests "$n" \
-        --prompt-len "$PROMPT" --output-len "$OUTPUT" "${BENCH_FLAGS[@]}" 2>&1 |
-        grep -o "[0-9.]* output tokens/s" | head -1 | cut -d' ' -f1)
-      line="$line | c=$c ${tps:-?} tokens/s"
+      out=$("$BENCH" bench --url "http://127.0.0.1:$PORT" --concurrency "$c" --requests "$n" \
+        --prompt-len "$PROMPT" --output-len "$OUTPUT" "${BENCH_FLAGS[@]}" 2>&1)
+      tps=$(grep -o "[0-9.]* output tokens/s" <<<"$out" | head -1 | cut -d' ' -f1)
+      ttft=$(awk '/TTFT ms/ {print $4}' <<<"$out")
+      line="$line | c=$c ${tps:-?} tokens/s, TTFT p50 ${ttft:--} ms"
     done
     echo "$line"
     kill "$pid"

@@ -56,6 +56,14 @@ void BlockAllocator::allocate(int n, std::vector<int>& out) {
   }
 }
 
+void BlockAllocator::take(int b, std::vector<int>& out) {
+  if (b < 0 || b >= total_ || in_use_[size_t(b)])
+    throw std::logic_error("KV block " + std::to_string(b) + " taken but not free");
+  in_use_[size_t(b)] = 1;
+  --free_;
+  out.push_back(b);
+}
+
 void BlockAllocator::release(const std::vector<int>& blocks) {
   for (int b : blocks) {
     if (b < 0 || b >= total_ || !in_use_[size_t(b)])

@@ -33,6 +33,8 @@ class BlockAllocator {
   // Appends n block ids to `out` (a sequence's blocks so far, which the new
   // ones follow where they can), all or nothing; throws KvCacheFull.
   void allocate(int n, std::vector<int>& out);
+  // Appends block b, which must be free (std::logic_error otherwise).
+  void take(int b, std::vector<int>& out);
   // Returns blocks to the pool; a block freed twice or unknown throws
   // std::logic_error (a bookkeeping bug, not a user error).
   void release(const std::vector<int>& blocks);

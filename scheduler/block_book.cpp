@@ -17,11 +17,10 @@ BlockBook::BlockBook(int num_blocks, int block_tokens, bool prefix_caching)
   if (prefix_caching_) tokens_.resize(size_t(num_blocks) * size_t(block_tokens));
 }
 
-uint64_t BlockBook::key_of(int parent, const int* tokens) const {
-  uint64_t state = uint64_t(int64_t(parent));
-  uint64_t h = splitmix64(state);
+uint64_t BlockBook::chain_key(uint64_t parent_key, const int* tokens) const {
+  uint64_t h = parent_key;
   for (int i = 0; i < block_tokens_; ++i) {
-    state = h ^ uint64_t(uint32_t(tokens[i]));
+    uint64_t state = h ^ uint64_t(uint32_t(tokens[i]));
     h = splitmix64(state);
   }
   return h;
@@ -77,9 +76,20 @@ void BlockBook::evict_one() {
 void BlockBook::allocate(int n, std::vector<int>& out) {
   if (n < 0) throw std::invalid_argument("negative block count");
   if (n > free_count()) throw KvCacheFull(n, free_count(), total());
-  while (alloc_.free_count() < n) evict_one();
   const size_t first = out.size();
-  alloc_.allocate(n, out);
+  while (int(out.size() - first) < n) {
+    const int want = n - int(out.size() - first);
+    if (alloc_.free_count() > 0) {
+      alloc_.allocate(std::min(want, alloc_.free_count()), out);
+      continue;
+    }
+    // Nothing never used or let go: the least recently released cached
+    // block, taken where it lies (the allocator's search of the pool for a
+    // better place would find only what eviction frees, one block at a time).
+    const int b = head_;
+    evict_one();
+    alloc_.take(b, out);
+  }
   for (size_t i = first; i < out.size(); ++i) meta_[size_t(out[i])].holds = 1;
 }
 
@@ -99,12 +109,13 @@ void BlockBook::release(const std::vector<int>& blocks) {
   }
 }
 
-int BlockBook::match(const int* tokens, int max_blocks, std::vector<int>& out) const {
-  if (!prefix_caching_) return 0;
+int BlockBook::match(const uint64_t* keys, const int* tokens, int max_blocks,
+                     std::vector<int>& out) const {
+  if (!prefix_caching_ || index_.empty()) return 0;
   int parent = -1, k = 0;
   for (; k < max_blocks; ++k) {
     const int* t = tokens + size_t(k) * size_t(block_tokens_);
-    auto it = index_.find(key_of(parent, t));
+    auto it = index_.find(keys[k]);
     if (it == index_.end()) break;
     const int b = it->second;
     if (meta_[size_t(b)].parent != parent || !same_tokens(b, t)) break;
@@ -124,14 +135,13 @@ void BlockBook::acquire(const std::vector<int>& blocks) {
   }
 }
 
-bool BlockBook::index(int block, int parent, const int* tokens) {
+bool BlockBook::index(int block, int parent, uint64_t key, const int* tokens) {
   if (!prefix_caching_) return false;
   Meta& m = meta_[size_t(block)];
   if (m.holds <= 0)
     throw std::logic_error("KV block " + std::to_string(block) + " indexed but not held");
   if (m.indexed) return m.parent == parent && same_tokens(block, tokens);
   if (parent >= 0 && !meta_[size_t(parent)].indexed) return false;
-  const uint64_t key = key_of(parent, tokens);
   // Taken: the same prefix computed twice (or, as rarely as 2^-64, another
   // one with the same key); this block stays the sequence's own.
   if (!index_.emplace(key, block).second) return false;

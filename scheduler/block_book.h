@@ -16,8 +16,10 @@
 // only on the tokens up to it, and the engines compute them alike whatever
 // the batch or the chunk (the batch-invariance the layouts already rely
 // on), so a shared block holds exactly what the sequence would have written.
-// Matches are exact: tokens are compared, never only hashed, and the block a
-// chain continues from is named by its id, kept valid by un-indexing a
+// Blocks are found by a hash of their tokens chained over the blocks before
+// them (chain_key, which a sequence computes once for its prompt), and
+// matches are exact: tokens are compared, never only hashed, and the block
+// a chain continues from is named by its id, kept valid by un-indexing a
 // block's descendants when it is evicted.
 #include <cstdint>
 #include <unordered_map>
@@ -50,21 +52,27 @@ class BlockBook {
   // taken in reverse, so that a prefix's tail is evicted before its head.
   // A block not held throws std::logic_error (a bookkeeping bug).
   void release(const std::vector<int>& blocks);
+  // The key of a block holding `tokens` (block_tokens of them) after the
+  // chain whose last block's key is `parent_key` (kRootKey: none before it).
+  static constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ull;
+  uint64_t chain_key(uint64_t parent_key, const int* tokens) const;
   // The longest chain of indexed blocks holding tokens[0, k * block_tokens)
-  // with k <= max_blocks, appended to `out`; returns k. Takes no hold.
-  int match(const int* tokens, int max_blocks, std::vector<int>& out) const;
+  // with k <= max_blocks, appended to `out`; returns k. keys[i] is block
+  // i's chain_key. Takes no hold.
+  int match(const uint64_t* keys, const int* tokens, int max_blocks, std::vector<int>& out) const;
   // Takes one hold of each block (found by match, in the same step).
   void acquire(const std::vector<int>& blocks);
   // Held by a sequence (a cached block nobody holds is not).
   bool held(int block) const { return meta_[size_t(block)].holds > 0; }
   // Held by more than one sequence: releasing it frees nothing.
   bool shared(int block) const { return meta_[size_t(block)].holds > 1; }
-  // `block`, held, now holds `tokens` (block_tokens of them), computed after
-  // the chain ending in `parent` (-1: it is a sequence's first block).
-  // Indexes it, unless prefix caching is off, `parent` is not indexed, or
-  // the same tokens after the same parent are indexed already (a sequence
-  // that computed a prefix another one did too): returns whether it is.
-  bool index(int block, int parent, const int* tokens);
+  // `block`, held, now holds `tokens` (block_tokens of them, whose
+  // chain_key is `key`), computed after the chain ending in `parent` (-1:
+  // it is a sequence's first block). Indexes it, unless prefix caching is
+  // off, `parent` is not indexed, or the same tokens after the same parent
+  // are indexed already (a sequence that computed a prefix another one did
+  // too): returns whether it is.
+  bool index(int block, int parent, uint64_t key, const int* tokens);
 
  private:
   struct Meta {
@@ -76,7 +84,6 @@ class BlockBook {
     std::vector<int> children;  // indexed blocks continuing its chain
   };
 
-  uint64_t key_of(int parent, const int* tokens) const;
   bool same_tokens(int block, const int* tokens) const;
   void unlink(int block);
   void push_evictable(int block);

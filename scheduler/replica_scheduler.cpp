@@ -63,6 +63,7 @@ void ReplicaScheduler::add(Assignment a) {
   q.indexed = 0;
   q.indexing = true;
   q.prompt_hit = -1;
+  q.keys.clear();
   q.step = 0;
   q.ahead = 0;
   q.cancelled = false;
@@ -130,15 +131,20 @@ bool ReplicaScheduler::plannable_ahead(const Sequence& q) const {
   return q.a.generated + 1 < q.a.max_tokens && known < options_.stop.context_length;
 }
 
-int ReplicaScheduler::view_running(bool ahead) {
+int ReplicaScheduler::view_running(bool ahead, bool exact_shares) {
   std::vector<SeqView>& running = running_view_;
   running.clear();
   int busy = 0;
   for (Slot slot : running_) {
     const Sequence& q = slots_[slot];
-    // Only indexed blocks are ever held twice.
+    // Only indexed blocks are ever held twice; not counted, all of them are
+    // taken as shared (a preemption would free nothing).
     int shared = 0;
-    for (int i = 0; i < q.indexed; ++i) shared += blocks_.shared(q.blocks[size_t(i)]) ? 1 : 0;
+    if (exact_shares) {
+      for (int i = 0; i < q.indexed; ++i) shared += blocks_.shared(q.blocks[size_t(i)]) ? 1 : 0;
+    } else {
+      shared = int(q.blocks.size());
+    }
     if (q.step == 0) {
       running.push_back(
           {slot, int(q.tokens.size()) - q.cached, q.cached, int(q.blocks.size()), shared});
@@ -170,7 +176,16 @@ int ReplicaScheduler::match_prefix(Sequence& q) {
   if (!blocks_.prefix_caching() || (q.a.sampling.prompt_logprobs >= 0 && q.a.generated == 0))
     return 0;
   const int most = (int(q.tokens.size()) - 1) / options_.block_tokens;
-  return blocks_.match(q.tokens.data(), most, q.hit) * options_.block_tokens;
+  extend_keys(q, most);
+  return blocks_.match(q.keys.data(), q.tokens.data(), most, q.hit) * options_.block_tokens;
+}
+
+void ReplicaScheduler::extend_keys(Sequence& q, int blocks) const {
+  const size_t b = size_t(options_.block_tokens);
+  while (int(q.keys.size()) < blocks) {
+    const uint64_t parent = q.keys.empty() ? BlockBook::kRootKey : q.keys.back();
+    q.keys.push_back(blocks_.chain_key(parent, q.tokens.data() + q.keys.size() * b));
+  }
 }
 
 void ReplicaScheduler::index_filled(Sequence& q) {
@@ -178,7 +193,8 @@ void ReplicaScheduler::index_filled(Sequence& q) {
   const int b = options_.block_tokens;
   while (q.indexing && (q.indexed + 1) * b <= q.cached) {
     const int parent = q.indexed == 0 ? -1 : q.blocks[size_t(q.indexed - 1)];
-    if (!blocks_.index(q.blocks[size_t(q.indexed)], parent,
+    extend_keys(q, q.indexed + 1);
+    if (!blocks_.index(q.blocks[size_t(q.indexed)], parent, q.keys[size_t(q.indexed)],
                        q.tokens.data() + size_t(q.indexed) * b)) {
       q.indexing = false;
       return;
@@ -256,7 +272,10 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   std::vector<SeqView>& waiting = waiting_view_;
   waiting.clear();
   const bool ahead = lookahead_ && !in_flight_.empty();
-  int busy = view_running(ahead);
+  // Which blocks are shared matters only to a preemption (what it frees),
+  // which is rare: counted only when the plan preempts.
+  bool exact = !blocks_.prefix_caching() || refusing_;
+  int busy = view_running(ahead, exact);
   // The policy admits waiting sequences in order, at most a step's worth:
   // the rest of a long waiting list need not be looked at on every step.
   for (Slot slot : waiting_) {
@@ -264,8 +283,8 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
     Sequence& q = slots_[slot];
     // Of a cached prefix, blocks other sequences hold are shared for free;
     // those nobody holds count as blocks to take (they are free until
-    // taken). A step that preempts admits nothing (the policy), so a block
-    // counted here as held is not also counted as freed.
+    // taken). In a step that preempts, all count as blocks to take (the
+    // policy), so that a block a victim held is not also counted as freed.
     const int hit = match_prefix(q);
     int held = 0;
     for (int b : q.hit) held += blocks_.held(b) ? 1 : 0;
@@ -280,12 +299,17 @@ bool ReplicaScheduler::next_step(PlannedStep& step) {
   }
   BatchPlan& plan = plan_;
   policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
+  if (!exact && !plan.preempted.empty()) {
+    exact = true;
+    busy = view_running(ahead, exact);
+    policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
+  }
   if (ahead && !plan.preempted.empty()) {
     // Short of blocks, nothing is planned ahead: a sequence a step holds
     // cannot be preempted. Nor is any other while that step runs: its
     // answer may return the blocks (as without lookahead, the step after
     // it decides).
-    busy = view_running(false);
+    busy = view_running(false, true);
     policy_.plan(running, waiting, refusing_ ? 0 : blocks_.free_count(), cap, busy, plan);
     if (!plan.preempted.empty()) return false;
   }

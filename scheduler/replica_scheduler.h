@@ -150,10 +150,11 @@ class ReplicaScheduler {
     // prefix computed by another sequence at the same time).
     int indexed = 0;
     bool indexing = true;
-    std::vector<int> hit;  // waiting: the cached blocks its tokens start with
-    int prompt_hit = -1;   // prompt tokens found cached when first admitted (-1: not yet)
-    uint64_t step = 0;     // the step in flight that holds it (0: none)
-    uint64_t ahead = 0;    // lookahead: the step after `step` that holds it too (0: none)
+    std::vector<uint64_t> keys;  // chain keys of its first full blocks (BlockBook::chain_key)
+    std::vector<int> hit;        // waiting: the cached blocks its tokens start with
+    int prompt_hit = -1;         // prompt tokens found cached when first admitted (-1: not yet)
+    uint64_t step = 0;           // the step in flight that holds it (0: none)
+    uint64_t ahead = 0;          // lookahead: the step after `step` that holds it too (0: none)
     bool cancelled = false;
     bool draining = false;                       // ended while a step still holds its blocks
     bool used = false;                           // the slot holds a sequence
@@ -184,7 +185,8 @@ class ReplicaScheduler {
   // The batch policy's view of the sequences the next step may take (those
   // planned ahead too, if `ahead`); returns how many sequences run in steps
   // in flight and are not in the view.
-  int view_running(bool ahead);
+  // exact_shares: count the blocks each holds with others (else all).
+  int view_running(bool ahead, bool exact_shares);
   void fill_load(StepEvents& ev) const;
   void preempt(Slot slot);
   // Prefix caching: finds a waiting sequence's cached prefix (into q.hit);
@@ -192,6 +194,8 @@ class ReplicaScheduler {
   int match_prefix(Sequence& q);
   // Indexes the blocks of q that its computed tokens now fill.
   void index_filled(Sequence& q);
+  // Computes q's chain keys up to its first `blocks` full blocks.
+  void extend_keys(Sequence& q, int blocks) const;
   // Prompt (or resumed) tokens of q not yet in the KV cache.
   static int queued_of(const Sequence& q) { return std::max(0, q.prefill_end - q.cached); }
   InFlight& start_flight(uint64_t step);

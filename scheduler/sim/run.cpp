@@ -109,6 +109,14 @@ void WorkloadSpec::check() const {
           "it scales a trace's lengths (--trace); synthetic lengths are --prompt and --output");
   ignored(cancel_after_s != dflt.cancel_after_s && cancel_fraction == 0, "--cancel-after-s",
           "no request is cancelled without --cancel-fraction");
+  if (prefix_len < 0)
+    fail("--prefix-len: " + std::to_string(prefix_len) +
+         " is not a length; give the tokens every prompt starts with, >= 1 (0: none)");
+  if (prefix_groups < 1)
+    fail("--prefix-groups: " + std::to_string(prefix_groups) +
+         " is not a number of prefixes; give 1 or more");
+  ignored(prefix_groups != dflt.prefix_groups && prefix_len == 0, "--prefix-groups",
+          "there is no shared prefix without --prefix-len");
 }
 
 Failure parse_failure(const std::string& spec) {
@@ -143,6 +151,15 @@ std::pair<int, double> parse_slowdown(const std::string& spec) {
 
 std::unique_ptr<Workload> WorkloadSpec::make(int max_context) const {
   check();
+  if (prefix_len > 0) {
+    // A trace's rows are cut to leave the prefix room.
+    WorkloadSpec own = *this;
+    own.prefix_len = 0;
+    own.prefix_groups = 1;
+    return std::make_unique<SharedPrefixWorkload>(
+        own.make(max_context > 0 ? std::max(1, max_context - prefix_len) : 0), prefix_len,
+        prefix_groups, seed);
+  }
   if (!trace.empty()) {
     TraceOptions o;
     o.length_scale = length_scale;
@@ -198,6 +215,11 @@ std::string WorkloadSpec::describe() const {
     if (rate > 0) s << " at " << rate << "/s";
     s << ", prompt " << prompt << ", output " << output;
   }
+  if (prefix_len > 0)
+    s << ", after a shared prefix of " << prefix_len << " tokens ("
+      << (prefix_groups == 1 ? std::string("one for all")
+                             : std::to_string(prefix_groups) + " different ones")
+      << ")";
   return s.str();
 }
 

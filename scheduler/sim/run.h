@@ -24,6 +24,10 @@ struct WorkloadSpec {
   double cancel_fraction = 0, cancel_after_s = 1;
   double priority_fraction = 0;
   double length_scale = 1;  // traces
+  // > 0: every prompt starts with prefix_len tokens shared by its group,
+  // one of prefix_groups, before the prompt's own length.
+  int prefix_len = 0;
+  int prefix_groups = 1;
   uint64_t seed = 1;
 
   // Throws std::invalid_argument naming the flag (--rate, --requests,

@@ -46,6 +46,8 @@ class Simulator::Flight : public CompletionSink {
         max_tokens(a.output_tokens),
         priority(a.priority),
         cancel_after_s(a.cancel_after_s),
+        prefix_group(a.prefix_group),
+        prefix_tokens(a.prefix_tokens),
         sim_(sim) {
     rec.id = id;
     rec.arrival = sim.now_;
@@ -81,6 +83,7 @@ class Simulator::Flight : public CompletionSink {
   int client;
   int max_tokens, priority;
   double cancel_after_s;
+  int prefix_group, prefix_tokens;
 
  private:
   Simulator& sim_;
@@ -286,12 +289,26 @@ void Simulator::on_arrival(const Arrival& a) {
     submit(id);
 }
 
+// Token ids only a prefix cache reads: a shared prefix's are its group's,
+// the rest the request's own, so that prompts share blocks exactly where the
+// workload says. Drawn above the ids a model reserves (a vocabulary is not
+// needed: the simulated engine samples nothing from them).
+std::vector<int> Simulator::prompt_of(uint64_t id, int tokens, int group, int shared) {
+  std::vector<int> prompt(size_t(std::max(tokens, 0)));
+  const int common = group >= 0 ? std::min(shared, tokens) : 0;
+  uint64_t state = 0x243f6a8885a308d3ull ^ uint64_t(group);
+  for (int i = 0; i < common; ++i) prompt[size_t(i)] = 3 + int(splitmix64(state) >> 34);
+  state = 0x13198a2e03707344ull ^ (id * 0x9e3779b97f4a7c15ull);
+  for (int i = common; i < tokens; ++i) prompt[size_t(i)] = 3 + int(splitmix64(state) >> 34);
+  return prompt;
+}
+
 void Simulator::submit(uint64_t id) {
   auto node = entering_.extract(id);
   Flight& f = *node.mapped();
   CompletionRequest req;
   req.id = id;
-  req.prompt.assign(size_t(f.rec.prompt_tokens), sample_token_);
+  req.prompt = prompt_of(id, f.rec.prompt_tokens, f.prefix_group, f.prefix_tokens);
   req.max_tokens = f.max_tokens;
   req.priority = f.priority;
   req.timeout_s = o_.request_timeout_s;
@@ -460,7 +477,10 @@ void Simulator::on_step_done(int replica, uint64_t epoch, uint64_t step) {
   InFlightStep f = std::move(*it);
   r.flight.erase(it);
   last_progress_ = now_;
-  r.sched->finish_step(step, f.ids, f.engine_s, next_out());
+  StepEvents& ev = next_out();
+  r.sched->finish_step(step, f.ids, f.engine_s, ev);
+  totals_.prefix_queried += uint64_t(ev.prefix_queried);
+  totals_.prefix_hits += uint64_t(ev.prefix_hits);
   // As the batcher times it: a step launched ahead starts when the one
   // before it is answered.
   r.sched->observe_step_time(now_ - std::max(f.launched_s, r.last_answer));

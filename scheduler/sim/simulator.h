@@ -105,6 +105,9 @@ struct SimTotals {
   uint64_t preemptions = 0;
   uint64_t resumed = 0;                               // requests resumed after their replica died
   uint64_t failures = 0, restarts = 0, given_up = 0;  // replica deaths, restarts, permanent
+  // Prefix caching: prompt tokens of the sequences admitted, and of those
+  // found cached.
+  uint64_t prefix_queried = 0, prefix_hits = 0;
   double end_time_s = 0;
 };
 
@@ -162,6 +165,7 @@ class Simulator {
   // The table reads the replicas' reports gathered in out_.
   void deliver();
   StepEvents& next_out();
+  static std::vector<int> prompt_of(uint64_t id, int tokens, int group, int shared);
   void settle();
   void on_step_done(int replica, uint64_t epoch, uint64_t step);
   void schedule_failures();

@@ -236,6 +236,31 @@ std::optional<Arrival> SyntheticWorkload::next() {
   return a;
 }
 
+// ---- shared prefixes ----
+
+SharedPrefixWorkload::SharedPrefixWorkload(std::unique_ptr<Workload> inner, int len, int groups,
+                                           uint64_t seed)
+    : inner_(std::move(inner)), len_(len), groups_(groups), rng_(seed ^ 0x5bd1e995u) {
+  if (len_ < 1) throw std::invalid_argument("a shared prefix needs at least one token");
+  if (groups_ < 1) throw std::invalid_argument("shared prefixes need at least one group");
+}
+
+std::optional<Arrival> SharedPrefixWorkload::with_prefix(std::optional<Arrival> a) {
+  if (!a) return a;
+  a->prefix_group = int(rng_.next() % uint64_t(groups_));
+  a->prefix_tokens = len_;
+  a->prompt_tokens += len_;
+  return a;
+}
+
+std::optional<Arrival> SharedPrefixWorkload::next() {
+  return with_prefix(inner_->next());
+}
+
+std::optional<Arrival> SharedPrefixWorkload::on_end(int client, double now_s) {
+  return with_prefix(inner_->on_end(client, now_s));
+}
+
 // ---- closed loop ----
 
 ClosedLoopWorkload::ClosedLoopWorkload(ClosedLoopOptions options)

@@ -23,6 +23,10 @@ struct Arrival {
   int priority = 0;
   double cancel_after_s = -1;  // >= 0: the client goes away this long after arriving
   int client = -1;             // closed loop: who sent it (and sends the next)
+  // The first prefix_tokens of the prompt are those of every request of
+  // its prefix group (SharedPrefixWorkload); the rest are its own.
+  int prefix_group = -1;
+  int prefix_tokens = 0;
 };
 
 class Workload {
@@ -187,6 +191,24 @@ TraceStats trace_stats(const std::filesystem::path& file, size_t limit = 0);
 // Seconds since the epoch of an Azure TIMESTAMP ("2023-11-16 18:15:46.6805900"),
 // or the number itself when the column holds plain seconds.
 double parse_trace_time(const std::string& text);
+
+// Another workload's requests, each with a shared prefix put before its
+// prompt: `len` tokens of one of `groups` prefixes (uniformly; the same
+// prefix for every request of a group), as troupe bench --prefix-len sends
+// and a prefix cache reuses. Throws std::invalid_argument for len < 1 or
+// groups < 1.
+class SharedPrefixWorkload : public Workload {
+ public:
+  SharedPrefixWorkload(std::unique_ptr<Workload> inner, int len, int groups, uint64_t seed);
+  std::optional<Arrival> next() override;
+  std::optional<Arrival> on_end(int client, double now_s) override;
+
+ private:
+  std::optional<Arrival> with_prefix(std::optional<Arrival> a);
+  std::unique_ptr<Workload> inner_;
+  int len_, groups_;
+  Xoshiro256 rng_;
+};
 
 // Writes `count` arrivals of `w` as a trace (for samples and other tools).
 void write_trace(Workload& w, size_t count, const std::filesystem::path& file);

@@ -10,6 +10,29 @@
 namespace troupe {
 namespace {
 
+// The chain keys of the full blocks of `tokens`, as a sequence computes them.
+std::vector<uint64_t> keys_of(const BlockBook& book, const std::vector<int>& tokens) {
+  std::vector<uint64_t> keys;
+  const size_t b = size_t(book.block_tokens());
+  for (size_t i = 0; (i + 1) * b <= tokens.size(); ++i)
+    keys.push_back(
+        book.chain_key(keys.empty() ? BlockBook::kRootKey : keys.back(), tokens.data() + i * b));
+  return keys;
+}
+
+int match(const BlockBook& book, const std::vector<int>& tokens, int max_blocks,
+          std::vector<int>& out) {
+  const std::vector<uint64_t> keys = keys_of(book, tokens);
+  return book.match(keys.data(), tokens.data(), max_blocks, out);
+}
+
+// Indexes block i of a sequence holding `tokens`.
+bool index(BlockBook& book, int block, int parent, const std::vector<int>& tokens, int i) {
+  const std::vector<uint64_t> keys = keys_of(book, tokens);
+  return book.index(block, parent, keys[size_t(i)],
+                    tokens.data() + size_t(i) * size_t(book.block_tokens()));
+}
+
 // A sequence holding `tokens` in fresh blocks, indexed as it would be once
 // they are computed.
 std::vector<int> filled(BlockBook& book, const std::vector<int>& tokens) {
@@ -17,8 +40,7 @@ std::vector<int> filled(BlockBook& book, const std::vector<int>& tokens) {
   const int n = int(tokens.size()) / book.block_tokens();
   book.allocate(n, blocks);
   for (int i = 0; i < n; ++i)
-    book.index(blocks[size_t(i)], i == 0 ? -1 : blocks[size_t(i - 1)],
-               tokens.data() + size_t(i) * size_t(book.block_tokens()));
+    index(book, blocks[size_t(i)], i == 0 ? -1 : blocks[size_t(i - 1)], tokens, i);
   return blocks;
 }
 
@@ -34,10 +56,10 @@ TEST(BlockBook, ReleasedFullBlocksStayCachedAndCountAsFree) {
   EXPECT_EQ(book.cached_count(), 3);
 
   std::vector<int> hit;
-  EXPECT_EQ(book.match(t.data(), 3, hit), 3);
+  EXPECT_EQ(match(book, t, 3, hit), 3);
   EXPECT_EQ(hit, a);
   hit.clear();
-  EXPECT_EQ(book.match(t.data(), 2, hit), 2);  // never past max_blocks
+  EXPECT_EQ(match(book, t, 2, hit), 2);  // never past max_blocks
   book.acquire(hit);
   EXPECT_EQ(book.used_count(), 2);
   EXPECT_TRUE(book.held(a[0]));
@@ -56,13 +78,13 @@ TEST(BlockBook, AMatchIsExactInTokensAndInTheChainBeforeThem) {
   book.release(filled(book, {1, 2, 3, 4}));
   std::vector<int> hit;
   const std::vector<int> other_tail{1, 2, 3, 5};
-  EXPECT_EQ(book.match(other_tail.data(), 2, hit), 1);
+  EXPECT_EQ(match(book, other_tail, 2, hit), 1);
   hit.clear();
   // The second block's tokens alone, without the first before them.
   const std::vector<int> tail_only{3, 4};
-  EXPECT_EQ(book.match(tail_only.data(), 1, hit), 0);
+  EXPECT_EQ(match(book, tail_only, 1, hit), 0);
   const std::vector<int> other_head{1, 9, 3, 4};
-  EXPECT_EQ(book.match(other_head.data(), 2, hit), 0);
+  EXPECT_EQ(match(book, other_head, 2, hit), 0);
 }
 
 TEST(BlockBook, TheSamePrefixIsIndexedOnceAndOnlyAfterAnIndexedParent) {
@@ -71,10 +93,10 @@ TEST(BlockBook, TheSamePrefixIsIndexedOnceAndOnlyAfterAnIndexedParent) {
   const std::vector<int> a = filled(book, t);
   std::vector<int> b;
   book.allocate(2, b);
-  EXPECT_FALSE(book.index(b[0], -1, t.data()));  // computed twice: a's stays
-  EXPECT_FALSE(book.index(b[1], b[0], t.data() + 2));
-  EXPECT_TRUE(book.index(a[0], -1, t.data()));       // already, the same
-  EXPECT_FALSE(book.index(a[1], -1, t.data() + 2));  // already, after another parent
+  EXPECT_FALSE(index(book, b[0], -1, t, 0));  // computed twice: a's stays
+  EXPECT_FALSE(index(book, b[1], b[0], t, 1));
+  EXPECT_TRUE(index(book, a[0], -1, t, 0));   // already, the same
+  EXPECT_FALSE(index(book, a[1], -1, t, 1));  // already, after another parent
   EXPECT_EQ(book.cached_count(), 2);
   book.release(b);  // not indexed: back to the pool
   EXPECT_EQ(book.used_count(), 2);
@@ -82,10 +104,10 @@ TEST(BlockBook, TheSamePrefixIsIndexedOnceAndOnlyAfterAnIndexedParent) {
   BlockBook off(4, 2, false);
   std::vector<int> c;
   off.allocate(1, c);
-  EXPECT_FALSE(off.index(c[0], -1, t.data()));
+  EXPECT_FALSE(index(off, c[0], -1, t, 0));
   off.release(c);
   std::vector<int> hit;
-  EXPECT_EQ(off.match(t.data(), 1, hit), 0);
+  EXPECT_EQ(match(off, t, 1, hit), 0);
   EXPECT_EQ(off.cached_count(), 0);
 }
 
@@ -101,14 +123,14 @@ TEST(BlockBook, FreshBlocksEvictTheLeastRecentlyReleasedTailFirst) {
   book.allocate(1, fresh);  // evicts old's tail
   EXPECT_EQ(book.cached_count(), 4);
   std::vector<int> hit;
-  EXPECT_EQ(book.match(old.data(), 3, hit), 2);
+  EXPECT_EQ(match(book, old, 3, hit), 2);
   hit.clear();
-  EXPECT_EQ(book.match(recent.data(), 2, hit), 2);
+  EXPECT_EQ(match(book, recent, 2, hit), 2);
   hit.clear();
   book.allocate(3, fresh);  // old's head goes, and its descendants with it
-  EXPECT_EQ(book.match(old.data(), 3, hit), 0);
+  EXPECT_EQ(match(book, old, 3, hit), 0);
   EXPECT_EQ(book.cached_count(), 1);
-  EXPECT_EQ(book.match(recent.data(), 2, hit), 1);
+  EXPECT_EQ(match(book, recent, 2, hit), 1);
   EXPECT_THROW(book.allocate(2, fresh), KvCacheFull);
   EXPECT_EQ(fresh.size(), 5u);  // all or nothing
 }
@@ -119,11 +141,11 @@ TEST(BlockBook, TwoChainsShareTheirHeadUntilItIsEvictedLast) {
   std::vector<int> ab = filled(book, a);
   // b shares a's first block and continues it with its own.
   std::vector<int> hit;
-  ASSERT_EQ(book.match(b.data(), 2, hit), 1);
+  ASSERT_EQ(match(book, b, 2, hit), 1);
   EXPECT_EQ(hit[0], ab[0]);
   book.acquire(hit);
   book.allocate(1, hit);
-  EXPECT_TRUE(book.index(hit[1], hit[0], b.data() + 2));
+  EXPECT_TRUE(index(book, hit[1], hit[0], b, 1));
   book.release(hit);
   book.release(ab);
   EXPECT_EQ(book.cached_count(), 3);
@@ -133,13 +155,13 @@ TEST(BlockBook, TwoChainsShareTheirHeadUntilItIsEvictedLast) {
   book.allocate(4, fresh);
   EXPECT_EQ(book.cached_count(), 1);
   std::vector<int> found;
-  EXPECT_EQ(book.match(b.data(), 2, found), 1);
+  EXPECT_EQ(match(book, b, 2, found), 1);
   found.clear();
-  EXPECT_EQ(book.match(a.data(), 2, found), 1);
+  EXPECT_EQ(match(book, a, 2, found), 1);
   found.clear();
   book.allocate(1, fresh);
   EXPECT_EQ(book.cached_count(), 0);
-  EXPECT_EQ(book.match(a.data(), 2, found), 0);
+  EXPECT_EQ(match(book, a, 2, found), 0);
   book.release(fresh);
   EXPECT_EQ(book.free_count(), 5);
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "scheduler/sim/run.h"
 #include "scheduler/sim/step_profile.h"
@@ -122,6 +123,38 @@ TEST(Workload, AzureTraceReadsDatesAndScales) {
   const TraceStats s = trace_stats(dir / "t.csv");
   EXPECT_EQ(s.rows, 3u);
   EXPECT_DOUBLE_EQ(s.span_s, 2.0);
+}
+
+// Every request gets one of the groups' prefixes before its own prompt;
+// closed-loop clients' later requests too.
+TEST(Workload, SharedPrefixesGoBeforeEveryPrompt) {
+  WorkloadSpec spec;
+  spec.clients = 3;
+  spec.requests = 60;
+  spec.prompt = "10";
+  spec.prefix_len = 32;
+  spec.prefix_groups = 4;
+  auto w = spec.make(256);
+  std::set<int> groups;
+  int n = 0;
+  for (auto a = w->next(); a; a = w->next(), ++n) {
+    EXPECT_EQ(a->prompt_tokens, 42);
+    EXPECT_EQ(a->prefix_tokens, 32);
+    groups.insert(a->prefix_group);
+  }
+  EXPECT_EQ(n, 3);  // one per client, the rest as they are answered
+  for (int i = 0; i < 30; ++i) {
+    const auto a = w->on_end(i % 3, double(i));
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->prompt_tokens, 42);
+    groups.insert(a->prefix_group);
+  }
+  EXPECT_EQ(groups, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_NE(spec.describe().find("shared prefix of 32 tokens (4 different ones)"),
+            std::string::npos)
+      << spec.describe();
+  EXPECT_THROW(SharedPrefixWorkload(spec.make(256), 0, 1, 1), std::invalid_argument);
+  EXPECT_THROW(SharedPrefixWorkload(spec.make(256), 8, 0, 1), std::invalid_argument);
 }
 
 TEST(Workload, MooncakeJsonlInMilliseconds) {
@@ -345,6 +378,14 @@ TEST(CommandLine, WorkloadValuesNameTheirFlagAndRange) {
        "positive"},
       {[](WorkloadSpec& w) { w.arrivals = "gamma:0"; }, "--arrivals: arrival process 'gamma:0'",
        "positive"},
+      {[](WorkloadSpec& w) { w.prefix_len = -1; }, "--prefix-len: -1", ">= 1"},
+      {[](WorkloadSpec& w) {
+         w.prefix_len = 8;
+         w.prefix_groups = 0;
+       },
+       "--prefix-groups: 0", "1 or more"},
+      {[](WorkloadSpec& w) { w.prefix_groups = 3; }, "--prefix-groups: there is no shared prefix",
+       "--prefix-len"},
   };
   for (const Case& c : cases) {
     WorkloadSpec w = ok;

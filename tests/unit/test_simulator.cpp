@@ -102,6 +102,41 @@ TEST(Simulator, OneReplicaConstantStepsGiveExactWaits) {
   }
 }
 
+// A prompt of 600 tokens prefills in two chunks of at most 512; with its
+// first 592 (37 blocks of 16) found cached, in one step: the simulator's
+// replicas keep a prefix cache as the runtime's do, over prompts that share
+// exactly the prefix the workload gives them.
+TEST(Simulator, ASharedPrefixIsFoundInThePrefixCache) {
+  const double T = 0.01;
+  for (bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching" : "none");
+    SimOptions o = options(1, 4);
+    o.scheduler.prefix_caching = caching;
+    std::vector<Arrival> own;
+    for (int i = 0; i < 10; ++i) own.push_back({i * 1.0, 8, 2});
+    SharedPrefixWorkload w(std::make_unique<ListWorkload>(own), 592, 1, 1);
+    Records rec;
+    Simulator sim(o, {constant_model(T)}, w, &rec);
+    sim.run();
+    ASSERT_EQ(rec.by_id.size(), 10u);
+    for (const auto& [id, r] : rec.by_id) {
+      EXPECT_EQ(r.prompt_tokens, 600);
+      EXPECT_NEAR(r.ttft(), caching && id > 1 ? T : 2 * T, 1e-9) << "request " << id;
+    }
+    EXPECT_EQ(sim.totals().prefix_queried, caching ? 6000u : 0u);
+    EXPECT_EQ(sim.totals().prefix_hits, caching ? 9u * 592u : 0u);
+  }
+  // Prompts of their own share nothing.
+  SimOptions o = options(1, 4);
+  o.scheduler.prefix_caching = true;
+  std::vector<Arrival> own;
+  for (int i = 0; i < 10; ++i) own.push_back({i * 1.0, 600, 2});
+  SimTotals totals;
+  run_list(o, own, constant_model(T), &totals);
+  EXPECT_EQ(totals.prefix_hits, 0u);
+  EXPECT_EQ(totals.prefix_queried, 6000u);
+}
+
 TEST(Simulator, PoissonArrivalsMatchMD1MeanWait) {
   // M/D/1: Wq = rho S / (2 (1 - rho)). rho = 0.6, S = 0.1 s: Wq = 0.075 s.
   // 60000 requests keep the sample mean within a few percent; the check
