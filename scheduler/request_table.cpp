@@ -35,7 +35,8 @@ void RequestTable::refresh(size_t i) {
 }
 
 RequestInfo RequestTable::info(const Request& r) const {
-  return {r.req.id, r.req.prompt.size() + r.delivered.size(), size_t(r.req.max_tokens)};
+  return {r.req.id, r.req.prompt.size() + r.delivered.size(), size_t(r.req.max_tokens),
+          &r.req.prompt};
 }
 
 int RequestTable::live_replicas() const {

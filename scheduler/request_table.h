@@ -48,6 +48,7 @@ class RequestTable {
  public:
   RequestTable(RequestTableOptions options, std::unique_ptr<RoutingPolicy> policy,
                ReplicaChannel& replicas);
+  const RoutingPolicy& policy() const { return *policy_; }
 
   // Admits the request (its deadline is now + timeout_s) or ends it at once
   // through its sink: BadRequest (duplicate id, empty or too long prompt,

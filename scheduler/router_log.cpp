@@ -32,7 +32,8 @@ void RouterLog::line(const std::string& text) {
 }
 
 void RouterLog::options(const RequestTableOptions& o, std::string_view policy, uint64_t seed,
-                        const LatencyAwareOptions& la) {
+                        const LatencyAwareOptions& la, bool prompt_tokens) {
+  prompt_tokens_ = prompt_tokens;
   const AdmissionQueueOptions& a = o.admission;
   line("{\"op\":\"options\",\"replicas\":" + std::to_string(o.replicas) +
        ",\"max_seq_len\":" + std::to_string(o.max_seq_len) +
@@ -54,8 +55,18 @@ void RouterLog::options(const RequestTableOptions& o, std::string_view policy, u
 }
 
 void RouterLog::submit(double now, const CompletionRequest& r) {
-  line(head("submit", now) + ",\"id\":" + std::to_string(r.id) + ",\"prompt\":" +
-       std::to_string(r.prompt.size()) + ",\"max_tokens\":" + std::to_string(r.max_tokens) +
+  std::string tokens;
+  if (prompt_tokens_) {
+    tokens = ",\"tokens\":[";
+    for (size_t i = 0; i < r.prompt.size(); ++i) {
+      if (i) tokens += ',';
+      tokens += std::to_string(r.prompt[i]);
+    }
+    tokens += "]";
+  }
+  line(head("submit", now) + ",\"id\":" + std::to_string(r.id) +
+       ",\"prompt\":" + std::to_string(r.prompt.size()) + tokens +
+       ",\"max_tokens\":" + std::to_string(r.max_tokens) +
        ",\"priority\":" + std::to_string(r.priority) + ",\"timeout_s\":" + num(r.timeout_s) + "}");
 }
 
@@ -127,7 +138,7 @@ LoggedRequestTable::LoggedRequestTable(const RequestTableOptions& options, std::
     : log_(std::move(log)),
       channel_(replicas, log_.get()),
       table_(options, make_routing_policy(policy, seed, latency_aware), channel_) {
-  if (log_) log_->options(options, policy, seed, latency_aware);
+  if (log_) log_->options(options, policy, seed, latency_aware, table_.policy().reads_prompt());
 }
 
 void LoggedRequestTable::submit(CompletionRequest request, std::shared_ptr<CompletionSink> sink,

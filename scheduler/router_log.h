@@ -23,8 +23,10 @@ class RouterLog {
   // Throws std::runtime_error when the file cannot be written.
   explicit RouterLog(const std::string& path);
 
+  // prompt_tokens: submissions record their prompts' tokens too, not only
+  // their number (for a policy that reads them).
   void options(const RequestTableOptions& o, std::string_view policy, uint64_t seed,
-               const LatencyAwareOptions& latency_aware);
+               const LatencyAwareOptions& latency_aware, bool prompt_tokens = false);
   void submit(double now, const CompletionRequest& r);
   void cancel(double now, uint64_t id);
   void events(double now, const StepEvents& ev);
@@ -37,6 +39,7 @@ class RouterLog {
  private:
   void line(const std::string& text);
   std::ofstream out_;
+  bool prompt_tokens_ = false;
 };
 
 // The router's environment hook: a log when TROUPE_ROUTER_LOG is set, else

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "scheduler/prefix_affinity_policy.h"
+
 namespace troupe {
 namespace {
 
@@ -339,6 +341,9 @@ struct Registry {
     });
     add("latency_aware", [](uint64_t, const LatencyAwareOptions& latency) {
       return std::make_unique<LatencyAwarePolicy>(latency);
+    });
+    add("prefix_affinity", [](uint64_t, const LatencyAwareOptions&) {
+      return std::make_unique<PrefixAffinityPolicy>();
     });
   }
   void add(std::string name, RoutingPolicyFactory f) {

@@ -32,6 +32,9 @@ struct RequestInfo {
   uint64_t id = 0;
   size_t prompt_tokens = 0;
   size_t max_tokens = 0;
+  // Its prompt's tokens, for policies that route by content (prefix
+  // affinity); null where they are not known. Valid during the call only.
+  const std::vector<int>* prompt = nullptr;
 };
 
 class RoutingPolicy {
@@ -39,6 +42,9 @@ class RoutingPolicy {
   virtual ~RoutingPolicy() = default;
 
   virtual std::string_view name() const = 0;
+  // Whether choose() reads RequestInfo::prompt (a router log then records
+  // prompts' tokens, so that a replay gives it the same).
+  virtual bool reads_prompt() const { return false; }
 
   // Returns the `index` of the chosen replica, or nullopt when none is live.
   // `replicas` may be in any order and need not have contiguous indices.

@@ -96,7 +96,11 @@ void call(RequestTable& table, const std::string& op, const json& j) {
   if (op == "submit") {
     CompletionRequest r;
     r.id = j.at("id").get<uint64_t>();
-    r.prompt.assign(j.at("prompt").get<size_t>(), 3);
+    // The tokens, when the policy read them; else only their number matters.
+    if (const auto t = j.find("tokens"); t != j.end())
+      r.prompt = t->get<std::vector<int>>();
+    else
+      r.prompt.assign(j.at("prompt").get<size_t>(), 3);
     r.max_tokens = j.at("max_tokens").get<int>();
     r.priority = j.at("priority").get<int>();
     r.timeout_s = j.at("timeout_s").get<double>();

@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "scheduler/prefix_affinity_policy.h"
 #include "scheduler/routing_policy.h"
 #include "util/rng.h"
 
@@ -395,6 +396,69 @@ TEST(RoutingFactory, UnknownNameListsKnownOnes) {
       EXPECT_NE(msg.find(n), std::string::npos) << msg;
     }
   }
+}
+
+// ---- prefix_affinity ----
+
+std::vector<int> tokens(int n, int salt) {
+  std::vector<int> t;
+  for (int i = 0; i < n; ++i) t.push_back(3 + (i * 7 + salt * 131) % 1000);
+  return t;
+}
+
+TEST(RoutingPrefixAffinity, APromptFollowsItsStartWhileTheLoadAllows) {
+  PrefixAffinityPolicy p;
+  // max_batch_sequences 8: affinity holds while the replica has at most 2
+  // more outstanding requests than the least loaded.
+  std::vector<ReplicaLoad> rs{replica(0, 0), replica(1, 0), replica(2, 0)};
+  const std::vector<int> system = tokens(64, 1);
+  auto with = [&](const std::vector<int>& head, int extra, int salt) {
+    std::vector<int> t = head;
+    const std::vector<int> own = tokens(extra, salt);
+    t.insert(t.end(), own.begin(), own.end());
+    return t;
+  };
+  std::vector<int> first = with(system, 20, 2);
+  RequestInfo r1{1, first.size(), 8, &first};
+  rs[0].outstanding = 1;  // the first goes to the least loaded, 1
+  ASSERT_EQ(p.choose(rs, r1, 0), 1u);
+  p.on_dispatch(1, r1, 0);
+  EXPECT_EQ(p.chunks_remembered(), 5u);  // 84 tokens: 5 full chunks of 16
+  EXPECT_EQ(p.remembered(first), 1u);
+
+  // The same system prompt, another question: to 1 while it is at most 2
+  // requests busier than the least loaded.
+  std::vector<int> second = with(system, 9, 3);
+  RequestInfo r2{2, second.size(), 8, &second};
+  rs = {replica(0, 0), replica(1, 2), replica(2, 1)};
+  EXPECT_EQ(p.choose(rs, r2, 0), 1u);
+  rs[1].outstanding = 3;
+  EXPECT_EQ(p.choose(rs, r2, 0), 0u);  // too busy: the least loaded
+  rs[1].live = false;
+  EXPECT_EQ(p.choose(rs, r2, 0), 0u);  // gone: the least loaded
+
+  // A prompt whose first chunk differs follows nothing.
+  std::vector<int> other = with(tokens(64, 9), 9, 3);
+  RequestInfo r3{3, other.size(), 8, &other};
+  rs = {replica(0, 1), replica(1, 0), replica(2, 1)};
+  EXPECT_EQ(p.remembered(other), std::nullopt);
+  EXPECT_EQ(p.choose(rs, r3, 0), 1u);
+  rs = {replica(0, 1), replica(1, 1), replica(2, 0)};
+  EXPECT_EQ(p.choose(rs, r3, 0), 2u);
+
+  // The deepest remembered chunk decides: a conversation's next turn goes
+  // where its last turn went, not where only the system prompt did.
+  p.on_dispatch(2, r3, 0);
+  std::vector<int> turn = with(first, 40, 4);
+  p.on_dispatch(0, RequestInfo{4, turn.size(), 8, &turn}, 0);  // a turn that went to 0
+  std::vector<int> next = with(turn, 5, 5);
+  RequestInfo r5{5, next.size(), 8, &next};
+  rs = {replica(0, 1), replica(1, 0), replica(2, 0)};
+  EXPECT_EQ(p.choose(rs, r5, 0), 0u);
+  // Without its tokens, a request goes to the least loaded.
+  EXPECT_EQ(p.choose(rs, RequestInfo{6, 100, 8, nullptr}, 0), 1u);
+  auto made = make_routing_policy("prefix_affinity", 1);
+  EXPECT_EQ(made->name(), "prefix_affinity");
 }
 
 }  // namespace

@@ -137,6 +137,31 @@ TEST(Simulator, ASharedPrefixIsFoundInThePrefixCache) {
   EXPECT_EQ(totals.prefix_queried, 6000u);
 }
 
+// With four replicas and eight shared prefixes, routing by prefix finds
+// more of each prompt cached than routing by load alone, which spreads a
+// prefix over every replica's cache.
+TEST(Simulator, RoutingByPrefixFindsMoreCached) {
+  std::map<std::string, uint64_t> hits;
+  for (const std::string policy : {"least_outstanding", "prefix_affinity"}) {
+    SimOptions o = options(4, 8, policy);
+    o.scheduler.prefix_caching = true;
+    o.scheduler.kv_blocks = 160;  // 2560 positions: about two prefixes' worth per request
+    SyntheticOptions so;
+    so.requests = 400;
+    so.rate_per_s = 20;
+    so.prompt = "32";
+    so.output = "8";
+    SharedPrefixWorkload w(std::make_unique<SyntheticWorkload>(so), 480, 8, 3);
+    Records rec;
+    Simulator sim(o, {constant_model(0.01)}, w, &rec);
+    sim.run();
+    EXPECT_EQ(rec.by_id.size(), 400u);
+    hits[policy] = sim.totals().prefix_hits;
+  }
+  EXPECT_GT(hits["prefix_affinity"], hits["least_outstanding"] + 400 * 16)
+      << hits["prefix_affinity"] << " vs " << hits["least_outstanding"];
+}
+
 TEST(Simulator, PoissonArrivalsMatchMD1MeanWait) {
   // M/D/1: Wq = rho S / (2 (1 - rho)). rho = 0.6, S = 0.1 s: Wq = 0.075 s.
   // 60000 requests keep the sample mean within a few percent; the check
@@ -400,8 +425,10 @@ TEST(Simulator, DecisionsReplayIdenticallyFromTheRouterLog) {
     test::TempDir dir;
     const auto path = dir / "router.jsonl";
     {
-      SyntheticWorkload w(busy_workload(4));
+      // Shared prefixes, for a policy that routes by them.
+      SharedPrefixWorkload w(std::make_unique<SyntheticWorkload>(busy_workload(4)), 48, 3, 1);
       SimOptions o = busy_options(policy);
+      o.scheduler.prefix_caching = true;
       o.latency_aware = tuned;
       Simulator sim(o, {constant_model(0.004)}, w, nullptr,
                     std::make_unique<RouterLog>(path.string()));
