@@ -709,6 +709,32 @@ Expected continuation(const Assignment& a, const StopRule& stop) {
   }
 }
 
+// Checks each request that ended against the toy model's continuation (a
+// cancelled one, its start) and forgets it; `completed` sees the others.
+template <class F>
+void settle_ended(std::map<uint64_t, Assignment>& asked, std::map<uint64_t, FinishReason>& ended,
+                  std::map<uint64_t, std::vector<int>>& got, const std::set<uint64_t>& cancelled,
+                  const StopRule& stop, F&& completed) {
+  for (auto it = asked.begin(); it != asked.end();) {
+    const uint64_t id = it->first;
+    if (!ended.count(id)) {
+      ++it;
+      continue;
+    }
+    const Expected want = continuation(it->second, stop);
+    if (ended[id] == FinishReason::Cancelled) {
+      ASSERT_TRUE(cancelled.count(id));
+      ASSERT_LE(got[id].size(), want.tokens.size());
+      EXPECT_TRUE(std::equal(got[id].begin(), got[id].end(), want.tokens.begin()));
+    } else {
+      ASSERT_EQ(got[id], want.tokens) << "request " << id;
+      EXPECT_EQ(ended[id], want.reason) << "request " << id;
+      completed(it->second, want);
+    }
+    it = asked.erase(it);
+  }
+}
+
 TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
   for (bool ahead : {false, true}) {
     for (int blocks : {7, 40}) {
@@ -795,24 +821,10 @@ TEST(ReplicaScheduler, LookaheadDeliversWhatOneStepAtATimeDoes) {
         } else if (!flying.empty()) {
           answer();
         }
-        for (auto it = asked.begin(); it != asked.end();) {
-          const uint64_t id = it->first;
-          if (!ended.count(id)) {
-            ++it;
-            continue;
-          }
-          const Expected want = continuation(it->second, o.stop);
-          if (ended[id] == FinishReason::Cancelled) {
-            ASSERT_TRUE(cancelled.count(id));
-            ASSERT_LE(got[id].size(), want.tokens.size());
-            EXPECT_TRUE(std::equal(got[id].begin(), got[id].end(), want.tokens.begin()));
-          } else {
-            EXPECT_EQ(got[id], want.tokens) << "request " << id;
-            EXPECT_EQ(ended[id], want.reason) << "request " << id;
-            dropped += ahead && want.reason == FinishReason::Stop;
-          }
-          it = asked.erase(it);
-        }
+        settle_ended(asked, ended, got, cancelled, o.stop,
+                     [&](const Assignment&, const Expected& want) {
+                       dropped += ahead && want.reason == FinishReason::Stop;
+                     });
       }
       while (!flying.empty()) answer();
       EXPECT_FALSE(r.next_step());
@@ -1054,26 +1066,12 @@ TEST(ReplicaScheduler, PrefixCachingDeliversWhatComputingEverythingDoes) {
         } else if (!flying.empty()) {
           answer();
         }
-        for (auto it = asked.begin(); it != asked.end();) {
-          const uint64_t id = it->first;
-          if (!ended.count(id)) {
-            ++it;
-            continue;
-          }
-          const Expected want = continuation(it->second, o.stop);
-          if (ended[id] == FinishReason::Cancelled) {
-            ASSERT_TRUE(cancelled.count(id));
-            ASSERT_LE(got[id].size(), want.tokens.size());
-            EXPECT_TRUE(std::equal(got[id].begin(), got[id].end(), want.tokens.begin()));
-          } else {
-            ASSERT_EQ(got[id], want.tokens) << "request " << id;
-            EXPECT_EQ(ended[id], want.reason) << "request " << id;
-            std::vector<int> turn = it->second.tokens;
-            turn.insert(turn.end(), got[id].begin(), got[id].end());
-            finished.push_back(turn);
-          }
-          it = asked.erase(it);
-        }
+        settle_ended(asked, ended, got, cancelled, o.stop,
+                     [&](const Assignment& a, const Expected& want) {
+                       std::vector<int> turn = a.tokens;
+                       turn.insert(turn.end(), want.tokens.begin(), want.tokens.end());
+                       finished.push_back(turn);
+                     });
       }
       while (!flying.empty()) answer();
       EXPECT_FALSE(r.next_step());
