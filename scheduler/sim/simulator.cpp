@@ -48,6 +48,8 @@ class Simulator::Flight : public CompletionSink {
         cancel_after_s(a.cancel_after_s),
         prefix_group(a.prefix_group),
         prefix_tokens(a.prefix_tokens),
+        block_ids(a.block_ids),
+        block_id_tokens(a.block_id_tokens),
         sim_(sim) {
     rec.id = id;
     rec.arrival = sim.now_;
@@ -84,6 +86,8 @@ class Simulator::Flight : public CompletionSink {
   int max_tokens, priority;
   double cancel_after_s;
   int prefix_group, prefix_tokens;
+  std::vector<uint64_t> block_ids;
+  int block_id_tokens;
 
  private:
   Simulator& sim_;
@@ -290,16 +294,22 @@ void Simulator::on_arrival(const Arrival& a) {
 }
 
 // Token ids only a prefix cache reads: a shared prefix's are its group's,
-// the rest the request's own, so that prompts share blocks exactly where the
-// workload says. Drawn above the ids a model reserves (a vocabulary is not
-// needed: the simulated engine samples nothing from them).
-std::vector<int> Simulator::prompt_of(uint64_t id, int tokens, int group, int shared) {
+// then a trace's blocks' are their ids', the rest the request's own, so that
+// prompts share blocks exactly where the workload says. Drawn above the ids a model reserves (a
+// vocabulary is not needed: the simulated engine samples nothing from them).
+std::vector<int> Simulator::prompt_of(uint64_t id, const Flight& f) {
+  const int tokens = f.rec.prompt_tokens;
   std::vector<int> prompt(size_t(std::max(tokens, 0)));
-  const int common = group >= 0 ? std::min(shared, tokens) : 0;
-  uint64_t state = 0x243f6a8885a308d3ull ^ uint64_t(group);
-  for (int i = 0; i < common; ++i) prompt[size_t(i)] = 3 + int(splitmix64(state) >> 34);
-  state = 0x13198a2e03707344ull ^ (id * 0x9e3779b97f4a7c15ull);
-  for (int i = common; i < tokens; ++i) prompt[size_t(i)] = 3 + int(splitmix64(state) >> 34);
+  int at = 0;
+  const auto fill = [&](uint64_t seed, int n) {
+    uint64_t state = seed;
+    for (const int end = std::min(tokens, at + n); at < end; ++at)
+      prompt[size_t(at)] = 3 + int(splitmix64(state) >> 34);
+  };
+  if (f.prefix_group >= 0) fill(0x243f6a8885a308d3ull ^ uint64_t(f.prefix_group), f.prefix_tokens);
+  for (uint64_t block : f.block_ids)
+    fill(0xa4093822299f31d0ull ^ (block * 0x9e3779b97f4a7c15ull), f.block_id_tokens);
+  fill(0x13198a2e03707344ull ^ (id * 0x9e3779b97f4a7c15ull), tokens);
   return prompt;
 }
 
@@ -308,7 +318,7 @@ void Simulator::submit(uint64_t id) {
   Flight& f = *node.mapped();
   CompletionRequest req;
   req.id = id;
-  req.prompt = prompt_of(id, f.rec.prompt_tokens, f.prefix_group, f.prefix_tokens);
+  req.prompt = prompt_of(id, f);
   req.max_tokens = f.max_tokens;
   req.priority = f.priority;
   req.timeout_s = o_.request_timeout_s;

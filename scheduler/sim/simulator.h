@@ -165,7 +165,7 @@ class Simulator {
   // The table reads the replicas' reports gathered in out_.
   void deliver();
   StepEvents& next_out();
-  static std::vector<int> prompt_of(uint64_t id, int tokens, int group, int shared);
+  static std::vector<int> prompt_of(uint64_t id, const Flight& f);
   void settle();
   void on_step_done(int replica, uint64_t epoch, uint64_t step);
   void schedule_failures();

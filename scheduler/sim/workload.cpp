@@ -376,6 +376,17 @@ std::optional<Arrival> TraceWorkload::read_row() {
         if (!(prompt > 0)) throw std::invalid_argument("input_length is not a positive number");
         output = field("output_length");
         if (!(output >= 0)) throw std::invalid_argument("output_length is not a count");
+        if (const auto h = j.find("hash_ids"); h != j.end()) {
+          if (!h->is_array()) throw std::invalid_argument("hash_ids is not an array");
+          block_ids_.clear();
+          for (const auto& id : *h) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0)
+              throw std::invalid_argument("hash_ids holds something not an id: " + id.dump());
+            block_ids_.push_back(id.get<uint64_t>());
+          }
+        } else {
+          block_ids_.clear();
+        }
       }
     } catch (const std::exception& e) {
       throw std::invalid_argument(where + ": " + e.what());
@@ -387,6 +398,10 @@ std::optional<Arrival> TraceWorkload::read_row() {
     Arrival a;
     a.time_s = rel;
     a.prompt_tokens = to_tokens(prompt * o_.length_scale);
+    if (!block_ids_.empty()) {
+      a.block_ids = block_ids_;
+      a.block_id_tokens = std::max(1, int(std::lround(kMooncakeBlockTokens * o_.length_scale)));
+    }
     // A row with no generated tokens still asks for one: a request always
     // produces at least its first token.
     a.output_tokens = to_tokens(output * o_.length_scale);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "util/rng.h"
 
@@ -27,6 +28,11 @@ struct Arrival {
   // its prefix group (SharedPrefixWorkload); the rest are its own.
   int prefix_group = -1;
   int prefix_tokens = 0;
+  // Then, block by block of block_id_tokens, tokens named by an id: two
+  // prompts hold the same tokens where they have the same ids in the same
+  // places (a Mooncake trace's hash_ids, blocks of 512 tokens).
+  std::vector<uint64_t> block_ids{};
+  int block_id_tokens = 0;
 };
 
 class Workload {
@@ -152,6 +158,8 @@ struct TraceCuts {
 };
 
 enum class TraceFormat { Azure, Mooncake };
+// Tokens per hash id in Mooncake's traces.
+inline constexpr int kMooncakeBlockTokens = 512;
 // By extension: .csv is Azure, .jsonl / .json Mooncake. Throws otherwise.
 TraceFormat trace_format_of(const std::filesystem::path& file);
 
@@ -176,6 +184,7 @@ class TraceWorkload : public Workload {
   double last_ = 0;
   size_t rows_ = 0;
   TraceCuts cuts_;
+  std::vector<uint64_t> block_ids_;  // the row's hash_ids (Mooncake)
 };
 
 // Count, span and mean lengths of a trace in one pass (for --rate), over

@@ -164,9 +164,22 @@ TEST(Workload, MooncakeJsonlInMilliseconds) {
                    "\"hash_ids\": [1, 2]}\n"
                    "{\"timestamp\": 1500, \"input_length\": 10, \"output_length\": 3}\n");
   TraceWorkload w(dir / "t.jsonl", {});
-  EXPECT_EQ(w.next()->prompt_tokens, 6955);
-  EXPECT_DOUBLE_EQ(w.next()->time_s, 1.5);
+  const auto first = w.next();
+  EXPECT_EQ(first->prompt_tokens, 6955);
+  EXPECT_EQ(first->block_ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(first->block_id_tokens, 512);
+  const auto second = w.next();
+  EXPECT_DOUBLE_EQ(second->time_s, 1.5);
+  EXPECT_TRUE(second->block_ids.empty());
   EXPECT_FALSE(w.next());
+  // Scaled lengths scale the blocks the ids name.
+  TraceOptions half;
+  half.length_scale = 0.5;
+  EXPECT_EQ(TraceWorkload(dir / "t.jsonl", half).next()->block_id_tokens, 256);
+  test::write_file(dir / "bad.jsonl",
+                   "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, "
+                   "\"hash_ids\": [1, -2]}\n");
+  EXPECT_THROW(TraceWorkload(dir / "bad.jsonl", {}).next(), std::invalid_argument);
 }
 
 TEST(Workload, ATraceRescaledToARateHasThatRateOverTheRowsReplayed) {

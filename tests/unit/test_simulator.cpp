@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -160,6 +161,32 @@ TEST(Simulator, RoutingByPrefixFindsMoreCached) {
   }
   EXPECT_GT(hits["prefix_affinity"], hits["least_outstanding"] + 400 * 16)
       << hits["prefix_affinity"] << " vs " << hits["least_outstanding"];
+}
+
+// A Mooncake trace's hash_ids (blocks of 512 tokens) say which prompts share
+// what: the second row repeats the first's two first blocks (1024 tokens,
+// 64 blocks of 16 found cached), the third shares nothing.
+TEST(Simulator, ATracesHashIdsAreThePromptsSharedBlocks) {
+  test::TempDir dir;
+  const auto path = dir / "trace.jsonl";
+  {
+    std::ofstream f(path);
+    f << "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 2, \"hash_ids\": [7, 8, "
+         "9]}\n"
+      << "{\"timestamp\": 1000, \"input_length\": 1100, \"output_length\": 2, \"hash_ids\": [7, 8, "
+         "4]}\n"
+      << "{\"timestamp\": 2000, \"input_length\": 1100, \"output_length\": 2, \"hash_ids\": [5, 8, "
+         "4]}\n";
+  }
+  SimOptions o = options(1, 4);
+  o.scheduler.prefix_caching = true;
+  TraceWorkload w(path, {});
+  Records rec;
+  Simulator sim(o, {constant_model(0.01)}, w, &rec);
+  sim.run();
+  EXPECT_EQ(rec.by_id.size(), 3u);
+  EXPECT_EQ(sim.totals().prefix_queried, 3300u);
+  EXPECT_EQ(sim.totals().prefix_hits, 1024u);
 }
 
 TEST(Simulator, PoissonArrivalsMatchMD1MeanWait) {
