@@ -51,8 +51,9 @@ void BlockBook::push_evictable(int block) {
 void BlockBook::unindex(int block) {
   Meta& m = meta_[size_t(block)];
   if (!m.indexed) return;
-  // Children first: their keys name this block, which may hold something
-  // else once it is reused.
+  // Children first: they continue what this block holds, which it will not
+  // once it is reused (a match checks a block's parent id too, so they
+  // could not be found wrongly; they are let go rather than kept unfindable).
   std::vector<int> children;
   children.swap(m.children);
   for (int c : children) unindex(c);
