@@ -191,7 +191,7 @@ RouterActor::behavior_type router(RouterActor::pointer self, RouterOptions optio
             st->metrics->set_kv_blocks(ev.replica, size_t(ev.blocks_used), size_t(ev.blocks_free));
             st->metrics->set_cached_blocks(ev.replica, size_t(ev.blocks_cached));
           }
-          st->metrics->add_prefix_cache(ev.prefix_queried, ev.prefix_hits);
+          st->metrics->add_prefix_cache(ev.replica, ev.prefix_queried, ev.prefix_hits);
         }
         st->table->on_events(ev, st->now());
         publish(*st);

@@ -223,6 +223,12 @@ long long config_kv_bytes_per_token(const StepProfile& profile, const Config& cf
 // The same objects the runtime builds from the same config (actors/runtime.cpp).
 sim::SimOptions sim_options(const Config& cfg, const StepProfile& profile,
                             const SimulateOptions& o) {
+  // Refused here, before any run, rather than by each run's workload.
+  const int context = profile.model.max_seq_len;
+  if (o.workload.prefix_len > 0 && o.workload.prefix_len + 2 > context)
+    throw UsageError("--prefix-len: " + std::to_string(o.workload.prefix_len) +
+                     " leaves no room in the model's context of " + std::to_string(context) +
+                     " tokens for a prompt's own token and an output token");
   sim::SimOptions s;
   s.replicas = cfg.parallel.replicas;
   s.table.max_seq_len = profile.model.max_seq_len;
@@ -314,6 +320,10 @@ void warn_trace_cuts(const sim::TraceCuts& c) {
 nlohmann::json run_json(const SimulateOptions& o, const Config& cfg, const sim::RunResult& r) {
   nlohmann::json j = r.summary.to_json();
   j["workload"] = o.workload.describe();
+  if (o.workload.prefix_len > 0) {
+    j["prefix_len"] = o.workload.prefix_len;
+    j["prefix_groups"] = o.workload.prefix_groups;
+  }
   j["seed"] = o.workload.seed;
   j["profile"] = profile_path(o, cfg).string();
   j["layout"] = layout_name(cfg);
@@ -352,11 +362,16 @@ void print_run(const SimulateOptions& o, const Config& cfg, const sim::RunResult
       r.wall_s > 0 ? double(r.totals.events) / r.wall_s : 0.0, r.totals.end_time_s,
       (unsigned long long)r.totals.failures, (unsigned long long)r.totals.restarts,
       (unsigned long long)r.totals.given_up, (unsigned long long)r.totals.resumed);
-  if (cfg.kv_cache.prefix_caching && r.totals.prefix_hits > 0)
+  if (!cfg.kv_cache.prefix_caching) {
+    if (o.workload.prefix_len > 0) std::printf("prefix cache: off (kv_cache.prefix_caching)\n");
+  } else if (r.totals.prefix_hits > 0 || o.workload.prefix_len > 0) {
     std::printf("prefix cache: %llu of %llu prompt tokens found cached (%.0f%%)\n",
                 (unsigned long long)r.totals.prefix_hits,
                 (unsigned long long)r.totals.prefix_queried,
-                100.0 * double(r.totals.prefix_hits) / double(r.totals.prefix_queried));
+                r.totals.prefix_queried > 0
+                    ? 100.0 * double(r.totals.prefix_hits) / double(r.totals.prefix_queried)
+                    : 0.0);
+  }
 }
 
 // Goodput at a rate depends on how long the load lasts: a few hundred
@@ -1016,6 +1031,10 @@ void run_simulate(const SimulateOptions& o) {
       throw UsageError(
           "--emit-trace writes the synthetic open-loop workload; drop --trace and "
           "--clients");
+    if (o.workload.prefix_len > 0)
+      throw UsageError(
+          "--emit-trace writes lengths, not which tokens prompts share, so a shared prefix would "
+          "be lost; drop --prefix-len (a Mooncake trace's hash_ids say what prompts share)");
     auto w = o.workload.make(0);
     sim::write_trace(*w, o.workload.requests, o.emit_trace);
     std::cerr << "troupe simulate: " << o.workload.describe() << " written to " << o.emit_trace
@@ -1047,6 +1066,10 @@ void run_simulate(const SimulateOptions& o) {
                          flag);
     };
     refuse(!o.fails.empty(), "--fail");
+    if (o.workload.prefix_len > 0)
+      throw UsageError(std::string(mode) +
+                       ": --prefix-len would shape the simulated side's prompts only; the "
+                       "serving bench sends prompts of its own (--prompt-len); drop --prefix-len");
     refuse(o.mtbf_s > 0, "--mtbf-s");
     refuse(o.node_mtbf_s > 0, "--node-mtbf-s");
     if (o.calibrate && !o.slow.empty())

@@ -80,15 +80,13 @@ Metrics::Metrics() {
                         .labels(std::vector<std::string>{});
   generation_tokens_ = &registry_.counter("troupe_generation_tokens_total", "Tokens generated.")
                             .labels(std::vector<std::string>{});
-  prefix_queries_ =
-      &registry_
-           .counter("troupe_prefix_cache_queries_total",
-                    "Prompt tokens of the sequences admitted, looked up in the prefix cache.")
-           .labels(std::vector<std::string>{});
-  prefix_hits_ = &registry_
-                      .counter("troupe_prefix_cache_hits_total",
-                               "Of the prompt tokens looked up, those found in the prefix cache.")
-                      .labels(std::vector<std::string>{});
+  prefix_queries_ = &registry_.counter(
+      "troupe_prefix_cache_queries_total",
+      "Prompt tokens of the sequences a replica admitted, looked up in its prefix cache.",
+      {"replica"});
+  prefix_hits_ = &registry_.counter(
+      "troupe_prefix_cache_hits_total",
+      "Of the prompt tokens looked up, those found in the replica's prefix cache.", {"replica"});
   cached_blocks_ = &registry_.gauge(
       "troupe_kv_cached_blocks",
       "KV-cache blocks a replica keeps indexed for reuse by prefix (held or free).", {"replica"});
@@ -276,13 +274,14 @@ void Metrics::add_generation_tokens(int64_t n) {
   if (vllm_.generation_tokens) vllm_.generation_tokens->inc(double(n));
 }
 
-void Metrics::add_prefix_cache(int64_t queried, int64_t hits) {
+void Metrics::add_prefix_cache(int replica, int64_t queried, int64_t hits) {
+  const std::string r = std::to_string(replica);
   if (queried > 0) {
-    prefix_queries_->inc(double(queried));
+    prefix_queries_->labels({r}).inc(double(queried));
     if (vllm_.prefix_queries) vllm_.prefix_queries->inc(double(queried));
   }
   if (hits > 0) {
-    prefix_hits_->inc(double(hits));
+    prefix_hits_->labels({r}).inc(double(hits));
     if (vllm_.prefix_hits) vllm_.prefix_hits->inc(double(hits));
   }
 }

@@ -66,7 +66,7 @@ class Metrics {
   void add_generation_tokens(int64_t n);
   // Prefix caching: prompt tokens of sequences admitted, and of those found
   // cached; and the blocks a replica keeps indexed.
-  void add_prefix_cache(int64_t queried, int64_t hits);
+  void add_prefix_cache(int replica, int64_t queried, int64_t hits);
   void set_cached_blocks(int replica, size_t cached);
 
   // For metrics a component wants beyond the pre-declared ones.
@@ -111,8 +111,8 @@ class Metrics {
   Family<Counter>* node_deaths_;
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
-  Counter* prefix_queries_;
-  Counter* prefix_hits_;
+  Family<Counter>* prefix_queries_;
+  Family<Counter>* prefix_hits_;
   Family<Gauge>* cached_blocks_;
   // vLLM's names (export_vllm_names), or all null.
   struct Vllm {

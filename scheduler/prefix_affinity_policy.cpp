@@ -1,6 +1,7 @@
 #include "scheduler/prefix_affinity_policy.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "util/rng.h"
 
@@ -19,15 +20,18 @@ void PrefixAffinityPolicy::hash_chunks(const std::vector<int>& prompt) const {
   }
 }
 
-std::optional<size_t> PrefixAffinityPolicy::remembered(const std::vector<int>& prompt) const {
+std::vector<size_t> PrefixAffinityPolicy::remembered(const std::vector<int>& prompt) const {
   hash_chunks(prompt);
-  std::optional<size_t> deepest;
+  const Chunk* deepest = nullptr;
   for (uint64_t k : keys_) {
-    auto it = where_.find(k);
-    if (it == where_.end()) break;
-    deepest = it->second;
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) break;
+    deepest = &it->second;
   }
-  return deepest;
+  std::vector<size_t> out;
+  if (deepest)
+    for (int i = 0; i < deepest->count; ++i) out.push_back(deepest->holders[size_t(i)]);
+  return out;
 }
 
 std::optional<size_t> PrefixAffinityPolicy::choose(const std::vector<ReplicaLoad>& replicas,
@@ -41,29 +45,60 @@ std::optional<size_t> PrefixAffinityPolicy::choose(const std::vector<ReplicaLoad
       live_[r.index] = &r;
     }
   const ReplicaLoad* least = live_[*balanced];
-  // The deepest remembered chunk whose replica is live now.
+  // The least loaded live holder of the deepest remembered chunk that one
+  // holds.
   hash_chunks(*req.prompt);
   const ReplicaLoad* affine = nullptr;
-  for (uint64_t k : keys_) {
-    auto it = where_.find(k);
-    if (it == where_.end()) break;
-    if (it->second < live_.size() && live_[it->second]) affine = live_[it->second];
+  size_t matched = 0;  // tokens of the chunks it holds: the prefill its cache saves
+  for (size_t depth = 0; depth < keys_.size(); ++depth) {
+    const uint64_t k = keys_[depth];
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) break;
+    const ReplicaLoad* best = nullptr;
+    for (int i = 0; i < it->second.count; ++i) {
+      const size_t r = it->second.holders[size_t(i)];
+      const ReplicaLoad* load = r < live_.size() ? live_[r] : nullptr;
+      if (load &&
+          (best == nullptr || std::tie(load->outstanding, load->queued_tokens, r) <
+                                  std::tie(best->outstanding, best->queued_tokens, best->index)))
+        best = load;
+    }
+    if (best) {
+      affine = best;
+      matched = (depth + 1) * kChunkTokens;
+    }
   }
   if (affine == nullptr) return least->index;
   const size_t slack = std::max<size_t>(2, affine->max_batch_sequences / 4);
-  return affine->outstanding <= least->outstanding + slack ? affine->index : least->index;
+  const bool outstanding_ok = affine->outstanding <= least->outstanding + slack;
+  const bool prefill_ok = affine->queued_tokens <= least->queued_tokens + matched;
+  return outstanding_ok && prefill_ok ? affine->index : least->index;
 }
 
 void PrefixAffinityPolicy::on_dispatch(size_t replica, const RequestInfo& req, double /*now_s*/) {
   if (req.prompt == nullptr) return;
   hash_chunks(*req.prompt);
   for (uint64_t k : keys_) {
-    auto [it, fresh] = where_.insert_or_assign(k, replica);
-    if (fresh) order_.push_back(k);
+    auto [it, fresh] = chunks_.try_emplace(k);
+    Chunk& c = it->second;
+    if (fresh) {
+      c.age = lru_.insert(lru_.end(), k);
+    } else {
+      lru_.splice(lru_.end(), lru_, c.age);
+    }
+    // `replica` first, the others after it in their order, the oldest
+    // dropped when there are more than kHolders.
+    auto at = std::find(c.holders.begin(), c.holders.begin() + c.count, uint32_t(replica));
+    if (at == c.holders.begin() + c.count) {
+      if (c.count < kHolders) ++c.count;
+      at = c.holders.begin() + (c.count - 1);
+    }
+    std::rotate(c.holders.begin(), at, at + 1);
+    *c.holders.begin() = uint32_t(replica);
   }
-  while (where_.size() > kCapacity) {
-    where_.erase(order_.front());
-    order_.pop_front();
+  while (chunks_.size() > kCapacity) {
+    chunks_.erase(lru_.front());
+    lru_.pop_front();
   }
 }
 

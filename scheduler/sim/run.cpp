@@ -152,6 +152,11 @@ std::pair<int, double> parse_slowdown(const std::string& spec) {
 std::unique_ptr<Workload> WorkloadSpec::make(int max_context) const {
   check();
   if (prefix_len > 0) {
+    if (max_context > 0 && prefix_len + 2 > max_context)
+      throw std::invalid_argument("--prefix-len: " + std::to_string(prefix_len) +
+                                  " leaves no room in the model's context of " +
+                                  std::to_string(max_context) +
+                                  " tokens for a prompt's own token and an output token");
     // A trace's rows are cut to leave the prefix room.
     WorkloadSpec own = *this;
     own.prefix_len = 0;
@@ -244,8 +249,9 @@ RunResult simulate(const SimOptions& options, const std::vector<StepCostModel>& 
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.totals = sim.totals();
   res.summary.set_replicas(sim.replica_figures());
-  if (const auto* t = dynamic_cast<const TraceWorkload*>(workload.get()))
-    res.trace_cuts = t->cuts();
+  const Workload* w = workload.get();
+  if (const auto* shared = dynamic_cast<const SharedPrefixWorkload*>(w)) w = &shared->inner();
+  if (const auto* t = dynamic_cast<const TraceWorkload*>(w)) res.trace_cuts = t->cuts();
   return res;
 }
 

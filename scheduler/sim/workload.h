@@ -211,6 +211,7 @@ class SharedPrefixWorkload : public Workload {
   SharedPrefixWorkload(std::unique_ptr<Workload> inner, int len, int groups, uint64_t seed);
   std::optional<Arrival> next() override;
   std::optional<Arrival> on_end(int client, double now_s) override;
+  const Workload& inner() const { return *inner_; }
 
  private:
   std::optional<Arrival> with_prefix(std::optional<Arrival> a);

@@ -189,7 +189,7 @@ TEST(Runtime, PrefixCachingChangesNoTokenNorLogprob) {
           turns[t].insert(turns[t].end(), answer.begin(), answer.end());
         }
       }
-      hits = metric(metrics.render(), "troupe_prefix_cache_hits_total");
+      hits = metric(metrics.render(), "troupe_prefix_cache_hits_total{replica=\"0\"}");
     }
     ASSERT_EQ(tokens[0].size(), tokens[1].size());
     for (size_t i = 0; i < tokens[0].size(); ++i) {

@@ -134,6 +134,8 @@ TEST(Simulate, BadValuesNameTheirFlagAndRange) {
       {{"--rate", "5", "--slow", "2:3"}, {"--slow: '2:3'", "replica 2 does not exist"}},
       {{"--validate", "--repeats", "0"}, {"--repeats: 0", "1 or more"}},
       {{"--clients", "2", "--find-max-rate"}, {"--find-max-rate needs open-loop arrivals"}},
+      {{"--rate", "5", "--prefix-len", "100000"}, {"--prefix-len: 100000 leaves no room"}},
+      {{"--rate", "5", "--prefix-groups", "3"}, {"--prefix-groups", "without --prefix-len"}},
       // What one side of a comparison or a sweep would ignore.
       {{"--sweep", "--rates", "1,2", "--clients", "4"}, {"--sweep", "--clients", "--rates"}},
       {{"--validate", "--fail", "1:0"}, {"--validate", "--fail", "real server"}},
@@ -146,6 +148,9 @@ TEST(Simulate, BadValuesNameTheirFlagAndRange) {
       {{"--sweep", "--rates", "1", "--policies", "round_robin,lest_outstanding"},
        {"--policies: 'lest_outstanding' is not a routing policy"}},
       {{"--validate", "--mtbf-s", "30"}, {"--validate", "--mtbf-s", "real server"}},
+      {{"--validate", "--prefix-len", "32"}, {"--validate", "--prefix-len", "serving bench"}},
+      {{"--rate", "5", "--prefix-len", "32", "--emit-trace", "/tmp/never-written.jsonl"},
+       {"--emit-trace", "--prefix-len"}},
       {{"--calibrate", "--node-mtbf-s", "30"}, {"--calibrate", "--node-mtbf-s", "real server"}},
       {{"--calibrate", "--slow", "0:2"}, {"--calibrate", "--slow", "real server"}},
       // Its overhead would be written into the 2-thread grid (the nearest).

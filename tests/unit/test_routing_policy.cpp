@@ -406,52 +406,56 @@ std::vector<int> tokens(int n, int salt) {
   return t;
 }
 
+std::vector<int> joined(const std::vector<int>& head, int extra, int salt) {
+  std::vector<int> t = head;
+  const std::vector<int> own = tokens(extra, salt);
+  t.insert(t.end(), own.begin(), own.end());
+  return t;
+}
+
 TEST(RoutingPrefixAffinity, APromptFollowsItsStartWhileTheLoadAllows) {
   PrefixAffinityPolicy p;
   // max_batch_sequences 8: affinity holds while the replica has at most 2
   // more outstanding requests than the least loaded.
-  std::vector<ReplicaLoad> rs{replica(0, 0), replica(1, 0), replica(2, 0)};
+  std::vector<ReplicaLoad> rs{replica(0, 1), replica(1, 0), replica(2, 0)};
   const std::vector<int> system = tokens(64, 1);
-  auto with = [&](const std::vector<int>& head, int extra, int salt) {
-    std::vector<int> t = head;
-    const std::vector<int> own = tokens(extra, salt);
-    t.insert(t.end(), own.begin(), own.end());
-    return t;
-  };
-  std::vector<int> first = with(system, 20, 2);
+  std::vector<int> first = joined(system, 20, 2);
   RequestInfo r1{1, first.size(), 8, &first};
-  rs[0].outstanding = 1;  // the first goes to the least loaded, 1
-  ASSERT_EQ(p.choose(rs, r1, 0), 1u);
+  ASSERT_EQ(p.choose(rs, r1, 0), 1u);  // nothing remembered: the least loaded
   p.on_dispatch(1, r1, 0);
   EXPECT_EQ(p.chunks_remembered(), 5u);  // 84 tokens: 5 full chunks of 16
-  EXPECT_EQ(p.remembered(first), 1u);
+  EXPECT_EQ(p.remembered(first), (std::vector<size_t>{1}));
 
   // The same system prompt, another question: to 1 while it is at most 2
   // requests busier than the least loaded.
-  std::vector<int> second = with(system, 9, 3);
+  std::vector<int> second = joined(system, 9, 3);
   RequestInfo r2{2, second.size(), 8, &second};
   rs = {replica(0, 0), replica(1, 2), replica(2, 1)};
   EXPECT_EQ(p.choose(rs, r2, 0), 1u);
   rs[1].outstanding = 3;
   EXPECT_EQ(p.choose(rs, r2, 0), 0u);  // too busy: the least loaded
+  rs[1].outstanding = 1;
+  rs[1].queued_tokens = 65;  // more prefill waiting than the 64 tokens it would save
+  EXPECT_EQ(p.choose(rs, r2, 0), 0u);
+  rs[1].queued_tokens = 64;
+  EXPECT_EQ(p.choose(rs, r2, 0), 1u);
   rs[1].live = false;
   EXPECT_EQ(p.choose(rs, r2, 0), 0u);  // gone: the least loaded
 
   // A prompt whose first chunk differs follows nothing.
-  std::vector<int> other = with(tokens(64, 9), 9, 3);
+  std::vector<int> other = joined(tokens(64, 9), 9, 3);
   RequestInfo r3{3, other.size(), 8, &other};
   rs = {replica(0, 1), replica(1, 0), replica(2, 1)};
-  EXPECT_EQ(p.remembered(other), std::nullopt);
+  EXPECT_TRUE(p.remembered(other).empty());
   EXPECT_EQ(p.choose(rs, r3, 0), 1u);
   rs = {replica(0, 1), replica(1, 1), replica(2, 0)};
   EXPECT_EQ(p.choose(rs, r3, 0), 2u);
 
   // The deepest remembered chunk decides: a conversation's next turn goes
   // where its last turn went, not where only the system prompt did.
-  p.on_dispatch(2, r3, 0);
-  std::vector<int> turn = with(first, 40, 4);
-  p.on_dispatch(0, RequestInfo{4, turn.size(), 8, &turn}, 0);  // a turn that went to 0
-  std::vector<int> next = with(turn, 5, 5);
+  std::vector<int> turn = joined(first, 40, 4);
+  p.on_dispatch(0, RequestInfo{4, turn.size(), 8, &turn}, 0);
+  std::vector<int> next = joined(turn, 5, 5);
   RequestInfo r5{5, next.size(), 8, &next};
   rs = {replica(0, 1), replica(1, 0), replica(2, 0)};
   EXPECT_EQ(p.choose(rs, r5, 0), 0u);
@@ -459,6 +463,38 @@ TEST(RoutingPrefixAffinity, APromptFollowsItsStartWhileTheLoadAllows) {
   EXPECT_EQ(p.choose(rs, RequestInfo{6, 100, 8, nullptr}, 0), 1u);
   auto made = make_routing_policy("prefix_affinity", 1);
   EXPECT_EQ(made->name(), "prefix_affinity");
+}
+
+// A prefix every replica got (one system prompt for all) leaves the choice
+// to load among them: it does not pile requests on the one that got it last.
+TEST(RoutingPrefixAffinity, APrefixEveryReplicaHoldsLeavesTheChoiceToLoad) {
+  PrefixAffinityPolicy p;
+  constexpr size_t kHolders = PrefixAffinityPolicy::kHolders;
+  static_assert(kHolders >= 2);
+  const std::vector<int> system = tokens(64, 1);
+  auto sent_to = [&](size_t r) {
+    std::vector<int> t = joined(system, 8, int(r));
+    p.on_dispatch(r, RequestInfo{r + 1, t.size(), 8, &t}, 0);
+  };
+  for (size_t r = 0; r < kHolders; ++r) sent_to(r);
+  std::vector<size_t> want;
+  for (size_t r = kHolders; r-- > 0;) want.push_back(r);
+  EXPECT_EQ(p.remembered(system), want);  // the most recent first
+  std::vector<int> fresh = joined(system, 8, 7);
+  RequestInfo req{99, fresh.size(), 8, &fresh};
+  for (size_t idle = 0; idle < kHolders; ++idle) {
+    std::vector<ReplicaLoad> rs;
+    for (size_t r = 0; r < kHolders; ++r) rs.push_back(replica(r, 2));
+    rs[idle].outstanding = 1;
+    EXPECT_EQ(p.choose(rs, req, 0), idle);
+  }
+  // A holder sent to again moves first; one more holder than kHolders
+  // forgets the oldest.
+  sent_to(0);
+  sent_to(kHolders);
+  want = {kHolders, 0};
+  for (size_t r = kHolders - 1; r >= 2; --r) want.push_back(r);  // 1, the oldest, forgotten
+  EXPECT_EQ(p.remembered(system), want);
 }
 
 }  // namespace

@@ -409,6 +409,13 @@ TEST(CommandLine, WorkloadValuesNameTheirFlagAndRange) {
     // make() refuses the same, before reading or drawing anything.
     EXPECT_EQ(refusal([&] { w.make(256); }), m);
   }
+  // A prefix the model's context cannot hold with a prompt and an output.
+  WorkloadSpec big = ok;
+  big.prefix_len = 300;
+  EXPECT_EQ(refusal([&] { big.check(); }), "");
+  EXPECT_EQ(refusal([&] { big.make(302); }), "");
+  EXPECT_NE(refusal([&] { big.make(256); }).find("--prefix-len: 300 leaves no room"),
+            std::string::npos);
   // A trace's 0 requests is all of its rows.
   WorkloadSpec trace = ok;
   trace.trace = "t.csv";
