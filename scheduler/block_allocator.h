@@ -30,6 +30,7 @@ class BlockAllocator {
   int total() const { return total_; }
   int free_count() const { return free_; }
   int used_count() const { return total_ - free_count(); }
+  bool in_use(int b) const { return b >= 0 && b < total_ && in_use_[size_t(b)] != 0; }
   // Appends n block ids to `out` (a sequence's blocks so far, which the new
   // ones follow where they can), all or nothing; throws KvCacheFull.
   void allocate(int n, std::vector<int>& out);

@@ -13,8 +13,10 @@ BlockBook::BlockBook(int num_blocks, int block_tokens, bool prefix_caching)
   if (block_tokens < 1)
     throw std::invalid_argument("kv_cache.block_tokens must be at least 1, got " +
                                 std::to_string(block_tokens));
-  meta_.resize(size_t(num_blocks));
-  if (prefix_caching_) tokens_.resize(size_t(num_blocks) * size_t(block_tokens));
+  if (prefix_caching_) {
+    meta_.resize(size_t(num_blocks));
+    tokens_.resize(size_t(num_blocks) * size_t(block_tokens));
+  }
 }
 
 uint64_t BlockBook::chain_key(uint64_t parent_key, const int* tokens) const {
@@ -54,14 +56,17 @@ void BlockBook::unindex(int block) {
   // Children first: they continue what this block holds, which it will not
   // once it is reused (a match checks a block's parent id too, so they
   // could not be found wrongly; they are let go rather than kept unfindable).
-  std::vector<int> children;
-  children.swap(m.children);
-  for (int c : children) unindex(c);
+  while (m.first_child >= 0) unindex(m.first_child);
   m.indexed = false;
   --indexed_;
   index_.erase(m.key);
-  if (m.parent >= 0) std::erase(meta_[size_t(m.parent)].children, block);
+  if (m.parent >= 0) {
+    int* link = &meta_[size_t(m.parent)].first_child;
+    while (*link != block) link = &meta_[size_t(*link)].next_sibling;
+    *link = m.next_sibling;
+  }
   m.parent = -1;
+  m.next_sibling = -1;
   if (m.holds == 0) {
     unlink(block);
     scratch_.assign(1, block);
@@ -77,6 +82,7 @@ void BlockBook::evict_one() {
 void BlockBook::allocate(int n, std::vector<int>& out) {
   if (n < 0) throw std::invalid_argument("negative block count");
   if (n > free_count()) throw KvCacheFull(n, free_count(), total());
+  if (!prefix_caching_) return alloc_.allocate(n, out);
   const size_t first = out.size();
   while (int(out.size() - first) < n) {
     const int want = n - int(out.size() - first);
@@ -95,6 +101,7 @@ void BlockBook::allocate(int n, std::vector<int>& out) {
 }
 
 void BlockBook::release(const std::vector<int>& blocks) {
+  if (!prefix_caching_) return alloc_.release(blocks);
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
     const int b = *it;
     if (b < 0 || b >= total() || meta_[size_t(b)].holds <= 0)
@@ -127,6 +134,8 @@ int BlockBook::match(const uint64_t* keys, const int* tokens, int max_blocks,
 }
 
 void BlockBook::acquire(const std::vector<int>& blocks) {
+  if (!prefix_caching_ && !blocks.empty())
+    throw std::logic_error("KV blocks taken by prefix with prefix caching off");
   for (int b : blocks) {
     Meta& m = meta_[size_t(b)];
     if (!m.indexed && m.holds == 0)
@@ -150,7 +159,11 @@ bool BlockBook::index(int block, int parent, uint64_t key, const int* tokens) {
   m.parent = parent;
   m.key = key;
   std::copy(tokens, tokens + block_tokens_, tokens_.begin() + ptrdiff_t(block) * block_tokens_);
-  if (parent >= 0) meta_[size_t(parent)].children.push_back(block);
+  if (parent >= 0) {
+    Meta& p = meta_[size_t(parent)];
+    m.next_sibling = p.first_child;
+    p.first_child = block;
+  }
   ++indexed_;
   return true;
 }

@@ -63,9 +63,11 @@ class BlockBook {
   // Takes one hold of each block (found by match, in the same step).
   void acquire(const std::vector<int>& blocks);
   // Held by a sequence (a cached block nobody holds is not).
-  bool held(int block) const { return meta_[size_t(block)].holds > 0; }
+  bool held(int block) const {
+    return prefix_caching_ ? meta_[size_t(block)].holds > 0 : alloc_.in_use(block);
+  }
   // Held by more than one sequence: releasing it frees nothing.
-  bool shared(int block) const { return meta_[size_t(block)].holds > 1; }
+  bool shared(int block) const { return prefix_caching_ && meta_[size_t(block)].holds > 1; }
   // `block`, held, now holds `tokens` (block_tokens of them, whose
   // chain_key is `key`), computed after the chain ending in `parent` (-1:
   // it is a sequence's first block). Indexes it, unless prefix caching is
@@ -75,13 +77,16 @@ class BlockBook {
   bool index(int block, int parent, uint64_t key, const int* tokens);
 
  private:
+  // Kept only with prefix caching: without it a block is held by one
+  // sequence or free, which the allocator alone says.
   struct Meta {
-    int holds = 0;
-    bool indexed = false;
-    int parent = -1;
     uint64_t key = 0;
-    int prev = -1, next = -1;   // the evictable list, while indexed and not held
-    std::vector<int> children;  // indexed blocks continuing its chain
+    int holds = 0;
+    int parent = -1;
+    int prev = -1, next = -1;  // the evictable list, while indexed and not held
+    // Indexed blocks continuing its chain: the first, then each one's next.
+    int first_child = -1, next_sibling = -1;
+    bool indexed = false;
   };
 
   bool same_tokens(int block, const int* tokens) const;
