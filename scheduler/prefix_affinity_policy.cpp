@@ -1,13 +1,16 @@
 #include "scheduler/prefix_affinity_policy.h"
 
 #include <algorithm>
-#include <tuple>
 
 #include "util/rng.h"
 
 namespace troupe {
 
-void PrefixAffinityPolicy::hash_chunks(const std::vector<int>& prompt) const {
+void PrefixAffinityPolicy::hash_chunks(const std::vector<int>& prompt,
+                                       std::optional<uint64_t> request) const {
+  // choose() and on_dispatch() see the same request in turn.
+  if (request && hashed_for_ == request) return;
+  hashed_for_ = request;
   keys_.clear();
   const size_t chunks = std::min(prompt.size() / kChunkTokens, size_t(kMaxChunks));
   uint64_t h = 0x9e3779b97f4a7c15ull;
@@ -21,7 +24,7 @@ void PrefixAffinityPolicy::hash_chunks(const std::vector<int>& prompt) const {
 }
 
 std::vector<size_t> PrefixAffinityPolicy::remembered(const std::vector<int>& prompt) const {
-  hash_chunks(prompt);
+  hash_chunks(prompt, std::nullopt);
   const Chunk* deepest = nullptr;
   for (uint64_t k : keys_) {
     auto it = chunks_.find(k);
@@ -47,7 +50,7 @@ std::optional<size_t> PrefixAffinityPolicy::choose(const std::vector<ReplicaLoad
   const ReplicaLoad* least = live_[*balanced];
   // The least loaded live holder of the deepest remembered chunk that one
   // holds.
-  hash_chunks(*req.prompt);
+  hash_chunks(*req.prompt, req.id);
   const ReplicaLoad* affine = nullptr;
   size_t matched = 0;  // tokens of the chunks it holds: the prefill its cache saves
   for (size_t depth = 0; depth < keys_.size(); ++depth) {
@@ -58,10 +61,7 @@ std::optional<size_t> PrefixAffinityPolicy::choose(const std::vector<ReplicaLoad
     for (int i = 0; i < it->second.count; ++i) {
       const size_t r = it->second.holders[size_t(i)];
       const ReplicaLoad* load = r < live_.size() ? live_[r] : nullptr;
-      if (load &&
-          (best == nullptr || std::tie(load->outstanding, load->queued_tokens, r) <
-                                  std::tie(best->outstanding, best->queued_tokens, best->index)))
-        best = load;
+      if (load && (best == nullptr || less_loaded(*load, *best))) best = load;
     }
     if (best) {
       affine = best;
@@ -77,7 +77,7 @@ std::optional<size_t> PrefixAffinityPolicy::choose(const std::vector<ReplicaLoad
 
 void PrefixAffinityPolicy::on_dispatch(size_t replica, const RequestInfo& req, double /*now_s*/) {
   if (req.prompt == nullptr) return;
-  hash_chunks(*req.prompt);
+  hash_chunks(*req.prompt, req.id);
   for (uint64_t k : keys_) {
     auto [it, fresh] = chunks_.try_emplace(k);
     Chunk& c = it->second;

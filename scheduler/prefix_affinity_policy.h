@@ -20,6 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -52,14 +53,16 @@ class PrefixAffinityPolicy : public RoutingPolicy {
     std::list<uint64_t>::iterator age;  // in lru_
   };
 
-  // Chain hashes of the prompt's full chunks, into keys_.
-  void hash_chunks(const std::vector<int>& prompt) const;
+  // Chain hashes of the prompt's full chunks, into keys_ (kept while the
+  // calls are about the same `request`; none: always hashed).
+  void hash_chunks(const std::vector<int>& prompt, std::optional<uint64_t> request) const;
 
   LeastOutstandingPolicy least_;
   std::unordered_map<uint64_t, Chunk> chunks_;
   std::list<uint64_t> lru_;  // chunks_'s keys, least recently used first
   mutable std::vector<uint64_t> keys_;
-  std::vector<const ReplicaLoad*> live_;  // choose()'s live replicas by index
+  mutable std::optional<uint64_t> hashed_for_;  // the request keys_ are of
+  std::vector<const ReplicaLoad*> live_;        // choose()'s live replicas by index
 };
 
 }  // namespace troupe

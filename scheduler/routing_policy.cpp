@@ -24,18 +24,18 @@ std::vector<const ReplicaLoad*> live_by_index(const std::vector<ReplicaLoad>& re
   return live;
 }
 
+bool finite_positive(double x) {
+  return std::isfinite(x) && x > 0;
+}
+
+}  // namespace
+
 // Outstanding requests first; prompt tokens still to prefill break ties
 // because they are work the replica must do before it can start ours.
 bool less_loaded(const ReplicaLoad& a, const ReplicaLoad& b) {
   return std::tie(a.outstanding, a.queued_tokens, a.index) <
          std::tie(b.outstanding, b.queued_tokens, b.index);
 }
-
-bool finite_positive(double x) {
-  return std::isfinite(x) && x > 0;
-}
-
-}  // namespace
 
 // ---- round_robin ----
 

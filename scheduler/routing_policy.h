@@ -37,6 +37,10 @@ struct RequestInfo {
   const std::vector<int>* prompt = nullptr;
 };
 
+// The order least_outstanding picks by: fewer outstanding requests, then
+// fewer prompt tokens waiting for prefill, then the lower index.
+bool less_loaded(const ReplicaLoad& a, const ReplicaLoad& b);
+
 class RoutingPolicy {
  public:
   virtual ~RoutingPolicy() = default;
