@@ -50,6 +50,7 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
        {c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor})
     f.value(v);
   f.value(c.rope_scaling.original_max_position);
+  for (float v : c.rope_scaling.freq_factors) f.value(v);
   f.value(c.norm_eps);
   for (int e : c.eos_ids) f.value(e);
   f.value(int(weight_dtype));

@@ -41,16 +41,19 @@ struct Checkpoint {
   std::vector<LayerTensors> layers;
   Tensor final_norm;                     // [dim]
   Tensor classifier;                     // [vocab, dim]; same memory as tok_embedding when tied
-  std::filesystem::path tokenizer_path;  // tokenizer.model beside the weights, if present
+  // tokenizer.model beside the weights, if present; a GGUF file itself
+  std::filesystem::path tokenizer_path;
 };
 
-// Loads a llama2.c `.bin` (legacy version-0) file or a Hugging Face
-// directory (config.json + model.safetensors or a sharded index).
+// Loads a llama2.c `.bin` (legacy version-0) file, a llama.cpp GGUF file
+// or a Hugging Face directory (config.json + model.safetensors or a sharded
+// index).
 // Files are memory-mapped; the returned tensors keep the mappings alive.
 // Throws CheckpointError.
 Checkpoint load_checkpoint(const std::filesystem::path& path);
 
 Checkpoint load_llama2c(const std::filesystem::path& file);
 Checkpoint load_hf_dir(const std::filesystem::path& dir);
+Checkpoint load_gguf(const std::filesystem::path& file);
 
 }  // namespace troupe

@@ -14,6 +14,7 @@ std::vector<float> rope_frequencies(int head_dim, float theta, const RopeScaling
   for (size_t i = 0; i < freq.size(); ++i) {
     float f = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
     if (s.kind == RopeScaling::Kind::Linear) f /= s.factor;
+    if (s.kind == RopeScaling::Kind::Factors) f /= s.freq_factors[i];
     if (s.kind == RopeScaling::Kind::Llama3) {
       const float old_len = float(s.original_max_position);
       const float wavelen = kTwoPi / f;
@@ -53,6 +54,12 @@ void ModelConfig::validate(const std::string& source) const {
   if (!(rope_theta > 0)) fail("rope_theta must be positive");
   if (rope_scaling.kind != RopeScaling::Kind::None && !(rope_scaling.factor >= 1))
     fail("rope_scaling.factor must be at least 1");
+  if (rope_scaling.kind == RopeScaling::Kind::Factors &&
+      (rope_scaling.freq_factors.size() != size_t(head_dim / 2) ||
+       !std::all_of(rope_scaling.freq_factors.begin(), rope_scaling.freq_factors.end(),
+                    [](float f) { return f > 0 && std::isfinite(f); })))
+    fail("RoPE frequency factors must be " + std::to_string(head_dim / 2) +
+         " positive numbers (one per frequency)");
   if (rope_scaling.kind == RopeScaling::Kind::Llama3 &&
       !(rope_scaling.low_freq_factor > 0 &&
         rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&

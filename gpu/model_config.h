@@ -22,7 +22,9 @@ inline size_t kv_bytes_per_token(int layers, int kv_dim, DType kv = DType::F32) 
 // RoPE stretched for a longer context than the model was trained on
 // (config.json's rope_scaling), as transformers computes it.
 struct RopeScaling {
-  enum class Kind { None, Linear, Llama3 };
+  // Factors: frequency i divided by freq_factors[i] (a GGUF's rope_freqs
+  // tensor: llama.cpp's converter stores Llama 3.1's scaling so).
+  enum class Kind { None, Linear, Llama3, Factors };
   Kind kind = Kind::None;
   float factor = 1;  // Linear: positions / factor; Llama3: low frequencies / factor
   // Llama3: wavelengths over original_max_position / low_freq_factor are
@@ -30,6 +32,7 @@ struct RopeScaling {
   // between blended.
   float low_freq_factor = 1, high_freq_factor = 4;
   int original_max_position = 8192;
+  std::vector<float> freq_factors;  // Factors: one per frequency (head_dim / 2)
   bool operator==(const RopeScaling&) const = default;
 };
 

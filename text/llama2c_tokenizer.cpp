@@ -60,6 +60,9 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
     t->scores_.push_back(score);
   }
   if (t->pieces_.empty()) fail(name, "it has no pieces");
+  t->control_.assign(t->pieces_.size(), false);
+  for (int id : {t->bos_, t->eos_})
+    if (id >= 0) t->control_[size_t(id)] = true;
   for (size_t id = 0; id < t->pieces_.size(); ++id) {
     std::string s;
     if (int(id) == t->bos_)
@@ -77,10 +80,47 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
   return t;
 }
 
+std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_vocab(const Vocab& v) {
+  enum { kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6 };
+  auto t = std::make_unique<Llama2cTokenizer>();
+  std::fill(std::begin(t->byte_piece_), std::end(t->byte_piece_), -1);
+  t->bos_ = v.bos;
+  t->eos_ = v.eos;
+  t->unk_ = v.unk;
+  t->space_prefix_ = v.space_prefix;
+  const size_t n = v.pieces.size();
+  t->spelled_ = v.pieces;
+  t->scores_.assign(n, 0.0f);
+  t->control_.assign(n, false);
+  for (size_t id = 0; id < n; ++id) {
+    const int kind = id < v.kinds.size() ? v.kinds[id] : 1;
+    if (id < v.scores.size()) t->scores_[id] = v.scores[id];
+    if (kind == kUnknown && t->unk_ < 0) t->unk_ = int(id);
+    t->control_[id] = kind == kControl;
+    const int b = byte_piece_value(v.pieces[id]);
+    t->byte_of_.push_back(kind == kByte || b >= 0 ? b : -1);
+    if (b >= 0 && t->byte_piece_[b] < 0) t->byte_piece_[b] = int(id);
+    std::string piece;
+    for (size_t i = 0; i < v.pieces[id].size();)
+      if (std::string_view(v.pieces[id]).substr(i, kSpace.size()) == kSpace) {
+        piece += ' ';
+        i += kSpace.size();
+      } else {
+        piece += v.pieces[id][i++];
+      }
+    if (b < 0 && kind != kControl && kind != kUnknown && kind != kUnused)
+      t->by_text_.emplace(piece, int(id));
+    t->pieces_.push_back(std::move(piece));
+  }
+  for (int id : {t->bos_, t->eos_})
+    if (id >= 0 && size_t(id) < n) t->control_[size_t(id)] = true;
+  return t;
+}
+
 void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
   if (text.empty()) return;
   std::vector<int> tokens;
-  if (const auto space = by_text_.find(" "); space != by_text_.end())
+  if (const auto space = by_text_.find(" "); space_prefix_ && space != by_text_.end())
     tokens.push_back(space->second);  // the dummy prefix
   // One piece per character where there is one, else its bytes.
   const unicode::CodePoints cps = unicode::decode_utf8(text);
@@ -112,7 +152,7 @@ void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& 
 }
 
 std::string Llama2cTokenizer::bytes(int id) const {
-  if (id == bos_ || id == eos_) return spelled_[size_t(id)];
+  if (control_[size_t(id)]) return spelled_[size_t(id)];
   if (const int b = byte_of_[size_t(id)]; b >= 0) return std::string(1, char(b));
   return pieces_[size_t(id)];
 }
@@ -123,7 +163,7 @@ std::string Llama2cTokenizer::decode(const std::vector<int>& ids) const {
     if (is_control(id)) continue;
     out += id == unk_ ? " \xe2\x81\x87 " : bytes(id);  // SentencePiece's " ⁇ " for <unk>
   }
-  if (!out.empty() && out[0] == ' ') out.erase(0, 1);
+  if (space_prefix_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
   return unicode::utf8_lossy(out);
 }
 

@@ -13,9 +13,11 @@
 
 #include "text/bpe_tokenizer.h"
 #include "text/byte_piece.h"
+#include "text/gguf_vocab.h"
 #include "text/llama2c_tokenizer.h"
 #include "text/special_tokens.h"
 #include "text/unicode.h"
+#include "util/gguf_file.h"
 
 namespace troupe {
 
@@ -27,6 +29,7 @@ struct Tokenizer::Impl {
   std::unique_ptr<Llama2cTokenizer> l2c;
   std::string name;  // the file, for error messages
   int vocab = 0;
+  bool adds_bos = true;  // false: a GGUF vocabulary whose encodings start without BOS
   // The special tokens' spellings ("<s>", "</s>", "<unk>") and ids: in a
   // text they stand for those tokens, as Hugging Face's tokenizers and
   // llama.cpp read them.
@@ -167,6 +170,20 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   auto impl = std::make_shared<Impl>();
   impl->name = path.string();
+  if (path.extension() == ".gguf" || GgufFile::has_magic(path)) {
+    GgufVocabulary v;
+    try {
+      v = read_gguf_vocabulary(GgufFile::open(path));
+    } catch (const GgufError& e) {
+      throw std::runtime_error(std::string("tokenizer: ") + e.what());
+    }
+    impl->bpe = std::move(v.bpe);
+    impl->l2c = std::move(v.spm);
+    impl->adds_bos = v.add_bos;
+    impl->vocab = impl->bpe ? impl->bpe->vocab_size() : impl->l2c->vocab_size();
+    for (auto& token : v.specials) impl->specials.add(std::move(token));
+    return Tokenizer(std::move(impl));
+  }
   if (path.extension() == ".json") {
     const std::string json = read_model_file(path, "tokenizer.json");
     std::string config;
@@ -255,7 +272,7 @@ int Tokenizer::vocab_size() const {
   return impl_->vocab;
 }
 int Tokenizer::bos_id() const {
-  if (impl_->l2c) return impl_->l2c->bos_id();
+  if (impl_->l2c) return impl_->adds_bos ? impl_->l2c->bos_id() : -1;
   return impl_->bpe ? impl_->bpe->bos_id() : impl_->sp.bos_id();
 }
 int Tokenizer::eos_id() const {

@@ -1,7 +1,7 @@
 #pragma once
 // Text <-> token ids through a SentencePiece model (tokenizer.model), llama2.c's
-// tokenizer.bin, or a Hugging Face byte-level BPE (tokenizer.json: Llama 3,
-// Qwen2, SmolLM, GPT-2, ...).
+// tokenizer.bin, a Hugging Face byte-level BPE (tokenizer.json: Llama 3,
+// Qwen2, SmolLM, GPT-2, ...), or the vocabulary of a GGUF file.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,7 +14,9 @@ class Tokenizer {
  public:
   // A `.json` path is read as a Hugging Face tokenizer.json (with the
   // tokenizer_config.json beside it, for the EOS token), a `.bin` as
-  // llama2.c's tokenizer.bin, anything else as a SentencePiece model.
+  // llama2.c's tokenizer.bin, a `.gguf` (or any file with GGUF's magic) as
+  // the vocabulary in a llama.cpp model file, anything else as a
+  // SentencePiece model.
   // Throws std::runtime_error naming `path` (and the reader's own message)
   // when the file is missing, unreadable or not a model this runtime
   // computes.

@@ -1,5 +1,7 @@
 #include "gpu/checkpoint.h"
 
+#include "util/gguf_file.h"
+
 namespace troupe {
 
 namespace fs = std::filesystem;
@@ -17,6 +19,7 @@ Checkpoint load_checkpoint(const fs::path& path) {
     throw CheckpointError(path.string() +
                           ": looks like one file of a Hugging Face checkpoint; pass the directory "
                           "that holds config.json instead");
+  if (path.extension() == ".gguf" || GgufFile::has_magic(path)) return load_gguf(path);
   return load_llama2c(path);
 }
 

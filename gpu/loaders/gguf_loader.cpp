@@ -1,0 +1,239 @@
+// A llama.cpp GGUF file: architectures llama (Llama 1-3, Mistral, TinyLlama,
+// SmolLM as converted), qwen2 and qwen3. Tensors in f32, f16 or bf16 are
+// viewed where they lie; block-quantized ones (q4_0 ... q6_K) are
+// dequantized to f32 as ggml computes them, then packed like any other
+// weight. llama.cpp's converter stores a llama's query and key rows in
+// llama2.c's interleaved RoPE order (it permutes Hugging Face's back), and a
+// qwen's unpermuted, so the RoPE layout follows the architecture.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "gpu/checkpoint.h"
+#include "gpu/loaders/ggml_quants.h"
+#include "util/gguf_file.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(const fs::path& path, const std::string& what) {
+  throw CheckpointError(path.string() + ": " + what);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Control tokens llama.cpp also ends a generation on when the file names
+// no end-of-turn token (its list of end-of-generation spellings).
+constexpr const char* kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>",     "<|end|>",
+                                           "<|eom_id|>", "<end_of_turn>",  "<|endoftext|>",
+                                           "<EOT>",      "<|end_of_text|>"};
+
+class GgufModel {
+ public:
+  explicit GgufModel(const fs::path& path) : path_(path), file_(open(path)) {
+    arch_ = required_text("general.architecture");
+    if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3")
+      fail(path_, "architecture '" + arch_ +
+                      "' is not one this runtime computes (llama, qwen2 and qwen3 are)");
+  }
+
+  ModelConfig config() {
+    ModelConfig c;
+    c.dim = int(required_int("embedding_length"));
+    c.hidden_dim = int(required_int("feed_forward_length"));
+    c.n_layers = int(required_int("block_count"));
+    c.n_heads = int(required_int("attention.head_count"));
+    c.n_kv_heads = int(arch_int("attention.head_count_kv").value_or(c.n_heads));
+    c.head_dim = int(arch_int("attention.key_length").value_or(c.n_heads ? c.dim / c.n_heads : 0));
+    if (const auto v = arch_int("attention.value_length"); v && *v != c.head_dim)
+      fail(path_, "attention.value_length " + std::to_string(*v) + " differs from key_length " +
+                      std::to_string(c.head_dim) + "; this runtime computes equal head sizes");
+    if (const auto r = arch_int("rope.dimension_count"); r && *r != c.head_dim)
+      fail(path_, "rope.dimension_count " + std::to_string(*r) + " is not the head size " +
+                      std::to_string(c.head_dim) + " (partial RoPE is not implemented)");
+    c.max_seq_len = int(required_int("context_length"));
+    c.rope_theta = float(file_.real(arch_ + ".rope.freq_base").value_or(10000.0));
+    c.norm_eps = float(file_.real(arch_ + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
+    c.rope = arch_ == "llama" ? RopeLayout::Interleaved : RopeLayout::RotateHalf;
+    c.qkv_bias = arch_ == "qwen2";
+    c.qk_norm = arch_ == "qwen3";
+    const GgufTensorInfo* embd = file_.tensor("token_embd.weight");
+    if (!embd || embd->ne.size() != 2) fail(path_, "has no 2-D tensor token_embd.weight");
+    c.vocab_size = int(embd->ne[1]);
+    c.tied_classifier = file_.tensor("output.weight") == nullptr;
+    rope_scaling(c);
+    ids(c);
+    try {
+      c.validate(path_.string());
+    } catch (const std::invalid_argument& e) {
+      throw CheckpointError(e.what());
+    }
+    return c;
+  }
+
+  // The tensor `name` as f32/f16/bf16, after checking its shape (rows
+  // first, as Tensor has it: GGUF's ne reversed).
+  Tensor get(const std::string& name, const std::vector<int64_t>& expected) {
+    read_.insert(name);
+    const GgufTensorInfo* t = file_.tensor(name);
+    if (!t) fail(path_, "tensor '" + name + "' is missing");
+    const std::vector<int64_t> shape(t->ne.rbegin(), t->ne.rend());
+    if (shape != expected)
+      fail(path_, "tensor '" + name + "' has shape " + shape_text(shape) + ", expected " +
+                      shape_text(expected) + " from the metadata");
+    const GgmlType* type = ggml_type(t->type);
+    if (!type || !type->dequantizable)
+      fail(path_, "tensor '" + name + "' is " + ggml_type_name(t->type) +
+                      ", which this runtime does not read (it reads " + ggml_dequantizable_names() +
+                      ")");
+    if (t->type == kGgmlF32 || t->type == kGgmlF16 || t->type == kGgmlBF16) {
+      const DType d = t->type == kGgmlF32   ? DType::F32
+                      : t->type == kGgmlF16 ? DType::F16
+                                            : DType::BF16;
+      return Tensor::view(t->data, shape, d, file_.keepalive());
+    }
+    Tensor out = Tensor::zeros(shape, DType::F32);
+    dequantize_row(t->type, t->data, out.data_mut<float>(), out.numel());
+    return out;
+  }
+
+  bool has(const std::string& name) const { return file_.tensor(name) != nullptr; }
+
+  // Every tensor was read: one that was not would hold a part of the model
+  // this runtime does not compute, and its answers would be wrong.
+  void check_all_read() const {
+    for (const GgufTensorInfo& t : file_.tensors())
+      if (!read_.count(t.name))
+        fail(path_, "tensor '" + t.name + "' is no part of the " + arch_ +
+                        " model this runtime computes, so its answers would be wrong");
+  }
+
+  bool has_vocabulary() const { return file_.find("tokenizer.ggml.model") != nullptr; }
+  const std::string& arch() const { return arch_; }
+
+ private:
+  static GgufFile open(const fs::path& path) {
+    try {
+      return GgufFile::open(path);
+    } catch (const GgufError& e) {
+      throw CheckpointError(e.what());
+    }
+  }
+
+  std::string required_text(const std::string& key) const {
+    const auto v = file_.text(key);
+    if (!v) fail(path_, "metadata " + key + " is missing");
+    return *v;
+  }
+  std::optional<int64_t> arch_int(const std::string& key) const {
+    return file_.integer(arch_ + "." + key);
+  }
+  int64_t required_int(const std::string& key) const {
+    const auto v = arch_int(key);
+    if (!v) fail(path_, "metadata " + arch_ + "." + key + " is missing");
+    if (*v <= 0 || *v > (int64_t(1) << 30))
+      fail(path_,
+           "metadata " + arch_ + "." + key + " = " + std::to_string(*v) + " is out of range");
+    return *v;
+  }
+
+  void rope_scaling(ModelConfig& c) {
+    const std::string kind = file_.text(arch_ + ".rope.scaling.type").value_or("none");
+    if (kind == "linear") {
+      c.rope_scaling.kind = RopeScaling::Kind::Linear;
+      c.rope_scaling.factor = float(file_.real(arch_ + ".rope.scaling.factor").value_or(1.0));
+    } else if (kind != "none") {
+      fail(path_, "rope.scaling.type '" + kind + "' is not implemented (none and linear are)");
+    }
+    // Llama 3.1's scaling, as llama.cpp's converter stores it: a divisor
+    // per frequency.
+    if (has("rope_freqs.weight")) {
+      const Tensor f = get("rope_freqs.weight", {c.head_dim / 2});
+      if (c.rope_scaling.kind != RopeScaling::Kind::None)
+        fail(path_, "has both rope.scaling.type and rope_freqs.weight");
+      c.rope_scaling.kind = RopeScaling::Kind::Factors;
+      c.rope_scaling.freq_factors = f.to_f32();
+    }
+  }
+
+  void ids(ModelConfig& c) const {
+    c.bos_id = int(file_.integer("tokenizer.ggml.bos_token_id").value_or(1));
+    c.eos_ids.clear();
+    auto add = [&](int64_t id) {
+      if (id >= 0 && id < c.vocab_size && !c.is_eos(int(id))) c.eos_ids.push_back(int(id));
+    };
+    add(file_.integer("tokenizer.ggml.eos_token_id").value_or(2));
+    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+      if (const auto id = file_.integer(key)) add(*id);
+    const auto* tokens = file_.texts("tokenizer.ggml.tokens");
+    const auto* types = file_.numbers("tokenizer.ggml.token_type");
+    if (tokens && types && types->size() == tokens->size())
+      for (size_t id = 0; id < tokens->size(); ++id)
+        if ((*types)[id] == 3 &&  // control
+            std::find(std::begin(kEndOfTurnTexts), std::end(kEndOfTurnTexts), (*tokens)[id]) !=
+                std::end(kEndOfTurnTexts))
+          add(int64_t(id));
+    if (c.eos_ids.empty()) c.eos_ids.push_back(2);
+  }
+
+  fs::path path_;
+  GgufFile file_;
+  std::string arch_;
+  std::set<std::string> read_;
+};
+
+LayerTensors load_layer(GgufModel& g, const ModelConfig& c, int i) {
+  const std::string p = "blk." + std::to_string(i) + ".";
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
+  LayerTensors l;
+  l.attn_norm = g.get(p + "attn_norm.weight", {dim});
+  l.wq = g.get(p + "attn_q.weight", {q, dim});
+  l.wk = g.get(p + "attn_k.weight", {kv, dim});
+  l.wv = g.get(p + "attn_v.weight", {kv, dim});
+  l.wo = g.get(p + "attn_output.weight", {dim, q});
+  l.ffn_norm = g.get(p + "ffn_norm.weight", {dim});
+  l.w_gate = g.get(p + "ffn_gate.weight", {hidden, dim});
+  l.w_up = g.get(p + "ffn_up.weight", {hidden, dim});
+  l.w_down = g.get(p + "ffn_down.weight", {dim, hidden});
+  if (c.qkv_bias) {
+    l.bq = g.get(p + "attn_q.bias", {q});
+    l.bk = g.get(p + "attn_k.bias", {kv});
+    l.bv = g.get(p + "attn_v.bias", {kv});
+  }
+  if (c.qk_norm) {
+    l.q_norm = g.get(p + "attn_q_norm.weight", {c.head_dim});
+    l.k_norm = g.get(p + "attn_k_norm.weight", {c.head_dim});
+  }
+  return l;
+}
+
+}  // namespace
+
+Checkpoint load_gguf(const fs::path& file) {
+  GgufModel g(file);
+  Checkpoint ck;
+  ck.source = file;
+  ck.config = g.config();
+  const ModelConfig& c = ck.config;
+  ck.tok_embedding = g.get("token_embd.weight", {c.vocab_size, c.dim});
+  for (int i = 0; i < c.n_layers; ++i) ck.layers.push_back(load_layer(g, c, i));
+  ck.final_norm = g.get("output_norm.weight", {c.dim});
+  ck.classifier =
+      c.tied_classifier ? ck.tok_embedding : g.get("output.weight", {c.vocab_size, c.dim});
+  g.check_all_read();
+  // The vocabulary travels in the file itself.
+  if (g.has_vocabulary()) ck.tokenizer_path = file;
+  spdlog::debug("{}: loaded GGUF checkpoint ({}, {} layers)", file.string(), g.arch(), c.n_layers);
+  return ck;
+}
+
+}  // namespace troupe
