@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "gpu/checkpoint.h"
+#include "gpu/generate.h"
 #include "gpu/loaders/ggml_quants.h"
+#include "gpu/model.h"
 #include "support/error_messages.h"
 #include "support/test_support.h"
+#include "text/tokenizer.h"
 #include "util/gguf_file.h"
 
 namespace troupe {
@@ -132,6 +135,142 @@ TEST(GgufFile, RefusesTensorsOutsideTheFile) {
     const std::string msg = gguf_error_of(p);
     EXPECT_TRUE(mentions(msg, {"tensor " + name})) << msg;
   }
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  return nlohmann::json::parse(read_bytes(p));
+}
+
+// Four small random models converted from Hugging Face checkpoints by
+// llama.cpp's convert_hf_to_gguf.py and quantized by llama-quantize (mixes
+// of K kinds, q8_0, q4_0), one per architecture this loader maps; each
+// carries the bundled fortune model's SentencePiece vocabulary. The prompt's
+// ids and 32 greedy steps are llama.cpp's (models.expected.json); the
+// smallest gap between the two likeliest tokens there is 0.008, far above
+// what summation order moves.
+TEST(GgufLoader, ModelsGiveLlamaCppsTokens) {
+  const nlohmann::json expected = read_json(test::data_path("gguf/models.expected.json"));
+  ASSERT_EQ(expected["cases"].size(), 4u);
+  for (const auto& c : expected["cases"]) {
+    const std::string file = c["file"];
+    SCOPED_TRACE(file);
+    const fs::path path = test::data_path("gguf/" + file);
+    const Tokenizer tok = Tokenizer::load(path);
+    const std::vector<int> prompt = tok.encode(std::string(expected["prompt"]), tok.bos_id() >= 0);
+    EXPECT_EQ(prompt, c["prompt_ids"].get<std::vector<int>>());
+    const auto model = Model::load(path, DType::F32);
+    GenerateRequest req;
+    req.prompt = prompt;
+    req.max_tokens = 32;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    EXPECT_EQ(generate(*model, 2, req).ids, c["ids"].get<std::vector<int>>());
+  }
+}
+
+TEST(GgufLoader, MapsEachArchitecturesSettings) {
+  const Checkpoint llama = load_checkpoint(test::data_path("gguf/llama-q4_k_m.gguf"));
+  EXPECT_EQ(llama.config.rope, RopeLayout::Interleaved);  // the converter permuted q and k back
+  EXPECT_EQ(llama.config.dim, 256);
+  EXPECT_EQ(llama.config.hidden_dim, 512);
+  EXPECT_EQ(llama.config.n_heads, 4);
+  EXPECT_EQ(llama.config.n_kv_heads, 2);
+  EXPECT_EQ(llama.config.head_dim, 64);
+  EXPECT_EQ(llama.config.vocab_size, 2000);
+  EXPECT_EQ(llama.config.max_seq_len, 256);
+  EXPECT_FALSE(llama.config.tied_classifier);
+  EXPECT_EQ(llama.tokenizer_path, test::data_path("gguf/llama-q4_k_m.gguf"));
+  EXPECT_EQ(llama.layers[0].wq.dtype(), DType::F32);  // dequantized
+
+  const Checkpoint qwen2 = load_checkpoint(test::data_path("gguf/qwen2-q5_k_m.gguf"));
+  EXPECT_EQ(qwen2.config.rope, RopeLayout::RotateHalf);
+  EXPECT_TRUE(qwen2.config.qkv_bias);
+  EXPECT_EQ(qwen2.layers[0].bq.shape(), (std::vector<int64_t>{256}));
+  const Checkpoint qwen3 = load_checkpoint(test::data_path("gguf/qwen3-q8_0.gguf"));
+  EXPECT_TRUE(qwen3.config.qk_norm);
+  EXPECT_EQ(qwen3.layers[0].q_norm.shape(), (std::vector<int64_t>{128}));
+
+  // Llama 3.1's scaling arrives as rope_freqs.weight: a divisor per
+  // frequency, which must give what the llama3 formula gives for the
+  // checkpoint's rope_scaling (factor 8, 1 and 4, original 64 positions).
+  const Checkpoint l31 = load_checkpoint(test::data_path("gguf/llama31-q4_0.gguf"));
+  ASSERT_EQ(l31.config.rope_scaling.kind, RopeScaling::Kind::Factors);
+  RopeScaling llama3;
+  llama3.kind = RopeScaling::Kind::Llama3;
+  llama3.factor = 8;
+  llama3.original_max_position = 64;
+  const auto want = rope_frequencies(64, 500000.0f, llama3);
+  const auto got = rope_frequencies(64, l31.config.rope_theta, l31.config.rope_scaling);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f * want[i]) << i;
+  EXPECT_NE(got, rope_frequencies(64, 500000.0f));  // the scaling is real
+}
+
+// Vocabulary-only GGUFs written with llama.cpp's gguf-py from the cut
+// tokenizer.json fixtures (tests/data/tokenizers), and the ids llama.cpp's
+// tokenizer gives for 117 texts, BOS where the file asks for it and special
+// tokens read from their spelling; the SentencePiece-style vocabulary is
+// the one in llama-q4_k_m.gguf (the fortune model's).
+TEST(GgufVocabulary, TokenizesAsLlamaCpp) {
+  const nlohmann::json expected = read_json(test::data_path("gguf/vocab.expected.json"));
+  const auto texts = expected["texts"].get<std::vector<std::string>>();
+  ASSERT_EQ(expected["ids"].size(), 4u);
+  for (const auto& [file, all_ids] : expected["ids"].items()) {
+    SCOPED_TRACE(file);
+    const Tokenizer tok = Tokenizer::load(test::data_path("gguf/" + file));
+    ASSERT_EQ(all_ids.size(), texts.size());
+    int wrong = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::vector<int> got = tok.encode(texts[i], tok.bos_id() >= 0);
+      const auto want = all_ids[i].get<std::vector<int>>();
+      if (got != want && ++wrong <= 3) ADD_FAILURE() << "text " << i << ": " << texts[i];
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+TEST(GgufVocabulary, DecodesAndKnowsItsSpecialTokens) {
+  const Tokenizer llama3 = Tokenizer::load(test::data_path("gguf/llama3-vocab.gguf"));
+  EXPECT_EQ(llama3.bos_id(), 1500);
+  EXPECT_EQ(llama3.eos_id(), 1505);
+  EXPECT_TRUE(llama3.is_control(1505));
+  const std::vector<int> ids = llama3.encode("Hello world<|eot_id|>", false);
+  EXPECT_EQ(ids.back(), 1505);
+  EXPECT_EQ(llama3.decode(ids), "Hello world");
+  const Tokenizer qwen = Tokenizer::load(test::data_path("gguf/qwen2-vocab.gguf"));
+  EXPECT_EQ(qwen.bos_id(), -1);  // Qwen adds no BOS
+  const Tokenizer spm = Tokenizer::load(test::data_path("gguf/llama-q4_k_m.gguf"));
+  const Tokenizer fortune = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  for (const char* text : {"The meaning of life", "  two spaces\nand a line",
+                           "caf\xc3\xa9 \xe2\x82\xac"
+                           "5"}) {
+    SCOPED_TRACE(text);
+    const auto a = spm.encode(text, true);
+    EXPECT_EQ(a, fortune.encode(text, true));
+    EXPECT_EQ(spm.decode(a), fortune.decode(a));
+  }
+}
+
+TEST(GgufLoader, RefusesWhatItDoesNotCompute) {
+  TempDir dir;
+  std::string bytes = read_bytes(test::data_path("gguf/llama-q4_k_m.gguf"));
+  const std::string arch = "llama";
+  // general.architecture's value: the key, its type (8, string), length 5.
+  const size_t at = bytes.find("general.architecture");
+  ASSERT_NE(at, std::string::npos);
+  const size_t value = at + std::string("general.architecture").size() + 4 + 8;
+  ASSERT_EQ(bytes.substr(value, 5), arch);
+  bytes.replace(value, 5, "gemma");
+  const fs::path p = dir.path() / "gemma.gguf";
+  write_bytes(p, bytes);
+  const std::string msg = test::message_of<CheckpointError>([&] { load_checkpoint(p); });
+  EXPECT_TRUE(mentions(msg, {"gemma.gguf", "architecture 'gemma'"})) << msg;
+  // A vocabulary-only file has no weights: the first tensor is named.
+  const std::string none = test::message_of<CheckpointError>(
+      [&] { load_checkpoint(test::data_path("gguf/gpt2-vocab.gguf")); });
+  EXPECT_TRUE(mentions(none, {"gpt2-vocab.gguf", "metadata llama.feed_forward_length"}) ||
+              mentions(none, {"gpt2-vocab.gguf", "token_embd.weight"}))
+      << none;
 }
 
 }  // namespace
