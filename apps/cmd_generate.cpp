@@ -171,14 +171,15 @@ void register_generate(CLI::App& app) {
   auto opts = std::make_shared<GenerateOptions>();
   auto* cmd =
       app.add_subcommand("generate", "Generate text (or token ids) from one prompt on the CPU");
-  cmd->add_option(
-      "--model,-m", opts->engine.model,
-      "Checkpoint: a llama2.c .bin file or a Hugging Face directory (default: the config's "
-      "model.path, models/fortune)");
+  cmd->add_option("--model,-m", opts->engine.model,
+                  "Checkpoint: a llama2.c .bin file, a GGUF file or a Hugging Face directory "
+                  "(default: the config's "
+                  "model.path, models/fortune)");
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "SentencePiece tokenizer.model, Hugging Face tokenizer.json or llama2.c "
-                  "tokenizer.bin (default: the one beside the model)");
-  cmd->add_option("--prompt,-p", opts->prompt, "Prompt text (the tokenizer's BOS, if it has one, is prepended)");
+                  "tokenizer.bin, or a GGUF file's vocabulary (default: the model's own)");
+  cmd->add_option("--prompt,-p", opts->prompt,
+                  "Prompt text (the tokenizer's BOS, if it has one, is prepended)");
   cmd->add_option(
       "--prompt-ids", opts->prompt_ids,
       "Prompt as comma-separated token ids, e.g. 1,300,40 (for models without a tokenizer)");

@@ -17,6 +17,7 @@
 #include "net/chat_template.h"
 #include "net/http_server.h"
 #include "text/tokenizer.h"
+#include "util/gguf_file.h"
 
 namespace troupe::app {
 
@@ -98,6 +99,26 @@ struct ModelChat {
   std::string jinja, bos_token, eos_token;
 };
 
+// A GGUF file's own: tokenizer.chat_template, and its BOS and EOS tokens'
+// spellings.
+ModelChat read_gguf_chat(const std::filesystem::path& file) {
+  ModelChat chat;
+  try {
+    const GgufFile f = GgufFile::open(file);
+    chat.jinja = f.text("tokenizer.chat_template").value_or("");
+    const auto* tokens = f.texts("tokenizer.ggml.tokens");
+    auto spelling = [&](const char* key) -> std::string {
+      const auto id = f.integer(key);
+      return tokens && id && *id >= 0 && size_t(*id) < tokens->size() ? (*tokens)[size_t(*id)] : "";
+    };
+    chat.bos_token = spelling("tokenizer.ggml.bos_token_id");
+    chat.eos_token = spelling("tokenizer.ggml.eos_token_id");
+  } catch (const GgufError& e) {
+    spdlog::warn("the model's chat template cannot be read ({})", e.what());
+  }
+  return chat;
+}
+
 ModelChat read_model_chat(const std::filesystem::path& dir) {
   ModelChat chat;
   if (std::ifstream in(dir / "tokenizer_config.json"); in) {
@@ -126,8 +147,9 @@ ChatFormat resolve_chat_template(const ServerSection& server, const std::string&
   if (server.chat_template_file.empty() && server.chat_template != ChatTemplate::Auto)
     return server.chat_template;
   std::filesystem::path dir(model_path);
-  if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
-  const ModelChat model = read_model_chat(dir);
+  const bool gguf = !std::filesystem::is_directory(dir) && GgufFile::has_magic(dir);
+  if (!std::filesystem::is_directory(dir) && !gguf) dir = dir.parent_path();
+  const ModelChat model = gguf ? read_gguf_chat(dir) : read_model_chat(dir);
   if (!server.chat_template_file.empty()) {
     std::ifstream in(server.chat_template_file);
     if (!in)
@@ -308,8 +330,9 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "serve", "Serve the OpenAI-compatible HTTP API (POST /v1/completions, ...)");
   add_config_flags(cmd, o->config);
-  cmd->add_option("--model,-m", o->model,
-                  "Override model.path: a llama2.c .bin file or a Hugging Face directory");
+  cmd->add_option(
+      "--model,-m", o->model,
+      "Override model.path: a llama2.c .bin file, a GGUF file or a Hugging Face directory");
   cmd->add_option("--served-model-name", o->name,
                   "Override model.name: the name clients ask for (default: from the path)");
   cmd->add_option("--listen", o->listen,

@@ -114,6 +114,7 @@ class Cursor {
   }
 
   size_t pos() const { return pos_; }
+  size_t remaining() const { return size_ - pos_; }
 
  private:
   void need(uint64_t n, const char* what) const {
@@ -184,9 +185,17 @@ GgufValue read_value(Cursor& in, uint32_t type, const std::string& key, const fs
     v.kind = GgufValue::Kind::Array;
     const uint32_t elem = in.read<uint32_t>(what);
     const uint64_t n = in.read<uint64_t>(what);
-    if (n > kMaxArray)
+    // Each element takes at least a byte (a string: its 8-byte length), so
+    // a count the rest of the file cannot hold is refused before anything
+    // is reserved for it.
+    const uint64_t least = elem == kString                                ? 8
+                           : elem == kU16 || elem == kI16                 ? 2
+                           : elem == kU32 || elem == kI32 || elem == kF32 ? 4
+                           : elem >= kU64 && elem <= kF64                 ? 8
+                                                                          : 1;
+    if (n > kMaxArray || n > in.remaining() / least)
       fail(path, "metadata " + key + " is an array of " + std::to_string(n) +
-                     " elements, implausibly many");
+                     " elements, more than the file holds");
     if (elem == kString) {
       v.array_of_text = true;
       v.texts.reserve(size_t(n));

@@ -272,6 +272,80 @@ put("hf_dir", "tiny-sharded", tiny_hf_config() + SEP + SEP + json.dumps(index, i
 
 # ---- tokenizer: the bundled SentencePiece model ----
 
+# ---- GGUF: llama.cpp's model file, a tiny model with a SentencePiece-style
+# vocabulary, tensors f32, f16, q8_0 and q4_K; and the test vocabularies ----
+
+def gguf(meta, tensors):
+    """meta: [(key, type, value)]; tensors: [(name, ne, ggml_type, bytes)] -> GGUF v3."""
+    def gstr(x):
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+    def value(t, v):
+        if t == 8:
+            return gstr(v)
+        if t == 9:
+            et, items = v
+            return struct.pack("<IQ", et, len(items)) + b"".join(value(et, i) for i in items)
+        return struct.pack({4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}[t], v)
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
+    for k, t, v in meta:
+        out += gstr(k) + struct.pack("<I", t) + value(t, v)
+    off, blobs = 0, b""
+    for name, ne, t, data in tensors:
+        out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", t, off)
+        pad = (32 - len(data) % 32) % 32
+        blobs += data + b"\0" * pad
+        off += len(data) + pad
+    out += b"\0" * ((32 - len(out) % 32) % 32)
+    return out + blobs
+
+
+def tiny_gguf():
+    d, h, v = 32, 256, 16
+    def f32s(n, scale=0.1):
+        return b"".join(struct.pack("<f", scale * (((i * 7919) % 23) - 11) / 11) for i in range(n))
+    def f16s(n):
+        return b"".join(struct.pack("<e", 0.05 * (((i * 31) % 17) - 8) / 8) for i in range(n))
+    def q8_0(rows, cols):  # per block of 32: f16 scale, 32 int8
+        return b"".join(struct.pack("<e", 0.01) + bytes((j * 5 + r) % 256 for j in range(32))
+                        for r in range(rows) for _ in range(cols // 32))
+    def q4_k(rows, cols):  # per block of 256: d, dmin, 12 scale bytes, 128 nibble bytes
+        return b"".join(struct.pack("<ee", 0.01, 0.002) + bytes(range(1, 13)) +
+                        bytes((j * 13 + r) % 256 for j in range(128))
+                        for r in range(rows) for _ in range(cols // 256))
+    pieces = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in (10, 32)] + \
+        ["\u2581", "\u2581the", "t", "h", "e", "a", "\u2581a", "he", "th", "re", "<|user|>"]
+    kinds = [2, 3, 3, 6, 6] + [1] * 10 + [4]
+    meta = [("general.architecture", 8, "llama"), ("llama.context_length", 4, 16),
+            ("llama.embedding_length", 4, d), ("llama.block_count", 4, 1),
+            ("llama.feed_forward_length", 4, h), ("llama.attention.head_count", 4, 2),
+            ("llama.attention.head_count_kv", 4, 1), ("llama.rope.freq_base", 6, 10000.0),
+            ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5),
+            ("tokenizer.ggml.model", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, pieces)),
+            ("tokenizer.ggml.scores", 9, (6, [-float(i) for i in range(v)])),
+            ("tokenizer.ggml.token_type", 9, (5, kinds)),
+            ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
+            ("tokenizer.chat_template", 8, "{% for m in messages %}{{ m['content'] }}{% endfor %}")]
+    kv = d // 2
+    tensors = [("token_embd.weight", [d, v], 0, f32s(d * v)),
+               ("blk.0.attn_norm.weight", [d], 0, f32s(d, 1.0)),
+               ("blk.0.attn_q.weight", [d, d], 8, q8_0(d, d)),
+               ("blk.0.attn_k.weight", [d, kv], 1, f16s(d * kv)),
+               ("blk.0.attn_v.weight", [d, kv], 1, f16s(d * kv)),
+               ("blk.0.attn_output.weight", [d, d], 0, f32s(d * d)),
+               ("blk.0.ffn_norm.weight", [d], 0, f32s(d, 1.0)),
+               ("blk.0.ffn_gate.weight", [d, h], 1, f16s(d * h)),
+               ("blk.0.ffn_up.weight", [d, h], 8, q8_0(h, d)),
+               ("blk.0.ffn_down.weight", [h, d], 12, q4_k(d, h)),
+               ("output_norm.weight", [d], 0, f32s(d, 1.0))]
+    return gguf(meta, tensors)
+
+
+put("gguf", "tiny-llama", tiny_gguf())
+for name in ("llama3-vocab", "qwen2-vocab", "gpt2-vocab"):
+    put("gguf", name, (ROOT / f"tests/data/gguf/{name}.gguf").read_bytes())
+
 put("tokenizer_model", "fortune", (ROOT / "models/fortune/tokenizer.model").read_bytes())
 
 # ---- tokenizer_json: prompts in many scripts, with and without specials ----

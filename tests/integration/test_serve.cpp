@@ -910,6 +910,17 @@ TEST(Serve, AutoChatTemplateIsTheModelsOwn) {
       {{"temperature", 0}});
 }
 
+// A llama.cpp GGUF file serves as it is: its quantized weights, its
+// vocabulary and its own chat template (tokenizer.chat_template), rendered
+// with the file's EOS spelling.
+TEST(Serve, GgufFileServesWithItsOwnVocabularyAndChatTemplate) {
+  Server s(
+      {"model.path=" + test::data_path("gguf/llama-q4_k_m.gguf").string(), "model.name=fortune"});
+  expect_chat_equals_completion(
+      s, "<|system|>\nYou are wise.</s>\n<|user|>\nTell me a fortune</s>\n<|assistant|>\n",
+      {{"temperature", 0}});
+}
+
 // The flags users type first, as vLLM's and llama-server's: --model and
 // --served-model-name override model.path and model.name; --host and
 // --port, server.listen's parts.
