@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "util/gguf_file.h"
+#include "util/utf8.h"
 
 namespace troupe {
 namespace {
@@ -113,6 +114,16 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
   if (model != "gpt2")
     refuse(f, "tokenizer.ggml.model '" + model +
                   "' is not one this runtime computes (llama and gpt2 are)");
+  // A byte-level BPE's tokens are UTF-8 text (its bytes spelled as code
+  // points), as are its merges; the reader here takes them as JSON text.
+  for (size_t id = 0; id < n; ++id)
+    if (!valid_utf8((*tokens)[id]))
+      refuse(f, "token " + std::to_string(id) + " of a gpt2 vocabulary is not valid UTF-8");
+  const auto* merges = f.texts("tokenizer.ggml.merges");
+  if (merges)
+    for (size_t i = 0; i < merges->size(); ++i)
+      if (!valid_utf8((*merges)[i]))
+        refuse(f, "merge " + std::to_string(i) + " is not valid UTF-8");
   const std::string pre = f.text("tokenizer.ggml.pre").value_or("default");
   bool ignore_merges = false;
   json j;
@@ -125,7 +136,6 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
     else
       vocab[(*tokens)[id]] = int(id);
   }
-  const auto* merges = f.texts("tokenizer.ggml.merges");
   j["model"] = {{"type", "BPE"},
                 {"vocab", std::move(vocab)},
                 {"merges", merges ? json(*merges) : json::array()},

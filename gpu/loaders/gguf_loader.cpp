@@ -39,7 +39,7 @@ constexpr const char* kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>",     "<|en
 
 class GgufModel {
  public:
-  explicit GgufModel(const fs::path& path) : path_(path), file_(open(path)) {
+  explicit GgufModel(const fs::path& path) : path_(path), file_(GgufFile::open(path)) {
     arch_ = required_text("general.architecture");
     if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3")
       fail(path_, "architecture '" + arch_ +
@@ -121,14 +121,6 @@ class GgufModel {
   const std::string& arch() const { return arch_; }
 
  private:
-  static GgufFile open(const fs::path& path) {
-    try {
-      return GgufFile::open(path);
-    } catch (const GgufError& e) {
-      throw CheckpointError(e.what());
-    }
-  }
-
   std::string required_text(const std::string& key) const {
     const auto v = file_.text(key);
     if (!v) fail(path_, "metadata " + key + " is missing");
@@ -216,9 +208,7 @@ LayerTensors load_layer(GgufModel& g, const ModelConfig& c, int i) {
   return l;
 }
 
-}  // namespace
-
-Checkpoint load_gguf(const fs::path& file) {
+Checkpoint load_gguf_file(const fs::path& file) {
   GgufModel g(file);
   Checkpoint ck;
   ck.source = file;
@@ -234,6 +224,16 @@ Checkpoint load_gguf(const fs::path& file) {
   if (g.has_vocabulary()) ck.tokenizer_path = file;
   spdlog::debug("{}: loaded GGUF checkpoint ({}, {} layers)", file.string(), g.arch(), c.n_layers);
   return ck;
+}
+
+}  // namespace
+
+Checkpoint load_gguf(const fs::path& file) {
+  try {
+    return load_gguf_file(file);
+  } catch (const GgufError& e) {  // a key of the wrong kind, met while reading
+    throw CheckpointError(e.what());
+  }
 }
 
 }  // namespace troupe

@@ -328,23 +328,48 @@ def tiny_gguf():
             ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
             ("tokenizer.chat_template", 8, "{% for m in messages %}{{ m['content'] }}{% endfor %}")]
     kv = d // 2
-    tensors = [("token_embd.weight", [d, v], 0, f32s(d * v)),
+    tensors = [("token_embd.weight", [d, v], 1, f16s(d * v)),
                ("blk.0.attn_norm.weight", [d], 0, f32s(d, 1.0)),
                ("blk.0.attn_q.weight", [d, d], 8, q8_0(d, d)),
                ("blk.0.attn_k.weight", [d, kv], 1, f16s(d * kv)),
-               ("blk.0.attn_v.weight", [d, kv], 1, f16s(d * kv)),
-               ("blk.0.attn_output.weight", [d, d], 0, f32s(d * d)),
+               ("blk.0.attn_v.weight", [d, kv], 30, f16s(d * kv)),
+               ("blk.0.attn_output.weight", [d, d], 8, q8_0(d, d)),
                ("blk.0.ffn_norm.weight", [d], 0, f32s(d, 1.0)),
-               ("blk.0.ffn_gate.weight", [d, h], 1, f16s(d * h)),
+               ("blk.0.ffn_gate.weight", [d, h], 8, q8_0(h, d)),
                ("blk.0.ffn_up.weight", [d, h], 8, q8_0(h, d)),
                ("blk.0.ffn_down.weight", [h, d], 12, q4_k(d, h)),
                ("output_norm.weight", [d], 0, f32s(d, 1.0))]
     return gguf(meta, tensors)
 
 
+def tiny_bpe_vocab(pre):
+    """A byte-level BPE vocabulary alone: the 256 byte tokens as GPT-2 spells
+    them, a few merges, two special tokens."""
+    def byte_char(b):
+        keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+        if b in keep:
+            return chr(b)
+        return chr(256 + sorted(set(range(256)) - set(keep)).index(b))
+    tokens = [byte_char(b) for b in range(256)]
+    merges = []
+    for a, b in [("\u0120", "t"), ("h", "e"), ("\u0120t", "he"), ("1", "2"), ("a", "n")]:
+        merges.append(a + " " + b)
+        tokens.append(a + b)
+    tokens += ["<|begin_of_text|>", "<|eot_id|>"]
+    kinds = [1] * (len(tokens) - 2) + [3, 3]
+    meta = [("general.architecture", 8, "llama"), ("tokenizer.ggml.model", 8, "gpt2"),
+            ("tokenizer.ggml.pre", 8, pre), ("tokenizer.ggml.tokens", 9, (8, tokens)),
+            ("tokenizer.ggml.token_type", 9, (5, kinds)), ("tokenizer.ggml.merges", 9, (8, merges)),
+            ("tokenizer.ggml.bos_token_id", 4, len(tokens) - 2),
+            ("tokenizer.ggml.eos_token_id", 4, len(tokens) - 1),
+            ("tokenizer.ggml.add_bos_token", 7, True)]
+    return gguf(meta, [])
+
+
 put("gguf", "tiny-llama", tiny_gguf())
-for name in ("llama3-vocab", "qwen2-vocab", "gpt2-vocab"):
-    put("gguf", name, (ROOT / f"tests/data/gguf/{name}.gguf").read_bytes())
+put("gguf", "vocab-llama-bpe", tiny_bpe_vocab("llama-bpe"))
+put("gguf", "vocab-qwen2", tiny_bpe_vocab("qwen2"))
+put("gguf", "vocab-smollm", tiny_bpe_vocab("smollm"))
 
 put("tokenizer_model", "fortune", (ROOT / "models/fortune/tokenizer.model").read_bytes())
 

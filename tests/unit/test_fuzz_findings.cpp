@@ -21,6 +21,7 @@
 #include "gpu/checkpoint.h"
 #include "gpu/sampler.h"
 #include "net/openai_api.h"
+#include "support/error_messages.h"
 #include "support/test_support.h"
 #include "text/jinja/template.h"
 #include "text/tokenizer.h"
@@ -34,6 +35,26 @@ std::string finding(const std::string& target, const std::string& name) {
 
 // As `troupe serve` sets them for models/fortune under the default config.
 const openai::ModelLimits kFortune{"fortune", 256, 2000, 4096};
+
+// A byte-level BPE vocabulary in a GGUF whose token is not UTF-8: the JSON
+// the BPE reader takes threw nlohmann's type_error, which no caller expects
+// (the server would terminate). Now refused with a runtime_error naming the
+// token.
+TEST(FuzzFindings, GgufBpeTokenThatIsNotUtf8IsRefusedNamingIt) {
+  const auto path = test::data_path("fuzz/gguf/token-not-utf8.gguf");
+  const std::string msg = test::message_of<std::runtime_error>([&] { Tokenizer::load(path); });
+  EXPECT_TRUE(test::contains(msg, "token-not-utf8.gguf")) << msg;
+  EXPECT_TRUE(test::contains(msg, "is not valid UTF-8")) << msg;
+}
+
+// general.architecture stored as a number: the container's GgufError for a
+// key of the wrong kind escaped load_checkpoint, whose callers expect
+// CheckpointError.
+TEST(FuzzFindings, GgufKeyOfTheWrongKindIsACheckpointError) {
+  const auto path = test::data_path("fuzz/gguf/architecture-not-a-string.gguf");
+  const std::string msg = test::message_of<CheckpointError>([&] { load_checkpoint(path); });
+  EXPECT_TRUE(test::contains(msg, "general.architecture should be a string")) << msg;
+}
 
 // "[1e3082,.3]": a number beyond a double is nlohmann's out_of_range, not a
 // parse_error; it escaped the decoder and the server answered 500.
