@@ -223,9 +223,7 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     embedding_ = Tensor::zeros({e.dim(0), e.dim(1)}, weight_dtype);
     std::vector<float> row(static_cast<size_t>(e.dim(1)));
     for (int64_t r = 0; r < e.dim(0); ++r) {
-      convert_to_f32(
-          static_cast<const char*>(e.raw()) + size_t(r * e.dim(1)) * dtype_size(e.dtype()),
-          e.dtype(), row.data(), row.size());
+      e.row_to_f32(r, row.data());
       convert_from_f32(row.data(), weight_dtype,
                        static_cast<char*>(embedding_.raw_mut()) +
                            size_t(r * e.dim(1)) * dtype_size(weight_dtype),

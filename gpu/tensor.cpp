@@ -5,6 +5,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "gpu/loaders/ggml_quants.h"
+
 namespace troupe {
 
 int64_t Tensor::numel() const {
@@ -36,16 +38,53 @@ Tensor Tensor::view(const void* data, std::vector<int64_t> shape, DType dtype,
   return t;
 }
 
+Tensor Tensor::blocks_view(const void* data, std::vector<int64_t> shape, uint32_t ggml_type,
+                           std::shared_ptr<const void> keepalive) {
+  const GgmlType* type = troupe::ggml_type(ggml_type);
+  if (!type || !type->dequantizable || shape.empty() || shape.back() % type->block != 0)
+    throw std::invalid_argument("Tensor::blocks_view: " + ggml_type_name(ggml_type) +
+                                " blocks cannot make rows of " +
+                                std::to_string(shape.empty() ? 0 : shape.back()));
+  Tensor t = view(data, std::move(shape), DType::F32, std::move(keepalive));
+  t.block_type_ = int32_t(ggml_type);
+  return t;
+}
+
+int64_t Tensor::row_elements() const {
+  int64_t row = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) row *= shape_[i];
+  return row;
+}
+
+size_t Tensor::row_bytes() const {
+  if (!is_blocks()) return size_t(row_elements()) * dtype_size(dtype_);
+  const GgmlType* type = ggml_type(uint32_t(block_type_));
+  return size_t(row_elements() / type->block) * type->bytes;
+}
+
+size_t Tensor::nbytes() const {
+  if (!is_blocks()) return size_t(numel()) * dtype_size(dtype_);
+  return shape_.empty() ? 0 : size_t(shape_[0]) * row_bytes();
+}
+
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
   if (shape_.empty() || begin < 0 || end > shape_[0] || begin > end)
     throw std::out_of_range("Tensor::rows(" + std::to_string(begin) + ", " + std::to_string(end) +
                             ") out of " + shape_str());
-  int64_t row = 1;
-  for (size_t i = 1; i < shape_.size(); ++i) row *= shape_[i];
   Tensor t = *this;
   t.shape_[0] = end - begin;
-  t.data_ = static_cast<const char*>(data_) + size_t(begin * row) * dtype_size(dtype_);
+  t.data_ = static_cast<const char*>(data_) + size_t(begin) * row_bytes();
   return t;
+}
+
+void Tensor::row_to_f32(int64_t r, float* out) const {
+  if (shape_.empty() || r < 0 || r >= shape_[0])
+    throw std::out_of_range("Tensor::row_to_f32(" + std::to_string(r) + ") out of " + shape_str());
+  const auto* src = static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes();
+  if (is_blocks())
+    dequantize_row(uint32_t(block_type_), src, out, row_elements());
+  else
+    convert_to_f32(src, dtype_, out, size_t(row_elements()));
 }
 
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
@@ -53,6 +92,16 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
     throw std::out_of_range("Tensor::cols(" + std::to_string(begin) + ", " + std::to_string(end) +
                             ") out of " + shape_str());
   if (begin == 0 && end == shape_[1]) return *this;
+  if (is_blocks()) {  // a slice may cut a block: dequantized
+    Tensor out = zeros({shape_[0], end - begin}, DType::F32);
+    std::vector<float> row(static_cast<size_t>(shape_[1]));
+    for (int64_t r = 0; r < shape_[0]; ++r) {
+      row_to_f32(r, row.data());
+      std::memcpy(out.data_mut<float>() + r * (end - begin), row.data() + begin,
+                  size_t(end - begin) * sizeof(float));
+    }
+    return out;
+  }
   Tensor out = zeros({shape_[0], end - begin}, dtype_);
   const size_t esz = dtype_size(dtype_), width = size_t(end - begin) * esz;
   for (int64_t r = 0; r < shape_[0]; ++r)
@@ -63,7 +112,10 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
 
 std::vector<float> Tensor::to_f32() const {
   std::vector<float> out(static_cast<size_t>(numel()));
-  convert_to_f32(data_, dtype_, out.data(), out.size());
+  if (is_blocks())
+    dequantize_row(uint32_t(block_type_), static_cast<const uint8_t*>(data_), out.data(), numel());
+  else
+    convert_to_f32(data_, dtype_, out.data(), out.size());
   return out;
 }
 

@@ -19,13 +19,21 @@ class Tensor {
   // Non-owning view; `keepalive` (may be null) holds the memory's owner.
   static Tensor view(const void* data, std::vector<int64_t> shape, DType dtype,
                      std::shared_ptr<const void> keepalive = nullptr);
+  // A view of ggml's block-quantized data (a GGUF's q4_K, q8_0, ...; the
+  // blocks run along the last dimension, none across a row). To every
+  // reader its elements are f32: read them through to_f32(), row_to_f32()
+  // or cols(), which dequantize; raw() is the blocks. So a quantized file
+  // stays mapped, not copied, until the model packs it.
+  static Tensor blocks_view(const void* data, std::vector<int64_t> shape, uint32_t ggml_type,
+                            std::shared_ptr<const void> keepalive);
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(size_t i) const { return shape_.at(i); }
   size_t ndim() const { return shape_.size(); }
   int64_t numel() const;
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  size_t nbytes() const;
+  bool is_blocks() const { return block_type_ >= 0; }
   bool empty() const { return data_ == nullptr; }
 
   const void* raw() const { return data_; }
@@ -44,8 +52,10 @@ class Tensor {
   // Columns [begin, end) of a 2-D tensor, as an owning copy (itself when
   // that is every column).
   Tensor cols(int64_t begin, int64_t end) const;
-  // Copy converted to f32 (any dtype in).
+  // Copy converted to f32 (any dtype in, block-quantized too).
   std::vector<float> to_f32() const;
+  // Row r of the first dimension (its other dimensions flattened) as f32.
+  void row_to_f32(int64_t r, float* out) const;
 
   std::string shape_str() const;  // "[192, 512]"
 
@@ -53,7 +63,10 @@ class Tensor {
   const void* data_ = nullptr;
   std::vector<int64_t> shape_;
   DType dtype_ = DType::F32;
+  int32_t block_type_ = -1;  // the ggml type of a blocks_view
   std::shared_ptr<const void> owner_;
+  size_t row_bytes() const;  // of the first dimension's rows
+  int64_t row_elements() const;
 };
 
 }  // namespace troupe

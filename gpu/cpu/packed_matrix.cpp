@@ -16,15 +16,11 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
-  const size_t K = size_t(m.cols_);
   size_t block = 0;
   int64_t first = 0;  // block's first row
   m.lay_out(dtype, [&](int n, float* out) {
     while (n - first >= row_blocks[block].dim(0)) first += row_blocks[block++].dim(0);
-    const Tensor& b = row_blocks[block];
-    convert_to_f32(
-        static_cast<const char*>(b.raw()) + size_t(n - first) * K * dtype_size(b.dtype()),
-        b.dtype(), out, K);
+    row_blocks[block].row_to_f32(n - first, out);
   });
   return m;
 }

@@ -16,6 +16,18 @@ void upload_stacked(const std::vector<Tensor>& parts, DType to, char* dst) {
   std::vector<float> f32;
   std::vector<char> staged;
   for (const Tensor& t : parts) {
+    if (t.is_blocks()) {  // a GGUF's quantized weights: dequantized a row at a time
+      f32.resize(size_t(t.dim(1)));
+      staged.resize(f32.size() * dtype_size(to));
+      for (int64_t r = 0; r < t.dim(0); ++r) {
+        t.row_to_f32(r, f32.data());
+        convert_from_f32(f32.data(), to, staged.data(), f32.size());
+        check(cudaMemcpy(dst, staged.data(), staged.size(), cudaMemcpyHostToDevice),
+              "upload weights");
+        dst += staged.size();
+      }
+      continue;
+    }
     if (t.dtype() == to) {
       check(cudaMemcpy(dst, t.raw(), t.nbytes(), cudaMemcpyHostToDevice), "upload weights");
       dst += t.nbytes();

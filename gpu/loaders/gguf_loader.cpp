@@ -1,10 +1,10 @@
 // A llama.cpp GGUF file: architectures llama (Llama 1-3, Mistral, TinyLlama,
 // SmolLM as converted), qwen2 and qwen3. Tensors in f32, f16 or bf16 are
-// viewed where they lie; block-quantized ones (q4_0 ... q6_K) are
-// dequantized to f32 as ggml computes them, then packed like any other
-// weight. llama.cpp's converter stores a llama's query and key rows in
-// llama2.c's interleaved RoPE order (it permutes Hugging Face's back), and a
-// qwen's unpermuted, so the RoPE layout follows the architecture.
+// viewed where they lie, and so are block-quantized ones (q4_0 ... q6_K),
+// which the model dequantizes row by row as it packs them (as ggml computes
+// them), so the file is never copied whole. llama.cpp's converter stores a llama's query and key
+// rows in llama2.c's interleaved RoPE order (it permutes Hugging Face's back), and a qwen's
+// unpermuted, so the RoPE layout follows the architecture.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include <string>
 
 #include "gpu/checkpoint.h"
-#include "gpu/loaders/ggml_quants.h"
 #include "util/gguf_file.h"
 
 namespace troupe {
@@ -101,9 +100,7 @@ class GgufModel {
                                             : DType::BF16;
       return Tensor::view(t->data, shape, d, file_.keepalive());
     }
-    Tensor out = Tensor::zeros(shape, DType::F32);
-    dequantize_row(t->type, t->data, out.data_mut<float>(), out.numel());
-    return out;
+    return Tensor::blocks_view(t->data, shape, t->type, file_.keepalive());
   }
 
   bool has(const std::string& name) const { return file_.tensor(name) != nullptr; }

@@ -16,6 +16,7 @@
 #include "gpu/generate.h"
 #include "gpu/loaders/ggml_quants.h"
 #include "gpu/model.h"
+#include "gpu/tensor.h"
 #include "support/error_messages.h"
 #include "support/test_support.h"
 #include "text/tokenizer.h"
@@ -71,6 +72,32 @@ TEST(GgufDequant, MatchesGgmlForEveryType) {
     ++types;
   }
   EXPECT_EQ(types, 12);  // q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K f16 bf16
+}
+
+// A blocks view reads as the f32 tensor it stands for, whole, by rows, by
+// row and by columns (a column slice may cut blocks).
+TEST(GgufDequant, BlocksViewReadsAsItsFloats) {
+  const GgufFile f = GgufFile::open(test::data_path("gguf/dequant.gguf"));
+  for (const char* name : {"q4_K", "q8_0", "q6_K"}) {
+    SCOPED_TRACE(name);
+    const GgufTensorInfo& q = *f.tensor(name);
+    const Tensor t = Tensor::blocks_view(q.data, {q.ne[1], q.ne[0]}, q.type, f.keepalive());
+    EXPECT_EQ(t.nbytes(), q.nbytes);
+    const std::vector<float> all = t.to_f32();
+    std::vector<float> want(all.size());
+    std::memcpy(want.data(), f.tensor(std::string(name) + ".expected")->data, want.size() * 4);
+    EXPECT_EQ(all, want);
+    const int64_t cols = q.ne[0];
+    const std::vector<float> mid = t.rows(2, 4).to_f32();
+    EXPECT_EQ(mid, std::vector<float>(all.begin() + 2 * cols, all.begin() + 4 * cols));
+    std::vector<float> row(static_cast<size_t>(cols));
+    t.row_to_f32(5, row.data());
+    EXPECT_EQ(row, std::vector<float>(all.begin() + 5 * cols, all.end()));
+    const Tensor slice = t.cols(5, 300);
+    EXPECT_FALSE(slice.is_blocks());
+    EXPECT_EQ(slice.data<float>()[295 + 3], all[size_t(cols + 5 + 3)]);  // row 1, column 8
+  }
+  EXPECT_THROW(Tensor::blocks_view(nullptr, {2, 100}, 12, nullptr), std::invalid_argument);
 }
 
 TEST(GgufFile, ReadsMetadataAndTensorTable) {
@@ -180,7 +207,10 @@ TEST(GgufLoader, MapsEachArchitecturesSettings) {
   EXPECT_EQ(llama.config.max_seq_len, 256);
   EXPECT_FALSE(llama.config.tied_classifier);
   EXPECT_EQ(llama.tokenizer_path, test::data_path("gguf/llama-q4_k_m.gguf"));
-  EXPECT_EQ(llama.layers[0].wq.dtype(), DType::F32);  // dequantized
+  // Quantized weights stay the file's blocks until the model packs them.
+  EXPECT_TRUE(llama.layers[0].wq.is_blocks());
+  EXPECT_EQ(llama.layers[0].wq.dtype(), DType::F32);
+  EXPECT_FALSE(llama.layers[0].attn_norm.is_blocks());
 
   const Checkpoint qwen2 = load_checkpoint(test::data_path("gguf/qwen2-q5_k_m.gguf"));
   EXPECT_EQ(qwen2.config.rope, RopeLayout::RotateHalf);

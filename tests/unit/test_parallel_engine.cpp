@@ -62,7 +62,10 @@ Run drive(StepEngine& engine, bool logits, const ModelConfig& c) {
   return run;
 }
 
-void check_layouts(const Checkpoint& ck, DType dtype = DType::F32, DType kv = DType::F32) {
+using Layouts = std::vector<std::pair<int, int>>;  // (pipeline, tensor)
+
+void check_layouts(const Checkpoint& ck, DType dtype = DType::F32, DType kv = DType::F32,
+                   const Layouts& layouts = {{1, 2}, {2, 1}, {2, 2}, {3, 1}, {1, 4}}) {
   ParallelEngineOptions one;
   one.blocks = 256;
   one.block_tokens = 4;
@@ -74,7 +77,7 @@ void check_layouts(const Checkpoint& ck, DType dtype = DType::F32, DType kv = DT
   const Run single_run = drive(single, true, ck.config);
   EXPECT_EQ(single_run.ids, want.ids);
   EXPECT_EQ(single_run.logits, want.logits);
-  for (auto [P, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {3, 1}, {1, 4}}) {
+  for (auto [P, T] : layouts) {
     ParallelEngineOptions l = one;
     l.pipeline = P;
     l.tensor = T;
@@ -98,6 +101,16 @@ void check_layouts(const Checkpoint& ck, DType dtype = DType::F32, DType kv = DT
       EXPECT_GT(st.stages[0].comm_bytes, 0u);
     }
   }
+}
+
+// A GGUF's block-quantized weights are cut into tensor shards (the output
+// projections by columns, across q4_K and q6_K blocks) and give the
+// single device's logits, in f32 and in bf16.
+TEST(ParallelEngine, LayoutsMatchSingleDeviceOnAQuantizedGguf) {
+  const Checkpoint ck = load_checkpoint(test::data_path("gguf/llama-q4_k_m.gguf"));
+  ASSERT_TRUE(ck.layers[0].w_down.is_blocks());
+  check_layouts(ck, DType::F32, DType::F32, {{1, 2}, {1, 4}});
+  check_layouts(ck, DType::BF16, DType::BF16, {{1, 2}});
 }
 
 TEST(ParallelEngine, LayoutsMatchSingleDeviceOnStories260K) {
