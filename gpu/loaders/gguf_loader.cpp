@@ -39,6 +39,9 @@ constexpr const char* kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>",     "<|en
 class GgufModel {
  public:
   explicit GgufModel(const fs::path& path) : path_(path), file_(GgufFile::open(path)) {
+    if (const auto parts = file_.integer("split.count"); parts && *parts > 1)
+      fail(path_, "is one of " + std::to_string(*parts) +
+                      " parts of a split GGUF; join them first (llama-gguf-split --merge)");
     arch_ = required_text("general.architecture");
     if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3")
       fail(path_, "architecture '" + arch_ +
