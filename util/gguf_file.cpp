@@ -344,53 +344,62 @@ const GgufValue* GgufFile::find(std::string_view key) const {
   return it == metadata_.end() ? nullptr : &it->second;
 }
 
-std::optional<int64_t> GgufFile::integer(std::string_view key) const {
+const GgufValue* GgufFile::find_as(std::string_view key, bool (*fits)(const GgufValue&),
+                                   const char* what) const {
   const GgufValue* v = find(key);
-  if (!v) return std::nullopt;
-  if (v->kind != GgufValue::Kind::Integer)
-    fail(path_, "metadata " + std::string(key) + " should be an integer");
-  return v->integer;
+  if (v && !fits(*v)) fail(path_, "metadata " + std::string(key) + " should be " + what);
+  return v;
+}
+
+namespace {
+using Kind = GgufValue::Kind;
+bool is_integer(const GgufValue& v) {
+  return v.kind == Kind::Integer;
+}
+bool is_number(const GgufValue& v) {
+  return v.kind == Kind::Integer || v.kind == Kind::Real;
+}
+bool is_text(const GgufValue& v) {
+  return v.kind == Kind::Text;
+}
+// An empty array is either kind.
+bool is_texts(const GgufValue& v) {
+  return v.kind == Kind::Array && (v.array_of_text || v.numbers.empty());
+}
+bool is_numbers(const GgufValue& v) {
+  return v.kind == Kind::Array && !v.array_of_text;
+}
+}  // namespace
+
+std::optional<int64_t> GgufFile::integer(std::string_view key) const {
+  const GgufValue* v = find_as(key, is_integer, "an integer");
+  return v ? std::optional(v->integer) : std::nullopt;
 }
 
 std::optional<double> GgufFile::real(std::string_view key) const {
-  const GgufValue* v = find(key);
+  const GgufValue* v = find_as(key, is_number, "a number");
   if (!v) return std::nullopt;
-  if (v->kind == GgufValue::Kind::Integer) return double(v->integer);
-  if (v->kind != GgufValue::Kind::Real)
-    fail(path_, "metadata " + std::string(key) + " should be a number");
-  return v->real;
+  return v->kind == Kind::Integer ? double(v->integer) : v->real;
 }
 
 std::optional<std::string> GgufFile::text(std::string_view key) const {
-  const GgufValue* v = find(key);
-  if (!v) return std::nullopt;
-  if (v->kind != GgufValue::Kind::Text)
-    fail(path_, "metadata " + std::string(key) + " should be a string");
-  return v->text;
+  const GgufValue* v = find_as(key, is_text, "a string");
+  return v ? std::optional(v->text) : std::nullopt;
 }
 
 std::optional<bool> GgufFile::boolean(std::string_view key) const {
-  const GgufValue* v = find(key);
-  if (!v) return std::nullopt;
-  if (v->kind != GgufValue::Kind::Integer)
-    fail(path_, "metadata " + std::string(key) + " should be a bool");
-  return v->integer != 0;
+  const GgufValue* v = find_as(key, is_integer, "a bool");
+  return v ? std::optional(v->integer != 0) : std::nullopt;
 }
 
 const std::vector<std::string>* GgufFile::texts(std::string_view key) const {
-  const GgufValue* v = find(key);
-  if (!v) return nullptr;
-  if (v->kind != GgufValue::Kind::Array || (!v->array_of_text && !v->numbers.empty()))
-    fail(path_, "metadata " + std::string(key) + " should be an array of strings");
-  return &v->texts;
+  const GgufValue* v = find_as(key, is_texts, "an array of strings");
+  return v ? &v->texts : nullptr;
 }
 
 const std::vector<double>* GgufFile::numbers(std::string_view key) const {
-  const GgufValue* v = find(key);
-  if (!v) return nullptr;
-  if (v->kind != GgufValue::Kind::Array || v->array_of_text)
-    fail(path_, "metadata " + std::string(key) + " should be an array of numbers");
-  return &v->numbers;
+  const GgufValue* v = find_as(key, is_numbers, "an array of numbers");
+  return v ? &v->numbers : nullptr;
 }
 
 const GgufTensorInfo* GgufFile::tensor(std::string_view name) const {

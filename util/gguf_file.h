@@ -87,6 +87,11 @@ class GgufFile {
   std::shared_ptr<const void> keepalive() const { return mapping_; }
 
  private:
+  // The value of `key` if present, after checking it `fits`; else throws
+  // GgufError saying it should be `what`.
+  const GgufValue* find_as(std::string_view key, bool (*fits)(const GgufValue&),
+                           const char* what) const;
+
   std::filesystem::path path_;
   uint32_t version_ = 0;
   std::map<std::string, GgufValue, std::less<>> metadata_;

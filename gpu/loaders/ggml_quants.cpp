@@ -1,6 +1,7 @@
 #include "gpu/loaders/ggml_quants.h"
 
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "gpu/dtype.h"
@@ -153,6 +154,26 @@ void q6_k(const uint8_t* b, float* y) {
     }
 }
 
+// One block to f32, by ggml type id.
+using BlockFn = void (*)(const uint8_t*, float*);
+constexpr BlockFn kBlockKernels[] = {
+    nullptr,                                                 // 0 f32
+    nullptr,                                                 // 1 f16
+    q4_0,                                                    // 2
+    q4_1,                                                    // 3
+    nullptr,                                                 // 4
+    nullptr,                                                 // 5
+    [](const uint8_t* b, float* y) { q5(b, y, false); },     // 6 q5_0
+    [](const uint8_t* b, float* y) { q5(b, y, true); },      // 7 q5_1
+    q8_0,                                                    // 8
+    nullptr,                                                 // 9 q8_1
+    q2_k,                                                    // 10
+    q3_k,                                                    // 11
+    [](const uint8_t* b, float* y) { q45_k(b, y, false); },  // 12 q4_K
+    [](const uint8_t* b, float* y) { q45_k(b, y, true); },   // 13 q5_K
+    q6_k,                                                    // 14
+};
+
 }  // namespace
 
 void dequantize_row(uint32_t id, const uint8_t* src, float* dst, int64_t n) {
@@ -167,42 +188,9 @@ void dequantize_row(uint32_t id, const uint8_t* src, float* dst, int64_t n) {
     convert_to_f32(src, id == kGgmlF16 ? DType::F16 : DType::BF16, dst, size_t(n));
     return;
   }
-  for (int64_t i = 0; i < n / t->block; ++i, src += t->bytes, dst += t->block) {
-    switch (id) {
-      case 2:
-        q4_0(src, dst);
-        break;
-      case 3:
-        q4_1(src, dst);
-        break;
-      case 6:
-        q5(src, dst, false);
-        break;
-      case 7:
-        q5(src, dst, true);
-        break;
-      case 8:
-        q8_0(src, dst);
-        break;
-      case 10:
-        q2_k(src, dst);
-        break;
-      case 11:
-        q3_k(src, dst);
-        break;
-      case 12:
-        q45_k(src, dst, false);
-        break;
-      case 13:
-        q45_k(src, dst, true);
-        break;
-      case 14:
-        q6_k(src, dst);
-        break;
-      default:
-        throw std::logic_error("dequantize_row: no kernel for " + ggml_type_name(id));
-    }
-  }
+  const BlockFn kernel = id < std::size(kBlockKernels) ? kBlockKernels[id] : nullptr;
+  if (!kernel) throw std::logic_error("dequantize_row: no kernel for " + ggml_type_name(id));
+  for (int64_t i = 0; i < n / t->block; ++i, src += t->bytes, dst += t->block) kernel(src, dst);
 }
 
 }  // namespace troupe

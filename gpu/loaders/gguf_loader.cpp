@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gpu/checkpoint.h"
+#include "gpu/loaders/layer_names.h"
 #include "util/gguf_file.h"
 
 namespace troupe {
@@ -185,27 +186,14 @@ class GgufModel {
 
 LayerTensors load_layer(GgufModel& g, const ModelConfig& c, int i) {
   const std::string p = "blk." + std::to_string(i) + ".";
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
-  LayerTensors l;
-  l.attn_norm = g.get(p + "attn_norm.weight", {dim});
-  l.wq = g.get(p + "attn_q.weight", {q, dim});
-  l.wk = g.get(p + "attn_k.weight", {kv, dim});
-  l.wv = g.get(p + "attn_v.weight", {kv, dim});
-  l.wo = g.get(p + "attn_output.weight", {dim, q});
-  l.ffn_norm = g.get(p + "ffn_norm.weight", {dim});
-  l.w_gate = g.get(p + "ffn_gate.weight", {hidden, dim});
-  l.w_up = g.get(p + "ffn_up.weight", {hidden, dim});
-  l.w_down = g.get(p + "ffn_down.weight", {dim, hidden});
-  if (c.qkv_bias) {
-    l.bq = g.get(p + "attn_q.bias", {q});
-    l.bk = g.get(p + "attn_k.bias", {kv});
-    l.bv = g.get(p + "attn_v.bias", {kv});
-  }
-  if (c.qk_norm) {
-    l.q_norm = g.get(p + "attn_q_norm.weight", {c.head_dim});
-    l.k_norm = g.get(p + "attn_k_norm.weight", {c.head_dim});
-  }
-  return l;
+  const LayerNames names{p + "attn_norm.weight",   p + "attn_q.weight",      p + "attn_k.weight",
+                         p + "attn_v.weight",      p + "attn_output.weight", p + "ffn_norm.weight",
+                         p + "ffn_gate.weight",    p + "ffn_up.weight",      p + "ffn_down.weight",
+                         p + "attn_q.bias",        p + "attn_k.bias",        p + "attn_v.bias",
+                         p + "attn_q_norm.weight", p + "attn_k_norm.weight"};
+  return read_layer([&](const std::string& name,
+                        const std::vector<int64_t>& shape) { return g.get(name, shape); },
+                    c, names);
 }
 
 Checkpoint load_gguf_file(const fs::path& file) {

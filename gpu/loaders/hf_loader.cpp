@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gpu/checkpoint.h"
+#include "gpu/loaders/layer_names.h"
 #include "gpu/loaders/mmap_file.h"
 #include "gpu/loaders/safetensors.h"
 
@@ -311,27 +312,16 @@ class WeightSource {
 
 LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
-  LayerTensors l;
-  l.attn_norm = w.get(p + "input_layernorm.weight", {dim});
-  l.wq = w.get(p + "self_attn.q_proj.weight", {q, dim});
-  l.wk = w.get(p + "self_attn.k_proj.weight", {kv, dim});
-  l.wv = w.get(p + "self_attn.v_proj.weight", {kv, dim});
-  l.wo = w.get(p + "self_attn.o_proj.weight", {dim, q});
-  l.ffn_norm = w.get(p + "post_attention_layernorm.weight", {dim});
-  l.w_gate = w.get(p + "mlp.gate_proj.weight", {hidden, dim});
-  l.w_up = w.get(p + "mlp.up_proj.weight", {hidden, dim});
-  l.w_down = w.get(p + "mlp.down_proj.weight", {dim, hidden});
-  if (c.qkv_bias) {
-    l.bq = w.get(p + "self_attn.q_proj.bias", {q});
-    l.bk = w.get(p + "self_attn.k_proj.bias", {kv});
-    l.bv = w.get(p + "self_attn.v_proj.bias", {kv});
-  }
-  if (c.qk_norm) {
-    l.q_norm = w.get(p + "self_attn.q_norm.weight", {c.head_dim});
-    l.k_norm = w.get(p + "self_attn.k_norm.weight", {c.head_dim});
-  }
-  return l;
+  const LayerNames names{p + "input_layernorm.weight",  p + "self_attn.q_proj.weight",
+                         p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
+                         p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
+                         p + "mlp.gate_proj.weight",    p + "mlp.up_proj.weight",
+                         p + "mlp.down_proj.weight",    p + "self_attn.q_proj.bias",
+                         p + "self_attn.k_proj.bias",   p + "self_attn.v_proj.bias",
+                         p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"};
+  return read_layer([&](const std::string& name,
+                        const std::vector<int64_t>& shape) { return w.get(name, shape); },
+                    c, names);
 }
 
 }  // namespace
