@@ -1,7 +1,7 @@
 # Vocabulary-only GGUFs from the tokenizer.json fixtures, written with
 # llama.cpp's gguf-py as its converter writes a byte-level BPE vocabulary.
+# Usage: PYTHONPATH=LLAMA_CPP/gguf-py python3 mkvocab.py TOKENIZER.json OUT.gguf PRE ADD_BOS(0|1)
 import json, sys
-sys.path.insert(0, '/tmp/nlc/lcpp/gguf-py')
 import gguf
 src, out, pre, add_bos = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == '1'
 j = json.load(open(src))
