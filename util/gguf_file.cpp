@@ -40,10 +40,10 @@ constexpr GgmlType kTypes[] = {
     {"iq2_xs", kQKK, 74, false},   // 17
     {"iq3_xxs", kQKK, 98, false},  // 18
     {"iq1_s", kQKK, 50, false},    // 19
-    {"iq4_nl", kQK, 18, false},    // 20
+    {"iq4_nl", kQK, 18, true},    // 20
     {"iq3_s", kQKK, 110, false},   // 21
     {"iq2_s", kQKK, 82, false},    // 22
-    {"iq4_xs", kQKK, 136, false},  // 23
+    {"iq4_xs", kQKK, 136, true},  // 23
     {"i8", 1, 1, false},           // 24
     {"i16", 1, 2, false},          // 25
     {"i32", 1, 4, false},          // 26

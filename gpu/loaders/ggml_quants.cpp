@@ -154,6 +154,38 @@ void q6_k(const uint8_t* b, float* y) {
     }
 }
 
+// The sixteen non-linear levels of iq4_nl and iq4_xs.
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+// Layout: d, qs[16].
+void iq4_nl(const uint8_t* b, float* y) {
+  const float d = half(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIq4Levels[qs[j] & 0xf]);
+    y[j + 16] = d * float(kIq4Levels[qs[j] >> 4]);
+  }
+}
+
+// Layout: d, scales_h (u16), scales_l[4], qs[128]: eight sub-blocks of 32
+// with 6-bit scales.
+void iq4_xs(const uint8_t* b, float* y) {
+  const float d = half(b);
+  uint16_t scales_h;
+  std::memcpy(&scales_h, b + 2, 2);
+  const uint8_t* scales_l = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int ib = 0; ib < 8; ++ib, y += 32, qs += 16) {
+    const int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+    const float dl = d * float(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * float(kIq4Levels[qs[j] & 0xf]);
+      y[j + 16] = dl * float(kIq4Levels[qs[j] >> 4]);
+    }
+  }
+}
+
 // One block to f32, by ggml type id.
 using BlockFn = void (*)(const uint8_t*, float*);
 constexpr BlockFn kBlockKernels[] = {
@@ -172,6 +204,15 @@ constexpr BlockFn kBlockKernels[] = {
     [](const uint8_t* b, float* y) { q45_k(b, y, false); },  // 12 q4_K
     [](const uint8_t* b, float* y) { q45_k(b, y, true); },   // 13 q5_K
     q6_k,                                                    // 14
+    nullptr,                                                 // 15 q8_K
+    nullptr,                                                 // 16 iq2_xxs
+    nullptr,                                                 // 17 iq2_xs
+    nullptr,                                                 // 18 iq3_xxs
+    nullptr,                                                 // 19 iq1_s
+    iq4_nl,                                                  // 20
+    nullptr,                                                 // 21 iq3_s
+    nullptr,                                                 // 22 iq2_s
+    iq4_xs,                                                  // 23
 };
 
 }  // namespace

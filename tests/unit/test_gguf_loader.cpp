@@ -71,7 +71,7 @@ TEST(GgufDequant, MatchesGgmlForEveryType) {
     EXPECT_EQ(off, 0) << "of " << n;
     ++types;
   }
-  EXPECT_EQ(types, 12);  // q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K f16 bf16
+  EXPECT_EQ(types, 14);  // q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K iq4_nl iq4_xs f16 bf16
 }
 
 // A blocks view reads as the f32 tensor it stands for, whole, by rows, by

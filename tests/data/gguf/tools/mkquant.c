@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   const int ncols = 512, nrows = 6;
   enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
                             GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
-                            GGML_TYPE_F16, GGML_TYPE_BF16};
+                            GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_F16, GGML_TYPE_BF16};
   const int nt = sizeof types / sizeof types[0];
   struct ggml_init_params ip = {64 << 20, NULL, false};
   struct ggml_context* ctx = ggml_init(ip);
