@@ -295,6 +295,22 @@ TEST(GgufLoader, RefusesWhatItDoesNotCompute) {
   write_bytes(p, bytes);
   const std::string msg = test::message_of<CheckpointError>([&] { load_checkpoint(p); });
   EXPECT_TRUE(mentions(msg, {"gemma.gguf", "architecture 'gemma'"})) << msg;
+  // A quantization kind it does not read (mxfp4 here, set in place of a
+  // q4_0 tensor's type): refused naming the tensor, its kind and the kinds
+  // it reads.
+  bytes = read_bytes(test::data_path("gguf/llama31-q4_0.gguf"));
+  const std::string tensor = "blk.0.attn_q.weight";
+  const size_t info = bytes.find(tensor + std::string(1, '\x02'));
+  ASSERT_NE(info, std::string::npos);
+  uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + info + tensor.size() + 4 + 16, 4);
+  ASSERT_EQ(type, 2u);  // q4_0
+  type = 39;            // mxfp4: 32 elements in 17 bytes, so the data still fits
+  std::memcpy(bytes.data() + info + tensor.size() + 4 + 16, &type, 4);
+  const fs::path mx = dir.path() / "mxfp4.gguf";
+  write_bytes(mx, bytes);
+  const std::string kind = test::message_of<CheckpointError>([&] { load_checkpoint(mx); });
+  EXPECT_TRUE(mentions(kind, {"mxfp4.gguf", tensor, "is mxfp4", "q4_K"})) << kind;
   // A vocabulary-only file has no weights: the first tensor is named.
   const std::string none = test::message_of<CheckpointError>(
       [&] { load_checkpoint(test::data_path("gguf/gpt2-vocab.gguf")); });
