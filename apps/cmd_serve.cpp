@@ -107,12 +107,15 @@ ModelChat read_gguf_chat(const std::filesystem::path& file) {
     const GgufFile f = GgufFile::open(file);
     chat.jinja = f.text("tokenizer.chat_template").value_or("");
     const auto* tokens = f.texts("tokenizer.ggml.tokens");
-    auto spelling = [&](const char* key) -> std::string {
-      const auto id = f.integer(key);
-      return tokens && id && *id >= 0 && size_t(*id) < tokens->size() ? (*tokens)[size_t(*id)] : "";
+    // A SentencePiece-style vocabulary's BOS and EOS are ids 1 and 2 unless
+    // it says otherwise, as llama.cpp reads it.
+    const bool spm = f.text("tokenizer.ggml.model").value_or("") == "llama";
+    auto spelling = [&](const char* key, int64_t spm_default) -> std::string {
+      const auto id = f.integer(key).value_or(spm ? spm_default : -1);
+      return tokens && id >= 0 && size_t(id) < tokens->size() ? (*tokens)[size_t(id)] : "";
     };
-    chat.bos_token = spelling("tokenizer.ggml.bos_token_id");
-    chat.eos_token = spelling("tokenizer.ggml.eos_token_id");
+    chat.bos_token = spelling("tokenizer.ggml.bos_token_id", 1);
+    chat.eos_token = spelling("tokenizer.ggml.eos_token_id", 2);
   } catch (const GgufError& e) {
     spdlog::warn("the model's chat template cannot be read ({})", e.what());
   }

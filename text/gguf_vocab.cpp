@@ -90,6 +90,11 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
                     std::to_string(n) + " tokens");
     for (size_t i = 0; i < n; ++i) kinds[i] = int((*types)[i]);
   }
+  // What llama.cpp ends a generation on is a control token, whatever the
+  // file says (Qwen2's vocabulary has "</s>" as a normal one).
+  const std::vector<int> file_kinds = kinds;
+  for (size_t i = 0; i < n; ++i)
+    if (gguf_ends_generation((*tokens)[i])) kinds[i] = kControl;
   GgufVocabulary v;
   if (model == "llama") {
     Llama2cTokenizer::Vocab spm;
@@ -104,6 +109,7 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
     spm.unk = id_or(f, "tokenizer.ggml.unknown_token_id", 0, n);
     spm.space_prefix = f.boolean("tokenizer.ggml.add_space_prefix").value_or(true);
     v.add_bos = f.boolean("tokenizer.ggml.add_bos_token").value_or(true) && spm.bos >= 0;
+    v.add_eos = f.boolean("tokenizer.ggml.add_eos_token").value_or(false) && spm.eos >= 0;
     for (size_t id = 0; id < n; ++id)
       if ((kinds[id] == kControl || kinds[id] == kUserDefined || int(id) == spm.unk) &&
           !(*tokens)[id].empty())
@@ -120,10 +126,10 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
     if (!valid_utf8((*tokens)[id]))
       refuse(f, "token " + std::to_string(id) + " of a gpt2 vocabulary is not valid UTF-8");
   const auto* merges = f.texts("tokenizer.ggml.merges");
-  if (merges)
-    for (size_t i = 0; i < merges->size(); ++i)
-      if (!valid_utf8((*merges)[i]))
-        refuse(f, "merge " + std::to_string(i) + " is not valid UTF-8");
+  if (!merges || merges->empty())
+    refuse(f, "a gpt2 vocabulary without tokenizer.ggml.merges cannot be encoded");
+  for (size_t i = 0; i < merges->size(); ++i)
+    if (!valid_utf8((*merges)[i])) refuse(f, "merge " + std::to_string(i) + " is not valid UTF-8");
   const std::string pre = f.text("tokenizer.ggml.pre").value_or("default");
   bool ignore_merges = false;
   json j;
@@ -133,12 +139,14 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
     if (kinds[id] == kControl || kinds[id] == kUserDefined)
       added.push_back(
           {{"id", int(id)}, {"content", (*tokens)[id]}, {"special", kinds[id] == kControl}});
-    else
+    // A token made control above stays in the model's vocabulary too, where
+    // merges may make it.
+    if ((kinds[id] != kControl && kinds[id] != kUserDefined) || file_kinds[id] == kNormal)
       vocab[(*tokens)[id]] = int(id);
   }
   j["model"] = {{"type", "BPE"},
                 {"vocab", std::move(vocab)},
-                {"merges", merges ? json(*merges) : json::array()},
+                {"merges", *merges},
                 {"ignore_merges", ignore_merges}};
   j["added_tokens"] = std::move(added);
   j["decoder"] = byte_level(true);
@@ -146,17 +154,23 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
   const int bos = id_or(f, "tokenizer.ggml.bos_token_id", -1, n);
   const bool add_bos =
       bos >= 0 && (ignore_merges || f.boolean("tokenizer.ggml.add_bos_token").value_or(false));
-  if (add_bos) {
-    const std::string& spelling = (*tokens)[size_t(bos)];
-    j["post_processor"] = {{"type", "TemplateProcessing"},
-                           {"single",
-                            {{{"SpecialToken", {{"id", spelling}, {"type_id", 0}}}},
-                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                           {"special_tokens", {{spelling, {{"id", spelling}, {"ids", {bos}}}}}}};
+  const int eos = id_or(f, "tokenizer.ggml.eos_token_id", -1, n);
+  const bool add_eos = eos >= 0 && f.boolean("tokenizer.ggml.add_eos_token").value_or(false);
+  if (add_bos || add_eos) {
+    json single = json::array(), specials = json::object();
+    auto special = [&](int id) {
+      const std::string& spelling = (*tokens)[size_t(id)];
+      single.push_back({{"SpecialToken", {{"id", spelling}, {"type_id", 0}}}});
+      specials[spelling] = {{"id", spelling}, {"ids", {id}}};
+    };
+    if (add_bos) special(bos);
+    single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    if (add_eos) special(eos);
+    j["post_processor"] = {
+        {"type", "TemplateProcessing"}, {"single", single}, {"special_tokens", specials}};
   }
   json config = json::object();
-  if (const int eos = id_or(f, "tokenizer.ggml.eos_token_id", -1, n); eos >= 0)
-    config["eos_token"] = (*tokens)[size_t(eos)];
+  if (eos >= 0) config["eos_token"] = (*tokens)[size_t(eos)];
   v.bpe = BpeTokenizer::parse(j.dump(), f.path().string(), config.dump());
   v.add_bos = add_bos;
   return v;

@@ -24,6 +24,7 @@ struct GgufVocabulary {
   // their spelling in a prompt; whether an encoding starts with BOS.
   std::vector<SpecialTokens::Token> specials;
   bool add_bos = true;
+  bool add_eos = false;  // SentencePiece-style: an encoding with BOS ends with EOS
 };
 
 GgufVocabulary read_gguf_vocabulary(const GgufFile& file);

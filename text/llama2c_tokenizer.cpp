@@ -88,6 +88,7 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_vocab(const Vocab& v) {
   t->eos_ = v.eos;
   t->unk_ = v.unk;
   t->space_prefix_ = v.space_prefix;
+  t->spm_spaces_ = true;
   const size_t n = v.pieces.size();
   t->spelled_ = v.pieces;
   t->scores_.assign(n, 0.0f);
@@ -119,6 +120,17 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_vocab(const Vocab& v) {
 
 void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
   if (text.empty()) return;
+  std::string spaced;
+  if (spm_spaces_ && text.find(kSpace) != std::string_view::npos) {
+    for (size_t i = 0; i < text.size();)
+      if (text.substr(i, kSpace.size()) == kSpace) {
+        spaced += ' ';
+        i += kSpace.size();
+      } else {
+        spaced += text[i++];
+      }
+    text = spaced;
+  }
   std::vector<int> tokens;
   if (const auto space = by_text_.find(" "); space_prefix_ && space != by_text_.end())
     tokens.push_back(space->second);  // the dummy prefix

@@ -62,6 +62,9 @@ class Llama2cTokenizer {
   int byte_piece_[256];
   int bos_ = -1, eos_ = -1, unk_ = -1;
   bool space_prefix_ = true;
+  // A SentencePiece vocabulary's: "▁" in a text is a space, as
+  // SentencePiece and llama.cpp read it (run.c does not).
+  bool spm_spaces_ = false;
 };
 
 }  // namespace troupe

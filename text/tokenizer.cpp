@@ -29,7 +29,8 @@ struct Tokenizer::Impl {
   std::unique_ptr<Llama2cTokenizer> l2c;
   std::string name;  // the file, for error messages
   int vocab = 0;
-  bool adds_bos = true;  // false: a GGUF vocabulary whose encodings start without BOS
+  bool adds_bos = true;   // false: a GGUF vocabulary whose encodings start without BOS
+  bool adds_eos = false;  // a GGUF vocabulary whose encodings with BOS end with EOS
   // The special tokens' spellings ("<s>", "</s>", "<unk>") and ids: in a
   // text they stand for those tokens, as Hugging Face's tokenizers and
   // llama.cpp read them.
@@ -180,6 +181,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     impl->bpe = std::move(v.bpe);
     impl->l2c = std::move(v.spm);
     impl->adds_bos = v.add_bos;
+    impl->adds_eos = v.add_eos;
     impl->vocab = impl->bpe ? impl->bpe->vocab_size() : impl->l2c->vocab_size();
     for (auto& token : v.specials) impl->specials.add(std::move(token));
     return Tokenizer(std::move(impl));
@@ -234,6 +236,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
   impl_->specials.split(
       text, [&](std::string_view plain) { impl_->encode_plain(plain, ids); },
       [&](int id) { ids.push_back(id); });
+  if (add_bos && impl_->adds_eos) ids.push_back(eos_id());
   return ids;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -40,10 +41,10 @@ constexpr GgmlType kTypes[] = {
     {"iq2_xs", kQKK, 74, false},   // 17
     {"iq3_xxs", kQKK, 98, false},  // 18
     {"iq1_s", kQKK, 50, false},    // 19
-    {"iq4_nl", kQK, 18, true},    // 20
+    {"iq4_nl", kQK, 18, true},     // 20
     {"iq3_s", kQKK, 110, false},   // 21
     {"iq2_s", kQKK, 82, false},    // 22
-    {"iq4_xs", kQKK, 136, true},  // 23
+    {"iq4_xs", kQKK, 136, true},   // 23
     {"i8", 1, 1, false},           // 24
     {"i16", 1, 2, false},          // 25
     {"i32", 1, 4, false},          // 26
@@ -255,6 +256,13 @@ std::string ggml_dequantizable_names() {
   return names;
 }
 
+bool gguf_ends_generation(std::string_view t) {
+  for (const char* e : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                        "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>"})
+    if (t == e) return true;
+  return false;
+}
+
 bool GgufFile::has_magic(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
@@ -272,6 +280,8 @@ GgufFile GgufFile::open(const fs::path& path) {
   for (char& c : magic) c = char(in.read<uint8_t>("the magic number"));
   if (std::memcmp(magic, kMagic, 4) != 0) fail(path, "is not a GGUF file (no GGUF magic)");
   f.version_ = in.read<uint32_t>("the version");
+  if ((f.version_ & 0xFFFF) == 0 && (f.version_ >> 16) != 0)
+    fail(path, "is a big-endian GGUF file; this runtime reads little-endian ones");
   if (f.version_ != 2 && f.version_ != 3)
     fail(path, "is GGUF version " + std::to_string(f.version_) +
                    "; versions 2 and 3 are read (convert it again with a newer llama.cpp)");
@@ -298,6 +308,9 @@ GgufFile GgufFile::open(const fs::path& path) {
     GgufTensorInfo t;
     t.name = in.string("a tensor name");
     const uint32_t n_dims = in.read<uint32_t>(t.name.c_str());
+    if (t.name.empty())
+      fail(path, "tensor #" + std::to_string(i) + " of " + std::to_string(n_tensors) +
+                     " has no name (is the tensor count right?)");
     if (n_dims == 0 || n_dims > kMaxDims)
       fail(path, "tensor " + t.name + " has " + std::to_string(n_dims) + " dimensions");
     uint64_t elements = 1;
@@ -335,6 +348,17 @@ GgufFile GgufFile::open(const fs::path& path) {
                      std::to_string(offset) + ") runs past the end of the file (" +
                      std::to_string(size) + " bytes; truncated?)");
     t.data = base + data_start + offset;
+  }
+  // Tensors may not share bytes (a corrupt offset would otherwise hand one
+  // tensor another's weights).
+  std::vector<size_t> order(f.tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return f.tensors_[a].data < f.tensors_[b].data; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const GgufTensorInfo &prev = f.tensors_[order[i - 1]], &next = f.tensors_[order[i]];
+    if (prev.data + prev.nbytes > next.data)
+      fail(path, "tensors " + prev.name + " and " + next.name + " overlap in the file");
   }
   return f;
 }

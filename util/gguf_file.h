@@ -39,6 +39,11 @@ std::string ggml_type_name(uint32_t id);  // "type 99" for an unknown id
 std::string ggml_dequantizable_names();
 enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlBF16 = 30 };
 
+// Token texts llama.cpp ends a generation on, and reads as control tokens
+// whatever type the file gives them (its list, for the architectures read
+// here).
+bool gguf_ends_generation(std::string_view token_text);
+
 // A metadata value. Scalars of every integer kind, bools included, are in
 // `integer`, floats in `real`; arrays keep their strings or numbers (numbers
 // as double: exact for every integer a vocabulary or shape holds).

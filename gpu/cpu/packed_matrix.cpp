@@ -1,7 +1,11 @@
 #include "gpu/cpu/packed_matrix.h"
 
+#include <algorithm>
+#include <future>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace troupe {
 
@@ -16,9 +20,10 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
-  size_t block = 0;
-  int64_t first = 0;  // block's first row
+  // Rows may be asked for from several threads, in any order.
   m.lay_out(dtype, [&](int n, float* out) {
+    int64_t first = 0;  // the block's first row
+    size_t block = 0;
     while (n - first >= row_blocks[block].dim(0)) first += row_blocks[block++].dim(0);
     row_blocks[block].row_to_f32(n - first, out);
   });
@@ -48,29 +53,44 @@ void PackedMatrix::lay_out(DType dtype, RowFn&& row_of) {
   // Zeros also fill the odd halves that end odd pieces, and rows past N.
   const int64_t per_row = dtype == DType::BF16 ? 2 * int64_t(steps()) : int64_t(steps());
   data_ = Tensor::zeros({int64_t(panels()) * kPanel, per_row}, dtype);
-  std::vector<float> row(static_cast<size_t>(cols_));
-  std::vector<uint16_t> row16(static_cast<size_t>(cols_));
-  for (int n = 0; n < rows_; ++n) {
-    row_of(n, row.data());
-    const int lane = n % kPanel;
-    void* base = static_cast<char*>(data_.raw_mut()) +
-                 size_t(n / kPanel) * size_t(steps()) * kPanel * step_bytes();
-    switch (dtype) {
-      case DType::F32:
-        for_each_k(lane, [&](int k, size_t i) { static_cast<float*>(base)[i] = row[size_t(k)]; });
-        break;
-      case DType::F16:
-        convert_from_f32(row.data(), dtype, row16.data(), row.size());
-        for_each_k(lane,
-                   [&](int k, size_t i) { static_cast<uint16_t*>(base)[i] = row16[size_t(k)]; });
-        break;
-      case DType::BF16:
-        for_each_k(lane, [&](int k, size_t i) {
-          static_cast<uint16_t*>(base)[i] = bf16_for_product(row[size_t(k)]);
-        });
-        break;
+  // Panels are laid out apart, so big matrices take several threads (a
+  // model's load time is mostly this); each row's bytes are the same.
+  auto lay_panels = [&](int p0, int p1) {
+    std::vector<float> row(static_cast<size_t>(cols_));
+    std::vector<uint16_t> row16(static_cast<size_t>(cols_));
+    for (int n = p0 * kPanel; n < std::min(rows_, p1 * kPanel); ++n) {
+      row_of(n, row.data());
+      const int lane = n % kPanel;
+      void* base = static_cast<char*>(data_.raw_mut()) +
+                   size_t(n / kPanel) * size_t(steps()) * kPanel * step_bytes();
+      switch (dtype) {
+        case DType::F32:
+          for_each_k(lane, [&](int k, size_t i) { static_cast<float*>(base)[i] = row[size_t(k)]; });
+          break;
+        case DType::F16:
+          convert_from_f32(row.data(), dtype, row16.data(), row.size());
+          for_each_k(lane,
+                     [&](int k, size_t i) { static_cast<uint16_t*>(base)[i] = row16[size_t(k)]; });
+          break;
+        case DType::BF16:
+          for_each_k(lane, [&](int k, size_t i) {
+            static_cast<uint16_t*>(base)[i] = bf16_for_product(row[size_t(k)]);
+          });
+          break;
+      }
     }
-  }
+  };
+  constexpr int64_t kElementsPerThread = int64_t(1) << 22;
+  const int threads =
+      int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(),
+                                                int64_t(rows_) * cols_ / kElementsPerThread),
+                              1, 8));
+  if (threads == 1) return lay_panels(0, panels());
+  std::vector<std::future<void>> parts;
+  const int per = (panels() + threads - 1) / threads;
+  for (int p = 0; p < panels(); p += per)
+    parts.push_back(std::async(std::launch::async, lay_panels, p, std::min(panels(), p + per)));
+  for (auto& part : parts) part.get();  // rethrows a row's error
 }
 
 void PackedMatrix::set_pieces(std::vector<int> bounds) {

@@ -31,12 +31,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Control tokens llama.cpp also ends a generation on when the file names
-// no end-of-turn token (its list of end-of-generation spellings).
-constexpr const char* kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>",     "<|end|>",
-                                           "<|eom_id|>", "<end_of_turn>",  "<|endoftext|>",
-                                           "<EOT>",      "<|end_of_text|>"};
-
 class GgufModel {
  public:
   explicit GgufModel(const fs::path& path) : path_(path), file_(GgufFile::open(path)) {
@@ -65,12 +59,17 @@ class GgufModel {
                       std::to_string(c.head_dim) + " (partial RoPE is not implemented)");
     c.max_seq_len = int(required_int("context_length"));
     c.rope_theta = float(file_.real(arch_ + ".rope.freq_base").value_or(10000.0));
-    c.norm_eps = float(file_.real(arch_ + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
+    const auto eps = file_.real(arch_ + ".attention.layer_norm_rms_epsilon");
+    if (!eps) fail(path_, "metadata " + arch_ + ".attention.layer_norm_rms_epsilon is missing");
+    c.norm_eps = float(*eps);
     c.rope = arch_ == "llama" ? RopeLayout::Interleaved : RopeLayout::RotateHalf;
     c.qkv_bias = arch_ == "qwen2";
     c.qk_norm = arch_ == "qwen3";
     const GgufTensorInfo* embd = file_.tensor("token_embd.weight");
-    if (!embd || embd->ne.size() != 2) fail(path_, "has no 2-D tensor token_embd.weight");
+    if (!embd || embd->ne.size() != 2)
+      fail(path_, file_.tensors().empty()
+                      ? "holds no tensors (a vocabulary-only file?), so it cannot serve as a model"
+                      : "has no 2-D tensor token_embd.weight");
     c.vocab_size = int(embd->ne[1]);
     c.tied_classifier = file_.tensor("output.weight") == nullptr;
     rope_scaling(c);
@@ -127,7 +126,17 @@ class GgufModel {
     if (!v) fail(path_, "metadata " + key + " is missing");
     return *v;
   }
+  // An integer, or one per layer (llama.cpp writes head counts so for some
+  // models): this runtime computes layers of one shape, so those must agree.
   std::optional<int64_t> arch_int(const std::string& key) const {
+    const GgufValue* v = file_.find(arch_ + "." + key);
+    if (v && v->kind == GgufValue::Kind::Array && !v->array_of_text && !v->numbers.empty()) {
+      for (double x : v->numbers)
+        if (x != v->numbers[0])
+          fail(path_, "metadata " + arch_ + "." + key +
+                          " differs between layers; this runtime computes layers of one shape");
+      return int64_t(v->numbers[0]);
+    }
     return file_.integer(arch_ + "." + key);
   }
   int64_t required_int(const std::string& key) const {
@@ -140,10 +149,15 @@ class GgufModel {
   }
 
   void rope_scaling(ModelConfig& c) {
-    const std::string kind = file_.text(arch_ + ".rope.scaling.type").value_or("none");
+    // As llama.cpp: a factor without a type is linear scaling, and so is
+    // the older rope.scale_linear.
+    std::optional<double> factor = file_.real(arch_ + ".rope.scaling.factor");
+    if (!factor) factor = file_.real(arch_ + ".rope.scale_linear");
+    const std::string kind = file_.text(arch_ + ".rope.scaling.type")
+                                 .value_or(factor && *factor != 1.0 ? "linear" : "none");
     if (kind == "linear") {
       c.rope_scaling.kind = RopeScaling::Kind::Linear;
-      c.rope_scaling.factor = float(file_.real(arch_ + ".rope.scaling.factor").value_or(1.0));
+      c.rope_scaling.factor = float(factor.value_or(1.0));
     } else if (kind != "none") {
       fail(path_, "rope.scaling.type '" + kind + "' is not implemented (none and linear are)");
     }
@@ -168,13 +182,9 @@ class GgufModel {
     for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
       if (const auto id = file_.integer(key)) add(*id);
     const auto* tokens = file_.texts("tokenizer.ggml.tokens");
-    const auto* types = file_.numbers("tokenizer.ggml.token_type");
-    if (tokens && types && types->size() == tokens->size())
+    if (tokens)
       for (size_t id = 0; id < tokens->size(); ++id)
-        if ((*types)[id] == 3 &&  // control
-            std::find(std::begin(kEndOfTurnTexts), std::end(kEndOfTurnTexts), (*tokens)[id]) !=
-                std::end(kEndOfTurnTexts))
-          add(int64_t(id));
+        if (gguf_ends_generation((*tokens)[id])) add(int64_t(id));
     if (c.eos_ids.empty()) c.eos_ids.push_back(2);
   }
 

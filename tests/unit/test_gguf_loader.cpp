@@ -42,6 +42,73 @@ std::string gguf_error_of(const fs::path& p) {
   return test::message_of<GgufError>([&] { GgufFile::open(p); });
 }
 
+// A vocabulary-only GGUF written here, for the metadata cases llama.cpp's
+// tools do not make: keys as GGUF encodes them, no tensors.
+class VocabWriter {
+ public:
+  VocabWriter& text(const std::string& key, const std::string& v) { return put(key, 8, str(v)); }
+  VocabWriter& u32(const std::string& key, uint32_t v) { return put(key, 4, raw(v)); }
+  VocabWriter& boolean(const std::string& key, bool v) { return put(key, 7, raw(uint8_t(v))); }
+  VocabWriter& texts(const std::string& key, const std::vector<std::string>& v) {
+    std::string b = raw(uint32_t(8)) + raw(uint64_t(v.size()));
+    for (const auto& e : v) b += str(e);
+    return put(key, 9, b);
+  }
+  VocabWriter& ints(const std::string& key, const std::vector<int32_t>& v) {
+    std::string b = raw(uint32_t(5)) + raw(uint64_t(v.size()));
+    for (int32_t e : v) b += raw(e);
+    return put(key, 9, b);
+  }
+  void write(const fs::path& p) const {
+    write_bytes(p, "GGUF" + raw(uint32_t(3)) + raw(uint64_t(0)) + raw(uint64_t(keys_)) + kv_);
+  }
+
+ private:
+  template <class T>
+  static std::string raw(T v) {
+    return std::string(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  static std::string str(const std::string& s) { return raw(uint64_t(s.size())) + s; }
+  VocabWriter& put(const std::string& key, uint32_t type, const std::string& value) {
+    kv_ += str(key) + raw(type) + value;
+    ++keys_;
+    return *this;
+  }
+  std::string kv_;
+  size_t keys_ = 0;
+};
+
+// GPT-2's byte alphabet: the 256 byte tokens as a byte-level BPE spells
+// them, then "ab" from one merge, then `extra`.
+VocabWriter byte_level_vocab(const std::string& pre, const std::vector<std::string>& extra,
+                             std::vector<int32_t> extra_kinds) {
+  std::vector<std::string> tokens;
+  int shifted = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : 256 + shifted++;
+    std::string u;
+    if (cp < 0x80) {
+      u += char(cp);
+    } else {
+      u += char(0xC0 | (cp >> 6));
+      u += char(0x80 | (cp & 0x3F));
+    }
+    tokens.push_back(u);
+  }
+  tokens.push_back("ab");
+  std::vector<int32_t> kinds(tokens.size(), 1);
+  tokens.insert(tokens.end(), extra.begin(), extra.end());
+  kinds.insert(kinds.end(), extra_kinds.begin(), extra_kinds.end());
+  VocabWriter w;
+  w.text("general.architecture", "llama")
+      .text("tokenizer.ggml.model", "gpt2")
+      .text("tokenizer.ggml.pre", pre)
+      .texts("tokenizer.ggml.tokens", tokens)
+      .ints("tokenizer.ggml.token_type", kinds);
+  return w;
+}
+
 // ggml quantized each tensor of dequant.gguf and stored its own
 // dequantization beside it ("q4_K" and "q4_K.expected"). ggml may contract
 // a multiply and an add into one fused operation where this build does not
@@ -137,6 +204,10 @@ TEST(GgufFile, RefusesOtherFilesAndVersions) {
   bytes[4] = 1;  // version 1 (32-bit counts)
   write_bytes(p, bytes);
   EXPECT_TRUE(mentions(gguf_error_of(p), {"version 1"}));
+  bytes[4] = 0;
+  bytes[7] = 3;  // version 3 written big-endian
+  write_bytes(p, bytes);
+  EXPECT_TRUE(mentions(gguf_error_of(p), {"big-endian"}));
   write_bytes(p, "");
   EXPECT_TRUE(mentions(gguf_error_of(p), {"empty"}));
   EXPECT_FALSE(GgufFile::has_magic(dir.path() / "missing.gguf"));
@@ -271,6 +342,11 @@ TEST(GgufVocabulary, DecodesAndKnowsItsSpecialTokens) {
   EXPECT_EQ(qwen.bos_id(), -1);  // Qwen adds no BOS
   const Tokenizer spm = Tokenizer::load(test::data_path("gguf/llama-q4_k_m.gguf"));
   const Tokenizer fortune = Tokenizer::load(test::model_path("fortune") / "tokenizer.model");
+  // SentencePiece reads a "▁" in the text as a space, and so does llama.cpp.
+  EXPECT_EQ(spm.encode("a\xe2\x96\x81"
+                       "b",
+                       true),
+            fortune.encode("a b", true));
   for (const char* text : {"The meaning of life", "  two spaces\nand a line",
                            "caf\xc3\xa9 \xe2\x82\xac"
                            "5"}) {
@@ -279,6 +355,34 @@ TEST(GgufVocabulary, DecodesAndKnowsItsSpecialTokens) {
     EXPECT_EQ(a, fortune.encode(text, true));
     EXPECT_EQ(spm.decode(a), fortune.decode(a));
   }
+}
+
+// What llama.cpp makes of a vocabulary's metadata: EOS appended when the
+// file asks (add_eos_token), a text llama.cpp ends generations on made a
+// control token though the file calls it normal (Qwen2 has "</s>" so), and
+// a byte-level vocabulary without merges refused.
+TEST(GgufVocabulary, ReadsTheMetadataAsLlamaCppDoes) {
+  TempDir dir;
+  const fs::path p = dir.path() / "v.gguf";
+  byte_level_vocab("gpt-2", {"</s>", "<|bos|>"}, {1, 3})
+      .texts("tokenizer.ggml.merges", {"a b"})
+      .u32("tokenizer.ggml.bos_token_id", 258)
+      .u32("tokenizer.ggml.eos_token_id", 257)
+      .boolean("tokenizer.ggml.add_bos_token", true)
+      .boolean("tokenizer.ggml.add_eos_token", true)
+      .write(p);
+  const Tokenizer tok = Tokenizer::load(p);
+  EXPECT_EQ(tok.bos_id(), 258);
+  EXPECT_TRUE(tok.is_control(257));  // "</s>", a normal token in the file
+  EXPECT_EQ(tok.encode("ab</s>", true), (std::vector<int>{258, 256, 257, 257}));
+  EXPECT_EQ(tok.decode({256, 257}), "ab");
+
+  byte_level_vocab("gpt-2", {}, {}).write(p);
+  const std::string msg = test::message_of<std::runtime_error>([&] { Tokenizer::load(p); });
+  EXPECT_TRUE(mentions(msg, {"v.gguf", "without tokenizer.ggml.merges"})) << msg;
+  byte_level_vocab("tekken", {}, {}).texts("tokenizer.ggml.merges", {"a b"}).write(p);
+  const std::string pre = test::message_of<std::runtime_error>([&] { Tokenizer::load(p); });
+  EXPECT_TRUE(mentions(pre, {"tokenizer.ggml.pre 'tekken'"})) << pre;
 }
 
 TEST(GgufLoader, RefusesWhatItDoesNotCompute) {
@@ -311,12 +415,10 @@ TEST(GgufLoader, RefusesWhatItDoesNotCompute) {
   write_bytes(mx, bytes);
   const std::string kind = test::message_of<CheckpointError>([&] { load_checkpoint(mx); });
   EXPECT_TRUE(mentions(kind, {"mxfp4.gguf", tensor, "is mxfp4", "q4_K"})) << kind;
-  // A vocabulary-only file has no weights: the first tensor is named.
+  // A vocabulary-only file has no weights, and is told so.
   const std::string none = test::message_of<CheckpointError>(
       [&] { load_checkpoint(test::data_path("gguf/gpt2-vocab.gguf")); });
-  EXPECT_TRUE(mentions(none, {"gpt2-vocab.gguf", "metadata llama.feed_forward_length"}) ||
-              mentions(none, {"gpt2-vocab.gguf", "token_embd.weight"}))
-      << none;
+  EXPECT_TRUE(mentions(none, {"gpt2-vocab.gguf", "vocabulary-only"})) << none;
 }
 
 }  // namespace
