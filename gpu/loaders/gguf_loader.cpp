@@ -82,8 +82,9 @@ class GgufModel {
     return c;
   }
 
-  // The tensor `name` as f32/f16/bf16, after checking its shape (rows
-  // first, as Tensor has it: GGUF's ne reversed).
+  // The tensor `name` viewed in the file (a quantized one as a blocks view,
+  // f32 to its readers), after checking its shape (rows first, as Tensor
+  // has it: GGUF's ne reversed).
   Tensor get(const std::string& name, const std::vector<int64_t>& expected) {
     read_.insert(name);
     const GgufTensorInfo* t = file_.tensor(name);
