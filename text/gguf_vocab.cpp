@@ -52,14 +52,20 @@ json pre_tokenizer(const GgufFile& f, const std::string& pre, bool& ignore_merge
                 {"behavior", "Isolated"},
                 {"invert", false}};
   };
-  if (one_of(pre, {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "midm-2.0", "lfm2"})) {
+  // The names as llama.cpp groups them by the regex they share.
+  if (one_of(pre, {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+                   "lfm2", "jina-v5-nano"})) {
     ignore_merges = true;
     return {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Regex), byte_level(false)}}};
   }
-  if (one_of(pre, {"qwen2", "deepseek-r1-qwen"}))
+  if (one_of(pre, {"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"}))
     return {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Regex), byte_level(false)}}};
-  if (one_of(pre, {"gpt-2", "phi-2", "mpt", "olmo"})) return byte_level(true);
-  if (one_of(pre, {"smollm", "starcoder", "refact", "codeshell"}))
+  if (one_of(pre, {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
+                   "a.x-4.0", "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe",
+                   "exaone4", "mpt", "olmo", "jais", "trillion", "granite-docling"}))
+    return byte_level(true);
+  if (one_of(pre,
+             {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}))
     return {
         {"type", "Sequence"},
         {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}}};
