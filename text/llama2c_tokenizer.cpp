@@ -12,8 +12,6 @@ namespace troupe {
 
 namespace {
 
-constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
-
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
   throw std::runtime_error("tokenizer: '" + name + "' is not a llama2.c tokenizer.bin: " + what);
 }
@@ -72,7 +70,7 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::parse(std::string_view in,
     else
       for (const char c : t->pieces_[id])
         if (c == ' ')
-          s += kSpace;
+          s += kSpmSpace;
         else
           s += c;
     t->spelled_.push_back(std::move(s));
@@ -101,14 +99,7 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_vocab(const Vocab& v) {
     const int b = byte_piece_value(v.pieces[id]);
     t->byte_of_.push_back(kind == kByte || b >= 0 ? b : -1);
     if (b >= 0 && t->byte_piece_[b] < 0) t->byte_piece_[b] = int(id);
-    std::string piece;
-    for (size_t i = 0; i < v.pieces[id].size();)
-      if (std::string_view(v.pieces[id]).substr(i, kSpace.size()) == kSpace) {
-        piece += ' ';
-        i += kSpace.size();
-      } else {
-        piece += v.pieces[id][i++];
-      }
+    std::string piece = spm_spaces_to_ascii(v.pieces[id]);
     if (b < 0 && kind != kControl && kind != kUnknown && kind != kUnused)
       t->by_text_.emplace(piece, int(id));
     t->pieces_.push_back(std::move(piece));
@@ -121,14 +112,8 @@ std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_vocab(const Vocab& v) {
 void Llama2cTokenizer::encode_ordinary(std::string_view text, std::vector<int>& ids) const {
   if (text.empty()) return;
   std::string spaced;
-  if (spm_spaces_ && text.find(kSpace) != std::string_view::npos) {
-    for (size_t i = 0; i < text.size();)
-      if (text.substr(i, kSpace.size()) == kSpace) {
-        spaced += ' ';
-        i += kSpace.size();
-      } else {
-        spaced += text[i++];
-      }
+  if (spm_spaces_ && text.find(kSpmSpace) != std::string_view::npos) {
+    spaced = spm_spaces_to_ascii(text);
     text = spaced;
   }
   std::vector<int> tokens;

@@ -305,18 +305,7 @@ std::string Tokenizer::token_bytes(int id) const {
   if (impl_->l2c) return impl_->l2c->bytes(id);
   if (const int b = byte_value(id); b >= 0) return std::string(1, char(b));
   if (impl_->sp.IsControl(id)) return p;
-  static constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
-  std::string out;
-  out.reserve(p.size());
-  for (size_t i = 0; i < p.size();) {
-    if (std::string_view(p).substr(i, kSpace.size()) == kSpace) {
-      out += ' ';
-      i += kSpace.size();
-    } else {
-      out += p[i++];
-    }
-  }
-  return out;
+  return spm_spaces_to_ascii(p);
 }
 
 int Tokenizer::byte_value(int id) const {

@@ -11,37 +11,26 @@ namespace troupe::cu {
 namespace {
 
 // Copies row-major tensors, stacked in order, to `dst` in `to`, converting
-// through f32 a slice at a time when their dtype differs.
+// through f32 a slice of whole rows at a time when their dtype differs or
+// they are a GGUF's quantized blocks (which never cross a row).
 void upload_stacked(const std::vector<Tensor>& parts, DType to, char* dst) {
   std::vector<float> f32;
   std::vector<char> staged;
   for (const Tensor& t : parts) {
-    if (t.is_blocks()) {  // a GGUF's quantized weights: dequantized a row at a time
-      f32.resize(size_t(t.dim(1)));
-      staged.resize(f32.size() * dtype_size(to));
-      for (int64_t r = 0; r < t.dim(0); ++r) {
-        t.row_to_f32(r, f32.data());
-        convert_from_f32(f32.data(), to, staged.data(), f32.size());
-        check(cudaMemcpy(dst, staged.data(), staged.size(), cudaMemcpyHostToDevice),
-              "upload weights");
-        dst += staged.size();
-      }
-      continue;
-    }
-    if (t.dtype() == to) {
+    if (t.dtype() == to && !t.is_blocks()) {
       check(cudaMemcpy(dst, t.raw(), t.nbytes(), cudaMemcpyHostToDevice), "upload weights");
       dst += t.nbytes();
       continue;
     }
-    constexpr size_t kSlice = size_t(1) << 22;  // elements per conversion
-    const size_t n = size_t(t.numel());
-    const char* src = static_cast<const char*>(t.raw());
-    for (size_t at = 0; at < n; at += kSlice) {
-      const size_t len = std::min(kSlice, n - at);
-      f32.resize(len);
-      staged.resize(len * dtype_size(to));
-      convert_to_f32(src + at * dtype_size(t.dtype()), t.dtype(), f32.data(), len);
-      convert_from_f32(f32.data(), to, staged.data(), len);
+    constexpr int64_t kSlice = int64_t(1) << 22;  // elements per conversion (at least a row)
+    const int64_t rows = t.ndim() ? t.dim(0) : 0, row = rows ? t.numel() / rows : 0;
+    const int64_t per = std::max<int64_t>(1, kSlice / std::max<int64_t>(row, 1));
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+      const int64_t r1 = std::min(rows, r0 + per);
+      f32.resize(size_t((r1 - r0) * row));
+      for (int64_t r = r0; r < r1; ++r) t.row_to_f32(r, f32.data() + (r - r0) * row);
+      staged.resize(f32.size() * dtype_size(to));
+      convert_from_f32(f32.data(), to, staged.data(), f32.size());
       check(cudaMemcpy(dst, staged.data(), staged.size(), cudaMemcpyHostToDevice),
             "upload weights");
       dst += staged.size();
