@@ -220,14 +220,18 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
   }
   if (d.first && !(config_.tied_classifier && d.last)) {
     const Tensor e = ckpt.tok_embedding.rows(d.vocab_begin, d.vocab_begin + d.vocab);
-    embedding_ = Tensor::zeros({e.dim(0), e.dim(1)}, weight_dtype);
-    std::vector<float> row(static_cast<size_t>(e.dim(1)));
-    for (int64_t r = 0; r < e.dim(0); ++r) {
-      e.row_to_f32(r, row.data());
-      convert_from_f32(row.data(), weight_dtype,
-                       static_cast<char*>(embedding_.raw_mut()) +
-                           size_t(r * e.dim(1)) * dtype_size(weight_dtype),
-                       row.size());
+    if (e.is_blocks()) {
+      embedding_ = e;  // rows are dequantized as they are looked up
+    } else {
+      embedding_ = Tensor::zeros({e.dim(0), e.dim(1)}, weight_dtype);
+      std::vector<float> row(static_cast<size_t>(e.dim(1)));
+      for (int64_t r = 0; r < e.dim(0); ++r) {
+        e.row_to_f32(r, row.data());
+        convert_from_f32(row.data(), weight_dtype,
+                         static_cast<char*>(embedding_.raw_mut()) +
+                             size_t(r * e.dim(1)) * dtype_size(weight_dtype),
+                         row.size());
+      }
     }
   }
 }
@@ -263,9 +267,7 @@ void Model::embed(int token, float* out) const {
     classifier_.row_to_f32(local, out);
     return;
   }
-  convert_to_f32(static_cast<const char*>(embedding_.raw()) +
-                     size_t(local) * row * dtype_size(embedding_.dtype()),
-                 embedding_.dtype(), out, row);
+  embedding_.row_to_f32(local, out);
 }
 
 void Model::validate(std::span<const StepInput> inputs) const {

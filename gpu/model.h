@@ -171,7 +171,9 @@ class Model {
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;
   PackedMatrix classifier_;
-  Tensor embedding_;  // [vocab slice, dim] in weight dtype; empty when tied to the classifier
+  // [vocab slice, dim] in weight dtype, or the checkpoint's quantized
+  // blocks; empty when tied to the classifier.
+  Tensor embedding_;
   kernels::RopeTable rope_;
 };
 

@@ -92,7 +92,18 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
     throw std::out_of_range("Tensor::cols(" + std::to_string(begin) + ", " + std::to_string(end) +
                             ") out of " + shape_str());
   if (begin == 0 && end == shape_[1]) return *this;
-  if (is_blocks()) {  // a slice may cut a block: dequantized
+  if (is_blocks()) {
+    const GgmlType* type = ggml_type(uint32_t(block_type_));
+    if (begin % type->block == 0 && end % type->block == 0) {
+      const size_t skip = size_t(begin / type->block) * type->bytes;
+      const size_t width = size_t((end - begin) / type->block) * type->bytes;
+      auto copy = std::make_shared<std::vector<uint8_t>>(size_t(shape_[0]) * width);
+      for (int64_t r = 0; r < shape_[0]; ++r)
+        std::memcpy(copy->data() + size_t(r) * width,
+                    static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes() + skip, width);
+      return blocks_view(copy->data(), {shape_[0], end - begin}, uint32_t(block_type_), copy);
+    }
+    // The slice cuts a block: dequantized.
     Tensor out = zeros({shape_[0], end - begin}, DType::F32);
     std::vector<float> row(static_cast<size_t>(shape_[1]));
     for (int64_t r = 0; r < shape_[0]; ++r) {

@@ -34,6 +34,8 @@ class Tensor {
   int64_t numel() const;
   size_t nbytes() const;
   bool is_blocks() const { return block_type_ >= 0; }
+  // The ggml type of a blocks_view's blocks (is_blocks() only).
+  uint32_t block_type() const { return uint32_t(block_type_); }
   bool empty() const { return data_ == nullptr; }
 
   const void* raw() const { return data_; }
@@ -50,7 +52,8 @@ class Tensor {
   // Rows [begin, end) of the first dimension, as a view sharing ownership.
   Tensor rows(int64_t begin, int64_t end) const;
   // Columns [begin, end) of a 2-D tensor, as an owning copy (itself when
-  // that is every column).
+  // that is every column). Blocks stay blocks where the slice cuts none,
+  // else they are dequantized.
   Tensor cols(int64_t begin, int64_t end) const;
   // Copy converted to f32 (any dtype in, block-quantized too).
   std::vector<float> to_f32() const;

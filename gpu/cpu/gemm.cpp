@@ -78,6 +78,10 @@ float load_weight(const PackedMatrix& w, int p, size_t index) {
 float chain(const float* xm, const PackedMatrix& w, int p, int lane, int piece) {
   const int k0 = w.piece_bounds()[size_t(piece)], k1 = w.piece_bounds()[size_t(piece) + 1];
   float acc = 0.0f;
+  if (w.quantized()) {
+    for (int k = k0; k < k1; ++k) acc = std::fma(xm[k], w.quant_weight(p, lane, k), acc);
+    return acc;
+  }
   if (w.dtype() != DType::BF16) {
     for (int k = k0; k < k1; ++k)
       acc = std::fma(xm[k], load_weight(w, p, size_t(k) * kPanel + size_t(lane)), acc);

@@ -22,6 +22,18 @@ struct Avx2 {
   static vec set1(float v) { return _mm256_set1_ps(v); }
   static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  // kLanes signed bytes, as f32.
+  static vec load_i8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // The low and high nibbles of kLanes bytes, as f32.
+  static void load_u4(const uint8_t* p, vec& lo, vec& hi) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+  }
   static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
   // bf16 pairs as in gemm_avx512_traits.h.
   static vec odd_half(vec pairs) {

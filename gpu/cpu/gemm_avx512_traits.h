@@ -17,6 +17,18 @@ struct Avx512 {
   static vec set1(float v) { return _mm512_set1_ps(v); }
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  // kLanes signed bytes, as f32.
+  static vec load_i8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // The low and high nibbles of kLanes bytes, as f32.
+  static void load_u4(const uint8_t* p, vec& lo, vec& hi) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  }
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
   // The halves of 32-bit lanes of bf16 pairs (the odd k high), as f32.
   static vec odd_half(vec pairs) {

@@ -3,8 +3,8 @@
 // Include inside an anonymous namespace.
 //
 // V provides: vec, kLanes, zero(), load(const float*), load_f16(const
-// uint16_t*), set1(float), fma(a, b, c), add(a, b),
-// store, and for bf16 weights (see packed_matrix.h) the kernel shape
+// uint16_t*), set1(float), fma(a, b, c), add(a, b), mul(a, b),
+// store, for quantized panels load_i8 and load_u4 (kLanes bytes as f32), and for bf16 weights (see packed_matrix.h) the kernel shape
 // kPairRows x kPairPanels it wants, odd_half / even_half (a pair's halves as
 // f32) and kNativeBf16: whether it has dot_pair(acc, x, w), the pair
 // instruction.
@@ -542,12 +542,118 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   panel_groups<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p0, p1, o);
 }
 
+// One group of a quantized panel (QuantPanel) as f32 rows of kPanel at dst:
+// q * s + o, one rounding (q * s is exact, ggml_quants.h), as the f32
+// weights the product must equal.
+template <class V, int BITS, bool OFFSET>
+void dequant_group(const uint8_t* gp, int group, float* dst) {
+  constexpr int VPP = kPanel / V::kLanes;
+  typename V::vec s[VPP], o[VPP];
+  const auto* so = reinterpret_cast<const float*>(gp);
+  for (int v = 0; v < VPP; ++v) {
+    s[v] = V::load(so + v * V::kLanes);
+    o[v] = OFFSET ? V::load(so + kPanel + v * V::kLanes) : V::zero();
+  }
+  auto value = [&](typename V::vec q, int v) {
+    if constexpr (OFFSET)
+      return V::fma(q, s[v], o[v]);
+    else
+      return V::mul(q, s[v]);
+  };
+  const uint8_t* qs = gp + kPanel * 4 * (OFFSET ? 2 : 1);
+  if constexpr (BITS == 4) {
+    for (int j = 0; j < group; j += 2, qs += kPanel, dst += 2 * kPanel)
+#pragma GCC unroll 4
+      for (int v = 0; v < VPP; ++v) {
+        typename V::vec lo, hi;
+        V::load_u4(qs + v * V::kLanes, lo, hi);
+        V::store(dst + v * V::kLanes, value(lo, v));
+        V::store(dst + kPanel + v * V::kLanes, value(hi, v));
+      }
+  } else {
+    for (int j = 0; j < group; ++j, qs += kPanel, dst += kPanel)
+#pragma GCC unroll 4
+      for (int v = 0; v < VPP; ++v) V::store(dst + v * V::kLanes, value(V::load_i8(qs + v * V::kLanes), v));
+  }
+}
+
+// k in [k0, k1) (whole groups) of NP quantized panels from panel pg, as f32
+// into dst, laid out as widen_block lays f16 panels out.
+template <class V, int NP>
+void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
+  for (int p = 0; p < NP; ++p) {
+    const QuantPanel& qp = w.quant[pg + p];
+    const size_t bytes = qp.group_bytes();
+    const uint8_t* gp = static_cast<const uint8_t*>(w.data) + qp.at + size_t(k0 / qp.group) * bytes;
+    float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel;
+    for (int k = k0; k < k1; k += qp.group, gp += bytes, out += size_t(qp.group) * kPanel) {
+      if constexpr (kPrefetchBytes > 0)
+        // Each panel is a stream from DRAM (see micro_kernel).
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
+      if (qp.bits == 4)
+        qp.offset ? dequant_group<V, 4, true>(gp, qp.group, out)
+                  : dequant_group<V, 4, false>(gp, qp.group, out);
+      else
+        qp.offset ? dequant_group<V, 8, true>(gp, qp.group, out)
+                  : dequant_group<V, 8, false>(gp, qp.group, out);
+    }
+  }
+}
+
+// NP quantized panels from pg: each k block is dequantized once into a
+// per-thread f32 block, which every row block then multiplies with the f32
+// kernel, so the chains are those of the f32 weights.
+template <class V, int MR, int NP, int KB>
+void quant_panel_group(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int pg,
+                       PieceOut o) {
+  const int K = w.cols;
+  const int left = w.rows - pg * kPanel;
+  const int valid = left < NP * kPanel ? left : NP * kPanel;
+  const int pieces = w.pieces > 0 ? w.pieces : 1;
+  float* wide = widen_buffer<NP, KB>();
+  o.y += size_t(pg) * kPanel;
+  for (int p = 0; p < pieces; ++p)
+    for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KB) {
+      const int k1 = k0 + KB < piece_end(w, p) ? k0 + KB : piece_end(w, p);
+      dequant_block<V, NP>(w, pg, k0, k1, wide);
+      for (int m0 = 0; m0 < M; m0 += MR) {
+        const int rows = M - m0 < MR ? M - m0 : MR;
+        // One row block reads x as given, more read it packed (pack_rows).
+        const bool packed = M > MR;
+        const float* xb = packed ? xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows)
+                                 : x + k0;
+        piece_block<V, DType::F32, MR, NP>(rows, xb, packed ? 1 : size_t(ldx),
+                                           packed ? size_t(rows) : 1, wide, k1 - k0, 0, k1 - k0,
+                                           k0, k1, p, w, o, m0, valid, false);
+      }
+    }
+}
+
+template <class V, int MR, int NP, int KB>
+void quant_panel_groups(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int p,
+                        int p1, const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) quant_panel_group<V, MR, NP, KB>(x, ldx, M, xp, w, p, o);
+  if constexpr (NP > 1)
+    if (p < p1) quant_panel_groups<V, MR, NP - 1, KB>(x, ldx, M, xp, w, p, p1, o);
+}
+
+template <class V, int MR, int NP, int KB>
+void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
+                int ldy, uint64_t pack_tag, size_t piece_stride) {
+  const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
+  PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
+  if (w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  quant_panel_groups<V, MR, NP, KB>(x, ldx, M, xp, w, p0, p1, o);
+}
+
 // KB: k steps per block for weights the kernel reads as they are (f32,
 // native bf16 pairs); KBW: for those widened into a per-thread block first
 // (f16, bf16 pairs split on CPUs without the pair instruction).
 template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
+  if (w.quant)  // dequantized blocks in L1: half the widened f16 blocks
+    return gemm_quant<V, MR, NP, KBW / 2>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
   switch (w.dtype) {
     case DType::F32:
       return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,

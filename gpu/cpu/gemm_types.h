@@ -11,6 +11,20 @@ namespace troupe {
 
 constexpr int kPanel = 16;
 
+// A panel of block-quantized weights (packed_matrix.h): weight = q * s + o
+// with q of `bits` bits (4: unsigned, two k per byte, the even k in the low
+// nibble; 8: signed) and one s, and with `offset` one o, per lane and group
+// of `group` k. Group g of the panel starts group_bytes() * g bytes after
+// `at`: s[16] (f32), o[16] if any, then the q of its k, kPanel lanes a row.
+struct QuantPanel {
+  uint64_t at;  // bytes from PanelsRef::data
+  uint8_t bits, group;
+  bool offset;
+  size_t group_bytes() const {
+    return size_t(kPanel) * 4 * (offset ? 2 : 1) + size_t(group) * kPanel * bits / 8;
+  }
+};
+
 // A packed matrix as the kernels see it. Its k steps are single elements of
 // k for f32 and f16 weights; bf16 weights are stored as pairs of k (see
 // packed_matrix.h), and a step is one pair: 32 bits per weight lane.
@@ -29,6 +43,9 @@ struct PanelsRef {
   // whose second half is zero.
   int x_cols = 0;
   const int* x_piece_k = nullptr;
+  // Block-quantized panels, one entry per panel (dtype is then F32, the
+  // weights' values); null otherwise.
+  const QuantPanel* quant = nullptr;
 };
 
 // f32 to bf16 for the bf16 product (packed_matrix.h): to nearest even, f32

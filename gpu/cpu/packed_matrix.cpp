@@ -1,13 +1,45 @@
 #include "gpu/cpu/packed_matrix.h"
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gpu/loaders/ggml_quants.h"
+
 namespace troupe {
+
+namespace {
+
+// lay(p0, p1) for ranges of panels, on several threads for big matrices (a
+// model's load time is mostly packing); each panel's bytes are the same.
+template <class F>
+void for_panel_ranges(int panels, int64_t elements, F&& lay) {
+  constexpr int64_t kElementsPerThread = int64_t(1) << 22;
+  const int threads = int(std::clamp<int64_t>(
+      std::min<int64_t>(std::thread::hardware_concurrency(), elements / kElementsPerThread), 1, 8));
+  if (threads == 1) return lay(0, panels);
+  std::vector<std::future<void>> parts;
+  const int per = (panels + threads - 1) / threads;
+  for (int p = 0; p < panels; p += per)
+    parts.push_back(std::async(std::launch::async, lay, p, std::min(panels, p + per)));
+  for (auto& part : parts) part.get();  // rethrows a row's error
+}
+
+// Whether the row blocks can stay quantized (PackedMatrix::pack).
+bool keeps_blocks(const std::vector<Tensor>& row_blocks) {
+  for (size_t i = 0; i < row_blocks.size(); ++i) {
+    const Tensor& b = row_blocks[i];
+    if (!b.is_blocks() || !quant_form(b.block_type())) return false;
+    if (i + 1 < row_blocks.size() && b.dim(0) % kPanel != 0) return false;  // a panel would mix
+  }
+  return true;
+}
+
+}  // namespace
 
 PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dtype) {
   if (row_blocks.empty()) throw std::invalid_argument("PackedMatrix::pack: no rows");
@@ -20,6 +52,10 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
+  if (keeps_blocks(row_blocks)) {
+    m.lay_out_quantized(row_blocks);
+    return m;
+  }
   // Rows may be asked for from several threads, in any order.
   m.lay_out(dtype, [&](int n, float* out) {
     int64_t first = 0;  // the block's first row
@@ -80,17 +116,79 @@ void PackedMatrix::lay_out(DType dtype, RowFn&& row_of) {
       }
     }
   };
-  constexpr int64_t kElementsPerThread = int64_t(1) << 22;
-  const int threads =
-      int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(),
-                                                int64_t(rows_) * cols_ / kElementsPerThread),
-                              1, 8));
-  if (threads == 1) return lay_panels(0, panels());
-  std::vector<std::future<void>> parts;
-  const int per = (panels() + threads - 1) / threads;
-  for (int p = 0; p < panels(); p += per)
-    parts.push_back(std::async(std::launch::async, lay_panels, p, std::min(panels(), p + per)));
-  for (auto& part : parts) part.get();  // rethrows a row's error
+  for_panel_ranges(panels(), int64_t(rows_) * cols_, lay_panels);
+}
+
+void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
+  step_k_ = piece_k_;
+  // Each panel takes the form of the block its rows come from; the panel
+  // past the last row (if any is partial) is zero, so its weights are 0.
+  quant_.resize(size_t(panels()));
+  std::vector<std::pair<const Tensor*, int64_t>> source(static_cast<size_t>(panels()));  // block, first row
+  uint64_t at = 0;
+  int64_t first = 0;
+  for (const Tensor& b : row_blocks) {
+    const QuantForm& form = *quant_form(b.block_type());
+    if (cols_ % form.group != 0)
+      throw std::invalid_argument("PackedMatrix::pack: rows of " + std::to_string(cols_) +
+                                  " cut a group of " + std::to_string(form.group));
+    for (int64_t r = first; r < first + b.dim(0); r += kPanel) {
+      const size_t p = size_t(r / kPanel);
+      quant_[p] = QuantPanel{at, uint8_t(form.bits), uint8_t(form.group), form.offset};
+      source[p] = {&b, first};
+      at += quant_[p].group_bytes() * size_t(cols_ / form.group);
+    }
+    first += b.dim(0);
+  }
+  data_ = Tensor::zeros({int64_t((at + 3) / 4)}, DType::F32);
+  auto lay_panels = [&](int p0, int p1) {
+    std::vector<int8_t> q(static_cast<size_t>(cols_));
+    std::vector<float> s(static_cast<size_t>(cols_)), o(static_cast<size_t>(cols_));
+    for (int p = p0; p < p1; ++p) {
+      const QuantPanel& qp = quant_[size_t(p)];
+      const auto& [block, block_first] = source[size_t(p)];
+      const GgmlType& type = *ggml_type(block->block_type());
+      const size_t row_bytes = size_t(cols_ / type.block) * type.bytes;
+      const size_t s_bytes = size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
+      for (int lane = 0; lane < kPanel; ++lane) {
+        const int64_t n = int64_t(p) * kPanel + lane;
+        if (n >= block_first + block->dim(0)) break;
+        quant_parts(block->block_type(),
+                    static_cast<const uint8_t*>(block->raw()) + size_t(n - block_first) * row_bytes,
+                    q.data(), s.data(), qp.offset ? o.data() : nullptr, cols_);
+        auto* panel = static_cast<uint8_t*>(data_.raw_mut()) + qp.at;
+        for (int g = 0; g < cols_ / qp.group; ++g) {
+          uint8_t* gp = panel + size_t(g) * qp.group_bytes();
+          std::memcpy(gp + lane * 4, &s[size_t(g)], 4);
+          if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[size_t(g)], 4);
+          uint8_t* qs = gp + s_bytes;
+          for (int j = 0; j < qp.group; ++j) {
+            const int8_t v = q[size_t(g * qp.group + j)];
+            if (qp.bits == 8)
+              qs[j * kPanel + lane] = uint8_t(v);
+            else
+              qs[j / 2 * kPanel + lane] |= uint8_t(v << (4 * (j % 2)));
+          }
+        }
+      }
+    }
+  };
+  for_panel_ranges(panels(), int64_t(rows_) * cols_, lay_panels);
+}
+
+float PackedMatrix::quant_weight(int p, int lane, int k) const {
+  const QuantPanel& qp = quant_[size_t(p)];
+  const auto* gp = static_cast<const uint8_t*>(data_.raw()) + qp.at +
+                   size_t(k / qp.group) * qp.group_bytes();
+  float s, o = 0.0f;
+  std::memcpy(&s, gp + lane * 4, 4);
+  if (qp.offset) std::memcpy(&o, gp + kPanel * 4 + lane * 4, 4);
+  const uint8_t* qs = gp + size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
+  const int j = k % qp.group;
+  const int q = qp.bits == 8 ? int(int8_t(qs[j * kPanel + lane]))
+                             : (qs[j / 2 * kPanel + lane] >> (4 * (j % 2))) & 0xF;
+  // q * s is exact (ggml_quants.h): the sum rounds once, fused or not.
+  return qp.offset ? float(q) * s + o : float(q) * s;
 }
 
 void PackedMatrix::set_pieces(std::vector<int> bounds) {
@@ -100,7 +198,10 @@ void PackedMatrix::set_pieces(std::vector<int> bounds) {
   for (size_t i = 1; i < bounds.size(); ++i)
     if (bounds[i] <= bounds[i - 1])
       throw std::invalid_argument("PackedMatrix::set_pieces: bounds must increase");
-  if (dtype() != DType::BF16) {
+  bool cuts_groups = false;
+  for (const QuantPanel& qp : quant_)
+    for (int b : bounds) cuts_groups = cuts_groups || b % qp.group != 0;
+  if (dtype() != DType::BF16 && !cuts_groups) {
     piece_k_ = std::move(bounds);
     step_k_ = piece_k_;
     return;
@@ -108,11 +209,16 @@ void PackedMatrix::set_pieces(std::vector<int> bounds) {
   // Pairs restart at each piece: lay the rows out again from the old layout.
   const PackedMatrix old = *this;
   piece_k_ = std::move(bounds);
-  lay_out(DType::BF16, [&](int n, float* out) { old.row_to_f32(n, out); });
+  quant_.clear();
+  lay_out(dtype(), [&](int n, float* out) { old.row_to_f32(n, out); });
 }
 
 void PackedMatrix::row_to_f32(int n, float* out) const {
   if (n < 0 || n >= rows_) throw std::out_of_range("PackedMatrix::row_to_f32: row out of range");
+  if (quantized()) {
+    for (int k = 0; k < cols_; ++k) out[k] = quant_weight(n / kPanel, n % kPanel, k);
+    return;
+  }
   const void* base = panel(n / kPanel);
   switch (dtype()) {
     case DType::F32:

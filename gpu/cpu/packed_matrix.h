@@ -17,6 +17,13 @@
 // accumulator that itself passes through the denormal range (below 1.2e-38
 // without being zero) is the one case where the instruction, which flushes
 // it, and the kernels without it may differ.
+//
+// Block-quantized weights (a GGUF's q4_K, q8_0, ...) stay quantized: each
+// panel holds them as ggml_quants.h's parts, q with a scale (and offset) per
+// group of k (QuantPanel), and the kernels dequantize a block of k at a time
+// into f32 and run the f32 chain over it. A product then equals, bit for
+// bit, the f32 product over the dequantized weights, in a quarter to half of
+// the bytes.
 #include <cstdint>
 #include <vector>
 
@@ -28,24 +35,32 @@ namespace troupe {
 class PackedMatrix {
  public:
   PackedMatrix() = default;
-  // Stacks the row blocks (each [n_i, K], any dtype) and packs them in `dtype`.
+  // Stacks the row blocks (each [n_i, K], any dtype) and packs them in
+  // `dtype`; block-quantized ones stay quantized (see above) where every
+  // block is of a kind with parts (ggml_quants.h) and all but the last have
+  // a multiple of 16 rows, else they are dequantized into `dtype` too.
   static PackedMatrix pack(const std::vector<Tensor>& row_blocks, DType dtype);
+  bool quantized() const { return !quant_.empty(); }
 
   int rows() const { return rows_; }  // N
   int cols() const { return cols_; }  // K
   int panels() const { return (rows_ + kPanel - 1) / kPanel; }
+  // Of the panels' weights: F32 for quantized ones (the kernels' values).
   DType dtype() const { return data_.dtype(); }
   size_t bytes() const { return data_.nbytes(); }
   // k steps of a panel: K, or for bf16 the pairs over all pieces.
   int steps() const { return step_k_.back(); }
   const void* panel(int p) const {
     return static_cast<const char*>(data_.raw()) +
-           size_t(p) * size_t(steps()) * kPanel * step_bytes();
+           (quantized() ? quant_[size_t(p)].at
+                        : size_t(p) * size_t(steps()) * kPanel * step_bytes());
   }
   // Cuts k into pieces [bounds[i], bounds[i + 1]) (bounds run from 0 to
   // cols(), increasing): a product is then the in-order sum of one FMA chain
   // per piece (gemm.h). Tensor-parallel shards hold whole pieces, so that
   // their partial products, added piece by piece, give the one-device value.
+  // Quantized panels whose groups the bounds would cut are laid out again in
+  // f32 (the same values, so the same products).
   void set_pieces(std::vector<int> bounds);
   const std::vector<int>& piece_bounds() const { return piece_k_; }
   int pieces() const { return int(piece_k_.size()) - 1; }
@@ -60,10 +75,13 @@ class PackedMatrix {
                      cut ? step_k_.data() : nullptr,
                      cut ? pieces() : 0,
                      cols_,
-                     cut ? piece_k_.data() : nullptr};
+                     cut ? piece_k_.data() : nullptr,
+                     quantized() ? quant_.data() : nullptr};
   }
   // Row n as f32 (for embedding lookups from a tied classifier).
   void row_to_f32(int n, float* out) const;
+  // Weight (lane, k) of quantized panel p, as the kernels compute it.
+  float quant_weight(int p, int lane, int k) const;
 
  private:
   size_t step_bytes() const { return dtype() == DType::BF16 ? 4 : dtype_size(dtype()); }
@@ -71,6 +89,9 @@ class PackedMatrix {
   // current pieces.
   template <class RowFn>
   void lay_out(DType dtype, RowFn&& row);
+  // Lays the quantized row blocks out in QuantPanels (pack() has checked
+  // that they can be).
+  void lay_out_quantized(const std::vector<Tensor>& row_blocks);
   // f(k, i) for each k of a panel lane, i: where element (lane, k) lies in
   // its panel, in units of the dtype's storage.
   template <class F>
@@ -81,6 +102,7 @@ class PackedMatrix {
   std::vector<int> piece_k_{0, 0};  // bounds in k
   std::vector<int> step_k_{0, 0};   // the same bounds in k steps
   Tensor data_;
+  std::vector<QuantPanel> quant_;  // one per panel when quantized
 };
 
 }  // namespace troupe

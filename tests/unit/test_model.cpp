@@ -279,6 +279,35 @@ TEST(BatchedForward, SixteenBitWeightsBatchedEqualsOneByOne) {
   check_batched_equals_single(m, 2);
 }
 
+// A GGUF's quantized matrices and embeddings stay quantized in memory
+// (packed_matrix.h) and give, bit for bit, the logits of the same model with
+// every weight dequantized to f32 first; batched as one by one.
+TEST(QuantizedWeights, GiveTheLogitsOfTheirF32DequantizationInAnyBatch) {
+  auto dequantize = [](Tensor& t) {
+    if (!t.is_blocks()) return;
+    Tensor f = Tensor::zeros(t.shape(), DType::F32);
+    const std::vector<float> v = t.to_f32();
+    std::copy(v.begin(), v.end(), f.data_mut<float>());
+    t = f;
+  };
+  // q4_K with q6_K, q5_K with q6_K, q8_0, q4_0.
+  for (const char* file :
+       {"llama-q4_k_m.gguf", "qwen2-q5_k_m.gguf", "qwen3-q8_0.gguf", "llama31-q4_0.gguf"}) {
+    SCOPED_TRACE(file);
+    const Checkpoint ck = load_checkpoint(test::data_path(std::string("gguf/") + file));
+    Checkpoint f32 = ck;
+    for (LayerTensors& l : f32.layers)
+      for (Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) dequantize(*t);
+    dequantize(f32.tok_embedding);
+    dequantize(f32.classifier);
+    const Model quantized(ck, DType::F32), plain(f32, DType::F32);
+    EXPECT_LT(quantized.weight_bytes(), plain.weight_bytes() * 2 / 5);
+    for (const std::vector<int>& prompt : {std::vector<int>{1, 200, 17, 900, 31, 5}, {1, 7}})
+      EXPECT_EQ(last_logits(quantized, prompt), last_logits(plain, prompt));
+    check_batched_equals_single(quantized, 3);
+  }
+}
+
 // A 16-bit KV cache rounds what it stores, once: every reader sees the same
 // numbers, so a sequence's logits still do not depend on its batch.
 TEST(BatchedForward, SixteenBitKvCacheBatchedEqualsOneByOne) {
