@@ -49,13 +49,15 @@ int ffn_pieces(const ModelConfig& c) {
 }
 
 // Where FFN piece p begins (p == ffn_pieces: the width). Boundaries fall on
-// multiples of 16 columns when the pieces are wide enough, so that every
-// tensor shard's slice keeps aligned rows (1024 + 1024 of 2048 columns over
-// 12 pieces, not 1026 + 1022).
+// multiples of 32 columns when the pieces are wide enough, else of 16, so
+// that every tensor shard's slice keeps aligned rows (1024 + 1024 of 2048
+// columns over 12 pieces, not 1026 + 1022) and a quantized down projection
+// keeps its groups of 32 whole (packed_matrix.h; TinyLlama's 5632 columns
+// over 32 pieces: 160 or 192 each, not 176).
 int ffn_piece_begin(const ModelConfig& c, int p) {
   const int pieces = ffn_pieces(c);
   if (p >= pieces) return c.hidden_dim;
-  const int granule = c.hidden_dim >= 32 * pieces ? 16 : 1;
+  const int granule = c.hidden_dim >= 64 * pieces ? 32 : c.hidden_dim >= 32 * pieces ? 16 : 1;
   return int(int64_t(p) * c.hidden_dim / pieces / granule * granule);
 }
 

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "gpu/cpu/gemm_types.h"
 

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "gpu/cpu/gemm_types.h"
 

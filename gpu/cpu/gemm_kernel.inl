@@ -600,9 +600,126 @@ void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
   }
 }
 
-// NP quantized panels from pg: each k block is dequantized once into a
-// per-thread f32 block, which every row block then multiplies with the f32
-// kernel, so the chains are those of the f32 weights.
+// Quantized k steps handled at a time by quant_micro_kernel: the smallest
+// group, so that no step crosses one.
+constexpr int kQuantStep = 16;
+
+// R rows of x (row stride sm) times NP quantized panels from pg over k in
+// [k0, k1) (whole steps), the weights dequantized in registers: one row
+// block reads each weight once, so writing it out to L1 and back
+// (dequant_block) would only add work. Each weight is dequant_group's value
+// and each output the same FMA chain, so the values are the other path's.
+// y gets the chains, or with `add` y plus them.
+template <class V, int R, int NP>
+void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, int k0, int k1,
+                        float* y, int ldy, int valid_cols, bool add) {
+  constexpr int VPP = kPanel / V::kLanes;
+  constexpr int NV = NP * VPP;
+  typename V::vec acc[R][NV];
+#pragma GCC unroll 16
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
+  // kQuantStep steps of panel p from its group at gp, the step's first k
+  // `k` (x's column) and `in` (its place in the group).
+  auto steps = [&](auto bits, auto offset, int p, const uint8_t* gp, int k, int in) {
+    constexpr int BITS = decltype(bits)::value;
+    constexpr bool OFFSET = decltype(offset)::value;
+    typename V::vec s[VPP], o[VPP];
+    const auto* so = reinterpret_cast<const float*>(gp);
+#pragma GCC unroll 4
+    for (int v = 0; v < VPP; ++v) {
+      s[v] = V::load(so + v * V::kLanes);
+      o[v] = OFFSET ? V::load(so + kPanel + v * V::kLanes) : V::zero();
+    }
+    auto value = [&](typename V::vec q, int v) {
+      if constexpr (OFFSET)
+        return V::fma(q, s[v], o[v]);
+      else
+        return V::mul(q, s[v]);
+    };
+    auto chain = [&](int v, int kk, typename V::vec wv) {
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m)
+        acc[m][p * VPP + v] = V::fma(V::set1(x[size_t(m) * sm + size_t(kk)]), wv, acc[m][p * VPP + v]);
+    };
+    const uint8_t* qs = gp + kPanel * 4 * (OFFSET ? 2 : 1);
+    if constexpr (BITS == 4) {
+      qs += size_t(in / 2) * kPanel;
+#pragma GCC unroll 8
+      for (int j = 0; j < kQuantStep; j += 2, qs += kPanel)
+#pragma GCC unroll 4
+        for (int v = 0; v < VPP; ++v) {
+          typename V::vec lo, hi;
+          V::load_u4(qs + v * V::kLanes, lo, hi);
+          chain(v, k + j, value(lo, v));
+          chain(v, k + j + 1, value(hi, v));
+        }
+    } else {
+      qs += size_t(in) * kPanel;
+#pragma GCC unroll 16
+      for (int j = 0; j < kQuantStep; ++j, qs += kPanel)
+#pragma GCC unroll 4
+        for (int v = 0; v < VPP; ++v) chain(v, k + j, value(V::load_i8(qs + v * V::kLanes), v));
+    }
+  };
+  using std::integral_constant;
+  for (int k = k0; k < k1; k += kQuantStep) {
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const QuantPanel& qp = w.quant[pg + p];
+      const size_t bytes = qp.group_bytes();
+      const uint8_t* gp =
+          static_cast<const uint8_t*>(w.data) + qp.at + size_t(k / qp.group) * bytes;
+      const int in = k % qp.group;
+      if constexpr (kPrefetchBytes > 0)
+        if (in == 0)  // each panel is a stream from DRAM (see micro_kernel)
+          for (size_t b = 0; b < bytes; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
+      if (qp.bits == 4) {
+        if (qp.offset)
+          steps(integral_constant<int, 4>{}, std::true_type{}, p, gp, k, in);
+        else
+          steps(integral_constant<int, 4>{}, std::false_type{}, p, gp, k, in);
+      } else {
+        if (qp.offset)
+          steps(integral_constant<int, 8>{}, std::true_type{}, p, gp, k, in);
+        else
+          steps(integral_constant<int, 8>{}, std::false_type{}, p, gp, k, in);
+      }
+    }
+  }
+  alignas(64) float tmp[NP * kPanel];
+  for (int m = 0; m < R; ++m) {
+    float* row = y + size_t(m) * size_t(ldy);
+    if (valid_cols >= NP * kPanel) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j)
+        V::store(row + j * V::kLanes,
+                 add ? V::add(V::load(row + j * V::kLanes), acc[m][j]) : acc[m][j]);
+    } else {
+      for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
+      for (int c = 0; c < valid_cols; ++c) row[c] = add ? row[c] + tmp[c] : tmp[c];
+    }
+  }
+}
+
+// quant_micro_kernel instantiated for exactly `rows` (1..R) rows.
+template <class V, int R, int NP>
+void quant_rows_kernel(int rows, const float* x, size_t sm, const PanelsRef& w, int pg, int k0,
+                       int k1, float* y, int ldy, int valid_cols, bool add) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      quant_micro_kernel<V, R, NP>(x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
+    else
+      quant_rows_kernel<V, R - 1, NP>(rows, x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
+  }
+}
+
+// NP quantized panels from pg. One row block (M <= MR) dequantizes in
+// registers, a piece at a time. More: each k block is dequantized once into
+// a per-thread f32 block, which every row block then multiplies with the
+// f32 kernel. Both give the chains of the f32 weights.
 template <class V, int MR, int NP, int KB>
 void quant_panel_group(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int pg,
                        PieceOut o) {
@@ -610,21 +727,23 @@ void quant_panel_group(const float* x, int ldx, int M, const float* xp, const Pa
   const int left = w.rows - pg * kPanel;
   const int valid = left < NP * kPanel ? left : NP * kPanel;
   const int pieces = w.pieces > 0 ? w.pieces : 1;
-  float* wide = widen_buffer<NP, KB>();
   o.y += size_t(pg) * kPanel;
+  if (M <= MR) {
+    for (int p = 0; p < pieces; ++p)
+      quant_rows_kernel<V, MR, NP>(M, x, size_t(ldx), w, pg, piece_begin(w, p), piece_end(w, p),
+                                   o.out(p), o.ldy, valid, o.adds(p));
+    return;
+  }
+  float* wide = widen_buffer<NP, KB>();
   for (int p = 0; p < pieces; ++p)
     for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KB) {
       const int k1 = k0 + KB < piece_end(w, p) ? k0 + KB : piece_end(w, p);
       dequant_block<V, NP>(w, pg, k0, k1, wide);
       for (int m0 = 0; m0 < M; m0 += MR) {
         const int rows = M - m0 < MR ? M - m0 : MR;
-        // One row block reads x as given, more read it packed (pack_rows).
-        const bool packed = M > MR;
-        const float* xb = packed ? xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows)
-                                 : x + k0;
-        piece_block<V, DType::F32, MR, NP>(rows, xb, packed ? 1 : size_t(ldx),
-                                           packed ? size_t(rows) : 1, wide, k1 - k0, 0, k1 - k0,
-                                           k0, k1, p, w, o, m0, valid, false);
+        piece_block<V, DType::F32, MR, NP>(
+            rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows), wide,
+            k1 - k0, 0, k1 - k0, k0, k1, p, w, o, m0, valid, false);
       }
     }
 }
@@ -642,7 +761,7 @@ void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
                 int ldy, uint64_t pack_tag, size_t piece_stride) {
   const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
-  if (w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
   quant_panel_groups<V, MR, NP, KB>(x, ldx, M, xp, w, p0, p1, o);
 }
 
