@@ -245,11 +245,6 @@ void run_serve(const ServeOptions& so) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
   const ModelConfig mc = ckpt->config;
-  if (cfg.model.dtype == DType::F32 && !ckpt->layers.empty() && ckpt->layers[0].wq.is_blocks())
-    spdlog::info(
-        "{}: its quantized weights are held as model.dtype f32; --set model.dtype=bf16 halves "
-        "their memory and speeds up decoding",
-        cfg.model.path);
   std::optional<Tokenizer> tokenizer;
   const std::filesystem::path tok_path = tokenizer_path(cfg, ckpt->tokenizer_path);
   if (!tok_path.empty())

@@ -59,7 +59,7 @@ int64_t Tensor::row_elements() const {
 size_t Tensor::row_bytes() const {
   if (!is_blocks()) return size_t(row_elements()) * dtype_size(dtype_);
   const GgmlType* type = ggml_type(uint32_t(block_type_));
-  return size_t(row_elements() / type->block) * type->bytes;
+  return size_t(stored_row_elements() / type->block) * type->bytes;
 }
 
 size_t Tensor::nbytes() const {
@@ -81,10 +81,15 @@ void Tensor::row_to_f32(int64_t r, float* out) const {
   if (shape_.empty() || r < 0 || r >= shape_[0])
     throw std::out_of_range("Tensor::row_to_f32(" + std::to_string(r) + ") out of " + shape_str());
   const auto* src = static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes();
-  if (is_blocks())
-    dequantize_row(uint32_t(block_type_), src, out, row_elements());
-  else
+  if (!is_blocks()) {
     convert_to_f32(src, dtype_, out, size_t(row_elements()));
+  } else if (!stored_row_) {
+    dequantize_row(uint32_t(block_type_), src, out, row_elements());
+  } else {
+    std::vector<float> row(static_cast<size_t>(stored_row_));
+    dequantize_row(uint32_t(block_type_), src, row.data(), stored_row_);
+    std::memcpy(out, row.data() + block_col0_, size_t(row_elements()) * sizeof(float));
+  }
 }
 
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
@@ -94,24 +99,20 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
   if (begin == 0 && end == shape_[1]) return *this;
   if (is_blocks()) {
     const GgmlType* type = ggml_type(uint32_t(block_type_));
-    if (begin % type->block == 0 && end % type->block == 0) {
-      const size_t skip = size_t(begin / type->block) * type->bytes;
-      const size_t width = size_t((end - begin) / type->block) * type->bytes;
+    const int64_t b = block_col0_ + begin, e = block_col0_ + end;  // in the stored rows
+    if (b % type->block == 0 && e % type->block == 0) {
+      const size_t skip = size_t(b / type->block) * type->bytes;
+      const size_t width = size_t((e - b) / type->block) * type->bytes;
       auto copy = std::make_shared<std::vector<uint8_t>>(size_t(shape_[0]) * width);
       for (int64_t r = 0; r < shape_[0]; ++r)
-        std::memcpy(copy->data() + size_t(r) * width,
-                    static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes() + skip, width);
-      return blocks_view(copy->data(), {shape_[0], end - begin}, uint32_t(block_type_), copy);
+        std::memcpy(copy->data() + size_t(r) * width, stored_row(r) + skip, width);
+      return blocks_view(copy->data(), {shape_[0], e - b}, uint32_t(block_type_), copy);
     }
-    // The slice cuts a block: dequantized.
-    Tensor out = zeros({shape_[0], end - begin}, DType::F32);
-    std::vector<float> row(static_cast<size_t>(shape_[1]));
-    for (int64_t r = 0; r < shape_[0]; ++r) {
-      row_to_f32(r, row.data());
-      std::memcpy(out.data_mut<float>() + r * (end - begin), row.data() + begin,
-                  size_t(end - begin) * sizeof(float));
-    }
-    return out;
+    Tensor t = *this;  // a window on the same blocks
+    t.stored_row_ = stored_row_elements();
+    t.block_col0_ = b;
+    t.shape_[1] = end - begin;
+    return t;
   }
   Tensor out = zeros({shape_[0], end - begin}, dtype_);
   const size_t esz = dtype_size(dtype_), width = size_t(end - begin) * esz;
@@ -123,7 +124,9 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
 
 std::vector<float> Tensor::to_f32() const {
   std::vector<float> out(static_cast<size_t>(numel()));
-  if (is_blocks())
+  if (is_blocks() && stored_row_)
+    for (int64_t r = 0; r < shape_[0]; ++r) row_to_f32(r, out.data() + r * row_elements());
+  else if (is_blocks())
     dequantize_row(uint32_t(block_type_), static_cast<const uint8_t*>(data_), out.data(), numel());
   else
     convert_to_f32(data_, dtype_, out.data(), out.size());

@@ -36,6 +36,14 @@ class Tensor {
   bool is_blocks() const { return block_type_ >= 0; }
   // The ggml type of a blocks_view's blocks (is_blocks() only).
   uint32_t block_type() const { return uint32_t(block_type_); }
+  // A blocks view's rows as stored: row r's blocks at stored_row(r), of
+  // stored_row_elements(); the view's columns begin at element
+  // block_col0() of them (cols() of a blocks view may cut blocks).
+  const uint8_t* stored_row(int64_t r) const {
+    return static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes();
+  }
+  int64_t stored_row_elements() const { return stored_row_ ? stored_row_ : row_elements(); }
+  int64_t block_col0() const { return block_col0_; }
   bool empty() const { return data_ == nullptr; }
 
   const void* raw() const { return data_; }
@@ -52,8 +60,9 @@ class Tensor {
   // Rows [begin, end) of the first dimension, as a view sharing ownership.
   Tensor rows(int64_t begin, int64_t end) const;
   // Columns [begin, end) of a 2-D tensor, as an owning copy (itself when
-  // that is every column). Blocks stay blocks where the slice cuts none,
-  // else they are dequantized.
+  // that is every column). Of a blocks view: a copy of the blocks where the
+  // slice cuts none, else a view of the rows' blocks that reads only the
+  // slice's columns.
   Tensor cols(int64_t begin, int64_t end) const;
   // Copy converted to f32 (any dtype in, block-quantized too).
   std::vector<float> to_f32() const;
@@ -67,6 +76,8 @@ class Tensor {
   std::vector<int64_t> shape_;
   DType dtype_ = DType::F32;
   int32_t block_type_ = -1;  // the ggml type of a blocks_view
+  int64_t stored_row_ = 0;   // a column window's stored row elements (0: no window)
+  int64_t block_col0_ = 0;   // and its first column in them
   std::shared_ptr<const void> owner_;
   size_t row_bytes() const;  // of the first dimension's rows
   int64_t row_elements() const;

@@ -34,6 +34,8 @@ bool keeps_blocks(const std::vector<Tensor>& row_blocks) {
   for (size_t i = 0; i < row_blocks.size(); ++i) {
     const Tensor& b = row_blocks[i];
     if (!b.is_blocks() || !quant_form(b.block_type())) return false;
+    const int group = quant_form(b.block_type())->group;  // a column window keeps whole groups
+    if (b.block_col0() % group != 0 || b.dim(1) % group != 0) return false;
     if (i + 1 < row_blocks.size() && b.dim(0) % kPanel != 0) return false;  // a panel would mix
   }
   return true;
@@ -129,9 +131,6 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
   int64_t first = 0;
   for (const Tensor& b : row_blocks) {
     const QuantForm& form = *quant_form(b.block_type());
-    if (cols_ % form.group != 0)
-      throw std::invalid_argument("PackedMatrix::pack: rows of " + std::to_string(cols_) +
-                                  " cut a group of " + std::to_string(form.group));
     for (int64_t r = first; r < first + b.dim(0); r += kPanel) {
       const size_t p = size_t(r / kPanel);
       quant_[p] = QuantPanel{at, uint8_t(form.bits), uint8_t(form.group), form.offset};
@@ -142,28 +141,32 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
   }
   data_ = Tensor::zeros({int64_t((at + 3) / 4)}, DType::F32);
   auto lay_panels = [&](int p0, int p1) {
-    std::vector<int8_t> q(static_cast<size_t>(cols_));
-    std::vector<float> s(static_cast<size_t>(cols_)), o(static_cast<size_t>(cols_));
+    std::vector<int8_t> q;
+    std::vector<float> s, o;
     for (int p = p0; p < p1; ++p) {
       const QuantPanel& qp = quant_[size_t(p)];
       const auto& [block, block_first] = source[size_t(p)];
-      const GgmlType& type = *ggml_type(block->block_type());
-      const size_t row_bytes = size_t(cols_ / type.block) * type.bytes;
+      // The parts of whole stored rows, of which the block's columns are a
+      // window of whole groups.
+      const int64_t stored = block->stored_row_elements();
+      q.resize(size_t(stored));
+      s.resize(size_t(stored / qp.group));
+      o.resize(s.size());
+      const size_t q0 = size_t(block->block_col0()), g0 = q0 / qp.group;
       const size_t s_bytes = size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
       for (int lane = 0; lane < kPanel; ++lane) {
         const int64_t n = int64_t(p) * kPanel + lane;
         if (n >= block_first + block->dim(0)) break;
-        quant_parts(block->block_type(),
-                    static_cast<const uint8_t*>(block->raw()) + size_t(n - block_first) * row_bytes,
-                    q.data(), s.data(), qp.offset ? o.data() : nullptr, cols_);
+        quant_parts(block->block_type(), block->stored_row(n - block_first), q.data(), s.data(),
+                    qp.offset ? o.data() : nullptr, stored);
         auto* panel = static_cast<uint8_t*>(data_.raw_mut()) + qp.at;
         for (int g = 0; g < cols_ / qp.group; ++g) {
           uint8_t* gp = panel + size_t(g) * qp.group_bytes();
-          std::memcpy(gp + lane * 4, &s[size_t(g)], 4);
-          if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[size_t(g)], 4);
+          std::memcpy(gp + lane * 4, &s[g0 + size_t(g)], 4);
+          if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[g0 + size_t(g)], 4);
           uint8_t* qs = gp + s_bytes;
           for (int j = 0; j < qp.group; ++j) {
-            const int8_t v = q[size_t(g * qp.group + j)];
+            const int8_t v = q[q0 + size_t(g * qp.group + j)];
             if (qp.bits == 8)
               qs[j * kPanel + lane] = uint8_t(v);
             else

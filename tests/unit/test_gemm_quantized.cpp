@@ -163,6 +163,23 @@ TEST(QuantizedGemm, PiecesKeepOrDropTheBlocksAndGiveTheF32Bits) {
   }
 }
 
+// A tensor shard's columns (Tensor::cols) keep the blocks where they cut
+// no group, even where they cut the kind's blocks of 256.
+TEST(QuantizedGemm, ColumnWindowsOfWholeGroupsStayQuantized) {
+  for (const Quantized& q : kinds()) {
+    SCOPED_TRACE(q.name);
+    const int group = quant_form(q.blocks.block_type())->group;
+    for (const auto& [b, e] : {std::pair{64, 320}, {group, 512 - group}, {8, 512}}) {
+      const PackedMatrix packed = PackedMatrix::pack({q.blocks.cols(b, e)}, DType::F32);
+      const PackedMatrix f32 = PackedMatrix::pack({q.f32.cols(b, e)}, DType::F32);
+      EXPECT_EQ(packed.quantized(), b % group == 0) << b << ".." << e;
+      const auto x = random_vec(size_t(3) * size_t(e - b), 11);
+      ASSERT_EQ(first_difference(product(packed, x, 3), product(f32, x, 3)), -1)
+          << b << ".." << e;
+    }
+  }
+}
+
 // What cannot stay quantized is dequantized into the asked dtype: a first
 // block whose rows end inside a panel, or a block that is not quantized.
 TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {

@@ -160,9 +160,21 @@ TEST(GgufDequant, BlocksViewReadsAsItsFloats) {
     std::vector<float> row(static_cast<size_t>(cols));
     t.row_to_f32(5, row.data());
     EXPECT_EQ(row, std::vector<float>(all.begin() + 5 * cols, all.end()));
-    const Tensor slice = t.cols(5, 300);
-    EXPECT_FALSE(slice.is_blocks());
-    EXPECT_EQ(slice.data<float>()[295 + 3], all[size_t(cols + 5 + 3)]);  // row 1, column 8
+    // Columns that cut blocks: a window on them; of a window, columns that
+    // cut none: a copy of those blocks.
+    for (const auto& [b, e] : {std::pair{5, 300}, {256, 512}, {0, 256}}) {
+      const Tensor slice = t.cols(b, e).rows(1, 3);
+      EXPECT_TRUE(slice.is_blocks());
+      std::vector<float> want_rows;
+      for (int64_t r = 1; r < 3; ++r)
+        want_rows.insert(want_rows.end(), all.begin() + r * cols + b, all.begin() + r * cols + e);
+      EXPECT_EQ(slice.to_f32(), want_rows) << b << ".." << e;
+      const Tensor inner = t.cols(b, e).cols(10, 100);
+      std::vector<float> got(90);
+      inner.row_to_f32(4, got.data());
+      EXPECT_EQ(got, std::vector<float>(all.begin() + 4 * cols + b + 10,
+                                        all.begin() + 4 * cols + b + 100));
+    }
   }
   EXPECT_THROW(Tensor::blocks_view(nullptr, {2, 100}, 12, nullptr), std::invalid_argument);
 }

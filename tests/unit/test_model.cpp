@@ -302,6 +302,12 @@ TEST(QuantizedWeights, GiveTheLogitsOfTheirF32DequantizationInAnyBatch) {
     dequantize(f32.classifier);
     const Model quantized(ck, DType::F32), plain(f32, DType::F32);
     EXPECT_LT(quantized.weight_bytes(), plain.weight_bytes() * 2 / 5);
+    // Tensor shards' column slices of the output and down projections cut
+    // the kinds' blocks of 256 but no group: they stay quantized too.
+    size_t shards = 0;
+    for (int rank = 0; rank < 2; ++rank)
+      shards += Model(ck, DType::F32, ShardSpec{rank, 2}).weight_bytes_per_step();
+    EXPECT_LT(shards, quantized.weight_bytes_per_step() * 11 / 10);
     for (const std::vector<int>& prompt : {std::vector<int>{1, 200, 17, 900, 31, 5}, {1, 7}})
       EXPECT_EQ(last_logits(quantized, prompt), last_logits(plain, prompt));
     check_batched_equals_single(quantized, 3);
