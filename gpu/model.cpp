@@ -61,14 +61,6 @@ int ffn_piece_begin(const ModelConfig& c, int p) {
   return int(int64_t(p) * c.hidden_dim / pieces / granule * granule);
 }
 
-// What a matrix cut from `source` is packed in. Quantized weights are
-// computed with their exact values (packed_matrix.h) whatever model.dtype
-// says, so that every layout gives the same bits: a shard that cannot keep
-// the blocks (its columns cut them) holds their values in f32.
-DType packing_dtype(const Tensor& source, DType weight_dtype) {
-  return source.is_blocks() ? DType::F32 : weight_dtype;
-}
-
 // Boundaries of pieces [p0, p1) relative to the first, from begin(p).
 template <class Begin>
 std::vector<int> piece_bounds(int p0, int p1, Begin&& begin) {
@@ -204,8 +196,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     // output projections, whose partial sums the group all-reduces.
     w.wqkv =
         PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)},
-                           packing_dtype(t.wq, weight_dtype));
-    w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, packing_dtype(t.wo, weight_dtype));
+                           weight_dtype);
+    w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype);
     w.wo.set_pieces(piece_bounds(0, d.heads, [&](int h) { return h * int(hd); }));
     if (config_.qkv_bias)
       for (const auto& [b, lo, hi] :
@@ -218,8 +210,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
       w.k_norm = norm_weights(t.k_norm);
     }
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)},
-                                   packing_dtype(t.w_gate, weight_dtype));
-    w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, packing_dtype(t.w_down, weight_dtype));
+                                   weight_dtype);
+    w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
     const int per_shard = ffn_pieces(config_) / shard.tp_size;
     w.down.set_pieces(piece_bounds(shard.tp_rank * per_shard, (shard.tp_rank + 1) * per_shard,
                                    [&](int p) { return ffn_piece_begin(config_, p); }));
@@ -228,7 +220,7 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
   if (d.last) {
     final_norm_ = norm_weights(ckpt.final_norm);
     classifier_ = PackedMatrix::pack({ckpt.classifier.rows(d.vocab_begin, d.vocab_begin + d.vocab)},
-                                     packing_dtype(ckpt.classifier, weight_dtype));
+                                     weight_dtype);
   }
   if (d.first && !(config_.tied_classifier && d.last)) {
     const Tensor e = ckpt.tok_embedding.rows(d.vocab_begin, d.vocab_begin + d.vocab);

@@ -54,7 +54,7 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
-  if (keeps_blocks(row_blocks)) {
+  if (dtype == DType::F32 && keeps_blocks(row_blocks)) {
     m.lay_out_quantized(row_blocks);
     return m;
   }

@@ -18,12 +18,13 @@
 // without being zero) is the one case where the instruction, which flushes
 // it, and the kernels without it may differ.
 //
-// Block-quantized weights (a GGUF's q4_K, q8_0, ...) stay quantized: each
-// panel holds them as ggml_quants.h's parts, q with a scale (and offset) per
-// group of k (QuantPanel), and the kernels dequantize a block of k at a time
-// into f32 and run the f32 chain over it. A product then equals, bit for
-// bit, the f32 product over the dequantized weights, in a quarter to half of
-// the bytes.
+// Block-quantized weights (a GGUF's q4_K, q8_0, ...) packed in f32 stay
+// quantized: each panel holds them as ggml_quants.h's parts, q with a scale
+// (and offset) per group of k (QuantPanel), and the kernels dequantize them
+// (in registers, or a block of k at a time into L1) and run the f32 chain
+// over the values. A product then equals, bit for bit, the f32 product over
+// the dequantized weights, from a fifth to a third of the bytes. Packed in
+// bf16 or f16 they are dequantized and rounded like any other weights.
 #include <cstdint>
 #include <vector>
 
@@ -36,9 +37,10 @@ class PackedMatrix {
  public:
   PackedMatrix() = default;
   // Stacks the row blocks (each [n_i, K], any dtype) and packs them in
-  // `dtype`; block-quantized ones stay quantized (see above) where every
-  // block is of a kind with parts (ggml_quants.h) and all but the last have
-  // a multiple of 16 rows, else they are dequantized into `dtype` too.
+  // `dtype`. In f32, block-quantized ones stay quantized (see above) where
+  // every block is of a kind with parts (ggml_quants.h), its columns cut no
+  // group, and all but the last have a multiple of 16 rows; otherwise they
+  // are dequantized like the rest.
   static PackedMatrix pack(const std::vector<Tensor>& row_blocks, DType dtype);
   bool quantized() const { return !quant_.empty(); }
 

@@ -181,7 +181,8 @@ TEST(QuantizedGemm, ColumnWindowsOfWholeGroupsStayQuantized) {
 }
 
 // What cannot stay quantized is dequantized into the asked dtype: a first
-// block whose rows end inside a panel, or a block that is not quantized.
+// block whose rows end inside a panel, a block that is not quantized, or
+// any block packed in bf16 or f16 (their rounding is the product's).
 TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {
   const Quantized& a = kinds()[0];
   const Quantized& b = kinds()[1];
@@ -192,6 +193,11 @@ TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {
       PackedMatrix::pack({ck.layers[0].wq, dequantized(ck.layers[0].wk)}, DType::BF16);
   EXPECT_FALSE(mixed.quantized());
   EXPECT_EQ(mixed.dtype(), DType::BF16);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const PackedMatrix rounded = PackedMatrix::pack({ck.layers[0].wq}, dt);
+    EXPECT_FALSE(rounded.quantized());
+    EXPECT_EQ(rounded.dtype(), dt);
+  }
   const PackedMatrix two = PackedMatrix::pack({a.blocks, b.blocks}, DType::F32);
   const PackedMatrix two_f32 = PackedMatrix::pack({a.f32, b.f32}, DType::F32);
   const auto x = random_vec(512 * 3, 3);
