@@ -37,6 +37,32 @@ bool bf16_instruction_matches_emulation() {
     if (std::memcmp(native.data(), emulated.data(), native.size() * sizeof(float)) != 0)
       return false;
   }
+  // Quantized weights reach the instruction through vcvtne2ps2bf16's
+  // rounding (gemm_avx512_bf16.cpp), which must be bf16_for_product's: q8_0
+  // blocks (a half-precision scale, 32 signed bytes) of seeded values.
+  const int KQ = 320;
+  std::vector<uint8_t> blocks(size_t(N) * KQ / 32 * 34);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  for (size_t b = 0; b < blocks.size(); b += 34) {
+    const uint16_t d = f32_to_f16(std::ldexp(normal(rng), int(b / 34 % 9) - 12));
+    std::memcpy(&blocks[b], &d, 2);
+    for (int i = 0; i < 32; ++i) blocks[b + 2 + size_t(i)] = uint8_t(byte(rng));
+  }
+  PackedMatrix quantized = PackedMatrix::pack(
+      {Tensor::blocks_view(blocks.data(), {N, KQ}, 8, nullptr)}, DType::BF16);
+  quantized.set_pieces({0, 64, KQ});
+  std::vector<float> xq(size_t(M) * KQ);
+  for (auto& v : xq) v = normal(rng);
+  for (int rows : {1, M}) {
+    std::vector<float> native(size_t(rows) * N), emulated(size_t(rows) * N);
+    detail::gemm_avx512_bf16()(xq.data(), rows, KQ, quantized.ref(), 0, quantized.panels(),
+                               native.data(), N, 0, 0);
+    detail::gemm_avx512()(xq.data(), rows, KQ, quantized.ref(), 0, quantized.panels(),
+                          emulated.data(), N, 0, 0);
+    if (!quantized.quantized() ||
+        std::memcmp(native.data(), emulated.data(), native.size() * sizeof(float)) != 0)
+      return false;
+  }
   return true;
 }
 
@@ -78,8 +104,16 @@ float load_weight(const PackedMatrix& w, int p, size_t index) {
 float chain(const float* xm, const PackedMatrix& w, int p, int lane, int piece) {
   const int k0 = w.piece_bounds()[size_t(piece)], k1 = w.piece_bounds()[size_t(piece) + 1];
   float acc = 0.0f;
-  if (w.quantized()) {
+  if (w.quantized() && w.dtype() == DType::F32) {
     for (int k = k0; k < k1; ++k) acc = std::fma(xm[k], w.quant_weight(p, lane, k), acc);
+    return acc;
+  }
+  if (w.quantized()) {  // bf16 pairs (k, k + 1): pieces are of even length
+    auto bf16 = [](float v) { return bf16_to_f32(bf16_for_product(v)); };
+    for (int k = k0; k < k1; k += 2) {
+      acc = std::fma(bf16(xm[k + 1]), bf16(w.quant_weight(p, lane, k + 1)), acc);
+      acc = std::fma(bf16(xm[k]), bf16(w.quant_weight(p, lane, k)), acc);
+    }
     return acc;
   }
   if (w.dtype() != DType::BF16) {

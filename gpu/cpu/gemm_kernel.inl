@@ -542,14 +542,17 @@ void gemm_typed(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   panel_groups<V, WT, MR, NP, KB>(x, sm, sk, M, xp, w, p0, p1, o);
 }
 
-// One group of a quantized panel (QuantPanel) as f32 rows of kPanel at dst:
-// q * s + o, one rounding (q * s is exact, ggml_quants.h), as the f32
-// weights the product must equal.
-template <class V, int BITS, bool OFFSET>
-void dequant_group(const uint8_t* gp, int group, float* dst) {
+// Weights [in, in + count) of the group of a quantized panel (QuantPanel)
+// at gp, as f32: q * s + o, one rounding (q * s is exact, ggml_quants.h),
+// the values the products must be of. f(j, v, w) gets vector v of the
+// panel's weights at the group's k = in + j; a pair's even k comes before
+// its odd k. in and count are even.
+template <class V, int BITS, bool OFFSET, class F>
+inline void decode_group(const uint8_t* gp, int in, int count, F&& f) {
   constexpr int VPP = kPanel / V::kLanes;
   typename V::vec s[VPP], o[VPP];
   const auto* so = reinterpret_cast<const float*>(gp);
+#pragma GCC unroll 4
   for (int v = 0; v < VPP; ++v) {
     s[v] = V::load(so + v * V::kLanes);
     o[v] = OFFSET ? V::load(so + kPanel + v * V::kLanes) : V::zero();
@@ -560,21 +563,56 @@ void dequant_group(const uint8_t* gp, int group, float* dst) {
     else
       return V::mul(q, s[v]);
   };
-  const uint8_t* qs = gp + kPanel * 4 * (OFFSET ? 2 : 1);
-  if constexpr (BITS == 4) {
-    for (int j = 0; j < group; j += 2, qs += kPanel, dst += 2 * kPanel)
+  const uint8_t* qs = gp + kPanel * 4 * (OFFSET ? 2 : 1) + size_t(BITS == 4 ? in / 2 : in) * kPanel;
+#pragma GCC unroll 8
+  for (int j = 0; j < count; j += 2) {
+    if constexpr (BITS == 4) {
 #pragma GCC unroll 4
       for (int v = 0; v < VPP; ++v) {
         typename V::vec lo, hi;
         V::load_u4(qs + v * V::kLanes, lo, hi);
-        V::store(dst + v * V::kLanes, value(lo, v));
-        V::store(dst + kPanel + v * V::kLanes, value(hi, v));
+        f(j, v, value(lo, v));
+        f(j + 1, v, value(hi, v));
       }
-  } else {
-    for (int j = 0; j < group; ++j, qs += kPanel, dst += kPanel)
+      qs += kPanel;
+    } else {
 #pragma GCC unroll 4
-      for (int v = 0; v < VPP; ++v) V::store(dst + v * V::kLanes, value(V::load_i8(qs + v * V::kLanes), v));
+      for (int v = 0; v < VPP; ++v) f(j, v, value(V::load_i8(qs + v * V::kLanes), v));
+#pragma GCC unroll 4
+      for (int v = 0; v < VPP; ++v) f(j + 1, v, value(V::load_i8(qs + kPanel + v * V::kLanes), v));
+      qs += 2 * kPanel;
+    }
   }
+}
+
+// decode_group for a panel's form; gp: its group holding `in`.
+template <class V, class F>
+inline void decode(const QuantPanel& qp, const uint8_t* gp, int in, int count, F&& f) {
+  if (qp.bits == 4) {
+    if (qp.offset)
+      decode_group<V, 4, true>(gp, in, count, f);
+    else
+      decode_group<V, 4, false>(gp, in, count, f);
+  } else {
+    if (qp.offset)
+      decode_group<V, 8, true>(gp, in, count, f);
+    else
+      decode_group<V, 8, false>(gp, in, count, f);
+  }
+}
+
+// Panel p's group holding k, and a prefetch of the group kPrefetchBytes
+// ahead where k starts it: each panel is a stream from DRAM (see
+// micro_kernel).
+inline const uint8_t* quant_group(const PanelsRef& w, int p, int k) {
+  const QuantPanel& qp = w.quant[p];
+  const size_t bytes = qp.group_bytes();
+  const uint8_t* gp = static_cast<const uint8_t*>(w.data) + qp.at + size_t(k / qp.group) * bytes;
+  if constexpr (kPrefetchBytes > 0)
+    if (k % qp.group == 0)
+      for (size_t b = 0; b < bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
+  return gp;
 }
 
 // k in [k0, k1) (whole groups) of NP quantized panels from panel pg, as f32
@@ -583,20 +621,50 @@ template <class V, int NP>
 void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
   for (int p = 0; p < NP; ++p) {
     const QuantPanel& qp = w.quant[pg + p];
-    const size_t bytes = qp.group_bytes();
-    const uint8_t* gp = static_cast<const uint8_t*>(w.data) + qp.at + size_t(k0 / qp.group) * bytes;
     float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel;
-    for (int k = k0; k < k1; k += qp.group, gp += bytes, out += size_t(qp.group) * kPanel) {
-      if constexpr (kPrefetchBytes > 0)
-        // Each panel is a stream from DRAM (see micro_kernel).
-        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
-      if (qp.bits == 4)
-        qp.offset ? dequant_group<V, 4, true>(gp, qp.group, out)
-                  : dequant_group<V, 4, false>(gp, qp.group, out);
-      else
-        qp.offset ? dequant_group<V, 8, true>(gp, qp.group, out)
-                  : dequant_group<V, 8, false>(gp, qp.group, out);
-    }
+    for (int k = k0; k < k1; k += qp.group, out += size_t(qp.group) * kPanel)
+      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group,
+                [&](int j, int v, typename V::vec wv) {
+                  V::store(out + size_t(j) * kPanel + size_t(v) * V::kLanes, wv);
+                });
+  }
+}
+
+// k in [k0, k1) (whole groups) of NP quantized panels from pg as bf16
+// weights (packed_matrix.h): with the pair instruction, bf16 pairs as a bf16
+// PackedMatrix holds them (panel p at dst + p * (k1 - k0) / 2 * kPanel
+// words); without it (SPLIT), split into f32 rows as split_pairs_block
+// splits such pairs (panel p at dst + p * (k1 - k0) * kPanel).
+template <class V, int NP, bool SPLIT>
+void dequant_pairs(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
+  constexpr int VPP = kPanel / V::kLanes;
+  typename V::vec even[VPP];
+  for (int p = 0; p < NP; ++p) {
+    const QuantPanel& qp = w.quant[pg + p];
+    float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel / (SPLIT ? 1 : 2);
+    for (int k = k0; k < k1; k += qp.group)
+      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group,
+                [&](int j, int v, typename V::vec wv) {
+                  if (j % 2 == 0) {
+                    even[v] = wv;
+                    return;
+                  }
+                  const size_t step = size_t(k - k0 + j) / 2;
+                  if constexpr (SPLIT) {
+                    alignas(64) float e[V::kLanes], o[V::kLanes];
+                    V::store(e, even[v]);
+                    V::store(o, wv);
+                    for (int l = 0; l < V::kLanes; ++l) {
+                      e[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(e[l])) << 16);
+                      o[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(o[l])) << 16);
+                    }
+                    float* row = out + 2 * step * kPanel + size_t(v) * V::kLanes;
+                    V::store(row, V::load(o));  // the odd k first, as step() takes them
+                    V::store(row + kPanel, V::load(e));
+                  } else {
+                    V::store(out + step * kPanel + size_t(v) * V::kLanes, V::pair(even[v], wv));
+                  }
+                });
   }
 }
 
@@ -607,9 +675,8 @@ constexpr int kQuantStep = 16;
 // R rows of x (row stride sm) times NP quantized panels from pg over k in
 // [k0, k1) (whole steps), the weights dequantized in registers: one row
 // block reads each weight once, so writing it out to L1 and back
-// (dequant_block) would only add work. Each weight is dequant_group's value
-// and each output the same FMA chain, so the values are the other path's.
-// y gets the chains, or with `add` y plus them.
+// (dequant_block) would only add work. The weights and each output's FMA
+// chain are the other path's. y gets the chains, or with `add` y plus them.
 template <class V, int R, int NP>
 void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, int k0, int k1,
                         float* y, int ldy, int valid_cols, bool add) {
@@ -620,73 +687,17 @@ void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, i
   for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
-  // kQuantStep steps of panel p from its group at gp, the step's first k
-  // `k` (x's column) and `in` (its place in the group).
-  auto steps = [&](auto bits, auto offset, int p, const uint8_t* gp, int k, int in) {
-    constexpr int BITS = decltype(bits)::value;
-    constexpr bool OFFSET = decltype(offset)::value;
-    typename V::vec s[VPP], o[VPP];
-    const auto* so = reinterpret_cast<const float*>(gp);
-#pragma GCC unroll 4
-    for (int v = 0; v < VPP; ++v) {
-      s[v] = V::load(so + v * V::kLanes);
-      o[v] = OFFSET ? V::load(so + kPanel + v * V::kLanes) : V::zero();
-    }
-    auto value = [&](typename V::vec q, int v) {
-      if constexpr (OFFSET)
-        return V::fma(q, s[v], o[v]);
-      else
-        return V::mul(q, s[v]);
-    };
-    auto chain = [&](int v, int kk, typename V::vec wv) {
-#pragma GCC unroll 16
-      for (int m = 0; m < R; ++m)
-        acc[m][p * VPP + v] = V::fma(V::set1(x[size_t(m) * sm + size_t(kk)]), wv, acc[m][p * VPP + v]);
-    };
-    const uint8_t* qs = gp + kPanel * 4 * (OFFSET ? 2 : 1);
-    if constexpr (BITS == 4) {
-      qs += size_t(in / 2) * kPanel;
-#pragma GCC unroll 8
-      for (int j = 0; j < kQuantStep; j += 2, qs += kPanel)
-#pragma GCC unroll 4
-        for (int v = 0; v < VPP; ++v) {
-          typename V::vec lo, hi;
-          V::load_u4(qs + v * V::kLanes, lo, hi);
-          chain(v, k + j, value(lo, v));
-          chain(v, k + j + 1, value(hi, v));
-        }
-    } else {
-      qs += size_t(in) * kPanel;
-#pragma GCC unroll 16
-      for (int j = 0; j < kQuantStep; ++j, qs += kPanel)
-#pragma GCC unroll 4
-        for (int v = 0; v < VPP; ++v) chain(v, k + j, value(V::load_i8(qs + v * V::kLanes), v));
-    }
-  };
-  using std::integral_constant;
   for (int k = k0; k < k1; k += kQuantStep) {
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
       const QuantPanel& qp = w.quant[pg + p];
-      const size_t bytes = qp.group_bytes();
-      const uint8_t* gp =
-          static_cast<const uint8_t*>(w.data) + qp.at + size_t(k / qp.group) * bytes;
-      const int in = k % qp.group;
-      if constexpr (kPrefetchBytes > 0)
-        if (in == 0)  // each panel is a stream from DRAM (see micro_kernel)
-          for (size_t b = 0; b < bytes; b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
-      if (qp.bits == 4) {
-        if (qp.offset)
-          steps(integral_constant<int, 4>{}, std::true_type{}, p, gp, k, in);
-        else
-          steps(integral_constant<int, 4>{}, std::false_type{}, p, gp, k, in);
-      } else {
-        if (qp.offset)
-          steps(integral_constant<int, 8>{}, std::true_type{}, p, gp, k, in);
-        else
-          steps(integral_constant<int, 8>{}, std::false_type{}, p, gp, k, in);
-      }
+      decode<V>(qp, quant_group(w, pg + p, k), k % qp.group, kQuantStep,
+                [&](int j, int v, typename V::vec wv) {
+#pragma GCC unroll 16
+                  for (int m = 0; m < R; ++m)
+                    acc[m][p * VPP + v] = V::fma(V::set1(x[size_t(m) * sm + size_t(k + j)]), wv,
+                                                 acc[m][p * VPP + v]);
+                });
     }
   }
   alignas(64) float tmp[NP * kPanel];
@@ -765,12 +776,72 @@ void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   quant_panel_groups<V, MR, NP, KB>(x, ldx, M, xp, w, p0, p1, o);
 }
 
+// NP quantized panels from pg with bf16 products: each k block is
+// dequantized once into bf16 pairs (or their split f32 rows) in a
+// per-thread block, which every row block multiplies with the bf16 kernel
+// (or the f32 one), as for a bf16 PackedMatrix's panels. KB: k per block.
+template <class V, int MR, int NP, int KB>
+void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceOut o) {
+  constexpr bool SPLIT = !V::kNativeBf16;
+  constexpr int KBS = KB / 2;  // steps (pairs) per block
+  const int S = w.cols;
+  const int left = w.rows - pg * kPanel;
+  const int valid = left < NP * kPanel ? left : NP * kPanel;
+  const int pieces = w.pieces > 0 ? w.pieces : 1;
+  float* wide = widen_buffer<NP, KB>();
+  o.y += size_t(pg) * kPanel;
+  for (int p = 0; p < pieces; ++p)
+    for (int s0 = piece_begin(w, p); s0 < piece_end(w, p); s0 += KBS) {
+      const int s1 = s0 + KBS < piece_end(w, p) ? s0 + KBS : piece_end(w, p);
+      dequant_pairs<V, NP, SPLIT>(w, pg, 2 * s0, 2 * s1, wide);
+      for (int m0 = 0; m0 < M; m0 += MR) {
+        const int rows = M - m0 < MR ? M - m0 : MR;
+        if constexpr (SPLIT)
+          piece_block<V, DType::F32, MR, NP>(rows, xp + size_t(m0) * 2 * size_t(S) + 2 * size_t(s0),
+                                             2 * size_t(S), 1, wide, 2 * (s1 - s0), 0,
+                                             2 * (s1 - s0), s0, s1, p, w, o, m0, valid, false);
+        else
+          piece_block<V, DType::BF16, MR, NP>(rows, xp + size_t(m0) * size_t(S) + size_t(s0),
+                                              size_t(S), 1, wide, s1 - s0, 0, s1 - s0, s0, s1, p,
+                                              w, o, m0, valid, false);
+      }
+    }
+}
+
+template <class V, int MR, int NP, int KB>
+void quant_pair_groups(const float* xp, int M, const PanelsRef& w, int p, int p1,
+                       const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB>(xp, M, w, p, o);
+  if constexpr (NP > 1)
+    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB>(xp, M, w, p, p1, o);
+}
+
+// Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs).
+template <class V, int MR, int NP, int KB>
+void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
+                      float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
+  // Pieces cut no group, so each is of even length and starts at an even
+  // k: x pairs up along its whole rows.
+  PanelsRef whole = w;
+  whole.pieces = 0;
+  whole.piece_k = nullptr;
+  whole.x_piece_k = nullptr;
+  const float* xp = pack_pairs(x, M, ldx, whole, pack_tag);
+  if constexpr (!V::kNativeBf16) xp = split_pairs_x(xp, M, w.cols, pack_tag);
+  PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
+  if (w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  quant_pair_groups<V, MR, NP, KB>(xp, M, w, p0, p1, o);
+}
+
 // KB: k steps per block for weights the kernel reads as they are (f32,
 // native bf16 pairs); KBW: for those widened into a per-thread block first
 // (f16, bf16 pairs split on CPUs without the pair instruction).
 template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
+  if (w.quant && w.dtype == DType::BF16)
+    return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW>(x, M, ldx, w, p0, p1, y, ldy,
+                                                                  pack_tag, piece_stride);
   if (w.quant)  // dequantized blocks in L1: half the widened f16 blocks
     return gemm_quant<V, MR, NP, KBW / 2>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
   switch (w.dtype) {

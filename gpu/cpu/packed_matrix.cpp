@@ -54,7 +54,8 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
-  if (dtype == DType::F32 && keeps_blocks(row_blocks)) {
+  if ((dtype == DType::F32 || dtype == DType::BF16) && keeps_blocks(row_blocks)) {
+    m.quant_dtype_ = dtype;
     m.lay_out_quantized(row_blocks);
     return m;
   }
@@ -121,8 +122,17 @@ void PackedMatrix::lay_out(DType dtype, RowFn&& row_of) {
   for_panel_ranges(panels(), int64_t(rows_) * cols_, lay_panels);
 }
 
+namespace {
+// k steps: k, or in bf16 the pairs (pieces cut no group, so are of even length).
+std::vector<int> quant_steps(std::vector<int> bounds, DType dtype) {
+  if (dtype == DType::BF16)
+    for (int& b : bounds) b /= 2;
+  return bounds;
+}
+}  // namespace
+
 void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
-  step_k_ = piece_k_;
+  step_k_ = quant_steps(piece_k_, quant_dtype_);
   // Each panel takes the form of the block its rows come from; the panel
   // past the last row (if any is partial) is zero, so its weights are 0.
   quant_.resize(size_t(panels()));
@@ -204,22 +214,32 @@ void PackedMatrix::set_pieces(std::vector<int> bounds) {
   bool cuts_groups = false;
   for (const QuantPanel& qp : quant_)
     for (int b : bounds) cuts_groups = cuts_groups || b % qp.group != 0;
+  if (quantized() && !cuts_groups) {
+    piece_k_ = std::move(bounds);
+    step_k_ = quant_steps(piece_k_, quant_dtype_);
+    return;
+  }
   if (dtype() != DType::BF16 && !cuts_groups) {
     piece_k_ = std::move(bounds);
     step_k_ = piece_k_;
     return;
   }
-  // Pairs restart at each piece: lay the rows out again from the old layout.
+  // Pairs restart at each piece, or the bounds cut quantized groups: lay
+  // the rows out again from the old layout (the same values).
   const PackedMatrix old = *this;
+  const DType dtype_now = dtype();
   piece_k_ = std::move(bounds);
   quant_.clear();
-  lay_out(dtype(), [&](int n, float* out) { old.row_to_f32(n, out); });
+  lay_out(dtype_now, [&](int n, float* out) { old.row_to_f32(n, out); });
 }
 
 void PackedMatrix::row_to_f32(int n, float* out) const {
   if (n < 0 || n >= rows_) throw std::out_of_range("PackedMatrix::row_to_f32: row out of range");
   if (quantized()) {
-    for (int k = 0; k < cols_; ++k) out[k] = quant_weight(n / kPanel, n % kPanel, k);
+    for (int k = 0; k < cols_; ++k) {
+      const float w = quant_weight(n / kPanel, n % kPanel, k);
+      out[k] = quant_dtype_ == DType::BF16 ? bf16_to_f32(bf16_for_product(w)) : w;
+    }
     return;
   }
   const void* base = panel(n / kPanel);

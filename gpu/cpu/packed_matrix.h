@@ -18,13 +18,15 @@
 // without being zero) is the one case where the instruction, which flushes
 // it, and the kernels without it may differ.
 //
-// Block-quantized weights (a GGUF's q4_K, q8_0, ...) packed in f32 stay
-// quantized: each panel holds them as ggml_quants.h's parts, q with a scale
-// (and offset) per group of k (QuantPanel), and the kernels dequantize them
-// (in registers, or a block of k at a time into L1) and run the f32 chain
-// over the values. A product then equals, bit for bit, the f32 product over
-// the dequantized weights, from a fifth to a third of the bytes. Packed in
-// bf16 or f16 they are dequantized and rounded like any other weights.
+// Block-quantized weights (a GGUF's q4_K, q8_0, ...) packed in f32 or bf16
+// stay quantized: each panel holds them as ggml_quants.h's parts, q with a
+// scale (and offset) per group of k (QuantPanel), and the kernels dequantize
+// them (in registers, or a block of k at a time into L1) and run the f32
+// chain over the values, or in bf16 the chain of pair products over the
+// values rounded to bf16. A product then equals, bit for bit, the product
+// over a plain f32 or bf16 PackedMatrix of the dequantized weights, from a
+// sixth to a third of the bytes. Packed in f16 they are dequantized and
+// rounded like any other weights.
 #include <cstdint>
 #include <vector>
 
@@ -37,7 +39,7 @@ class PackedMatrix {
  public:
   PackedMatrix() = default;
   // Stacks the row blocks (each [n_i, K], any dtype) and packs them in
-  // `dtype`. In f32, block-quantized ones stay quantized (see above) where
+  // `dtype`. In f32 or bf16, block-quantized ones stay quantized (see above) where
   // every block is of a kind with parts (ggml_quants.h), its columns cut no
   // group, and all but the last have a multiple of 16 rows; otherwise they
   // are dequantized like the rest.
@@ -47,8 +49,8 @@ class PackedMatrix {
   int rows() const { return rows_; }  // N
   int cols() const { return cols_; }  // K
   int panels() const { return (rows_ + kPanel - 1) / kPanel; }
-  // Of the panels' weights: F32 for quantized ones (the kernels' values).
-  DType dtype() const { return data_.dtype(); }
+  // What the products compute in (a quantized matrix: F32 or BF16).
+  DType dtype() const { return quantized() ? quant_dtype_ : data_.dtype(); }
   size_t bytes() const { return data_.nbytes(); }
   // k steps of a panel: K, or for bf16 the pairs over all pieces.
   int steps() const { return step_k_.back(); }
@@ -82,7 +84,8 @@ class PackedMatrix {
   }
   // Row n as f32 (for embedding lookups from a tied classifier).
   void row_to_f32(int n, float* out) const;
-  // Weight (lane, k) of quantized panel p, as the kernels compute it.
+  // Weight (lane, k) of quantized panel p, dequantized (before any bf16
+  // rounding).
   float quant_weight(int p, int lane, int k) const;
 
  private:
@@ -105,6 +108,7 @@ class PackedMatrix {
   std::vector<int> step_k_{0, 0};   // the same bounds in k steps
   Tensor data_;
   std::vector<QuantPanel> quant_;  // one per panel when quantized
+  DType quant_dtype_ = DType::F32;
 };
 
 }  // namespace troupe

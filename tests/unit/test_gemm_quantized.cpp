@@ -1,7 +1,7 @@
 // Block-quantized weights kept as their parts (packed_matrix.h): every
-// product over them must equal, bit for bit, the f32 product over the
-// dequantized weights, for every kind, ISA, batch size, thread split and cut
-// into pieces, so that a quantized model answers as its f32 dequantization
+// product over them must equal, bit for bit, the f32 (or bf16) product over
+// the dequantized weights, for every kind, ISA, batch size, thread split and
+// cut into pieces, so that a quantized model answers as its dequantization
 // does, in any layout and batch.
 #include <gtest/gtest.h>
 
@@ -77,29 +77,31 @@ std::vector<float> product(const PackedMatrix& w, const std::vector<float>& x, i
 TEST(QuantizedGemm, EveryKindGivesTheF32ProductOfItsDequantizedWeights) {
   ASSERT_EQ(kinds().size(), 12u);  // q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K iq4_nl iq4_xs
   IsaGuard guard;
-  for (const Quantized& q : kinds()) {
-    SCOPED_TRACE(q.name);
-    const PackedMatrix packed = PackedMatrix::pack({q.blocks}, DType::F32);
-    const PackedMatrix f32 = PackedMatrix::pack({q.f32}, DType::F32);
-    ASSERT_TRUE(packed.quantized());
-    // A quarter to a little over half of f32's bytes (a partial panel's
-    // padding rows count in both).
-    EXPECT_LT(packed.bytes(), f32.bytes() * 6 / 10);
-    std::vector<float> row(size_t(packed.cols())), want(row.size());
-    for (int n = 0; n < packed.rows(); ++n) {
-      packed.row_to_f32(n, row.data());
-      q.f32.row_to_f32(n, want.data());
-      ASSERT_EQ(first_difference(row, want), -1) << "row " << n;
-    }
-    for (Isa isa : supported_isas()) {
-      force_isa(isa);
-      for (int M : {1, 2, 3, 5, 6, 7, 13, 31, 70}) {
-        const auto x = random_vec(size_t(M) * size_t(packed.cols()), uint32_t(M));
-        ASSERT_EQ(first_difference(product(packed, x, M), product(f32, x, M)), -1)
-            << isa_name(isa) << " M=" << M;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Quantized& q : kinds()) {
+      SCOPED_TRACE(q.name + " in " + dtype_name(dt));
+      const PackedMatrix packed = PackedMatrix::pack({q.blocks}, dt);
+      const PackedMatrix plain = PackedMatrix::pack({q.f32}, dt);
+      ASSERT_TRUE(packed.quantized());
+      EXPECT_EQ(packed.dtype(), dt);
+      // A fifth to a little over half of f32's bytes (a partial panel's
+      // padding rows count in both).
+      EXPECT_LT(packed.bytes(), PackedMatrix::pack({q.f32}, DType::F32).bytes() * 6 / 10);
+      std::vector<float> row(size_t(packed.cols())), want(row.size());
+      for (int n = 0; n < packed.rows(); ++n) {
+        packed.row_to_f32(n, row.data());
+        plain.row_to_f32(n, want.data());
+        ASSERT_EQ(first_difference(row, want), -1) << "row " << n;
+      }
+      for (Isa isa : supported_isas()) {
+        force_isa(isa);
+        for (int M : {1, 2, 3, 5, 6, 7, 13, 31, 70}) {
+          const auto x = random_vec(size_t(M) * size_t(packed.cols()), uint32_t(M));
+          ASSERT_EQ(first_difference(product(packed, x, M), product(plain, x, M)), -1)
+              << isa_name(isa) << " M=" << M;
+        }
       }
     }
-  }
 }
 
 // A fused matrix of blocks of different kinds (as q, k and v of a Q4_K_M
@@ -108,22 +110,24 @@ TEST(QuantizedGemm, MixedKindsAndThreadSplitsGiveTheF32Bits) {
   const Checkpoint ck = load_checkpoint(test::data_path("gguf/llama-q4_k_m.gguf"));
   const LayerTensors& t = ck.layers[0];
   ASSERT_NE(t.wq.block_type(), t.wv.block_type());
-  const PackedMatrix packed = PackedMatrix::pack({t.wq, t.wk, t.wv}, DType::F32);
-  const PackedMatrix f32 =
-      PackedMatrix::pack({dequantized(t.wq), dequantized(t.wk), dequantized(t.wv)}, DType::F32);
-  ASSERT_TRUE(packed.quantized());
   IsaGuard guard;
-  for (Isa isa : supported_isas()) {
-    force_isa(isa);
-    for (int threads : {1, 3}) {
-      ThreadPool pool(threads);
-      for (int M : {1, 4, 17, 200}) {  // 200: split by rows
-        const auto x = random_vec(size_t(M) * size_t(packed.cols()), 9);
-        std::vector<float> a(size_t(M) * size_t(packed.rows())), b(a.size());
-        matmul(pool, x.data(), M, packed.cols(), packed, a.data(), packed.rows());
-        matmul(pool, x.data(), M, f32.cols(), f32, b.data(), f32.rows());
-        ASSERT_EQ(first_difference(a, b), -1)
-            << isa_name(isa) << " threads=" << threads << " M=" << M;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const PackedMatrix packed = PackedMatrix::pack({t.wq, t.wk, t.wv}, dt);
+    const PackedMatrix plain =
+        PackedMatrix::pack({dequantized(t.wq), dequantized(t.wk), dequantized(t.wv)}, dt);
+    ASSERT_TRUE(packed.quantized());
+    for (Isa isa : supported_isas()) {
+      force_isa(isa);
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        for (int M : {1, 4, 17, 200}) {  // 200: split by rows
+          const auto x = random_vec(size_t(M) * size_t(packed.cols()), 9);
+          std::vector<float> a(size_t(M) * size_t(packed.rows())), b(a.size());
+          matmul(pool, x.data(), M, packed.cols(), packed, a.data(), packed.rows());
+          matmul(pool, x.data(), M, plain.cols(), plain, b.data(), plain.rows());
+          ASSERT_EQ(first_difference(a, b), -1) << dtype_name(dt) << " " << isa_name(isa)
+                                                << " threads=" << threads << " M=" << M;
+        }
       }
     }
   }
@@ -138,21 +142,23 @@ TEST(QuantizedGemm, PiecesKeepOrDropTheBlocksAndGiveTheF32Bits) {
     if (q.name == "q4_K") q4k = &q;
   ASSERT_NE(q4k, nullptr);
   IsaGuard guard;
+  for (DType dt : {DType::F32, DType::BF16})
   for (const std::vector<int>& bounds :
        {std::vector<int>{0, 64, 128, 192, 512}, std::vector<int>{0, 32, 480, 512},
-        std::vector<int>{0, 48, 512}}) {
-    PackedMatrix packed = PackedMatrix::pack({q4k->blocks}, DType::F32);
-    PackedMatrix f32 = PackedMatrix::pack({q4k->f32}, DType::F32);
+        std::vector<int>{0, 48, 512}, std::vector<int>{0, 47, 512}}) {
+    PackedMatrix packed = PackedMatrix::pack({q4k->blocks}, dt);
+    PackedMatrix f32 = PackedMatrix::pack({q4k->f32}, dt);
     packed.set_pieces(bounds);
     f32.set_pieces(bounds);
     EXPECT_EQ(packed.quantized(), bounds[1] % 32 == 0);
+    EXPECT_EQ(packed.dtype(), dt);
     const size_t P = bounds.size() - 1, N = size_t(packed.rows());
     for (Isa isa : supported_isas()) {
       force_isa(isa);
       for (int M : {1, 3, 8, 40}) {
         const auto x = random_vec(size_t(M) * 512, 5);
         ASSERT_EQ(first_difference(product(packed, x, M), product(f32, x, M)), -1)
-            << isa_name(isa) << " M=" << M << " bounds " << bounds[1];
+            << dtype_name(dt) << " " << isa_name(isa) << " M=" << M << " bounds " << bounds[1];
         std::vector<float> a(P * size_t(M) * N), b(a.size());
         gemm_panels(x.data(), M, 512, packed, 0, packed.panels(), a.data(), int(N), 0,
                     size_t(M) * N);
@@ -169,20 +175,21 @@ TEST(QuantizedGemm, ColumnWindowsOfWholeGroupsStayQuantized) {
   for (const Quantized& q : kinds()) {
     SCOPED_TRACE(q.name);
     const int group = quant_form(q.blocks.block_type())->group;
-    for (const auto& [b, e] : {std::pair{64, 320}, {group, 512 - group}, {8, 512}}) {
-      const PackedMatrix packed = PackedMatrix::pack({q.blocks.cols(b, e)}, DType::F32);
-      const PackedMatrix f32 = PackedMatrix::pack({q.f32.cols(b, e)}, DType::F32);
-      EXPECT_EQ(packed.quantized(), b % group == 0) << b << ".." << e;
-      const auto x = random_vec(size_t(3) * size_t(e - b), 11);
-      ASSERT_EQ(first_difference(product(packed, x, 3), product(f32, x, 3)), -1)
-          << b << ".." << e;
-    }
+    for (DType dt : {DType::F32, DType::BF16})
+      for (const auto& [b, e] : {std::pair{64, 320}, {group, 512 - group}, {8, 512}}) {
+        const PackedMatrix packed = PackedMatrix::pack({q.blocks.cols(b, e)}, dt);
+        const PackedMatrix plain = PackedMatrix::pack({q.f32.cols(b, e)}, dt);
+        EXPECT_EQ(packed.quantized(), b % group == 0) << b << ".." << e;
+        const auto x = random_vec(size_t(3) * size_t(e - b), 11);
+        ASSERT_EQ(first_difference(product(packed, x, 3), product(plain, x, 3)), -1)
+            << dtype_name(dt) << " " << b << ".." << e;
+      }
   }
 }
 
 // What cannot stay quantized is dequantized into the asked dtype: a first
 // block whose rows end inside a panel, a block that is not quantized, or
-// any block packed in bf16 or f16 (their rounding is the product's).
+// any block packed in f16.
 TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {
   const Quantized& a = kinds()[0];
   const Quantized& b = kinds()[1];
@@ -193,11 +200,9 @@ TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {
       PackedMatrix::pack({ck.layers[0].wq, dequantized(ck.layers[0].wk)}, DType::BF16);
   EXPECT_FALSE(mixed.quantized());
   EXPECT_EQ(mixed.dtype(), DType::BF16);
-  for (DType dt : {DType::BF16, DType::F16}) {
-    const PackedMatrix rounded = PackedMatrix::pack({ck.layers[0].wq}, dt);
-    EXPECT_FALSE(rounded.quantized());
-    EXPECT_EQ(rounded.dtype(), dt);
-  }
+  const PackedMatrix f16 = PackedMatrix::pack({ck.layers[0].wq}, DType::F16);
+  EXPECT_FALSE(f16.quantized());
+  EXPECT_EQ(f16.dtype(), DType::F16);
   const PackedMatrix two = PackedMatrix::pack({a.blocks, b.blocks}, DType::F32);
   const PackedMatrix two_f32 = PackedMatrix::pack({a.f32, b.f32}, DType::F32);
   const auto x = random_vec(512 * 3, 3);

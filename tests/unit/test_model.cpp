@@ -281,7 +281,8 @@ TEST(BatchedForward, SixteenBitWeightsBatchedEqualsOneByOne) {
 
 // A GGUF's quantized matrices and embeddings stay quantized in memory
 // (packed_matrix.h) and give, bit for bit, the logits of the same model with
-// every weight dequantized to f32 first; batched as one by one.
+// every weight dequantized to f32 first, in f32 and in bf16; batched as one
+// by one.
 TEST(QuantizedWeights, GiveTheLogitsOfTheirF32DequantizationInAnyBatch) {
   auto dequantize = [](Tensor& t) {
     if (!t.is_blocks()) return;
@@ -302,15 +303,25 @@ TEST(QuantizedWeights, GiveTheLogitsOfTheirF32DequantizationInAnyBatch) {
     dequantize(f32.classifier);
     const Model quantized(ck, DType::F32), plain(f32, DType::F32);
     EXPECT_LT(quantized.weight_bytes(), plain.weight_bytes() * 2 / 5);
+    const Model quantized_bf16(ck, DType::BF16), plain_bf16(f32, DType::BF16);
+    EXPECT_LT(quantized_bf16.weight_bytes_per_step(), plain_bf16.weight_bytes_per_step() * 4 / 5);
     // Tensor shards' column slices of the output and down projections cut
     // the kinds' blocks of 256 but no group: they stay quantized too.
     size_t shards = 0;
     for (int rank = 0; rank < 2; ++rank)
       shards += Model(ck, DType::F32, ShardSpec{rank, 2}).weight_bytes_per_step();
     EXPECT_LT(shards, quantized.weight_bytes_per_step() * 11 / 10);
-    for (const std::vector<int>& prompt : {std::vector<int>{1, 200, 17, 900, 31, 5}, {1, 7}})
+    for (const std::vector<int>& prompt : {std::vector<int>{1, 200, 17, 900, 31, 5}, {1, 7}}) {
       EXPECT_EQ(last_logits(quantized, prompt), last_logits(plain, prompt));
+      // bf16: the weights rounded as bf16 panels round them (the embedding
+      // stays exact: rows of blocks, looked up).
+      Checkpoint exact_embedding = f32;
+      exact_embedding.tok_embedding = ck.tok_embedding;
+      EXPECT_EQ(last_logits(quantized_bf16, prompt),
+                last_logits(Model(exact_embedding, DType::BF16), prompt));
+    }
     check_batched_equals_single(quantized, 3);
+    check_batched_equals_single(quantized_bf16, 2);
   }
 }
 
