@@ -675,14 +675,16 @@ constexpr int kQuantStep = 16;
 // R rows of x (row stride sm) times NP quantized panels from pg over k in
 // [k0, k1) (whole steps), the weights dequantized in registers: one row
 // block reads each weight once, so writing it out to L1 and back
-// (dequant_block) would only add work. The weights and each output's FMA
-// chain are the other path's. y gets the chains, or with `add` y plus them.
-template <class V, int R, int NP>
+// (dequant_block, dequant_pairs) would only add work. The weights and each
+// output's chain are the other path's: f32 FMAs, or with PAIRS the pair
+// instruction over x packed by pack_pairs (word k / 2 of a row). y gets the
+// chains, or with `add` y plus them.
+template <class V, int R, int NP, bool PAIRS>
 void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, int k0, int k1,
                         float* y, int ldy, int valid_cols, bool add) {
   constexpr int VPP = kPanel / V::kLanes;
   constexpr int NV = NP * VPP;
-  typename V::vec acc[R][NV];
+  typename V::vec acc[R][NV], even[VPP];
 #pragma GCC unroll 16
   for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
@@ -693,10 +695,23 @@ void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, i
       const QuantPanel& qp = w.quant[pg + p];
       decode<V>(qp, quant_group(w, pg + p, k), k % qp.group, kQuantStep,
                 [&](int j, int v, typename V::vec wv) {
+                  if constexpr (PAIRS) {
+                    if (j % 2 == 0) {
+                      even[v] = wv;
+                      return;
+                    }
+                    const typename V::vec pair = V::pair(even[v], wv);
 #pragma GCC unroll 16
-                  for (int m = 0; m < R; ++m)
-                    acc[m][p * VPP + v] = V::fma(V::set1(x[size_t(m) * sm + size_t(k + j)]), wv,
-                                                 acc[m][p * VPP + v]);
+                    for (int m = 0; m < R; ++m)
+                      acc[m][p * VPP + v] =
+                          V::dot_pair(acc[m][p * VPP + v],
+                                      V::set1(x[size_t(m) * sm + size_t(k + j) / 2]), pair);
+                  } else {
+#pragma GCC unroll 16
+                    for (int m = 0; m < R; ++m)
+                      acc[m][p * VPP + v] = V::fma(V::set1(x[size_t(m) * sm + size_t(k + j)]), wv,
+                                                   acc[m][p * VPP + v]);
+                  }
                 });
     }
   }
@@ -716,14 +731,14 @@ void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, i
 }
 
 // quant_micro_kernel instantiated for exactly `rows` (1..R) rows.
-template <class V, int R, int NP>
+template <class V, int R, int NP, bool PAIRS>
 void quant_rows_kernel(int rows, const float* x, size_t sm, const PanelsRef& w, int pg, int k0,
                        int k1, float* y, int ldy, int valid_cols, bool add) {
   if constexpr (R > 0) {
     if (rows == R)
-      quant_micro_kernel<V, R, NP>(x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
+      quant_micro_kernel<V, R, NP, PAIRS>(x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
     else
-      quant_rows_kernel<V, R - 1, NP>(rows, x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
+      quant_rows_kernel<V, R - 1, NP, PAIRS>(rows, x, sm, w, pg, k0, k1, y, ldy, valid_cols, add);
   }
 }
 
@@ -741,8 +756,8 @@ void quant_panel_group(const float* x, int ldx, int M, const float* xp, const Pa
   o.y += size_t(pg) * kPanel;
   if (M <= MR) {
     for (int p = 0; p < pieces; ++p)
-      quant_rows_kernel<V, MR, NP>(M, x, size_t(ldx), w, pg, piece_begin(w, p), piece_end(w, p),
-                                   o.out(p), o.ldy, valid, o.adds(p));
+      quant_rows_kernel<V, MR, NP, false>(M, x, size_t(ldx), w, pg, piece_begin(w, p),
+                                          piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
     return;
   }
   float* wide = widen_buffer<NP, KB>();
@@ -788,8 +803,17 @@ void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceO
   const int left = w.rows - pg * kPanel;
   const int valid = left < NP * kPanel ? left : NP * kPanel;
   const int pieces = w.pieces > 0 ? w.pieces : 1;
-  float* wide = widen_buffer<NP, KB>();
   o.y += size_t(pg) * kPanel;
+  if constexpr (!SPLIT) {
+    if (M <= MR) {  // one row block: in registers (quant_micro_kernel)
+      for (int p = 0; p < pieces; ++p)
+        quant_rows_kernel<V, MR, NP, true>(M, xp, size_t(S), w, pg, 2 * piece_begin(w, p),
+                                           2 * piece_end(w, p), o.out(p), o.ldy, valid,
+                                           o.adds(p));
+      return;
+    }
+  }
+  float* wide = widen_buffer<NP, KB>();
   for (int p = 0; p < pieces; ++p)
     for (int s0 = piece_begin(w, p); s0 < piece_end(w, p); s0 += KBS) {
       const int s1 = s0 + KBS < piece_end(w, p) ? s0 + KBS : piece_end(w, p);
@@ -829,7 +853,8 @@ void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0
   const float* xp = pack_pairs(x, M, ldx, whole, pack_tag);
   if constexpr (!V::kNativeBf16) xp = split_pairs_x(xp, M, w.cols, pack_tag);
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
-  if (w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  if ((!V::kNativeBf16 || M > MR) && w.pieces > 1 && piece_stride == 0)
+    o.scratch = piece_scratch<NP>(M);
   quant_pair_groups<V, MR, NP, KB>(xp, M, w, p0, p1, o);
 }
 
