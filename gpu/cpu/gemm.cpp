@@ -48,8 +48,8 @@ bool bf16_instruction_matches_emulation() {
     std::memcpy(&blocks[b], &d, 2);
     for (int i = 0; i < 32; ++i) blocks[b + 2 + size_t(i)] = uint8_t(byte(rng));
   }
-  PackedMatrix quantized = PackedMatrix::pack(
-      {Tensor::blocks_view(blocks.data(), {N, KQ}, 8, nullptr)}, DType::BF16);
+  PackedMatrix quantized =
+      PackedMatrix::pack({Tensor::blocks_view(blocks.data(), {N, KQ}, 8, nullptr)}, DType::BF16);
   quantized.set_pieces({0, 64, KQ});
   std::vector<float> xq(size_t(M) * KQ);
   for (auto& v : xq) v = normal(rng);

@@ -4,10 +4,9 @@
 //
 // V provides: vec, kLanes, zero(), load(const float*), load_f16(const
 // uint16_t*), set1(float), fma(a, b, c), add(a, b), mul(a, b),
-// store, for quantized panels load_i8 and load_u4 (kLanes bytes as f32), and for bf16 weights (see packed_matrix.h) the kernel shape
-// kPairRows x kPairPanels it wants, odd_half / even_half (a pair's halves as
-// f32) and kNativeBf16: whether it has dot_pair(acc, x, w), the pair
-// instruction.
+// store, for quantized panels load_i8 and load_u4 (kLanes bytes as f32), and for bf16 weights (see
+// packed_matrix.h) the kernel shape kPairRows x kPairPanels it wants, odd_half / even_half (a
+// pair's halves as f32) and kNativeBf16: whether it has dot_pair(acc, x, w), the pair instruction.
 //
 // A k step is one element of k for f32 and f16 weights, one pair for bf16
 // (32 bits a lane: the weights load as f32 vectors would, and x, packed into
@@ -623,10 +622,9 @@ void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
     const QuantPanel& qp = w.quant[pg + p];
     float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel;
     for (int k = k0; k < k1; k += qp.group, out += size_t(qp.group) * kPanel)
-      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group,
-                [&](int j, int v, typename V::vec wv) {
-                  V::store(out + size_t(j) * kPanel + size_t(v) * V::kLanes, wv);
-                });
+      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group, [&](int j, int v, typename V::vec wv) {
+        V::store(out + size_t(j) * kPanel + size_t(v) * V::kLanes, wv);
+      });
   }
 }
 
@@ -643,28 +641,27 @@ void dequant_pairs(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
     const QuantPanel& qp = w.quant[pg + p];
     float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel / (SPLIT ? 1 : 2);
     for (int k = k0; k < k1; k += qp.group)
-      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group,
-                [&](int j, int v, typename V::vec wv) {
-                  if (j % 2 == 0) {
-                    even[v] = wv;
-                    return;
-                  }
-                  const size_t step = size_t(k - k0 + j) / 2;
-                  if constexpr (SPLIT) {
-                    alignas(64) float e[V::kLanes], o[V::kLanes];
-                    V::store(e, even[v]);
-                    V::store(o, wv);
-                    for (int l = 0; l < V::kLanes; ++l) {
-                      e[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(e[l])) << 16);
-                      o[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(o[l])) << 16);
-                    }
-                    float* row = out + 2 * step * kPanel + size_t(v) * V::kLanes;
-                    V::store(row, V::load(o));  // the odd k first, as step() takes them
-                    V::store(row + kPanel, V::load(e));
-                  } else {
-                    V::store(out + step * kPanel + size_t(v) * V::kLanes, V::pair(even[v], wv));
-                  }
-                });
+      decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group, [&](int j, int v, typename V::vec wv) {
+        if (j % 2 == 0) {
+          even[v] = wv;
+          return;
+        }
+        const size_t step = size_t(k - k0 + j) / 2;
+        if constexpr (SPLIT) {
+          alignas(64) float e[V::kLanes], o[V::kLanes];
+          V::store(e, even[v]);
+          V::store(o, wv);
+          for (int l = 0; l < V::kLanes; ++l) {
+            e[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(e[l])) << 16);
+            o[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(o[l])) << 16);
+          }
+          float* row = out + 2 * step * kPanel + size_t(v) * V::kLanes;
+          V::store(row, V::load(o));  // the odd k first, as step() takes them
+          V::store(row + kPanel, V::load(e));
+        } else {
+          V::store(out + step * kPanel + size_t(v) * V::kLanes, V::pair(even[v], wv));
+        }
+      });
   }
 }
 
@@ -808,8 +805,7 @@ void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceO
     if (M <= MR) {  // one row block: in registers (quant_micro_kernel)
       for (int p = 0; p < pieces; ++p)
         quant_rows_kernel<V, MR, NP, true>(M, xp, size_t(S), w, pg, 2 * piece_begin(w, p),
-                                           2 * piece_end(w, p), o.out(p), o.ldy, valid,
-                                           o.adds(p));
+                                           2 * piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
       return;
     }
   }
@@ -826,8 +822,8 @@ void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceO
                                              2 * (s1 - s0), s0, s1, p, w, o, m0, valid, false);
         else
           piece_block<V, DType::BF16, MR, NP>(rows, xp + size_t(m0) * size_t(S) + size_t(s0),
-                                              size_t(S), 1, wide, s1 - s0, 0, s1 - s0, s0, s1, p,
-                                              w, o, m0, valid, false);
+                                              size_t(S), 1, wide, s1 - s0, 0, s1 - s0, s0, s1, p, w,
+                                              o, m0, valid, false);
       }
     }
 }
@@ -842,8 +838,8 @@ void quant_pair_groups(const float* xp, int M, const PanelsRef& w, int p, int p1
 
 // Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs).
 template <class V, int MR, int NP, int KB>
-void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
-                      float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
+void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
+                      int ldy, uint64_t pack_tag, size_t piece_stride) {
   // Pieces cut no group, so each is of even length and starts at an even
   // k: x pairs up along its whole rows.
   PanelsRef whole = w;

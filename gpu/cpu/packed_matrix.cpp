@@ -136,7 +136,8 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
   // Each panel takes the form of the block its rows come from; the panel
   // past the last row (if any is partial) is zero, so its weights are 0.
   quant_.resize(size_t(panels()));
-  std::vector<std::pair<const Tensor*, int64_t>> source(static_cast<size_t>(panels()));  // block, first row
+  std::vector<std::pair<const Tensor*, int64_t>> source(
+      static_cast<size_t>(panels()));  // block, first row
   uint64_t at = 0;
   int64_t first = 0;
   for (const Tensor& b : row_blocks) {
@@ -191,8 +192,8 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
 
 float PackedMatrix::quant_weight(int p, int lane, int k) const {
   const QuantPanel& qp = quant_[size_t(p)];
-  const auto* gp = static_cast<const uint8_t*>(data_.raw()) + qp.at +
-                   size_t(k / qp.group) * qp.group_bytes();
+  const auto* gp =
+      static_cast<const uint8_t*>(data_.raw()) + qp.at + size_t(k / qp.group) * qp.group_bytes();
   float s, o = 0.0f;
   std::memcpy(&s, gp + lane * 4, 4);
   if (qp.offset) std::memcpy(&o, gp + kPanel * 4 + lane * 4, 4);

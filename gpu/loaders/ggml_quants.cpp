@@ -131,10 +131,8 @@ void q45_k(const uint8_t* b, int8_t* q, float* s, float* o, bool five) {
       s[is + j] = d * float(sc);
       o[is + j] = -(min * float(m));
     }
-    for (int l = 0; l < 32; ++l)
-      *q++ = int8_t((ql[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0));
-    for (int l = 0; l < 32; ++l)
-      *q++ = int8_t((ql[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0));
+    for (int l = 0; l < 32; ++l) *q++ = int8_t((ql[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0));
+    for (int l = 0; l < 32; ++l) *q++ = int8_t((ql[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0));
   }
 }
 
@@ -212,12 +210,12 @@ constexpr Kind kKinds[] = {
      {4, 32, true}},
     {[](const uint8_t* b, int8_t* q, float* s, float* o) { q45_k(b, q, s, o, true); },  // 13 q5_K
      {8, 32, true}},
-    {q6_k, {8, 16, false}},  // 14
-    {nullptr, {}},           // 15 q8_K
-    {nullptr, {}},           // 16 iq2_xxs
-    {nullptr, {}},           // 17 iq2_xs
-    {nullptr, {}},           // 18 iq3_xxs
-    {nullptr, {}},           // 19 iq1_s
+    {q6_k, {8, 16, false}},    // 14
+    {nullptr, {}},             // 15 q8_K
+    {nullptr, {}},             // 16 iq2_xxs
+    {nullptr, {}},             // 17 iq2_xs
+    {nullptr, {}},             // 18 iq3_xxs
+    {nullptr, {}},             // 19 iq1_s
     {iq4_nl, {8, 32, false}},  // 20
     {nullptr, {}},             // 21 iq3_s
     {nullptr, {}},             // 22 iq2_s
@@ -245,7 +243,6 @@ void quant_parts(uint32_t id, const uint8_t* src, int8_t* q, float* s, float* o,
     if (o) o += groups;
   }
 }
-
 
 void dequantize_row(uint32_t id, const uint8_t* src, float* dst, int64_t n) {
   const GgmlType* t = ggml_type(id);

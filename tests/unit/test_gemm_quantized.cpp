@@ -125,8 +125,8 @@ TEST(QuantizedGemm, MixedKindsAndThreadSplitsGiveTheF32Bits) {
           std::vector<float> a(size_t(M) * size_t(packed.rows())), b(a.size());
           matmul(pool, x.data(), M, packed.cols(), packed, a.data(), packed.rows());
           matmul(pool, x.data(), M, plain.cols(), plain, b.data(), plain.rows());
-          ASSERT_EQ(first_difference(a, b), -1) << dtype_name(dt) << " " << isa_name(isa)
-                                                << " threads=" << threads << " M=" << M;
+          ASSERT_EQ(first_difference(a, b), -1)
+              << dtype_name(dt) << " " << isa_name(isa) << " threads=" << threads << " M=" << M;
         }
       }
     }
@@ -143,30 +143,30 @@ TEST(QuantizedGemm, PiecesKeepOrDropTheBlocksAndGiveTheF32Bits) {
   ASSERT_NE(q4k, nullptr);
   IsaGuard guard;
   for (DType dt : {DType::F32, DType::BF16})
-  for (const std::vector<int>& bounds :
-       {std::vector<int>{0, 64, 128, 192, 512}, std::vector<int>{0, 32, 480, 512},
-        std::vector<int>{0, 48, 512}, std::vector<int>{0, 47, 512}}) {
-    PackedMatrix packed = PackedMatrix::pack({q4k->blocks}, dt);
-    PackedMatrix f32 = PackedMatrix::pack({q4k->f32}, dt);
-    packed.set_pieces(bounds);
-    f32.set_pieces(bounds);
-    EXPECT_EQ(packed.quantized(), bounds[1] % 32 == 0);
-    EXPECT_EQ(packed.dtype(), dt);
-    const size_t P = bounds.size() - 1, N = size_t(packed.rows());
-    for (Isa isa : supported_isas()) {
-      force_isa(isa);
-      for (int M : {1, 3, 8, 40}) {
-        const auto x = random_vec(size_t(M) * 512, 5);
-        ASSERT_EQ(first_difference(product(packed, x, M), product(f32, x, M)), -1)
-            << dtype_name(dt) << " " << isa_name(isa) << " M=" << M << " bounds " << bounds[1];
-        std::vector<float> a(P * size_t(M) * N), b(a.size());
-        gemm_panels(x.data(), M, 512, packed, 0, packed.panels(), a.data(), int(N), 0,
-                    size_t(M) * N);
-        gemm_panels(x.data(), M, 512, f32, 0, f32.panels(), b.data(), int(N), 0, size_t(M) * N);
-        ASSERT_EQ(first_difference(a, b), -1) << isa_name(isa) << " M=" << M << " by piece";
+    for (const std::vector<int>& bounds :
+         {std::vector<int>{0, 64, 128, 192, 512}, std::vector<int>{0, 32, 480, 512},
+          std::vector<int>{0, 48, 512}, std::vector<int>{0, 47, 512}}) {
+      PackedMatrix packed = PackedMatrix::pack({q4k->blocks}, dt);
+      PackedMatrix f32 = PackedMatrix::pack({q4k->f32}, dt);
+      packed.set_pieces(bounds);
+      f32.set_pieces(bounds);
+      EXPECT_EQ(packed.quantized(), bounds[1] % 32 == 0);
+      EXPECT_EQ(packed.dtype(), dt);
+      const size_t P = bounds.size() - 1, N = size_t(packed.rows());
+      for (Isa isa : supported_isas()) {
+        force_isa(isa);
+        for (int M : {1, 3, 8, 40}) {
+          const auto x = random_vec(size_t(M) * 512, 5);
+          ASSERT_EQ(first_difference(product(packed, x, M), product(f32, x, M)), -1)
+              << dtype_name(dt) << " " << isa_name(isa) << " M=" << M << " bounds " << bounds[1];
+          std::vector<float> a(P * size_t(M) * N), b(a.size());
+          gemm_panels(x.data(), M, 512, packed, 0, packed.panels(), a.data(), int(N), 0,
+                      size_t(M) * N);
+          gemm_panels(x.data(), M, 512, f32, 0, f32.panels(), b.data(), int(N), 0, size_t(M) * N);
+          ASSERT_EQ(first_difference(a, b), -1) << isa_name(isa) << " M=" << M << " by piece";
+        }
       }
     }
-  }
 }
 
 // A tensor shard's columns (Tensor::cols) keep the blocks where they cut
