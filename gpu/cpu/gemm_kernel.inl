@@ -791,8 +791,9 @@ void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
 // NP quantized panels from pg with bf16 products: each k block is
 // dequantized once into bf16 pairs (or their split f32 rows) in a
 // per-thread block, which every row block multiplies with the bf16 kernel
-// (or the f32 one), as for a bf16 PackedMatrix's panels. KB: k per block.
-template <class V, int MR, int NP, int KB>
+// (or the f32 one), as for a bf16 PackedMatrix's panels. KB: k per block;
+// KBP: the bf16 kernel's k steps per block.
+template <class V, int MR, int NP, int KB, int KBP>
 void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceOut o) {
   constexpr bool SPLIT = !V::kNativeBf16;
   constexpr int KBS = KB / 2;  // steps (pairs) per block
@@ -808,6 +809,18 @@ void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceO
                                            2 * piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
       return;
     }
+    // The group's pairs whole (in L2: 4 panels of 2048 k take 256 KiB),
+    // then the bf16 kernel as over a bf16 PackedMatrix's panels, with its
+    // k blocking and its sums of short pieces in registers.
+    static thread_local PackBuffer buffer;
+    float* pairs = buffer.get(size_t(NP) * size_t(S) * kPanel);
+    dequant_pairs<V, NP, false>(w, pg, 0, 2 * S, pairs);
+    PanelsRef plain = w;
+    plain.data = pairs;
+    plain.rows = w.rows - pg * kPanel;
+    plain.quant = nullptr;
+    gemm_panel_group<V, DType::BF16, MR, NP, KBP>(xp, size_t(S), 1, M, xp, plain, 0, o);
+    return;
   }
   float* wide = widen_buffer<NP, KB>();
   for (int p = 0; p < pieces; ++p)
@@ -828,16 +841,16 @@ void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceO
     }
 }
 
-template <class V, int MR, int NP, int KB>
+template <class V, int MR, int NP, int KB, int KBP>
 void quant_pair_groups(const float* xp, int M, const PanelsRef& w, int p, int p1,
                        const PieceOut& o) {
-  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB>(xp, M, w, p, o);
+  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB, KBP>(xp, M, w, p, o);
   if constexpr (NP > 1)
-    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB>(xp, M, w, p, p1, o);
+    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB, KBP>(xp, M, w, p, p1, o);
 }
 
 // Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs).
-template <class V, int MR, int NP, int KB>
+template <class V, int MR, int NP, int KB, int KBP>
 void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                       int ldy, uint64_t pack_tag, size_t piece_stride) {
   // Pieces cut no group, so each is of even length and starts at an even
@@ -851,7 +864,7 @@ void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
   if ((!V::kNativeBf16 || M > MR) && w.pieces > 1 && piece_stride == 0)
     o.scratch = piece_scratch<NP>(M);
-  quant_pair_groups<V, MR, NP, KB>(xp, M, w, p0, p1, o);
+  quant_pair_groups<V, MR, NP, KB, KBP>(xp, M, w, p0, p1, o);
 }
 
 // KB: k steps per block for weights the kernel reads as they are (f32,
@@ -861,8 +874,8 @@ template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (w.quant && w.dtype == DType::BF16)
-    return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW>(x, M, ldx, w, p0, p1, y, ldy,
-                                                                  pack_tag, piece_stride);
+    return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW, KB>(x, M, ldx, w, p0, p1, y,
+                                                                      ldy, pack_tag, piece_stride);
   if (w.quant)  // dequantized blocks in L1: half the widened f16 blocks
     return gemm_quant<V, MR, NP, KBW / 2>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
   switch (w.dtype) {
