@@ -37,7 +37,7 @@ void gemm_avx512_bf16_impl(const float* x, int M, int ldx, const PanelsRef& w, i
                            float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (w.dtype != DType::BF16) std::abort();  // gemm.cpp routes only bf16 here
   if (w.quant)
-    return gemm_quant_pairs<Avx512Bf16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 128, 512>(
+    return gemm_quant_pairs<Avx512Bf16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 512>(
         x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
   gemm_typed<Avx512Bf16, DType::BF16, Avx512Bf16::kPairRows, Avx512Bf16::kPairPanels, 512>(
       x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);

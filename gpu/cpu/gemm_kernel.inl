@@ -628,39 +628,42 @@ void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
   }
 }
 
-// k in [k0, k1) (whole groups) of NP quantized panels from pg as bf16
-// weights (packed_matrix.h): with the pair instruction, bf16 pairs as a bf16
-// PackedMatrix holds them (panel p at dst + p * (k1 - k0) / 2 * kPanel
-// words); without it (SPLIT), split into f32 rows as split_pairs_block
-// splits such pairs (panel p at dst + p * (k1 - k0) * kPanel).
-template <class V, int NP, bool SPLIT>
-void dequant_pairs(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
+// Lane i's weights at an even k and the next odd k as one bf16 pair (the
+// even k low), rounded as bf16_for_product rounds: V::pair where the CPU has
+// the instruction, else one lane at a time.
+template <class V>
+inline typename V::vec bf16_pair(typename V::vec even, typename V::vec odd) {
+  if constexpr (V::kNativeBf16) {
+    return V::pair(even, odd);
+  } else {
+    alignas(64) float e[V::kLanes], o[V::kLanes];
+    V::store(e, even);
+    V::store(o, odd);
+    for (int l = 0; l < V::kLanes; ++l)
+      e[l] = __builtin_bit_cast(
+          float, uint32_t(bf16_for_product(e[l])) | uint32_t(bf16_for_product(o[l])) << 16);
+    return V::load(e);
+  }
+}
+
+// NP quantized panels from pg as bf16 pairs, laid out as a bf16
+// PackedMatrix's panels (packed_matrix.h) of K / 2 steps at dst.
+template <class V, int NP>
+void dequant_pairs(const PanelsRef& w, int pg, float* dst) {
   constexpr int VPP = kPanel / V::kLanes;
+  const int K = 2 * w.cols;
   typename V::vec even[VPP];
   for (int p = 0; p < NP; ++p) {
     const QuantPanel& qp = w.quant[pg + p];
-    float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel / (SPLIT ? 1 : 2);
-    for (int k = k0; k < k1; k += qp.group)
+    float* out = dst + size_t(p) * size_t(w.cols) * kPanel;
+    for (int k = 0; k < K; k += qp.group)
       decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group, [&](int j, int v, typename V::vec wv) {
         if (j % 2 == 0) {
           even[v] = wv;
           return;
         }
-        const size_t step = size_t(k - k0 + j) / 2;
-        if constexpr (SPLIT) {
-          alignas(64) float e[V::kLanes], o[V::kLanes];
-          V::store(e, even[v]);
-          V::store(o, wv);
-          for (int l = 0; l < V::kLanes; ++l) {
-            e[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(e[l])) << 16);
-            o[l] = __builtin_bit_cast(float, uint32_t(bf16_for_product(o[l])) << 16);
-          }
-          float* row = out + 2 * step * kPanel + size_t(v) * V::kLanes;
-          V::store(row, V::load(o));  // the odd k first, as step() takes them
-          V::store(row + kPanel, V::load(e));
-        } else {
-          V::store(out + step * kPanel + size_t(v) * V::kLanes, V::pair(even[v], wv));
-        }
+        V::store(out + size_t(k + j) / 2 * kPanel + size_t(v) * V::kLanes,
+                 bf16_pair<V>(even[v], wv));
       });
   }
 }
@@ -740,35 +743,32 @@ void quant_rows_kernel(int rows, const float* x, size_t sm, const PanelsRef& w, 
 }
 
 // NP quantized panels from pg. One row block (M <= MR) dequantizes in
-// registers, a piece at a time. More: each k block is dequantized once into
-// a per-thread f32 block, which every row block then multiplies with the
-// f32 kernel. Both give the chains of the f32 weights.
+// registers, a piece at a time. More: the group's panels are dequantized
+// whole into a per-thread buffer (4 panels of 2048 k: 512 KiB, in L2), and
+// the f32 kernel runs over it as over an f32 PackedMatrix's panels, with its
+// k blocking and its sums of short pieces in registers (KB: its k block).
+// Both give the chains of the f32 weights.
 template <class V, int MR, int NP, int KB>
 void quant_panel_group(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int pg,
                        PieceOut o) {
-  const int K = w.cols;
-  const int left = w.rows - pg * kPanel;
-  const int valid = left < NP * kPanel ? left : NP * kPanel;
-  const int pieces = w.pieces > 0 ? w.pieces : 1;
-  o.y += size_t(pg) * kPanel;
   if (M <= MR) {
-    for (int p = 0; p < pieces; ++p)
+    const int left = w.rows - pg * kPanel;
+    const int valid = left < NP * kPanel ? left : NP * kPanel;
+    o.y += size_t(pg) * kPanel;
+    for (int p = 0; p < (w.pieces > 0 ? w.pieces : 1); ++p)
       quant_rows_kernel<V, MR, NP, false>(M, x, size_t(ldx), w, pg, piece_begin(w, p),
                                           piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
     return;
   }
-  float* wide = widen_buffer<NP, KB>();
-  for (int p = 0; p < pieces; ++p)
-    for (int k0 = piece_begin(w, p); k0 < piece_end(w, p); k0 += KB) {
-      const int k1 = k0 + KB < piece_end(w, p) ? k0 + KB : piece_end(w, p);
-      dequant_block<V, NP>(w, pg, k0, k1, wide);
-      for (int m0 = 0; m0 < M; m0 += MR) {
-        const int rows = M - m0 < MR ? M - m0 : MR;
-        piece_block<V, DType::F32, MR, NP>(
-            rows, xp + size_t(m0) * size_t(K) + size_t(k0) * size_t(rows), 1, size_t(rows), wide,
-            k1 - k0, 0, k1 - k0, k0, k1, p, w, o, m0, valid, false);
-      }
-    }
+  static thread_local PackBuffer buffer;
+  float* weights = buffer.get(size_t(NP) * size_t(w.cols) * kPanel);
+  dequant_block<V, NP>(w, pg, 0, w.cols, weights);
+  PanelsRef plain = w;
+  plain.data = weights;
+  plain.rows = w.rows - pg * kPanel;
+  plain.quant = nullptr;
+  o.y += size_t(pg) * kPanel;
+  gemm_panel_group<V, DType::F32, MR, NP, KB>(x, size_t(ldx), 1, M, xp, plain, 0, o);
 }
 
 template <class V, int MR, int NP, int KB>
@@ -788,69 +788,49 @@ void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   quant_panel_groups<V, MR, NP, KB>(x, ldx, M, xp, w, p0, p1, o);
 }
 
-// NP quantized panels from pg with bf16 products: each k block is
-// dequantized once into bf16 pairs (or their split f32 rows) in a
-// per-thread block, which every row block multiplies with the bf16 kernel
-// (or the f32 one), as for a bf16 PackedMatrix's panels. KB: k per block;
-// KBP: the bf16 kernel's k steps per block.
-template <class V, int MR, int NP, int KB, int KBP>
-void quant_pair_group(const float* xp, int M, const PanelsRef& w, int pg, PieceOut o) {
-  constexpr bool SPLIT = !V::kNativeBf16;
-  constexpr int KBS = KB / 2;  // steps (pairs) per block
-  const int S = w.cols;
-  const int left = w.rows - pg * kPanel;
-  const int valid = left < NP * kPanel ? left : NP * kPanel;
-  const int pieces = w.pieces > 0 ? w.pieces : 1;
-  o.y += size_t(pg) * kPanel;
-  if constexpr (!SPLIT) {
-    if (M <= MR) {  // one row block: in registers (quant_micro_kernel)
-      for (int p = 0; p < pieces; ++p)
-        quant_rows_kernel<V, MR, NP, true>(M, xp, size_t(S), w, pg, 2 * piece_begin(w, p),
+// NP quantized panels from pg with bf16 products. One row block, with the
+// pair instruction: in registers (quant_micro_kernel). Otherwise the group's
+// pairs are dequantized whole into a per-thread buffer (4 panels of 2048 k:
+// 256 KiB, in L2), and the bf16 kernel runs over it as over a bf16
+// PackedMatrix's panels, with its k blocking (KB), its split of the pairs
+// on CPUs without the instruction and its sums of short pieces in
+// registers.
+template <class V, int MR, int NP, int KB>
+void quant_pair_group(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w, int pg,
+                      PieceOut o) {
+  if constexpr (V::kNativeBf16) {
+    if (M <= MR) {
+      const int left = w.rows - pg * kPanel;
+      const int valid = left < NP * kPanel ? left : NP * kPanel;
+      o.y += size_t(pg) * kPanel;
+      for (int p = 0; p < (w.pieces > 0 ? w.pieces : 1); ++p)
+        quant_rows_kernel<V, MR, NP, true>(M, x, sm, w, pg, 2 * piece_begin(w, p),
                                            2 * piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
       return;
     }
-    // The group's pairs whole (in L2: 4 panels of 2048 k take 256 KiB),
-    // then the bf16 kernel as over a bf16 PackedMatrix's panels, with its
-    // k blocking and its sums of short pieces in registers.
-    static thread_local PackBuffer buffer;
-    float* pairs = buffer.get(size_t(NP) * size_t(S) * kPanel);
-    dequant_pairs<V, NP, false>(w, pg, 0, 2 * S, pairs);
-    PanelsRef plain = w;
-    plain.data = pairs;
-    plain.rows = w.rows - pg * kPanel;
-    plain.quant = nullptr;
-    gemm_panel_group<V, DType::BF16, MR, NP, KBP>(xp, size_t(S), 1, M, xp, plain, 0, o);
-    return;
   }
-  float* wide = widen_buffer<NP, KB>();
-  for (int p = 0; p < pieces; ++p)
-    for (int s0 = piece_begin(w, p); s0 < piece_end(w, p); s0 += KBS) {
-      const int s1 = s0 + KBS < piece_end(w, p) ? s0 + KBS : piece_end(w, p);
-      dequant_pairs<V, NP, SPLIT>(w, pg, 2 * s0, 2 * s1, wide);
-      for (int m0 = 0; m0 < M; m0 += MR) {
-        const int rows = M - m0 < MR ? M - m0 : MR;
-        if constexpr (SPLIT)
-          piece_block<V, DType::F32, MR, NP>(rows, xp + size_t(m0) * 2 * size_t(S) + 2 * size_t(s0),
-                                             2 * size_t(S), 1, wide, 2 * (s1 - s0), 0,
-                                             2 * (s1 - s0), s0, s1, p, w, o, m0, valid, false);
-        else
-          piece_block<V, DType::BF16, MR, NP>(rows, xp + size_t(m0) * size_t(S) + size_t(s0),
-                                              size_t(S), 1, wide, s1 - s0, 0, s1 - s0, s0, s1, p, w,
-                                              o, m0, valid, false);
-      }
-    }
+  static thread_local PackBuffer buffer;
+  float* pairs = buffer.get(size_t(NP) * size_t(w.cols) * kPanel);
+  dequant_pairs<V, NP>(w, pg, pairs);
+  PanelsRef plain = w;
+  plain.data = pairs;
+  plain.rows = w.rows - pg * kPanel;
+  plain.quant = nullptr;
+  o.y += size_t(pg) * kPanel;
+  gemm_panel_group<V, DType::BF16, MR, NP, KB>(x, sm, 1, M, xp, plain, 0, o);
 }
 
-template <class V, int MR, int NP, int KB, int KBP>
-void quant_pair_groups(const float* xp, int M, const PanelsRef& w, int p, int p1,
-                       const PieceOut& o) {
-  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB, KBP>(xp, M, w, p, o);
+template <class V, int MR, int NP, int KB>
+void quant_pair_groups(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w, int p,
+                       int p1, const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB>(x, sm, M, xp, w, p, o);
   if constexpr (NP > 1)
-    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB, KBP>(xp, M, w, p, p1, o);
+    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB>(x, sm, M, xp, w, p, p1, o);
 }
 
-// Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs).
-template <class V, int MR, int NP, int KB, int KBP>
+// Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs): x
+// packed as for bf16 panels (gemm_typed).
+template <class V, int MR, int NP, int KB>
 void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                       int ldy, uint64_t pack_tag, size_t piece_stride) {
   // Pieces cut no group, so each is of even length and starts at an even
@@ -860,11 +840,11 @@ void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0
   whole.piece_k = nullptr;
   whole.x_piece_k = nullptr;
   const float* xp = pack_pairs(x, M, ldx, whole, pack_tag);
-  if constexpr (!V::kNativeBf16) xp = split_pairs_x(xp, M, w.cols, pack_tag);
+  const float* xr = xp;  // one row block reads the pairs as they are
+  if (splits_pairs<V, MR>(M)) xp = split_pairs_x(xp, M, w.cols, pack_tag);
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
-  if ((!V::kNativeBf16 || M > MR) && w.pieces > 1 && piece_stride == 0)
-    o.scratch = piece_scratch<NP>(M);
-  quant_pair_groups<V, MR, NP, KB, KBP>(xp, M, w, p0, p1, o);
+  if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
+  quant_pair_groups<V, MR, NP, KB>(xr, size_t(w.cols), M, xp, w, p0, p1, o);
 }
 
 // KB: k steps per block for weights the kernel reads as they are (f32,
@@ -874,10 +854,10 @@ template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (w.quant && w.dtype == DType::BF16)
-    return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW, KB>(x, M, ldx, w, p0, p1, y,
-                                                                      ldy, pack_tag, piece_stride);
-  if (w.quant)  // dequantized blocks in L1: half the widened f16 blocks
-    return gemm_quant<V, MR, NP, KBW / 2>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
+    return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW>(x, M, ldx, w, p0, p1, y, ldy,
+                                                                  pack_tag, piece_stride);
+  if (w.quant)
+    return gemm_quant<V, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
   switch (w.dtype) {
     case DType::F32:
       return gemm_typed<V, DType::F32, MR, NP, KB>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
