@@ -21,7 +21,8 @@
 // Block-quantized weights (a GGUF's q4_K, q8_0, ...) packed in f32 or bf16
 // stay quantized: each panel holds them as ggml_quants.h's parts, q with a
 // scale (and offset) per group of k (QuantPanel), and the kernels dequantize
-// them (in registers, or a block of k at a time into L1) and run the f32
+// them (in registers for one block of rows, else a panel group at a time
+// into a per-thread buffer) and run the f32
 // chain over the values, or in bf16 the chain of pair products over the
 // values rounded to bf16. A product then equals, bit for bit, the product
 // over a plain f32 or bf16 PackedMatrix of the dequantized weights, from a
