@@ -742,41 +742,50 @@ void quant_rows_kernel(int rows, const float* x, size_t sm, const PanelsRef& w, 
   }
 }
 
-// NP quantized panels from pg. One row block (M <= MR) dequantizes in
-// registers, a piece at a time. More: the group's panels are dequantized
-// whole into a per-thread buffer (4 panels of 2048 k: 512 KiB, in L2), and
-// the f32 kernel runs over it as over an f32 PackedMatrix's panels, with its
-// k blocking and its sums of short pieces in registers (KB: its k block).
-// Both give the chains of the f32 weights.
-template <class V, int MR, int NP, int KB>
-void quant_panel_group(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int pg,
-                       PieceOut o) {
-  if (M <= MR) {
-    const int left = w.rows - pg * kPanel;
-    const int valid = left < NP * kPanel ? left : NP * kPanel;
-    o.y += size_t(pg) * kPanel;
-    for (int p = 0; p < (w.pieces > 0 ? w.pieces : 1); ++p)
-      quant_rows_kernel<V, MR, NP, false>(M, x, size_t(ldx), w, pg, piece_begin(w, p),
-                                          piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
-    return;
+// NP quantized panels from pg, with f32 products or (PAIRS) bf16 pair
+// products. One row block (M <= MR) dequantizes in registers, a piece at a
+// time (pairs: with the instruction only). Otherwise the group's panels are
+// dequantized whole into a per-thread buffer (4 panels of 2048 k: 512 KiB in
+// f32, 256 KiB in pairs; in L2), and the plain kernel runs over it as over
+// an f32 or bf16 PackedMatrix's panels, with its k blocking (KB), its split
+// of pairs on CPUs without the instruction and its sums of short pieces in
+// registers. x: as the plain kernel's one row block reads it (row stride
+// sm); xp: its packed rows.
+template <class V, int MR, int NP, int KB, bool PAIRS>
+void quant_panel_group(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w,
+                       int pg, PieceOut o) {
+  o.y += size_t(pg) * kPanel;
+  if constexpr (!PAIRS || V::kNativeBf16) {
+    if (M <= MR) {
+      const int left = w.rows - pg * kPanel;
+      const int valid = left < NP * kPanel ? left : NP * kPanel;
+      constexpr int k_per_step = PAIRS ? 2 : 1;
+      for (int p = 0; p < (w.pieces > 0 ? w.pieces : 1); ++p)
+        quant_rows_kernel<V, MR, NP, PAIRS>(M, x, sm, w, pg, k_per_step * piece_begin(w, p),
+                                            k_per_step * piece_end(w, p), o.out(p), o.ldy, valid,
+                                            o.adds(p));
+      return;
+    }
   }
   static thread_local PackBuffer buffer;
   float* weights = buffer.get(size_t(NP) * size_t(w.cols) * kPanel);
-  dequant_block<V, NP>(w, pg, 0, w.cols, weights);
+  if constexpr (PAIRS)
+    dequant_pairs<V, NP>(w, pg, weights);
+  else
+    dequant_block<V, NP>(w, pg, 0, w.cols, weights);
   PanelsRef plain = w;
   plain.data = weights;
   plain.rows = w.rows - pg * kPanel;
   plain.quant = nullptr;
-  o.y += size_t(pg) * kPanel;
-  gemm_panel_group<V, DType::F32, MR, NP, KB>(x, size_t(ldx), 1, M, xp, plain, 0, o);
+  gemm_panel_group<V, PAIRS ? DType::BF16 : DType::F32, MR, NP, KB>(x, sm, 1, M, xp, plain, 0, o);
 }
 
-template <class V, int MR, int NP, int KB>
-void quant_panel_groups(const float* x, int ldx, int M, const float* xp, const PanelsRef& w, int p,
-                        int p1, const PieceOut& o) {
-  for (; p + NP <= p1; p += NP) quant_panel_group<V, MR, NP, KB>(x, ldx, M, xp, w, p, o);
+template <class V, int MR, int NP, int KB, bool PAIRS>
+void quant_panel_groups(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w,
+                        int p, int p1, const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) quant_panel_group<V, MR, NP, KB, PAIRS>(x, sm, M, xp, w, p, o);
   if constexpr (NP > 1)
-    if (p < p1) quant_panel_groups<V, MR, NP - 1, KB>(x, ldx, M, xp, w, p, p1, o);
+    if (p < p1) quant_panel_groups<V, MR, NP - 1, KB, PAIRS>(x, sm, M, xp, w, p, p1, o);
 }
 
 template <class V, int MR, int NP, int KB>
@@ -785,47 +794,7 @@ void gemm_quant(const float* x, int M, int ldx, const PanelsRef& w, int p0, int 
   const float* xp = M > MR ? pack_rows<MR>(x, M, ldx, w.cols, pack_tag) : nullptr;
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
   if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
-  quant_panel_groups<V, MR, NP, KB>(x, ldx, M, xp, w, p0, p1, o);
-}
-
-// NP quantized panels from pg with bf16 products. One row block, with the
-// pair instruction: in registers (quant_micro_kernel). Otherwise the group's
-// pairs are dequantized whole into a per-thread buffer (4 panels of 2048 k:
-// 256 KiB, in L2), and the bf16 kernel runs over it as over a bf16
-// PackedMatrix's panels, with its k blocking (KB), its split of the pairs
-// on CPUs without the instruction and its sums of short pieces in
-// registers.
-template <class V, int MR, int NP, int KB>
-void quant_pair_group(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w, int pg,
-                      PieceOut o) {
-  if constexpr (V::kNativeBf16) {
-    if (M <= MR) {
-      const int left = w.rows - pg * kPanel;
-      const int valid = left < NP * kPanel ? left : NP * kPanel;
-      o.y += size_t(pg) * kPanel;
-      for (int p = 0; p < (w.pieces > 0 ? w.pieces : 1); ++p)
-        quant_rows_kernel<V, MR, NP, true>(M, x, sm, w, pg, 2 * piece_begin(w, p),
-                                           2 * piece_end(w, p), o.out(p), o.ldy, valid, o.adds(p));
-      return;
-    }
-  }
-  static thread_local PackBuffer buffer;
-  float* pairs = buffer.get(size_t(NP) * size_t(w.cols) * kPanel);
-  dequant_pairs<V, NP>(w, pg, pairs);
-  PanelsRef plain = w;
-  plain.data = pairs;
-  plain.rows = w.rows - pg * kPanel;
-  plain.quant = nullptr;
-  o.y += size_t(pg) * kPanel;
-  gemm_panel_group<V, DType::BF16, MR, NP, KB>(x, sm, 1, M, xp, plain, 0, o);
-}
-
-template <class V, int MR, int NP, int KB>
-void quant_pair_groups(const float* x, size_t sm, int M, const float* xp, const PanelsRef& w, int p,
-                       int p1, const PieceOut& o) {
-  for (; p + NP <= p1; p += NP) quant_pair_group<V, MR, NP, KB>(x, sm, M, xp, w, p, o);
-  if constexpr (NP > 1)
-    if (p < p1) quant_pair_groups<V, MR, NP - 1, KB>(x, sm, M, xp, w, p, p1, o);
+  quant_panel_groups<V, MR, NP, KB, false>(x, size_t(ldx), M, xp, w, p0, p1, o);
 }
 
 // Quantized panels with bf16 products (w.dtype BF16, w.cols in pairs): x
@@ -844,7 +813,7 @@ void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0
   if (splits_pairs<V, MR>(M)) xp = split_pairs_x(xp, M, w.cols, pack_tag);
   PieceOut o{y, ldy, piece_stride, nullptr, NP * kPanel};
   if (M > MR && w.pieces > 1 && piece_stride == 0) o.scratch = piece_scratch<NP>(M);
-  quant_pair_groups<V, MR, NP, KB>(xr, size_t(w.cols), M, xp, w, p0, p1, o);
+  quant_panel_groups<V, MR, NP, KB, true>(xr, size_t(w.cols), M, xp, w, p0, p1, o);
 }
 
 // KB: k steps per block for weights the kernel reads as they are (f32,
