@@ -86,10 +86,20 @@ void Tensor::row_to_f32(int64_t r, float* out) const {
   } else if (!stored_row_) {
     dequantize_row(uint32_t(block_type_), src, out, row_elements());
   } else {
-    std::vector<float> row(static_cast<size_t>(stored_row_));
-    dequantize_row(uint32_t(block_type_), src, row.data(), stored_row_);
-    std::memcpy(out, row.data() + block_col0_, size_t(row_elements()) * sizeof(float));
+    const BlockSpan span = block_span(r);
+    std::vector<float> row(static_cast<size_t>(span.elements));
+    dequantize_row(uint32_t(block_type_), span.data, row.data(), span.elements);
+    std::memcpy(out, row.data() + span.col0, size_t(row_elements()) * sizeof(float));
   }
+}
+
+Tensor::BlockSpan Tensor::block_span(int64_t r) const {
+  const GgmlType* type = ggml_type(uint32_t(block_type_));
+  const int64_t first = block_col0_ / type->block;
+  const int64_t end = (block_col0_ + row_elements() + type->block - 1) / type->block;
+  return {
+      static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes() + size_t(first) * type->bytes,
+      (end - first) * type->block, block_col0_ - first * type->block};
 }
 
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
@@ -105,7 +115,8 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
       const size_t width = size_t((e - b) / type->block) * type->bytes;
       auto copy = std::make_shared<std::vector<uint8_t>>(size_t(shape_[0]) * width);
       for (int64_t r = 0; r < shape_[0]; ++r)
-        std::memcpy(copy->data() + size_t(r) * width, stored_row(r) + skip, width);
+        std::memcpy(copy->data() + size_t(r) * width,
+                    static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes() + skip, width);
       return blocks_view(copy->data(), {shape_[0], e - b}, uint32_t(block_type_), copy);
     }
     Tensor t = *this;  // a window on the same blocks

@@ -36,14 +36,15 @@ class Tensor {
   bool is_blocks() const { return block_type_ >= 0; }
   // The ggml type of a blocks_view's blocks (is_blocks() only).
   uint32_t block_type() const { return uint32_t(block_type_); }
-  // A blocks view's rows as stored: row r's blocks at stored_row(r), of
-  // stored_row_elements(); the view's columns begin at element
-  // block_col0() of them (cols() of a blocks view may cut blocks).
-  const uint8_t* stored_row(int64_t r) const {
-    return static_cast<const uint8_t*>(data_) + size_t(r) * row_bytes();
-  }
-  int64_t stored_row_elements() const { return stored_row_ ? stored_row_ : row_elements(); }
-  int64_t block_col0() const { return block_col0_; }
+  // The blocks of row r (r < dim(0)) that a blocks view's columns lie in
+  // (cols() of a blocks view may cut blocks): where they start, the
+  // elements they hold, and the view's first column among those.
+  struct BlockSpan {
+    const uint8_t* data;
+    int64_t elements;
+    int64_t col0;
+  };
+  BlockSpan block_span(int64_t r) const;
   bool empty() const { return data_ == nullptr; }
 
   const void* raw() const { return data_; }
@@ -78,6 +79,7 @@ class Tensor {
   int32_t block_type_ = -1;  // the ggml type of a blocks_view
   int64_t stored_row_ = 0;   // a column window's stored row elements (0: no window)
   int64_t block_col0_ = 0;   // and its first column in them
+  int64_t stored_row_elements() const { return stored_row_ ? stored_row_ : row_elements(); }
   std::shared_ptr<const void> owner_;
   size_t row_bytes() const;  // of the first dimension's rows
   int64_t row_elements() const;

@@ -614,14 +614,14 @@ inline const uint8_t* quant_group(const PanelsRef& w, int p, int k) {
   return gp;
 }
 
-// k in [k0, k1) (whole groups) of NP quantized panels from panel pg, as f32
-// into dst, laid out as widen_block lays f16 panels out.
+// NP quantized panels from pg as f32, laid out as an f32 PackedMatrix's
+// panels at dst.
 template <class V, int NP>
-void dequant_block(const PanelsRef& w, int pg, int k0, int k1, float* dst) {
+void dequant_panels(const PanelsRef& w, int pg, float* dst) {
   for (int p = 0; p < NP; ++p) {
     const QuantPanel& qp = w.quant[pg + p];
-    float* out = dst + size_t(p) * size_t(k1 - k0) * kPanel;
-    for (int k = k0; k < k1; k += qp.group, out += size_t(qp.group) * kPanel)
+    float* out = dst + size_t(p) * size_t(w.cols) * kPanel;
+    for (int k = 0; k < w.cols; k += qp.group, out += size_t(qp.group) * kPanel)
       decode<V>(qp, quant_group(w, pg + p, k), 0, qp.group, [&](int j, int v, typename V::vec wv) {
         V::store(out + size_t(j) * kPanel + size_t(v) * V::kLanes, wv);
       });
@@ -674,8 +674,8 @@ constexpr int kQuantStep = 16;
 
 // R rows of x (row stride sm) times NP quantized panels from pg over k in
 // [k0, k1) (whole steps), the weights dequantized in registers: one row
-// block reads each weight once, so writing it out to L1 and back
-// (dequant_block, dequant_pairs) would only add work. The weights and each
+// block reads each weight once, so writing it out and back
+// (dequant_panels, dequant_pairs) would only add work. The weights and each
 // output's chain are the other path's: f32 FMAs, or with PAIRS the pair
 // instruction over x packed by pack_pairs (word k / 2 of a row). y gets the
 // chains, or with `add` y plus them.
@@ -772,7 +772,7 @@ void quant_panel_group(const float* x, size_t sm, int M, const float* xp, const 
   if constexpr (PAIRS)
     dequant_pairs<V, NP>(w, pg, weights);
   else
-    dequant_block<V, NP>(w, pg, 0, w.cols, weights);
+    dequant_panels<V, NP>(w, pg, weights);
   PanelsRef plain = w;
   plain.data = weights;
   plain.rows = w.rows - pg * kPanel;

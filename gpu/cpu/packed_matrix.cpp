@@ -35,7 +35,7 @@ bool keeps_blocks(const std::vector<Tensor>& row_blocks) {
     const Tensor& b = row_blocks[i];
     if (!b.is_blocks() || !quant_form(b.block_type())) return false;
     const int group = quant_form(b.block_type())->group;  // a column window keeps whole groups
-    if (b.block_col0() % group != 0 || b.dim(1) % group != 0) return false;
+    if (b.block_span(0).col0 % group != 0 || b.dim(1) % group != 0) return false;
     if (i + 1 < row_blocks.size() && b.dim(0) % kPanel != 0) return false;  // a panel would mix
   }
   return true;
@@ -157,19 +157,19 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
     for (int p = p0; p < p1; ++p) {
       const QuantPanel& qp = quant_[size_t(p)];
       const auto& [block, block_first] = source[size_t(p)];
-      // The parts of whole stored rows, of which the block's columns are a
-      // window of whole groups.
-      const int64_t stored = block->stored_row_elements();
-      q.resize(size_t(stored));
-      s.resize(size_t(stored / qp.group));
-      o.resize(s.size());
-      const size_t q0 = size_t(block->block_col0()), g0 = q0 / qp.group;
       const size_t s_bytes = size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
       for (int lane = 0; lane < kPanel; ++lane) {
         const int64_t n = int64_t(p) * kPanel + lane;
         if (n >= block_first + block->dim(0)) break;
-        quant_parts(block->block_type(), block->stored_row(n - block_first), q.data(), s.data(),
-                    qp.offset ? o.data() : nullptr, stored);
+        // The parts of the blocks the columns lie in, of which the columns
+        // are whole groups.
+        const Tensor::BlockSpan span = block->block_span(n - block_first);
+        q.resize(size_t(span.elements));
+        s.resize(size_t(span.elements / qp.group));
+        o.resize(s.size());
+        const size_t q0 = size_t(span.col0), g0 = q0 / qp.group;
+        quant_parts(block->block_type(), span.data, q.data(), s.data(),
+                    qp.offset ? o.data() : nullptr, span.elements);
         auto* panel = static_cast<uint8_t*>(data_.raw_mut()) + qp.at;
         for (int g = 0; g < cols_ / qp.group; ++g) {
           uint8_t* gp = panel + size_t(g) * qp.group_bytes();
