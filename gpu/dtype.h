@@ -16,6 +16,15 @@ constexpr size_t dtype_size(DType t) {
 const char* dtype_name(DType t);  // "f32", "f16", "bf16"
 std::optional<DType> parse_dtype(std::string_view name);
 
+// How a CPU device multiplies block-quantized weights (a GGUF's q4_K, q8_0,
+// ...; gpu/cpu/packed_matrix.h). Exact: with x as it is (or rounded to bf16
+// for bf16 products), giving the product over the dequantized weights.
+// Int8: with x quantized to 8 bits per block of 32 and integer sums, as
+// llama.cpp computes them: faster, and near the exact product, not equal.
+enum class QuantProducts : uint8_t { Exact, Int8 };
+const char* quant_products_name(QuantProducts p);  // "exact", "int8"
+std::optional<QuantProducts> parse_quant_products(std::string_view name);
+
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
   float f;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -133,6 +134,49 @@ float chain(const float* xm, const PackedMatrix& w, int p, int lane, int piece) 
   return acc;
 }
 
+// x's rows quantized for integer products (gemm_types.h), as the kernels
+// quantize them.
+struct Int8Copy {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> sum;
+  Int8Rows rows;
+  Int8Copy(const float* x, int M, int ldx, const PackedMatrix& w)
+      : q(size_t(M) * size_t(w.cols())),
+        d(size_t(M) * size_t(w.cols() / 16)),
+        sum(d.size()),
+        rows{q.data(), d.data(), sum.data(), w.cols()} {
+    const PanelsRef ref = w.ref();
+    for (int m = 0; m < M; ++m)
+      quantize_int8_row(x + size_t(m) * size_t(ldx), ref.x_piece_k, ref.pieces, rows, m);
+  }
+};
+
+// The integer products' chain (gemm_int8.inl) of lane `lane` of panel p and
+// x8's row m over piece `piece`, a group at a time.
+float int8_chain(const Int8Rows& x8, int m, const PackedMatrix& w, int p, int lane, int piece) {
+  const int k0 = w.piece_bounds()[size_t(piece)], k1 = w.piece_bounds()[size_t(piece) + 1];
+  const int8_t* xq = x8.q + size_t(m) * size_t(x8.K);
+  const float* xd = x8.d + size_t(m) * size_t(x8.K / 16);
+  const int group = w.ref().quant[p].group;
+  float acc = 0.0f;
+  for (int k = k0; k < k1; k += group) {
+    int32_t i = 0, b = 0;
+    float s = 0.0f, o = 0.0f;
+    for (int j = 0; j < group; ++j) {
+      const PackedMatrix::QuantValue v = w.quant_value(p, lane, k + j);
+      i += v.q * xq[k + j];
+      b += xq[k + j];
+      s = v.s;
+      o = v.o;
+    }
+    const float d = xd[k / 16];
+    acc = std::fma(float(i), s * d, acc);
+    if (w.ref().quant[p].offset) acc = std::fma(o, d * float(b), acc);
+  }
+  return acc;
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -158,6 +202,17 @@ Isa active_isa() {
   return active().load(std::memory_order_relaxed);
 }
 
+bool uses_vnni() {
+  // The instruction where the CPU has it and the kernels are not held below
+  // its best ISA (a test or benchmark forcing AVX-512 gets the emulation).
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  const Isa isa = active_isa();
+  return has && isa == best_isa() && int(isa) >= int(Isa::Avx512);
+}
+
 void force_isa(Isa isa) {
   if (int(isa) > int(best_isa()))
     throw std::invalid_argument(std::string("this CPU does not support ") + isa_name(isa));
@@ -166,13 +221,15 @@ void force_isa(Isa isa) {
 
 void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1,
                         float* y, int ldy, size_t piece_stride) {
+  const auto x8 = w.int8() ? std::make_unique<Int8Copy>(x, M, ldx, w) : nullptr;
   for (int p = p0; p < p1; ++p) {
     for (int lane = 0; lane < kPanel; ++lane) {
       const int n = p * kPanel + lane;
       if (n >= w.rows()) break;
       for (int m = 0; m < M; ++m) {
         for (int piece = 0; piece < w.pieces(); ++piece) {
-          const float acc = chain(x + size_t(m) * size_t(ldx), w, p, lane, piece);
+          const float acc = x8 ? int8_chain(x8->rows, m, w, p, lane, piece)
+                               : chain(x + size_t(m) * size_t(ldx), w, p, lane, piece);
           float& out = y[size_t(piece) * piece_stride + size_t(m) * size_t(ldy) + size_t(n)];
           out = piece > 0 && piece_stride == 0 ? out + acc : acc;
         }
@@ -183,9 +240,11 @@ void gemm_panels_scalar(const float* x, int M, int ldx, const PackedMatrix& w, i
 
 void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, int p1, float* y,
                  int ldy, uint64_t pack_tag, size_t piece_stride) {
+  if (w.int8() && uses_vnni())
+    return detail::gemm_avx512_vnni()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag, piece_stride);
   switch (active_isa()) {
     case Isa::Avx512Bf16:
-      if (w.dtype() == DType::BF16)
+      if (w.dtype() == DType::BF16 && !w.int8())
         return detail::gemm_avx512_bf16()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag,
                                           piece_stride);
       [[fallthrough]];

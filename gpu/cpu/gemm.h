@@ -16,6 +16,9 @@ const char* isa_name(Isa isa);
 Isa best_isa();           // what this CPU supports
 Isa active_isa();         // what the kernels use now (best_isa() unless forced)
 void force_isa(Isa isa);  // for tests and benchmarks; throws if unsupported
+// Whether integer products (PackedMatrix::int8) use AVX512_VNNI's vpdpbusd
+// now: where the CPU has it, at its best ISA; else an exact emulation.
+bool uses_vnni();
 
 // Rows m < M of x (row stride ldx) times panels [p0, p1) of w, written to the
 // matching columns of y (row stride ldy). Columns past w.rows() are not written.

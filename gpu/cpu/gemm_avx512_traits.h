@@ -40,4 +40,31 @@ struct Avx512 {
   }
   // No pair instruction: gemm_kernel.inl's step() emulates it.
   static constexpr bool kNativeBf16 = false;
+
+  // Integer products (gemm_int8.inl).
+  using ivec = __m512i;
+  static ivec izero() { return _mm512_setzero_si512(); }
+  static ivec load_q(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static ivec low_nibbles(ivec b) { return _mm512_and_si512(b, _mm512_set1_epi8(15)); }
+  static ivec high_nibbles(ivec b) {
+    return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(15));
+  }
+  static ivec bcast4(const int8_t* p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  // vpdpbusd without the instruction: the even and the odd bytes of each
+  // 32-bit lane widened to 16 bits, each pair's products summed by vpmaddwd
+  // (exact: |product| < 2^15 * 2^8).
+  static ivec dot4(ivec acc, ivec u, ivec s) {
+    const ivec u_even = _mm512_and_si512(u, _mm512_set1_epi16(0xff));
+    const ivec u_odd = _mm512_srli_epi16(u, 8);
+    const ivec s_even = _mm512_srai_epi16(_mm512_slli_epi16(s, 8), 8);
+    const ivec s_odd = _mm512_srai_epi16(s, 8);
+    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(u_even, s_even),
+                                                  _mm512_madd_epi16(u_odd, s_odd)));
+  }
+  static ivec sub_i32(ivec a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
+  static vec to_f32(ivec a) { return _mm512_cvtepi32_ps(a); }
 };

@@ -816,12 +816,17 @@ void gemm_quant_pairs(const float* x, int M, int ldx, const PanelsRef& w, int p0
   quant_panel_groups<V, MR, NP, KB, true>(xr, size_t(w.cols), M, xp, w, p0, p1, o);
 }
 
+#include "gpu/cpu/gemm_int8.inl"
+
 // KB: k steps per block for weights the kernel reads as they are (f32,
 // native bf16 pairs); KBW: for those widened into a per-thread block first
 // (f16, bf16 pairs split on CPUs without the pair instruction).
 template <class V, int MR, int NP, int KB, int KBW>
 void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
+  if (w.int8)
+    return gemm_int8<V, kInt8Rows<V>, kInt8Panels<V>>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
+                                                        piece_stride);
   if (w.quant && w.dtype == DType::BF16)
     return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW>(x, M, ldx, w, p0, p1, y, ldy,
                                                                   pack_tag, piece_stride);

@@ -16,12 +16,30 @@ constexpr int kPanel = 16;
 // nibble; 8: signed) and one s, and with `offset` one o, per lane and group
 // of `group` k. Group g of the panel starts group_bytes() * g bytes after
 // `at`: s[16] (f32), o[16] if any, then the q of its k, kPanel lanes a row.
+//
+// For integer products (PanelsRef::int8) the q of a group lie in chunks of
+// 64 bytes, one 32-bit word per lane holding four consecutive k (lane i at
+// bytes 4i..4i+3, as vpdpbusd reads them): a 4-bit chunk covers 8 k, k..k+3
+// in the low nibbles and k+4..k+7 in the high ones; an 8-bit chunk covers 4
+// k, each q stored plus 128 (unsigned, the instruction's weight operand).
 struct QuantPanel {
   uint64_t at;  // bytes from PanelsRef::data
   uint8_t bits, group;
   bool offset;
-  size_t group_bytes() const {
-    return size_t(kPanel) * 4 * (offset ? 2 : 1) + size_t(group) * kPanel * bits / 8;
+  size_t head_bytes() const { return size_t(kPanel) * 4 * (offset ? 2 : 1); }
+  size_t group_bytes() const { return head_bytes() + size_t(group) * kPanel * bits / 8; }
+  // Where q of (lane, element j of its group) lies among the group's q
+  // bytes, and the shift of its nibble (4-bit q).
+  struct QAt {
+    size_t byte;
+    int shift;
+  };
+  QAt q_at(int lane, int j, bool int8) const {
+    if (!int8)
+      return bits == 8 ? QAt{size_t(j) * kPanel + size_t(lane), 0}
+                       : QAt{size_t(j / 2) * kPanel + size_t(lane), 4 * (j % 2)};
+    return bits == 8 ? QAt{size_t(j / 4) * 64 + size_t(lane) * 4 + size_t(j % 4), 0}
+                     : QAt{size_t(j / 8) * 64 + size_t(lane) * 4 + size_t(j % 4), 4 * (j % 8 / 4)};
   }
 };
 
@@ -46,7 +64,64 @@ struct PanelsRef {
   // Block-quantized panels, one entry per panel (dtype is then F32, the
   // weights' values); null otherwise.
   const QuantPanel* quant = nullptr;
+  // Integer products (packed_matrix.h): quantized panels in the integer
+  // layout, x quantized to 8 bits per block (quantize_int8_row).
+  bool int8 = false;
 };
+
+// The integer products' x (packed_matrix.h): each piece of a row cut into
+// blocks of 32 k from its start (the last one may be of 16), each block
+// scaled into [-127, 127]: q = round(x / d) with d = max |x| / 127. Per 16
+// k: d of the block they lie in and the sum of their q, so that a group of
+// 16 or 32 weights (which lies in one block) finds both at k / 16.
+struct Int8Rows {
+  int8_t* q;     // rows of K
+  float* d;      // rows of K / 16
+  int32_t* sum;  // rows of K / 16
+  int K;
+};
+
+// Row m of x (K elements, pieces [piece_k[p], piece_k[p + 1]) or one piece
+// without them) into x8's row m. K and the pieces are multiples of 16. A NaN
+// or infinity makes its block's d NaN, so that it reaches the products.
+// Static, as bf16_for_product: one definition for every kernel and the
+// scalar reference.
+static inline void quantize_int8_row(const float* x, const int* piece_k, int pieces,
+                                     const Int8Rows& x8, int m) {
+  int8_t* q = x8.q + size_t(m) * size_t(x8.K);
+  float* d = x8.d + size_t(m) * size_t(x8.K / 16);
+  int32_t* sum = x8.sum + size_t(m) * size_t(x8.K / 16);
+  for (int p = 0; p < (pieces > 0 ? pieces : 1); ++p) {
+    const int kb = pieces > 0 ? piece_k[p] : 0, ke = pieces > 0 ? piece_k[p + 1] : x8.K;
+    for (int b = kb; b < ke; b += 32) {
+      const int e = b + 32 < ke ? b + 32 : ke;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int k = b; k < e; ++k) {
+        const float a = __builtin_fabsf(x[k]);
+        finite = finite && a <= 3.40282347e38f;
+        amax = a > amax ? a : amax;
+      }
+      // A block below f32's normal range counts as zeros (its inverse
+      // scale would overflow).
+      const float s = amax / 127.0f;
+      const bool usable = finite && s >= 1.17549435e-38f;
+      const float scale = !finite ? __builtin_nanf("") : usable ? s : 0.0f;
+      const float inv = usable ? 1.0f / s : 0.0f;
+      for (int k = b; k < e; ++k) {
+        float v = __builtin_rintf(x[k] * inv);  // to nearest even, as vcvtps2dq
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[k] = finite ? int8_t(v) : int8_t(0);
+      }
+      for (int c = b; c < e; c += 16) {
+        int32_t total = 0;
+        for (int k = c; k < c + 16; ++k) total += q[k];
+        d[c / 16] = scale;
+        sum[c / 16] = total;
+      }
+    }
+  }
+}
 
 // f32 to bf16 for the bf16 product (packed_matrix.h): to nearest even, f32
 // denormals to a signed zero (as vdpbf16ps reads them), NaN stays NaN.
@@ -72,6 +147,7 @@ using GemmFn = void (*)(const float* x, int M, int ldx, const PanelsRef& w, int 
 GemmFn gemm_avx2();
 GemmFn gemm_avx512();
 GemmFn gemm_avx512_bf16();  // AVX-512 with the bf16 dot-product instruction
+GemmFn gemm_avx512_vnni();  // integer products with AVX512_VNNI's vpdpbusd
 }  // namespace detail
 
 }  // namespace troupe

@@ -43,7 +43,8 @@ bool keeps_blocks(const std::vector<Tensor>& row_blocks) {
 
 }  // namespace
 
-PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dtype) {
+PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dtype,
+                                QuantProducts products) {
   if (row_blocks.empty()) throw std::invalid_argument("PackedMatrix::pack: no rows");
   PackedMatrix m;
   m.cols_ = int(row_blocks[0].dim(1));
@@ -54,8 +55,10 @@ PackedMatrix PackedMatrix::pack(const std::vector<Tensor>& row_blocks, DType dty
     m.rows_ += int(b.dim(0));
   }
   m.piece_k_ = {0, m.cols_};
-  if ((dtype == DType::F32 || dtype == DType::BF16) && keeps_blocks(row_blocks)) {
-    m.quant_dtype_ = dtype;
+  const bool int8 = products == QuantProducts::Int8;
+  if ((int8 || dtype == DType::F32 || dtype == DType::BF16) && keeps_blocks(row_blocks)) {
+    m.quant_dtype_ = int8 ? DType::F32 : dtype;  // int8: the steps are k, the sums f32
+    m.int8_ = int8;
     m.lay_out_quantized(row_blocks);
     return m;
   }
@@ -157,7 +160,7 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
     for (int p = p0; p < p1; ++p) {
       const QuantPanel& qp = quant_[size_t(p)];
       const auto& [block, block_first] = source[size_t(p)];
-      const size_t s_bytes = size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
+      const size_t s_bytes = qp.head_bytes();
       for (int lane = 0; lane < kPanel; ++lane) {
         const int64_t n = int64_t(p) * kPanel + lane;
         if (n >= block_first + block->dim(0)) break;
@@ -177,11 +180,12 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
           if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[g0 + size_t(g)], 4);
           uint8_t* qs = gp + s_bytes;
           for (int j = 0; j < qp.group; ++j) {
-            const int8_t v = q[q0 + size_t(g * qp.group + j)];
+            const int v = q[q0 + size_t(g * qp.group + j)];
+            const QuantPanel::QAt a = qp.q_at(lane, j, int8_);
             if (qp.bits == 8)
-              qs[j * kPanel + lane] = uint8_t(v);
+              qs[a.byte] = uint8_t(int8_ ? v + 128 : v);
             else
-              qs[j / 2 * kPanel + lane] |= uint8_t(v << (4 * (j % 2)));
+              qs[a.byte] |= uint8_t(v << a.shift);
           }
         }
       }
@@ -190,19 +194,23 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
   for_panel_ranges(panels(), int64_t(rows_) * cols_, lay_panels);
 }
 
-float PackedMatrix::quant_weight(int p, int lane, int k) const {
+PackedMatrix::QuantValue PackedMatrix::quant_value(int p, int lane, int k) const {
   const QuantPanel& qp = quant_[size_t(p)];
   const auto* gp =
       static_cast<const uint8_t*>(data_.raw()) + qp.at + size_t(k / qp.group) * qp.group_bytes();
-  float s, o = 0.0f;
-  std::memcpy(&s, gp + lane * 4, 4);
-  if (qp.offset) std::memcpy(&o, gp + kPanel * 4 + lane * 4, 4);
-  const uint8_t* qs = gp + size_t(kPanel) * 4 * (qp.offset ? 2 : 1);
-  const int j = k % qp.group;
-  const int q = qp.bits == 8 ? int(int8_t(qs[j * kPanel + lane]))
-                             : (qs[j / 2 * kPanel + lane] >> (4 * (j % 2))) & 0xF;
+  QuantValue v{0, 0.0f, 0.0f};
+  std::memcpy(&v.s, gp + lane * 4, 4);
+  if (qp.offset) std::memcpy(&v.o, gp + kPanel * 4 + lane * 4, 4);
+  const QuantPanel::QAt a = qp.q_at(lane, k % qp.group, int8_);
+  const uint8_t byte = gp[qp.head_bytes() + a.byte];
+  v.q = qp.bits == 4 ? (byte >> a.shift) & 0xF : int8_ ? int(byte) - 128 : int(int8_t(byte));
+  return v;
+}
+
+float PackedMatrix::quant_weight(int p, int lane, int k) const {
+  const QuantValue v = quant_value(p, lane, k);
   // q * s is exact (ggml_quants.h): the sum rounds once, fused or not.
-  return qp.offset ? float(q) * s + o : float(q) * s;
+  return quant_[size_t(p)].offset ? float(v.q) * v.s + v.o : float(v.q) * v.s;
 }
 
 void PackedMatrix::set_pieces(std::vector<int> bounds) {
@@ -231,6 +239,7 @@ void PackedMatrix::set_pieces(std::vector<int> bounds) {
   const DType dtype_now = dtype();
   piece_k_ = std::move(bounds);
   quant_.clear();
+  int8_ = false;
   lay_out(dtype_now, [&](int n, float* out) { old.row_to_f32(n, out); });
 }
 

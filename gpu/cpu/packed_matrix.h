@@ -28,6 +28,13 @@
 // over a plain f32 or bf16 PackedMatrix of the dequantized weights, from a
 // sixth to a third of the bytes. Packed in f16 they are dequantized and
 // rounded like any other weights.
+//
+// With QuantProducts::Int8 the panels keep the same parts in the integer
+// layout (gemm_types.h) and the products quantize x to 8 bits per block
+// (Int8Rows) and sum q times x's q in integers (gemm_int8.inl): a few
+// instructions per 64 multiply-adds instead of a dequantization per weight.
+// Each output is still one fixed chain, the same in any batch, thread split,
+// layout or ISA, but it is not the exact product.
 #include <cstdint>
 #include <vector>
 
@@ -44,8 +51,11 @@ class PackedMatrix {
   // every block is of a kind with parts (ggml_quants.h), its columns cut no
   // group, and all but the last have a multiple of 16 rows; otherwise they
   // are dequantized like the rest.
-  static PackedMatrix pack(const std::vector<Tensor>& row_blocks, DType dtype);
+  // With Int8, blocks that stay quantized take integer products (above).
+  static PackedMatrix pack(const std::vector<Tensor>& row_blocks, DType dtype,
+                           QuantProducts products = QuantProducts::Exact);
   bool quantized() const { return !quant_.empty(); }
+  bool int8() const { return int8_; }
 
   int rows() const { return rows_; }  // N
   int cols() const { return cols_; }  // K
@@ -81,13 +91,20 @@ class PackedMatrix {
                      cut ? pieces() : 0,
                      cols_,
                      cut ? piece_k_.data() : nullptr,
-                     quantized() ? quant_.data() : nullptr};
+                     quantized() ? quant_.data() : nullptr,
+                     int8_};
   }
   // Row n as f32 (for embedding lookups from a tied classifier).
   void row_to_f32(int n, float* out) const;
   // Weight (lane, k) of quantized panel p, dequantized (before any bf16
   // rounding).
   float quant_weight(int p, int lane, int k) const;
+  // Its parts: weight = q * s + o.
+  struct QuantValue {
+    int q;
+    float s, o;
+  };
+  QuantValue quant_value(int p, int lane, int k) const;
 
  private:
   size_t step_bytes() const { return dtype() == DType::BF16 ? 4 : dtype_size(dtype()); }
@@ -110,6 +127,7 @@ class PackedMatrix {
   Tensor data_;
   std::vector<QuantPanel> quant_;  // one per panel when quantized
   DType quant_dtype_ = DType::F32;
+  bool int8_ = false;  // quant_ in the integer layout
 };
 
 }  // namespace troupe

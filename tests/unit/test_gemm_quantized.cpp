@@ -5,7 +5,10 @@
 // does, in any layout and batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -207,6 +210,163 @@ TEST(QuantizedGemm, BlocksThatWouldShareAPanelOrMixWithFloatsAreDequantized) {
   const PackedMatrix two_f32 = PackedMatrix::pack({a.f32, b.f32}, DType::F32);
   const auto x = random_vec(512 * 3, 3);
   EXPECT_EQ(first_difference(product(two, x, 3), product(two_f32, x, 3)), -1);
+}
+
+// ---- Integer products (QuantProducts::Int8, gemm_int8.inl) ----
+
+// x's quantization error bounds an integer product's distance from the
+// exact one: each x moves by at most half its block's step d = max|x| / 127
+// (blocks of 32 from each piece's start), so |y - exact| <= sum |w| d / 2,
+// plus the f32 roundings of the two chains.
+double int8_error_bound(const PackedMatrix& w, const float* x, int n) {
+  const std::vector<int>& bounds = w.piece_bounds();
+  std::vector<float> row(size_t(w.cols()));
+  w.row_to_f32(n, row.data());
+  double bound = 0.0, magnitude = 0.0;
+  for (size_t p = 0; p + 1 < bounds.size(); ++p)
+    for (int b = bounds[p]; b < bounds[p + 1]; b += 32) {
+      const int e = std::min(b + 32, bounds[p + 1]);
+      double amax = 0.0;
+      for (int k = b; k < e; ++k) amax = std::max(amax, double(std::fabs(x[k])));
+      for (int k = b; k < e; ++k) {
+        bound += std::fabs(row[size_t(k)]) * amax / 127.0 / 2.0;
+        magnitude += std::fabs(double(row[size_t(k)]) * x[k]);
+      }
+    }
+  return bound * (1 + 1e-5) + magnitude * 1e-5;
+}
+
+// The exact f32 product over w's weights (double sums).
+std::vector<double> exact_product(const PackedMatrix& w, const std::vector<float>& x, int M) {
+  std::vector<double> y(size_t(M) * size_t(w.rows()));
+  std::vector<float> row(size_t(w.cols()));
+  for (int n = 0; n < w.rows(); ++n) {
+    w.row_to_f32(n, row.data());
+    for (int m = 0; m < M; ++m) {
+      double acc = 0.0;
+      for (int k = 0; k < w.cols(); ++k)
+        acc += double(row[size_t(k)]) * x[size_t(m) * size_t(w.cols()) + size_t(k)];
+      y[size_t(m) * size_t(w.rows()) + size_t(n)] = acc;
+    }
+  }
+  return y;
+}
+
+// Every kind: the integer layout holds the same weights; every ISA (the
+// instruction, its emulations, the scalar reference) and every batch size
+// gives the same bits, a row alone as in any batch; and each output lies
+// within the bound x's quantization sets around the exact product.
+TEST(Int8Gemm, EveryKindIsOneChainInEveryIsaAndBatchNearTheExactProduct) {
+  IsaGuard guard;
+  for (const Quantized& q : kinds()) {
+    SCOPED_TRACE(q.name);
+    const PackedMatrix w = PackedMatrix::pack({q.blocks}, DType::F32, QuantProducts::Int8);
+    const PackedMatrix exact = PackedMatrix::pack({q.blocks}, DType::F32);
+    ASSERT_TRUE(w.quantized() && w.int8());
+    EXPECT_EQ(w.bytes(), exact.bytes());
+    std::vector<float> row(size_t(w.cols())), want(row.size());
+    for (int n = 0; n < w.rows(); ++n) {
+      w.row_to_f32(n, row.data());
+      exact.row_to_f32(n, want.data());
+      ASSERT_EQ(first_difference(row, want), -1) << "row " << n;
+    }
+    const int M = 13;
+    auto x = random_vec(size_t(M) * size_t(w.cols()), 21);
+    for (int k = 0; k < 40; ++k) x[size_t(k)] *= 1e3f;  // blocks of very different scales
+    force_isa(Isa::Scalar);
+    const std::vector<float> reference = product(w, x, M);
+    for (Isa isa : supported_isas()) {
+      force_isa(isa);
+      ASSERT_EQ(first_difference(product(w, x, M), reference), -1) << isa_name(isa);
+      for (int m : {0, 7, 12}) {
+        const std::vector<float> alone(x.begin() + long(m) * w.cols(),
+                                       x.begin() + long(m + 1) * w.cols());
+        const std::vector<float> one = product(w, alone, 1);
+        ASSERT_EQ(first_difference(one, std::vector<float>(reference.begin() + long(m) * w.rows(),
+                                                           reference.begin() +
+                                                               long(m + 1) * w.rows())),
+                  -1)
+            << isa_name(isa) << " row " << m << " alone";
+      }
+    }
+    const std::vector<double> truth = exact_product(w, x, M);
+    double worst = 0.0;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < w.rows(); ++n) {
+        const size_t i = size_t(m) * size_t(w.rows()) + size_t(n);
+        const double bound = int8_error_bound(w, x.data() + size_t(m) * size_t(w.cols()), n);
+        ASSERT_LE(std::fabs(reference[i] - truth[i]), bound) << "m=" << m << " n=" << n;
+        worst = std::max(worst, std::fabs(reference[i] - truth[i]) / (bound + 1e-30));
+      }
+    EXPECT_GT(worst, 0.0);  // not the exact product by accident
+  }
+}
+
+// A fused q|k|v of q4_K and q6_K panels and an FFN-sized product, over
+// threads and row splits as the engine runs them, with pieces (a tensor
+// shard's sums): the same bits as the scalar reference, piece by piece too.
+TEST(Int8Gemm, MixedKindsPiecesAndThreadSplitsGiveTheReferenceBits) {
+  const Checkpoint ck = load_checkpoint(test::data_path("gguf/llama-q4_k_m.gguf"));
+  const LayerTensors& t = ck.layers[0];
+  IsaGuard guard;
+  PackedMatrix qkv = PackedMatrix::pack({t.wq, t.wk, t.wv}, DType::BF16, QuantProducts::Int8);
+  ASSERT_TRUE(qkv.int8());
+  EXPECT_EQ(qkv.dtype(), DType::F32);  // integer sums, f32 chains
+  PackedMatrix cut = qkv;
+  const int K = qkv.cols();
+  cut.set_pieces({0, 32, K / 2, K / 2 + 64, K});
+  ASSERT_TRUE(cut.int8());
+  for (const PackedMatrix* w : {&qkv, &cut}) {
+    for (int M : {1, 4, 17, 200}) {  // 200: split by rows
+      const auto x = random_vec(size_t(M) * size_t(K), uint32_t(M));
+      force_isa(Isa::Scalar);
+      const std::vector<float> reference = product(*w, x, M);
+      const size_t P = size_t(w->pieces()), N = size_t(w->rows());
+      std::vector<float> by_piece(P * size_t(M) * N);
+      gemm_panels(x.data(), M, K, *w, 0, w->panels(), by_piece.data(), int(N), 0, size_t(M) * N);
+      for (Isa isa : supported_isas()) {
+        force_isa(isa);
+        for (int threads : {1, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> y(size_t(M) * N);
+          matmul(pool, x.data(), M, K, *w, y.data(), int(N));
+          ASSERT_EQ(first_difference(y, reference), -1)
+              << isa_name(isa) << " threads=" << threads << " M=" << M << " pieces=" << P;
+        }
+        std::vector<float> pieces(by_piece.size());
+        gemm_panels(x.data(), M, K, *w, 0, w->panels(), pieces.data(), int(N), 0, size_t(M) * N);
+        ASSERT_EQ(first_difference(pieces, by_piece), -1) << isa_name(isa) << " by piece";
+      }
+      // The sum over pieces is their chains added in order.
+      if (P > 1)
+        for (size_t i = 0; i < size_t(M) * N; i += 37) {
+          float sum = by_piece[i];
+          for (size_t p = 1; p < P; ++p) sum += by_piece[p * size_t(M) * N + i];
+          ASSERT_EQ(sum, reference[i]) << i;
+        }
+    }
+  }
+}
+
+// A NaN or infinity in x reaches every output of its row and no other.
+TEST(Int8Gemm, NonFiniteInputsPoisonTheirRowOnly) {
+  const Quantized& q = kinds()[4];  // q8_0: 8-bit q, no offset
+  IsaGuard guard;
+  const PackedMatrix w = PackedMatrix::pack({q.blocks}, DType::F32, QuantProducts::Int8);
+  const int M = 3;
+  auto x = random_vec(size_t(M) * size_t(w.cols()), 4);
+  const auto clean_x = x;
+  x[size_t(w.cols()) + 100] = std::numeric_limits<float>::infinity();
+  x[size_t(2 * w.cols()) + 3] = std::nanf("");
+  for (Isa isa : supported_isas()) {
+    force_isa(isa);
+    const std::vector<float> y = product(w, x, M), clean = product(w, clean_x, M);
+    for (int n = 0; n < w.rows(); ++n) {
+      EXPECT_EQ(y[size_t(n)], clean[size_t(n)]) << isa_name(isa);
+      EXPECT_TRUE(std::isnan(y[size_t(w.rows() + n)])) << isa_name(isa);
+      EXPECT_TRUE(std::isnan(y[size_t(2 * w.rows() + n)])) << isa_name(isa);
+    }
+  }
 }
 
 }  // namespace

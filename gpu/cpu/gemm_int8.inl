@@ -1,0 +1,174 @@
+// Integer products of quantized panels (PanelsRef::int8, packed_matrix.h),
+// written once over the vector traits of gemm_kernel.inl and compiled per
+// ISA; gemm_kernel.inl includes it for its dispatch.
+//
+// V provides besides: ivec, izero(), load_q (kLanes * 4 bytes of q),
+// low_nibbles / high_nibbles (of each byte), bcast4 (4 bytes of x to every
+// 32-bit lane), dot4(acc, u, s) (acc plus, per 32-bit lane, the sum of its
+// four unsigned bytes of u times the signed bytes of s: vpdpbusd), sub_i32
+// and to_f32.
+//
+// An output's chain: per group of its piece, in order, with i the exact
+// integer sum of q times x's q over the group, d x's scale there and b the
+// sum of x's q there: acc = fma(float(i), s * d, acc), then with an offset
+// acc = fma(o, d * float(b), acc). The sums are exact and each rounding is
+// fixed, so the value is the same for any batch, thread split or ISA.
+
+// x quantized per row (Int8Rows), kept per thread for calls with the same
+// pack tag (see detail::GemmFn).
+inline Int8Rows quantize_x(const float* x, int M, int ldx, const PanelsRef& w, uint64_t tag) {
+  static thread_local PackBuffer buffer;
+  static thread_local uint64_t packed_tag = 0;
+  static thread_local Int8Rows rows{};
+  if (tag != 0 && tag == packed_tag) return rows;
+  packed_tag = tag;
+  const int K = w.cols;
+  const size_t per16 = size_t(M) * size_t(K / 16);
+  float* base = buffer.get(2 * per16 + (size_t(M) * size_t(K) + 3) / 4);
+  rows = Int8Rows{reinterpret_cast<int8_t*>(base + 2 * per16), base,
+                  reinterpret_cast<int32_t*>(base + per16), K};
+  for (int m = 0; m < M; ++m)
+    quantize_int8_row(x + size_t(m) * size_t(ldx), w.x_piece_k, w.pieces, rows, m);
+  return rows;
+}
+
+// R rows of x8 from row m0 times NP quantized panels from pg over k in
+// [k0, k1), a piece (whole groups). y gets the chains, or with `add` y plus
+// them.
+template <class V, int R, int NP>
+void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, int k1,
+                       float* y, int ldy, int valid_cols, bool add) {
+  constexpr int VPP = kPanel / V::kLanes;
+  constexpr int NV = NP * VPP;
+  constexpr size_t kChunk = 64;  // bytes of q per chunk (gemm_types.h)
+  typename V::vec acc[R][NV];
+  typename V::ivec isum[R][NV];
+#pragma GCC unroll 16
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      acc[m][j] = V::zero();
+      isum[m][j] = V::izero();
+    }
+  const int8_t* xq[R];
+  const float* xd[R];
+  const int32_t* xs[R];
+  for (int m = 0; m < R; ++m) {
+    xq[m] = x8.q + size_t(m0 + m) * size_t(x8.K);
+    xd[m] = x8.d + size_t(m0 + m) * size_t(x8.K / 16);
+    xs[m] = x8.sum + size_t(m0 + m) * size_t(x8.K / 16);
+  }
+  for (int k = k0; k < k1; k += 16) {
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const QuantPanel& qp = w.quant[pg + p];
+      const uint8_t* gp = quant_group(w, pg + p, k);
+      const int in = k % qp.group;
+      const uint8_t* qs = gp + qp.head_bytes() + size_t(in) * kPanel * qp.bits / 8;
+      if (qp.bits == 4) {
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; ++c)
+#pragma GCC unroll 4
+          for (int v = 0; v < VPP; ++v) {
+            const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
+            const typename V::ivec lo = V::low_nibbles(b), hi = V::high_nibbles(b);
+#pragma GCC unroll 16
+            for (int m = 0; m < R; ++m) {
+              typename V::ivec& s = isum[m][p * VPP + v];
+              s = V::dot4(s, lo, V::bcast4(xq[m] + k + 8 * c));
+              s = V::dot4(s, hi, V::bcast4(xq[m] + k + 8 * c + 4));
+            }
+          }
+      } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c)
+#pragma GCC unroll 4
+          for (int v = 0; v < VPP; ++v) {
+            const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
+#pragma GCC unroll 16
+            for (int m = 0; m < R; ++m)
+              isum[m][p * VPP + v] = V::dot4(isum[m][p * VPP + v], b, V::bcast4(xq[m] + k + 4 * c));
+          }
+      }
+      if (in + 16 < qp.group) continue;
+      // The group ends: its integer sums into the chains.
+      const int g16 = (k + 16 - qp.group) / 16;
+      const auto* so = reinterpret_cast<const float*>(gp);
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m) {
+        const float d = xd[m][g16];
+        const int32_t b = qp.group == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
+        const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
+#pragma GCC unroll 4
+        for (int v = 0; v < VPP; ++v) {
+          typename V::ivec& s = isum[m][p * VPP + v];
+          typename V::vec& a = acc[m][p * VPP + v];
+          // 8-bit q are stored plus 128: take 128 times x's sum back out.
+          const typename V::ivec i = qp.bits == 8 ? V::sub_i32(s, 128 * b) : s;
+          a = V::fma(V::to_f32(i), V::mul(V::load(so + v * V::kLanes), dv), a);
+          if (qp.offset) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
+          s = V::izero();
+        }
+      }
+    }
+  }
+  alignas(64) float tmp[NP * kPanel];
+  for (int m = 0; m < R; ++m) {
+    float* row = y + size_t(m) * size_t(ldy);
+    if (valid_cols >= NP * kPanel) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j)
+        V::store(row + j * V::kLanes,
+                 add ? V::add(V::load(row + j * V::kLanes), acc[m][j]) : acc[m][j]);
+    } else {
+      for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
+      for (int c = 0; c < valid_cols; ++c) row[c] = add ? row[c] + tmp[c] : tmp[c];
+    }
+  }
+}
+
+// int8_micro_kernel instantiated for exactly `rows` (1..R) rows.
+template <class V, int R, int NP>
+void int8_rows_kernel(int rows, const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0,
+                      int k1, float* y, int ldy, int valid_cols, bool add) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      int8_micro_kernel<V, R, NP>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+    else
+      int8_rows_kernel<V, R - 1, NP>(rows, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+  }
+}
+
+// Panels [p, p1) in groups of NP (what is left as one narrower group), each
+// over every row block of MR rows and every piece: a group's weights (a few
+// hundred KiB at most) stay in L2 across the row blocks.
+template <class V, int MR, int NP>
+void int8_panel_groups(const Int8Rows& x8, int M, const PanelsRef& w, int p, int p1,
+                       const PieceOut& o) {
+  for (; p + NP <= p1; p += NP) {
+    const int left = w.rows - p * kPanel;
+    const int valid = left < NP * kPanel ? left : NP * kPanel;
+    for (int m0 = 0; m0 < M; m0 += MR)
+      for (int piece = 0; piece < (w.pieces > 0 ? w.pieces : 1); ++piece)
+        int8_rows_kernel<V, MR, NP>(M - m0 < MR ? M - m0 : MR, x8, m0, w, p,
+                                    piece_begin(w, piece), piece_end(w, piece),
+                                    o.out(piece) + size_t(m0) * size_t(o.ldy) + size_t(p) * kPanel,
+                                    o.ldy, valid, o.adds(piece));
+  }
+  if constexpr (NP > 1)
+    if (p < p1) int8_panel_groups<V, MR, NP - 1>(x8, M, w, p, p1, o);
+}
+
+// Rows x panels of the kernel: an integer sum and an f32 chain per output
+// vector, within the vector registers (32 zmm, 16 ymm).
+template <class V>
+constexpr int kInt8Rows = V::kLanes == 16 ? 4 : 2;
+template <class V>
+constexpr int kInt8Panels = V::kLanes == 16 ? 2 : 1;
+
+template <class V, int MR, int NP>
+void gemm_int8(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1, float* y,
+               int ldy, uint64_t pack_tag, size_t piece_stride) {
+  const Int8Rows x8 = quantize_x(x, M, ldx, w, pack_tag);
+  int8_panel_groups<V, MR, NP>(x8, M, w, p0, p1, PieceOut{y, ldy, piece_stride, nullptr, 0});
+}
