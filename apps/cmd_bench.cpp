@@ -143,10 +143,10 @@ void run_bench(const BenchOptions& o) {
   std::shared_ptr<const Checkpoint> ckpt;
   std::string name;
   if (!o.preset.empty()) {
-    ckpt = std::make_shared<const Checkpoint>(synth_checkpoint(synth_preset(o.preset), 1, dtype));
+    ckpt = configured_checkpoint(synth_checkpoint(synth_preset(o.preset), 1, dtype), config.model);
     name = "preset:" + o.preset;
   } else {
-    ckpt = std::make_shared<const Checkpoint>(load_checkpoint(config.model.path));
+    ckpt = configured_checkpoint(load_checkpoint(config.model.path), config.model);
     name = config.model.path;
   }
   EngineBenchOptions eo;

@@ -73,7 +73,7 @@ void run_generate(const GenerateOptions& o) {
   const Config config = command_config(o.config, flags, o.engine.threads);
   const DType dtype = config.model.dtype;
   const std::filesystem::path model_path = config.model.path;
-  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(model_path));
+  auto ckpt = configured_checkpoint(load_checkpoint(model_path), config.model);
   const ModelConfig& cfg = ckpt->config;
   // One sequence runs on one replica: replica 0's devices, with a KV cache
   // for one full-context sequence.

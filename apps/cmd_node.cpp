@@ -92,7 +92,7 @@ void run_node(const NodeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
+  auto ckpt = configured_checkpoint(load_checkpoint(cfg.model.path), cfg.model);
   auto engines = std::make_shared<EngineBuilder>(ckpt, cfg.model.dtype);
   const ModelConfig& model = ckpt->config;
   // The coordinator's front end takes grammars only when it has the

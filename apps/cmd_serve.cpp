@@ -243,7 +243,7 @@ void run_serve(const ServeOptions& so) {
   sigaddset(&signals, SIGUSR1);
   sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  auto ckpt = std::make_shared<const Checkpoint>(load_checkpoint(cfg.model.path));
+  auto ckpt = configured_checkpoint(load_checkpoint(cfg.model.path), cfg.model);
   const ModelConfig mc = ckpt->config;
   std::optional<Tokenizer> tokenizer;
   const std::filesystem::path tok_path = tokenizer_path(cfg, ckpt->tokenizer_path);

@@ -151,6 +151,12 @@ std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFl
   return out;
 }
 
+std::shared_ptr<const Checkpoint> configured_checkpoint(Checkpoint checkpoint,
+                                                        const ModelSection& model) {
+  checkpoint.quant_products = model.quantized_products;
+  return std::make_shared<const Checkpoint>(std::move(checkpoint));
+}
+
 Config command_config(const ConfigFlags& flags,
                       const std::vector<std::pair<std::string, std::string>>& command_overrides,
                       int threads, ConfigRole role) {

@@ -5,12 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "deploy/config.h"
+#include "gpu/checkpoint.h"
 #include "gpu/logit_penalties.h"
 #include "text/tokenizer.h"
 
@@ -89,6 +91,11 @@ struct EngineFlags {
   int tensor = 0;
 };
 std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFlags& flags);
+
+// A checkpoint with the deployment's options for running it
+// (model.quantized_products), shared by the engines built from it.
+std::shared_ptr<const Checkpoint> configured_checkpoint(Checkpoint checkpoint,
+                                                        const ModelSection& model);
 
 // The configuration a command runs with, validated: the --config file (by
 // default the bundle's configs/default.yaml, else the built-in defaults),

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "gpu/cpu/gemm.h"
@@ -253,6 +254,41 @@ void BM_LogitPenalties(benchmark::State& state) {
 }
 BENCHMARK(BM_LogitPenalties)->Args({32000, 256})->Args({32000, 4096})->Args({128256, 4096});
 
+// Block-quantized weights (a GGUF's q4_K or q8_0, random bytes under valid
+// scales) as the model packs them: exact products in f32 or bf16, or
+// integer ones (QuantProducts::Int8). Two threads, as troupe bench runs.
+void BM_QuantizedGemm(benchmark::State& state, uint32_t type, DType dtype, QuantProducts products) {
+  const int M = int(state.range(0)), N = int(state.range(1)), K = int(state.range(2));
+  const bool k_quant = type == 12;  // q4_K: 144 bytes a 256; else q8_0: 34 bytes a 32
+  const size_t block = k_quant ? 144 : 34, per = k_quant ? 256 : 32;
+  std::vector<uint8_t> bytes(size_t(N) * size_t(K) / per * block);
+  std::mt19937 rng(3);
+  for (auto& b : bytes) b = uint8_t(rng());
+  for (size_t at = 0; at < bytes.size(); at += block)
+    for (int h = 0; h < (k_quant ? 2 : 1); ++h) {
+      const uint16_t d = f32_to_f16(0.001f + 0.001f * float(rng() % 8));
+      std::memcpy(&bytes[at + 2 * size_t(h)], &d, 2);
+    }
+  const Tensor w = Tensor::blocks_view(bytes.data(), {N, K}, type, nullptr);
+  const PackedMatrix packed = PackedMatrix::pack({w}, dtype, products);
+  std::vector<float> x(size_t(M) * size_t(K)), y(size_t(M) * size_t(N));
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& v : x) v = d(rng);
+  ThreadPool pool(2);
+  for (auto _ : state) {
+    matmul(pool, x.data(), M, K, packed, y.data(), N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  set_counters(state, M, N, K);
+}
+
+void shapes_quantized(benchmark::internal::Benchmark* b) {
+  for (int M : {1, 8, 128}) {
+    b->Args({M, 2560, 2048});   // the 1b preset's fused q/k/v
+    b->Args({M, 11264, 2048});  // fused gate/up
+  }
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
   for (int M : {1, 8, 12, 18, 24, 32, 256}) {
     b->Args({M, 2304, 768});  // fused q/k/v
@@ -278,6 +314,21 @@ BENCHMARK_CAPTURE(BM_PackedGemm, bf16_2threads, DType::BF16, 2)->Apply(shapes)->
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, f32, DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_PackedGemmPieces, bf16, DType::BF16)->Apply(shapes);
 BENCHMARK(BM_OpenBlasSgemm)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_QuantizedGemm, q4_K_f32, 12, DType::F32, QuantProducts::Exact)
+    ->Apply(shapes_quantized)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantizedGemm, q4_K_bf16, 12, DType::BF16, QuantProducts::Exact)
+    ->Apply(shapes_quantized)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantizedGemm, q4_K_int8, 12, DType::F32, QuantProducts::Int8)
+    ->Apply(shapes_quantized)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantizedGemm, q8_0_bf16, 8, DType::BF16, QuantProducts::Exact)
+    ->Apply(shapes_quantized)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantizedGemm, q8_0_int8, 8, DType::F32, QuantProducts::Int8)
+    ->Apply(shapes_quantized)
+    ->UseRealTime();
 
 }  // namespace
 

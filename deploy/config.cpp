@@ -99,6 +99,9 @@ const Fields<Config>& config_fields() {
     model.add("path", &ModelSection::path, schema::non_empty_text())
         .add("tokenizer", &ModelSection::tokenizer, schema::optional_text())
         .add("dtype", &ModelSection::dtype, dtype_kind())
+        .add("quantized_products", &ModelSection::quantized_products,
+             schema::one_of<QuantProducts>(
+                 {{"exact", QuantProducts::Exact}, {"int8", QuantProducts::Int8}}))
         .add("name", &ModelSection::name, schema::optional_text());
 
     Fields<ServerSection> server;

@@ -31,7 +31,9 @@ struct ModelSection {
   std::string path = "models/fortune";  // llama2.c .bin, or a Hugging Face directory
   std::string tokenizer;                // empty: the tokenizer beside the weights
   DType dtype = DType::F32;             // weights in memory
-  std::string name;                     // empty: see served_model_name()
+  // How CPU devices multiply a GGUF's block-quantized weights (gpu/dtype.h).
+  QuantProducts quantized_products = QuantProducts::Exact;
+  std::string name;  // empty: see served_model_name()
   bool operator==(const ModelSection&) const = default;
 };
 

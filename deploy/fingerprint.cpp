@@ -54,6 +54,7 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   f.value(c.norm_eps);
   for (int e : c.eos_ids) f.value(e);
   f.value(int(weight_dtype));
+  f.value(int(ck.quant_products));
   tensor(f, ck.tok_embedding);
   for (const LayerTensors& l : ck.layers)
     for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
@@ -68,9 +69,12 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
 
 std::string model_identity(const Checkpoint& ck, DType weight_dtype) {
   const ModelConfig& c = ck.config;
-  return model_fingerprint(ck, weight_dtype) + " (" + dtype_name(weight_dtype) + " weights, dim " +
-         std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocabulary " +
-         std::to_string(c.vocab_size) + ", context " + std::to_string(c.max_seq_len) + ")";
+  const std::string products =
+      ck.quant_products == QuantProducts::Int8 ? " with int8 products" : "";
+  return model_fingerprint(ck, weight_dtype) + " (" + dtype_name(weight_dtype) + " weights" +
+         products + ", dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) +
+         " layers, vocabulary " + std::to_string(c.vocab_size) + ", context " +
+         std::to_string(c.max_seq_len) + ")";
 }
 
 }  // namespace troupe

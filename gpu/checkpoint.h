@@ -39,10 +39,14 @@ struct Checkpoint {
   std::filesystem::path source;  // what was loaded
   Tensor tok_embedding;          // [vocab, dim]
   std::vector<LayerTensors> layers;
-  Tensor final_norm;                     // [dim]
-  Tensor classifier;                     // [vocab, dim]; same memory as tok_embedding when tied
+  Tensor final_norm;  // [dim]
+  Tensor classifier;  // [vocab, dim]; same memory as tok_embedding when tied
   // tokenizer.model beside the weights, if present; a GGUF file itself
   std::filesystem::path tokenizer_path;
+  // How CPU devices multiply its block-quantized tensors: not in the file,
+  // the deployment's choice (model.quantized_products), carried with the
+  // weights so that every engine built from them computes alike.
+  QuantProducts quant_products = QuantProducts::Exact;
 };
 
 // Loads a llama2.c `.bin` (legacy version-0) file, a llama.cpp GGUF file

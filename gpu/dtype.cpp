@@ -20,12 +20,6 @@ const char* quant_products_name(QuantProducts p) {
   return p == QuantProducts::Int8 ? "int8" : "exact";
 }
 
-std::optional<QuantProducts> parse_quant_products(std::string_view name) {
-  if (name == "exact") return QuantProducts::Exact;
-  if (name == "int8") return QuantProducts::Int8;
-  return std::nullopt;
-}
-
 std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32" || name == "F32") return DType::F32;
   if (name == "f16" || name == "float16" || name == "F16") return DType::F16;

@@ -23,7 +23,6 @@ std::optional<DType> parse_dtype(std::string_view name);
 // llama.cpp computes them: faster, and near the exact product, not equal.
 enum class QuantProducts : uint8_t { Exact, Int8 };
 const char* quant_products_name(QuantProducts p);  // "exact", "int8"
-std::optional<QuantProducts> parse_quant_products(std::string_view name);
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;

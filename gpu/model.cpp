@@ -194,9 +194,9 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     w.ffn_norm = norm_weights(t.ffn_norm);
     // Columns of the fused projections (by head, by FFN column); rows of the
     // output projections, whose partial sums the group all-reduces.
-    w.wqkv =
-        PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)}, weight_dtype);
-    w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype);
+    w.wqkv = PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)},
+                                weight_dtype, ckpt.quant_products);
+    w.wo = PackedMatrix::pack({t.wo.cols(q0, q1)}, weight_dtype, ckpt.quant_products);
     w.wo.set_pieces(piece_bounds(0, d.heads, [&](int h) { return h * int(hd); }));
     if (config_.qkv_bias)
       for (const auto& [b, lo, hi] :
@@ -208,8 +208,9 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
       w.q_norm = norm_weights(t.q_norm);
       w.k_norm = norm_weights(t.k_norm);
     }
-    w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype);
-    w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype);
+    w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype,
+                                   ckpt.quant_products);
+    w.down = PackedMatrix::pack({t.w_down.cols(h0, h1)}, weight_dtype, ckpt.quant_products);
     const int per_shard = ffn_pieces(config_) / shard.tp_size;
     w.down.set_pieces(piece_bounds(shard.tp_rank * per_shard, (shard.tp_rank + 1) * per_shard,
                                    [&](int p) { return ffn_piece_begin(config_, p); }));
@@ -218,7 +219,7 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
   if (d.last) {
     final_norm_ = norm_weights(ckpt.final_norm);
     classifier_ = PackedMatrix::pack({ckpt.classifier.rows(d.vocab_begin, d.vocab_begin + d.vocab)},
-                                     weight_dtype);
+                                     weight_dtype, ckpt.quant_products);
   }
   if (d.first && !(config_.tied_classifier && d.last)) {
     const Tensor e = ckpt.tok_embedding.rows(d.vocab_begin, d.vocab_begin + d.vocab);

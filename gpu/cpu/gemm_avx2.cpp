@@ -57,17 +57,18 @@ struct Avx2 {
     return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
   }
   static ivec bcast4(const int8_t* p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
+    // An unaligned, aliasing 32-bit load, which the compiler folds into
+    // the dot product's broadcast operand.
+    typedef int32_t word __attribute__((may_alias, aligned(1)));
+    return _mm256_set1_epi32(*reinterpret_cast<const word*>(p));
   }
   static ivec dot4(ivec acc, ivec u, ivec s) {
     const ivec u_even = _mm256_and_si256(u, _mm256_set1_epi16(0xff));
     const ivec u_odd = _mm256_srli_epi16(u, 8);
     const ivec s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8);
     const ivec s_odd = _mm256_srai_epi16(s, 8);
-    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even),
-                                                  _mm256_madd_epi16(u_odd, s_odd)));
+    return _mm256_add_epi32(
+        acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
   }
   static ivec sub_i32(ivec a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
   static vec to_f32(ivec a) { return _mm256_cvtepi32_ps(a); }

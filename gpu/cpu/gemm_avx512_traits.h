@@ -50,9 +50,10 @@ struct Avx512 {
     return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(15));
   }
   static ivec bcast4(const int8_t* p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    // An unaligned, aliasing 32-bit load, which the compiler folds into
+    // the dot product's broadcast operand.
+    typedef int32_t word __attribute__((may_alias, aligned(1)));
+    return _mm512_set1_epi32(*reinterpret_cast<const word*>(p));
   }
   // vpdpbusd without the instruction: the even and the odd bytes of each
   // 32-bit lane widened to 16 bits, each pair's products summed by vpmaddwd
@@ -62,8 +63,8 @@ struct Avx512 {
     const ivec u_odd = _mm512_srli_epi16(u, 8);
     const ivec s_even = _mm512_srai_epi16(_mm512_slli_epi16(s, 8), 8);
     const ivec s_odd = _mm512_srai_epi16(s, 8);
-    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(u_even, s_even),
-                                                  _mm512_madd_epi16(u_odd, s_odd)));
+    return _mm512_add_epi32(
+        acc, _mm512_add_epi32(_mm512_madd_epi16(u_even, s_even), _mm512_madd_epi16(u_odd, s_odd)));
   }
   static ivec sub_i32(ivec a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
   static vec to_f32(ivec a) { return _mm512_cvtepi32_ps(a); }

@@ -22,9 +22,8 @@ struct Avx512Vnni : Avx512 {
 void gemm_avx512_vnni_impl(const float* x, int M, int ldx, const PanelsRef& w, int p0, int p1,
                            float* y, int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (!w.int8) std::abort();  // gemm.cpp routes only integer products here
-  gemm_int8<Avx512Vnni, kInt8Rows<Avx512Vnni>, kInt8Panels<Avx512Vnni>>(x, M, ldx, w, p0, p1, y,
-                                                                         ldy, pack_tag,
-                                                                         piece_stride);
+  gemm_int8<Avx512Vnni, kInt8Rows<Avx512Vnni>, kInt8Panels<Avx512Vnni>>(
+      x, M, ldx, w, p0, p1, y, ldy, pack_tag, piece_stride);
 }
 
 }  // namespace

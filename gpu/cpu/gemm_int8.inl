@@ -32,24 +32,23 @@ inline Int8Rows quantize_x(const float* x, int M, int ldx, const PanelsRef& w, u
   return rows;
 }
 
-// R rows of x8 from row m0 times NP quantized panels from pg over k in
-// [k0, k1), a piece (whole groups). y gets the chains, or with `add` y plus
-// them.
-template <class V, int R, int NP>
+// R rows of x8 from row m0 times NP quantized panels from pg, all of one
+// form (q of BITS bits, groups of G, OFFSET), over k in [k0, k1), a piece
+// (whole groups). y gets the chains, or with `add` y plus them.
+template <class V, int R, int NP, int BITS, int G, bool OFFSET>
 void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, int k1,
                        float* y, int ldy, int valid_cols, bool add) {
   constexpr int VPP = kPanel / V::kLanes;
   constexpr int NV = NP * VPP;
   constexpr size_t kChunk = 64;  // bytes of q per chunk (gemm_types.h)
+  constexpr size_t kHead = size_t(kPanel) * 4 * (OFFSET ? 2 : 1);
+  constexpr size_t kGroupBytes = kHead + size_t(G) * kPanel * BITS / 8;
   typename V::vec acc[R][NV];
   typename V::ivec isum[R][NV];
 #pragma GCC unroll 16
   for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[m][j] = V::zero();
-      isum[m][j] = V::izero();
-    }
+    for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
   const int8_t* xq[R];
   const float* xd[R];
   const int32_t* xs[R];
@@ -58,16 +57,24 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
     xd[m] = x8.d + size_t(m0 + m) * size_t(x8.K / 16);
     xs[m] = x8.sum + size_t(m0 + m) * size_t(x8.K / 16);
   }
-  for (int k = k0; k < k1; k += 16) {
+  const uint8_t* base[NP];
+  for (int p = 0; p < NP; ++p) base[p] = static_cast<const uint8_t*>(w.data) + w.quant[pg + p].at;
+  for (int k = k0; k < k1; k += G) {
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) isum[m][j] = V::izero();
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
-      const QuantPanel& qp = w.quant[pg + p];
-      const uint8_t* gp = quant_group(w, pg + p, k);
-      const int in = k % qp.group;
-      const uint8_t* qs = gp + qp.head_bytes() + size_t(in) * kPanel * qp.bits / 8;
-      if (qp.bits == 4) {
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; ++c)
+      const uint8_t* gp = base[p] + size_t(k / G) * kGroupBytes;
+      if constexpr (kPrefetchBytes > 0)
+#pragma GCC unroll 16
+        for (size_t b = 0; b < kGroupBytes; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
+      const uint8_t* qs = gp + kHead;
+      if constexpr (BITS == 4) {
+#pragma GCC unroll 4
+        for (int c = 0; c < G / 8; ++c)
 #pragma GCC unroll 4
           for (int v = 0; v < VPP; ++v) {
             const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
@@ -80,8 +87,8 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
             }
           }
       } else {
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c)
+#pragma GCC unroll 8
+        for (int c = 0; c < G / 4; ++c)
 #pragma GCC unroll 4
           for (int v = 0; v < VPP; ++v) {
             const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
@@ -90,24 +97,25 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
               isum[m][p * VPP + v] = V::dot4(isum[m][p * VPP + v], b, V::bcast4(xq[m] + k + 4 * c));
           }
       }
-      if (in + 16 < qp.group) continue;
-      // The group ends: its integer sums into the chains.
-      const int g16 = (k + 16 - qp.group) / 16;
-      const auto* so = reinterpret_cast<const float*>(gp);
+    }
+    // The groups end: their integer sums into the chains.
+    const int g16 = k / 16;
 #pragma GCC unroll 16
-      for (int m = 0; m < R; ++m) {
-        const float d = xd[m][g16];
-        const int32_t b = qp.group == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
-        const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
+    for (int m = 0; m < R; ++m) {
+      const float d = xd[m][g16];
+      const int32_t b = G == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
+      const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p) {
+        const auto* so = reinterpret_cast<const float*>(base[p] + size_t(k / G) * kGroupBytes);
 #pragma GCC unroll 4
         for (int v = 0; v < VPP; ++v) {
-          typename V::ivec& s = isum[m][p * VPP + v];
+          const typename V::ivec s = isum[m][p * VPP + v];
           typename V::vec& a = acc[m][p * VPP + v];
           // 8-bit q are stored plus 128: take 128 times x's sum back out.
-          const typename V::ivec i = qp.bits == 8 ? V::sub_i32(s, 128 * b) : s;
+          const typename V::ivec i = BITS == 8 ? V::sub_i32(s, 128 * b) : s;
           a = V::fma(V::to_f32(i), V::mul(V::load(so + v * V::kLanes), dv), a);
-          if (qp.offset) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
-          s = V::izero();
+          if constexpr (OFFSET) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
         }
       }
     }
@@ -127,13 +135,67 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
   }
 }
 
-// int8_micro_kernel instantiated for exactly `rows` (1..R) rows.
+// The kernel for R rows and NP panels of one form.
+template <class V, int R, int NP>
+void int8_form_kernel(const QuantPanel& form, const Int8Rows& x8, int m0, const PanelsRef& w,
+                      int pg, int k0, int k1, float* y, int ldy, int valid_cols, bool add) {
+  auto run = [&](auto bits, auto group, auto offset) {
+    int8_micro_kernel<V, R, NP, decltype(bits)::value, decltype(group)::value,
+                      decltype(offset)::value>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+  };
+  using B4 = std::integral_constant<int, 4>;
+  using B8 = std::integral_constant<int, 8>;
+  using G16 = std::integral_constant<int, 16>;
+  using G32 = std::integral_constant<int, 32>;
+  using On = std::true_type;
+  using Off = std::false_type;
+  const int which = (form.bits == 8 ? 4 : 0) + (form.group == 32 ? 2 : 0) + (form.offset ? 1 : 0);
+  switch (which) {
+    case 0:
+      return run(B4{}, G16{}, Off{});
+    case 1:
+      return run(B4{}, G16{}, On{});
+    case 2:
+      return run(B4{}, G32{}, Off{});
+    case 3:
+      return run(B4{}, G32{}, On{});
+    case 4:
+      return run(B8{}, G16{}, Off{});
+    case 5:
+      return run(B8{}, G16{}, On{});
+    case 6:
+      return run(B8{}, G32{}, Off{});
+    default:
+      return run(B8{}, G32{}, On{});
+  }
+}
+
+// R rows times NP panels: in one kernel where the panels share a form,
+// else a panel at a time (an output's chain does not depend on its
+// neighbours').
+template <class V, int R, int NP>
+void int8_tile(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, int k1, float* y,
+               int ldy, int valid_cols, bool add) {
+  const QuantPanel& first = w.quant[pg];
+  bool same = true;
+  for (int p = 1; p < NP; ++p) {
+    const QuantPanel& q = w.quant[pg + p];
+    same = same && q.bits == first.bits && q.group == first.group && q.offset == first.offset;
+  }
+  if (same || NP == 1)
+    return int8_form_kernel<V, R, NP>(first, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+  for (int p = 0; p < NP && valid_cols > p * kPanel; ++p)
+    int8_form_kernel<V, R, 1>(w.quant[pg + p], x8, m0, w, pg + p, k0, k1, y + p * kPanel, ldy,
+                              valid_cols - p * kPanel, add);
+}
+
+// int8_tile instantiated for exactly `rows` (1..R) rows.
 template <class V, int R, int NP>
 void int8_rows_kernel(int rows, const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0,
                       int k1, float* y, int ldy, int valid_cols, bool add) {
   if constexpr (R > 0) {
     if (rows == R)
-      int8_micro_kernel<V, R, NP>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+      int8_tile<V, R, NP>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
     else
       int8_rows_kernel<V, R - 1, NP>(rows, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
   }
@@ -150,8 +212,8 @@ void int8_panel_groups(const Int8Rows& x8, int M, const PanelsRef& w, int p, int
     const int valid = left < NP * kPanel ? left : NP * kPanel;
     for (int m0 = 0; m0 < M; m0 += MR)
       for (int piece = 0; piece < (w.pieces > 0 ? w.pieces : 1); ++piece)
-        int8_rows_kernel<V, MR, NP>(M - m0 < MR ? M - m0 : MR, x8, m0, w, p,
-                                    piece_begin(w, piece), piece_end(w, piece),
+        int8_rows_kernel<V, MR, NP>(M - m0 < MR ? M - m0 : MR, x8, m0, w, p, piece_begin(w, piece),
+                                    piece_end(w, piece),
                                     o.out(piece) + size_t(m0) * size_t(o.ldy) + size_t(p) * kPanel,
                                     o.ldy, valid, o.adds(piece));
   }

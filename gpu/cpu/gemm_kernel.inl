@@ -606,9 +606,11 @@ inline void decode(const QuantPanel& qp, const uint8_t* gp, int in, int count, F
 inline const uint8_t* quant_group(const PanelsRef& w, int p, int k) {
   const QuantPanel& qp = w.quant[p];
   const size_t bytes = qp.group_bytes();
-  const uint8_t* gp = static_cast<const uint8_t*>(w.data) + qp.at + size_t(k / qp.group) * bytes;
+  // Groups are of 16 or 32: a shift, not a division, in the kernels' loops.
+  const int g = qp.group == 32 ? k >> 5 : k >> 4;
+  const uint8_t* gp = static_cast<const uint8_t*>(w.data) + qp.at + size_t(g) * bytes;
   if constexpr (kPrefetchBytes > 0)
-    if (k % qp.group == 0)
+    if ((k & (qp.group - 1)) == 0)
       for (size_t b = 0; b < bytes; b += 64)
         _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
   return gp;
@@ -693,7 +695,7 @@ void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, i
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
       const QuantPanel& qp = w.quant[pg + p];
-      decode<V>(qp, quant_group(w, pg + p, k), k % qp.group, kQuantStep,
+      decode<V>(qp, quant_group(w, pg + p, k), k & (qp.group - 1), kQuantStep,
                 [&](int j, int v, typename V::vec wv) {
                   if constexpr (PAIRS) {
                     if (j % 2 == 0) {

@@ -503,7 +503,7 @@ TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
 
 Config everything_changed() {
   Config c;
-  c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, "true"};
+  c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, QuantProducts::Int8, "true"};
   c.server = {"[::1]:0",
               4096,
               0.5,

@@ -282,10 +282,10 @@ TEST(Int8Gemm, EveryKindIsOneChainInEveryIsaAndBatchNearTheExactProduct) {
         const std::vector<float> alone(x.begin() + long(m) * w.cols(),
                                        x.begin() + long(m + 1) * w.cols());
         const std::vector<float> one = product(w, alone, 1);
-        ASSERT_EQ(first_difference(one, std::vector<float>(reference.begin() + long(m) * w.rows(),
-                                                           reference.begin() +
-                                                               long(m + 1) * w.rows())),
-                  -1)
+        ASSERT_EQ(
+            first_difference(one, std::vector<float>(reference.begin() + long(m) * w.rows(),
+                                                     reference.begin() + long(m + 1) * w.rows())),
+            -1)
             << isa_name(isa) << " row " << m << " alone";
       }
     }
