@@ -34,21 +34,24 @@ inline Int8Rows quantize_x(const float* x, int M, int ldx, const PanelsRef& w, u
 
 // R rows of x8 from row m0 times NP quantized panels from pg, all of one
 // form (q of BITS bits, groups of G, OFFSET), over k in [k0, k1), a piece
-// (whole groups). y gets the chains, or with `add` y plus them.
+// (whole groups), or pieces: `cuts` (n_cuts positions inside (k0, k1))
+// start new ones, each piece's chain added to the sum of those before it in
+// registers, as a call per piece adding into y would. y gets the chains (or
+// their sum).
 template <class V, int R, int NP, int BITS, int G, bool OFFSET>
 void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, int k1,
-                       float* y, int ldy, int valid_cols, bool add) {
+                       float* y, int ldy, int valid_cols, const int* cuts, int n_cuts) {
   constexpr int VPP = kPanel / V::kLanes;
   constexpr int NV = NP * VPP;
   constexpr size_t kChunk = 64;  // bytes of q per chunk (gemm_types.h)
   constexpr size_t kHead = size_t(kPanel) * 4 * (OFFSET ? 2 : 1);
   constexpr size_t kGroupBytes = kHead + size_t(G) * kPanel * BITS / 8;
-  typename V::vec acc[R][NV];
+  typename V::vec acc[R][NV], sum[R][NV];
   typename V::ivec isum[R][NV];
 #pragma GCC unroll 16
   for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) acc[m][j] = V::zero();
+    for (int j = 0; j < NV; ++j) acc[m][j] = sum[m][j] = V::zero();
   const int8_t* xq[R];
   const float* xd[R];
   const int32_t* xs[R];
@@ -59,78 +62,94 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
   }
   const uint8_t* base[NP];
   for (int p = 0; p < NP; ++p) base[p] = static_cast<const uint8_t*>(w.data) + w.quant[pg + p].at;
-  for (int k = k0; k < k1; k += G) {
+  for (int seg = 0, k = k0; seg <= n_cuts; ++seg) {
+    const int ke = seg == n_cuts ? k1 : cuts[seg];
+    if (seg > 0) {
 #pragma GCC unroll 16
-    for (int m = 0; m < R; ++m)
+      for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) isum[m][j] = V::izero();
-#pragma GCC unroll 8
-    for (int p = 0; p < NP; ++p) {
-      const uint8_t* gp = base[p] + size_t(k / G) * kGroupBytes;
-      if constexpr (kPrefetchBytes > 0)
-#pragma GCC unroll 16
-        for (size_t b = 0; b < kGroupBytes; b += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
-      const uint8_t* qs = gp + kHead;
-      if constexpr (BITS == 4) {
-#pragma GCC unroll 4
-        for (int c = 0; c < G / 8; ++c)
-#pragma GCC unroll 4
-          for (int v = 0; v < VPP; ++v) {
-            const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
-            const typename V::ivec lo = V::low_nibbles(b), hi = V::high_nibbles(b);
-#pragma GCC unroll 16
-            for (int m = 0; m < R; ++m) {
-              typename V::ivec& s = isum[m][p * VPP + v];
-              s = V::dot4(s, lo, V::bcast4(xq[m] + k + 8 * c));
-              s = V::dot4(s, hi, V::bcast4(xq[m] + k + 8 * c + 4));
-            }
-          }
-      } else {
-#pragma GCC unroll 8
-        for (int c = 0; c < G / 4; ++c)
-#pragma GCC unroll 4
-          for (int v = 0; v < VPP; ++v) {
-            const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
-#pragma GCC unroll 16
-            for (int m = 0; m < R; ++m)
-              isum[m][p * VPP + v] = V::dot4(isum[m][p * VPP + v], b, V::bcast4(xq[m] + k + 4 * c));
-          }
-      }
+        for (int j = 0; j < NV; ++j) {
+          sum[m][j] = seg == 1 ? acc[m][j] : V::add(sum[m][j], acc[m][j]);
+          acc[m][j] = V::zero();
+        }
     }
-    // The groups end: their integer sums into the chains.
-    const int g16 = k / 16;
+    for (; k < ke; k += G) {
 #pragma GCC unroll 16
-    for (int m = 0; m < R; ++m) {
-      const float d = xd[m][g16];
-      const int32_t b = G == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
-      const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
+      for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) isum[m][j] = V::izero();
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
-        const auto* so = reinterpret_cast<const float*>(base[p] + size_t(k / G) * kGroupBytes);
+        const uint8_t* gp = base[p] + size_t(k / G) * kGroupBytes;
+        if constexpr (kPrefetchBytes > 0)
+#pragma GCC unroll 16
+          for (size_t b = 0; b < kGroupBytes; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(gp) + kPrefetchBytes + b, _MM_HINT_T0);
+        const uint8_t* qs = gp + kHead;
+        if constexpr (BITS == 4) {
 #pragma GCC unroll 4
-        for (int v = 0; v < VPP; ++v) {
-          const typename V::ivec s = isum[m][p * VPP + v];
-          typename V::vec& a = acc[m][p * VPP + v];
-          // 8-bit q are stored plus 128: take 128 times x's sum back out.
-          const typename V::ivec i = BITS == 8 ? V::sub_i32(s, 128 * b) : s;
-          a = V::fma(V::to_f32(i), V::mul(V::load(so + v * V::kLanes), dv), a);
-          if constexpr (OFFSET) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
+          for (int c = 0; c < G / 8; ++c)
+#pragma GCC unroll 4
+            for (int v = 0; v < VPP; ++v) {
+              const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
+              const typename V::ivec lo = V::low_nibbles(b), hi = V::high_nibbles(b);
+#pragma GCC unroll 16
+              for (int m = 0; m < R; ++m) {
+                typename V::ivec& s = isum[m][p * VPP + v];
+                s = V::dot4(s, lo, V::bcast4(xq[m] + k + 8 * c));
+                s = V::dot4(s, hi, V::bcast4(xq[m] + k + 8 * c + 4));
+              }
+            }
+        } else {
+#pragma GCC unroll 8
+          for (int c = 0; c < G / 4; ++c)
+#pragma GCC unroll 4
+            for (int v = 0; v < VPP; ++v) {
+              const typename V::ivec b = V::load_q(qs + c * kChunk + size_t(v) * V::kLanes * 4);
+#pragma GCC unroll 16
+              for (int m = 0; m < R; ++m)
+                isum[m][p * VPP + v] =
+                    V::dot4(isum[m][p * VPP + v], b, V::bcast4(xq[m] + k + 4 * c));
+            }
+        }
+      }
+      // The groups end: their integer sums into the chains.
+      const int g16 = k / 16;
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m) {
+        const float d = xd[m][g16];
+        const int32_t b = G == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
+        const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; ++p) {
+          const auto* so = reinterpret_cast<const float*>(base[p] + size_t(k / G) * kGroupBytes);
+#pragma GCC unroll 4
+          for (int v = 0; v < VPP; ++v) {
+            const typename V::ivec s = isum[m][p * VPP + v];
+            typename V::vec& a = acc[m][p * VPP + v];
+            // 8-bit q are stored plus 128: take 128 times x's sum back out.
+            const typename V::ivec i = BITS == 8 ? V::sub_i32(s, 128 * b) : s;
+            a = V::fma(V::to_f32(i), V::mul(V::load(so + v * V::kLanes), dv), a);
+            if constexpr (OFFSET) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
+          }
         }
       }
     }
   }
+  if (n_cuts > 0)
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[m][j] = V::add(sum[m][j], acc[m][j]);
   alignas(64) float tmp[NP * kPanel];
   for (int m = 0; m < R; ++m) {
     float* row = y + size_t(m) * size_t(ldy);
     if (valid_cols >= NP * kPanel) {
 #pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j)
-        V::store(row + j * V::kLanes,
-                 add ? V::add(V::load(row + j * V::kLanes), acc[m][j]) : acc[m][j]);
+      for (int j = 0; j < NV; ++j) V::store(row + j * V::kLanes, acc[m][j]);
     } else {
       for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
-      for (int c = 0; c < valid_cols; ++c) row[c] = add ? row[c] + tmp[c] : tmp[c];
+      for (int c = 0; c < valid_cols; ++c) row[c] = tmp[c];
     }
   }
 }
@@ -138,10 +157,12 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
 // The kernel for R rows and NP panels of one form.
 template <class V, int R, int NP>
 void int8_form_kernel(const QuantPanel& form, const Int8Rows& x8, int m0, const PanelsRef& w,
-                      int pg, int k0, int k1, float* y, int ldy, int valid_cols, bool add) {
+                      int pg, int k0, int k1, float* y, int ldy, int valid_cols, const int* cuts,
+                      int n_cuts) {
   auto run = [&](auto bits, auto group, auto offset) {
     int8_micro_kernel<V, R, NP, decltype(bits)::value, decltype(group)::value,
-                      decltype(offset)::value>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+                      decltype(offset)::value>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, cuts,
+                                               n_cuts);
   };
   using B4 = std::integral_constant<int, 4>;
   using B8 = std::integral_constant<int, 8>;
@@ -175,7 +196,7 @@ void int8_form_kernel(const QuantPanel& form, const Int8Rows& x8, int m0, const 
 // neighbours').
 template <class V, int R, int NP>
 void int8_tile(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, int k1, float* y,
-               int ldy, int valid_cols, bool add) {
+               int ldy, int valid_cols, const int* cuts, int n_cuts) {
   const QuantPanel& first = w.quant[pg];
   bool same = true;
   for (int p = 1; p < NP; ++p) {
@@ -183,39 +204,51 @@ void int8_tile(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0, i
     same = same && q.bits == first.bits && q.group == first.group && q.offset == first.offset;
   }
   if (same || NP == 1)
-    return int8_form_kernel<V, R, NP>(first, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+    return int8_form_kernel<V, R, NP>(first, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, cuts,
+                                      n_cuts);
   for (int p = 0; p < NP && valid_cols > p * kPanel; ++p)
     int8_form_kernel<V, R, 1>(w.quant[pg + p], x8, m0, w, pg + p, k0, k1, y + p * kPanel, ldy,
-                              valid_cols - p * kPanel, add);
+                              valid_cols - p * kPanel, cuts, n_cuts);
 }
 
 // int8_tile instantiated for exactly `rows` (1..R) rows.
 template <class V, int R, int NP>
 void int8_rows_kernel(int rows, const Int8Rows& x8, int m0, const PanelsRef& w, int pg, int k0,
-                      int k1, float* y, int ldy, int valid_cols, bool add) {
+                      int k1, float* y, int ldy, int valid_cols, const int* cuts = nullptr,
+                      int n_cuts = 0) {
   if constexpr (R > 0) {
     if (rows == R)
-      int8_tile<V, R, NP>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+      int8_tile<V, R, NP>(x8, m0, w, pg, k0, k1, y, ldy, valid_cols, cuts, n_cuts);
     else
-      int8_rows_kernel<V, R - 1, NP>(rows, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, add);
+      int8_rows_kernel<V, R - 1, NP>(rows, x8, m0, w, pg, k0, k1, y, ldy, valid_cols, cuts, n_cuts);
   }
 }
 
 // Panels [p, p1) in groups of NP (what is left as one narrower group), each
-// over every row block of MR rows and every piece: a group's weights (a few
-// hundred KiB at most) stay in L2 across the row blocks.
+// over every row block of MR rows: a group's weights (a few hundred KiB at
+// most) stay in L2 across the row blocks. A sum over pieces runs as one
+// call with its cuts (a head's piece is only two groups long); pieces
+// written apart, a call each.
 template <class V, int MR, int NP>
 void int8_panel_groups(const Int8Rows& x8, int M, const PanelsRef& w, int p, int p1,
                        const PieceOut& o) {
+  const int pieces = w.pieces > 0 ? w.pieces : 1;
+  const bool summed = o.stride == 0;
   for (; p + NP <= p1; p += NP) {
     const int left = w.rows - p * kPanel;
     const int valid = left < NP * kPanel ? left : NP * kPanel;
-    for (int m0 = 0; m0 < M; m0 += MR)
-      for (int piece = 0; piece < (w.pieces > 0 ? w.pieces : 1); ++piece)
-        int8_rows_kernel<V, MR, NP>(M - m0 < MR ? M - m0 : MR, x8, m0, w, p, piece_begin(w, piece),
-                                    piece_end(w, piece),
-                                    o.out(piece) + size_t(m0) * size_t(o.ldy) + size_t(p) * kPanel,
-                                    o.ldy, valid, o.adds(piece));
+    for (int m0 = 0; m0 < M; m0 += MR) {
+      const int rows = M - m0 < MR ? M - m0 : MR;
+      const size_t at = size_t(m0) * size_t(o.ldy) + size_t(p) * kPanel;
+      if (summed) {
+        int8_rows_kernel<V, MR, NP>(rows, x8, m0, w, p, 0, w.cols, o.y + at, o.ldy, valid,
+                                    pieces > 1 ? w.piece_k + 1 : nullptr, pieces - 1);
+        continue;
+      }
+      for (int piece = 0; piece < pieces; ++piece)
+        int8_rows_kernel<V, MR, NP>(rows, x8, m0, w, p, piece_begin(w, piece), piece_end(w, piece),
+                                    o.out(piece) + at, o.ldy, valid);
+    }
   }
   if constexpr (NP > 1)
     if (p < p1) int8_panel_groups<V, MR, NP - 1>(x8, M, w, p, p1, o);

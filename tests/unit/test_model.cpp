@@ -2,13 +2,19 @@
 // batched == one-by-one, thread counts, 16-bit weights, step errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "gpu/checkpoint_writer.h"
+#include "gpu/cpu/gemm.h"
 #include "gpu/generate.h"
 #include "gpu/kv_cache.h"
 #include "gpu/synth_model.h"
 #include "support/test_support.h"
+#include "tests/support/isa_support.h"
 #include "text/tokenizer.h"
 
 namespace troupe {
@@ -322,6 +328,75 @@ TEST(QuantizedWeights, GiveTheLogitsOfTheirF32DequantizationInAnyBatch) {
     }
     check_batched_equals_single(quantized, 3);
     check_batched_equals_single(quantized_bf16, 2);
+  }
+}
+
+// Integer products (model.quantized_products: int8): a sequence's logits do
+// not depend on its batch, the ISA or the thread count, and stay near the
+// exact ones (x's quantization moves each by well under its spread).
+TEST(QuantizedWeights, Int8ProductsAreBatchInvariantAndNearTheExactLogits) {
+  for (const char* file : {"llama-q4_k_m.gguf", "qwen2-q5_k_m.gguf", "qwen3-q8_0.gguf"}) {
+    SCOPED_TRACE(file);
+    Checkpoint ck = load_checkpoint(test::data_path(std::string("gguf/") + file));
+    const Model exact(ck, DType::F32);
+    ck.quant_products = QuantProducts::Int8;
+    const Model int8(ck, DType::F32);
+    EXPECT_EQ(int8.weight_bytes(), exact.weight_bytes());
+    check_batched_equals_single(int8, 3);
+    const std::vector<int> prompt{1, 200, 17, 900, 31, 5};
+    const std::vector<float> a = last_logits(int8, prompt), b = last_logits(exact, prompt);
+    ASSERT_EQ(a.size(), b.size());
+    double mean = 0.0, spread = 0.0, err = 0.0;
+    for (float v : b) mean += v / double(b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      spread = std::max(spread, std::fabs(b[i] - mean));
+      err = std::max(err, double(std::fabs(a[i] - b[i])));
+    }
+    EXPECT_GT(err, 0.0);  // integer products are not the exact ones
+    EXPECT_LT(err, 0.05 * spread) << "largest logit error " << err << ", spread " << spread;
+    test::IsaGuard guard;
+    for (Isa isa : test::supported_isas()) {
+      force_isa(isa);
+      EXPECT_EQ(last_logits(int8, prompt), a) << isa_name(isa);
+    }
+  }
+}
+
+// Against llama.cpp's greedy ids for the GGUF fixtures (models.expected.json,
+// which its own integer products give too), teacher-forced: integer
+// products choose llama.cpp's token at every step where the exact logits'
+// two best are more than a margin apart (most steps: these random models
+// have many near ties), and at all but at most one step in all; they move no
+// logit by half that margin. (Free-running, a text parts at such a tie.)
+TEST(QuantizedWeights, Int8ProductsMakeLlamaCppsChoicesAwayFromNearTies) {
+  std::ifstream in(test::data_path("gguf/models.expected.json"));
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  constexpr float kMargin = 0.08f;
+  for (const auto& c : expected["cases"]) {
+    const std::string file = c["file"];
+    SCOPED_TRACE(file);
+    Checkpoint ck = load_checkpoint(test::data_path("gguf/" + file));
+    const Model exact(ck, DType::F32);
+    ck.quant_products = QuantProducts::Int8;
+    const Model int8(ck, DType::F32);
+    std::vector<int> seq = c["prompt_ids"].get<std::vector<int>>();
+    const std::vector<int> ids = c["ids"].get<std::vector<int>>();
+    int decided = 0, agreed = 0;
+    for (size_t i = 0; i < ids.size(); seq.push_back(ids[i++])) {
+      const std::vector<float> a = last_logits(int8, seq), b = last_logits(exact, seq);
+      std::vector<float> sorted = b;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      float moved = 0.0f;
+      for (size_t t = 0; t < a.size(); ++t) moved = std::max(moved, std::fabs(a[t] - b[t]));
+      EXPECT_LT(moved, kMargin / 2) << "step " << i;
+      const bool same = std::max_element(a.begin(), a.end()) - a.begin() == ids[i];
+      agreed += same;
+      if (sorted[0] - sorted[1] <= kMargin) continue;
+      ++decided;
+      EXPECT_TRUE(same) << "step " << i;
+    }
+    EXPECT_GE(decided, int(ids.size()) / 2);
+    EXPECT_GE(agreed, int(ids.size()) - 1);
   }
 }
 

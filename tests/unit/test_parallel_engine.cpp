@@ -113,6 +113,15 @@ TEST(ParallelEngine, LayoutsMatchSingleDeviceOnAQuantizedGguf) {
   check_layouts(ck, DType::BF16, DType::BF16, {{1, 2}});
 }
 
+// Integer products (model.quantized_products: int8) quantize x per block
+// of 32 from each piece's start, and pieces are the same in every layout:
+// the shards' logits are the single device's, bit for bit.
+TEST(ParallelEngine, LayoutsMatchSingleDeviceWithInt8Products) {
+  Checkpoint ck = load_checkpoint(test::data_path("gguf/llama-q4_k_m.gguf"));
+  ck.quant_products = QuantProducts::Int8;
+  check_layouts(ck, DType::F32, DType::F32, {{1, 2}, {2, 1}, {1, 4}});
+}
+
 TEST(ParallelEngine, LayoutsMatchSingleDeviceOnStories260K) {
   check_layouts(load_checkpoint(test::model_path("stories260K") / "stories260K.bin"));
 }
