@@ -154,6 +154,13 @@ std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFl
 std::shared_ptr<const Checkpoint> configured_checkpoint(Checkpoint checkpoint,
                                                         const ModelSection& model) {
   checkpoint.quant_products = model.quantized_products;
+  const bool quantized = !checkpoint.layers.empty() && checkpoint.layers[0].w_up.is_blocks();
+  if (quantized && model.quantized_products == QuantProducts::Exact)
+    spdlog::info(
+        "{}: block-quantized weights, multiplied exactly (x in full precision); "
+        "model.quantized_products=int8 multiplies them as llama.cpp does, with x in 8 bits "
+        "(on CPUs: about 1.4x faster decode of one sequence, near but not equal logits)",
+        checkpoint.source.filename().string());
   return std::make_shared<const Checkpoint>(std::move(checkpoint));
 }
 

@@ -44,7 +44,7 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
   constexpr int VPP = kPanel / V::kLanes;
   constexpr int NV = NP * VPP;
   constexpr size_t kChunk = 64;  // bytes of q per chunk (gemm_types.h)
-  constexpr size_t kHead = size_t(kPanel) * 4 * (OFFSET ? 2 : 1);
+  constexpr size_t kHead = size_t(kPanel) * (OFFSET ? 2 : 1);  // a[16], b[16]
   constexpr size_t kGroupBytes = kHead + size_t(G) * kPanel * BITS / 8;
   typename V::vec acc[R][NV], sum[R][NV];
   typename V::ivec isum[R][NV];
@@ -78,9 +78,12 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
       for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
         for (int j = 0; j < NV; ++j) isum[m][j] = V::izero();
+      const uint8_t *fp[NP], *gps[NP];  // the block's factors, the group
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
-        const uint8_t* gp = base[p] + size_t(k / G) * kGroupBytes;
+        fp[p] = base[p] + w.quant[pg + p].factors_at(k / G);
+        gps[p] = base[p] + w.quant[pg + p].int_group_at(k / G);
+        const uint8_t* gp = gps[p];
         if constexpr (kPrefetchBytes > 0)
 #pragma GCC unroll 16
           for (size_t b = 0; b < kGroupBytes; b += 64)
@@ -113,25 +116,32 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
             }
         }
       }
-      // The groups end: their integer sums into the chains.
+      // The groups end: their integer sums into the chains. s = d * a and
+      // o = e * b are exact (ggml_quants.h).
+      typename V::vec sv[NV], ov[NV];
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+        for (int v = 0; v < VPP; ++v) {
+          const auto* f16 = reinterpret_cast<const uint16_t*>(fp[p]) + v * V::kLanes;
+          sv[p * VPP + v] = V::mul(V::load_i8(gps[p] + v * V::kLanes), V::load_f16(f16));
+          if constexpr (OFFSET)
+            ov[p * VPP + v] =
+                V::mul(V::load_i8(gps[p] + kPanel + v * V::kLanes), V::load_f16(f16 + kPanel));
+        }
       const int g16 = k / 16;
 #pragma GCC unroll 16
       for (int m = 0; m < R; ++m) {
         const float d = xd[m][g16];
         const int32_t b = G == 32 ? xs[m][g16] + xs[m][g16 + 1] : xs[m][g16];
         const typename V::vec dv = V::set1(d), db = V::set1(d * float(b));
-#pragma GCC unroll 8
-        for (int p = 0; p < NP; ++p) {
-          const auto* so = reinterpret_cast<const float*>(base[p] + size_t(k / G) * kGroupBytes);
-#pragma GCC unroll 4
-          for (int v = 0; v < VPP; ++v) {
-            const typename V::ivec s = isum[m][p * VPP + v];
-            typename V::vec& a = acc[m][p * VPP + v];
-            // 8-bit q are stored plus 128: take 128 times x's sum back out.
-            const typename V::ivec i = BITS == 8 ? V::sub_i32(s, 128 * b) : s;
-            a = V::fma(V::to_f32(i), V::mul(V::load(so + v * V::kLanes), dv), a);
-            if constexpr (OFFSET) a = V::fma(V::load(so + kPanel + v * V::kLanes), db, a);
-          }
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) {
+          const typename V::ivec s = isum[m][j];
+          // 8-bit q are stored plus 128: take 128 times x's sum back out.
+          const typename V::ivec i = BITS == 8 ? V::sub_i32(s, 128 * b) : s;
+          acc[m][j] = V::fma(V::to_f32(i), V::mul(sv[j], dv), acc[m][j]);
+          if constexpr (OFFSET) acc[m][j] = V::fma(ov[j], db, acc[m][j]);
         }
       }
     }

@@ -17,17 +17,41 @@ constexpr int kPanel = 16;
 // of `group` k. Group g of the panel starts group_bytes() * g bytes after
 // `at`: s[16] (f32), o[16] if any, then the q of its k, kPanel lanes a row.
 //
-// For integer products (PanelsRef::int8) the q of a group lie in chunks of
-// 64 bytes, one 32-bit word per lane holding four consecutive k (lane i at
-// bytes 4i..4i+3, as vpdpbusd reads them): a 4-bit chunk covers 8 k, k..k+3
-// in the low nibbles and k+4..k+7 in the high ones; an 8-bit chunk covers 4
-// k, each q stored plus 128 (unsigned, the instruction's weight operand).
+// For integer products (PanelsRef::int8) the parts are stored as the kind
+// stores them (ggml_quants.h: s = d * a, o = e * b): per block of the
+// kind's (a window's first block may start with groups that are not the
+// panel's: `skip`), d[16] and e[16] in f16; then per group a[16] and
+// b[16] (int8) and its q, in chunks of 64 bytes, one 32-bit word per lane
+// holding four consecutive k (lane i at bytes 4i..4i+3, as vpdpbusd reads
+// them): a 4-bit chunk covers 8 k, k..k+3 in the low nibbles and k+4..k+7
+// in the high ones; an 8-bit chunk covers 4 k, each q stored plus 128
+// (unsigned, the instruction's weight operand). A q4_K weight then takes
+// 4.75 bits, a q6_K one 8.6, a q8_0 one 8.75.
 struct QuantPanel {
   uint64_t at;  // bytes from PanelsRef::data
   uint8_t bits, group;
   bool offset;
+  // The integer layout's groups per block, as a shift, and groups skipped.
+  uint8_t block_shift = 0, skip = 0;
   size_t head_bytes() const { return size_t(kPanel) * 4 * (offset ? 2 : 1); }
   size_t group_bytes() const { return head_bytes() + size_t(group) * kPanel * bits / 8; }
+  // The integer layout.
+  size_t factor_bytes() const { return size_t(kPanel) * 2 * (offset ? 2 : 1); }
+  size_t int_head_bytes() const { return size_t(kPanel) * (offset ? 2 : 1); }
+  size_t int_group_bytes() const { return int_head_bytes() + size_t(group) * kPanel * bits / 8; }
+  size_t block_bytes() const {
+    return factor_bytes() + (size_t(1) << block_shift) * int_group_bytes();
+  }
+  // Where group g of the panel's columns finds its block's factors, and
+  // its own a, b and q.
+  size_t factors_at(int g) const { return size_t((g + skip) >> block_shift) * block_bytes(); }
+  size_t int_group_at(int g) const {
+    return factors_at(g) + factor_bytes() +
+           size_t((g + skip) & ((1 << block_shift) - 1)) * int_group_bytes();
+  }
+  size_t int_bytes(int groups) const {
+    return size_t((groups + skip + (1 << block_shift) - 1) >> block_shift) * block_bytes();
+  }
   // Where q of (lane, element j of its group) lies among the group's q
   // bytes, and the shift of its nibble (4-bit q).
   struct QAt {

@@ -1,6 +1,7 @@
 #include "gpu/cpu/packed_matrix.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "gpu/loaders/ggml_quants.h"
+#include "util/gguf_file.h"
 
 namespace troupe {
 
@@ -27,6 +29,34 @@ void for_panel_ranges(int panels, int64_t elements, F&& lay) {
   for (int p = 0; p < panels; p += per)
     parts.push_back(std::async(std::launch::async, lay, p, std::min(panels, p + per)));
   for (auto& part : parts) part.get();  // rethrows a row's error
+}
+
+// Lane `lane`'s factors of group g (of the blocks at span) and its
+// integers, for the integer layout (gemm_types.h): d and e copied from the
+// block, a = s / d and b = o / e, which must give s and o back exactly.
+void int8_factors(const Tensor& blocks, const Tensor::BlockSpan& span, size_t g, float s, float o,
+                  const QuantPanel& qp, uint8_t* factors, uint8_t* ints, int lane) {
+  const QuantForm& form = *quant_form(blocks.block_type());
+  const GgmlType& type = *ggml_type(blocks.block_type());
+  const uint8_t* block = span.data + g * size_t(qp.group) / size_t(type.block) * type.bytes;
+  auto factor = [&](int at, float v, uint8_t* f16_out, uint8_t* int_out) {
+    uint16_t h;
+    std::memcpy(&h, block + at, 2);
+    std::memcpy(f16_out + lane * 2, &h, 2);
+    const float f = f16_to_f32(h);
+    // A zero or infinite factor keeps the sign (or NaN) that s has.
+    const float a = f != 0.0f && std::isfinite(f)        ? std::nearbyint(v / f)
+                    : std::isnan(v)                      ? 0.0f
+                    : std::signbit(v) == std::signbit(f) ? 1.0f
+                                                         : -1.0f;
+    const float back = std::clamp(a, -128.0f, 127.0f) * f;
+    if (std::memcmp(&back, &v, 4) != 0 && !(std::isnan(back) && std::isnan(v)))
+      throw std::logic_error(std::string("PackedMatrix: a ") + type.name +
+                             " scale is not its block's factor times a small integer");
+    int_out[lane] = uint8_t(int8_t(a));
+  };
+  factor(form.d_at, s, factors, ints);
+  if (qp.offset) factor(form.e_at, o, factors + kPanel * 2, ints + kPanel);
 }
 
 // Whether the row blocks can stay quantized (PackedMatrix::pack).
@@ -145,11 +175,17 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
   int64_t first = 0;
   for (const Tensor& b : row_blocks) {
     const QuantForm& form = *quant_form(b.block_type());
+    const int64_t block = ggml_type(b.block_type())->block;
+    int shift = 0;
+    while ((int64_t(form.group) << shift) < block) ++shift;
+    const int skip = int(b.block_span(0).col0 % block / form.group);
     for (int64_t r = first; r < first + b.dim(0); r += kPanel) {
       const size_t p = size_t(r / kPanel);
-      quant_[p] = QuantPanel{at, uint8_t(form.bits), uint8_t(form.group), form.offset};
+      quant_[p] = QuantPanel{at,          uint8_t(form.bits), uint8_t(form.group),
+                             form.offset, uint8_t(shift),     uint8_t(skip)};
       source[p] = {&b, first};
-      at += quant_[p].group_bytes() * size_t(cols_ / form.group);
+      at += int8_ ? quant_[p].int_bytes(cols_ / form.group)
+                  : quant_[p].group_bytes() * size_t(cols_ / form.group);
     }
     first += b.dim(0);
   }
@@ -175,10 +211,17 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
                     qp.offset ? o.data() : nullptr, span.elements);
         auto* panel = static_cast<uint8_t*>(data_.raw_mut()) + qp.at;
         for (int g = 0; g < cols_ / qp.group; ++g) {
-          uint8_t* gp = panel + size_t(g) * qp.group_bytes();
-          std::memcpy(gp + lane * 4, &s[g0 + size_t(g)], 4);
-          if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[g0 + size_t(g)], 4);
-          uint8_t* qs = gp + s_bytes;
+          uint8_t* qs;
+          if (int8_) {
+            int8_factors(*block, span, g0 + size_t(g), s[g0 + size_t(g)], o[g0 + size_t(g)], qp,
+                         panel + qp.factors_at(g), panel + qp.int_group_at(g), lane);
+            qs = panel + qp.int_group_at(g) + qp.int_head_bytes();
+          } else {
+            uint8_t* gp = panel + size_t(g) * qp.group_bytes();
+            std::memcpy(gp + lane * 4, &s[g0 + size_t(g)], 4);
+            if (qp.offset) std::memcpy(gp + kPanel * 4 + lane * 4, &o[g0 + size_t(g)], 4);
+            qs = gp + s_bytes;
+          }
           for (int j = 0; j < qp.group; ++j) {
             const int v = q[q0 + size_t(g * qp.group + j)];
             const QuantPanel::QAt a = qp.q_at(lane, j, int8_);
@@ -196,13 +239,29 @@ void PackedMatrix::lay_out_quantized(const std::vector<Tensor>& row_blocks) {
 
 PackedMatrix::QuantValue PackedMatrix::quant_value(int p, int lane, int k) const {
   const QuantPanel& qp = quant_[size_t(p)];
-  const auto* gp =
-      static_cast<const uint8_t*>(data_.raw()) + qp.at + size_t(k / qp.group) * qp.group_bytes();
+  const auto* panel = static_cast<const uint8_t*>(data_.raw()) + qp.at;
+  const int g = k / qp.group;
   QuantValue v{0, 0.0f, 0.0f};
-  std::memcpy(&v.s, gp + lane * 4, 4);
-  if (qp.offset) std::memcpy(&v.o, gp + kPanel * 4 + lane * 4, 4);
+  const uint8_t* qs;
+  if (int8_) {
+    const uint8_t* f = panel + qp.factors_at(g);
+    const uint8_t* ints = panel + qp.int_group_at(g);
+    auto factor = [&](const uint8_t* f16, int8_t a) {
+      uint16_t h;
+      std::memcpy(&h, f16 + lane * 2, 2);
+      return float(a) * f16_to_f32(h);  // exact (ggml_quants.h)
+    };
+    v.s = factor(f, int8_t(ints[lane]));
+    if (qp.offset) v.o = factor(f + kPanel * 2, int8_t(ints[kPanel + lane]));
+    qs = ints + qp.int_head_bytes();
+  } else {
+    const uint8_t* gp = panel + size_t(g) * qp.group_bytes();
+    std::memcpy(&v.s, gp + lane * 4, 4);
+    if (qp.offset) std::memcpy(&v.o, gp + kPanel * 4 + lane * 4, 4);
+    qs = gp + qp.head_bytes();
+  }
   const QuantPanel::QAt a = qp.q_at(lane, k % qp.group, int8_);
-  const uint8_t byte = gp[qp.head_bytes() + a.byte];
+  const uint8_t byte = qs[a.byte];
   v.q = qp.bits == 4 ? (byte >> a.shift) & 0xF : int8_ ? int(byte) - 128 : int(int8_t(byte));
   return v;
 }

@@ -194,32 +194,32 @@ struct Kind {
 constexpr Kind kKinds[] = {
     {nullptr, {}},                                                                    // 0 f32
     {nullptr, {}},                                                                    // 1 f16
-    {q4_0, {4, 32, true}},                                                            // 2
-    {q4_1, {4, 32, true}},                                                            // 3
+    {q4_0, {4, 32, true, 0, 0}},                                                      // 2
+    {q4_1, {4, 32, true, 0, 2}},                                                      // 3
     {nullptr, {}},                                                                    // 4
     {nullptr, {}},                                                                    // 5
     {[](const uint8_t* b, int8_t* q, float* s, float* o) { q5(b, q, s, o, false); },  // 6 q5_0
-     {8, 32, false}},
+     {8, 32, false, 0}},
     {[](const uint8_t* b, int8_t* q, float* s, float* o) { q5(b, q, s, o, true); },  // 7 q5_1
-     {8, 32, true}},
-    {q8_0, {8, 32, false}},                                                              // 8
+     {8, 32, true, 0, 2}},
+    {q8_0, {8, 32, false, 0}},                                                           // 8
     {nullptr, {}},                                                                       // 9 q8_1
-    {q2_k, {4, 16, true}},                                                               // 10
-    {q3_k, {8, 16, false}},                                                              // 11
+    {q2_k, {4, 16, true, 80, 82}},                                                       // 10
+    {q3_k, {8, 16, false, 108}},                                                         // 11
     {[](const uint8_t* b, int8_t* q, float* s, float* o) { q45_k(b, q, s, o, false); },  // 12 q4_K
-     {4, 32, true}},
+     {4, 32, true, 0, 2}},
     {[](const uint8_t* b, int8_t* q, float* s, float* o) { q45_k(b, q, s, o, true); },  // 13 q5_K
-     {8, 32, true}},
-    {q6_k, {8, 16, false}},    // 14
-    {nullptr, {}},             // 15 q8_K
-    {nullptr, {}},             // 16 iq2_xxs
-    {nullptr, {}},             // 17 iq2_xs
-    {nullptr, {}},             // 18 iq3_xxs
-    {nullptr, {}},             // 19 iq1_s
-    {iq4_nl, {8, 32, false}},  // 20
-    {nullptr, {}},             // 21 iq3_s
-    {nullptr, {}},             // 22 iq2_s
-    {iq4_xs, {8, 32, false}},  // 23
+     {8, 32, true, 0, 2}},
+    {q6_k, {8, 16, false, 208}},  // 14
+    {nullptr, {}},                // 15 q8_K
+    {nullptr, {}},                // 16 iq2_xxs
+    {nullptr, {}},                // 17 iq2_xs
+    {nullptr, {}},                // 18 iq3_xxs
+    {nullptr, {}},                // 19 iq1_s
+    {iq4_nl, {8, 32, false, 0}},  // 20
+    {nullptr, {}},                // 21 iq3_s
+    {nullptr, {}},                // 22 iq2_s
+    {iq4_xs, {8, 32, false, 0}},  // 23
 };
 
 const Kind* kind(uint32_t id) {

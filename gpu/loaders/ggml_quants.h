@@ -22,6 +22,11 @@ struct QuantForm {
   int bits = 0;         // 4 (q in [0, 15]) or 8 (q in [-128, 127])
   int group = 0;        // elements per scale: 16 or 32
   bool offset = false;  // whether o is there (else 0)
+  // Every kind's s (and o) is a half-precision factor of its block times a
+  // small integer: s = d * a, o = e * b, a and b in [-128, 127]; d and e lie
+  // at these bytes of the block (e: -1 without offsets). The products are
+  // exact in f32, so the parts can be stored as d, e and the integers.
+  int d_at = 0, e_at = -1;
 };
 // Null for types without such a form (f32, f16, bf16, unsupported kinds).
 const QuantForm* quant_form(uint32_t id);

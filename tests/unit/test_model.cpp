@@ -341,7 +341,7 @@ TEST(QuantizedWeights, Int8ProductsAreBatchInvariantAndNearTheExactLogits) {
     const Model exact(ck, DType::F32);
     ck.quant_products = QuantProducts::Int8;
     const Model int8(ck, DType::F32);
-    EXPECT_EQ(int8.weight_bytes(), exact.weight_bytes());
+    EXPECT_LT(int8.weight_bytes(), exact.weight_bytes());
     check_batched_equals_single(int8, 3);
     const std::vector<int> prompt{1, 200, 17, 900, 31, 5};
     const std::vector<float> a = last_logits(int8, prompt), b = last_logits(exact, prompt);
