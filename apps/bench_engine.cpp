@@ -179,6 +179,7 @@ EngineBenchResult run_engine_bench(std::shared_ptr<const Checkpoint> ckpt, DType
   EngineBenchResult r;
   r.model = model_name;
   r.dtype = dtype_name(dtype);
+  r.products = quant_products_name(ckpt->quant_products);
   r.isa = isa_name(active_isa());
   r.threads = o.engine.threads_of(0);
   r.pipeline = o.engine.pipeline;
@@ -307,6 +308,7 @@ nlohmann::json EngineBenchResult::to_json() const {
   j["mode"] = "engine";
   j["model"] = model;
   j["dtype"] = dtype;
+  j["quantized_products"] = products;
   j["kv_dtype"] = kv_dtype;
   j["device"] = device;
   j["isa"] = isa;
@@ -345,13 +347,18 @@ nlohmann::json EngineBenchResult::to_json() const {
   return j;
 }
 
+// Said only where it changes what runs.
+std::string EngineBenchResult::products_note() const {
+  return products == "exact" ? "" : " (" + products + " products for quantized ones)";
+}
+
 std::string EngineBenchResult::table() const {
   std::ostringstream s;
   char line[256];
   const bool bounded = bound_steps_per_s > 0;
   if (bounded) {
-    s << "model " << model << ", " << dtype << " weights, " << kv_dtype << " KV cache, " << threads
-      << " threads, " << isa << " kernels\n";
+    s << "model " << model << ", " << dtype << " weights" << products_note() << ", " << kv_dtype
+      << " KV cache, " << threads << " threads, " << isa << " kernels\n";
     std::snprintf(line, sizeof line,
                   "memory bandwidth: copy %.1f GB/s, read %.1f GB/s; weights per step %.1f MB -> "
                   "bound %.1f steps/s\n",
@@ -366,8 +373,8 @@ std::string EngineBenchResult::table() const {
     else
       line[0] = '\0';
   } else {
-    s << "model " << model << ", " << dtype << " weights, " << kv_dtype << " KV cache, on "
-      << device << "\n";
+    s << "model " << model << ", " << dtype << " weights" << products_note() << ", " << kv_dtype
+      << " KV cache, on " << device << "\n";
     std::snprintf(line, sizeof line,
                   "weights per step %.1f MB (no host bandwidth bound: bench_cuda has the GPU's)\n",
                   double(weight_bytes_per_step) / 1e6);

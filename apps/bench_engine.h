@@ -40,7 +40,8 @@ struct DecodePoint {
 struct EngineBenchResult {
   std::string model;
   std::string dtype;
-  std::string kv_dtype = "f32";  // the KV cache's elements
+  std::string products = "exact";  // model.quantized_products (block-quantized weights)
+  std::string kv_dtype = "f32";    // the KV cache's elements
   std::string isa;
   std::string device = "cpu";  // the devices' kind
   int threads = 0;             // per device
@@ -66,6 +67,7 @@ struct EngineBenchResult {
 
   nlohmann::json to_json() const;
   std::string table() const;
+  std::string products_note() const;
 };
 
 // Measures memory bandwidth with `threads` threads over `bytes` per array.

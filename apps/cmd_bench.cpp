@@ -187,6 +187,10 @@ void register_bench(CLI::App& app) {
                               "Random-weight model in memory instead: tiny | 110m | 1b"));
   e.push_back(cmd->add_option("--dtype", o->engine.dtype,
                               "Weights in memory: f32 | f16 | bf16 (default: the config's)"));
+  e.push_back(
+      cmd->add_option("--quantized-products", o->engine.quantized_products,
+                      "A GGUF's quantized weights: exact | int8 (x in 8 bits, as llama.cpp; "
+                      "default: the config's model.quantized_products)"));
   e.push_back(cmd->add_option("--kv-dtype", o->engine.kv_dtype,
                               "KV cache elements: f32 | f16 | bf16 (default: the config's "
                               "kv_cache.dtype)"));

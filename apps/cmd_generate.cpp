@@ -217,6 +217,9 @@ void register_generate(CLI::App& app) {
                 "Keep generating past EOS until --max-tokens (as the API's ignore_eos)");
   cmd->add_option("--dtype", opts->engine.dtype,
                   "Weights in memory: f32 | f16 | bf16 (default: the config's model.dtype)");
+  cmd->add_option("--quantized-products", opts->engine.quantized_products,
+                  "A GGUF's quantized weights: exact | int8 (x in 8 bits, as llama.cpp; default: "
+                  "the config's model.quantized_products)");
   cmd->add_option("--kv-dtype", opts->engine.kv_dtype,
                   "KV cache elements: f32 | f16 | bf16 (default: the config's kv_cache.dtype)");
   cmd->add_option("--threads", opts->engine.threads,

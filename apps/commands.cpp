@@ -140,12 +140,18 @@ std::vector<std::pair<std::string, std::string>> engine_overrides(const EngineFl
     throw UsageError("--dtype must be f32, f16 or bf16, got '" + f.dtype + "'");
   if (!f.kv_dtype.empty() && !parse_dtype(f.kv_dtype))
     throw UsageError("--kv-dtype must be f32, f16 or bf16, got '" + f.kv_dtype + "'");
+  if (!f.quantized_products.empty() && f.quantized_products != "exact" &&
+      f.quantized_products != "int8")
+    throw UsageError("--quantized-products must be exact or int8, got '" + f.quantized_products +
+                     "'");
   if (f.threads < 0 || f.pipeline < 0 || f.tensor < 0)
     throw UsageError("--threads, --pipeline and --tensor must be at least 1");
   std::vector<std::pair<std::string, std::string>> out;
   if (!f.model.empty()) out.emplace_back("model.path", f.model);
   if (!f.dtype.empty()) out.emplace_back("model.dtype", f.dtype);
   if (!f.kv_dtype.empty()) out.emplace_back("kv_cache.dtype", f.kv_dtype);
+  if (!f.quantized_products.empty())
+    out.emplace_back("model.quantized_products", f.quantized_products);
   if (f.pipeline > 0) out.emplace_back("parallel.pipeline", std::to_string(f.pipeline));
   if (f.tensor > 0) out.emplace_back("parallel.tensor", std::to_string(f.tensor));
   return out;

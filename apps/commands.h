@@ -86,6 +86,7 @@ struct EngineFlags {
   std::string model;
   std::string dtype;
   std::string kv_dtype;
+  std::string quantized_products;
   int threads = 0;
   int pipeline = 0;
   int tensor = 0;
