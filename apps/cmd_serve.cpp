@@ -298,10 +298,12 @@ void run_serve(const ServeOptions& so) {
                  parse_listen(cfg.nodes.listen).first.c_str(), unsigned(runtime.nodes_port()));
   std::fprintf(
       stderr,
-      "troupe serve: model %s (%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "
+      "troupe serve: model %s (%s%s), %d replica(s) x %d stage(s) x %d shard(s), listening on "
       "http://%s:%u\n",
-      limits.name.c_str(), dtype_name(cfg.model.dtype), cfg.parallel.replicas,
-      cfg.parallel.pipeline, cfg.parallel.tensor, host.c_str(), unsigned(server.port()));
+      limits.name.c_str(), dtype_name(cfg.model.dtype),
+      cfg.model.quantized_products == QuantProducts::Int8 ? ", int8 products" : "",
+      cfg.parallel.replicas, cfg.parallel.pipeline, cfg.parallel.tensor, host.c_str(),
+      unsigned(server.port()));
   std::fflush(stderr);
   // Fault-injection hooks for tests and chaos runs: SIGUSR1 crashes replica
   // 0, SIGUSR2 the last replica: its worker, or with a multi-device layout

@@ -353,7 +353,7 @@ TEST(QuantizedWeights, Int8ProductsAreBatchInvariantAndNearTheExactLogits) {
       err = std::max(err, double(std::fabs(a[i] - b[i])));
     }
     EXPECT_GT(err, 0.0);  // integer products are not the exact ones
-    EXPECT_LT(err, 0.05 * spread) << "largest logit error " << err << ", spread " << spread;
+    EXPECT_LT(err, 0.02 * spread) << "largest logit error " << err << ", spread " << spread;
     test::IsaGuard guard;
     for (Isa isa : test::supported_isas()) {
       force_isa(isa);
