@@ -165,7 +165,7 @@ std::shared_ptr<const Checkpoint> configured_checkpoint(Checkpoint checkpoint,
     spdlog::info(
         "{}: block-quantized weights, multiplied exactly (x in full precision); "
         "model.quantized_products=int8 multiplies them as llama.cpp does, with x in 8 bits "
-        "(on CPUs: about 1.4x faster decode of one sequence, near but not equal logits)",
+        "(on CPUs: about 1.6x faster decode of one sequence, near but not equal logits)",
         checkpoint.source.filename().string());
   return std::make_shared<const Checkpoint>(std::move(checkpoint));
 }
