@@ -158,10 +158,11 @@ void run_generate(const GenerateOptions& o) {
   const double prefill_tps = r.prefill_s > 0 ? double(req.prompt.size()) / r.prefill_s : 0;
   std::fprintf(stderr,
                "prompt tokens: %zu, generated tokens: %zu (%s), prefill %.1f tokens/s, decode %.1f "
-               "tokens/s, %d threads, %s weights, seed %llu\n",
+               "tokens/s, %d threads, %s weights%s, seed %llu\n",
                req.prompt.size(), r.ids.size(),
                r.finish_reason == FinishReason::Stop ? "stop" : "length", prefill_tps, decode_tps,
                spec.threads_of(0), dtype_name(dtype),
+               ckpt->quant_products == QuantProducts::Int8 ? " (int8 products)" : "",
                static_cast<unsigned long long>(req.sampling.seed));
 }
 
