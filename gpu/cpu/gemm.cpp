@@ -158,7 +158,8 @@ float int8_chain(const Int8Rows& x8, int m, const PackedMatrix& w, int p, int la
   const int k0 = w.piece_bounds()[size_t(piece)], k1 = w.piece_bounds()[size_t(piece) + 1];
   const int8_t* xq = x8.q + size_t(m) * size_t(x8.K);
   const float* xd = x8.d + size_t(m) * size_t(x8.K / 16);
-  const int group = w.ref().quant[p].group;
+  const QuantPanel& qp = w.ref().quant[p];
+  const int group = qp.group;
   float acc = 0.0f;
   for (int k = k0; k < k1; k += group) {
     int32_t i = 0, b = 0;
@@ -172,7 +173,7 @@ float int8_chain(const Int8Rows& x8, int m, const PackedMatrix& w, int p, int la
     }
     const float d = xd[k / 16];
     acc = std::fma(float(i), s * d, acc);
-    if (w.ref().quant[p].offset) acc = std::fma(o, d * float(b), acc);
+    if (qp.offset) acc = std::fma(o, d * float(b), acc);
   }
   return acc;
 }
@@ -244,7 +245,7 @@ void gemm_panels(const float* x, int M, int ldx, const PackedMatrix& w, int p0, 
     return detail::gemm_avx512_vnni()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag, piece_stride);
   switch (active_isa()) {
     case Isa::Avx512Bf16:
-      if (w.dtype() == DType::BF16 && !w.int8())
+      if (w.dtype() == DType::BF16)
         return detail::gemm_avx512_bf16()(x, M, ldx, w.ref(), p0, p1, y, ldy, pack_tag,
                                           piece_stride);
       [[fallthrough]];

@@ -151,17 +151,7 @@ void int8_micro_kernel(const Int8Rows& x8, int m0, const PanelsRef& w, int pg, i
     for (int m = 0; m < R; ++m)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[m][j] = V::add(sum[m][j], acc[m][j]);
-  alignas(64) float tmp[NP * kPanel];
-  for (int m = 0; m < R; ++m) {
-    float* row = y + size_t(m) * size_t(ldy);
-    if (valid_cols >= NP * kPanel) {
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) V::store(row + j * V::kLanes, acc[m][j]);
-    } else {
-      for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
-      for (int c = 0; c < valid_cols; ++c) row[c] = tmp[c];
-    }
-  }
+  store_rows<V, R, NP>(acc, y, ldy, valid_cols, false);
 }
 
 // The kernel for R rows and NP panels of one form.

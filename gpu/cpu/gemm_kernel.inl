@@ -674,6 +674,27 @@ void dequant_pairs(const PanelsRef& w, int pg, float* dst) {
 // group, so that no step crosses one.
 constexpr int kQuantStep = 16;
 
+// A tile's accumulators (R rows of NP panels) into y (row stride ldy), or
+// with `add` onto what y holds; columns from valid_cols on are not written.
+template <class V, int R, int NP>
+inline void store_rows(const typename V::vec (&acc)[R][NP * kPanel / V::kLanes], float* y, int ldy,
+                       int valid_cols, bool add) {
+  constexpr int NV = NP * kPanel / V::kLanes;
+  alignas(64) float tmp[NP * kPanel];
+  for (int m = 0; m < R; ++m) {
+    float* row = y + size_t(m) * size_t(ldy);
+    if (valid_cols >= NP * kPanel) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j)
+        V::store(row + j * V::kLanes,
+                 add ? V::add(V::load(row + j * V::kLanes), acc[m][j]) : acc[m][j]);
+    } else {
+      for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
+      for (int c = 0; c < valid_cols; ++c) row[c] = add ? row[c] + tmp[c] : tmp[c];
+    }
+  }
+}
+
 // R rows of x (row stride sm) times NP quantized panels from pg over k in
 // [k0, k1) (whole steps), the weights dequantized in registers: one row
 // block reads each weight once, so writing it out and back
@@ -717,19 +738,7 @@ void quant_micro_kernel(const float* x, size_t sm, const PanelsRef& w, int pg, i
                 });
     }
   }
-  alignas(64) float tmp[NP * kPanel];
-  for (int m = 0; m < R; ++m) {
-    float* row = y + size_t(m) * size_t(ldy);
-    if (valid_cols >= NP * kPanel) {
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j)
-        V::store(row + j * V::kLanes,
-                 add ? V::add(V::load(row + j * V::kLanes), acc[m][j]) : acc[m][j]);
-    } else {
-      for (int j = 0; j < NV; ++j) V::store(tmp + j * V::kLanes, acc[m][j]);
-      for (int c = 0; c < valid_cols; ++c) row[c] = add ? row[c] + tmp[c] : tmp[c];
-    }
-  }
+  store_rows<V, R, NP>(acc, y, ldy, valid_cols, add);
 }
 
 // quant_micro_kernel instantiated for exactly `rows` (1..R) rows.
@@ -828,7 +837,7 @@ void gemm_dispatch(const float* x, int M, int ldx, const PanelsRef& w, int p0, i
                    int ldy, uint64_t pack_tag, size_t piece_stride) {
   if (w.int8)
     return gemm_int8<V, kInt8Rows<V>, kInt8Panels<V>>(x, M, ldx, w, p0, p1, y, ldy, pack_tag,
-                                                        piece_stride);
+                                                      piece_stride);
   if (w.quant && w.dtype == DType::BF16)
     return gemm_quant_pairs<V, V::kPairRows, V::kPairPanels, KBW>(x, M, ldx, w, p0, p1, y, ldy,
                                                                   pack_tag, piece_stride);
