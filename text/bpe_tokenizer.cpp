@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "text/added_tokens.h"
 #include "text/bpe_merge.h"
 #include "text/unicode.h"
 
@@ -331,12 +332,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::parse(std::string_view text, const s
     for (const json& a : added) {
       const int id = a.at("id").get<int>();
       if (id < 0) refuse(name, "an added token has a negative id");
-      const std::string content = a.at("content").get<std::string>();
-      t->pieces_[size_t(id)] = content;
-      t->bytes_[size_t(id)] = content;
-      t->special_[size_t(id)] = a.value("special", false);
-      t->added_.add({content, id, a.value("lstrip", false), a.value("rstrip", false),
-                     a.value("single_word", false)});
+      AddedToken token = added_token_from_json(a, id);
+      t->pieces_[size_t(id)] = token.token.spelling;
+      t->bytes_[size_t(id)] = token.token.spelling;
+      t->special_[size_t(id)] = token.special;
+      t->added_.add(std::move(token.token));
     }
 
     if (model.contains("unk_token") && model["unk_token"].is_string()) {

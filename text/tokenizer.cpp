@@ -2,20 +2,24 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
 
+#include "text/added_tokens.h"
 #include "text/bpe_tokenizer.h"
 #include "text/byte_piece.h"
 #include "text/gguf_vocab.h"
 #include "text/llama2c_tokenizer.h"
 #include "text/special_tokens.h"
+#include "text/tokenizer_file.h"
 #include "text/unicode.h"
 #include "util/gguf_file.h"
 
@@ -35,6 +39,21 @@ struct Tokenizer::Impl {
   // text they stand for those tokens, as Hugging Face's tokenizers and
   // llama.cpp read them.
   SpecialTokens specials;
+  // A SentencePiece model's added tokens past its own pieces (Phi-3's
+  // <|user|>): id sp_size + i is extra[i]; an id no added token names (a
+  // gap) has token.id -1 and stands for nothing.
+  int sp_size = 0;
+  std::vector<AddedToken> extra;
+
+  bool is_extra(int id) const { return !bpe && !l2c && id >= sp_size; }
+  const AddedToken& extra_at(int id) const { return extra[size_t(id - sp_size)]; }
+  // No text: a control piece, or an added token that is special (or none).
+  bool is_extra_control(int id) const {
+    const AddedToken& a = extra_at(id);
+    return a.special || a.token.id < 0;
+  }
+  std::string decode_sp(const std::vector<int>& ids) const;
+  void add_added_tokens(std::vector<AddedToken> added);
 
   // ids += the plain text's tokens (SentencePiece's own encoding).
   void encode_plain(std::string_view text, std::vector<int>& ids) const {
@@ -53,33 +72,6 @@ namespace {
 // Real SentencePiece models are a few MB at most; the cap turns "pointed the
 // tokenizer at a 10 GB checkpoint" into an error instead of a huge read.
 constexpr std::uintmax_t kMaxModelBytes = 256u << 20;
-
-std::string read_model_file(const std::filesystem::path& path, const char* kind) {
-  const std::string name = path.string();
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) {
-    throw std::runtime_error("tokenizer: cannot open '" + name + "': no such file");
-  }
-  // SentencePiece's own Load() aborts the process on a directory (an
-  // uncaught iostream exception), so the file is read here.
-  if (!std::filesystem::is_regular_file(status)) {
-    throw std::runtime_error("tokenizer: '" + name + "' is not a regular file");
-  }
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) {
-    throw std::runtime_error("tokenizer: cannot stat '" + name + "': " + ec.message());
-  }
-  if (size > kMaxModelBytes) {
-    throw std::runtime_error("tokenizer: '" + name + "' is " + std::to_string(size) +
-                             " bytes, too large for a " + std::string(kind));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("tokenizer: cannot open '" + name + "' for reading");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw std::runtime_error("tokenizer: error reading '" + name + "'");
-  return bytes;
-}
 
 // --- a look at the pieces before SentencePiece builds its trie ------------
 //
@@ -165,6 +157,33 @@ std::string pieces_problem(std::string_view in) {
 
 }  // namespace
 
+std::string read_tokenizer_file(const std::filesystem::path& path, const char* kind) {
+  const std::string name = path.string();
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    throw std::runtime_error("tokenizer: cannot open '" + name + "': no such file");
+  }
+  // SentencePiece's own Load() aborts the process on a directory (an
+  // uncaught iostream exception), so the file is read here.
+  if (!std::filesystem::is_regular_file(status)) {
+    throw std::runtime_error("tokenizer: '" + name + "' is not a regular file");
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) {
+    throw std::runtime_error("tokenizer: cannot stat '" + name + "': " + ec.message());
+  }
+  if (size > kMaxModelBytes) {
+    throw std::runtime_error("tokenizer: '" + name + "' is " + std::to_string(size) +
+                             " bytes, too large for a " + std::string(kind));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("tokenizer: cannot open '" + name + "' for reading");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::runtime_error("tokenizer: error reading '" + name + "'");
+  return bytes;
+}
+
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
@@ -187,23 +206,23 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     return Tokenizer(std::move(impl));
   }
   if (path.extension() == ".json") {
-    const std::string json = read_model_file(path, "tokenizer.json");
+    const std::string json = read_tokenizer_file(path, "tokenizer.json");
     std::string config;
     if (const auto beside = path.parent_path() / "tokenizer_config.json";
         std::filesystem::is_regular_file(beside))
-      config = read_model_file(beside, "tokenizer_config.json");
+      config = read_tokenizer_file(beside, "tokenizer_config.json");
     impl->bpe = BpeTokenizer::parse(json, impl->name, config);
     impl->vocab = impl->bpe->vocab_size();
     return Tokenizer(std::move(impl));
   }
   if (path.extension() == ".bin") {
-    impl->l2c = Llama2cTokenizer::parse(read_model_file(path, "tokenizer.bin"), impl->name);
+    impl->l2c = Llama2cTokenizer::parse(read_tokenizer_file(path, "tokenizer.bin"), impl->name);
     impl->vocab = impl->l2c->vocab_size();
     for (int id : {impl->l2c->unk_id(), impl->l2c->bos_id(), impl->l2c->eos_id()})
       if (id >= 0) impl->specials.add({impl->l2c->piece(id), id});
     return Tokenizer(std::move(impl));
   }
-  const std::string bytes = read_model_file(path, "SentencePiece model");
+  const std::string bytes = read_tokenizer_file(path, "SentencePiece model");
   if (const std::string problem = pieces_problem(bytes); !problem.empty())
     throw std::runtime_error("tokenizer: '" + impl->name +
                              "' is not a valid SentencePiece model: " + problem);
@@ -212,14 +231,31 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     throw std::runtime_error("tokenizer: '" + impl->name +
                              "' is not a valid SentencePiece model: " + status.ToString());
   }
-  impl->vocab = impl->sp.GetPieceSize();
+  impl->vocab = impl->sp_size = impl->sp.GetPieceSize();
   if (impl->vocab <= 0) {
     throw std::runtime_error("tokenizer: '" + impl->name + "' has an empty vocabulary");
   }
-  for (int id = 0; id < impl->vocab; ++id)
-    if ((impl->sp.IsControl(id) || impl->sp.IsUnknown(id)) && !impl->sp.IdToPiece(id).empty())
-      impl->specials.add({impl->sp.IdToPiece(id), id});
+  impl->add_added_tokens(read_added_tokens(path.parent_path()));
   return Tokenizer(std::move(impl));
+}
+
+// The added tokens first, with their own stripping rules, then the model's
+// control and unknown pieces that none of them spells.
+void Tokenizer::Impl::add_added_tokens(std::vector<AddedToken> added) {
+  std::set<std::string> spelled;
+  for (const AddedToken& a : added) {
+    spelled.insert(a.token.spelling);
+    specials.add(a.token);
+    if (a.token.id < sp_size) continue;
+    if (size_t(a.token.id - sp_size) >= extra.size())
+      extra.resize(size_t(a.token.id - sp_size) + 1, AddedToken{{"", -1}, true});
+    extra[size_t(a.token.id - sp_size)] = a;
+  }
+  vocab = sp_size + int(extra.size());
+  for (int id = 0; id < sp_size; ++id)
+    if ((sp.IsControl(id) || sp.IsUnknown(id)) && !sp.IdToPiece(id).empty() &&
+        !spelled.count(sp.IdToPiece(id)))
+      specials.add({sp.IdToPiece(id), id});
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
@@ -255,12 +291,41 @@ std::string Tokenizer::decode_checked(const std::vector<int>& ids) const {
       if (!impl_->bpe->is_special(id)) bytes += impl_->bpe->bytes(id);
     return unicode::utf8_lossy(bytes);
   }
+  if (impl_->extra.empty()) return impl_->decode_sp(ids);
+  // Special added tokens drop out as control pieces do (the text around
+  // them decodes as one run); another added token is its spelling, and the
+  // run after it keeps the leading space SentencePiece strips at the start
+  // of a text, as transformers decodes.
   std::string text;
-  const auto status = impl_->sp.Decode(ids, &text);
-  if (!status.ok()) {
-    throw std::runtime_error("tokenizer: decoding failed (" + impl_->name +
-                             "): " + status.ToString());
+  std::vector<int> run;
+  auto flush = [&] {
+    if (run.empty()) return;
+    std::string part = impl_->decode_sp(run);
+    const auto first = std::find_if(run.begin(), run.end(),
+                                    [&](int id) { return !impl_->sp.IsControl(id); });
+    if (!text.empty() && first != run.end() &&
+        impl_->decode_sp({*first}).size() < token_bytes(*first).size())
+      part.insert(0, 1, ' ');
+    text += part;
+    run.clear();
+  };
+  for (int id : ids) {
+    if (!impl_->is_extra(id)) {
+      run.push_back(id);
+    } else if (!impl_->is_extra_control(id)) {
+      flush();
+      text += impl_->extra_at(id).token.spelling;
+    }
   }
+  flush();
+  return text;
+}
+
+std::string Tokenizer::Impl::decode_sp(const std::vector<int>& ids) const {
+  std::string text;
+  const auto status = sp.Decode(ids, &text);
+  if (!status.ok())
+    throw std::runtime_error("tokenizer: decoding failed (" + name + "): " + status.ToString());
   return text;
 }
 
@@ -286,12 +351,14 @@ int Tokenizer::eos_id() const {
 bool Tokenizer::is_control(int id) const {
   check_id(id);
   if (impl_->l2c) return impl_->l2c->is_control(id);
+  if (impl_->is_extra(id)) return impl_->is_extra_control(id);
   return impl_->bpe ? impl_->bpe->is_special(id) : impl_->sp.IsControl(id);
 }
 
 const std::string& Tokenizer::piece(int id) const {
   check_id(id);
   if (impl_->l2c) return impl_->l2c->piece(id);
+  if (impl_->is_extra(id)) return impl_->extra_at(id).token.spelling;
   return impl_->bpe ? impl_->bpe->piece(id) : impl_->sp.IdToPiece(id);
 }
 
@@ -303,6 +370,7 @@ std::string Tokenizer::token_bytes(int id) const {
   const std::string& p = piece(id);
   if (impl_->bpe) return impl_->bpe->bytes(id);
   if (impl_->l2c) return impl_->l2c->bytes(id);
+  if (impl_->is_extra(id)) return p;
   if (const int b = byte_value(id); b >= 0) return std::string(1, char(b));
   if (impl_->sp.IsControl(id)) return p;
   return spm_spaces_to_ascii(p);
@@ -310,7 +378,7 @@ std::string Tokenizer::token_bytes(int id) const {
 
 int Tokenizer::byte_value(int id) const {
   if (impl_->l2c) return impl_->l2c->byte_value(id);
-  if (impl_->bpe || !impl_->sp.IsByte(id)) return -1;
+  if (impl_->bpe || impl_->is_extra(id) || !impl_->sp.IsByte(id)) return -1;
   // Byte-fallback pieces are spelled "<0xNN>" by SentencePiece's trainer.
   const std::string& p = impl_->sp.IdToPiece(id);
   const int value = byte_piece_value(p);
@@ -330,6 +398,7 @@ bool Tokenizer::is_anchor(int id) const {
   if (impl_->l2c)
     return impl_->l2c->byte_value(id) < 0 && !impl_->l2c->is_control(id) &&
            id != impl_->l2c->unk_id();
+  if (impl_->is_extra(id)) return !impl_->is_extra_control(id);
   const auto& sp = impl_->sp;
   return !sp.IsByte(id) && !sp.IsControl(id) && !sp.IsUnknown(id) && !sp.IsUnused(id);
 }

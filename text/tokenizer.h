@@ -16,7 +16,9 @@ class Tokenizer {
   // tokenizer_config.json beside it, for the EOS token), a `.bin` as
   // llama2.c's tokenizer.bin, a `.gguf` (or any file with GGUF's magic) as
   // the vocabulary in a llama.cpp model file, anything else as a
-  // SentencePiece model.
+  // SentencePiece model, with the added tokens of the Hugging Face
+  // tokenizer beside it (read_added_tokens: Phi-3's <|user|>, a ChatML
+  // fine-tune's <|im_start|>), which may extend its vocabulary.
   // Throws std::runtime_error naming `path` (and the reader's own message)
   // when the file is missing, unreadable or not a model this runtime
   // computes.

@@ -499,5 +499,130 @@ TEST(TextStreamer, BadIdThrowsAndLeavesStateAlone) {
   EXPECT_EQ(out, "Hello there");
 }
 
+// A Hugging Face directory's SentencePiece model with added tokens past its
+// 2000 pieces (as Phi-3's 32000 with <|user|>, <|end|>): 2000-2001 and 2003
+// special, 2002 a gap, 2004 a plain added token; and one inside the model.
+class AddedTokens : public ::testing::Test {
+ protected:
+  static constexpr int kEnd = 2000, kAssistant = 2001, kUser = 2003, kPlain = 2004;
+
+  void SetUp() override {
+    test::write_file(dir_ / "tokenizer.model", test::read_file(fortune_tokenizer()));
+  }
+  Tokenizer with_config(const std::string& decoder_entries) {
+    test::write_file(dir_ / "tokenizer_config.json",
+                     "{\"added_tokens_decoder\": {" + decoder_entries + "}}");
+    return Tokenizer::load(dir_ / "tokenizer.model");
+  }
+  Tokenizer phi_like() {
+    return with_config(
+        R"("1": {"content": "<s>", "special": true},
+           "2000": {"content": "<|end|>", "special": true, "rstrip": true},
+           "2001": {"content": "<|assistant|>", "special": true, "rstrip": true},
+           "2003": {"content": "<|user|>", "special": true, "rstrip": true},
+           "2004": {"content": "<|plain|>", "special": false})");
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(AddedTokens, ExtendTheVocabularyAndAreTheirIdsInAText) {
+  const Tokenizer tok = phi_like();
+  const Tokenizer& sp = fortune();
+  ASSERT_EQ(tok.vocab_size(), 2005);
+  // As Phi-3's template writes a turn: rstrip swallows the newline after a
+  // tag; the text between tags is encoded on its own.
+  const std::vector<int> ids = tok.encode("<|user|>\nA fool<|end|>\n<|assistant|>\n", true);
+  std::vector<int> want{1, kUser};
+  const std::vector<int> fool = sp.encode("A fool", false);
+  want.insert(want.end(), fool.begin(), fool.end());
+  want.insert(want.end(), {kEnd, kAssistant});
+  EXPECT_EQ(ids, want) << ids_str(ids);
+  EXPECT_EQ(tok.encode("plain text", false), sp.encode("plain text", false));
+  EXPECT_TRUE(tok.is_control(kEnd));
+  EXPECT_TRUE(tok.is_control(2002)) << "a gap stands for nothing";
+  EXPECT_FALSE(tok.is_control(kPlain));
+  EXPECT_EQ(tok.piece(kUser), "<|user|>");
+  EXPECT_EQ(tok.token_bytes(kPlain), "<|plain|>");
+  EXPECT_THROW((void)tok.decode({2005}), std::out_of_range);
+}
+
+TEST_F(AddedTokens, DecodeAsTransformersDecodesWithoutSpecialTokens) {
+  const Tokenizer tok = phi_like();
+  const auto ids = [&](const std::string& text) { return tok.encode(text, false); };
+  // Special ones drop out as control pieces do; the text after one keeps
+  // its own space.
+  EXPECT_EQ(tok.decode(ids("<|assistant|>A fool<|end|>")), "A fool");
+  EXPECT_EQ(tok.decode(ids("A fool<|end|> and")), "A fool and");
+  EXPECT_EQ(tok.decode({kUser, 2002, kEnd}), "");
+  // A plain one is its spelling; the space of the piece after it is kept
+  // (each stretch of text is encoded with its own space prefix, so
+  // "<|plain|>fool" comes back as "<|plain|> fool", as in transformers).
+  const auto with = [&](std::vector<int> a, int id, const std::vector<int>& b) {
+    a.push_back(id);
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  EXPECT_EQ(tok.decode(with(ids("A"), kPlain, ids("fool"))), "A<|plain|> fool");
+  EXPECT_EQ(tok.decode(ids("A<|plain|>fool")), "A<|plain|> fool");
+  EXPECT_EQ(tok.decode(with({}, kPlain, {3 + 'x'})), "<|plain|>x");
+  EXPECT_EQ(tok.decode(with(ids("two"), kEnd, ids("fool"))), "two fool");
+}
+
+TEST_F(AddedTokens, StreamingGivesTheDecodedText) {
+  const Tokenizer tok = phi_like();
+  uint64_t state = 99;
+  auto next = [&state](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  const std::vector<int> words = tok.encode(" fool money is", false);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int> ids;
+    for (int i = 0, len = 1 + int(next(20)); i < len; ++i) {
+      const auto kind = next(6);
+      if (kind < 2)
+        ids.push_back(2000 + int(next(5)));
+      else if (kind < 3)
+        ids.push_back(3 + 0x80 + int(next(64)));  // a stray byte piece
+      else
+        ids.push_back(words[next(words.size())]);
+    }
+    ASSERT_EQ(concat(stream(tok, ids)), tok.decode(ids)) << "ids: " << ids_str(ids);
+  }
+}
+
+TEST_F(AddedTokens, ComeFromTokenizerJsonOrAddedTokensJsonToo) {
+  test::write_file(dir_ / "tokenizer.json",
+                   R"({"added_tokens": [{"id": 2001, "content": "<|im_start|>", "special": true},
+                                        {"id": 2000, "content": "<|im_end|>", "special": true}]})");
+  // tokenizer.json comes first: tokenizer_config.json's tokens are not read.
+  Tokenizer tok = with_config(R"("2005": {"content": "<|other|>", "special": true})");
+  EXPECT_EQ(tok.vocab_size(), 2002);
+  EXPECT_EQ(tok.encode("<|im_start|>a<|im_end|>", false).front(), 2001);
+  std::filesystem::remove(dir_ / "tokenizer.json");
+  std::filesystem::remove(dir_ / "tokenizer_config.json");
+  test::write_file(dir_ / "added_tokens.json", R"({"<|im_end|>": 2000, "<|im_start|>": 2001})");
+  tok = Tokenizer::load(dir_ / "tokenizer.model");
+  EXPECT_EQ(tok.encode("<|im_start|>", false), (std::vector<int>{2001}));
+  EXPECT_EQ(tok.decode({2001}), "<|im_start|>") << "added_tokens.json's tokens are not special";
+  std::filesystem::remove(dir_ / "added_tokens.json");
+  EXPECT_EQ(Tokenizer::load(dir_ / "tokenizer.model").vocab_size(), 2000);
+}
+
+TEST_F(AddedTokens, UnreadableFilesAreNamed) {
+  for (const std::string& entries :
+       {std::string(R"("x": {"content": "a"})"), std::string(R"("2000": {"special": true})"),
+        std::string(R"("-4": {"content": "a"})")}) {
+    try {
+      (void)with_config(entries);
+      FAIL() << "accepted " << entries;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
+    }
+  }
+  test::write_file(dir_ / "tokenizer.json", "{not json");
+  EXPECT_THROW((void)Tokenizer::load(dir_ / "tokenizer.model"), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace troupe
