@@ -1,5 +1,7 @@
 #include "gpu/model_config.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -81,6 +83,18 @@ void ModelConfig::validate(const std::string& source) const {
   for (int e : eos_ids)
     if (e < 0 || e >= vocab_size)
       fail("eos_token_id " + std::to_string(e) + " is outside the vocabulary");
+}
+
+void limit_to_sliding_window(ModelConfig& c, int window, const std::string& source) {
+  if (window <= 0)
+    throw std::invalid_argument(source + ": the sliding window must be positive, got " +
+                                std::to_string(window));
+  if (window >= c.max_seq_len) return;
+  spdlog::warn(
+      "{}: the sliding window {} is below the context {}; serving a context of {} "
+      "(sliding-window attention is not implemented)",
+      source, window, c.max_seq_len, window);
+  c.max_seq_len = window;
 }
 
 bool ModelConfig::is_eos(int id) const {

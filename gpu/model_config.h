@@ -70,6 +70,12 @@ struct ModelConfig {
   bool is_eos(int id) const;
 };
 
+// Sliding-window attention (Mistral's, Phi-3's) sees only the last `window`
+// positions; the full attention computed here gives the same answers only
+// while the context fits in the window, so the context is cut to it (said in
+// the log, naming `source`). Throws std::invalid_argument for window <= 0.
+void limit_to_sliding_window(ModelConfig& c, int window, const std::string& source);
+
 inline size_t ModelConfig::kv_bytes_per_token(DType kv) const {
   return troupe::kv_bytes_per_token(n_layers, kv_dim(), kv);
 }

@@ -1,5 +1,7 @@
 #include "text/gguf_vocab.h"
 
+#include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -81,6 +83,18 @@ int id_or(const GgufFile& f, const char* key, int fallback, size_t vocab) {
   return int(*v);
 }
 
+// llama.cpp swallows the white space after every special token of a model
+// whose general.name says Phi-3 (<unk>, <s> and <|endoftext|> excepted):
+// the rstrip of Phi-3's chat tags, which the file does not hold.
+void strip_as_llama_cpp_does(const GgufFile& f, std::vector<SpecialTokens::Token>& specials) {
+  std::string name = f.text("general.name").value_or("");
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
+  for (SpecialTokens::Token& t : specials)
+    t.rstrip = !one_of(t.spelling, {"<unk>", "<s>", "<|endoftext|>"});
+}
+
 }  // namespace
 
 GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
@@ -120,6 +134,7 @@ GgufVocabulary read_gguf_vocabulary(const GgufFile& f) {
       if ((kinds[id] == kControl || kinds[id] == kUserDefined || int(id) == spm.unk) &&
           !(*tokens)[id].empty())
         v.specials.push_back({(*tokens)[id], int(id)});
+    strip_as_llama_cpp_does(f, v.specials);
     v.spm = Llama2cTokenizer::from_vocab(spm);
     return v;
   }

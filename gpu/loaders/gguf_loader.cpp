@@ -1,10 +1,10 @@
 // A llama.cpp GGUF file: architectures llama (Llama 1-3, Mistral, TinyLlama,
-// SmolLM as converted), qwen2 and qwen3. Tensors in f32, f16 or bf16 are
+// SmolLM as converted), qwen2, qwen3 and phi3. Tensors in f32, f16 or bf16 are
 // viewed where they lie, and so are block-quantized ones (q4_0 ... q6_K),
 // which the model dequantizes row by row as it packs them (as ggml computes
 // them), so the file is never copied whole. llama.cpp's converter stores a llama's query and key
 // rows in llama2.c's interleaved RoPE order (it permutes Hugging Face's back), and a qwen's
-// unpermuted, so the RoPE layout follows the architecture.
+// unpermuted (and a phi3's), so the RoPE layout follows the architecture.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -38,9 +38,9 @@ class GgufModel {
       fail(path_, "is one of " + std::to_string(*parts) +
                       " parts of a split GGUF; join them first (llama-gguf-split --merge)");
     arch_ = required_text("general.architecture");
-    if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3")
+    if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3" && arch_ != "phi3")
       fail(path_, "architecture '" + arch_ +
-                      "' is not one this runtime computes (llama, qwen2 and qwen3 are)");
+                      "' is not one this runtime computes (llama, qwen2, qwen3 and phi3 are)");
   }
 
   ModelConfig config() {
@@ -73,6 +73,8 @@ class GgufModel {
     c.vocab_size = int(embd->ne[1]);
     c.tied_classifier = file_.tensor("output.weight") == nullptr;
     rope_scaling(c);
+    if (const auto w = arch_int("attention.sliding_window"); w && *w > 0)
+      limit_to_sliding_window(c, int(std::min<int64_t>(*w, 1 << 30)), path_.string());
     ids(c);
     try {
       c.validate(path_.string());
@@ -162,6 +164,12 @@ class GgufModel {
     } else if (kind != "none") {
       fail(path_, "rope.scaling.type '" + kind + "' is not implemented (none and linear are)");
     }
+    // Phi-3's long-context variants (128k) rescale RoPE by one of two
+    // factor sets, chosen by the sequence's length.
+    for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
+      if (has(name))
+        fail(path_, std::string("holds ") + name +
+                        ": LongRoPE scaling (Phi-3's 128k-context models) is not implemented");
     // Llama 3.1's scaling, as llama.cpp's converter stores it: a divisor
     // per frequency.
     if (has("rope_freqs.weight")) {
@@ -197,11 +205,26 @@ class GgufModel {
 
 LayerTensors load_layer(GgufModel& g, const ModelConfig& c, int i) {
   const std::string p = "blk." + std::to_string(i) + ".";
-  const LayerNames names{p + "attn_norm.weight",   p + "attn_q.weight",      p + "attn_k.weight",
-                         p + "attn_v.weight",      p + "attn_output.weight", p + "ffn_norm.weight",
-                         p + "ffn_gate.weight",    p + "ffn_up.weight",      p + "ffn_down.weight",
-                         p + "attn_q.bias",        p + "attn_k.bias",        p + "attn_v.bias",
-                         p + "attn_q_norm.weight", p + "attn_k_norm.weight"};
+  LayerNames names{p + "attn_norm.weight",
+                   p + "attn_q.weight",
+                   p + "attn_k.weight",
+                   p + "attn_v.weight",
+                   p + "attn_output.weight",
+                   p + "ffn_norm.weight",
+                   p + "ffn_gate.weight",
+                   p + "ffn_up.weight",
+                   p + "ffn_down.weight",
+                   p + "attn_q.bias",
+                   p + "attn_k.bias",
+                   p + "attn_v.bias",
+                   p + "attn_q_norm.weight",
+                   p + "attn_k_norm.weight",
+                   {},
+                   {}};
+  // Phi-3 as llama.cpp converts it: q, k and v in one matrix (or apart),
+  // and ffn_up holding the gate's rows, then up's.
+  if (g.has(p + "attn_qkv.weight")) names.wqkv = p + "attn_qkv.weight";
+  if (g.arch() == "phi3" && !g.has(p + "ffn_gate.weight")) names.w_gate_up = p + "ffn_up.weight";
   return read_layer([&](const std::string& name,
                         const std::vector<int64_t>& shape) { return g.get(name, shape); },
                     c, names);

@@ -121,11 +121,14 @@ void check_supported(const ConfigReader& c) {
   // and OLMo2's extra norms, Gemma's scaled embeddings) and would load as
   // Llama, wrongly.
   if (const json* v = c.get("model_type");
-      v &&
-      !(v->is_string() && (*v == "llama" || *v == "mistral" || *v == "qwen2" || *v == "qwen3")))
+      v && !(v->is_string() &&
+             (*v == "llama" || *v == "mistral" || *v == "qwen2" || *v == "qwen3" || *v == "phi3")))
     c.unsupported("model_type", *v,
-                  "only the Llama architecture (llama, mistral) and Qwen's (qwen2, qwen3) are "
-                  "implemented");
+                  "only the Llama architecture (llama, mistral), Qwen's (qwen2, qwen3) and "
+                  "Phi-3's (phi3) are implemented");
+  if (const json* v = c.get("partial_rotary_factor");
+      v && !(v->is_number() && v->get<double>() == 1.0))
+    c.unsupported("partial_rotary_factor", *v, "RoPE over part of a head is not implemented");
   if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
     c.unsupported("hidden_act", *v, "only silu is implemented");
   for (const char* key : {"attention_bias", "mlp_bias"})
@@ -188,20 +191,11 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
-  // Mistral's sliding window: attention sees only the last `window`
-  // positions, which the full attention here computes alike only while the
-  // context fits in it; so the context is cut to the window.
   if (const json* w = c.get("sliding_window"); w && c.boolean("use_sliding_window", true)) {
     const int window = c.integer("sliding_window");
     if (window <= 0)
       fail(path, "\"sliding_window\" must be positive or null, got " + std::to_string(window));
-    if (window < cfg.max_seq_len) {
-      spdlog::warn(
-          "{}: sliding_window {} is below max_position_embeddings {}; serving a context "
-          "of {} (sliding-window attention is not implemented)",
-          path.string(), window, cfg.max_seq_len, window);
-      cfg.max_seq_len = window;
-    }
+    limit_to_sliding_window(cfg, window, path.string());
   }
   // generation_config.json's EOS ids end a sequence too (Llama 3 Instruct's
   // <|eot_id|>, Qwen2.5's <|endoftext|>), as transformers' generate() and
@@ -249,6 +243,11 @@ class WeightSource {
       fail(file.path, "tensor '" + name + "' has shape " + t->shape_str() + ", expected " +
                           shape_text(expected) + " from config.json");
     return *t;
+  }
+
+  bool has(const std::string& name) const {
+    if (index_path_.empty()) return files_.begin()->second.find(name) != nullptr;
+    return weight_map_.count(name) > 0;
   }
 
   // Every tensor of the checkpoint was read but those that change nothing
@@ -312,13 +311,25 @@ class WeightSource {
 
 LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
-  const LayerNames names{p + "input_layernorm.weight",  p + "self_attn.q_proj.weight",
-                         p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
-                         p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
-                         p + "mlp.gate_proj.weight",    p + "mlp.up_proj.weight",
-                         p + "mlp.down_proj.weight",    p + "self_attn.q_proj.bias",
-                         p + "self_attn.k_proj.bias",   p + "self_attn.v_proj.bias",
-                         p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"};
+  LayerNames names{p + "input_layernorm.weight",
+                   p + "self_attn.q_proj.weight",
+                   p + "self_attn.k_proj.weight",
+                   p + "self_attn.v_proj.weight",
+                   p + "self_attn.o_proj.weight",
+                   p + "post_attention_layernorm.weight",
+                   p + "mlp.gate_proj.weight",
+                   p + "mlp.up_proj.weight",
+                   p + "mlp.down_proj.weight",
+                   p + "self_attn.q_proj.bias",
+                   p + "self_attn.k_proj.bias",
+                   p + "self_attn.v_proj.bias",
+                   p + "self_attn.q_norm.weight",
+                   p + "self_attn.k_norm.weight",
+                   {},
+                   {}};
+  // Phi-3 stores q, k and v as one matrix, and the FFN's gate and up.
+  if (w.has(p + "self_attn.qkv_proj.weight")) names.wqkv = p + "self_attn.qkv_proj.weight";
+  if (w.has(p + "mlp.gate_up_proj.weight")) names.w_gate_up = p + "mlp.gate_up_proj.weight";
   return read_layer([&](const std::string& name,
                         const std::vector<int64_t>& shape) { return w.get(name, shape); },
                     c, names);

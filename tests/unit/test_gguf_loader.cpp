@@ -251,22 +251,24 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(read_bytes(p));
 }
 
-// Four small random models converted from Hugging Face checkpoints by
+// Five small random models converted from Hugging Face checkpoints by
 // llama.cpp's convert_hf_to_gguf.py and quantized by llama-quantize (mixes
 // of K kinds, q8_0, q4_0), one per architecture this loader maps; each
-// carries the bundled fortune model's SentencePiece vocabulary. The prompt's
-// ids and 32 greedy steps are llama.cpp's (models.expected.json); the
-// smallest gap between the two likeliest tokens there is 0.008, far above
-// what summation order moves.
+// carries the bundled fortune model's SentencePiece vocabulary (phi3's with
+// Phi-3's added tokens, which its prompt spells). The prompt's ids and 32
+// greedy steps are llama.cpp's (models.expected.json); the smallest gap
+// between the two likeliest tokens there is 0.005, far above what
+// summation order moves.
 TEST(GgufLoader, ModelsGiveLlamaCppsTokens) {
   const nlohmann::json expected = read_json(test::data_path("gguf/models.expected.json"));
-  ASSERT_EQ(expected["cases"].size(), 4u);
+  ASSERT_EQ(expected["cases"].size(), 5u);
   for (const auto& c : expected["cases"]) {
     const std::string file = c["file"];
     SCOPED_TRACE(file);
     const fs::path path = test::data_path("gguf/" + file);
     const Tokenizer tok = Tokenizer::load(path);
-    const std::vector<int> prompt = tok.encode(std::string(expected["prompt"]), tok.bos_id() >= 0);
+    const std::string text = c.value("prompt", std::string(expected["prompt"]));
+    const std::vector<int> prompt = tok.encode(text, tok.bos_id() >= 0);
     EXPECT_EQ(prompt, c["prompt_ids"].get<std::vector<int>>());
     const auto model = Model::load(path, DType::F32);
     GenerateRequest req;
@@ -302,6 +304,15 @@ TEST(GgufLoader, MapsEachArchitecturesSettings) {
   const Checkpoint qwen3 = load_checkpoint(test::data_path("gguf/qwen3-q8_0.gguf"));
   EXPECT_TRUE(qwen3.config.qk_norm);
   EXPECT_EQ(qwen3.layers[0].q_norm.shape(), (std::vector<int64_t>{128}));
+  // Phi-3: fused projections split, q and k not permuted, the context cut
+  // to the sliding window (128 of 256).
+  const Checkpoint phi3 = load_checkpoint(test::data_path("gguf/phi3-q4_k_m.gguf"));
+  EXPECT_EQ(phi3.config.rope, RopeLayout::RotateHalf);
+  EXPECT_EQ(phi3.config.max_seq_len, 128);
+  EXPECT_EQ(phi3.config.vocab_size, 2008);
+  EXPECT_EQ(phi3.layers[0].wk.shape(), (std::vector<int64_t>{128, 256}));
+  EXPECT_EQ(phi3.layers[0].w_up.shape(), (std::vector<int64_t>{512, 256}));
+  EXPECT_TRUE(phi3.config.is_eos(2000) && phi3.config.is_eos(2002));  // <|endoftext|>, <|end|>
 
   // Llama 3.1's scaling arrives as rope_freqs.weight: a divisor per
   // frequency, which must give what the llama3 formula gives for the

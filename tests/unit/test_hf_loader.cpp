@@ -458,7 +458,7 @@ TEST_F(HfLoaderBadInput, UnsupportedFeatures) {
 // Other architectures name their tensors as Llama does: refused by their
 // model_type, or by a tensor Llama has not (it would be silently ignored).
 TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
-  for (const char* type : {"gemma", "qwen3_moe", "phi3"})
+  for (const char* type : {"gemma", "qwen3_moe", "phi"})
     EXPECT_TRUE(mentions(with("model_type", type),
                          {config_file(), "model_type", type, "not supported", "llama, mistral"}))
         << type;
@@ -473,6 +473,75 @@ TEST_F(HfLoaderBadInput, OtherArchitecturesAreRefused) {
   EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
                        {"model.layers.0.self_attn.q_norm.weight"}));
   EXPECT_TRUE(mentions(with("sliding_window", 0), {config_file(), "sliding_window"}));
+}
+
+// The rows of `parts` stacked, as Phi-3 stores its fused projections.
+Tensor stacked(const std::vector<Tensor>& parts) {
+  int64_t rows = 0;
+  for (const Tensor& t : parts) rows += t.dim(0);
+  Tensor out = Tensor::zeros({rows, parts[0].dim(1)}, parts[0].dtype());
+  size_t at = 0;
+  for (const Tensor& t : parts) {
+    std::memcpy(static_cast<char*>(out.raw_mut()) + at, t.raw(), t.nbytes());
+    at += t.nbytes();
+  }
+  return out;
+}
+
+// A Llama checkpoint's tensors as Phi-3 names them: q, k and v in one
+// qkv_proj, gate and up in one gate_up_proj.
+NamedTensors as_phi3(const NamedTensors& llama, int layers) {
+  NamedTensors out;
+  for (const auto& [name, t] : llama)
+    if (name.find("q_proj") == std::string::npos && name.find("k_proj") == std::string::npos &&
+        name.find("v_proj") == std::string::npos && name.find("gate_proj") == std::string::npos &&
+        name.find("up_proj") == std::string::npos)
+      out.emplace_back(name, t);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.emplace_back(p + "self_attn.qkv_proj.weight",
+                     stacked({by_name(llama, p + "self_attn.q_proj.weight"),
+                              by_name(llama, p + "self_attn.k_proj.weight"),
+                              by_name(llama, p + "self_attn.v_proj.weight")}));
+    out.emplace_back(p + "mlp.gate_up_proj.weight",
+                     stacked({by_name(llama, p + "mlp.gate_proj.weight"),
+                              by_name(llama, p + "mlp.up_proj.weight")}));
+  }
+  return out;
+}
+
+// Phi-3 is Llama with fused projections: split, they are Llama's tensors
+// byte for byte, so the model computes what the Llama would.
+TEST(HfLoader, Phi3FusedProjectionsAreLlamasOwn) {
+  TempDir llama_dir, phi_dir;
+  const json cfg = tiny_config();
+  const NamedTensors llama = tiny_tensors(cfg, DType::BF16);
+  write_model(llama_dir.path(), cfg, llama);
+  json phi_cfg = cfg;
+  phi_cfg["model_type"] = "phi3";
+  phi_cfg["architectures"] = {"Phi3ForCausalLM"};
+  phi_cfg["partial_rotary_factor"] = 1.0;
+  write_model(phi_dir.path(), phi_cfg, as_phi3(llama, cfg["num_hidden_layers"]));
+  const Checkpoint a = load_hf_dir(llama_dir.path()), b = load_hf_dir(phi_dir.path());
+  EXPECT_EQ(a.config.q_dim(), b.config.q_dim());
+  EXPECT_EQ(b.config.rope, RopeLayout::RotateHalf);
+  const NamedTensors want = hf_named(a), got = hf_named(b);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(same_bytes(want[i].second, got[i].second)) << want[i].first;
+}
+
+TEST_F(HfLoaderBadInput, Phi3FusedProjectionsHaveTheirShapes) {
+  json cfg = tiny_config();
+  cfg["model_type"] = "phi3";
+  NamedTensors ts = as_phi3(tiny_tensors(cfg), cfg["num_hidden_layers"]);
+  drop(ts, "model.layers.1.mlp.gate_up_proj.weight");
+  ts.emplace_back("model.layers.1.mlp.gate_up_proj.weight", filled({12, 8}, DType::F32, 90));
+  write_model(dir_.path(), cfg, ts);
+  EXPECT_TRUE(mentions(error_of([&] { load_hf_dir(dir_.path()); }),
+                       {"model.layers.1.mlp.gate_up_proj.weight", "shape", "[24, 8]"}));
+  EXPECT_TRUE(mentions(with("partial_rotary_factor", 0.75),
+                       {config_file(), "partial_rotary_factor", "not supported"}));
 }
 
 // Qwen2 is Llama with q, k and v biases: each layer must have all three, of
