@@ -497,18 +497,27 @@ class SchemaCompiler {
   }
 
   std::string object(const json& s, const std::string& where, int depth) {
-    const json empty = json::object();
-    const json& props = s.contains("properties") ? s["properties"] : empty;
+    json props = s.contains("properties") ? s["properties"] : json::object();
     if (!props.is_object()) fail(at(where, "properties"), "must be an object");
     std::set<std::string> required;
     if (s.contains("required")) {
       if (!s["required"].is_array()) fail(at(where, "required"), "must be an array of names");
       for (const json& r : s["required"]) {
         if (!r.is_string()) fail(at(where, "required"), "must be an array of names");
-        if (!props.contains(r.get<std::string>()))
-          fail(at(where, "required"),
-               "'" + r.get<std::string>() + "' is required but not among the properties");
-        required.insert(r.get<std::string>());
+        const std::string name = r.get<std::string>();
+        // A required key without a schema of its own takes
+        // additionalProperties' (any value without one); none allowed
+        // leaves no object that could have it.
+        if (!props.contains(name)) {
+          const json* ap =
+              s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+          if (ap && ap->is_boolean() && !ap->get<bool>())
+            fail(at(where, "required"), "'" + name +
+                                            "' is required but neither among the properties nor "
+                                            "allowed by additionalProperties: false");
+          props[name] = ap && ap->is_object() ? *ap : json::object();
+        }
+        required.insert(name);
       }
     }
     // Other keys: a schema for their values, or none allowed.

@@ -40,6 +40,27 @@ constexpr std::array kRoutes = {
 
 }  // namespace
 
+std::string percent_decoded(std::string_view segment) {
+  const auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] == '%' && i + 2 < segment.size() && hex(segment[i + 1]) >= 0 &&
+        hex(segment[i + 2]) >= 0) {
+      out += char(hex(segment[i + 1]) * 16 + hex(segment[i + 2]));
+      i += 2;
+    } else {
+      out += segment[i];
+    }
+  }
+  return out;
+}
+
 std::string_view path_of(std::string_view target) {
   for (std::string_view scheme : {"http://", "https://"}) {
     if (target.size() < scheme.size()) continue;

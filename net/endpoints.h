@@ -57,6 +57,11 @@ inline bool generates_path(std::string_view path) {
 // the scheme and authority.
 std::string_view path_of(std::string_view target);
 
+// A path segment with its %XX escapes decoded (a model id such as
+// "org%2Fmodel", as clients that URI-encode it send it); a '%' that starts no
+// escape stays as it is.
+std::string percent_decoded(std::string_view segment);
+
 // The methods `path` takes, as Allow lists them ("POST", "GET, HEAD"); empty
 // for a path that names no endpoint.
 std::string allowed_methods(std::string_view path, bool admin = false);

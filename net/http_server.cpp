@@ -438,8 +438,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (endpoint == Endpoint::Tokenize || endpoint == Endpoint::Detokenize)
       return start_tokenizer_call(endpoint);
     if (endpoint == Endpoint::Model)
-      return respond(
-          server_.answer_model(path_of(sv(req_.target())).substr(kModelPathPrefix.size())));
+      return respond(server_.answer_model(
+          percent_decoded(path_of(sv(req_.target())).substr(kModelPathPrefix.size()))));
     respond(server_.answer(endpoint));
   }
 

@@ -168,8 +168,12 @@ void parse_stop(const json& body, CompletionParams& p) {
     return;
   }
   if (!v->is_array()) wrong_type("stop", "a string or an array of strings", *v);
-  if (v->size() > 4)
-    fail("`stop` may hold at most 4 strings, got " + std::to_string(v->size()) + ".", "stop");
+  // OpenAI takes 4, vLLM any number: clients written for vLLM (lm-eval's
+  // tasks) send more.
+  if (v->size() > size_t(kMaxStopStrings))
+    fail("`stop` may hold at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+             std::to_string(v->size()) + ".",
+         "stop");
   for (const json& e : *v) {
     if (!e.is_string()) wrong_type("stop", "a string or an array of strings", e);
     if (!e.get_ref<const std::string&>().empty()) p.stop.push_back(e.get<std::string>());
@@ -324,6 +328,10 @@ void parse_vllm_sampling(const json& body, const ModelLimits& limits, Completion
   }
   parse_id_set(body, "stop_token_ids", kMaxStopTokenIds, limits, p.stop_token_ids);
   parse_id_set(body, "allowed_token_ids", kMaxAllowedTokenIds, limits, p.allowed_token_ids);
+  // An empty list would leave no token to sample (vLLM refuses it too).
+  if (const json* v = field(body, "allowed_token_ids"); v && v->is_array() && v->empty())
+    fail("`allowed_token_ids` must not be empty: it would leave no token to sample.",
+         "allowed_token_ids");
   const json* v = field(body, "bad_words");
   if (!v || v->is_null()) return;
   if (!v->is_array()) wrong_type("bad_words", "an array of strings", *v);

@@ -43,6 +43,25 @@ constexpr std::array kSameNames = {
     "priority",
     "chat_template_kwargs",
     "parallel_tool_calls",
+    "user",
+    // vLLM's structured output and the rest of its sampling extensions,
+    // honoured (or refused) as the chat endpoint does, never ignored.
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+    "structured_outputs",
+    "allowed_token_ids",
+    "bad_words",
+    "include_stop_str_in_output",
+    "truncate_prompt_tokens",
+    "best_of",
+    "use_beam_search",
+    "length_penalty",
+    "prompt_logprobs",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
 };
 
 // A message's content: a string, or its text parts (input_text, or a

@@ -76,6 +76,7 @@ inline constexpr int kMaxLogitBias = 1024;           // entries of SamplingParam
 inline constexpr int kMaxStopTokenIds = 1024;        // entries of SamplingParams::stop_token_ids
 inline constexpr int kMaxAllowedTokenIds = 1 << 18;  // entries of allowed_token_ids
 inline constexpr int kMaxBadWords = 256;             // entries of SamplingParams::bad_words
+inline constexpr int kMaxStopStrings = 64;           // entries of `stop`
 inline constexpr int kMaxBadWordTokens = 64;         // ids of one of them
 inline constexpr size_t kMaxGrammarBytes = 1 << 20;  // SamplingParams::grammar
 

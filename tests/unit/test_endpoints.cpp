@@ -118,5 +118,14 @@ TEST(Endpoints, PathOf) {
   EXPECT_EQ(path_of("/http://h/a"), "/http://h/a");
 }
 
+TEST(Endpoints, PercentDecodedModelIds) {
+  EXPECT_EQ(percent_decoded("fort%75ne"), "fortune");
+  EXPECT_EQ(percent_decoded("org%2Fmy%20model%3av1"), "org/my model:v1");
+  EXPECT_EQ(percent_decoded("org/my%20model:v1"), "org/my model:v1");
+  EXPECT_EQ(percent_decoded("100%"), "100%");
+  EXPECT_EQ(percent_decoded("a%2"), "a%2");
+  EXPECT_EQ(percent_decoded("%zz%41"), "%zzA");
+}
+
 }  // namespace
 }  // namespace troupe

@@ -250,6 +250,22 @@ TEST(JsonSchemaGrammar, StringLengthsFormatsAndOpenObjects) {
       R"({"code": "ab", "day": "2026-13-06", "id": "123e4567-e89b-12d3-a456-426614174000", "extra": {}})"));
 }
 
+// A required key without a schema of its own takes additionalProperties'
+// (any value without one), as JSON Schema reads it.
+TEST(JsonSchemaGrammar, RequiredKeysWithoutPropertiesTakeAdditionalProperties) {
+  auto any = schema(json::parse(R"({"type": "object", "required": ["x"]})"));
+  EXPECT_TRUE(matches(any, R"({"x": [1, "a"]})"));
+  EXPECT_TRUE(matches(any, R"({"x": null, "y": 2})"));
+  EXPECT_FALSE(matches(any, R"({"y": 2})"));
+  EXPECT_FALSE(matches(any, "{}"));
+  auto numbers = schema(json::parse(R"({"type": "object", "properties": {"a": {"type": "string"}},
+      "required": ["n"], "additionalProperties": {"type": "number"}})"));
+  EXPECT_TRUE(matches(numbers, R"({"a": "s", "n": 2})"));
+  EXPECT_TRUE(matches(numbers, R"({"n": 2.5})"));
+  EXPECT_FALSE(matches(numbers, R"({"n": "two"})"));
+  EXPECT_FALSE(matches(numbers, R"({"a": "s"})"));
+}
+
 // minimum, maximum and their exclusive forms on integers: exactly the
 // integers in the range match, checked number by number around its edges.
 TEST(JsonSchemaGrammar, IntegerBoundsAllowExactlyTheIntegersInRange) {
@@ -590,7 +606,9 @@ TEST(JsonSchemaGrammar, WhatItCannotEnforceIsRefusedNamingTheKeyword) {
   EXPECT_NE(error(R"({"type": "number", "minimum": 1e-20})").find("finer than 10^-16"),
             std::string::npos);
   EXPECT_NE(error(R"({"$ref": "#/$defs/nope"})").find("names no schema"), std::string::npos);
-  EXPECT_NE(error(R"({"type": "object", "required": ["x"]})").find("'x' is required"),
+  EXPECT_NE(error(R"({"type": "object", "properties": {"a": {}}, "required": ["x"],
+                      "additionalProperties": false})")
+                .find("'x' is required"),
             std::string::npos);
   EXPECT_NE(error(R"({"type": "date"})").find("unknown type 'date'"), std::string::npos);
   EXPECT_NE(error("false").find("allows nothing"), std::string::npos);

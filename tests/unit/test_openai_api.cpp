@@ -318,9 +318,13 @@ TEST(OpenAiParse, SamplingRanges) {
 }
 
 TEST(OpenAiParse, StopLimits) {
-  ApiError e = parse_err(R"({"prompt":"x","stop":["a","b","c","d","e"]})");
+  std::string stops;
+  for (int i = 0; i < kMaxStopStrings; ++i) stops += (i ? ",\"" : "\"") + std::to_string(i) + "\"";
+  EXPECT_EQ(parse_ok(R"({"prompt":"x","stop":[)" + stops + "]}").stop.size(),
+            size_t(kMaxStopStrings));
+  ApiError e = parse_err(R"({"prompt":"x","stop":[)" + stops + R"(,"one more"]})");
   EXPECT_EQ(e.param, "stop");
-  EXPECT_TRUE(contains(e.message, "at most 4")) << e.message;
+  EXPECT_TRUE(contains(e.message, "at most " + std::to_string(kMaxStopStrings))) << e.message;
 }
 
 TEST(OpenAiParse, NChoicesUpToTheLimit) {
@@ -361,7 +365,7 @@ TEST(OpenAiParse, VllmOptionsNotImplementedAreRefusedUnlessNeutral) {
   }
   EXPECT_TRUE(contains(parse_err(R"({"prompt":"x","prompt_logprobs":0})").message, "`echo`"));
   parse_ok(R"({"prompt":"x","min_p":0,"min_tokens":0.0,"stop_token_ids":[],"bad_words":[],
-               "allowed_token_ids":[],"use_beam_search":false,"length_penalty":1,
+               "use_beam_search":false,"length_penalty":1,
                "prompt_logprobs":null,"guided_json":null,"skip_special_tokens":true,
                "spaces_between_special_tokens":true})");
 }
@@ -463,6 +467,7 @@ TEST(OpenAiParse, AllowedTokenIdsAndBadWords) {
   CompletionParams p =
       parse_ok(R"({"prompt":"x","allowed_token_ids":[9,4,9],"bad_words":["  money","his"]})");
   EXPECT_EQ(p.allowed_token_ids, (std::vector<int>{4, 9}));
+  EXPECT_EQ(parse_err(R"({"prompt":"x","allowed_token_ids":[]})").param, "allowed_token_ids");
   EXPECT_EQ(p.bad_words_text, (std::vector<std::string>{"  money", "his"}));
   ASSERT_FALSE(std::holds_alternative<ApiError>(resolve_prompts(p, &fortune(), limits())));
   // Each word, spaces stripped, as the tokenizer encodes it; with a space

@@ -123,6 +123,25 @@ TEST(ResponsesParse, TextFormatAndForcedFunctionsAreGrammars) {
   EXPECT_EQ(named.response_fields["tool_choice"]["name"], "get");
 }
 
+// vLLM's structured output and sampling extensions are the chat's: honoured
+// or refused alike, never ignored.
+TEST(ResponsesParse, VllmExtensionsAreTheChatsOwn) {
+  EXPECT_FALSE(ok(R"({"input": "x", "guided_choice": ["yes", "no"]})").grammar.empty());
+  EXPECT_FALSE(ok(R"({"input": "x", "guided_regex": "[0-9]{4}"})").grammar.empty());
+  EXPECT_FALSE(
+      ok(R"({"input": "x", "structured_outputs": {"choice": ["a", "b"]}})").grammar.empty());
+  const CompletionParams p = ok(R"({"input": "x", "allowed_token_ids": [5, 3],
+      "include_stop_str_in_output": true, "stop": ["."]})");
+  EXPECT_EQ(p.allowed_token_ids, (std::vector<int>{3, 5}));
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  for (const char* rest : {R"("best_of": 3)", R"("use_beam_search": true)",
+                           R"("prompt_logprobs": 1)", R"("allowed_token_ids": [])"}) {
+    const ApiError e = err(std::string(R"({"input": "x", )") + rest + "}");
+    EXPECT_EQ(e.status, 400) << rest;
+    EXPECT_NE(std::string(rest).find(e.param), std::string::npos) << rest << ": " << e.param;
+  }
+}
+
 // Errors name the fields the client sent, not the chat's they became.
 TEST(ResponsesParse, ErrorsNameTheResponsesFields) {
   const auto param = [](const std::string& body) { return err(body).param; };
