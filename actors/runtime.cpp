@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "actors/fault_injector.h"
+#include "net/link_proxy.h"
 #include "scheduler/replica_scheduler.h"
 
 namespace troupe {
@@ -120,18 +121,35 @@ ActorRuntime::ActorRuntime(const Config& config, const ModelConfig& model, Engin
 
   if (!config.nodes.listen.empty()) {
     const auto [host, port] = parse_listen(config.nodes.listen);
-    auto bound = system_->middleman().publish(caf::actor_cast<CoordinatorActor>(supervisor_), port,
-                                              host.c_str(), true);
-    if (!bound) {
+    // The middleman listens on loopback only, behind a guard on the
+    // configured address that resets a connection whose stream is not a
+    // node's BASP: the middleman allocates whatever length a header claims.
+    auto bound = system_->middleman().publish(caf::actor_cast<CoordinatorActor>(supervisor_), 0,
+                                              "127.0.0.1", true);
+    const auto stop_actors = [&] {
       // Every actor spawned so far, or the actor system's destructor waits
       // for it forever (and the process hangs, the error unsaid).
       caf::anon_send_exit(injector_, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
-      throw std::runtime_error("nodes.listen: cannot listen on " + config.nodes.listen + ": " +
-                               system_->render(bound.error()));
+    };
+    if (!bound) {
+      stop_actors();
+      throw std::runtime_error(
+          "nodes.listen: the node port's middleman cannot listen on "
+          "127.0.0.1: " +
+          system_->render(bound.error()));
     }
-    nodes_port_ = *bound;
+    try {
+      node_port_guard_ = std::make_unique<LinkProxy>("127.0.0.1", *bound, host, port, true);
+    } catch (const std::exception& e) {
+      stop_actors();
+      // "link proxy: cannot listen on HOST:PORT: why", said as the key's.
+      std::string why = e.what();
+      if (why.starts_with("link proxy: ")) why.erase(0, 12);
+      throw std::runtime_error("nodes.listen: " + why);
+    }
+    nodes_port_ = node_port_guard_->port();
     spdlog::info("nodes join on {}:{}", host, nodes_port_);
   }
   if (config.nodes.local) {

@@ -23,6 +23,8 @@
 
 namespace troupe {
 
+class LinkProxy;
+
 struct ReplicaStatus {
   bool failed = false;
   int restarts = 0;
@@ -102,6 +104,7 @@ class ActorRuntime : public CompletionService, public FaultAdmin {
   FaultInjectorActor injector_;
   NodeActor local_node_;
   uint16_t nodes_port_ = 0;
+  std::unique_ptr<LinkProxy> node_port_guard_;  // nodes.listen, in front of the middleman
   std::atomic<bool> shut_down_{false};
 };
 

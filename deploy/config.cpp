@@ -5,10 +5,12 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "deploy/yaml_schema.h"
 #include "gpu/model.h"
+#include "scheduler/cluster.h"
 #include "scheduler/routing_policy.h"
 #include "service/allowed_origin.h"
 
@@ -267,6 +269,41 @@ std::string layout_text(const ParallelLayout& p) {
          ", tensor: " + std::to_string(p.tensor) + "}";
 }
 
+// One placement.replicas entry: "any", a node's name, or names split by
+// commas (one replica over those nodes, each at least one of its devices):
+// one that no node could ever match is refused now, not waited for.
+void check_placement_entry(const Origin& o, const std::string& at, const std::string& where,
+                           int replica_devices) {
+  if (where.find(',') == std::string::npos) {
+    if (where == "any" || where.empty()) return;
+    if (const std::string why = node_name_problem(where); !why.empty())
+      o.fail(at, "\"" + where + "\" names no node that could join: " + why);
+    return;
+  }
+  std::set<std::string> seen;
+  int nodes = 0;
+  for (size_t start = 0;;) {
+    ++nodes;
+    const size_t comma = where.find(',', start);
+    const std::string name =
+        where.substr(start, comma == std::string::npos ? comma : comma - start);
+    if (name.empty())
+      o.fail(at, "\"" + where + "\" has an empty name between its commas");
+    else if (name == "any")
+      o.fail(at, "\"" + where + "\" lists \"any\": a split names its nodes");
+    else if (const std::string why = node_name_problem(name); !why.empty())
+      o.fail(at, "\"" + where + "\" names \"" + name + "\", which no node could be called: " + why);
+    else if (!seen.insert(name).second)
+      o.fail(at, "\"" + where + "\" names node \"" + name +
+                     "\" twice: a node holds one share of the replica (name it once)");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (nodes > replica_devices)
+    o.fail(at, "splits a replica of " + std::to_string(replica_devices) + " device(s) over " +
+                   std::to_string(nodes) + " nodes: each node holds at least one device of it");
+}
+
 void validate(const Origin& o, const Config& c, ConfigRole role) {
   config_fields().check(o, "", c);
   // What the key kinds leave open (a weight of 0, a probe every 0 requests);
@@ -305,6 +342,8 @@ void validate(const Origin& o, const Config& c, ConfigRole role) {
     if (where == "local" && !c.nodes.local)
       o.fail("placement.replicas[" + std::to_string(r) + "]",
              "is \"local\", but nodes.local is false: the coordinator runs no replica itself");
+    check_placement_entry(o, "placement.replicas[" + std::to_string(r) + "]", where,
+                          p.pipeline * p.tensor);
   }
   if (c.nodes.listen.empty() && !c.nodes.local)
     o.fail("nodes.local", "is false and nodes.listen is empty: no device would ever join");

@@ -62,6 +62,56 @@ void write_header(const Header& h, uint8_t* out) {
   put_be(out + 24, h.dest_actor, 8);
 }
 
+bool Intake::check_header_prefix() {
+  const auto refuse = [&](std::string what) {
+    problem_ = "frame " + std::to_string(frames_ + 1) + ": " + std::move(what);
+    return false;
+  };
+  if (hdr_have_ >= 1 && hdr_[0] > kMaxOperation)
+    return refuse("operation " + std::to_string(hdr_[0]) + " is not BASP's");
+  if (hdr_have_ >= 1 && frames_ == 0 && hdr_[0] != 1)
+    return refuse("operation " + std::to_string(hdr_[0]) + " where a client's handshake starts");
+  if ((hdr_have_ >= 2 && hdr_[1] != 0) || (hdr_have_ >= 3 && hdr_[2] != 0))
+    return refuse("nonzero padding");
+  if (hdr_have_ >= 8) {
+    const uint32_t len = read_header(hdr_).payload_len;
+    const uint32_t most =
+        frames_ == 0 ? std::min(max_payload_, kMaxHandshakePayload) : max_payload_;
+    if (len > most)
+      return refuse("a payload of " + std::to_string(len) + " bytes, over the " +
+                    std::to_string(most) + " allowed");
+  }
+  return true;
+}
+
+bool Intake::admit(const uint8_t* data, size_t n) {
+  if (!problem_.empty()) return false;
+  while (n > 0) {
+    if (payload_left_ > 0) {
+      const size_t take = size_t(std::min<uint64_t>(n, payload_left_));
+      payload_left_ -= take;
+      data += take;
+      n -= take;
+      if (payload_left_ == 0) ++frames_;
+      continue;
+    }
+    // Byte by byte through the first eight: the one that breaks a rule is
+    // refused before anything after it is looked at.
+    const size_t take = std::min(n, hdr_have_ < 8 ? size_t(1) : kHeaderSize - hdr_have_);
+    std::memcpy(hdr_ + hdr_have_, data, take);
+    hdr_have_ += take;
+    data += take;
+    n -= take;
+    if (!check_header_prefix()) return false;
+    if (hdr_have_ == kHeaderSize) {
+      payload_left_ = read_header(hdr_).payload_len;
+      hdr_have_ = 0;
+      if (payload_left_ == 0) ++frames_;
+    }
+  }
+  return true;
+}
+
 Header read_header(const uint8_t* in) {
   Header h;
   h.operation = in[0];
@@ -342,7 +392,7 @@ struct DirectionFaults {
 struct AtomicCounters {
   std::atomic<uint64_t> bytes_forwarded{0}, frames_forwarded{0}, frames_dropped{0},
       frames_duplicated{0}, frames_reordered{0}, chunks_delayed{0}, bytes_throttled{0},
-      bytes_held_while_cut{0}, streams_not_basp{0};
+      bytes_held_while_cut{0}, streams_not_basp{0}, streams_refused{0};
 };
 
 }  // namespace
@@ -350,14 +400,15 @@ struct AtomicCounters {
 struct LinkProxy::Impl {
   struct Connection;
 
-  Impl(std::string up_host, uint16_t up_port)
-      : upstream_host(std::move(up_host)), upstream_port(up_port) {}
+  Impl(std::string up_host, uint16_t up_port, bool guard_intake)
+      : upstream_host(std::move(up_host)), upstream_port(up_port), guard(guard_intake) {}
 
   asio::io_context ioc;
   asio::executor_work_guard<asio::io_context::executor_type> work{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
   std::string upstream_host;
   uint16_t upstream_port;
+  bool guard;
   uint16_t port = 0;
   std::thread thread;
   const Clock::time_point t0 = Clock::now();
@@ -417,6 +468,7 @@ struct LinkProxy::Impl::Connection : std::enable_shared_from_this<Connection> {
     tcp::socket& src;
     tcp::socket& dst;
     BaspFrameTracker tracker;
+    basp::Intake intake;  // with a guard, of the client's stream
     std::deque<Chunk> queue;
     size_t queued_bytes = 0;
     BaspFrameTracker::Stats reported;  // tracker stats already added to the counters
@@ -510,6 +562,7 @@ struct LinkProxy::Impl::Connection : std::enable_shared_from_this<Connection> {
         return;
       }
       if (ec) return conn.close(false);
+      if (dir == 0 && conn.impl.guard && !intake.admit(buf.data(), n)) return conn.refuse(intake);
       tracker.feed(buf.data(), n, conn.impl.now_s());
       report_tracker();
       schedule_reorder_poll();
@@ -689,6 +742,18 @@ struct LinkProxy::Impl::Connection : std::enable_shared_from_this<Connection> {
     if (to_upstream.dst_shut && to_client.dst_shut) close(false);
   }
 
+  // What the guard's intake refused: the client is reset, the acceptor sees
+  // its connection end (with a header at most partly sent).
+  void refuse(const basp::Intake& intake) {
+    boost::system::error_code ec;
+    const auto peer = client.remote_endpoint(ec);
+    spdlog::warn("node port: connection from {} reset: {} (not a node speaking CAF's BASP)",
+                 ec ? std::string("an unknown address") : peer.address().to_string(),
+                 intake.problem());
+    impl.dir_counters[0].streams_refused.fetch_add(1);
+    close(true);
+  }
+
   // rst: abort with a TCP reset (SO_LINGER 0) rather than a FIN.
   void close(bool rst) {
     if (closed) return;
@@ -803,8 +868,8 @@ void LinkProxy::Impl::change(const std::function<void()>& edit) {
 }
 
 LinkProxy::LinkProxy(std::string upstream_host, uint16_t upstream_port, std::string listen_host,
-                     uint16_t listen_port)
-    : impl_(std::make_unique<Impl>(std::move(upstream_host), upstream_port)) {
+                     uint16_t listen_port, bool guard)
+    : impl_(std::make_unique<Impl>(std::move(upstream_host), upstream_port, guard)) {
   Impl& m = *impl_;
   const std::string where = listen_host + ":" + std::to_string(listen_port);
   boost::system::error_code ec;
@@ -924,6 +989,7 @@ LinkCounters LinkProxy::counters() const {
     o.bytes_held_while_cut = a.bytes_held_while_cut.load();
     o.cut_us = cut_us[d];
     o.streams_not_basp = a.streams_not_basp.load();
+    o.streams_refused = a.streams_refused.load();
   }
   return c;
 }

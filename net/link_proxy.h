@@ -74,6 +74,7 @@ struct LinkDirectionCounters {
   uint64_t bytes_held_while_cut = 0;
   uint64_t cut_us = 0;            // time a Cut was in force in this direction
   uint64_t streams_not_basp = 0;  // connections whose stream did not parse as BASP
+  uint64_t streams_refused = 0;   // connections a guard reset (ToUpstream only)
 };
 
 struct LinkCounters {
@@ -133,6 +134,35 @@ inline bool is_handshake(uint8_t op) {
 inline bool is_heartbeat(uint8_t op) {
   return op == 6;
 }
+
+// Checks what a client sends to a BASP acceptor (CAF's middleman port), frame
+// by frame as the bytes arrive: CAF reads a frame's payload_len and
+// allocates that much before anything else, so a stray or hostile stream
+// (a length of 4 GiB in its ninth byte) stalls the whole process. A client's
+// first frame is its handshake (client_handshake, small); every header has a
+// known operation, zero padding and a payload within the limit. Pure: the
+// node-port guard of LinkProxy runs one per connection.
+class Intake {
+ public:
+  static constexpr uint32_t kMaxHandshakePayload = 1u << 20;
+
+  explicit Intake(uint32_t max_payload = kMaxPayload) : max_payload_(max_payload) {}
+  // False once the stream broke a rule (and from then on); then problem()
+  // says which. A header that breaks one is refused as soon as the byte that
+  // does arrives, so no byte of it past that reaches the acceptor, and
+  // never the header whole.
+  bool admit(const uint8_t* data, size_t n);
+  const std::string& problem() const { return problem_; }
+
+ private:
+  bool check_header_prefix();
+  uint32_t max_payload_;
+  uint8_t hdr_[kHeaderSize] = {};
+  size_t hdr_have_ = 0;
+  uint64_t payload_left_ = 0;
+  uint64_t frames_ = 0;
+  std::string problem_;
+};
 
 }  // namespace basp
 
@@ -239,8 +269,12 @@ class LinkProxy {
   // Listens on listen_host:listen_port (0: any free port) and forwards each
   // accepted connection to upstream (connecting when the client arrives).
   // Throws std::runtime_error naming the address when it cannot listen.
+  // With `guard`, each client's stream passes a basp::Intake and a
+  // connection that breaks its rules is reset (logged with the client's
+  // address): the proxy then stands in front of a BASP acceptor as its
+  // public port.
   LinkProxy(std::string upstream_host, uint16_t upstream_port,
-            std::string listen_host = "127.0.0.1", uint16_t listen_port = 0);
+            std::string listen_host = "127.0.0.1", uint16_t listen_port = 0, bool guard = false);
   ~LinkProxy();  // closes everything, joins its thread
   LinkProxy(const LinkProxy&) = delete;
   LinkProxy& operator=(const LinkProxy&) = delete;

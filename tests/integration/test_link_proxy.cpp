@@ -257,6 +257,27 @@ TEST(LinkProxy, PassesBytesUnchangedBothWaysAndCountsThem) {
   EXPECT_EQ(k.to_upstream.frames_dropped + k.to_upstream.chunks_delayed, 0u);
 }
 
+// As the coordinator's node port: a stream that is not a node's BASP is
+// reset before the bad header reaches the server; a node's passes.
+TEST(LinkProxy, AGuardResetsAStreamThatIsNotANodesBasp) {
+  TestServer server(/*echo=*/true);
+  LinkProxy proxy("127.0.0.1", server.port(), "127.0.0.1", 0, /*guard=*/true);
+  basp::Header h;
+  h.operation = 1;  // a client's handshake
+  const Bytes hello = basp::frame(h, Bytes(16, 7));
+  Client good(proxy.port());
+  good.send(hello);
+  EXPECT_TRUE(good.recv(hello.size(), 5) == hello);
+  Bytes garbage(3, 0);
+  garbage.insert(garbage.end(), 100, 0xff);
+  Client bad(proxy.port());
+  bad.send(garbage);
+  EXPECT_TRUE(bad.ends_within(5));
+  EXPECT_TRUE(eventually([&] { return proxy.counters().to_upstream.streams_refused == 1; }));
+  good.send(hello);  // the good one is untouched
+  EXPECT_TRUE(good.recv(hello.size(), 5) == hello);
+}
+
 TEST(LinkProxy, SeveralConnectionsAreIndependent) {
   TestServer server(true);
   LinkProxy proxy("127.0.0.1", server.port());

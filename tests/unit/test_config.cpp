@@ -297,6 +297,20 @@ TEST(RuntimeConfigTest, NodesAndPlacementAgreeWithTheLayout) {
                "expected a node name, \"local\" or \"any\"");
   expect_error("nodes: {listen: 127.0.0.1:7100, local: false}\nplacement: {replicas: [local]}\n",
                "placement.replicas[0]", "nodes.local is false");
+  // A placement no node could ever match is refused, not waited for.
+  EXPECT_EQ(parse("parallel: {pipeline: 2}\nplacement: {replicas: ['a,b']}\n").placement.replicas,
+            (std::vector<std::string>{"a,b"}));
+  expect_error("placement: {replicas: ['a,b']}\n", "placement.replicas[0]",
+               "splits a replica of 1 device(s) over 2 nodes");
+  expect_error("parallel: {tensor: 2}\nplacement: {replicas: ['a,a']}\n", "placement.replicas[0]",
+               "names node \"a\" twice");
+  for (const char* bad : {"'a,'", "',a'", "'a,,b'"})
+    expect_error(std::string("parallel: {tensor: 3}\nplacement: {replicas: [") + bad + "]}\n",
+                 "placement.replicas[0]", "an empty name between its commas");
+  expect_error("parallel: {tensor: 2}\nplacement: {replicas: ['a,any']}\n", "placement.replicas[0]",
+               "lists \"any\"");
+  expect_error("placement: {replicas: ['bad name!']}\n", "placement.replicas[0]",
+               "names no node that could join");
   expect_error("nodes: {local: false}\n", "nodes.local", "no device would ever join");
   expect_error("nodes: {listen: nowhere}\n", "nodes.listen", "");
   expect_error("nodes: {heartbeat_timeout_s: 0}\n", "nodes.heartbeat_timeout_s", "");
@@ -503,7 +517,8 @@ TEST(RuntimeConfigTest, OverridesThatOnlyFitTogetherAreValidatedTogether) {
 
 Config everything_changed() {
   Config c;
-  c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16, QuantProducts::Int8, "true"};
+  c.model = {"models/a dir/with: colon #hash", "tok/tokenizer.model", DType::BF16,
+             QuantProducts::Int8, "true"};
   c.server = {"[::1]:0",
               4096,
               0.5,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "net/link_proxy.h"
@@ -317,6 +318,50 @@ TEST(BaspFrameTracker, FinishPassesOnWhatIsHeld) {
   Bytes expected = d1;
   expected.insert(expected.end(), d2.begin(), d2.begin() + 10);
   EXPECT_EQ(h.out, expected);
+}
+
+// The node port's intake: a client's handshake first, then frames of BASP's
+// operations with payloads within the limit; the first byte that breaks a
+// rule is refused, wherever the stream is split.
+TEST(BaspIntake, TakesANodesStreamHoweverSplit) {
+  const Bytes stream = concat({frame(kClientHandshake, 1, 40), frame(kDirect, 2, 300),
+                               frame(kHeartbeat, 3, 0), frame(kRouted, 4, 5)});
+  for (size_t cut = 0; cut <= stream.size(); ++cut) {
+    basp::Intake in;
+    EXPECT_TRUE(in.admit(stream.data(), cut) && in.admit(stream.data() + cut, stream.size() - cut))
+        << cut << ": " << in.problem();
+  }
+}
+
+TEST(BaspIntake, RefusesWhatIsNotANodesBasp) {
+  const auto refused_at = [](const Bytes& s, uint32_t max_payload = basp::kMaxPayload) {
+    basp::Intake in(max_payload);
+    for (size_t i = 0; i < s.size(); ++i)
+      if (!in.admit(&s[i], 1)) {
+        EXPECT_FALSE(in.admit(s.data(), 1)) << "refused for good";
+        return std::make_pair(int(i), in.problem());
+      }
+    return std::make_pair(-1, std::string());
+  };
+  // The 111 bytes of a stray stream whose length field reads 0xffffffff.
+  Bytes garbage(3, 0);
+  garbage.insert(garbage.end(), 100, 0xff);
+  auto [at, why] = refused_at(garbage);
+  EXPECT_EQ(at, 0) << "operation 0 is the server's handshake";
+  // A client handshake claiming 4 GiB: refused at the length's last byte.
+  Bytes big = frame(kClientHandshake, 1, 0);
+  big[4] = big[5] = big[6] = big[7] = 0xff;
+  std::tie(at, why) = refused_at(big);
+  EXPECT_EQ(at, 7);
+  EXPECT_NE(why.find("payload of 4294967295 bytes"), std::string::npos) << why;
+  Bytes padded = frame(kClientHandshake, 1);
+  padded[2] = 1;
+  EXPECT_EQ(refused_at(padded).first, 2);
+  EXPECT_EQ(refused_at(concat({frame(kClientHandshake, 1), frame(9, 2)})).first, 40);
+  // After the handshake, the limit given.
+  EXPECT_EQ(refused_at(concat({frame(kClientHandshake, 1), frame(kDirect, 2, 64)}), 63).first,
+            40 + 7);
+  EXPECT_EQ(refused_at(concat({frame(kClientHandshake, 1), frame(kDirect, 2, 64)}), 64).first, -1);
 }
 
 }  // namespace
