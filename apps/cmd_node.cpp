@@ -90,6 +90,10 @@ void run_node(const NodeOptions& o) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  // troupe serve's fault hooks; a node has no replica of its own to crash,
+  // and their default action would end it without a word.
+  sigaddset(&signals, SIGUSR1);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto ckpt = configured_checkpoint(load_checkpoint(cfg.model.path), cfg.model);
@@ -138,7 +142,11 @@ void run_node(const NodeOptions& o) {
   std::fflush(stderr);
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    for (sigwait(&signals, &sig); sig == SIGUSR1 || sig == SIGUSR2; sigwait(&signals, &sig))
+      spdlog::warn(
+          "troupe node: signal {} ignored (SIGUSR1/SIGUSR2 crash replicas on the coordinator: "
+          "send them to troupe serve, or POST /admin/faults)",
+          sig);
     std::lock_guard<std::mutex> l(mu);
     stop = true;
     cv.notify_all();

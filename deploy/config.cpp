@@ -347,6 +347,11 @@ void validate(const Origin& o, const Config& c, ConfigRole role) {
   }
   if (c.nodes.listen.empty() && !c.nodes.local)
     o.fail("nodes.local", "is false and nodes.listen is empty: no device would ever join");
+  if (role != ConfigRole::Node && c.nodes.listen == c.server.listen &&
+      !c.nodes.listen.ends_with(":0"))
+    o.fail("nodes.listen", "is " + c.nodes.listen +
+                               ", server.listen's address too: the HTTP API and the node port "
+                               "need a port each");
   if (c.admin.faults && c.admin.token.empty())
     o.fail("admin.token",
            "is empty, but admin.faults is on: fault injection is served only to a client that "

@@ -312,6 +312,8 @@ TEST(RuntimeConfigTest, NodesAndPlacementAgreeWithTheLayout) {
   expect_error("placement: {replicas: ['bad name!']}\n", "placement.replicas[0]",
                "names no node that could join");
   expect_error("nodes: {local: false}\n", "nodes.local", "no device would ever join");
+  expect_error("server: {listen: 127.0.0.1:7100}\nnodes: {listen: 127.0.0.1:7100}\n",
+               "nodes.listen", "server.listen's address too");
   expect_error("nodes: {listen: nowhere}\n", "nodes.listen", "");
   expect_error("nodes: {heartbeat_timeout_s: 0}\n", "nodes.heartbeat_timeout_s", "");
   expect_error("nodes: {heartbeat_timeout_s: 0.001}\n", "nodes.heartbeat_timeout_s",

@@ -102,10 +102,13 @@ TEST(FuzzFindings, ConfigTextWithControlsOrEdgeSpacesSurvivesToYaml) {
     Config d;
     apply_override(d, "model.name", name);
     EXPECT_EQ(parse_config(to_yaml(d), "printed").model.name, name) << to_yaml(d);
-    // The items of a list of text (placement.replicas, from main) are
-    // written the same way; in a flow sequence yaml-cpp read these back
-    // even before, so this only keeps it so.
+  }
+  // The items of a list of text (placement.replicas, from main) are written
+  // the same way. Node names hold no controls or spaces (refused), but may
+  // read as YAML's other scalars, or hold the flow sequence's comma.
+  for (const std::string name : {"a,b", "true", "null", "1e5", "-lead", "0x1F", "..."}) {
     Config e;
+    e.parallel.tensor = 2;
     e.placement.replicas = {name};
     EXPECT_EQ(parse_config(to_yaml(e), "printed").placement.replicas, e.placement.replicas)
         << to_yaml(e);
