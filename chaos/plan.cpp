@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -362,11 +363,15 @@ void check_plan_deployment(const ChaosPlan& plan, const Config& c, const std::st
                " (nodes.local is false: the coordinator holds none): not every replica could "
                "start");
   Origin in_config(name);
+  // Devices the pinned replicas take of each node, with the first entry
+  // that pins it: together they may ask a node for more than it has.
+  std::map<std::string, std::pair<int, std::string>> demand;
   for (size_t r = 0; r < c.placement.replicas.size(); ++r) {
     const std::string key = "placement.replicas[" + std::to_string(r) + "]";
     const std::string& where = c.placement.replicas[r];
     int named = 0;
     bool any = false;
+    std::vector<std::string> names;
     for (size_t at = 0; at <= where.size();) {
       size_t comma = where.find(',', at);
       if (comma == std::string::npos) comma = where.size();
@@ -384,13 +389,29 @@ void check_plan_deployment(const ChaosPlan& plan, const Config& c, const std::st
                                               : "nodes named " + node_choices(d.nodes)) +
                                 ": the replica would wait for it forever");
       ++named;
+      names.push_back(n);
     }
+    // A split gives each node its share, as the cluster does (the first
+    // ones one more where the devices do not divide evenly).
+    if (!any)
+      for (size_t i = 0; i < names.size(); ++i) {
+        const int k = int(names.size());
+        auto& [devices, first] = demand[names[i]];
+        if (first.empty()) first = key;
+        devices += per_replica / k + (int(i) < per_replica % k ? 1 : 0);
+      }
     if (!any && named > 0 && per_replica > named * d.node_devices)
       in_config.fail(key, "pins replica " + std::to_string(r) + " (" + std::to_string(per_replica) +
                               " devices) to " + std::to_string(named) + " node(s) of " +
                               std::to_string(d.node_devices) +
                               " device(s) (the plan's deployment.node_devices): it cannot start");
   }
+  for (const auto& [node, need] : demand)
+    if (need.first > d.node_devices)
+      in_config.fail(need.second,
+                     "pins " + std::to_string(need.first) + " device(s) of replicas to node '" +
+                         node + "', which has " + std::to_string(d.node_devices) +
+                         " (the plan's deployment.node_devices): they cannot all start");
 }
 
 void check_plan_for_attach(const ChaosPlan& plan) {

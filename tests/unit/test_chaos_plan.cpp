@@ -286,8 +286,21 @@ TEST(ChaosPlan, CheckedAgainstItsDeploymentBeforeAnythingStarts) {
   e = deployment_error("deployment: {nodes: 2}", pinned);
   EXPECT_NE(e.find("placement.replicas[1]"), std::string::npos) << e;
   EXPECT_NE(e.find("'a'"), std::string::npos) << e;
-  pinned.placement.replicas = {"node-1", "node-2,any"};
+  pinned.placement.replicas = {"node-1", "any"};
   EXPECT_EQ(deployment_error("deployment: {nodes: 2}", pinned), "");
+  // Replicas pinned together to more devices than a node has: the run
+  // waited ready_timeout_s to say so.
+  Config crowded = deployment_of(3);
+  crowded.placement.replicas = {"node-1", "node-1", "node-2"};
+  e = deployment_error("deployment: {nodes: 3}", crowded);
+  EXPECT_NE(e.find("placement.replicas[0]"), std::string::npos) << e;
+  EXPECT_NE(e.find("pins 2 device(s) of replicas to node 'node-1'"), std::string::npos) << e;
+  EXPECT_EQ(deployment_error("deployment: {nodes: 3, node_devices: 2}", crowded), "");
+  Config spread = deployment_of(2);
+  spread.parallel.pipeline = 2;
+  spread.placement.replicas = {"node-1,node-2", "node-1"};
+  e = deployment_error("deployment: {nodes: 2, node_devices: 2}", spread);
+  EXPECT_NE(e.find("pins 3 device(s) of replicas to node 'node-1'"), std::string::npos) << e;
   // A replica of two devices pinned to one node of one device.
   Config wide = deployment_of(1);
   wide.parallel.tensor = 2;
