@@ -1642,8 +1642,67 @@ Result<json> model_response(std::string_view id, const ModelLimits& limits, int6
   return model_not_found(id);
 }
 
-std::string dump(const json& j) {
+namespace {
+
+std::string dump_plain(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A completion's top_logprobs entry: token -> log-probability.
+bool is_token_map(const json& j) {
+  return j.is_object() && !j.empty() &&
+         std::all_of(j.begin(), j.end(), [](const json& v) { return v.is_number(); });
+}
+
+bool has_top_logprobs(const json& j, int depth) {
+  if (depth == 0 || !(j.is_object() || j.is_array())) return false;
+  if (j.is_object() && j.contains("top_logprobs")) return true;
+  return std::any_of(j.begin(), j.end(),
+                     [&](const json& v) { return has_top_logprobs(v, depth - 1); });
+}
+
+// dump(), but the token maps in a "top_logprobs" list are written likeliest
+// first (ties by token), as OpenAI and vLLM write them: json keeps an
+// object's keys sorted.
+void write_ordered(const json& j, std::string& out, bool in_top_logprobs) {
+  if (j.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i) out += ',';
+      write_ordered(j[i], out, in_top_logprobs);
+    }
+    out += ']';
+    return;
+  }
+  if (!j.is_object()) {
+    out += dump_plain(j);
+    return;
+  }
+  std::vector<std::pair<const std::string*, const json*>> members;
+  for (auto it = j.begin(); it != j.end(); ++it) members.emplace_back(&it.key(), &it.value());
+  if (in_top_logprobs && is_token_map(j))
+    std::stable_sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
+      return a.second->template get<double>() > b.second->template get<double>();
+    });
+  out += '{';
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (i) out += ',';
+    out += dump_plain(json(*members[i].first));
+    out += ':';
+    write_ordered(*members[i].second, out, *members[i].first == "top_logprobs");
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string dump(const json& j) {
+  // A response's logprobs sit at most four levels down (choices, a choice,
+  // its logprobs); other answers take json's own writer.
+  if (!has_top_logprobs(j, 4)) return dump_plain(j);
+  std::string out;
+  write_ordered(j, out, false);
+  return out;
 }
 
 }  // namespace troupe::openai

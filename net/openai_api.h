@@ -325,7 +325,8 @@ Result<nlohmann::json> detokenize_response(const std::vector<int>& ids, const To
 void append_json_string(std::string& out, std::string_view s);
 
 // JSON text that never throws on invalid UTF-8 (replaced by U+FFFD): model
-// output cut at a stop string or an odd byte must not break a response.
+// output cut at a stop string or an odd byte must not break a response. A
+// completion's top_logprobs maps list their tokens likeliest first.
 std::string dump(const nlohmann::json& j);
 
 }  // namespace troupe::openai

@@ -879,6 +879,16 @@ TEST(OpenAiResponse, LogprobsInTheLegacyAndTheChatShape) {
   const json whole =
       completion_response(meta(), " the", FinishReason::Stop, {1, 1}, nullptr, &legacy);
   EXPECT_EQ(whole["choices"][0]["logprobs"], legacy);
+  // The legacy maps list their tokens likeliest first, as OpenAI writes
+  // them (json itself sorts keys: " a" before " the"); chat's lists keep
+  // their order and their objects' keys.
+  const std::string text = dump(whole);
+  EXPECT_NE(text.find(R"("top_logprobs":[{" the":-0.5," a":-1.25},)"), std::string::npos) << text;
+  EXPECT_EQ(json::parse(text), whole);
+  const std::string chat_text = dump(chat);
+  EXPECT_NE(chat_text.find(R"({"bytes":[32,97],"logprob":-1.25,"token":" a"})"), std::string::npos)
+      << chat_text;
+  EXPECT_EQ(dump(json{{"b", 1}, {"a", 2}}), R"({"a":2,"b":1})");
 }
 
 TEST(OpenAiResponse, OneModelOrA404) {
