@@ -298,11 +298,14 @@ class Run {
     return down;
   }
   // Every node process of the deployment is running (attached: no process
-  // faults, so they are as they were).
+  // faults, so they are as they were). One a fault killed for good keeps its
+  // exited process.
   bool every_node_back() {
     if (!deployment_) return true;
-    for (const std::string& name : deployment_->node_names())
-      if (!deployment_->node(name).process) return false;
+    for (const std::string& name : deployment_->node_names()) {
+      const auto& process = deployment_->node(name).process;
+      if (!process || !process->running()) return false;
+    }
     return true;
   }
   // Writes a fault's record (and its admin id) under the lock the poller reads it with.
