@@ -72,7 +72,14 @@ void warn_coordinator_sections(const Config& cfg) {
 void run_node(const NodeOptions& o) {
   if (o.join.empty())
     throw UsageError("--join HOST:PORT is required (the coordinator's nodes.listen)");
-  const auto [host, port] = parse_listen(o.join);
+  std::pair<std::string, uint16_t> where;
+  try {
+    where = parse_listen(o.join);
+  } catch (const std::invalid_argument&) {
+    // parse_listen speaks of a port to listen on ("0 = any free port").
+    throw UsageError("--join " + o.join + ": expected the coordinator's HOST:PORT (port 1-65535)");
+  }
+  const auto& [host, port] = where;
   if (port == 0) throw UsageError("--join: the coordinator's port cannot be 0");
   if (o.devices < 0 || (o.devices == 0 && o.devices_given && o.devices_given->count() > 0))
     throw UsageError("--devices must be at least 1");

@@ -143,6 +143,17 @@ TEST(Nodes, ANodeStoppedWithSigtermLeavesAndNothingIsLost) {
 // configs/node.yaml's way to offer more devices: one entry each (here with
 // different thread counts), no --devices. It was refused because the
 // node's own (unused) parallel layout has one device.
+// The join address is the coordinator's: said so, not as a port to listen on.
+TEST(Nodes, ABadJoinAddressIsAUsageErrorNamingIt) {
+  for (const std::string bad : {"127.0.0.1:99999", "nohost", "127.0.0.1:0"}) {
+    const test::CommandResult r =
+        test::run_command({test::troupe_binary(), "node", "--join", bad}, 30);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("--join"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("any free port"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Nodes, ANodeListingTwoDevicesOffersBoth) {
   auto sets = coordinator_sets(2);
   sets.push_back("kv_cache.dtype=f16");  // the plan carries it to the node
