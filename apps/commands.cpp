@@ -34,7 +34,7 @@ void exit_if_stuck(std::chrono::milliseconds limit, int code, const std::string&
 }
 
 Tokenizer load_tokenizer(const std::filesystem::path& path, int model_vocab) {
-  Tokenizer tokenizer = Tokenizer::load(path);
+  Tokenizer tokenizer = Tokenizer::load(path, model_vocab);
   if (tokenizer.vocab_size() > model_vocab)
     throw UsageError("tokenizer " + path.string() + " has " +
                      std::to_string(tokenizer.vocab_size()) + " tokens but the model only " +

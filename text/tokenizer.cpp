@@ -1,6 +1,7 @@
 #include "text/tokenizer.h"
 
 #include <sentencepiece_processor.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -187,7 +188,7 @@ std::string read_tokenizer_file(const std::filesystem::path& path, const char* k
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::load(const std::filesystem::path& path) {
+Tokenizer Tokenizer::load(const std::filesystem::path& path, int model_vocab) {
   auto impl = std::make_shared<Impl>();
   impl->name = path.string();
   if (path.extension() == ".gguf" || GgufFile::has_magic(path)) {
@@ -235,7 +236,17 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   if (impl->vocab <= 0) {
     throw std::runtime_error("tokenizer: '" + impl->name + "' has an empty vocabulary");
   }
-  impl->add_added_tokens(read_added_tokens(path.parent_path()));
+  std::vector<AddedToken> added = read_added_tokens(path.parent_path());
+  if (model_vocab > 0) {
+    const size_t before = added.size();
+    std::erase_if(added, [&](const AddedToken& a) { return a.token.id >= model_vocab; });
+    if (added.size() < before)
+      spdlog::warn(
+          "tokenizer: {} added token(s) beside '{}' have ids past the model's {} rows; "
+          "left out",
+          before - added.size(), impl->name, model_vocab);
+  }
+  impl->add_added_tokens(std::move(added));
   return Tokenizer(std::move(impl));
 }
 
@@ -301,8 +312,8 @@ std::string Tokenizer::decode_checked(const std::vector<int>& ids) const {
   auto flush = [&] {
     if (run.empty()) return;
     std::string part = impl_->decode_sp(run);
-    const auto first = std::find_if(run.begin(), run.end(),
-                                    [&](int id) { return !impl_->sp.IsControl(id); });
+    const auto first =
+        std::find_if(run.begin(), run.end(), [&](int id) { return !impl_->sp.IsControl(id); });
     if (!text.empty() && first != run.end() &&
         impl_->decode_sp({*first}).size() < token_bytes(*first).size())
       part.insert(0, 1, ' ');

@@ -18,11 +18,13 @@ class Tokenizer {
   // the vocabulary in a llama.cpp model file, anything else as a
   // SentencePiece model, with the added tokens of the Hugging Face
   // tokenizer beside it (read_added_tokens: Phi-3's <|user|>, a ChatML
-  // fine-tune's <|im_start|>), which may extend its vocabulary.
+  // fine-tune's <|im_start|>), which may extend its vocabulary; with
+  // `model_vocab` > 0, those at ids the model has no row for are left out
+  // (logged), as llama.cpp's converter leaves them out.
   // Throws std::runtime_error naming `path` (and the reader's own message)
   // when the file is missing, unreadable or not a model this runtime
   // computes.
-  static Tokenizer load(const std::filesystem::path& path);
+  static Tokenizer load(const std::filesystem::path& path, int model_vocab = 0);
 
   // The spellings of the special tokens ("<s>", "</s>", "<unk>"; a
   // tokenizer.json's added tokens) in `text` are those tokens, as Hugging

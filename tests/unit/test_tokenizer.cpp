@@ -605,6 +605,10 @@ TEST_F(AddedTokens, ComeFromTokenizerJsonOrAddedTokensJsonToo) {
   tok = Tokenizer::load(dir_ / "tokenizer.model");
   EXPECT_EQ(tok.encode("<|im_start|>", false), (std::vector<int>{2001}));
   EXPECT_EQ(tok.decode({2001}), "<|im_start|>") << "added_tokens.json's tokens are not special";
+  // Ids the model has no row for are left out, as llama.cpp's converter does.
+  EXPECT_EQ(Tokenizer::load(dir_ / "tokenizer.model", 2001).vocab_size(), 2001);
+  EXPECT_EQ(Tokenizer::load(dir_ / "tokenizer.model", 2001).encode("<|im_start|>", false),
+            fortune().encode("<|im_start|>", false));
   std::filesystem::remove(dir_ / "added_tokens.json");
   EXPECT_EQ(Tokenizer::load(dir_ / "tokenizer.model").vocab_size(), 2000);
 }
