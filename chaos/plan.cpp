@@ -9,6 +9,7 @@
 #include "deploy/config.h"
 #include "deploy/yaml_schema.h"
 #include "faults/fault_order.h"
+#include "scheduler/cluster.h"
 
 namespace troupe::chaos {
 
@@ -372,13 +373,7 @@ void check_plan_deployment(const ChaosPlan& plan, const Config& c, const std::st
     int named = 0;
     bool any = false;
     std::vector<std::string> names;
-    for (size_t at = 0; at <= where.size();) {
-      size_t comma = where.find(',', at);
-      if (comma == std::string::npos) comma = where.size();
-      std::string n = where.substr(at, comma - at);
-      while (!n.empty() && n.front() == ' ') n.erase(n.begin());
-      while (!n.empty() && n.back() == ' ') n.pop_back();
-      at = comma + 1;
+    for (const std::string& n : placement_names(where)) {
       if (n == "any" || n == "local") {
         any = any || n == "any";
         continue;

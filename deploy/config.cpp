@@ -281,12 +281,8 @@ void check_placement_entry(const Origin& o, const std::string& at, const std::st
     return;
   }
   std::set<std::string> seen;
-  int nodes = 0;
-  for (size_t start = 0;;) {
-    ++nodes;
-    const size_t comma = where.find(',', start);
-    const std::string name =
-        where.substr(start, comma == std::string::npos ? comma : comma - start);
+  const std::vector<std::string> names = placement_names(where);
+  for (const std::string& name : names) {
     if (name.empty())
       o.fail(at, "\"" + where + "\" has an empty name between its commas");
     else if (name == "any")
@@ -296,12 +292,11 @@ void check_placement_entry(const Origin& o, const std::string& at, const std::st
     else if (!seen.insert(name).second)
       o.fail(at, "\"" + where + "\" names node \"" + name +
                      "\" twice: a node holds one share of the replica (name it once)");
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
-  if (nodes > replica_devices)
+  if (int(names.size()) > replica_devices)
     o.fail(at, "splits a replica of " + std::to_string(replica_devices) + " device(s) over " +
-                   std::to_string(nodes) + " nodes: each node holds at least one device of it");
+                   std::to_string(names.size()) +
+                   " nodes: each node holds at least one device of it");
 }
 
 void validate(const Origin& o, const Config& c, ConfigRole role) {

@@ -196,18 +196,22 @@ std::vector<int> Cluster::nodes_of(int replica) const {
   return out;
 }
 
+std::vector<std::string> placement_names(const std::string& where) {
+  std::vector<std::string> names;
+  for (size_t start = 0;;) {
+    const size_t comma = where.find(',', start);
+    names.push_back(where.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos) return names;
+    start = comma + 1;
+  }
+}
+
 std::optional<Cluster::Parts> Cluster::choose(const std::string& wanted, int devices,
                                               const std::set<int>& avoid) const {
   auto free_of = [](const NodeRecord& n) { return n.devices - n.used_devices; };
   if (wanted.find(',') != std::string::npos) {
     // Named nodes, in order, each with its share.
-    std::vector<std::string> names;
-    for (size_t start = 0;;) {
-      const size_t comma = wanted.find(',', start);
-      names.push_back(wanted.substr(start, comma == std::string::npos ? comma : comma - start));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    const std::vector<std::string> names = placement_names(wanted);
     const int k = int(names.size());
     if (k > devices) return std::nullopt;
     Parts parts;

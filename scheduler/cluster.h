@@ -83,6 +83,10 @@ struct NameClaim {
 // placement lists, where ',' separates names and "any" means any node).
 std::string node_name_problem(const std::string& name);
 
+// The node names of a placement.replicas entry, in order: "a,b" -> {a, b};
+// a name without a comma -> itself; empty names kept ("a," -> {a, ""}).
+std::vector<std::string> placement_names(const std::string& where);
+
 class Cluster {
  public:
   explicit Cluster(ClusterOptions options);

@@ -54,6 +54,17 @@ TEST(Cluster, NamesThatWouldBreakLogsOrPlacementAreRefused) {
   EXPECT_EQ(node_name_problem("host-123"), "");
 }
 
+// One reading of a placement entry for the cluster, the config's check and
+// troupe chaos's.
+TEST(Cluster, PlacementNamesSplitAtCommasKeepingEmptyOnes) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(placement_names("a"), V{"a"});
+  EXPECT_EQ(placement_names("a,b,c"), (V{"a", "b", "c"}));
+  EXPECT_EQ(placement_names("a,"), (V{"a", ""}));
+  EXPECT_EQ(placement_names(",a"), (V{"", "a"}));
+  EXPECT_EQ(placement_names(""), V{""});
+}
+
 TEST(Cluster, SilentNodesExpireAndADeadNodeRejoinsAsANewIncarnation) {
   Cluster c(options());
   const JoinReply a = c.join(node("a", 1), 0), b = c.join(node("b", 1), 0);
