@@ -110,7 +110,11 @@ std::string rendezvous_prefix(size_t replica, uint64_t epoch) {
 void end_placement(SupervisorActor::pointer self, SupervisorState& s, size_t r, bool give_up) {
   Slot& slot = s.slots[r];
   if (slot.batcher) self->demonitor(slot.batcher.address());
-  for (const MemberActor& m : slot.members) self->send_exit(m, caf::exit_reason::user_shutdown);
+  for (const MemberActor& m : slot.members) {
+    if (!m) continue;
+    self->demonitor(m.address());
+    self->send_exit(m, caf::exit_reason::user_shutdown);
+  }
   // Every live node it was placed on stops what it runs of this placement
   // and frees those devices in its own books at once, before any later
   // start from here reaches it (same sender, same order). Without it, a
@@ -390,6 +394,32 @@ void start_leader(SupervisorActor::pointer self, std::shared_ptr<SupervisorState
             });
 }
 
+// A part of a replica spanning nodes (not its leader) ended while placed.
+// Its node's lost connection is the node's death, handled as such when the
+// node's agent is seen gone; a part its node stopped (shutting down) is not
+// the replica's fault either. Anything else is the replica's death.
+void part_down(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> st, size_t r,
+               size_t member, const caf::down_msg& dm) {
+  if (dm.reason == caf::exit_reason::remote_link_unreachable) return;
+  SupervisorState& s = *st;
+  Slot& slot = s.slots[r];
+  // Members are the parts but the leader's, in order.
+  const auto lead = std::find(slot.nodes.begin(), slot.nodes.end(), slot.leader_node);
+  const size_t part = member < size_t(lead - slot.nodes.begin()) ? member : member + 1;
+  const int node = part < slot.nodes.size() ? slot.nodes[part] : -1;
+  const NodeRecord* rec = s.cluster.node(node);
+  const std::string where =
+      "its part " + std::to_string(part) + " on node " + (rec ? rec->name : std::to_string(node));
+  const std::string why = self->system().render(dm.reason);
+  if (slot.starting) return start_failed(self, st, r, node, where + " ended: " + why);
+  if (dm.reason == caf::exit_reason::user_shutdown) {
+    spdlog::warn("replica {}: {} was stopped by its node; placing it again", r, where);
+    end_placement(self, s, r, false);
+    return place_waiting(self, st);
+  }
+  replica_died(self, st, r, where + " died: " + why);
+}
+
 // Starts whose answer is late: the node says whether it runs them. One it
 // does not run was lost on the way, and is placed again (not the replica's
 // fault: it does not count against its restart intensity). A node busy
@@ -462,6 +492,7 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
       }
     }
     const int leader_node = slot.nodes[size_t(plan.leader())];
+    slot.leader_node = leader_node;
     if (!plan.spans()) {
       start_leader(self, st, r, epoch, plan, leader_node);
       continue;
@@ -482,6 +513,11 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
                   return;
                 }
                 sl.members[index] = member;
+                // Watched from here, where its node's connection is: the
+                // leader's link to it crosses two connections, and CAF
+                // 0.17 never told the leader of a part that exited while
+                // its process lived on (an idle replica ran on without it).
+                self->monitor(member);
                 if (--*waiting == 0) start_leader(self, st, r, epoch, plan, leader_node);
               },
               [=](caf::error& err) {
@@ -517,11 +553,15 @@ SupervisorActor::behavior_type supervisor(SupervisorActor::pointer self, RouterA
         node_lost(self, st, id, "connection lost");
         return;
       }
-    for (size_t r = 0; r < s.slots.size(); ++r)
+    for (size_t r = 0; r < s.slots.size(); ++r) {
       if (s.slots[r].batcher && s.slots[r].batcher.address() == dm.source) {
         replica_died(self, st, r, self->system().render(dm.reason));
         return;
       }
+      const auto& members = s.slots[r].members;
+      for (size_t m = 0; m < members.size(); ++m)
+        if (members[m] && members[m].address() == dm.source) return part_down(self, st, r, m, dm);
+    }
   });
   // Shutdown: take the replicas down with us.
   self->set_exit_handler([=](caf::exit_msg& em) {

@@ -380,6 +380,38 @@ TEST(Nodes, AFaultGivenUpOnIsWithdrawnWhereverItWaits) {
   for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
 }
 
+// A part of an idle replica spanning nodes killed by a fault: the replica
+// is down at once and placed again, and the fault is confirmed. Its leader
+// was never told (CAF 0.17 did not route the part's exit back through the
+// coordinator), so it ran on without the part until its next step failed,
+// long after the fault had been given up as having no effect.
+TEST(Nodes, AKilledPartOfAnIdleReplicaSpanningNodesTakesItDownAtOnce) {
+  auto sets = coordinator_sets(1);
+  sets.insert(sets.end(), {"admin.faults=true", "admin.token=T", "parallel.pipeline=2",
+                           "placement.replicas=[\"a,b\"]"});
+  Server s(sets, /*wait_ready=*/false);
+  auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  const int id =
+      add_fault(s, {{"kind", "kill"}, {"role", "member"}, {"replica", 0}, {"device", 0}});
+  json fault;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    for (const json& f : admin_faults(s))
+      if (f["id"] == id) fault = f;
+    if (fault.value("state", "") == "confirmed" || std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(fault.value("state", ""), "confirmed") << fault.dump() << s.process().stderr_so_far();
+  EXPECT_NE(s.process().stderr_so_far().find("its part 0 on node a died"), std::string::npos)
+      << s.process().stderr_so_far();
+  ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
+  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 20));
+  for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
+}
+
 double sample(Server& s, const std::string& series) {
   const std::string v = test::prometheus_sample(s.metrics(), series);
   return v.empty() ? -1 : std::stod(v);
