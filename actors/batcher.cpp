@@ -186,7 +186,7 @@ BatcherActor::behavior_type batcher(BatcherActor::pointer self, RouterActor rout
   st->context_length = options.scheduler.stop.context_length;
   st->lookahead = options.scheduler.lookahead;
   st->worker = self->spawn<caf::detached + caf::linked>(
-      worker, options.engine, options.scheduler.replica, options.metrics, options.members);
+      worker, options.engine, options.scheduler.replica, options.metrics, options.parts);
   probe(self, st);
   return {
       [=](assign_atom, Assignment& a) {

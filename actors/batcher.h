@@ -14,10 +14,10 @@ namespace troupe {
 
 struct BatcherOptions {
   ReplicaSchedulerOptions scheduler;
-  EngineFactory engine;              // builds the replica's engine on the worker's thread
-  Metrics* metrics = nullptr;        // for the worker's per-stage figures
-  std::vector<MemberActor> members;  // a replica spanning nodes: its other parts
-  int vocab_size = 0;                // the model's: assignments' token ids are checked (0: not)
+  EngineFactory engine;        // builds the replica's engine on the worker's thread
+  Metrics* metrics = nullptr;  // for the worker's per-stage figures
+  ReplicaParts parts;          // a replica spanning nodes: its other parts
+  int vocab_size = 0;          // the model's: assignments' token ids are checked (0: not)
 };
 
 // Spawns its worker (detached, linked: if the worker dies the batcher dies

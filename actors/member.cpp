@@ -15,6 +15,7 @@ namespace {
 struct MemberState {
   EngineFactory factory;
   std::unique_ptr<StepEngine> engine;
+  std::vector<PlacedShard> shards;
   StepLimits limits;
   std::map<uint64_t, uint64_t> pending;  // member step id -> engine ticket
   uint64_t next_id = 1;
@@ -32,8 +33,9 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
       [=](build_atom) {
         // Blocks until every part has met at the rendezvous (bounded by the
         // communicators' timeout): this actor is detached.
-        auto spawned = std::make_shared<std::vector<ShardActor>>();
+        auto spawned = std::make_shared<std::vector<PlacedShard>>();
         st->engine = st->factory(shard_launcher(self, replica, spawned));
+        st->shards = *spawned;
         st->limits.vocab_size = st->engine->config().vocab_size;
         st->limits.context_length = st->engine->config().max_seq_len;
         st->limits.kv_blocks = st->engine->kv_blocks();
@@ -60,6 +62,20 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
         const uint64_t ticket = it->second;
         st->pending.erase(it);
         st->engine->finish(ticket);  // throws the step's error: this part dies
+      },
+      [=](crash_atom, int stage, int rank, uint64_t fault, bool arm,
+          const FaultInjectorActor& reporter) {
+        // The leader's worker found the device on this part; the shard
+        // reports its own withdrawal, and its death is the replica's.
+        if (const ShardActor shard = shard_of(st->shards, stage, rank)) {
+          self->send(shard, crash_atom::value, fault, arm, reporter);
+          return;
+        }
+        const std::string why = name + " runs no device (stage " + std::to_string(stage) +
+                                ", rank " + std::to_string(rank) + ")";
+        spdlog::error("fault {}: {}", fault, why);
+        if (arm && reporter)
+          self->send(reporter, fault_atom::value, FaultReport{fault, FaultOutcome::Refused, why});
       },
   };
 }

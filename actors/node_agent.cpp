@@ -418,7 +418,7 @@ NodeActor::behavior_type node_agent(NodeActor::pointer self, NodeAgentOptions op
         b.scheduler.bos = s.opts.bos;
         b.engine = std::move(engine.factory);
         b.metrics = s.opts.metrics;
-        b.members = std::move(members);
+        b.parts = {plan.tensor, plan.hosts, plan.leader(), std::move(members)};
         b.vocab_size = s.opts.vocab_size;
         h.batcher = self->spawn<caf::monitored>(batcher, std::move(router), std::move(b));
         spdlog::info(

@@ -97,11 +97,26 @@ using WorkerActor =
 // (build) makes its engine (meeting the other parts through the
 // coordinator's rendezvous), (step, items, microbatches) runs the step the
 // leader's worker runs, cut alike, and (stepdone, ticket) is its own note
-// that a step is over. It is linked to the leader's worker: either dying
-// takes the other down, and supervision rebuilds the whole replica.
-using MemberActor = caf::typed_actor<caf::reacts_to<build_atom>,
-                                     caf::reacts_to<step_atom, std::vector<StepItem>, int>,
-                                     caf::reacts_to<stepdone_atom, uint64_t>>;
+// that a step is over; (crash, stage, rank, fault id, arm, reporter) passes
+// a fault on to its shard of that device (as ShardActor's crash). It is
+// linked to the leader's worker: either dying takes the other down, and
+// supervision rebuilds the whole replica.
+using MemberActor =
+    caf::typed_actor<caf::reacts_to<build_atom>,
+                     caf::reacts_to<step_atom, std::vector<StepItem>, int>,
+                     caf::reacts_to<stepdone_atom, uint64_t>,
+                     caf::reacts_to<crash_atom, int, int, uint64_t, bool, FaultInjectorActor>>;
+
+// Where a replica's devices are, for a fault aimed at one of them: device d
+// (stage-major: stage d / tensor, rank d % tensor) belongs to part hosts[d],
+// or to this node's when `hosts` is empty; `members` are its parts on other
+// nodes, every part but the leader's, in order.
+struct ReplicaParts {
+  int tensor = 1;
+  std::vector<int> hosts;
+  int leader = 0;
+  std::vector<MemberActor> members;
+};
 
 // A replica's continuous batcher: requests placed on it and cancelled
 // there (id, then the channel's sequence number), the router's probe (sync,

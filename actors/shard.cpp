@@ -87,15 +87,21 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
 }
 
 DeviceLauncher shard_launcher(caf::local_actor* worker, int replica,
-                              std::shared_ptr<std::vector<ShardActor>> spawned) {
+                              std::shared_ptr<std::vector<PlacedShard>> spawned) {
   return [worker, replica, spawned](int stage, int rank, std::shared_ptr<DeviceQueue> queue) {
     auto ended = std::make_shared<std::latch>(1);
     ShardActor a =
         worker->spawn<caf::detached + caf::linked>(shard, queue, ended, replica, stage, rank);
-    spawned->push_back(a);
+    spawned->push_back({a, stage, rank});
     queue->set_notify([a] { caf::anon_send(a, run_atom::value); });
     return std::make_unique<ShardRunner>(std::move(a), std::move(ended));
   };
+}
+
+ShardActor shard_of(const std::vector<PlacedShard>& shards, int stage, int rank) {
+  for (const PlacedShard& s : shards)
+    if (s.stage == stage && s.rank == rank) return s.actor;
+  return {};
 }
 
 }  // namespace troupe

@@ -26,9 +26,19 @@ ShardActor::behavior_type shard(ShardActor::pointer self, std::shared_ptr<Device
                                 std::shared_ptr<std::latch> ended, int replica, int stage,
                                 int rank);
 
+// A shard actor and the device it runs: (stage, rank) of its replica.
+struct PlacedShard {
+  ShardActor actor;
+  int stage = 0;
+  int rank = 0;
+};
+
 // Starts each device of a replica as a shard actor spawned by (and linked to)
 // `worker`; the handles are appended to *spawned, stage-major.
 DeviceLauncher shard_launcher(caf::local_actor* worker, int replica,
-                              std::shared_ptr<std::vector<ShardActor>> spawned);
+                              std::shared_ptr<std::vector<PlacedShard>> spawned);
+
+// The shard running device (stage, rank) among `shards`; null if none does.
+ShardActor shard_of(const std::vector<PlacedShard>& shards, int stage, int rank);
 
 }  // namespace troupe

@@ -40,8 +40,9 @@ namespace troupe {
 // which a grammar leaves free (SamplingParams::reasoning). 15: a request's
 // priority (Assignment), which orders a replica's waiting sequences. 16:
 // prefix caching (ReplicaPlan), its figures (StepEvents) and a request's
-// cached prompt tokens (DoneEvent).
-inline constexpr uint32_t kWireProtocol = 16;
+// cached prompt tokens (DoneEvent). 17: a fault on a device that a part on
+// another node runs (MemberActor's crash).
+inline constexpr uint32_t kWireProtocol = 17;
 // Troupe's version, in joins and logs.
 inline constexpr const char* kTroupeVersion = "0.10";
 

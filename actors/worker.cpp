@@ -30,8 +30,8 @@ void publish_stages(const StepEngine& engine, int replica, Metrics& metrics) {
 
 struct WorkerState {
   std::unique_ptr<StepEngine> engine;
-  std::vector<ShardActor> shards;
-  std::vector<MemberActor> members;        // this replica's parts on other nodes
+  std::vector<PlacedShard> shards;
+  ReplicaParts parts;  // its devices' parts, and the parts on other nodes (members)
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   using Promise = caf::typed_response_promise<StepOutput>;
@@ -97,26 +97,37 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
   const auto applied = [&](const std::string& what) {
     report(self, reporter, o.id, FaultOutcome::Applied, what);
   };
+  // Devices are the replica's, stage-major, wherever they run: one on a
+  // part on another node is that part's to arm (or disarm).
+  const auto to_shard = [&](int device, bool arm) -> std::string {
+    const ReplicaParts& p = st.parts;
+    const int devices = p.hosts.empty() ? int(st.shards.size()) : int(p.hosts.size());
+    if (devices == 0) return name + " has one device and no shard actors: kill its worker instead";
+    if (device < 0 || device >= devices)
+      return name + " has " + std::to_string(devices) + " devices; no device " +
+             std::to_string(device);
+    const int stage = device / p.tensor, rank = device % p.tensor;
+    const int part = p.hosts.empty() ? p.leader : p.hosts[size_t(device)];
+    if (part == p.leader) {
+      const ShardActor shard = shard_of(st.shards, stage, rank);
+      if (!shard) return name + " runs no shard of device " + std::to_string(device);
+      self->send(shard, crash_atom::value, o.id, arm, reporter);
+      return "";
+    }
+    const size_t m = size_t(part < p.leader ? part : part - 1);
+    if (m >= st.parts.members.size())
+      return name + " has no part " + std::to_string(part) + " for device " +
+             std::to_string(device);
+    self->send(st.parts.members[m], crash_atom::value, stage, rank, o.id, arm, reporter);
+    return "";
+  };
   const auto kill_shard = [&](int device) {
-    // A replica spanning nodes numbers here only the shards on its
-    // leader's node; the others are its parts' (a kill of a member).
-    if (device < 0 || size_t(device) >= st.shards.size())
-      return refuse(name + " has " + std::to_string(st.shards.size()) + " shard actor(s)" +
-                    (!st.members.empty() ? " on its leader's node"
-                     : st.shards.empty() ? " (one device: kill its worker instead)"
-                                         : "") +
-                    "; no device " + std::to_string(device) +
-                    (!st.members.empty() ? " there (its " + std::to_string(st.members.size()) +
-                                               " part(s) on other nodes: kill a member)"
-                                         : ""));
-    self->send(st.shards[size_t(device)], crash_atom::value, o.id, true, reporter);
+    if (const std::string problem = to_shard(device, true); !problem.empty())
+      return refuse(problem);
     applied(name + ": device " + std::to_string(device) + " dies in its next step");
   };
   // A withdrawal: the shard disarms it if it still holds it, and says so.
-  const auto disarm_shard = [&](int device) {
-    if (device >= 0 && size_t(device) < st.shards.size())
-      self->send(st.shards[size_t(device)], crash_atom::value, o.id, false, reporter);
-  };
+  const auto disarm_shard = [&](int device) { to_shard(device, false); };
   if (o.end) {
     // Ends a lasting fault, or withdraws a one-shot one given up on. Kills
     // of a worker or a remote part are applied at once: never held armed.
@@ -150,10 +161,10 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
         case FaultRole::Shard:
           return kill_shard(o.device);
         case FaultRole::Member:
-          if (o.device < 0 || size_t(o.device) >= st.members.size())
-            return refuse(name + " has " + std::to_string(st.members.size()) +
+          if (o.device < 0 || size_t(o.device) >= st.parts.members.size())
+            return refuse(name + " has " + std::to_string(st.parts.members.size()) +
                           " part(s) on other nodes; no part " + std::to_string(o.device));
-          self->send_exit(st.members[size_t(o.device)],
+          self->send_exit(st.parts.members[size_t(o.device)],
                           caf::make_error(caf::sec::runtime_error, "injected fault: part " +
                                                                        std::to_string(o.device) +
                                                                        " of " + name + " killed"));
@@ -224,12 +235,13 @@ void launch_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& 
     int launching = 0;
     if (!state->compare_exchange_strong(launching, 2)) caf::anon_send(me, stepdone_atom::value, id);
   };
-  if (st->members.empty()) {
+  if (st->parts.members.empty()) {
     st->pending.at(id).ticket = st->engine->launch(std::move(items), on_done);
   } else {
     // Every part runs the step, cut alike, in the order steps come.
     const int m = st->engine->microbatches_for(items.size());
-    for (const MemberActor& member : st->members) self->send(member, step_atom::value, items, m);
+    for (const MemberActor& member : st->parts.members)
+      self->send(member, step_atom::value, items, m);
     st->pending.at(id).ticket = st->engine->launch_split(std::move(items), m, on_done);
   }
   int launching = 0;
@@ -288,7 +300,7 @@ void complete_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>
 }  // namespace
 
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
-                                  Metrics* metrics, std::vector<MemberActor> members) {
+                                  Metrics* metrics, ReplicaParts parts) {
   // A throwing step ends this actor (the linked batcher follows, and the
   // supervisor restarts the replica); log it here instead of CAF's stdout.
   self->set_exception_handler([](std::exception_ptr& eptr) -> caf::error {
@@ -304,9 +316,9 @@ WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory facto
   auto st = std::make_shared<WorkerState>();
   // Linked before building: the parts meet at a rendezvous, and a part that
   // fails there (or later) must take this replica down, and this one it.
-  for (const MemberActor& m : members) self->link_to(m);
-  st->members = std::move(members);
-  auto spawned = std::make_shared<std::vector<ShardActor>>();
+  for (const MemberActor& m : parts.members) self->link_to(m);
+  st->parts = std::move(parts);
+  auto spawned = std::make_shared<std::vector<PlacedShard>>();
   st->engine = factory(shard_launcher(self, replica, spawned));
   st->shards = *spawned;
   if (st->engine->stages() > 1) st->tuner = std::make_unique<MicrobatchTuner>(st->engine->stages());

@@ -15,10 +15,11 @@ namespace troupe {
 // Every step also publishes per-stage busy time, bubble and communication
 // share to `metrics` (may be null); a pipeline's micro-batch count follows
 // its measured stage times (scheduler/microbatch_tuner.h).
-// A replica spanning nodes has `members`, its parts elsewhere: the worker
-// links to them and forwards every step, cut into the micro-batches its own
-// part uses, before launching it here.
+// A replica spanning nodes has members, its parts elsewhere (`parts`): the
+// worker links to them and forwards every step, cut into the micro-batches
+// its own part uses, before launching it here. A fault aimed at a device is
+// passed to the part that runs it.
 WorkerActor::behavior_type worker(WorkerActor::pointer self, EngineFactory factory, int replica,
-                                  Metrics* metrics, std::vector<MemberActor> members = {});
+                                  Metrics* metrics, ReplicaParts parts = {});
 
 }  // namespace troupe

@@ -384,8 +384,10 @@ TEST(Nodes, AFaultGivenUpOnIsWithdrawnWhereverItWaits) {
 // is down at once and placed again, and the fault is confirmed. Its leader
 // was never told (CAF 0.17 did not route the part's exit back through the
 // coordinator), so it ran on without the part until its next step failed,
-// long after the fault had been given up as having no effect.
-TEST(Nodes, AKilledPartOfAnIdleReplicaSpanningNodesTakesItDownAtOnce) {
+// long after the fault had been given up as having no effect. A device of
+// it on another node can be killed by its number in the replica (only the
+// leader's were reachable, numbered from 0 there).
+TEST(Nodes, AKilledPartOrDeviceOfAReplicaSpanningNodesTakesItDown) {
   auto sets = coordinator_sets(1);
   sets.insert(sets.end(), {"admin.faults=true", "admin.token=T", "parallel.pipeline=2",
                            "placement.replicas=[\"a,b\"]"});
@@ -406,10 +408,23 @@ TEST(Nodes, AKilledPartOfAnIdleReplicaSpanningNodesTakesItDownAtOnce) {
   EXPECT_NE(s.process().stderr_so_far().find("its part 0 on node a died"), std::string::npos)
       << s.process().stderr_so_far();
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
-  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 20}, {"temperature", 0}});
+  // A shard's device is the replica's: device 0 (stage 0) runs on a, not on
+  // the leader's node. It dies in the next step, and the request resumes.
+  const int shard =
+      add_fault(s, {{"kind", "kill"}, {"role", "shard"}, {"replica", 0}, {"device", 0}});
+  auto r = s.complete({{"prompt", kPrompts[1]}, {"max_tokens", 20}, {"temperature", 0}}, 60);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], test::generate_text(kPrompts[1], 20));
-  for (const json& f : admin_faults(s)) EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
+  EXPECT_NE(a->stderr_so_far().find("shard (stage 0, rank 0): armed"), std::string::npos)
+      << a->stderr_so_far();
+  for (const json& f : admin_faults(s)) {
+    EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
+    if (f["id"] == shard) EXPECT_EQ(f.value("state", ""), "confirmed") << f.dump();
+  }
+  // Past the replica's devices: refused up front.
+  const json past{{"kind", "kill"}, {"role", "shard"}, {"replica", 0}, {"device", 2}};
+  auto bad = test::http_request(s.port(), "POST", "/admin/faults", past.dump(), 10, kAdmin);
+  EXPECT_EQ(bad.status, 400) << bad.body;
 }
 
 double sample(Server& s, const std::string& series) {

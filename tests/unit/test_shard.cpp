@@ -19,9 +19,11 @@ TEST(Shard, ItsRunnerReturnsOnceTheActorHasEndedNotWhenItsQueueCloses) {
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto queue = std::make_shared<DeviceQueue>();
-  auto spawned = std::make_shared<std::vector<ShardActor>>();
+  auto spawned = std::make_shared<std::vector<PlacedShard>>();
   std::unique_ptr<DeviceRunner> runner = shard_launcher(self.ptr(), 0, spawned)(1, 0, queue);
   ASSERT_EQ(spawned->size(), 1u);
+  EXPECT_TRUE(shard_of(*spawned, 1, 0));
+  EXPECT_FALSE(shard_of(*spawned, 0, 1));
   // The job closes its queue as a dying shard does, then goes on working
   // (as its abandon hooks would, in the engine) until the test releases it.
   std::latch closed(1), release(1), job_done(1);
