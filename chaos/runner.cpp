@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chaos/attribution.h"
 #include "chaos/client.h"
 #include "chaos/deployment.h"
 #include "chaos/workload.h"
@@ -85,6 +87,7 @@ struct MetricsView {
   double restarts = 0;        // replicas restarted
   double cancelled = 0;       // requests_total{status="499"}
   int kv_used = 0;
+  std::map<std::string, bool> node_live;  // by node name: a member (else declared dead)
 };
 
 double sample_value(const std::string& line) {
@@ -112,6 +115,10 @@ MetricsView read_metrics(const ServerEndpoint& e) {
       if (v == 3 && r >= 0) m.given_up.push_back(r);
     }
     if (line.rfind("troupe_node_detections_total{", 0) == 0) m.detections += v;
+    if (constexpr std::string_view live = "troupe_node_live{node=\""; line.rfind(live, 0) == 0) {
+      const size_t from = live.size(), to = line.find('"', from);
+      if (to != std::string::npos) m.node_live[line.substr(from, to - from)] = v == 1;
+    }
     if (line.rfind("troupe_replica_restarts_total{", 0) == 0) m.restarts += v;
     if (line.rfind("troupe_requests_total{status=\"499\"}", 0) == 0) m.cancelled += v;
     if (line.rfind("troupe_kv_blocks{", 0) == 0 && line.find("state=\"used\"") != std::string::npos)
@@ -282,6 +289,7 @@ class Run {
   void check_admin_faults();
   void check_admin_access();
   void attribute_resumes();
+  std::vector<FaultWindow> windows() const;  // the faults as chaos/attribution.h sees them
   MetricsView last_metrics() {
     std::lock_guard<std::mutex> l(mu_);
     return last_metrics_;
@@ -326,6 +334,7 @@ class Run {
   // What the poller saw last: detections + restarts, and ready replicas.
   double seen_detect_ = -1;
   int seen_live_ = -1;
+  std::map<std::string, bool> seen_nodes_;  // the last poll's node_live
   Clock::time_point t0_;
   ChaosRun out_;
   std::vector<Expected> expected_;
@@ -861,19 +870,24 @@ void Run::check_admin_faults() {
   }
 }
 
-// Each orphaned request's resume goes to the latest fault before its
-// replica's death whose window the death falls in.
-void Run::attribute_resumes() {
-  for (const auto& [down, next] : resumes_) {
-    Tracked* owner = nullptr;
-    for (Tracked& t : tracked_) {
-      const FaultRecord& r = t.rec;
-      if (r.injected_s < 0 || r.injected_s > down + 0.01) continue;
-      if (down > r.injected_s + std::max(t.plan.duration_s, 0.0) + kAttributeS) continue;
-      if (!owner || r.injected_s > owner->rec.injected_s) owner = &t;
-    }
-    if (owner) owner->rec.resumed_s.push_back(next);
+std::vector<FaultWindow> Run::windows() const {
+  std::vector<FaultWindow> w;
+  for (const Tracked& t : tracked_) {
+    const std::string_view family = find_fault_kind(t.plan.kind)->family;
+    w.push_back({family == "process" || family == "link", t.node, t.rec.injected_s,
+                 t.rec.injected_s + std::max(t.plan.duration_s, 0.0) + kAttributeS,
+                 t.rec.detected_s});
   }
+  return w;
+}
+
+void Run::attribute_resumes() {
+  // The polls see a node's death within a few tenths of a second.
+  constexpr double kSeenWithinS = 0.5;
+  const std::vector<FaultWindow> w = windows();
+  for (const auto& [down, next] : resumes_)
+    if (const int owner = owner_of_resume(w, down, kSeenWithinS); owner >= 0)
+      tracked_[size_t(owner)].rec.resumed_s.push_back(next);
 }
 
 void Run::poll() {
@@ -886,22 +900,22 @@ void Run::poll() {
     std::lock_guard<std::mutex> l(mu_);
     last_metrics_ = m;
     // A node declared dead, a replica restarted or capacity lost since the
-    // last poll is the doing of one fault: the latest process or link fault
-    // whose window holds it (faults a few seconds apart are told apart).
+    // last poll is the doing of one fault (chaos/attribution.h).
     const double detect = m.detections + m.restarts;
     const bool detected = seen_detect_ >= 0 && detect > seen_detect_;
     const bool lost_capacity = seen_live_ >= 0 && m.live_replicas < seen_live_;
+    std::set<std::string> died;
+    for (const auto& [node, live] : m.node_live) {
+      const auto was = seen_nodes_.find(node);
+      if (!live && was != seen_nodes_.end() && was->second) died.insert(node);
+    }
     seen_detect_ = detect;
     seen_live_ = m.live_replicas;
+    seen_nodes_ = m.node_live;
     Tracked* owner = nullptr;
     if (detected || lost_capacity)
-      for (Tracked& tr : tracked_) {
-        const FaultKindInfo* k = find_fault_kind(tr.plan.kind);
-        const double end = tr.rec.injected_s + std::max(tr.plan.duration_s, 0.0) + kAttributeS;
-        if ((k->family == "process" || k->family == "link") && tr.rec.injected_s <= t && t <= end &&
-            (!owner || tr.rec.injected_s > owner->rec.injected_s))
-          owner = &tr;
-      }
+      if (const int i = owner_of_node_effect(windows(), t, died); i >= 0)
+        owner = &tracked_[size_t(i)];
     if (owner) {
       if (detected && owner->rec.detected_s < 0) owner->rec.detected_s = t;
       owner->capacity_dropped = true;

@@ -92,6 +92,8 @@ Metrics::Metrics() {
       "KV-cache blocks a replica keeps indexed for reuse by prefix (held or free).", {"replica"});
   nodes_ = &registry_.gauge("troupe_nodes", "Nodes known to the coordinator, by state", {"state"});
   node_devices_ = &registry_.gauge("troupe_node_devices", "Devices a node offers", {"node"});
+  node_live_ = &registry_.gauge("troupe_node_live",
+                                "1 while a node is a live member, 0 once declared dead", {"node"});
   node_replicas_ = &registry_.gauge("troupe_node_replicas", "Replicas placed on a node", {"node"});
   node_heartbeat_age_ = &registry_.gauge(
       "troupe_node_heartbeat_age_seconds",
@@ -250,12 +252,14 @@ void Metrics::set_nodes(int live, int dead) {
 void Metrics::set_node(const std::string& name, bool live, int devices, int replicas,
                        double heartbeat_age_s) {
   node_devices_->labels({name}).set(live ? devices : 0);
+  node_live_->labels({name}).set(live ? 1 : 0);
   node_replicas_->labels({name}).set(replicas);
   node_heartbeat_age_->labels({name}).set(heartbeat_age_s);
 }
 
 void Metrics::forget_node(const std::string& name) {
-  for (auto* family : {node_devices_, node_replicas_, node_heartbeat_age_}) family->remove({name});
+  for (auto* family : {node_devices_, node_live_, node_replicas_, node_heartbeat_age_})
+    family->remove({name});
 }
 
 void Metrics::node_dead(const std::string& cause) {

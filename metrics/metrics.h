@@ -106,6 +106,7 @@ class Metrics {
   Family<Counter>* pipeline_steps_;
   Family<Gauge>* nodes_;
   Family<Gauge>* node_devices_;
+  Family<Gauge>* node_live_;
   Family<Gauge>* node_replicas_;
   Family<Gauge>* node_heartbeat_age_;
   Family<Counter>* node_deaths_;

@@ -419,7 +419,9 @@ TEST(Nodes, AKilledPartOrDeviceOfAReplicaSpanningNodesTakesItDown) {
       << a->stderr_so_far();
   for (const json& f : admin_faults(s)) {
     EXPECT_FALSE(f.contains("died_late_s")) << f.dump();
-    if (f["id"] == shard) EXPECT_EQ(f.value("state", ""), "confirmed") << f.dump();
+    if (f["id"] == shard) {
+      EXPECT_EQ(f.value("state", ""), "confirmed") << f.dump();
+    }
   }
   // Past the replica's devices: refused up front.
   const json past{{"kind", "kill"}, {"role", "shard"}, {"replica", 0}, {"device", 2}};
@@ -444,6 +446,8 @@ TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
   auto a = test::start_node(s.nodes_port(), "a"), b = test::start_node(s.nodes_port(), "b");
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"0\"}", "2", 60)) << s.metrics();
   ASSERT_TRUE(s.wait_metric("troupe_replica_state{replica=\"1\"}", "2", 60)) << s.metrics();
+  const std::string live_a = "troupe_node_live{node=\"a\"}";
+  EXPECT_EQ(sample(s, live_a), 1) << s.metrics();
   // Replica 0 (on a) slowed, so that its requests hold blocks a while.
   add_fault(s, {{"kind", "slow"}, {"replica", 0}, {"factor", 20}, {"duration_s", 60}});
   const std::string used0 = "troupe_kv_blocks{replica=\"0\",state=\"used\"}";
@@ -463,6 +467,8 @@ TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const double age2 = sample(s, age);
   EXPECT_GT(age2, age1 + 1) << age1 << " then " << age2;
+  EXPECT_EQ(sample(s, live_a), 0) << s.metrics();
+  EXPECT_EQ(sample(s, "troupe_node_live{node=\"b\"}"), 1) << s.metrics();
   EXPECT_EQ(sample(s, used0), 0);
   // Pinned to the dead node: it waits for it, placed nowhere, so down.
   EXPECT_EQ(sample(s, "troupe_replica_state{replica=\"0\"}"), 0) << s.metrics();
@@ -476,6 +482,7 @@ TEST(Nodes, ADeadNodesReplicaShowsNoKvBlocksAndItsHeartbeatAgeGrows) {
   EXPECT_GT(sample(s, free0), 0) << s.metrics();
   EXPECT_EQ(sample(s, used0), 0) << s.metrics();
   EXPECT_LT(sample(s, age), 2) << s.metrics();
+  EXPECT_EQ(sample(s, live_a), 1) << s.metrics();
 }
 
 // A replica whose tensor shards, or pipeline stages, are on two node

@@ -1,0 +1,34 @@
+#pragma once
+// Which fault of a chaos run an effect seen on the coordinator belongs to:
+// a node declared dead, a replica restarted or down, an orphaned request
+// resumed. The metrics say which node died, not why, and faults overlap, so
+// the harness decides here. Plain functions, no I/O.
+#include <set>
+#include <string>
+#include <vector>
+
+namespace troupe::chaos {
+
+// A fault as attribution sees it (times in seconds of the run).
+struct FaultWindow {
+  bool on_node = false;    // a process or link fault, aimed at `node`
+  std::string node;        // its node process ("node-2"), when on_node
+  double injected_s = -1;  // < 0: not injected (refused, not played)
+  double end_s = -1;       // its window's end: injection + duration + slack
+  double seen_s = -1;      // when its effect was first seen (< 0: not yet)
+};
+
+// The fault a node death or a replica's loss seen at `t` belongs to, among
+// the process and link faults whose window holds `t`: the latest of those
+// aimed at a node in `died` (nodes seen dead since the last look), else the
+// latest of them all. -1: none.
+int owner_of_node_effect(const std::vector<FaultWindow>& faults, double t,
+                         const std::set<std::string>& died);
+
+// The fault an orphaned request's resume belongs to, from its replica's
+// death at `down`: the fault whose effect was first seen within `seen_within`
+// after it (a node's death is its replicas'), else the latest fault injected
+// by then whose window holds it. -1: none.
+int owner_of_resume(const std::vector<FaultWindow>& faults, double down, double seen_within);
+
+}  // namespace troupe::chaos
