@@ -52,13 +52,19 @@ std::string model_fingerprint(const Checkpoint& ck, DType weight_dtype) {
   f.value(c.rope_scaling.original_max_position);
   for (float v : c.rope_scaling.freq_factors) f.value(v);
   f.value(c.norm_eps);
+  // Gemma's parts: two processes must compute the same model.
+  for (float v : {float(c.activation), c.embed_scale, c.attn_scale, c.norm_offset,
+                  float(c.post_norms), float(c.sliding_window), c.rope_theta_sliding})
+    f.value(v);
+  for (bool s : c.sliding_layers) f.value(int(s));
   for (int e : c.eos_ids) f.value(e);
   f.value(int(weight_dtype));
   f.value(int(ck.quant_products));
   tensor(f, ck.tok_embedding);
   for (const LayerTensors& l : ck.layers)
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
-                            &l.w_up, &l.w_down, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm})
+    for (const Tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down,
+          &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
       tensor(f, *t);
   tensor(f, ck.final_norm);
   tensor(f, ck.classifier);

@@ -32,6 +32,9 @@ struct LayerTensors {
   Tensor w_down;          // [dim, hidden]
   Tensor bq, bk, bv;      // [n_heads*head_dim], [kv], [kv] when config.qkv_bias; else empty
   Tensor q_norm, k_norm;  // [head_dim] each when config.qk_norm; else empty
+  // [dim] each when config.post_norms: of the attention's output and the
+  // FFN's, before each joins the residual; else empty
+  Tensor post_attn_norm, post_ffn_norm;
 };
 
 struct Checkpoint {

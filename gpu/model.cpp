@@ -14,8 +14,13 @@ namespace troupe {
 
 namespace {
 
-std::vector<float> norm_weights(const Tensor& t) {
-  return t.to_f32();
+// An RMS norm's scale per element: the stored weight, plus the model's
+// offset (Gemma's Hugging Face checkpoints store it less 1).
+std::vector<float> norm_weights(const Tensor& t, float offset) {
+  std::vector<float> w = t.to_f32();
+  if (offset != 0)
+    for (float& v : w) v += offset;
+  return w;
 }
 
 // Per-token work: inline for a handful of tokens, where waking the pool
@@ -180,6 +185,9 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
       rope_(ckpt.config.max_seq_len, ckpt.config.head_dim, ckpt.config.rope_theta,
             ckpt.config.rope_scaling) {
   config_.validate(ckpt.source.string());
+  if (!config_.sliding_layers.empty())
+    rope_sliding_ =
+        kernels::RopeTable(config_.max_seq_len, config_.head_dim, config_.rope_theta_sliding);
   dims_ = shard_dims(config_, shard);
   const ShardDims& d = dims_;
   const int64_t hd = config_.head_dim;
@@ -190,8 +198,8 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
   for (int l = d.layer_begin; l < d.layer_end; ++l) {
     const LayerTensors& t = ckpt.layers[size_t(l)];
     LayerWeights w;
-    w.attn_norm = norm_weights(t.attn_norm);
-    w.ffn_norm = norm_weights(t.ffn_norm);
+    w.attn_norm = norm_weights(t.attn_norm, config_.norm_offset);
+    w.ffn_norm = norm_weights(t.ffn_norm, config_.norm_offset);
     // Columns of the fused projections (by head, by FFN column); rows of the
     // output projections, whose partial sums the group all-reduces.
     w.wqkv = PackedMatrix::pack({t.wq.rows(q0, q1), t.wk.rows(k0, k1), t.wv.rows(k0, k1)},
@@ -205,8 +213,12 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
         w.qkv_bias.insert(w.qkv_bias.end(), part.begin(), part.end());
       }
     if (config_.qk_norm) {
-      w.q_norm = norm_weights(t.q_norm);
-      w.k_norm = norm_weights(t.k_norm);
+      w.q_norm = norm_weights(t.q_norm, config_.norm_offset);
+      w.k_norm = norm_weights(t.k_norm, config_.norm_offset);
+    }
+    if (config_.post_norms) {
+      w.post_attn_norm = norm_weights(t.post_attn_norm, config_.norm_offset);
+      w.post_ffn_norm = norm_weights(t.post_ffn_norm, config_.norm_offset);
     }
     w.gate_up = PackedMatrix::pack({t.w_gate.rows(h0, h1), t.w_up.rows(h0, h1)}, weight_dtype,
                                    ckpt.quant_products);
@@ -217,7 +229,7 @@ Model::Model(const Checkpoint& ckpt, DType weight_dtype, ShardSpec shard)
     layers_.push_back(std::move(w));
   }
   if (d.last) {
-    final_norm_ = norm_weights(ckpt.final_norm);
+    final_norm_ = norm_weights(ckpt.final_norm, config_.norm_offset);
     classifier_ = PackedMatrix::pack({ckpt.classifier.rows(d.vocab_begin, d.vocab_begin + d.vocab)},
                                      weight_dtype, ckpt.quant_products);
   }
@@ -268,9 +280,11 @@ void Model::embed(int token, float* out) const {
   }
   if (embedding_.empty()) {
     classifier_.row_to_f32(local, out);
-    return;
+  } else {
+    embedding_.row_to_f32(local, out);
   }
-  embedding_.row_to_f32(local, out);
+  if (config_.embed_scale != 1)
+    for (size_t i = 0; i < row; ++i) out[i] *= config_.embed_scale;
 }
 
 void Model::validate(std::span<const StepInput> inputs) const {
@@ -325,8 +339,9 @@ void Model::attention(int layer, std::span<const StepInput> inputs, KvCache& cac
   const int hd = config_.head_dim;
   const int qd = dims_.heads * hd;
   const int qkv_cols = qd + 2 * dims_.kv_heads * hd;
-  const float scale = 1.0f / std::sqrt(float(hd));
+  const float scale = config_.attn_scale > 0 ? config_.attn_scale : 1.0f / std::sqrt(float(hd));
   const size_t rows = size_t(config_.max_seq_len);
+  const int window = config_.is_sliding(dims_.layer_begin + layer) ? config_.sliding_window : 0;
   auto task = [&](int tile_id, int thread) {
     const AttentionTile& at = ws.tiles[size_t(tile_id)];
     float* scratch = ws.scores[size_t(thread)].data();
@@ -336,6 +351,7 @@ void Model::attention(int layer, std::span<const StepInput> inputs, KvCache& cac
       const auto [t, h] = ws.tile_queries[size_t(at.first + i)];
       tile.q[i] = ws.qkv.data() + size_t(t) * size_t(qkv_cols) + size_t(h) * size_t(hd);
       tile.n[i] = ws.pos[size_t(t)] + 1;
+      tile.from[i] = window > 0 ? std::max(0, tile.n[i] - window) : 0;
       tile.scores[i] = scratch + size_t(i) * rows;
       tile.out[i] = ws.att.data() + size_t(t) * size_t(qd) + size_t(h) * size_t(hd);
     }
@@ -437,6 +453,7 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
   };
   for (int li = 0; li < d.layers(); ++li) {
     const LayerWeights& w = layers_[size_t(li)];
+    const kernels::RopeTable& rope = c.is_sliding(d.layer_begin + li) ? rope_sliding_ : rope_;
     // The layer before's down projection joins the residual here, in the
     // same pass as this layer's norm.
     for_each_token(pool, T, [&](int t) {
@@ -456,8 +473,8 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
           kernels::rmsnorm(row + qd + h * hd, w.k_norm.data(), row + qd + h * hd, hd, c.norm_eps);
       }
       const int pos = ws.pos[size_t(t)];
-      kernels::rope(row, d.heads, hd, pos, rope_, c.rope);
-      kernels::rope(row + qd, d.kv_heads, hd, pos, rope_, c.rope);
+      kernels::rope(row, d.heads, hd, pos, rope, c.rope);
+      kernels::rope(row + qd, d.kv_heads, hd, pos, rope, c.rope);
       const SequenceCache& seq = *inputs[size_t(ws.seq_of[size_t(t)])].cache;
       cache.store(li, seq, pos, row + qd, row + qd + kvd);
     });
@@ -465,15 +482,29 @@ void Model::forward_shard(std::span<const StepInput> inputs, KvCache& cache, Thr
     row_parallel(w.wo, ws.att.data(), qd, tmp);
     for_each_token(pool, T, [&](int t) {
       float* xr = x + size_t(t) * size_t(dim);
-      add_row(xr, tmp + size_t(t) * size_t(dim));
+      float* out = tmp + size_t(t) * size_t(dim);
+      if (!w.post_attn_norm.empty())
+        kernels::rmsnorm(out, w.post_attn_norm.data(), out, dim, c.norm_eps);
+      add_row(xr, out);
       kernels::rmsnorm(xr, w.ffn_norm.data(), xb + size_t(t) * size_t(dim), dim, c.norm_eps);
     });
     matmul(pool, xb, T, dim, w.gate_up, ws.hb.data(), 2 * hidden);
     for_each_token(pool, T, [&](int t) {
       float* h = ws.hb.data() + size_t(t) * size_t(2 * hidden);
-      kernels::silu_mul(h, h + hidden, h, hidden);
+      if (c.activation == FfnActivation::GeluTanh) {
+        kernels::gelu_tanh_mul(h, h + hidden, h, hidden);
+      } else {
+        kernels::silu_mul(h, h + hidden, h, hidden);
+      }
     });
     row_parallel(w.down, ws.hb.data(), 2 * hidden, tmp);
+    // The FFN's output joins the residual later (the next layer's norm
+    // pass, or the end), normed first where the model says so.
+    if (!w.post_ffn_norm.empty())
+      for_each_token(pool, T, [&](int t) {
+        float* out = tmp + size_t(t) * size_t(dim);
+        kernels::rmsnorm(out, w.post_ffn_norm.data(), out, dim, c.norm_eps);
+      });
     time_layer(li);
   }
   for (auto& in : inputs) in.cache->length += int(in.tokens.size());

@@ -108,6 +108,7 @@ struct LayerWeights {
   PackedMatrix down;                  // [dim, hidden]
   std::vector<float> qkv_bias;        // [q_dim + 2 kv_dim] of this shard's heads; empty: none
   std::vector<float> q_norm, k_norm;  // [head_dim]; empty: none
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [dim]; empty: none
 };
 
 // What a shard exchanges with its peers in one step.
@@ -175,6 +176,7 @@ class Model {
   // blocks; empty when tied to the classifier.
   Tensor embedding_;
   kernels::RopeTable rope_;
+  kernels::RopeTable rope_sliding_;  // sliding-window layers' (empty when none)
 };
 
 }  // namespace troupe

@@ -70,6 +70,15 @@ void ModelConfig::validate(const std::string& source) const {
         "rope_scaling (llama3) needs 0 < low_freq_factor < high_freq_factor and a positive "
         "original_max_position_embeddings");
   if (!(norm_eps > 0)) fail("rms_norm_eps must be positive");
+  if (!sliding_layers.empty() && sliding_layers.size() != size_t(n_layers))
+    fail("the sliding-window pattern names " + std::to_string(sliding_layers.size()) +
+         " layers of " + std::to_string(n_layers));
+  if (std::find(sliding_layers.begin(), sliding_layers.end(), true) != sliding_layers.end() &&
+      (sliding_window <= 0 || !(rope_theta_sliding > 0)))
+    fail("sliding-window layers need a positive window and RoPE theta");
+  if (!(embed_scale > 0) || !std::isfinite(embed_scale) || !(attn_scale >= 0) ||
+      !std::isfinite(attn_scale))
+    fail("embedding and attention scales must be positive and finite");
   // Guard against absurd sizes that would overflow index arithmetic. In
   // double: q_dim() is an int product that absurd head counts overflow, and
   // it (with kv_dim() <= it) must fit in an int for everything after this.
@@ -95,6 +104,12 @@ void limit_to_sliding_window(ModelConfig& c, int window, const std::string& sour
       "(sliding-window attention is not implemented)",
       source, window, c.max_seq_len, window);
   c.max_seq_len = window;
+}
+
+bool ModelConfig::gemma_parts() const {
+  return activation != FfnActivation::Silu || embed_scale != 1 || attn_scale != 0 ||
+         norm_offset != 0 || post_norms ||
+         std::find(sliding_layers.begin(), sliding_layers.end(), true) != sliding_layers.end();
 }
 
 bool ModelConfig::is_eos(int id) const {

@@ -12,6 +12,9 @@ namespace troupe {
 // (2i, 2i+1); Hugging Face Llama rotates (i, i + head_dim/2).
 enum class RopeLayout { Interleaved, RotateHalf };
 
+// The FFN gate's activation: SiLU (Llama), or GELU's tanh form (Gemma).
+enum class FfnActivation { Silu, GeluTanh };
+
 // KV-cache bytes per token for `layers` layers of `kv_dim` keys and values
 // stored as `kv`: the one formula for the model, a shard's cache and the
 // partitioner.
@@ -58,10 +61,31 @@ struct ModelConfig {
   // head_dim for all heads) before RoPE.
   bool qk_norm = false;
   RopeLayout rope = RopeLayout::Interleaved;
+  // Gemma 3: GELU gates; embeddings scaled (by sqrt(dim)); scores scaled by
+  // attn_scale (0: 1/sqrt(head_dim)); every RMS norm's scale is
+  // norm_offset + w (a Hugging Face checkpoint stores w - 1, llama.cpp's
+  // converter adds the 1 back); each attention and FFN output normed again
+  // before it joins the residual (post_norms).
+  FfnActivation activation = FfnActivation::Silu;
+  float embed_scale = 1;
+  float attn_scale = 0;
+  float norm_offset = 0;
+  bool post_norms = false;
+  // Layers marked in sliding_layers (one flag per layer, or none) attend to
+  // their last sliding_window positions only, their own included, and
+  // rotate by rope_theta_sliding, unscaled; the others see every position.
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  float rope_theta_sliding = 10000.0f;
   int bos_id = 1;
   std::vector<int> eos_ids{2};
 
   int q_dim() const { return n_heads * head_dim; }
+  bool is_sliding(int layer) const {
+    return size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)];
+  }
+  // True for a model with any of Gemma's parts above.
+  bool gemma_parts() const;
   int kv_dim() const { return n_kv_heads * head_dim; }
   // KV-cache bytes one token takes on a device holding every layer.
   size_t kv_bytes_per_token(DType kv = DType::F32) const;

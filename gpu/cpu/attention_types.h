@@ -40,7 +40,8 @@ constexpr int kTileQueries = 8;
 struct HeadTile {
   int count = 0;
   const float* q[kTileQueries];  // head_dim values each
-  int n[kTileQueries];           // query i attends to positions [0, n[i])
+  int n[kTileQueries];           // query i attends to positions [from[i], n[i])
+  int from[kTileQueries] = {};   // 0 but in a sliding window's layers
   float* scores[kTileQueries];   // n[i] floats each
   float* out[kTileQueries];      // head_dim values each
 };

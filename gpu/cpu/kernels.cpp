@@ -17,7 +17,7 @@ namespace {
 // The row kernels for the active ISA: the same values on every one.
 detail::RowFns row_fns() {
   if (active_isa() >= Isa::Avx512) return detail::row_fns_avx512();
-  return {&softmax_lanes<Lanes8>, &silu_mul_lanes<Lanes8>};
+  return {&softmax_lanes<Lanes8>, &silu_mul_lanes<Lanes8>, &gelu_tanh_mul_lanes<Lanes8>};
 }
 
 }  // namespace
@@ -62,6 +62,10 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   row_fns().silu_mul(gate, up, out, n);
 }
 
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int n) {
+  row_fns().gelu_tanh_mul(gate, up, out, n);
+}
+
 namespace {
 detail::TileFns tile_fns(KvType type) {
   return active_isa() >= Isa::Avx512 ? detail::attention_avx512(type)
@@ -73,7 +77,13 @@ void attend_tile(const HeadTile& tile, int hd, float scale, const PagedKv& kv, s
                  float* scratch) {
   const detail::TileFns fns = tile_fns(kv.type);
   fns.scores(tile, hd, scale, kv, head_off, scratch);
-  for (int i = 0; i < tile.count; ++i) softmax(tile.scores[i], tile.n[i]);
+  for (int i = 0; i < tile.count; ++i) {
+    // Positions before a sliding window's start weigh exactly 0: each
+    // value element's chain over them adds 0 * v, which changes nothing.
+    const int from = tile.from[i];
+    softmax(tile.scores[i] + from, tile.n[i] - from);
+    std::fill(tile.scores[i], tile.scores[i] + from, 0.0f);
+  }
   fns.values(tile, hd, kv, head_off);
 }
 

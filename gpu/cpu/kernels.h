@@ -26,6 +26,8 @@ void softmax(float* x, int n);
 
 // out[i] = silu(gate[i]) * up[i]   (out may alias gate)
 void silu_mul(const float* gate, const float* up, float* out, int n);
+// out[i] = gelu(gate[i]) * up[i], GELU's tanh approximation (out may alias gate)
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int n);
 
 // One query head (head_dim values at q) attends to positions [0, n) of the
 // kv head at head_off: out = softmax(q.k * scale) . v. `scores` needs n

@@ -1,4 +1,4 @@
-// exp, softmax and SiLU x up on the lanes of a vector-traits type V, written
+// exp, softmax, SiLU x up and GELU (tanh form) x up on the lanes of a vector-traits type V, written
 // once and compiled per ISA (kernels.cpp with Lanes8, vec_math_avx512.cpp
 // with 16 lanes). Include inside an anonymous namespace, after
 // <immintrin.h>.
@@ -125,5 +125,25 @@ void silu_mul_lanes(const float* gate, const float* up, float* out, int n) {
   for (; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + exp_one(-g)) * up[i];
+  }
+}
+
+// out = gelu(gate) * up, GELU's tanh form (Gemma's gelu_pytorch_tanh):
+// 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3), which is
+// g / (1 + e^(-2u)): SiLU's shape, on exp_lanes.
+template <class V>
+void gelu_tanh_mul_lanes(const float* gate, const float* up, float* out, int n) {
+  constexpr float kMinusTwoC = -2.0f * 0.7978845608028654f, kCubic = 0.044715f;
+  int i = 0;
+  for (; i + V::kLanes <= n; i += V::kLanes) {
+    const typename V::vec g = V::load(gate + i);
+    const typename V::vec inner = V::fmadd(V::mul(V::set1(kCubic), g), V::mul(g, g), g);
+    const typename V::vec e = exp_lanes<V>(V::mul(V::set1(kMinusTwoC), inner));
+    V::store(out + i, V::mul(V::div(g, V::add(V::set1(1.0f), e)), V::load(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    const float inner = __builtin_fmaf(kCubic * g, g * g, g);
+    out[i] = g / (1.0f + exp_one(kMinusTwoC * inner)) * up[i];
   }
 }

@@ -43,7 +43,7 @@ struct Lanes16 {
 
 namespace detail {
 RowFns row_fns_avx512() {
-  return {&softmax_lanes<Lanes16>, &silu_mul_lanes<Lanes16>};
+  return {&softmax_lanes<Lanes16>, &silu_mul_lanes<Lanes16>, &gelu_tanh_mul_lanes<Lanes16>};
 }
 }  // namespace detail
 }  // namespace troupe::kernels

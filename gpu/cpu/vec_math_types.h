@@ -8,6 +8,7 @@ namespace troupe::kernels::detail {
 struct RowFns {
   void (*softmax)(float* x, int n);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
+  void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int n);
 };
 RowFns row_fns_avx512();
 

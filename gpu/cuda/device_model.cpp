@@ -42,10 +42,10 @@ void upload_stacked(const std::vector<Tensor>& parts, DType to, char* dst) {
 
 WeightPlan::WeightPlan(PoolPlan& plan, const ModelConfig& m, const ShardDims& d, DType dtype)
     : dtype_(dtype), dims_(d), head_dim_(m.head_dim) {
-  if (m.qkv_bias || m.qk_norm)
+  if (m.qkv_bias || m.qk_norm || m.gemma_parts())
     throw std::invalid_argument(
-        "the CUDA backend does not compute q/k/v projection biases (Qwen2) or q/k norms (Qwen3) "
-        "yet: run this model on CPU devices");
+        "the CUDA backend does not compute q/k/v projection biases (Qwen2), q/k norms (Qwen3) "
+        "or Gemma's layers yet: run this model on CPU devices");
   const size_t e = dtype_size(dtype), f = sizeof(float);
   const size_t dim = size_t(m.dim), q = size_t(d.heads * m.head_dim);
   const size_t kv = size_t(d.kv_heads * m.head_dim), hidden = size_t(d.hidden);

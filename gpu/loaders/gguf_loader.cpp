@@ -38,9 +38,11 @@ class GgufModel {
       fail(path_, "is one of " + std::to_string(*parts) +
                       " parts of a split GGUF; join them first (llama-gguf-split --merge)");
     arch_ = required_text("general.architecture");
-    if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3" && arch_ != "phi3")
+    if (arch_ != "llama" && arch_ != "qwen2" && arch_ != "qwen3" && arch_ != "phi3" &&
+        arch_ != "gemma3")
       fail(path_, "architecture '" + arch_ +
-                      "' is not one this runtime computes (llama, qwen2, qwen3 and phi3 are)");
+                      "' is not one this runtime computes (llama, qwen2, qwen3, phi3 and gemma3 "
+                      "are)");
   }
 
   ModelConfig config() {
@@ -64,7 +66,7 @@ class GgufModel {
     c.norm_eps = float(*eps);
     c.rope = arch_ == "llama" ? RopeLayout::Interleaved : RopeLayout::RotateHalf;
     c.qkv_bias = arch_ == "qwen2";
-    c.qk_norm = arch_ == "qwen3";
+    c.qk_norm = arch_ == "qwen3" || arch_ == "gemma3";
     const GgufTensorInfo* embd = file_.tensor("token_embd.weight");
     if (!embd || embd->ne.size() != 2)
       fail(path_, file_.tensors().empty()
@@ -73,8 +75,11 @@ class GgufModel {
     c.vocab_size = int(embd->ne[1]);
     c.tied_classifier = file_.tensor("output.weight") == nullptr;
     rope_scaling(c);
-    if (const auto w = arch_int("attention.sliding_window"); w && *w > 0)
+    if (arch_ == "gemma3") {
+      gemma3(c);
+    } else if (const auto w = arch_int("attention.sliding_window"); w && *w > 0) {
       limit_to_sliding_window(c, int(std::min<int64_t>(*w, 1 << 30)), path_.string());
+    }
     ids(c);
     try {
       c.validate(path_.string());
@@ -124,6 +129,38 @@ class GgufModel {
   const std::string& arch() const { return arch_; }
 
  private:
+  // Gemma 3 as llama.cpp reads it (its norms' 1 already added by the
+  // converter): every sixth layer sees every position, the others a sliding
+  // window (or the pattern the file gives), rotated by rope.freq_base_swa
+  // (10000 unless given); scores scaled by 1/sqrt(head_dim), but the 27B's
+  // (62 layers) by 1/sqrt(dim / heads), as llama.cpp and gemma_pytorch do.
+  void gemma3(ModelConfig& c) const {
+    c.activation = FfnActivation::GeluTanh;
+    c.embed_scale = std::sqrt(float(c.dim));
+    c.post_norms = true;
+    if (c.n_layers == 62) c.attn_scale = 1.0f / std::sqrt(float(c.dim / c.n_heads));
+    if (file_.real(arch_ + ".final_logit_softcapping").value_or(0) != 0)
+      fail(path_, "final_logit_softcapping is not implemented");
+    const auto window = arch_int("attention.sliding_window");
+    if (!window || *window <= 0) return;
+    c.sliding_window = int(std::min<int64_t>(*window, 1 << 30));
+    c.rope_theta_sliding = float(file_.real(arch_ + ".rope.freq_base_swa").value_or(10000.0));
+    c.sliding_layers.assign(size_t(c.n_layers), false);
+    const GgufValue* pattern = file_.find(arch_ + ".attention.sliding_window_pattern");
+    if (pattern && pattern->kind == GgufValue::Kind::Array) {
+      if (pattern->numbers.size() != size_t(c.n_layers))
+        fail(path_, "attention.sliding_window_pattern has " +
+                        std::to_string(pattern->numbers.size()) + " entries for " +
+                        std::to_string(c.n_layers) + " layers");
+      for (size_t l = 0; l < pattern->numbers.size(); ++l)
+        c.sliding_layers[l] = pattern->numbers[l] != 0;
+      return;
+    }
+    const int every = int(arch_int("attention.sliding_window_pattern").value_or(6));
+    for (int l = 0; l < c.n_layers; ++l)
+      c.sliding_layers[size_t(l)] = every == 0 || l % every < every - 1;
+  }
+
   std::string required_text(const std::string& key) const {
     const auto v = file_.text(key);
     if (!v) fail(path_, "metadata " + key + " is missing");
@@ -220,7 +257,9 @@ LayerTensors load_layer(GgufModel& g, const ModelConfig& c, int i) {
                    p + "attn_q_norm.weight",
                    p + "attn_k_norm.weight",
                    {},
-                   {}};
+                   {},
+                   p + "post_attention_norm.weight",
+                   p + "post_ffw_norm.weight"};
   // Phi-3 as llama.cpp converts it: q, k and v in one matrix (or apart),
   // and ffn_up holding the gate's rows, then up's.
   if (g.has(p + "attn_qkv.weight")) names.wqkv = p + "attn_qkv.weight";

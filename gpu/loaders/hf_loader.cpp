@@ -116,21 +116,41 @@ class ConfigReader {
 
 // Refuses features this runtime's Llama does not implement, rather than
 // silently computing something else.
+bool is_gemma3(const ConfigReader& c) {
+  const json* v = c.get("model_type");
+  return v && *v == "gemma3_text";
+}
+
 void check_supported(const ConfigReader& c) {
-  // Other architectures share Llama's key names (Qwen2's bias terms, Qwen3's
-  // and OLMo2's extra norms, Gemma's scaled embeddings) and would load as
-  // Llama, wrongly.
+  // Other architectures share Llama's key names (Qwen2's bias terms, OLMo2's
+  // extra norms, Gemma 2's scaled embeddings) and would load as Llama,
+  // wrongly.
   if (const json* v = c.get("model_type");
-      v && !(v->is_string() &&
-             (*v == "llama" || *v == "mistral" || *v == "qwen2" || *v == "qwen3" || *v == "phi3")))
+      v && !(v->is_string() && (*v == "llama" || *v == "mistral" || *v == "qwen2" ||
+                                *v == "qwen3" || *v == "phi3" || *v == "gemma3_text")))
     c.unsupported("model_type", *v,
-                  "only the Llama architecture (llama, mistral), Qwen's (qwen2, qwen3) and "
-                  "Phi-3's (phi3) are implemented");
+                  *v == "gemma3"
+                      ? "this is Gemma 3 with its vision tower; its text model (model_type "
+                        "gemma3_text, as the 270M and 1B checkpoints are) is implemented"
+                      : "only the Llama architecture (llama, mistral), Qwen's (qwen2, qwen3), "
+                        "Phi-3's (phi3) and Gemma 3's text model (gemma3_text) are implemented");
+  if (is_gemma3(c)) {
+    // Gemma 3 names its activation hidden_activation; hidden_act is the
+    // older key, which transformers reads in its place if set.
+    for (const char* key : {"hidden_activation", "hidden_act"})
+      if (const json* v = c.get(key); v && !(v->is_string() && *v == "gelu_pytorch_tanh"))
+        c.unsupported(key, *v, "Gemma 3's gelu_pytorch_tanh is implemented");
+    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+      if (const json* v = c.get(key)) c.unsupported(key, *v, "soft-capping is not implemented");
+    if (c.boolean("use_bidirectional_attention", false))
+      c.unsupported("use_bidirectional_attention", true,
+                    "an embedding model's bidirectional attention is not implemented");
+  } else if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu")) {
+    c.unsupported("hidden_act", *v, "only silu is implemented");
+  }
   if (const json* v = c.get("partial_rotary_factor");
       v && !(v->is_number() && v->get<double>() == 1.0))
     c.unsupported("partial_rotary_factor", *v, "RoPE over part of a head is not implemented");
-  if (const json* v = c.get("hidden_act"); v && !(v->is_string() && *v == "silu"))
-    c.unsupported("hidden_act", *v, "only silu is implemented");
   for (const char* key : {"attention_bias", "mlp_bias"})
     if (c.boolean(key, false)) c.unsupported(key, true, "bias terms are not implemented");
 }
@@ -161,6 +181,42 @@ RopeScaling parse_rope_scaling(const fs::path& path, const ConfigReader& c) {
   return s;
 }
 
+// Gemma 3's text model (Gemma3TextConfig's defaults): GELU, embeddings
+// scaled by sqrt(hidden_size) (in f32, as llama.cpp computes it), q/k norms,
+// norms stored less 1, attention and FFN outputs normed again; layers
+// attend to a sliding window but every sliding_window_pattern-th (or as
+// layer_types says), rotating by rope_local_base_freq unscaled; the others
+// by rope_theta and rope_scaling.
+void gemma3(const fs::path& path, const ConfigReader& c, ModelConfig& cfg) {
+  cfg.activation = FfnActivation::GeluTanh;
+  cfg.embed_scale = std::sqrt(float(cfg.dim));
+  cfg.norm_offset = 1;
+  cfg.post_norms = true;
+  cfg.qk_norm = true;
+  cfg.attn_scale = 1.0f / std::sqrt(c.number("query_pre_attn_scalar", 256));
+  cfg.rope_theta_sliding = c.number("rope_local_base_freq", 10000.0f);
+  const int window = c.integer("sliding_window", 4096);
+  if (window <= 0) fail(path, "\"sliding_window\" must be positive, got " + std::to_string(window));
+  cfg.sliding_window = window;
+  cfg.sliding_layers.assign(size_t(cfg.n_layers), false);
+  if (const json* types = c.get("layer_types")) {
+    if (!types->is_array() || types->size() != size_t(cfg.n_layers))
+      fail(path,
+           "\"layer_types\" must list one type per layer (" + std::to_string(cfg.n_layers) + ")");
+    for (size_t l = 0; l < types->size(); ++l) {
+      const json& t = (*types)[l];
+      if (t != "sliding_attention" && t != "full_attention")
+        c.unsupported("layer_types", t, "sliding_attention and full_attention are implemented");
+      cfg.sliding_layers[l] = t == "sliding_attention";
+    }
+    return;
+  }
+  const int every = c.integer("sliding_window_pattern", 6);
+  if (every <= 0)
+    fail(path, "\"sliding_window_pattern\" must be positive, got " + std::to_string(every));
+  for (int l = 0; l < cfg.n_layers; ++l) cfg.sliding_layers[size_t(l)] = (l + 1) % every != 0;
+}
+
 ModelConfig parse_config(const fs::path& path) {
   const json j = read_json(path);
   const ConfigReader c(path, j);
@@ -181,7 +237,7 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.norm_eps = c.number("rms_norm_eps", 1e-6f);
   cfg.rope_theta = c.number("rope_theta", 10000.0f);
   cfg.rope_scaling = parse_rope_scaling(path, c);
-  cfg.tied_classifier = c.boolean("tie_word_embeddings", false);
+  cfg.tied_classifier = c.boolean("tie_word_embeddings", is_gemma3(c));
   // Qwen2 is Llama with biases on the q, k and v projections; Qwen3, with
   // each query and key head normalised instead.
   if (const json* v = c.get("model_type")) {
@@ -191,7 +247,9 @@ ModelConfig parse_config(const fs::path& path) {
   cfg.bos_id = c.integer("bos_token_id", 1);
   cfg.eos_ids = c.ids("eos_token_id", {2});
   cfg.rope = RopeLayout::RotateHalf;
-  if (const json* w = c.get("sliding_window"); w && c.boolean("use_sliding_window", true)) {
+  if (is_gemma3(c)) {
+    gemma3(path, c, cfg);
+  } else if (const json* w = c.get("sliding_window"); w && c.boolean("use_sliding_window", true)) {
     const int window = c.integer("sliding_window");
     if (window <= 0)
       fail(path, "\"sliding_window\" must be positive or null, got " + std::to_string(window));
@@ -326,7 +384,12 @@ LayerTensors load_layer(WeightSource& w, const ModelConfig& c, int i) {
                    p + "self_attn.q_norm.weight",
                    p + "self_attn.k_norm.weight",
                    {},
-                   {}};
+                   {},
+                   p + "post_attention_layernorm.weight",
+                   p + "post_feedforward_layernorm.weight"};
+  // Gemma 3: post_attention_layernorm norms the attention's output; the
+  // FFN's input norm is pre_feedforward_layernorm.
+  if (c.post_norms) names.ffn_norm = p + "pre_feedforward_layernorm.weight";
   // Phi-3 stores q, k and v as one matrix, and the FFN's gate and up.
   if (w.has(p + "self_attn.qkv_proj.weight")) names.wqkv = p + "self_attn.qkv_proj.weight";
   if (w.has(p + "mlp.gate_up_proj.weight")) names.w_gate_up = p + "mlp.gate_up_proj.weight";

@@ -15,6 +15,7 @@ struct LayerNames {
   // Phi-3's fused projections, read instead of wq, wk, wv (q, k and v rows
   // stacked) and w_gate, w_up (gate rows, then up) where named.
   std::string wqkv, w_gate_up;
+  std::string post_attn_norm, post_ffn_norm;  // read when config.post_norms
 };
 
 // `get(name, shape)` returns the named tensor after checking its shape.
@@ -52,6 +53,10 @@ LayerTensors read_layer(Get&& get, const ModelConfig& c, const LayerNames& n) {
   if (c.qk_norm) {
     l.q_norm = get(n.q_norm, {c.head_dim});
     l.k_norm = get(n.k_norm, {c.head_dim});
+  }
+  if (c.post_norms) {
+    l.post_attn_norm = get(n.post_attn_norm, {dim});
+    l.post_ffn_norm = get(n.post_ffn_norm, {dim});
   }
   return l;
 }

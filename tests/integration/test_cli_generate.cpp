@@ -55,6 +55,38 @@ TEST(CliGenerate, GreedyFortuneTextAndStatsLine) {
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos);
 }
 
+// Gemma 3's sliding-window layers split over devices: every layout gives
+// llama.cpp's ids for the fixture (a prompt and steps past its window).
+TEST(CliGenerate, Gemma3GivesLlamaCppsIdsInEveryLayout) {
+  const auto expected =
+      nlohmann::json::parse(test::read_file(test::data_path("gguf/models.expected.json")));
+  nlohmann::json want;
+  for (const auto& c : expected["cases"])
+    if (c["file"] == "gemma3-q8_0.gguf") want = c;
+  ASSERT_TRUE(want.is_object());
+  const auto joined = [](const nlohmann::json& list) {
+    std::string s;
+    for (int id : list) {
+      if (!s.empty()) s += ',';
+      s += std::to_string(id);
+    }
+    return s;
+  };
+  const std::string prompt = joined(want["prompt_ids"]), ids = joined(want["ids"]);
+  const std::string model = test::data_path("gguf/gemma3-q8_0.gguf").string();
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--tensor", "2"}, {"--pipeline", "2"}, {"--pipeline", "3"}}) {
+    std::vector<std::string> args{"generate", "--model",      model,   "--prompt-ids",
+                                  prompt,     "--max-tokens", "32",    "--temperature",
+                                  "0",        "--ignore-eos", "--ids", "--dtype",
+                                  "f32",      "--threads",    "1"};
+    args.insert(args.end(), layout.begin(), layout.end());
+    auto r = troupe_cmd(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, ids + "\n") << layout[0];
+  }
+}
+
 TEST(CliGenerate, StoriesIdsMatchReference) {
   const auto ref =
       nlohmann::json::parse(test::read_file(test::data_path("stories260K_expected.json")));

@@ -127,11 +127,13 @@ std::vector<float> emulated_attention(const Cache& c, const float* q, int n, siz
   return out;
 }
 
-std::vector<double> exact_attention(const Cache& c, const float* q, int n, size_t off,
-                                    double scale) {
+// Over positions [from, n): a sliding window's layers see only those.
+std::vector<double> exact_attention(const Cache& c, const float* q, int n, size_t off, double scale,
+                                    int from = 0) {
   std::vector<double> s(static_cast<size_t>(n));
   double mx = -1e300;
-  for (int j = 0; j < n; ++j) {
+  for (int j = 0; j < from; ++j) s[size_t(j)] = -1e300;
+  for (int j = from; j < n; ++j) {
     double acc = 0;
     for (int i = 0; i < c.hd; ++i) acc += double(q[i]) * c.key(j, off)[i];
     s[size_t(j)] = acc * scale;
@@ -212,6 +214,48 @@ TEST_P(AttentionTest, TilesMatchTheEmulatedOrderOnEveryIsaAndTheExactSoftmax) {
       kernels::attend_head(tile.q[0], hd, scale, cache.paged(), off, n[0], scores.data(),
                            one.data());
       for (int e = 0; e < hd; ++e) ASSERT_EQ(one[size_t(e)], want[0][size_t(e)]) << isa_name(isa);
+    }
+  }
+}
+
+// A sliding window's layer: each query sees its last `window` positions;
+// the earlier ones weigh nothing, and the tile's queries keep their own
+// windows.
+TEST(Attention, ASlidingWindowSeesOnlyItsLastPositions) {
+  const int hd = 64, positions = 75, window = 16;
+  const Cache cache(hd, 1, 16, positions, 5, DType::F32);
+  const float scale = 0.125f;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1.5f, 1.5f);
+  std::vector<float> q(size_t(kTileQueries) * size_t(hd));
+  for (auto& v : q) v = d(rng);
+  std::vector<float> scores(size_t(kTileQueries) * size_t(positions));
+  std::vector<float> scratch(kernels::tile_scratch_floats(hd));
+  std::vector<float> out(size_t(kTileQueries) * size_t(hd));
+  IsaGuard guard;
+  for (Isa isa : vector_isas()) {
+    force_isa(isa);
+    HeadTile tile;
+    tile.count = kTileQueries;
+    for (int i = 0; i < tile.count; ++i) {
+      tile.q[i] = &q[size_t(i) * size_t(hd)];
+      tile.n[i] = positions - 3 * i;  // 75 .. 54, and one inside the window
+      if (i == kTileQueries - 1) tile.n[i] = 10;
+      tile.from[i] = std::max(0, tile.n[i] - window);
+      tile.scores[i] = &scores[size_t(i) * size_t(positions)];
+      tile.out[i] = &out[size_t(i) * size_t(hd)];
+    }
+    kernels::attend_tile(tile, hd, scale, cache.paged(), 0, scratch.data());
+    for (int i = 0; i < tile.count; ++i) {
+      const auto exact = exact_attention(cache, tile.q[i], tile.n[i], 0, scale, tile.from[i]);
+      const auto all = exact_attention(cache, tile.q[i], tile.n[i], 0, scale);
+      double apart = 0;
+      for (int e = 0; e < hd; ++e) {
+        ASSERT_NEAR(out[size_t(i) * size_t(hd) + size_t(e)], exact[size_t(e)], 2e-5)
+            << isa_name(isa) << " query " << i << " element " << e;
+        apart = std::max(apart, std::abs(exact[size_t(e)] - all[size_t(e)]));
+      }
+      if (tile.from[i] > 0) EXPECT_GT(apart, 1e-3) << "the window changed nothing: query " << i;
     }
   }
 }

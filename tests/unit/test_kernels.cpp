@@ -113,6 +113,31 @@ TEST(Kernels, SiluMul) {
     EXPECT_NEAR(out[i], g[i] / (1.0 + std::exp(-double(g[i]))) * u[i], 1e-5);
 }
 
+// GELU's tanh form (gelu_pytorch_tanh) times up, near the formula in double,
+// and the same bits on every ISA and at every tail length.
+TEST(Kernels, GeluTanhMul) {
+  test::IsaGuard guard;
+  for (int n : {1, 7, 8, 9, 16, 17, 37, 100}) {
+    auto g = random_vec(size_t(n), uint32_t(20 + n), 6.0f), u = random_vec(size_t(n), 21);
+    g[0] = -12.0f;  // far out on both sides: 0 and g * up
+    if (n > 1) g[1] = 12.0f;
+    std::vector<float> first;
+    for (Isa isa : test::vector_isas()) {
+      force_isa(isa);
+      std::vector<float> out(static_cast<size_t>(n));
+      kernels::gelu_tanh_mul(g.data(), u.data(), out.data(), n);
+      for (size_t i = 0; i < size_t(n); ++i) {
+        const double x = g[i];
+        const double gelu =
+            0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+        EXPECT_NEAR(out[i], gelu * u[i], 1e-5 * (1 + std::abs(gelu * u[i]))) << n << " " << i;
+      }
+      if (first.empty()) first = out;
+      EXPECT_EQ(out, first) << isa_name(isa) << " n " << n;
+    }
+  }
+}
+
 TEST(Kernels, RopeLayoutsRotateTheirPairs) {
   const int hd = 8, heads = 2, pos = 5;
   kernels::RopeTable table(16, hd, 10000.0f);
