@@ -19,6 +19,7 @@ struct MemberState {
   StepLimits limits;
   std::map<uint64_t, uint64_t> pending;  // member step id -> engine ticket
   uint64_t next_id = 1;
+  uint64_t next_step = 1;  // the leader's step number due next
 };
 
 }  // namespace
@@ -42,8 +43,20 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
         st->limits.block_tokens = st->engine->block_tokens();
         spdlog::info("{}: built", name);
       },
-      [=](step_atom, std::vector<StepItem>& items, int microbatches) {
+      [=](step_atom, std::vector<StepItem>& items, int microbatches, uint64_t number) {
         if (!st->engine) throw std::logic_error("a step reached a part that was never built");
+        // Steps cross the coordinator. One that arrives twice already ran;
+        // one that never arrived would leave the other parts waiting in a
+        // collective for this one until its timeout: the replica fails now.
+        if (number < st->next_step) {
+          spdlog::warn("{}: step {} from the leader came again; it ran already", name, number);
+          return;
+        }
+        if (number != st->next_step)
+          throw std::runtime_error("a step from the leader was lost on the way (expected step " +
+                                   std::to_string(st->next_step) + ", got " +
+                                   std::to_string(number) + ")");
+        ++st->next_step;
         // From the leader's worker, in another process. A step this part
         // cannot run fails the replica, as the engine's own refusal would;
         // checked first, since the engine sizes its buffers by it.

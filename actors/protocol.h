@@ -95,15 +95,16 @@ using WorkerActor =
 
 // A part of a replica that spans nodes, on a node other than its leader's:
 // (build) makes its engine (meeting the other parts through the
-// coordinator's rendezvous), (step, items, microbatches) runs the step the
-// leader's worker runs, cut alike, and (stepdone, ticket) is its own note
-// that a step is over; (crash, stage, rank, fault id, arm, reporter) passes
-// a fault on to its shard of that device (as ShardActor's crash). It is
-// linked to the leader's worker: either dying takes the other down, and
-// supervision rebuilds the whole replica.
+// coordinator's rendezvous), (step, items, microbatches, number) runs the
+// leader's worker's step `number` (from 1, each once, in order), cut alike,
+// and (stepdone, ticket) is its own note that a step is over; (crash,
+// stage, rank, fault id, arm, reporter) passes a fault on to its shard of
+// that device (as ShardActor's crash). It is linked to the leader's worker:
+// either dying takes the other down, and supervision rebuilds the whole
+// replica.
 using MemberActor =
     caf::typed_actor<caf::reacts_to<build_atom>,
-                     caf::reacts_to<step_atom, std::vector<StepItem>, int>,
+                     caf::reacts_to<step_atom, std::vector<StepItem>, int, uint64_t>,
                      caf::reacts_to<stepdone_atom, uint64_t>,
                      caf::reacts_to<crash_atom, int, int, uint64_t, bool, FaultInjectorActor>>;
 

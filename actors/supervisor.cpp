@@ -23,6 +23,10 @@ constexpr auto kStartTimeout = std::chrono::seconds(120);
 // or its answer may have been lost on the way); it has this long to answer.
 constexpr double kStartProbeS = 3;
 constexpr auto kProbeTimeout = std::chrono::seconds(2);
+// A part of a replica spanning nodes is answered once its node has spawned
+// it (it builds its engine after, meeting the leader): an answer this late
+// was lost on the way, and the replica is placed again.
+constexpr auto kPartTimeout = std::chrono::seconds(15);
 // A dead node is forgotten (its /metrics series too) after this long.
 constexpr double kForgetDeadNodeS = 600;
 
@@ -504,7 +508,7 @@ void place_waiting(SupervisorActor::pointer self, std::shared_ptr<SupervisorStat
       ReplicaPlan part = plan;
       part.part = int(p);
       const size_t index = m++;
-      self->request(s.nodes.at(slot.nodes[p]), kStartTimeout, part_atom::value, part)
+      self->request(s.nodes.at(slot.nodes[p]), kPartTimeout, part_atom::value, part)
           .then(
               [=](MemberActor member) {
                 Slot& sl = st->slots[r];

@@ -31,7 +31,8 @@ void publish_stages(const StepEngine& engine, int replica, Metrics& metrics) {
 struct WorkerState {
   std::unique_ptr<StepEngine> engine;
   std::vector<PlacedShard> shards;
-  ReplicaParts parts;  // its devices' parts, and the parts on other nodes (members)
+  ReplicaParts parts;       // its devices' parts, and the parts on other nodes (members)
+  uint64_t part_steps = 0;  // steps sent to the members so far (numbered from 1)
   std::unique_ptr<MicrobatchTuner> tuner;  // pipelines only
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   using Promise = caf::typed_response_promise<StepOutput>;
@@ -160,16 +161,19 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
           throw std::runtime_error("injected fault: worker of " + name + " killed");
         case FaultRole::Shard:
           return kill_shard(o.device);
-        case FaultRole::Member:
+        case FaultRole::Member: {
           if (o.device < 0 || size_t(o.device) >= st.parts.members.size())
             return refuse(name + " has " + std::to_string(st.parts.members.size()) +
-                          " part(s) on other nodes; no part " + std::to_string(o.device));
-          self->send_exit(st.parts.members[size_t(o.device)],
-                          caf::make_error(caf::sec::runtime_error, "injected fault: part " +
-                                                                       std::to_string(o.device) +
-                                                                       " of " + name + " killed"));
-          return applied(name + ": its part " + std::to_string(o.device) +
-                         " on another node exits");
+                          " part(s) on other nodes; no member " + std::to_string(o.device));
+          // Named by its part's number, as the coordinator's log names it.
+          const int part = o.device < st.parts.leader ? o.device : o.device + 1;
+          const std::string what = "part " + std::to_string(part) + " of " + name;
+          self->send_exit(
+              st.parts.members[size_t(o.device)],
+              caf::make_error(caf::sec::runtime_error, "injected fault: " + what + " killed"));
+          return applied(what + " (member " + std::to_string(o.device) +
+                         ", on another node) exits");
+        }
         case FaultRole::Batcher:
           return refuse("a batcher's kill is applied by the batcher");
       }
@@ -240,8 +244,9 @@ void launch_step(WorkerActor::pointer self, const std::shared_ptr<WorkerState>& 
   } else {
     // Every part runs the step, cut alike, in the order steps come.
     const int m = st->engine->microbatches_for(items.size());
+    ++st->part_steps;
     for (const MemberActor& member : st->parts.members)
-      self->send(member, step_atom::value, items, m);
+      self->send(member, step_atom::value, items, m, st->part_steps);
     st->pending.at(id).ticket = st->engine->launch_split(std::move(items), m, on_done);
   }
   int launching = 0;

@@ -11,19 +11,22 @@ namespace troupe::chaos {
 
 // A fault as attribution sees it (times in seconds of the run).
 struct FaultWindow {
-  bool on_node = false;    // a process or link fault, aimed at `node`
-  std::string node;        // its node process ("node-2"), when on_node
+  enum class Aim { Node, Runtime, Client };  // process/link, a replica's actors, HTTP
+  Aim aim = Aim::Node;
+  std::string node;        // its node process ("node-2"), when aimed at a node
   double injected_s = -1;  // < 0: not injected (refused, not played)
   double end_s = -1;       // its window's end: injection + duration + slack
   double seen_s = -1;      // when its effect was first seen (< 0: not yet)
 };
 
-// The fault a node death or a replica's loss seen at `t` belongs to, among
-// the process and link faults whose window holds `t`: the latest of those
-// aimed at a node in `died` (nodes seen dead since the last look), else the
-// latest of them all. -1: none.
-int owner_of_node_effect(const std::vector<FaultWindow>& faults, double t,
-                         const std::set<std::string>& died);
+// The faults a node death or a replica's loss seen at `t` belongs to, of
+// the node faults (process, link) whose window holds `t`. Nodes seen dead
+// since the last look (`died`): for each, the latest fault aimed at it.
+// Otherwise the latest node fault in window, unless a runtime fault's
+// window holds `t` too (a replica it killed: the coordinator's fault book
+// credits that one). Empty: none.
+std::vector<int> owners_of_node_effect(const std::vector<FaultWindow>& faults, double t,
+                                       const std::set<std::string>& died);
 
 // The fault an orphaned request's resume belongs to, from its replica's
 // death at `down`: the fault whose effect was first seen within `seen_within`

@@ -874,7 +874,11 @@ std::vector<FaultWindow> Run::windows() const {
   std::vector<FaultWindow> w;
   for (const Tracked& t : tracked_) {
     const std::string_view family = find_fault_kind(t.plan.kind)->family;
-    w.push_back({family == "process" || family == "link", t.node, t.rec.injected_s,
+    using Aim = FaultWindow::Aim;
+    const Aim aim = family == "process" || family == "link" ? Aim::Node
+                    : family == "runtime"                   ? Aim::Runtime
+                                                            : Aim::Client;
+    w.push_back({aim, t.node, t.rec.injected_s,
                  t.rec.injected_s + std::max(t.plan.duration_s, 0.0) + kAttributeS,
                  t.rec.detected_s});
   }
@@ -912,14 +916,12 @@ void Run::poll() {
     seen_detect_ = detect;
     seen_live_ = m.live_replicas;
     seen_nodes_ = m.node_live;
-    Tracked* owner = nullptr;
     if (detected || lost_capacity)
-      if (const int i = owner_of_node_effect(windows(), t, died); i >= 0)
-        owner = &tracked_[size_t(i)];
-    if (owner) {
-      if (detected && owner->rec.detected_s < 0) owner->rec.detected_s = t;
-      owner->capacity_dropped = true;
-    }
+      for (const int i : owners_of_node_effect(windows(), t, died)) {
+        Tracked& owner = tracked_[size_t(i)];
+        if (detected && owner.rec.detected_s < 0) owner.rec.detected_s = t;
+        owner.capacity_dropped = true;
+      }
     for (Tracked& tr : tracked_) {
       FaultRecord& r = tr.rec;
       const FaultKindInfo* k = find_fault_kind(tr.plan.kind);

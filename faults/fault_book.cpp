@@ -138,6 +138,13 @@ void FaultBook::ended(uint64_t id, double now) {
 
 void FaultBook::replica_died(int replica, const std::string& why, double now) {
   std::lock_guard<std::mutex> l(mu_);
+  // A death is one fault's doing, and only an injected one's: the actor it
+  // killed says so in the reason. Other deaths (a part that could not meet
+  // the others, a lost node, a collective's timeout) confirm nothing, nor
+  // do several faults queued for the one death that was (the others never
+  // ran: they fail for want of an effect).
+  if (why.find("injected fault") == std::string::npos) return;
+  FaultEntry* owner = nullptr;
   for (auto& e : entries_) {
     if (e.order.replica != replica) continue;
     if (e.order.kind != FaultKind::Kill && e.order.kind != FaultKind::StepError) continue;
@@ -153,10 +160,12 @@ void FaultBook::replica_died(int replica, const std::string& why, double now) {
       continue;
     }
     if (e.state != FaultState::Active) continue;
-    e.state = FaultState::Confirmed;
-    e.confirmed = e.detected = now;
-    e.effect = "replica " + std::to_string(replica) + " died: " + why;
+    if (!owner || e.started < owner->started) owner = &e;
   }
+  if (!owner) return;
+  owner->state = FaultState::Confirmed;
+  owner->confirmed = owner->detected = now;
+  owner->effect = "replica " + std::to_string(replica) + " died: " + why;
 }
 
 void FaultBook::replica_up(int replica, double now) {

@@ -66,8 +66,10 @@ class FaultBook {
   void fail(uint64_t id, const std::string& why, double now);
   // A lasting fault's duration is over; one never confirmed fails.
   void ended(uint64_t id, double now);
-  // The supervisor saw replica `replica` die: this confirms the kills and
-  // step errors aimed at it that were waiting for their effect.
+  // The supervisor saw replica `replica` die of `why`: an injected fault's
+  // death (the reason says so) confirms the first started of the kills and
+  // step errors aimed at it that wait for their effect; any other death
+  // confirms none.
   void replica_died(int replica, const std::string& why, double now);
   // The replica serves again (after a death this book confirmed).
   void replica_up(int replica, double now);

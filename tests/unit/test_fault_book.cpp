@@ -30,6 +30,8 @@ TEST(FaultBook, AKillIsConfirmedByItsReplicasDeathAndRecoveredWhenItServesAgain)
   EXPECT_EQ(b.get(id)->state, FaultState::Active);
   b.replica_died(0, "other replica", 1.1);  // not its replica
   EXPECT_EQ(b.get(id)->state, FaultState::Active);
+  b.replica_died(1, "gloo group: rank 1 timed out in recv", 1.15);  // not injected
+  EXPECT_EQ(b.get(id)->state, FaultState::Active);
   b.replica_died(1, "injected fault", 1.2);
   const FaultEntry e = *b.get(id);
   EXPECT_EQ(e.state, FaultState::Confirmed);
@@ -38,6 +40,22 @@ TEST(FaultBook, AKillIsConfirmedByItsReplicasDeathAndRecoveredWhenItServesAgain)
   EXPECT_DOUBLE_EQ(b.get(id)->recovered, 2.0);
   b.replica_up(1, 3.0);  // the first return counts
   EXPECT_DOUBLE_EQ(b.get(id)->recovered, 2.0);
+}
+
+// Kills queued for one replica: its one death is the first one's; the
+// others never ran (they fail for want of an effect).
+TEST(FaultBook, OneDeathConfirmsOneFault) {
+  FaultBook b(5);
+  const uint64_t first = b.add(order(FaultKind::Kill, 1), 0, 0, 0.0).id;
+  const uint64_t second = b.add(order(FaultKind::Kill, 1), 0, 0, 0.0).id;
+  b.started(second, 1.5);
+  b.started(first, 1.0);
+  b.replica_died(1, "injected fault: worker of replica 1 killed", 2.0);
+  EXPECT_EQ(b.get(first)->state, FaultState::Confirmed);
+  EXPECT_EQ(b.get(second)->state, FaultState::Active);
+  b.replica_died(1, "injected fault: worker of replica 1 killed", 3.0);
+  EXPECT_EQ(b.get(second)->state, FaultState::Confirmed);
+  EXPECT_DOUBLE_EQ(b.get(second)->detected, 3.0);
 }
 
 TEST(FaultBook, UnconfirmedFaultsFail) {

@@ -376,6 +376,10 @@ TEST(QuantizedWeights, Int8ProductsMakeLlamaCppsChoicesAwayFromNearTies) {
     const std::string file = c["file"];
     SCOPED_TRACE(file);
     Checkpoint ck = load_checkpoint(test::data_path("gguf/" + file));
+    // Each layer's products add their rounding: the margin is one layer's
+    // (the fixtures but Gemma 3's six-layer one have one), grown as a random
+    // walk's over more.
+    const float margin = kMargin * std::sqrt(float(ck.config.n_layers));
     const Model exact(ck, DType::F32);
     ck.quant_products = QuantProducts::Int8;
     const Model int8(ck, DType::F32);
@@ -388,10 +392,10 @@ TEST(QuantizedWeights, Int8ProductsMakeLlamaCppsChoicesAwayFromNearTies) {
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
       float moved = 0.0f;
       for (size_t t = 0; t < a.size(); ++t) moved = std::max(moved, std::fabs(a[t] - b[t]));
-      EXPECT_LT(moved, kMargin / 2) << "step " << i;
+      EXPECT_LT(moved, margin / 2) << "step " << i;
       const bool same = std::max_element(a.begin(), a.end()) - a.begin() == ids[i];
       agreed += same;
-      if (sorted[0] - sorted[1] <= kMargin) continue;
+      if (sorted[0] - sorted[1] <= margin) continue;
       ++decided;
       EXPECT_TRUE(same) << "step " << i;
     }
