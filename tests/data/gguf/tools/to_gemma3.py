@@ -3,19 +3,13 @@ norms, norms before and after attention and the FFN stored as w for a
 scale of 1 + w, GELU (tanh), 6 layers of which the last attends to every
 position and the others to a sliding window of 16, for llama.cpp's
 convert_hf_to_gguf.py. usage: to_gemma3.py SRC DST TOKENIZER_MODEL"""
-import json, struct, sys, shutil
+import json, sys, shutil
 from pathlib import Path
 import numpy as np
+import f32_safetensors
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 dst.mkdir(exist_ok=True)
-raw = (src / 'model.safetensors').read_bytes()
-n = struct.unpack('<Q', raw[:8])[0]
-hdr = json.loads(raw[8:8 + n]); base = 8 + n
-t = {}
-for k, v in hdr.items():
-    if k == '__metadata__': continue
-    a, b = v['data_offsets']
-    t[k] = np.frombuffer(raw[base + a:base + b], dtype=np.float32).reshape(v['shape'])
+t = f32_safetensors.read(src / 'model.safetensors')
 cfg = json.load(open(src / 'config.json'))
 rng = np.random.default_rng(12)
 hd = cfg['hidden_size'] // cfg['num_attention_heads']
@@ -32,13 +26,7 @@ for l in range(cfg['num_hidden_layers']):
         out[p + k + '.weight'] = small(cfg['hidden_size'])
     out[p + 'self_attn.q_norm.weight'] = small(hd)
     out[p + 'self_attn.k_norm.weight'] = small(hd)
-h, off, blobs = {}, 0, []
-for k in sorted(out):
-    b = np.ascontiguousarray(out[k]).tobytes()
-    h[k] = {'dtype': 'F32', 'shape': list(out[k].shape), 'data_offsets': [off, off + len(b)]}
-    off += len(b); blobs.append(b)
-hj = json.dumps(h).encode(); hj += b' ' * ((8 - len(hj) % 8) % 8)
-(dst / 'model.safetensors').write_bytes(struct.pack('<Q', len(hj)) + hj + b''.join(blobs))
+f32_safetensors.write(dst / 'model.safetensors', out)
 g = {'architectures': ['Gemma3ForCausalLM'], 'model_type': 'gemma3_text',
      'hidden_size': cfg['hidden_size'], 'intermediate_size': cfg['intermediate_size'],
      'num_hidden_layers': cfg['num_hidden_layers'], 'num_attention_heads': cfg['num_attention_heads'],

@@ -1,19 +1,13 @@
 """A synth-model Llama checkpoint rewritten as Phi-3 (fused qkv_proj and
 gate_up_proj, vocabulary padded past the SentencePiece model with Phi-3's
 added tokens), for llama.cpp's convert_hf_to_gguf.py."""
-import json, struct, sys, shutil
+import json, sys, shutil
 from pathlib import Path
 import numpy as np
+import f32_safetensors
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 dst.mkdir(exist_ok=True)
-raw = (src / 'model.safetensors').read_bytes()
-n = struct.unpack('<Q', raw[:8])[0]
-hdr = json.loads(raw[8:8 + n]); base = 8 + n
-t = {}
-for k, v in hdr.items():
-    if k == '__metadata__': continue
-    a, b = v['data_offsets']
-    t[k] = np.frombuffer(raw[base + a:base + b], dtype=np.float32).reshape(v['shape'])
+t = f32_safetensors.read(src / 'model.safetensors')
 rng = np.random.default_rng(11)
 VOCAB = 2008
 out = {}
@@ -30,13 +24,7 @@ for l in range(layers):
     p = f'model.layers.{l}.'
     out[p + 'self_attn.qkv_proj.weight'] = np.concatenate([t[p + 'self_attn.q_proj.weight'], t[p + 'self_attn.k_proj.weight'], t[p + 'self_attn.v_proj.weight']])
     out[p + 'mlp.gate_up_proj.weight'] = np.concatenate([t[p + 'mlp.gate_proj.weight'], t[p + 'mlp.up_proj.weight']])
-h, off, blobs = {}, 0, []
-for k in sorted(out):
-    b = np.ascontiguousarray(out[k]).tobytes()
-    h[k] = {'dtype': 'F32', 'shape': list(out[k].shape), 'data_offsets': [off, off + len(b)]}
-    off += len(b); blobs.append(b)
-hj = json.dumps(h).encode(); hj += b' ' * ((8 - len(hj) % 8) % 8)
-(dst / 'model.safetensors').write_bytes(struct.pack('<Q', len(hj)) + hj + b''.join(blobs))
+f32_safetensors.write(dst / 'model.safetensors', out)
 cfg = json.load(open(src / 'config.json'))
 cfg.update({'architectures': ['Phi3ForCausalLM'], 'model_type': 'phi3', 'vocab_size': VOCAB,
             'original_max_position_embeddings': 256, 'sliding_window': 128,
