@@ -20,6 +20,7 @@ struct MemberState {
   std::map<uint64_t, uint64_t> pending;  // member step id -> engine ticket
   uint64_t next_id = 1;
   uint64_t next_step = 1;  // the leader's step number due next
+  uint64_t repeated = 0;   // steps that came twice
 };
 
 }  // namespace
@@ -30,6 +31,14 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
   auto st = std::make_shared<MemberState>();
   st->factory = std::move(factory);
   st->limits = limits;
+  // Told to exit (a fault, its replica stopped): the other parts hear why
+  // at once, in their collectives' errors, before this part's teardown
+  // tells them only that it was shut down.
+  self->set_exit_handler([self, st, name](caf::exit_msg& em) {
+    if (st->engine && em.reason != caf::exit_reason::normal)
+      st->engine->abort_peers(name + " exited: " + self->system().render(em.reason));
+    self->quit(em.reason);
+  });
   return {
       [=](build_atom) {
         // Blocks until every part has met at the rendezvous (bounded by the
@@ -49,7 +58,12 @@ MemberActor::behavior_type member(MemberActor::pointer self, EngineFactory facto
         // one that never arrived would leave the other parts waiting in a
         // collective for this one until its timeout: the replica fails now.
         if (number < st->next_step) {
-          spdlog::warn("{}: step {} from the leader came again; it ran already", name, number);
+          // Logged at the 1st, 10th, 100th, ... such step: a link that
+          // duplicates does so by the hundred.
+          const uint64_t n = ++st->repeated;
+          if (n == 1 || n == 10 || n == 100 || n % 1000 == 0)
+            spdlog::warn("{}: step {} from the leader came again and was not run again ({} so far)",
+                         name, number, n);
           return;
         }
         if (number != st->next_step)

@@ -41,7 +41,7 @@ std::vector<char> CoordinatorRendezvous::get(const std::string& key,
       throw CommError("rendezvous: the coordinator did not answer for key '" + key + "': " + error);
     if (!value.empty()) return value;
     if (std::chrono::steady_clock::now() >= deadline)
-      throw CommError(rendezvous_timeout_message({key}, timeout));
+      throw RendezvousTimeout(rendezvous_timeout_message({key}, timeout));
     std::this_thread::sleep_for(kPoll);
   }
 }
@@ -54,9 +54,9 @@ void CoordinatorRendezvous::wait(const std::vector<std::string>& keys,
         deadline - std::chrono::steady_clock::now());
     try {
       get(k, std::max(left, std::chrono::milliseconds(0)));
-    } catch (const CommError&) {
+    } catch (const RendezvousTimeout&) {
       std::vector<std::string> missing(std::find(keys.begin(), keys.end(), k), keys.end());
-      throw CommError(rendezvous_timeout_message(missing, timeout));
+      throw RendezvousTimeout(rendezvous_timeout_message(missing, timeout));
     }
   }
 }

@@ -89,6 +89,9 @@ class StepEngine {
   }
   // Forgets a sequence's sampler; unknown ids are ignored.
   virtual void release(uint64_t seq) = 0;
+  // A part of a replica spanning processes going away tells the other parts
+  // why: their collectives fail with `why`. Engines with no peers ignore it.
+  virtual void abort_peers(const std::string& /*why*/) {}
   // The model's tokens as text, which sequences with a grammar (structured
   // output) are sampled by; called before the first step. Engines that
   // sample on a device ignore it: the front end refuses grammars for them.

@@ -298,6 +298,10 @@ ParallelEngine::~ParallelEngine() {
     if (d) d->runner.reset();
 }
 
+void ParallelEngine::abort_peers(const std::string& why) {
+  impl_->abort_remote(why);
+}
+
 void ParallelEngine::Impl::abort_remote(const std::string& why) {
   for (auto& d : devices) {
     if (!d) continue;

@@ -112,6 +112,7 @@ class ParallelEngine : public StepEngine {
   ParallelEngine(const Checkpoint& ckpt, DType weight_dtype, ParallelEngineOptions options,
                  DeviceLauncher launcher = {});
   ~ParallelEngine() override;
+  void abort_peers(const std::string& why) override;
 
   const ModelConfig& config() const override;
   int kv_blocks() const override;

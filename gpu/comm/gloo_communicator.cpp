@@ -271,7 +271,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string& key) override {
     try {
       return store_.get(prefix_ + key, g_.opt.timeout);
-    } catch (const CommError&) {
+    } catch (const RendezvousTimeout&) {
       throw not_joined({key});
     }
   }
@@ -281,12 +281,12 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     for (const auto& k : keys) full.push_back(prefix_ + k);
     try {
       store_.wait(full, std::min(timeout, g_.opt.timeout));
-    } catch (const CommError&) {
+    } catch (const RendezvousTimeout&) {
       std::vector<std::string> missing;
       for (const auto& k : keys) {
         try {
           store_.get(prefix_ + k, milliseconds(0));
-        } catch (const CommError&) {
+        } catch (const RendezvousTimeout&) {
           missing.push_back(k);
         }
       }

@@ -47,7 +47,7 @@ void InMemoryRendezvousStore::wait(const std::vector<std::string>& keys,
   for (const auto& k : keys) {
     if (!values_.count(k)) missing.push_back(k);
   }
-  throw CommError(rendezvous_timeout_message(missing, timeout));
+  throw RendezvousTimeout(rendezvous_timeout_message(missing, timeout));
 }
 
 }  // namespace troupe

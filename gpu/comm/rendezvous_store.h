@@ -14,7 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "gpu/comm/communicator.h"
+
 namespace troupe {
+
+// What a store throws when its timeout passes: ranks that did not join. Any
+// other failure (the store itself unreachable) is a plain CommError, and
+// says so.
+class RendezvousTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 class RendezvousStore {
  public:
@@ -23,10 +33,10 @@ class RendezvousStore {
   // Publishes value under key; a later set of the same key replaces it.
   virtual void set(const std::string& key, const std::vector<char>& value) = 0;
   // The value under key, waiting up to `timeout` for a rank to set it.
-  // Throws CommError naming the key when the timeout passes.
+  // Throws RendezvousTimeout naming the key when the timeout passes.
   virtual std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
-  // Returns once every key is set. Throws CommError naming the keys still
-  // missing when the timeout passes.
+  // Returns once every key is set. Throws RendezvousTimeout naming the keys
+  // still missing when the timeout passes.
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 };
 

@@ -397,6 +397,31 @@ TEST(GlooCommunicator, AJoinThatTimesOutNamesTheRanksThatDidNotCome) {
   EXPECT_LT(seconds_since(t0), 5.0);
 }
 
+// A store that cannot be reached (its answer lost on the way) is not ranks
+// that did not join: the error says what happened, at once.
+class UnreachableStore final : public RendezvousStore {
+ public:
+  void set(const std::string&, const std::vector<char>&) override {}
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds) override {
+    throw CommError("rendezvous: the coordinator did not answer for key '" + key +
+                    "': request_timeout");
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds t) override {
+    get(keys.at(0), t);
+  }
+};
+
+TEST(GlooCommunicator, AStoreThatDoesNotAnswerIsNotRanksThatDidNotJoin) {
+  UnreachableStore store;
+  try {
+    GlooCommunicator c(0, 2, store, options(2, 30000ms));
+    ADD_FAILURE() << "joined";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(contains(e.what(), "the coordinator did not answer for key")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "did not join")) << e.what();
+  }
+}
+
 TEST(GlooCommunicator, MismatchedSizesTimeOutOnEveryRankWithoutCorruptingMemory) {
   const auto t0 = Clock::now();
   const auto errors = run_gloo(
@@ -481,7 +506,8 @@ class FileStore final : public RendezvousStore {
         if (!std::filesystem::exists(path(k))) missing.push_back(k);
       }
       if (missing.empty()) return;
-      if (Clock::now() >= deadline) throw CommError(rendezvous_timeout_message(missing, timeout));
+      if (Clock::now() >= deadline)
+        throw RendezvousTimeout(rendezvous_timeout_message(missing, timeout));
       std::this_thread::sleep_for(1ms);
     }
   }
