@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "gpu/checkpoint.h"
 #include "gpu/loaders/layer_names.h"
@@ -135,11 +136,11 @@ void check_supported(const ConfigReader& c) {
                       : "only the Llama architecture (llama, mistral), Qwen's (qwen2, qwen3), "
                         "Phi-3's (phi3) and Gemma 3's text model (gemma3_text) are implemented");
   if (is_gemma3(c)) {
-    // Gemma 3 names its activation hidden_activation; hidden_act is the
-    // older key, which transformers reads in its place if set.
-    for (const char* key : {"hidden_activation", "hidden_act"})
-      if (const json* v = c.get(key); v && !(v->is_string() && *v == "gelu_pytorch_tanh"))
-        c.unsupported(key, *v, "Gemma 3's gelu_pytorch_tanh is implemented");
+    // Gemma 3 computes the activation named hidden_activation (a
+    // hidden_act beside it is not read by transformers either).
+    if (const json* v = c.get("hidden_activation");
+        v && !(v->is_string() && *v == "gelu_pytorch_tanh"))
+      c.unsupported("hidden_activation", *v, "Gemma 3's gelu_pytorch_tanh is implemented");
     for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
       if (const json* v = c.get(key)) c.unsupported(key, *v, "soft-capping is not implemented");
     if (c.boolean("use_bidirectional_attention", false))
@@ -157,16 +158,18 @@ void check_supported(const ConfigReader& c) {
 
 // rope_scaling: null, linear (positions / factor) or llama3 (Llama 3.1's
 // frequency-dependent stretch); others (dynamic, yarn, longrope) are refused.
-RopeScaling parse_rope_scaling(const fs::path& path, const ConfigReader& c) {
-  const json* v = c.get("rope_scaling");
-  if (!v) return {};
-  if (!v->is_object()) c.unsupported("rope_scaling", *v, "it must be an object or null");
-  const ConfigReader r(path, *v);
+// One object of RoPE settings, named `key` in config.json: rope_scaling
+// (`type`, its older key, too), or transformers 5's rope_parameters, whose
+// type may be left out for the default.
+RopeScaling rope_scaling_from(const fs::path& path, const ConfigReader& c, const char* key,
+                              const json& v) {
+  if (!v.is_object()) c.unsupported(key, v, "it must be an object or null");
+  const ConfigReader r(path, v);
   const json* type = r.get("rope_type");
   if (!type) type = r.get("type");  // the older key
   const std::string kind = type && type->is_string() ? type->get<std::string>() : "";
   RopeScaling s;
-  if (kind == "default") return s;
+  if (kind == "default" || (!type && std::string_view(key) == "rope_parameters")) return s;
   if (kind == "linear") {
     s.kind = RopeScaling::Kind::Linear;
   } else if (kind == "llama3") {
@@ -175,10 +178,34 @@ RopeScaling parse_rope_scaling(const fs::path& path, const ConfigReader& c) {
     s.high_freq_factor = r.number("high_freq_factor", s.high_freq_factor);
     s.original_max_position = r.integer("original_max_position_embeddings");
   } else {
-    c.unsupported("rope_scaling", *v, "only linear and llama3 scaling are implemented");
+    c.unsupported(key, v, "only linear and llama3 scaling are implemented");
   }
   s.factor = r.number("factor", 0);
   return s;
+}
+
+RopeScaling parse_rope_scaling(const fs::path& path, const ConfigReader& c) {
+  const json* v = c.get("rope_scaling");
+  return v ? rope_scaling_from(path, c, "rope_scaling", *v) : RopeScaling{};
+}
+
+// transformers 5 writes rope_theta and rope_scaling as one rope_parameters
+// object; a model with two kinds of layer (Gemma 3) has one per kind. Read
+// after the older keys, which it replaces: without it, a Llama 3 saved by
+// transformers 5 would rotate by the default theta, silently wrong.
+void read_rope_parameters(const fs::path& path, const ConfigReader& c, ModelConfig& cfg) {
+  const json* v = c.get("rope_parameters");
+  if (!v) return;
+  if (!v->is_object()) c.unsupported("rope_parameters", *v, "it must be an object or null");
+  const bool by_kind = v->contains("full_attention") || v->contains("sliding_attention");
+  const json& full = by_kind ? v->value("full_attention", json::object()) : *v;
+  cfg.rope_theta = ConfigReader(path, full).number("rope_theta", cfg.rope_theta);
+  cfg.rope_scaling = rope_scaling_from(path, c, "rope_parameters", full);
+  if (!by_kind || !v->contains("sliding_attention")) return;
+  const json& sliding = (*v)["sliding_attention"];
+  cfg.rope_theta_sliding = ConfigReader(path, sliding).number("rope_theta", cfg.rope_theta_sliding);
+  if (rope_scaling_from(path, c, "rope_parameters", sliding).kind != RopeScaling::Kind::None)
+    c.unsupported("rope_parameters", sliding, "scaling of the sliding-window layers' RoPE");
 }
 
 // Gemma 3's text model (Gemma3TextConfig's defaults): GELU, embeddings
@@ -194,6 +221,7 @@ void gemma3(const fs::path& path, const ConfigReader& c, ModelConfig& cfg) {
   cfg.post_norms = true;
   cfg.qk_norm = true;
   cfg.attn_scale = 1.0f / std::sqrt(c.number("query_pre_attn_scalar", 256));
+  cfg.rope_theta = c.number("rope_theta", 1e6f);  // Gemma3TextConfig's default
   cfg.rope_theta_sliding = c.number("rope_local_base_freq", 10000.0f);
   const int window = c.integer("sliding_window", 4096);
   if (window <= 0) fail(path, "\"sliding_window\" must be positive, got " + std::to_string(window));
@@ -255,6 +283,7 @@ ModelConfig parse_config(const fs::path& path) {
       fail(path, "\"sliding_window\" must be positive or null, got " + std::to_string(window));
     limit_to_sliding_window(cfg, window, path.string());
   }
+  read_rope_parameters(path, c, cfg);
   // generation_config.json's EOS ids end a sequence too (Llama 3 Instruct's
   // <|eot_id|>, Qwen2.5's <|endoftext|>), as transformers' generate() and
   // vLLM stop on them.

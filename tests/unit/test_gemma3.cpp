@@ -142,6 +142,21 @@ TEST(Gemma3, HuggingFaceAndGgufGiveLlamaCppsTokens) {
     typed["layer_types"].push_back(l == 5 ? "full_attention" : "sliding_attention");
   test::write_file(dir / "config.json", typed.dump());
   EXPECT_EQ(load_checkpoint(dir.path()).config.sliding_layers, hf.config.sliding_layers);
+  // transformers 5's rope_parameters, one per kind of layer, say the same
+  // as rope_theta and rope_local_base_freq (left out: Gemma's defaults
+  // would be 1e6 and 1e4 anyway, so other values show they are read).
+  json v5 = cfg;
+  v5.erase("rope_theta");
+  v5.erase("rope_local_base_freq");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 5e5}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 2e4}}}};
+  test::write_file(dir / "config.json", v5.dump());
+  const ModelConfig c5 = load_checkpoint(dir.path()).config;
+  EXPECT_FLOAT_EQ(c5.rope_theta, 5e5f);
+  EXPECT_EQ(c5.rope_scaling.kind, RopeScaling::Kind::Linear);
+  EXPECT_FLOAT_EQ(c5.rope_theta_sliding, 2e4f);
 }
 
 TEST(Gemma3, WhatIsNotImplementedIsRefusedByName) {
@@ -157,6 +172,8 @@ TEST(Gemma3, WhatIsNotImplementedIsRefusedByName) {
   };
   refused("final_logit_softcapping", 30.0, {"final_logit_softcapping", "not supported"});
   refused("hidden_activation", "gelu", {"hidden_activation", "gelu_pytorch_tanh"});
+  refused("rope_parameters", {{"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}},
+          {"rope_parameters", "sliding-window"});
   refused("model_type", "gemma3", {"vision", "gemma3_text"});
   refused("model_type", "gemma2", {"model_type", "not supported"});
   refused("layer_types", json::array({"full_attention"}), {"layer_types", "one type per layer"});

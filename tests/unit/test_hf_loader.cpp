@@ -336,6 +336,33 @@ TEST(HfLoader, ReadsRopeScaling) {
   EXPECT_EQ(scaling({{"rope_type", "default"}}).kind, RopeScaling::Kind::None);
 }
 
+// transformers 5 writes rope_theta and rope_scaling as rope_parameters:
+// a Llama 3.1 saved so rotates by its own theta and scaling, not the
+// defaults.
+TEST(HfLoader, ReadsTransformers5RopeParameters) {
+  TempDir dir;
+  json cfg = tiny_config();
+  cfg.erase("rope_theta");
+  cfg.erase("rope_scaling");
+  cfg["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                            {"factor", 8.0},           {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  write_model(dir.path(), cfg, tiny_tensors(cfg));
+  ModelConfig c = load_hf_dir(dir.path()).config;
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::Llama3);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0f);
+  cfg["rope_parameters"] = {{"rope_theta", 250000.0}};  // the type left out: default
+  write_model(dir.path(), cfg, tiny_tensors(cfg));
+  c = load_hf_dir(dir.path()).config;
+  EXPECT_EQ(c.rope_theta, 250000.0f);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::None);
+  cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  write_model(dir.path(), cfg, tiny_tensors(cfg));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_hf_dir(dir.path()); }), {"rope_parameters", "not supported"}));
+}
+
 TEST(HfLoader, HalfPrecisionWeightsKeepTheirDtype) {
   for (DType dtype : {DType::F16, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dtype));
