@@ -119,6 +119,15 @@ struct ReplicaParts {
   std::vector<MemberActor> members;
 };
 
+// Members are a replica's parts but its leader's, in order: member m is
+// part_of_member(m, leader), and back.
+inline int part_of_member(int member, int leader) {
+  return member < leader ? member : member + 1;
+}
+inline int member_of_part(int part, int leader) {
+  return part < leader ? part : part - 1;
+}
+
 // A replica's continuous batcher: requests placed on it and cancelled
 // there (id, then the channel's sequence number), the router's probe (sync,
 // seq), answered at once with its load; an injected fault is applied here (a

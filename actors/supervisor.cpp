@@ -407,9 +407,8 @@ void part_down(SupervisorActor::pointer self, std::shared_ptr<SupervisorState> s
   if (dm.reason == caf::exit_reason::remote_link_unreachable) return;
   SupervisorState& s = *st;
   Slot& slot = s.slots[r];
-  // Members are the parts but the leader's, in order.
   const auto lead = std::find(slot.nodes.begin(), slot.nodes.end(), slot.leader_node);
-  const size_t part = member < size_t(lead - slot.nodes.begin()) ? member : member + 1;
+  const size_t part = size_t(part_of_member(int(member), int(lead - slot.nodes.begin())));
   const int node = part < slot.nodes.size() ? slot.nodes[part] : -1;
   const NodeRecord* rec = s.cluster.node(node);
   const std::string where =

@@ -115,7 +115,7 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
       self->send(shard, crash_atom::value, o.id, arm, reporter);
       return "";
     }
-    const size_t m = size_t(part < p.leader ? part : part - 1);
+    const size_t m = size_t(member_of_part(part, p.leader));
     if (m >= st.parts.members.size())
       return name + " has no part " + std::to_string(part) + " for device " +
              std::to_string(device);
@@ -166,7 +166,7 @@ void apply_fault(WorkerActor::pointer self, WorkerState& st, int replica, const 
             return refuse(name + " has " + std::to_string(st.parts.members.size()) +
                           " part(s) on other nodes; no member " + std::to_string(o.device));
           // Named by its part's number, as the coordinator's log names it.
-          const int part = o.device < st.parts.leader ? o.device : o.device + 1;
+          const int part = part_of_member(o.device, st.parts.leader);
           const std::string what = "part " + std::to_string(part) + " of " + name;
           self->send_exit(
               st.parts.members[size_t(o.device)],

@@ -106,6 +106,22 @@ void limit_to_sliding_window(ModelConfig& c, int window, const std::string& sour
   c.max_seq_len = window;
 }
 
+void use_gemma3_layers(ModelConfig& c) {
+  c.activation = FfnActivation::GeluTanh;
+  c.embed_scale = std::sqrt(float(c.dim));
+  c.qk_norm = true;
+  c.post_norms = true;
+}
+
+std::vector<bool> sliding_every_but_nth(int layers, int every) {
+  if (every < 0)
+    throw std::invalid_argument("the sliding-window pattern must not be negative, got " +
+                                std::to_string(every));
+  std::vector<bool> sliding(size_t(std::max(layers, 0)), true);
+  for (int l = every - 1; every > 0 && l < layers; l += every) sliding[size_t(l)] = false;
+  return sliding;
+}
+
 bool ModelConfig::gemma_parts() const {
   return activation != FfnActivation::Silu || embed_scale != 1 || attn_scale != 0 ||
          norm_offset != 0 || post_norms ||

@@ -94,6 +94,15 @@ struct ModelConfig {
   bool is_eos(int id) const;
 };
 
+// Gemma 3's computation on top of Llama's, as both checkpoint formats have
+// it: GELU gates, embeddings scaled by sqrt(dim), q/k norms, and norms of
+// the attention's and the FFN's outputs.
+void use_gemma3_layers(ModelConfig& c);
+// Gemma 3's sliding-window pattern: every `every`-th layer sees every
+// position, the others the window (every 0: all of them the window).
+// Throws std::invalid_argument for every < 0.
+std::vector<bool> sliding_every_but_nth(int layers, int every);
+
 // Sliding-window attention (Mistral's, Phi-3's) sees only the last `window`
 // positions; the full attention computed here gives the same answers only
 // while the context fits in the window, so the context is cut to it (said in

@@ -66,7 +66,7 @@ class GgufModel {
     c.norm_eps = float(*eps);
     c.rope = arch_ == "llama" ? RopeLayout::Interleaved : RopeLayout::RotateHalf;
     c.qkv_bias = arch_ == "qwen2";
-    c.qk_norm = arch_ == "qwen3" || arch_ == "gemma3";
+    c.qk_norm = arch_ == "qwen3";
     const GgufTensorInfo* embd = file_.tensor("token_embd.weight");
     if (!embd || embd->ne.size() != 2)
       fail(path_, file_.tensors().empty()
@@ -135,9 +135,7 @@ class GgufModel {
   // (10000 unless given); scores scaled by 1/sqrt(head_dim), but the 27B's
   // (62 layers) by 1/sqrt(dim / heads), as llama.cpp and gemma_pytorch do.
   void gemma3(ModelConfig& c) const {
-    c.activation = FfnActivation::GeluTanh;
-    c.embed_scale = std::sqrt(float(c.dim));
-    c.post_norms = true;
+    use_gemma3_layers(c);
     if (c.n_layers == 62) c.attn_scale = 1.0f / std::sqrt(float(c.dim / c.n_heads));
     if (file_.real(arch_ + ".final_logit_softcapping").value_or(0) != 0)
       fail(path_, "final_logit_softcapping is not implemented");
@@ -145,20 +143,21 @@ class GgufModel {
     if (!window || *window <= 0) return;
     c.sliding_window = int(std::min<int64_t>(*window, 1 << 30));
     c.rope_theta_sliding = float(file_.real(arch_ + ".rope.freq_base_swa").value_or(10000.0));
-    c.sliding_layers.assign(size_t(c.n_layers), false);
     const GgufValue* pattern = file_.find(arch_ + ".attention.sliding_window_pattern");
     if (pattern && pattern->kind == GgufValue::Kind::Array) {
       if (pattern->numbers.size() != size_t(c.n_layers))
         fail(path_, "attention.sliding_window_pattern has " +
                         std::to_string(pattern->numbers.size()) + " entries for " +
                         std::to_string(c.n_layers) + " layers");
+      c.sliding_layers.assign(size_t(c.n_layers), false);
       for (size_t l = 0; l < pattern->numbers.size(); ++l)
         c.sliding_layers[l] = pattern->numbers[l] != 0;
       return;
     }
-    const int every = int(arch_int("attention.sliding_window_pattern").value_or(6));
-    for (int l = 0; l < c.n_layers; ++l)
-      c.sliding_layers[size_t(l)] = every == 0 || l % every < every - 1;
+    const int64_t every = arch_int("attention.sliding_window_pattern").value_or(6);
+    if (every < 0)
+      fail(path_, "attention.sliding_window_pattern " + std::to_string(every) + " is negative");
+    c.sliding_layers = sliding_every_but_nth(c.n_layers, int(std::min<int64_t>(every, 1 << 30)));
   }
 
   std::string required_text(const std::string& key) const {

@@ -215,11 +215,8 @@ void read_rope_parameters(const fs::path& path, const ConfigReader& c, ModelConf
 // layer_types says), rotating by rope_local_base_freq unscaled; the others
 // by rope_theta and rope_scaling.
 void gemma3(const fs::path& path, const ConfigReader& c, ModelConfig& cfg) {
-  cfg.activation = FfnActivation::GeluTanh;
-  cfg.embed_scale = std::sqrt(float(cfg.dim));
+  use_gemma3_layers(cfg);
   cfg.norm_offset = 1;
-  cfg.post_norms = true;
-  cfg.qk_norm = true;
   cfg.attn_scale = 1.0f / std::sqrt(c.number("query_pre_attn_scalar", 256));
   cfg.rope_theta = c.number("rope_theta", 1e6f);  // Gemma3TextConfig's default
   cfg.rope_theta_sliding = c.number("rope_local_base_freq", 10000.0f);
@@ -242,7 +239,7 @@ void gemma3(const fs::path& path, const ConfigReader& c, ModelConfig& cfg) {
   const int every = c.integer("sliding_window_pattern", 6);
   if (every <= 0)
     fail(path, "\"sliding_window_pattern\" must be positive, got " + std::to_string(every));
-  for (int l = 0; l < cfg.n_layers; ++l) cfg.sliding_layers[size_t(l)] = (l + 1) % every != 0;
+  cfg.sliding_layers = sliding_every_but_nth(cfg.n_layers, every);
 }
 
 ModelConfig parse_config(const fs::path& path) {
